@@ -1,0 +1,215 @@
+"""Attention benchmark: training cost versus length, and recurrent step latency versus context.
+
+    python -m eval.bench.attention                       # LRA width (64, 2 heads), batch 8
+    python -m eval.bench.attention --lengths 256,1024,4096,16384 --json bench.json
+    python -m eval.bench.attention --mechanisms softmax primal:s=20 linear performer
+
+Part 1 times forward+backward of one attention layer and measures its peak memory, each
+configuration in a fresh child process (peak RSS above the process's RSS before the first call;
+this CPU has no allocator counter that torch exposes). Softmax appears twice, as DESIGN.md asks:
+fused SDPA (O(N) memory) and the canonical materialised attention (O(N^2)), the baseline the
+papers compared against. Ratios are against both, measured in the same run.
+
+Part 2 prefills a causal recurrent state with t tokens and times single-token steps at batch 1:
+softmax's key/value cache versus Primal-Attention's running sums.
+
+A mechanism spec is ``name`` or ``name:key=value,key=value`` (e.g. ``primal:data_dependent=true``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+# The LRA setting of the Primal-Attention paper: PrimalFormer s=20, data-dependent projections.
+DEFAULT_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20,data_dependent=true"]
+CAUSAL_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20"]
+
+
+def parse_spec(spec: str) -> tuple[str, dict]:
+    name, _, rest = spec.partition(":")
+    opts = {}
+    for kv in filter(None, rest.split(",")):
+        k, _, v = kv.partition("=")
+        low = v.lower()
+        opts[k] = True if low == "true" else False if low == "false" else int(v) if v.lstrip("-").isdigit() else v
+    return name, opts
+
+
+def build(spec: str, width: int, heads: int, causal: bool):
+    from primal_dt.attention import build_attention
+
+    name, opts = parse_spec(spec)
+    return build_attention(name, width, heads, causal=causal, **opts)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def child(job: dict) -> dict:
+    """Runs in a fresh process: time fwd+bwd, report peak RSS above the pre-run baseline."""
+    torch.set_num_threads(job["threads"])
+    torch.manual_seed(0)
+    layer = build(job["spec"], job["width"], job["heads"], job["causal"])
+    x = torch.randn(job["batch"], job["length"], job["width"], requires_grad=True)
+    base = _rss_mb()
+    times = []
+    for i in range(job["repeat"] + 1):
+        t0 = time.perf_counter()
+        y, _ = layer(x)
+        y.sum().backward()
+        times.append(time.perf_counter() - t0)
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+        if time.perf_counter() - t0 > job["budget_s"]:
+            break
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    warm = times[1:] or times
+    return {"ms": 1e3 * statistics.median(warm), "peak_mb": max(peak - base, 0.0)}
+
+
+def run_child(job: dict, timeout: float) -> dict:
+    cmd = [sys.executable, "-m", "eval.bench.attention", "--child", json.dumps(job)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"skipped": f"over {timeout:.0f}s"}
+    if out.returncode != 0:
+        err = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return {"skipped": f"failed: {err[:80]}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def materialized_bytes(batch, heads, n) -> float:
+    """Score matrix + softmax + their gradients, float32: what the canonical form must hold."""
+    return 4.0 * batch * heads * n * n * 4
+
+
+def part1(args) -> list[dict]:
+    rows = []
+    for causal, specs in ((False, args.mechanisms), (True, args.causal_mechanisms)):
+        for n in args.lengths:
+            for spec in specs:
+                job = dict(spec=spec, width=args.width, heads=args.heads, causal=causal, batch=args.batch,
+                           length=n, repeat=args.repeat, threads=args.threads, budget_s=args.budget_s)
+                row = {"part": "train", "mechanism": spec, "causal": causal, "length": n, "batch": args.batch}
+                if "materialized" in spec and materialized_bytes(args.batch, args.heads, n) > args.mem_limit_gb * 2**30:
+                    row["skipped"] = f"needs > {args.mem_limit_gb} GB"
+                else:
+                    row.update(run_child(job, args.timeout))
+                rows.append(row)
+                print(_fmt_train(row), flush=True)
+    return rows
+
+
+def step_latency(spec: str, width: int, heads: int, context: int, steps: int) -> float:
+    layer = build(spec, width, heads, causal=True).eval()
+    with torch.no_grad():
+        state = layer.init_state(1)
+        for i in range(0, context, 1024):  # prefill in chunks
+            _, state = layer.step(torch.randn(1, min(1024, context - i), width), state)
+        x = torch.randn(1, 1, width)
+        times = []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            _, new = layer.step(x, state)
+            times.append(time.perf_counter() - t0)
+    return 1e6 * statistics.median(times)
+
+
+def part2(args) -> list[dict]:
+    torch.set_num_threads(args.threads)
+    rows = []
+    for spec in args.step_mechanisms:
+        for t in args.contexts:
+            us = step_latency(spec, args.step_width, args.step_heads, t, args.step_repeat)
+            row = {"part": "step", "mechanism": spec, "context": t, "us": us}
+            rows.append(row)
+            print(f"  step  {spec:<34} context {t:>6}: {us:8.1f} us", flush=True)
+    return rows
+
+
+def _fmt_train(r) -> str:
+    what = f"{r['mechanism']:<34} {'causal' if r['causal'] else 'bidir ':<6} N={r['length']:>6}"
+    if "skipped" in r:
+        return f"  train {what}: skipped ({r['skipped']})"
+    return f"  train {what}: {r['ms']:9.1f} ms  {r['peak_mb']:9.1f} MB"
+
+
+def ratios(rows: list[dict], baseline: str, target: str) -> list[dict]:
+    out = []
+    idx = {(r["mechanism"], r["causal"], r["length"]): r for r in rows if r["part"] == "train" and "ms" in r}
+    for (mech, causal, n), r in sorted(idx.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        if mech != target:
+            continue
+        for base_spec in (b for b in (baseline, f"{baseline}:impl=materialized") if (b, causal, n) in idx):
+            b = idx[(base_spec, causal, n)]
+            out.append({"target": target, "baseline": base_spec, "causal": causal, "length": n,
+                        "speedup": b["ms"] / r["ms"], "memory_ratio": b["peak_mb"] / max(r["peak_mb"], 0.1)})
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
+    p.add_argument("--lengths", type=ints, default=[256, 1024, 4096])
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--width", type=int, default=64)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--mechanisms", nargs="+", default=DEFAULT_MECHANISMS,
+                   help="bidirectional specs, e.g. --mechanisms softmax primal:s=20,data_dependent=true linear")
+    p.add_argument("--causal-mechanisms", nargs="+", default=CAUSAL_MECHANISMS)
+    p.add_argument("--step-mechanisms", nargs="+", default=["softmax", "primal:s=20"])
+    p.add_argument("--contexts", type=ints, default=[10, 100, 1000, 10000])
+    p.add_argument("--step-width", type=int, default=64)
+    p.add_argument("--step-heads", type=int, default=2)
+    p.add_argument("--step-repeat", type=int, default=200)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--budget-s", type=float, default=20.0, help="stop repeating a configuration after this")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.add_argument("--mem-limit-gb", type=float, default=12.0)
+    p.add_argument("--skip-train", action="store_true")
+    p.add_argument("--skip-step", action="store_true")
+    p.add_argument("--json", default=None)
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    print(f"torch {torch.__version__}, {args.threads} thread(s); layer width {args.width}, {args.heads} heads, "
+          f"batch {args.batch}; fwd+bwd median of {args.repeat} after warm-up")
+    rows = [] if args.skip_train else part1(args)
+    rows += [] if args.skip_step else part2(args)
+    summary = []
+    for target in {r["mechanism"] for r in rows if r["part"] == "train"} - {"softmax", "softmax:impl=materialized"}:
+        summary += ratios(rows, "softmax", target)
+    if summary:
+        print("\nratios (baseline / target; > 1 means the target is faster or smaller):")
+        for s in summary:
+            print(f"  {s['target']:<34} vs {s['baseline']:<26} {'causal' if s['causal'] else 'bidir '} "
+                  f"N={s['length']:>6}: {s['speedup']:6.1f}x faster, {s['memory_ratio']:6.1f}x less memory")
+    steps = [r for r in rows if r["part"] == "step"]
+    if steps:
+        print("\nstep latency growth from the shortest to the longest context (1.0 = flat):")
+        for spec in args.step_mechanisms:
+            s = sorted((r for r in steps if r["mechanism"] == spec), key=lambda r: r["context"])
+            print(f"  {spec:<34} {s[-1]['us'] / s[0]['us']:6.2f}x  ({s[0]['us']:.0f} -> {s[-1]['us']:.0f} us)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows,
+                       "ratios": summary}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

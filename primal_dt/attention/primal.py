@@ -1,0 +1,171 @@
+"""Primal-Attention (Chen, Tao, Tonin, Suykens, NeurIPS 2023): self-attention as the primal form of
+an asymmetric kernel SVD on the induced kernel k(x_i, x_j) = <phi(q_i), phi(k_j)>.
+
+Per head, with the cosine feature map phi(z) = z / ||z||:
+    e_i = We^T phi(q_i),   r_i = Wr^T phi(k_i),   o_i = Wo [e_i ; r_i]
+(We, Wr: d_head x s projection directions; Wo: 2s -> d_head shared by heads; no value
+projection), then heads are concatenated and projected D -> D. The scores e, r, the weights and
+Lambda are returned in ``aux`` for the KSVD regulariser (primal_dt/ksvd.py).
+
+Forms:
+- bidirectional, data-independent: We, Wr are parameters. Each token's output then depends on
+  that token alone, which is what the primal form buys: no N x N kernel is ever formed.
+- bidirectional, data-dependent (``data_dependent=True``): W_{e|X} = f(X)^T We with f(X) the
+  n = min(s * rank_multi, L) evenly spaced *real* rows of the layer input (head h reads channel
+  block h), We in R^{(s*rank_multi) x s} of which the first n rows are used.
+- causal: q_i, k_i are replaced by their running means over the real prefix before phi (the
+  reference code divides by the position and so counts padding; we count real tokens only).
+  Recurrent form: running sums + count, O(H * d_head) per sequence. With ``window``, means over
+  the last ``window`` positions; the recurrent form keeps a ring buffer of window - 1 tokens.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Attention, check_int, check_window, zero_padding
+from .prefix import PrefixState, prefix_means
+from .registry import register
+
+
+def cosine_features(z: torch.Tensor) -> torch.Tensor:
+    """phi(z) = z / ||z||_2 along the last axis (0 for a zero vector)."""
+    return F.normalize(z, dim=-1, eps=1e-12)
+
+
+def evenly_spaced_rows(x: torch.Tensor, mask: torch.Tensor | None, n_max: int):
+    """f(X): up to n_max evenly spaced real rows of x [B, T, D] per sequence.
+
+    Returns rows [B, n, D] (zero rows where a sequence has fewer than n real tokens, so they add
+    nothing to f(X)^T We) with n = min(n_max, T). Padding is never sampled.
+    """
+    B, T, _ = x.shape
+    n = min(n_max, T)
+    if mask is None:
+        lengths = torch.full((B,), T, device=x.device)
+        order = torch.arange(T, device=x.device).expand(B, T)
+    else:
+        lengths = mask.sum(1)
+        # indices of real tokens first (stable, so in sequence order)
+        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices
+    n_b = lengths.clamp(max=n)  # rows used per sequence
+    j = torch.arange(n, device=x.device).expand(B, n)
+    denom = (n_b - 1).clamp(min=1).unsqueeze(1)
+    k = torch.div(j * (lengths - 1).clamp(min=0).unsqueeze(1), denom, rounding_mode="floor")
+    valid = j < n_b.unsqueeze(1)
+    k = torch.where(valid, k, torch.zeros_like(k))
+    idx = torch.gather(order, 1, k)
+    rows = torch.gather(x, 1, idx.unsqueeze(-1).expand(B, n, x.shape[-1]))
+    return rows * valid.unsqueeze(-1).to(x.dtype)
+
+
+@register("primal")
+class PrimalAttention(Attention):
+    supports_step = True
+    supports_window = True
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, s: int = 32,
+                 data_dependent: bool = False, rank_multi: int = 10, window: int | None = None,
+                 dropout: float = 0.0, bias: bool = True):
+        super().__init__(d_model, n_heads, causal)
+        self.s = check_int("s", s, low=1)
+        if s > d_model:
+            raise ValueError(
+                f"s={s} projection directions exceed d_model={d_model}: the induced kernel of a head "
+                f"has rank <= d_head={self.d_head}, so s beyond d_model is a configuration error; "
+                f"use s <= {d_model} (the papers use 20-96)"
+            )
+        if s > self.d_head and not data_dependent:
+            warnings.warn(f"s={s} > d_head={self.d_head}: directions beyond the kernel's rank are redundant",
+                          stacklevel=2)
+        self.rank_multi = check_int("rank_multi", rank_multi, low=1)
+        self.window = check_window(window)
+        if data_dependent and causal:
+            raise ValueError("data_dependent=True samples rows from the whole sequence and would see the "
+                             "future; use data_dependent=False for causal Primal-Attention")
+        if self.window is not None and not causal:
+            raise ValueError("window applies to causal Primal-Attention (windowed running means); "
+                             "set causal=True or window=None")
+        self.data_dependent = bool(data_dependent)
+        rows = s * rank_multi if data_dependent else self.d_head
+        self.qk = nn.Linear(d_model, 2 * d_model, bias=bias)
+        # We and Wr stacked as W[0], W[1], so both score sets come from one einsum
+        self.W = nn.Parameter(torch.empty(2, n_heads, rows, s))
+        self.Lambda = nn.Parameter(torch.rand(n_heads, s))
+        self.Wo = nn.Linear(2 * s, self.d_head, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+        self.f_dropout = nn.Dropout(dropout)
+        with torch.no_grad():
+            for w in self.W:
+                nn.init.orthogonal_(w)
+        self._prefix = PrefixState(self.window)
+
+    @property
+    def We(self) -> torch.Tensor:
+        return self.W[0]
+
+    @property
+    def Wr(self) -> torch.Tensor:
+        return self.W[1]
+
+    # -- shared pieces -------------------------------------------------------------------------
+    def _weights(self, x, mask):
+        """W = [We; Wr]: [2, H, d_head, s], or [B, 2, H, d_head, s] in the data-dependent form."""
+        if not self.data_dependent:
+            return self.W
+        f = self.f_dropout(evenly_spaced_rows(x, mask, self.s * self.rank_multi))  # [B, n, D]
+        n = f.shape[1]
+        f = f.view(f.shape[0], n, self.n_heads, self.d_head)
+        return torch.einsum("bnhd,chns->bchds", f, self.W[:, :, :n])
+
+    def _scores_and_output(self, qk, W, mask):
+        """qk: [B, T, 2, H, d] (running means when causal) -> (y [B, T, D], scores [B, H, T, 2s]).
+
+        scores[..., :s] = e (from queries), scores[..., s:] = r (from keys), laid out as Wo reads them.
+        """
+        eq = "btchd,chds->bhtcs" if W.dim() == 4 else "btchd,bchds->bhtcs"
+        sc = torch.einsum(eq, cosine_features(qk), W).flatten(-2)  # [B, H, T, 2s]
+        y = zero_padding(self.proj(self.merge_heads(self.Wo(sc))), mask)
+        return y, sc
+
+    def _aux(self, sc, W, mask):
+        We, Wr = W.unbind(-4)
+        return {"e": sc[..., : self.s], "r": sc[..., self.s :], "We": We, "Wr": Wr, "Lambda": self.Lambda,
+                "mask": mask}
+
+    def _qk(self, x):
+        B, T, _ = x.shape
+        return self.qk(x).view(B, T, 2, self.n_heads, self.d_head)
+
+    # -- parallel form -------------------------------------------------------------------------
+    def forward(self, x, mask=None):
+        self.check_input(x, mask)
+        qk = self._qk(x)
+        if self.causal:
+            qk = prefix_means(qk, mask, self.window)
+        W = self._weights(x, mask)
+        y, sc = self._scores_and_output(qk, W, mask)
+        return y, self._aux(sc, W, mask)
+
+    # -- recurrent form: running sums ----------------------------------------------------------
+    def init_state(self, batch, device=None, dtype=None):
+        self._require_step()
+        dtype = dtype or self.qk.weight.dtype
+        return self._prefix.init(batch, (2, self.n_heads, self.d_head), device=device, dtype=dtype)
+
+    def step(self, x, state, mask=None):
+        self._require_step()
+        self.check_input(x, mask)
+        sums, counts, state = self._prefix.step(self._qk(x), mask, state)
+        # the count only rescales, and phi normalises; clamping keeps never-seen rows at 0, not NaN
+        y, _ = self._scores_and_output(sums / counts.clamp(min=1)[..., None, None, None], self.W, mask)
+        return y, state
+
+    def extra_repr(self) -> str:
+        return (f"d_model={self.d_model}, n_heads={self.n_heads}, s={self.s}, causal={self.causal}, "
+                f"data_dependent={self.data_dependent}, window={self.window}")

@@ -1,0 +1,54 @@
+"""Build attention mechanisms by name, so that model layouts are data (strings in a config)."""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+
+from .base import Attention
+
+_REGISTRY: dict[str, type[Attention]] = {}
+
+
+def register(*names: str):
+    """Class decorator: make a mechanism buildable as ``build_attention(name, ...)``."""
+
+    def deco(cls):
+        for n in names:
+            if n in _REGISTRY and _REGISTRY[n] is not cls:
+                raise ValueError(f"attention name {n!r} registered twice")
+            _REGISTRY[n] = cls
+        return cls
+
+    return deco
+
+
+def available() -> list[str]:
+    _load_all()
+    return sorted(_REGISTRY)
+
+
+def get_class(name: str) -> type[Attention]:
+    _load_all()
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(str(name), _REGISTRY, n=3)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"unknown attention mechanism {name!r}.{hint} Available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def build_attention(name: str, d_model: int, n_heads: int, causal: bool = False, **options) -> Attention:
+    """Instantiate mechanism ``name``; unknown options are reported with the accepted ones."""
+    cls = get_class(name)
+    params = inspect.signature(cls.__init__).parameters
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    bad = [k for k in options if k not in params and not accepts_any]
+    if bad:
+        ok = [p for p in params if p not in ("self", "d_model", "n_heads", "causal")]
+        raise ValueError(f"attention {name!r} does not accept option(s) {bad}; accepted: {ok}")
+    return cls(d_model, n_heads, causal=causal, **options)
+
+
+def _load_all() -> None:
+    """Import every mechanism module so its @register runs (importing the package does this)."""
+    from . import _mechanisms  # noqa: F401

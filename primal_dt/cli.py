@@ -1,0 +1,56 @@
+"""Command lines shared by every entry point: tyro dataclass configs that also take ``key=value``.
+
+``python -m primal_dt.train env=hopper-medium model=primal+dt model.s=64 --steps 2000`` is parsed
+by turning each ``key=value`` into tyro's ``--key value``; booleans take explicit values
+(``eval.enabled=false``) so that both spellings behave alike. ``--help`` is tyro's, listing
+every option with its default.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence, TypeVar
+
+import tyro
+
+T = TypeVar("T")
+_BOOLS = {"true": "True", "false": "False", "yes": "True", "no": "False", "on": "True", "off": "False"}
+
+
+def to_tyro_args(argv: Sequence[str]) -> list[str]:
+    out: list[str] = []
+    for a in argv:
+        if a.startswith("-"):
+            out.append(a)
+        elif "=" in a:
+            k, v = a.split("=", 1)
+            if not k:
+                raise SystemExit(f"error: argument {a!r} has an empty key; write key=value")
+            out += [f"--{k}", _BOOLS.get(v.lower(), v)]
+        elif out and out[-1].startswith("--"):
+            out.append(a)  # the value of a preceding --key
+        else:
+            raise SystemExit(f"error: argument {a!r} is neither key=value nor --key value")
+    return out
+
+
+def find_value(argv: Sequence[str], key: str) -> str | None:
+    """Value given for ``key`` as ``key=v``, ``--key v`` or ``--key=v`` (last one wins)."""
+    val = None
+    names = {key, key.replace("_", "-")}
+    for i, a in enumerate(argv):
+        body = a.lstrip("-")
+        k, eq, v = body.partition("=")
+        if k in names:
+            if eq:
+                val = v
+            elif a.startswith("--") and i + 1 < len(argv):
+                val = argv[i + 1]
+    return val
+
+
+def parse(cls: type[T], argv: Sequence[str] | None = None, default: T | None = None,
+          description: str | None = None, prog: str | None = None) -> T:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return tyro.cli(cls, args=to_tyro_args(argv), default=default, description=description, prog=prog,
+                    config=(tyro.conf.FlagConversionOff,))

@@ -1,0 +1,39 @@
+"""Named stack layouts: which mechanism each layer uses.
+
+- ``transformer`` / ``dt`` / ``softmax``: every layer softmax (the baseline).
+- ``primalformer`` / ``primalformer-dt``: every layer Primal-Attention (PrimalFormer).
+- ``primal+<X>`` (``primal+dt``, ``primal+trans``, ``primal+linear``, ...): backbone X with only the
+  last layer primal, the papers' Primal.+X.
+- any registered mechanism name: every layer that mechanism.
+``options`` maps a mechanism name to its constructor options (e.g. {"primal": {"s": 64}}).
+"""
+
+from __future__ import annotations
+
+from .attention import available, get_class
+from .blocks import LayerSpec
+
+_ALIASES = {"transformer": "softmax", "trans": "softmax", "dt": "softmax", "primalformer": "primal",
+            "primalformer-dt": "primal"}
+
+
+def _mechanism(name: str) -> str:
+    name = _ALIASES.get(name, name)
+    get_class(name)  # raises a clear error listing the registry
+    return name
+
+
+def layout(model: str, n_layers: int, options: dict[str, dict] | None = None) -> list[LayerSpec]:
+    if n_layers < 1:
+        raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+    options = options or {}
+    if model.startswith("primal+"):
+        base = _mechanism(model[len("primal+"):])
+        names = [base] * (n_layers - 1) + ["primal"]
+    else:
+        try:
+            names = [_mechanism(model)] * n_layers
+        except ValueError as err:
+            raise ValueError(f"unknown model layout {model!r}: use one of {sorted(_ALIASES)}, 'primal+<mechanism>', "
+                             f"or a mechanism name ({', '.join(available())})") from err
+    return [LayerSpec(n, dict(options.get(n, {}))) for n in names]

@@ -1,0 +1,119 @@
+"""Run monitoring shared by every trainer: TensorBoard scalars/hparams, a progress bar, PNG plots.
+
+One ``RunMonitor`` per run directory. Scalars go to TensorBoard as they come and are also kept
+in memory so that curves people look at (eval return vs step, accuracy vs epoch) can be drawn to
+PNG at the end without re-reading event files.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from torch.utils.tensorboard import SummaryWriter
+
+
+def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
+    """``root/part/.../<YYYYmmdd-HHMMSS>-seed<k>``, unique even when two runs start in one second."""
+    base = Path(root).joinpath(*[p.replace("/", "-") for p in parts])
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    d = base / f"{stamp}-seed{seed}"
+    i = 1
+    while d.exists():
+        d = base / f"{stamp}-{i}-seed{seed}"
+        i += 1
+    return d
+
+
+class RunMonitor:
+    def __init__(self, log_dir: str | Path, enabled: bool = True, progress_total: int | None = None,
+                 progress_desc: str = "train", progress: bool = True, initial: int = 0):
+        self.log_dir = Path(log_dir)
+        self.enabled = enabled
+        self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.writer = SummaryWriter(str(self.log_dir)) if enabled else None
+        self.bar = None
+        if progress and progress_total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=progress_total, initial=initial, desc=progress_desc, dynamic_ncols=True,
+                            mininterval=1.0)
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        value = float(value)
+        self.history[tag].append((step, value))
+        if self.writer is not None:
+            self.writer.add_scalar(tag, value, step)
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        for k, v in values.items():
+            self.scalar(k, v, step)
+
+    def text(self, tag: str, value: str, step: int = 0) -> None:
+        if self.writer is not None:
+            self.writer.add_text(tag, value, step)
+
+    def hparams(self, params: dict, metrics: dict[str, float]) -> None:
+        """Record hyper-parameters (flattened, stringified where TensorBoard needs it) with final metrics."""
+        flat = {k: (v if isinstance(v, (int, float, str, bool)) else json.dumps(v, default=str))
+                for k, v in _flatten(params).items()}
+        if self.writer is not None:
+            self.writer.add_hparams(flat, {f"hparam/{k}": float(v) for k, v in metrics.items()}, run_name=".")
+
+    def progress(self, n: int = 1, **postfix) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def print(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg)
+        else:
+            print(msg, flush=True)
+
+    def plot(self, tags: list[str], path: str | Path, title: str = "", ylabel: str = "", xlabel: str = "step"):
+        """Draw the recorded curves of ``tags`` to a PNG (skipped when none has data)."""
+        series = {t: self.history[t] for t in tags if self.history.get(t)}
+        if not series:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for t, pts in series.items():
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, marker="o", label=t)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
