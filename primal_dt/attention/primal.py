@@ -152,6 +152,21 @@ class PrimalAttention(Attention):
         y, sc = self._scores_and_output(qk, W, mask)
         return y, self._aux(sc, W, mask)
 
+    @torch.no_grad()
+    def attention_matrix(self, x, mask=None) -> torch.Tensor:
+        """[B, H, T, T]: the induced kernel matrix phi(q_i)^T phi(k_j) (causal: of the prefix means)
+        whose asymmetric SVD the layer's primal form computes (the paper's Figure 1 analyses its
+        spectrum). Rows and columns of padding are zero. For inspection, not for training."""
+        self.check_input(x, mask)
+        qk = self._qk(x)
+        if self.causal:
+            qk = prefix_means(qk, mask, self.window)
+        q, k = cosine_features(qk).transpose(1, 3).unbind(2)  # [B, H, T, d] each
+        kmat = q @ k.transpose(-1, -2)
+        if mask is not None:
+            kmat = kmat * (mask[:, None, :, None] & mask[:, None, None, :]).to(kmat.dtype)
+        return kmat
+
     # -- recurrent form: running sums ----------------------------------------------------------
     def init_state(self, batch, device=None, dtype=None):
         self._require_step()

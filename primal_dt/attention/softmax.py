@@ -80,6 +80,21 @@ class SoftmaxAttention(Attention):
             allowed = allowed | torch.eye(T, dtype=torch.bool, device=x.device)  # padding rows
         return zero_padding(self._attend(q, k, v, allowed), mask), {}
 
+    @torch.no_grad()
+    def attention_matrix(self, x, mask=None) -> torch.Tensor:
+        """[B, H, T, T]: the attention weights softmax(q k^T / sqrt(d)) with forward's masks
+        (rows of padding queries are zero). For inspection (eval.spectrum), not for training."""
+        self.check_input(x, mask)
+        T = x.shape[1]
+        q, k, _ = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+        pos = torch.arange(T, device=x.device)
+        allowed = visibility(pos, pos, self.causal, self.window)[None, None]
+        if mask is not None:
+            allowed = (allowed & mask[:, None, None, :]) | torch.eye(T, dtype=torch.bool, device=x.device)
+        scores = (q @ k.transpose(-1, -2) / math.sqrt(self.d_head)).masked_fill(~allowed, float("-inf"))
+        w = torch.softmax(scores, dim=-1)
+        return w if mask is None else w * mask[:, None, :, None].to(w.dtype)
+
     # -- recurrent form: key/value cache --------------------------------------------------------
     def init_state(self, batch, device=None, dtype=None):
         self._require_step()

@@ -1,0 +1,258 @@
+"""Spectrum of each layer's attention matrix (Primal-Attention, Figure 1) and head redundancy
+(primal-dual SVR framework), for any model built on ``primal_dt.blocks.Stack``.
+
+    python -m eval.spectrum checkpoint=runs/.../best.pt [out=DIR] [n=64] [seed=0]
+
+For each attention layer the matrix is taken from the mechanism's ``attention_matrix(x, mask)``
+(softmax: the attention weights; primal: the induced kernel phi(q) phi(k)^T, with prefix means
+when causal; linear family, kernel smoothers, Nystrom: the weights they imply); layers whose
+mechanism defines none are listed as skipped. The layer inputs are captured with forward pre-hooks
+on each block's attention while the model runs on real inputs, so any model containing Stacks works.
+
+Per layer, averaged over examples and heads (each example's real tokens only):
+- singular values of the T x T matrix, divided by the largest;
+- cumulative explained variance sum_{k<=K} s_k^2 / sum_k s_k^2, and the number of components
+  reaching 90% (the paper's point: attention matrices are low rank);
+- head redundancy: mean Frobenius (L2) distance between the attention matrices of two heads, over
+  all head pairs, divided by sqrt(n) for n real tokens (a row-stochastic n x n matrix has Frobenius
+  norm <= sqrt(n)), so values compare across lengths. Lower = more redundant heads.
+Written as a PNG, a JSON file and to TensorBoard (figure, curves as scalars over k, rank90 and
+redundancy per layer).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from primal_dt.blocks import Stack
+
+
+@dataclass
+class LayerSpectrum:
+    name: str
+    mechanism: str
+    singular_values: list[float]  # mean over examples and heads, normalised by the largest
+    explained_variance: list[float]  # cumulative
+    rank90: float  # mean number of components reaching 90% of the variance
+    redundancy: float | None  # mean pairwise head distance / sqrt(n); None for one head
+
+
+@dataclass
+class SpectrumReport:
+    layers: list[LayerSpectrum] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # layers whose mechanism has no attention_matrix
+
+
+def capture_attention_inputs(model: nn.Module, run: Callable[[], object]) -> list[tuple[str, nn.Module, torch.Tensor, torch.Tensor | None]]:
+    """Run ``run()`` (which calls the model) and return (layer name, attention module, x, mask) per
+    attention call of every block of every Stack inside ``model``."""
+    stacks = [(n, m) for n, m in model.named_modules() if isinstance(m, Stack)]
+    if not stacks:
+        raise ValueError(f"{type(model).__name__} contains no primal_dt.blocks.Stack; nothing to analyse")
+    seen, handles = [], []
+    for sname, stack in stacks:
+        for i, block in enumerate(stack.blocks):
+            name = f"{sname + '.' if sname else ''}layer{i}"
+
+            def hook(mod, args, kwargs, name=name):
+                x = args[0] if args else kwargs["x"]
+                mask = args[1] if len(args) > 1 else kwargs.get("mask")
+                seen.append((name, mod, x.detach(), None if mask is None else mask.detach()))
+
+            handles.append(block.attn.register_forward_pre_hook(hook, with_kwargs=True))
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def singular_spectrum(A: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A [B, H, T, T] -> (normalised singular values [T], cumulative explained variance [T], rank90 [])
+    averaged over examples and heads; each example uses its real tokens (shorter ones padded with
+    zeros / ones on the index axis)."""
+    B, H, T, _ = A.shape
+    svs, cevs, r90 = [], [], []
+    for b in range(B):
+        idx = torch.arange(T) if mask is None else mask[b].nonzero().squeeze(-1).cpu()
+        if idx.numel() == 0:
+            continue
+        sub = A[b][:, idx][:, :, idx].double().cpu()
+        s = torch.linalg.svdvals(sub)  # [H, n], descending
+        energy = s.pow(2)
+        cev = energy.cumsum(-1) / energy.sum(-1, keepdim=True).clamp(min=1e-300)
+        r90.append(((cev < 0.9).sum(-1) + 1).double())
+        pad = T - s.shape[-1]
+        svs.append(torch.nn.functional.pad(s / s[:, :1].clamp(min=1e-300), (0, pad)))
+        cevs.append(torch.nn.functional.pad(cev, (0, pad), value=1.0))
+    if not svs:
+        raise ValueError("no example has a real token")
+    return torch.cat(svs).mean(0), torch.cat(cevs).mean(0), torch.cat(r90).mean()
+
+
+def head_redundancy(A: torch.Tensor, mask: torch.Tensor | None) -> float | None:
+    """Mean over examples and head pairs of ||A_h - A_h'||_F / sqrt(n) (real tokens only)."""
+    B, H, T, _ = A.shape
+    if H < 2:
+        return None
+    vals = []
+    for b in range(B):
+        idx = torch.arange(T) if mask is None else mask[b].nonzero().squeeze(-1).cpu()
+        if idx.numel() == 0:
+            continue
+        sub = A[b][:, idx][:, :, idx].double().cpu().flatten(1)  # [H, n*n]
+        d = torch.cdist(sub[None], sub[None])[0]
+        iu = torch.triu_indices(H, H, 1)
+        vals.append(d[iu[0], iu[1]].mean() / idx.numel() ** 0.5)
+    return float(torch.stack(vals).mean())
+
+
+def analyse(model: nn.Module, run: Callable[[], object]) -> SpectrumReport:
+    """Spectrum and head redundancy of every attention layer while ``run()`` feeds the model."""
+    was_training = model.training
+    model.eval()
+    try:
+        captured = capture_attention_inputs(model, run)
+        report = SpectrumReport()
+        for name, attn, x, mask in captured:
+            mech = type(attn).__name__
+            if not hasattr(attn, "attention_matrix"):
+                report.skipped.append(f"{name} ({mech})")
+                continue
+            with torch.no_grad():
+                A = attn.attention_matrix(x, mask)
+            sv, cev, r90 = singular_spectrum(A, mask)
+            report.layers.append(LayerSpectrum(name, mech, sv.tolist(), cev.tolist(), float(r90),
+                                               head_redundancy(A, mask)))
+        return report
+    finally:
+        model.train(was_training)
+
+
+def plot(report: SpectrumReport, path: str | Path | None = None):
+    """Figure 1 style: singular values (left, log scale) and cumulative explained variance (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for layer in report.layers:
+        k = range(1, len(layer.singular_values) + 1)
+        label = f"{layer.name} ({layer.mechanism}, rank90={layer.rank90:.1f})"
+        ax1.semilogy(k, [max(v, 1e-12) for v in layer.singular_values], label=label)
+        ax2.plot(k, layer.explained_variance, label=label)
+    ax1.set(xlabel="index k", ylabel="singular value / largest", title="Singular values")
+    ax2.set(xlabel="number of components", ylabel="cumulative explained variance", title="Explained variance",
+            ylim=(0, 1.02))
+    ax2.axhline(0.9, color="grey", lw=0.8, ls="--")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True) -> dict[str, Path]:
+    """PNG + JSON under out_dir, and TensorBoard events there (via RunMonitor)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    fig = plot(report, out / "spectrum.png")
+    (out / "spectrum.json").write_text(json.dumps(asdict(report), indent=1))
+    if tensorboard:
+        from primal_dt.monitor import RunMonitor
+
+        mon = RunMonitor(out, progress=False)
+        try:
+            mon.writer.add_figure("spectrum/figure", fig)
+            for layer in report.layers:
+                for k, (s, c) in enumerate(zip(layer.singular_values, layer.explained_variance), start=1):
+                    mon.scalar(f"spectrum/{layer.name}/singular_value", s, k)
+                    mon.scalar(f"spectrum/{layer.name}/explained_variance", c, k)
+                mon.scalar(f"spectrum/{layer.name}/rank90", layer.rank90, 0)
+                if layer.redundancy is not None:
+                    mon.scalar(f"redundancy/{layer.name}", layer.redundancy, 0)
+        finally:
+            mon.writer.close()
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return {"png": out / "spectrum.png", "json": out / "spectrum.json"}
+
+
+# -- command line -------------------------------------------------------------------------------
+def build_from_checkpoint(ckpt: dict, n: int = 64, seed: int = 0) -> tuple[nn.Module, Callable[[], object]]:
+    """(model, run) for a checkpoint dict: ``run()`` feeds the model ``n`` real examples.
+
+    Dispatches on ckpt["kind"] and imports the builders lazily (they live above eval's
+    dependencies on the core): "classifier" -> primal_dt.classify (test split of the checkpoint's
+    task), "dt" -> agents.decision_transformer (K-step segments of the checkpoint's dataset).
+    """
+    kind = ckpt.get("kind")
+    if kind == "classifier":
+        from primal_dt import classify
+        from primal_dt.tasks import load_task
+
+        cfg = classify.config_from_dict(ckpt["config"])
+        data = load_task(cfg.data, with_val=False)
+        model = classify.build_model(cfg, data)
+        model.load_state_dict(ckpt["model"])
+        g = torch.Generator().manual_seed(seed)
+        pick = torch.randperm(data.test.y.shape[0], generator=g)[:n]
+        x, mask = data.test.x[pick], data.test.mask[pick]
+        return model, lambda: model(x, mask)
+    if kind == "dt":
+        from agents.decision_transformer import build_from_checkpoint as build_dt
+        from envs.loader import load_dataset
+        from envs.sampler import SegmentSampler
+
+        model = build_dt(ckpt)
+        cfg = ckpt.get("config", {})
+        env = cfg.get("env") or cfg.get("dataset")
+        if not env:
+            raise ValueError("the dt checkpoint's config names no env/dataset to draw segments from")
+        ds = load_dataset(env)
+        sampler = SegmentSampler(ds, K=model.cfg.K, batch_size=n, reward_scale=float(cfg.get("reward_scale", 1e-3)),
+                                 max_timestep=model.cfg.max_timestep, seed=seed)
+        b = sampler.sample()
+        return model, lambda: model(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])
+    raise ValueError(f"checkpoint kind {kind!r} has no model builder here; known kinds: 'classifier', 'dt'")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv) if "=" in a)
+    bad = [a for a in (sys.argv[1:] if argv is None else argv) if "=" not in a]
+    unknown = sorted(set(args) - {"checkpoint", "out", "n", "seed", "tensorboard"})
+    if bad or unknown or "checkpoint" not in args:
+        print("usage: python -m eval.spectrum checkpoint=PATH [out=DIR] [n=64] [seed=0] [tensorboard=true]"
+              + (f"\nunrecognised: {bad + unknown}" if bad or unknown else ""), file=sys.stderr)
+        return 2
+    from primal_dt import checkpoint
+
+    path = Path(args["checkpoint"])
+    ckpt = checkpoint.load(path)
+    model, run = build_from_checkpoint(ckpt, n=int(args.get("n", 64)), seed=int(args.get("seed", 0)))
+    report = analyse(model, run)
+    out = Path(args.get("out", path.parent / "spectrum"))
+    files = write(report, out, tensorboard=args.get("tensorboard", "true").lower() != "false")
+    for layer in report.layers:
+        red = "n/a" if layer.redundancy is None else f"{layer.redundancy:.3f}"
+        print(f"{layer.name:<20} {layer.mechanism:<28} rank90={layer.rank90:6.2f}  head distance={red}")
+    for s in report.skipped:
+        print(f"{s}: no attention_matrix, skipped")
+    print(f"wrote {files['png']} and {files['json']} (TensorBoard events in {out})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

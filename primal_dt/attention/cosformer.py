@@ -1,0 +1,64 @@
+"""cosFormer (Qin et al., ICLR 2022, "cosFormer: Rethinking Softmax in Attention").
+
+    s(q_i, k_j) = relu(q_i)^T relu(k_j) cos(pi/2 * (i - j) / M)
+
+and cos(a - b) = cos a cos b + sin a sin b decomposes the re-weighting, so with a_i = pi i / (2M)
+    phi(q_i) = [relu(q_i) cos a_i, relu(q_i) sin a_i],   phi(k_j) = [relu(k_j) cos a_j, relu(k_j) sin a_j]
+and the normalised linear attention of linear_core applies (2 d_head features).
+
+Positions i count real tokens only (1-based), so padding on either side shifts nothing.
+M: bidirectional, the sequence's number of real tokens (|i - j| < M, all weights positive);
+causal, the fixed ``max_len`` option (the reference uses the padded input length, which would
+let the future length leak into the past and cannot be streamed). Causal positions beyond
+``max_len`` would get negative weights, so they raise a ValueError.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .base import check_int
+from .linear_core import FeatureMapAttention
+from .registry import register
+
+
+@register("cosformer")
+class CosformerAttention(FeatureMapAttention):
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, max_len: int = 4096,
+                 chunk: int = 64, bias: bool = True):
+        super().__init__(d_model, n_heads, causal, bias=bias, chunk=chunk)
+        self.max_len = check_int("max_len", max_len, low=1)
+
+    @property
+    def n_features(self) -> int:
+        return 2 * self.d_head
+
+    def init_feature_state(self, batch, device=None, dtype=None):
+        return {"count": torch.zeros(batch, device=device, dtype=torch.long)}
+
+    def features(self, q, k, mask, fstate):
+        B, H, T, _ = q.shape
+        m = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
+        pos = torch.cumsum(m.long(), dim=1)  # 1-based index among real tokens
+        if fstate is not None:
+            pos = pos + fstate["count"][:, None]
+            fstate = {"count": pos[:, -1].clone()}
+        if self.causal:
+            if T and int(pos.max()) > self.max_len:
+                raise ValueError(f"cosformer: position {int(pos.max())} exceeds max_len={self.max_len}; the causal "
+                                 "re-weighting cos(pi/2 (i-j)/max_len) needs i - j < max_len, so build it with a "
+                                 "larger max_len")
+            M = torch.full((B, 1), float(self.max_len), device=q.device)
+        else:
+            M = m.sum(1, keepdim=True).clamp(min=1).to(q.dtype)
+        angle = (math.pi / 2) * pos.to(q.dtype) / M  # [B, T]
+        cos, sin = (f(angle)[:, None, :, None].to(q.dtype) for f in (torch.cos, torch.sin))
+
+        def phi(x):
+            x = F.relu(x)
+            return torch.cat([x * cos, x * sin], dim=-1)
+
+        return phi(q), phi(k), fstate

@@ -1,0 +1,174 @@
+"""Kernel-smoother attention (Tsai, Bai, Yamada, Morency, Salakhutdinov, EMNLP 2019,
+"Transformer Dissection: A Unified Understanding of Transformer's Attention via the Lens of Kernel").
+
+    out(x_i) = sum_{j in M(i)} k(x_i, x_j) v(x_j) / sum_{j' in M(i)} k(x_i, x_j')
+
+M(i) = the set filter: real tokens (and j <= i when causal). Per head, with q = x Wq, k = x Wk:
+
+    kernel-linear-*       <q_i, k_j>
+    kernel-polynomial-*   <q_i, k_j>^2
+    kernel-exponential-*  exp(<q_i, k_j> / sqrt(d))                (= softmax attention)
+    kernel-rbf-*          exp(-||q_i - k_j||^2 / sqrt(d))
+    *-asym: Wq != Wk;   *-sym: Wq = Wk (one projection, a symmetric kernel)
+    kernel-positional     exp(<f_i WF, f_j WF>/sqrt(d)) * exp(<t_i WT, t_j WT>/sqrt(d)), values from f
+
+The last is the paper's recommended product of symmetric kernels: f = the layer input (no position
+added), t = sinusoidal embedding of the token's index among real tokens (so padding shifts
+nothing), values v = f WV from the features only. A product of exponentials is one exponential of
+the augmented features [f WF, t WT], so it shares the exponential path.
+
+Numerics: exponential kernels are evaluated in the log domain (a masked log-sum-exp / softmax);
+the others divide by the kernel sum + eps. The linear kernel is the exception the paper itself
+flags: it can be negative, so its literal normaliser sum_j <q_i, k_j> can cross zero and the
+weights blow up (the paper reports it does not converge; we measured 1e-3 changes in outputs from
+1-ulp changes in the projections). By default (``normalizer="abs"``) the weights are divided by
+sum_j |<q_i, k_j>| + eps instead, which keeps them bounded (|w| <= 1) and is identical for the
+non-negative kernels; ``normalizer="signed"`` gives the literal formula.
+The recurrent form (causal) is a key/value cache, like softmax's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import Attention, zero_padding
+from .registry import register
+
+KERNELS = ("linear", "polynomial", "exponential", "rbf")
+
+
+def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sinusoidal embedding [*, dim] of (float) positions [*] (Vaswani et al.)."""
+    half = (dim + 1) // 2
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=pos.device, dtype=pos.dtype) / half)
+    ang = pos[..., None] * freq
+    return torch.cat([ang.sin(), ang.cos()], dim=-1)[..., :dim]
+
+
+def smoother_weights(qf, kf, kernel: str, allowed: torch.Tensor, d: int, eps: float,
+                     signed: bool = False) -> torch.Tensor:
+    """Normalised kernel-smoother weights [B, H, Tq, Tk] for features qf [.., Tq, e], kf [.., Tk, e].
+
+    Non-exponential kernels divide by sum |k| + eps, or with ``signed`` by the literal sum k (+-eps).
+    """
+    if kernel in ("exponential", "rbf"):
+        dots = qf @ kf.transpose(-1, -2)
+        logk = dots / math.sqrt(d)
+        if kernel == "rbf":  # -||q - k||^2 / sqrt(d); the ||q||^2 term is constant per row but kept
+            logk = (2 * dots - qf.pow(2).sum(-1, keepdim=True) - kf.pow(2).sum(-1).unsqueeze(-2)) / math.sqrt(d)
+        return torch.softmax(logk.masked_fill(~allowed, torch.finfo(logk.dtype).min), dim=-1) * allowed
+    dots = qf @ kf.transpose(-1, -2)
+    kmat = (dots if kernel == "linear" else dots.pow(2)) * allowed
+    if signed:
+        den = kmat.sum(-1, keepdim=True)
+        return kmat / torch.where(den >= 0, den + eps, den - eps)
+    return kmat / (kmat.abs().sum(-1, keepdim=True) + eps)
+
+
+class KernelSmootherAttention(Attention):
+    """One kernel-smoother core for every kernel-* variant (class attributes pick the variant)."""
+
+    supports_step = True
+    kernel: str = "exponential"
+    symmetric: bool = False
+    positional: bool = False
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, eps: float = 1e-6,
+                 normalizer: str = "abs", bias: bool = True):
+        super().__init__(d_model, n_heads, causal)
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        if normalizer not in ("abs", "signed"):
+            raise ValueError(f"normalizer must be 'abs' or 'signed', got {normalizer!r}")
+        self.signed = normalizer == "signed"
+        self.eps = float(eps)
+        n_qk = 1 if (self.symmetric or self.positional) else 2
+        self.qk = nn.Linear(d_model, n_qk * d_model, bias=bias)  # WF for the positional form
+        self.pos_proj = nn.Linear(d_model, d_model, bias=bias) if self.positional else None  # WT
+        self.v = nn.Linear(d_model, d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _features(self, x, mask, offset):
+        """(qf, kf, v) per head; offset [B] = real tokens before x (positional form)."""
+        qk = self.qk(x)
+        if self.symmetric or self.positional:
+            qf = kf = self.split_heads(qk)
+        else:
+            qf, kf = map(self.split_heads, qk.split(self.d_model, dim=-1))
+        if self.positional:
+            B, T, _ = x.shape
+            m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+            pos = torch.cumsum(m.long(), 1) - 1 + offset[:, None]
+            t = self.split_heads(self.pos_proj(sinusoidal(pos.to(x.dtype), self.d_model)))
+            qf = kf = torch.cat([qf, t], dim=-1)
+        return qf, kf, self.split_heads(self.v(x))
+
+    def _attend(self, qf, kf, v, allowed):
+        w = smoother_weights(qf, kf, self.kernel, allowed, self.d_head, self.eps, self.signed)
+        return self.proj(self.merge_heads(w @ v)), w
+
+    def _allowed(self, mask, Tq, Tk, device):
+        allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=device)
+        if self.causal:
+            allowed = allowed.tril(Tk - Tq)
+        allowed = allowed[None, None]
+        return allowed if mask is None else allowed & mask[:, None, None, :]
+
+    def forward(self, x, mask=None):
+        self.check_input(x, mask)
+        zeros = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        qf, kf, v = self._features(x, mask, zeros)
+        y, _ = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
+        return zero_padding(y, mask), {}
+
+    @torch.no_grad()
+    def attention_matrix(self, x, mask=None) -> torch.Tensor:
+        """[B, H, T, T]: the normalised smoother weights k(x_i, x_j) / sum_j' k(x_i, x_j')."""
+        self.check_input(x, mask)
+        zeros = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
+        qf, kf, v = self._features(x, mask, zeros)
+        w = smoother_weights(qf, kf, self.kernel, self._allowed(mask, x.shape[1], x.shape[1], x.device),
+                             self.d_head, self.eps, self.signed)
+        return w if mask is None else w * mask[:, None, :, None]
+
+    # -- recurrent form: key/value cache -------------------------------------------------------
+    def init_state(self, batch, device=None, dtype=None):
+        self._require_step()
+        dtype = dtype or self.v.weight.dtype
+        e = 2 * self.d_head if self.positional else self.d_head
+        return {"k": torch.zeros(batch, self.n_heads, 0, e, device=device, dtype=dtype),
+                "v": torch.zeros(batch, self.n_heads, 0, self.d_head, device=device, dtype=dtype),
+                "m": torch.zeros(batch, 0, dtype=torch.bool, device=device),
+                "count": torch.zeros(batch, dtype=torch.long, device=device)}
+
+    def step(self, x, state, mask=None):
+        self._require_step()
+        self.check_input(x, mask)
+        B, C, _ = x.shape
+        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
+        qf, kf, v = self._features(x, m, state["count"])
+        K, V = torch.cat([state["k"], kf], 2), torch.cat([state["v"], v], 2)
+        M = torch.cat([state["m"], m], 1)
+        y, _ = self._attend(qf, K, V, self._allowed(M, C, K.shape[2], x.device))
+        return zero_padding(y, mask), {"k": K, "v": V, "m": M, "count": state["count"] + m.sum(1)}
+
+    def extra_repr(self) -> str:
+        return f"kernel={self.kernel!r}, symmetric={self.symmetric}, positional={self.positional}, causal={self.causal}"
+
+
+def _variant(name: str, kernel: str, symmetric: bool, positional: bool = False):
+    cls_name = "Kernel" + "".join(p.title() for p in name.split("-")[1:]) + "Attention"
+    cls = type(cls_name, (KernelSmootherAttention,),
+               {"kernel": kernel, "symmetric": symmetric, "positional": positional, "__module__": __name__,
+                "__doc__": f"``{name}``: kernel-smoother attention, {kernel} kernel, "
+                           f"{'product of symmetric kernels with positional embeddings' if positional else 'Wq = Wk' if symmetric else 'Wq != Wk'}."})
+    globals()[cls_name] = register(name)(cls)
+
+
+for _k in KERNELS:
+    _variant(f"kernel-{_k}-asym", _k, False)
+    _variant(f"kernel-{_k}-sym", _k, True)
+_variant("kernel-positional", "exponential", True, positional=True)

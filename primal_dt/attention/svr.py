@@ -1,0 +1,252 @@
+"""Attention-BN, Attention-SH and Attention-BN+SH (Nguyen, Nguyen, Ho, Bertozzi, Osher, Nguyen,
+ICLR 2023, "A Primal-Dual Framework for Transformers and Neural Networks"): attentions derived as
+the dual of a support-vector regression with different primal feature maps.
+
+Per head (width d), mu = mean of the keys over the sequence, s = their per-feature std:
+    svr-bn:    score(i, j) = ((q_i - beta mu) / s)^T ((k_j - beta mu) / s) / sqrt(d)
+               (``scale_variance=False``, the paper's experiments: s = 1, re-centring only)
+    svr-sh:    head h attends to the keys/values average-pooled by factor r_h along the sequence
+               (queries keep full length); default r = 2^(h // max(1, H // 4)), which gives the
+               paper's [1,1,2,2,4,4,8,8] for 8 heads and [1,2] for 2 heads
+    svr-bn-sh: both; mu, s per head over that head's pooled keys
+    ``kernel="softmax"``: y_i = sum_j softmax_j(score(i, j)) v_j
+    ``kernel="linear"``:  the elu+1 linear attention on the re-centred (scaled) queries and keys
+Pooling runs over real tokens only (real tokens are compacted first, so padding on either side
+changes nothing); the last group of a bidirectional sequence may be partial (mean of its members).
+
+In the softmax form, (q - beta mu)^T (k_j - beta mu) / s^2 differs from ((q - beta mu)/s^2)^T k_j
+by a term constant in j, which softmax cancels: only the queries need shifting.
+
+Causal forms (not in the paper; our choices, no future leakage):
+- Statistics: query i uses mu_i, s_i of the real keys j <= i (token level, also with SH, where a
+  prefix is not always a whole number of groups). In the softmax form every visible key is thus
+  re-centred by the query's own prefix statistics: the bidirectional formula applied to the prefix.
+  The linear form cannot re-centre old keys without losing its running sums, so each key (and each
+  pooled key) is re-centred with the statistics of its own prefix (at the group's last member).
+- Causal pooling: query i (the o-th real token of group g) sees the completed groups g' < g and the
+  running mean of its own group's members up to itself (the whole group when it is the last
+  member), never a member after it.
+Recurrent form: the real tokens' projections are cached and each chunk's outputs recomputed from
+the cache, so step == forward exactly (cost O(prefix) per step, like a key/value cache; the linear
+form could keep O(1) sums but that is not done here).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from .base import Attention, check_int, zero_padding
+from .linear import elu_feature
+from .linear_core import linear_attention
+from .registry import register
+
+
+def compact(xs, mask):
+    """Move each sequence's real tokens to the front (in order): xs [B, H, T, d] -> same, plus n [B]."""
+    B, T = mask.shape
+    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices  # real tokens first
+    idx = order[:, None, :, None]
+    return [x.gather(2, idx.expand(-1, x.shape[1], -1, x.shape[3])) for x in xs], mask.sum(1)
+
+
+def default_factors(n_heads: int) -> tuple[int, ...]:
+    return tuple(2 ** (h // max(1, n_heads // 4)) for h in range(n_heads))
+
+
+def _pad_to(x, r):
+    pad = (-x.shape[2]) % r
+    return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
+
+
+class SVRAttention(Attention):
+    """One implementation for the three SVR variants (``use_bn``/``use_sh`` pick the variant)."""
+
+    supports_step = True
+    use_bn: bool = True
+    use_sh: bool = False
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax",
+                 beta: float = 0.5, scale_variance: bool = False, factors=None, eps: float = 1e-5,
+                 bias: bool = True):
+        super().__init__(d_model, n_heads, causal)
+        if kernel not in ("softmax", "linear"):
+            raise ValueError(f"kernel must be 'softmax' or 'linear', got {kernel!r}")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
+            raise ValueError(f"beta must be a finite number, got {beta!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be > 0, got {eps}")
+        if factors is None:
+            factors = default_factors(n_heads) if self.use_sh else (1,) * n_heads
+        factors = tuple(factors) if isinstance(factors, (list, tuple)) else factors
+        if not isinstance(factors, tuple) or len(factors) != n_heads:
+            raise ValueError(f"factors must list one pooling factor per head ({n_heads}), got {factors!r}")
+        for f in factors:
+            check_int("factors entry", f, low=1)
+        self.kernel, self.beta, self.scale_variance, self.eps = kernel, float(beta), bool(scale_variance), float(eps)
+        self.factors = factors
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+
+    # -- statistics ----------------------------------------------------------------------------
+    def _shift(self, x, mu, var):
+        """(x - beta mu) / s (s = 1 unless scale_variance); identity without BN. Linear-kernel features."""
+        if not self.use_bn:
+            return x
+        x = x - self.beta * mu
+        return x / var.sqrt() if self.scale_variance else x
+
+    def _softmax_query(self, q, mu, var):
+        """(q - beta mu) / s^2: the only shift softmax does not cancel (see the module docstring)."""
+        if not self.use_bn:
+            return q
+        q = q - self.beta * mu
+        return q / var if self.scale_variance else q
+
+    # -- bidirectional -------------------------------------------------------------------------
+    def _bidirectional(self, q, kc, vc, n, r):
+        B, h, _, d = q.shape
+        kc, vc = _pad_to(kc, r), _pad_to(vc, r)
+        G = kc.shape[2] // r
+        cm = (torch.arange(G * r, device=q.device)[None] < n[:, None])  # [B, Np]
+        w = cm.view(B, 1, G, r, 1).to(q.dtype)
+        cnt = w.sum(3)  # [B, 1, G, 1]
+        pk = (kc.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1)
+        pv = (vc.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1)
+        pmask = cnt[:, 0, :, 0] > 0  # [B, G]
+        mu = var = None
+        if self.use_bn:
+            pw = pmask[:, None, :, None].to(q.dtype)
+            npool = pw.sum(2, keepdim=True).clamp(min=1)
+            mu = (pk * pw).sum(2, keepdim=True) / npool
+            var = (((pk - mu) * pw) ** 2).sum(2, keepdim=True) / npool + self.eps
+        if self.kernel == "softmax":
+            qq = self._softmax_query(q, mu, var)  # fused kernel: O(T) memory like softmax's
+            return torch.nn.functional.scaled_dot_product_attention(qq, pk, pv, attn_mask=pmask[:, None, None, :])
+        fq, fk = elu_feature(self._shift(q, mu, var)), elu_feature(self._shift(pk, mu, var))
+        return linear_attention(fq, fk, pv, pmask)
+
+    # -- causal --------------------------------------------------------------------------------
+    def _causal(self, qc, kc, vc, n, p, r):
+        """Compact q/k/v [B, h, N, d] (first n real); outputs [B, h, Tq, d] for compact positions p [B, Tq]."""
+        B, h, _, d = qc.shape
+        qc, kc, vc = (_pad_to(t, r) for t in (qc, kc, vc))
+        Np = kc.shape[2]
+        G = Np // r
+        cm = (torch.arange(Np, device=qc.device)[None] < n[:, None])[:, None, :, None].to(qc.dtype)
+        kc, vc = kc * cm, vc * cm
+        within = torch.arange(1, r + 1, device=qc.device, dtype=qc.dtype)[:, None]
+        run_k = (kc.view(B, h, G, r, d).cumsum(3) / within).view(B, h, Np, d)  # own group's running mean
+        run_v = (vc.view(B, h, G, r, d).cumsum(3) / within).view(B, h, Np, d)
+        pk, pv = run_k[:, :, r - 1 :: r], run_v[:, :, r - 1 :: r]  # completed-group means [B, h, G, d]
+        mu = var = None
+        if self.use_bn:
+            cnt = torch.arange(1, Np + 1, device=qc.device, dtype=qc.dtype)[:, None]
+            mu = kc.cumsum(2) / cnt
+            var = (kc.pow(2).cumsum(2) / cnt - mu.pow(2)).clamp(min=0) + self.eps
+
+        def at(x, pos):  # gather [B, h, Np, d] at positions pos [B, Tq]
+            return None if x is None else x.gather(2, pos[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+
+        mu_q, var_q, k_cur, v_cur = at(mu, p), at(var, p), at(run_k, p), at(run_v, p)
+        if self.kernel == "softmax":
+            qq = self._softmax_query(at(qc, p), mu_q, var_q)
+            logits = qq @ pk.transpose(-1, -2) / math.sqrt(d)  # [B, h, Tq, G]
+            seen = torch.arange(G, device=qc.device)[None, None, :] < (p // r)[:, :, None]
+            logits = logits.masked_fill(~seen[:, None], float("-inf"))
+            cur = (qq * k_cur).sum(-1, keepdim=True) / math.sqrt(d)
+            wts = torch.softmax(torch.cat([logits, cur], -1), -1)
+            return wts[..., :G] @ pv + wts[..., G:] * v_cur
+        # linear: completed groups enter a causal linear attention at the first position after them
+        fq_all = elu_feature(self._shift(qc, mu, var))
+        fk_g = elu_feature(self._shift(pk, at(mu, _ends(B, G, r, qc.device)), at(var, _ends(B, G, r, qc.device))))
+        fk_seq, v_seq = torch.zeros_like(kc), torch.zeros(B, h, Np, d + 1, device=qc.device, dtype=qc.dtype)
+        fk_seq[:, :, r::r] = fk_g[:, :, : G - 1]
+        v_seq[:, :, r::r] = torch.cat([pv, torch.ones_like(pv[..., :1])], -1)[:, :, : G - 1]
+        numden = at(linear_attention(fq_all, fk_seq, v_seq, causal=True, eps=None), p)  # [B, h, Tq, d+1]
+        fq = at(fq_all, p)
+        wc = (fq * elu_feature(self._shift(k_cur, mu_q, var_q))).sum(-1, keepdim=True)
+        return (numden[..., :d] + wc * v_cur) / (numden[..., d:] + wc + 1e-6)
+
+    # -- shared driver -------------------------------------------------------------------------
+    def _attend(self, q, qc, kc, vc, n, p):
+        out = torch.empty_like(q)
+        for r in sorted(set(self.factors)):
+            heads = [i for i, f in enumerate(self.factors) if f == r]
+            sel = torch.tensor(heads, device=q.device)
+            if self.causal:
+                out[:, heads] = self._causal(qc[:, sel], kc[:, sel], vc[:, sel], n, p, r)
+            else:
+                out[:, heads] = self._bidirectional(q[:, sel], kc[:, sel], vc[:, sel], n, r)
+        return out
+
+    def _qkv(self, x):
+        return map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+
+    def forward(self, x, mask=None):
+        self.check_input(x, mask)
+        B, T, _ = x.shape
+        m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+        q, k, v = self._qkv(x)
+        (qc, kc, vc), n = compact([q, k, v], m)
+        p = (torch.cumsum(m.long(), 1) - 1).clamp(min=0)  # compact position of each token
+        y = self._attend(q, qc, kc, vc, n, p)
+        return zero_padding(self.proj(self.merge_heads(y)), mask), {}
+
+    # -- recurrent form: cache of the real tokens' projections ---------------------------------
+    def init_state(self, batch, device=None, dtype=None):
+        self._require_step()
+        dtype = dtype or self.qkv.weight.dtype
+        z = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device, dtype=dtype)
+        return {"q": z, "k": z.clone(), "v": z.clone(), "n": torch.zeros(batch, dtype=torch.long, device=device)}
+
+    def step(self, x, state, mask=None):
+        self._require_step()
+        self.check_input(x, mask)
+        B, C, _ = x.shape
+        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
+        q, k, v = self._qkv(x)
+        n0 = state["n"]
+        cached = torch.arange(state["k"].shape[2], device=x.device)[None] < n0[:, None]
+        full = [torch.cat([state[key], t], 2) for key, t in (("q", q), ("k", k), ("v", v))]
+        (qc, kc, vc), n = compact(full, torch.cat([cached, m], 1))
+        keep = max(int(n.max()), 1) if B else 0  # >= 1 slot so an all-padding chunk still gathers
+        qc, kc, vc = qc[:, :, :keep], kc[:, :, :keep], vc[:, :, :keep]
+        p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
+        y = self._attend(q, qc, kc, vc, n, p)
+        return zero_padding(self.proj(self.merge_heads(y)), mask), {"q": qc, "k": kc, "v": vc, "n": n}
+
+    def extra_repr(self) -> str:
+        return (f"kernel={self.kernel!r}, beta={self.beta if self.use_bn else None}, "
+                f"scale_variance={self.scale_variance}, factors={self.factors}, causal={self.causal}")
+
+
+def _ends(B, G, r, device):
+    """Compact positions of each group's last member, [B, G]."""
+    return (torch.arange(G, device=device) * r + r - 1)[None].expand(B, G)
+
+
+@register("svr-bn")
+class SVRBNAttention(SVRAttention):
+    use_bn, use_sh = True, False
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax",
+                 beta: float = 0.5, scale_variance: bool = False, eps: float = 1e-5, bias: bool = True):
+        super().__init__(d_model, n_heads, causal, kernel=kernel, beta=beta, scale_variance=scale_variance,
+                         eps=eps, bias=bias)
+
+
+@register("svr-sh")
+class SVRSHAttention(SVRAttention):
+    use_bn, use_sh = False, True
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax", factors=None,
+                 bias: bool = True):
+        super().__init__(d_model, n_heads, causal, kernel=kernel, factors=factors, bias=bias)
+
+
+@register("svr-bn-sh")
+class SVRBNSHAttention(SVRAttention):
+    use_bn, use_sh = True, True

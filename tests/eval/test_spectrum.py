@@ -1,0 +1,114 @@
+"""eval.spectrum on small stacks: spectra of known rank, head redundancy, padding, outputs."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from eval.spectrum import analyse, head_redundancy, main, singular_spectrum, write
+from primal_dt.blocks import LayerSpec, Stack
+
+D, H = 16, 2
+
+
+class Wrapper(nn.Module):
+    """Any module holding a Stack works; here an embedding in front of it."""
+
+    def __init__(self, layers, causal=False):
+        super().__init__()
+        self.inp = nn.Linear(3, D)
+        self.stack = Stack(D, H, layers, causal=causal, dropout=0.0)
+
+    def forward(self, x, mask=None):
+        return self.stack(self.inp(x), mask)
+
+
+def test_layers_are_analysed_and_unsupported_ones_skipped():
+    torch.manual_seed(0)
+    m = Wrapper(["softmax", LayerSpec("primal", {"s": 4}), "linear", "reformer"])
+    x = torch.randn(3, 12, 3)
+    rep = analyse(m, lambda: m(x))
+    assert [l.name for l in rep.layers] == ["stack.layer0", "stack.layer1", "stack.layer2"]
+    assert rep.skipped == ["stack.layer3 (ReformerAttention)"]
+    for layer in rep.layers:
+        sv, cev = torch.tensor(layer.singular_values), torch.tensor(layer.explained_variance)
+        assert sv[0] == pytest.approx(1.0) and (sv[1:] <= sv[:-1] + 1e-9).all()
+        assert (cev[1:] >= cev[:-1] - 1e-9).all() and cev[-1] == pytest.approx(1.0)
+        assert 1 <= layer.rank90 <= 12
+    # the primal layer's induced kernel phi(q) phi(k)^T has rank <= d_head = 8 < T = 12
+    primal = rep.layers[1]
+    assert primal.explained_variance[D // H - 1] == pytest.approx(1.0, abs=1e-9)
+    assert max(primal.singular_values[D // H:]) < 1e-6
+
+
+def test_causal_primal_kernel_uses_prefix_means_and_softmax_is_lower_triangular():
+    torch.manual_seed(0)
+    m = Wrapper(["softmax", LayerSpec("primal", {"s": 4})], causal=True)
+    x = torch.randn(2, 9, 3)
+    from eval.spectrum import capture_attention_inputs
+
+    captured = capture_attention_inputs(m, lambda: m(x))
+    (_, soft, xs, _), (_, primal, xp, _) = captured
+    A = soft.attention_matrix(xs)
+    assert (A.triu(1) == 0).all()
+    torch.testing.assert_close(A.sum(-1), torch.ones(2, H, 9))
+    from primal_dt.attention.prefix import prefix_means
+
+    qk = prefix_means(primal._qk(xp))
+    q = nn.functional.normalize(qk[:, :, 0], dim=-1).transpose(1, 2)
+    k = nn.functional.normalize(qk[:, :, 1], dim=-1).transpose(1, 2)
+    torch.testing.assert_close(primal.attention_matrix(xp), q @ k.transpose(-1, -2))
+
+
+def test_identical_heads_have_zero_redundancy_distance():
+    A = torch.softmax(torch.randn(2, 1, 6, 6), -1)
+    assert head_redundancy(A.expand(2, 3, 6, 6), None) == pytest.approx(0.0, abs=1e-12)
+    B = torch.softmax(torch.randn(2, 3, 6, 6), -1)
+    assert head_redundancy(B, None) > 0.05
+    assert head_redundancy(B[:, :1], None) is None
+
+
+def test_padding_is_left_out_of_the_spectrum():
+    A = torch.softmax(torch.randn(1, 2, 5, 5), -1)
+    padded = torch.zeros(1, 2, 8, 8)
+    padded[:, :, 2:7, 2:7] = A
+    mask = torch.tensor([[False, False, True, True, True, True, True, False]])
+    sv, cev, r90 = singular_spectrum(A, None)
+    svp, cevp, r90p = singular_spectrum(padded + torch.rand(1, 2, 8, 8) * ~(mask[:, None, :, None] & mask[:, None, None, :]), mask)
+    torch.testing.assert_close(svp[:5], sv)
+    assert (svp[5:] == 0).all() and (cevp[5:] == 1).all() and r90p == r90
+    assert head_redundancy(padded, mask) == pytest.approx(head_redundancy(A, None))
+
+
+def test_write_png_json_and_tensorboard(tmp_path):
+    torch.manual_seed(0)
+    m = Wrapper(["softmax", LayerSpec("primal", {"s": 4})])
+    x = torch.randn(2, 7, 3)
+    mask = torch.tensor([[True] * 7, [True] * 4 + [False] * 3])
+    rep = analyse(m, lambda: m(x, mask))
+    files = write(rep, tmp_path / "spec")
+    assert files["png"].stat().st_size > 1000
+    data = json.loads(files["json"].read_text())
+    assert [l["mechanism"] for l in data["layers"]] == ["SoftmaxAttention", "PrimalAttention"]
+    assert list((tmp_path / "spec").glob("events.out.tfevents.*"))
+
+
+def test_model_without_stack_is_a_clear_error():
+    with pytest.raises(ValueError, match="no primal_dt.blocks.Stack"):
+        analyse(nn.Linear(2, 2), lambda: None)
+
+
+def test_cli_usage_and_missing_checkpoint(capsys):
+    assert main([]) == 2
+    assert "usage" in capsys.readouterr().err
+    assert main(["checkpoint=x.pt", "bogus=1"]) == 2
+    with pytest.raises(FileNotFoundError):
+        main(["checkpoint=/nonexistent/ckpt.pt"])
+
+
+def test_unknown_checkpoint_kind_is_a_clear_error():
+    from eval.spectrum import build_from_checkpoint
+
+    with pytest.raises(ValueError, match="kind 'gan'"):
+        build_from_checkpoint({"kind": "gan", "config": {}, "model": {}})
