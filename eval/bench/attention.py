@@ -3,6 +3,7 @@
     python -m eval.bench.attention                       # LRA width (64, 2 heads), batch 8
     python -m eval.bench.attention --lengths 256,1024,4096,16384 --json bench.json
     python -m eval.bench.attention --mechanisms softmax primal:s=20 linear performer
+    python -m eval.bench.attention --all --lengths 256,1024,4096     # every registered mechanism
 
 Part 1 times forward+backward of one attention layer and measures its peak memory, each
 configuration in a fresh child process (peak RSS above the process's RSS before the first call;
@@ -31,6 +32,27 @@ import torch
 # The LRA setting of the Primal-Attention paper: PrimalFormer s=20, data-dependent projections.
 DEFAULT_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20,data_dependent=true"]
 CAUSAL_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20"]
+
+
+def all_specs(max_len: int) -> tuple[list[str], list[str], list[str]]:
+    """Every registered mechanism, split by the directions and forms it supports."""
+    from primal_dt.attention import available, get_class
+
+    # options a mechanism needs at long lengths (its learned/positional tables are sized by max_len)
+    length_opts = {"linformer": f"max_len={max_len}", "cosformer": f"max_len={max_len}"}
+    bidir, causal, step = list(DEFAULT_MECHANISMS), list(CAUSAL_MECHANISMS), ["softmax", "primal:s=20"]
+    for name in available():
+        if name in ("softmax", "primal"):
+            continue
+        cls = get_class(name)
+        spec = f"{name}:{length_opts[name]}" if name in length_opts else name
+        if cls.supports_bidirectional:
+            bidir.append(spec)
+        if cls.supports_causal:
+            causal.append(spec)
+            if cls.supports_step:
+                step.append(spec)
+    return bidir, causal, step
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -178,6 +200,7 @@ def main(argv=None):
     p.add_argument("--budget-s", type=float, default=20.0, help="stop repeating a configuration after this")
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--mem-limit-gb", type=float, default=12.0)
+    p.add_argument("--all", action="store_true", help="every registered mechanism (overrides the lists)")
     p.add_argument("--skip-train", action="store_true")
     p.add_argument("--skip-step", action="store_true")
     p.add_argument("--json", default=None)
@@ -186,6 +209,8 @@ def main(argv=None):
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return
+    if args.all:
+        args.mechanisms, args.causal_mechanisms, args.step_mechanisms = all_specs(max(args.lengths + args.contexts))
     print(f"torch {torch.__version__}, {args.threads} thread(s); layer width {args.width}, {args.heads} heads, "
           f"batch {args.batch}; fwd+bwd median of {args.repeat} after warm-up")
     rows = [] if args.skip_train else part1(args)
