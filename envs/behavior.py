@@ -10,6 +10,8 @@ Layout of ``workdir`` (every file written atomically, temp + rename):
                             training, so its first N transitions are the buffer "up to step N")
   evals.json                [{step, return_mean, return_std, stoch_return_mean, episodes}, ...]
   meta.json                 env id, seed, total steps requested
+  train.lock                pid of the process training here ("free" once it stops), so that
+                            two trainers never share a directory
 
 stable-baselines3 is an optional extra (``pip install primal-dt[collect]``).
 """
@@ -44,6 +46,38 @@ def _atomic_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
+LOCK_NAME = "train.lock"
+
+
+def training_pid(workdir: str | Path) -> int | None:
+    """Pid of a live process training in ``workdir`` (from its lock file), else None."""
+    lock = Path(workdir) / LOCK_NAME
+    try:
+        pid = int(lock.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None  # stale lock of a killed run
+    except PermissionError:
+        pass
+    return pid
+
+
+def _acquire_lock(workdir: Path) -> Path:
+    """One trainer per work directory: two would interleave checkpoints and replay buffers."""
+    lock = workdir / LOCK_NAME
+    pid = training_pid(workdir)
+    if pid is not None and pid != os.getpid():
+        raise RuntimeError(f"{workdir} is being trained by process {pid}; wait for it to finish "
+                           f"(or remove {lock} if that process is not a trainer)")
+    tmp = lock.with_suffix(f".{os.getpid()}")
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, lock)
+    return lock
+
+
 def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every policy checkpoint in ``workdir``, oldest first."""
     out = []
@@ -61,9 +95,9 @@ def read_evals(workdir: str | Path) -> list[dict]:
 
 def evaluate_policy(model, env_id: str, episodes: int, seed: int, deterministic: bool) -> np.ndarray:
     """Undiscounted returns of ``episodes`` full episodes of an SB3 policy."""
-    import gymnasium as gym
+    from envs.vector import make_sim
 
-    env = gym.make(env_id)
+    env = make_sim(env_id)
     returns = []
     for ep in range(episodes):
         obs, _ = env.reset(seed=seed + ep)
@@ -91,10 +125,7 @@ class BehaviorConfig:
 def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = True) -> Path:
     """Train (or resume) SAC until ``cfg.total_steps``; returns ``workdir``."""
     _require_sb3()
-    import gymnasium as gym
     import torch
-    from stable_baselines3 import SAC
-    from stable_baselines3.common.callbacks import BaseCallback
 
     torch.set_num_threads(cfg.threads)
     workdir = Path(workdir)
@@ -107,9 +138,22 @@ def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = Tr
                 f"{workdir} holds a behaviour policy for {meta['env_id']}, not {cfg.env_id}; "
                 "use another work directory"
             )
-    _atomic_json(meta_path, {"env_id": cfg.env_id, "seed": cfg.seed, "total_steps": cfg.total_steps})
+    lock = _acquire_lock(workdir)
+    try:
+        _atomic_json(meta_path, {"env_id": cfg.env_id, "seed": cfg.seed, "total_steps": cfg.total_steps})
+        return _train(workdir, cfg, progress)
+    finally:
+        # keep the file, without a pid: it marks this directory as lock-aware (see envs.collect)
+        lock.write_text("free")
 
-    env = gym.make(cfg.env_id)
+
+def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    from envs.vector import make_sim
+
+    env = make_sim(cfg.env_id)
     ckpts = list_checkpoints(workdir)
     if ckpts:
         step0, path = ckpts[-1]

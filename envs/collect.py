@@ -1,0 +1,450 @@
+"""Collect new offline datasets the way D4RL and Minari made theirs.
+
+    python -m envs.collect env=hopper level=medium steps=1000000
+
+1. Train (or resume, or just reuse) a SAC behaviour policy in the Gymnasium simulator
+   (``envs.behavior``), checkpointing it.
+2. Pick the expert (best checkpoint) and the medium policy: the earliest checkpoint whose
+   stochastic return is within ``medium_tolerance`` of ``medium_fraction`` x the D4RL expert
+   score (about one third), else the closest one.
+3. medium / expert: roll out stochastic episodes of that policy (one seeded noise stream per
+   episode, so every episode is a pure function of policy and seed, and an interrupted run
+   resumes from its saved shards with the same result). medium-replay: the SAC replay buffer up
+   to the medium checkpoint. medium-expert: medium + expert episodes.
+4. Write a D4RL-layout HDF5 file (``<out>/<env>_<level>-replica.hdf5``, which the loader's
+   replica source finds) and a Minari dataset (``primal-dt/<env>/<level>-v0``), both atomically,
+   with seeds, policy steps/returns and the D4RL reference scores in their metadata.
+
+stable-baselines3 is an optional extra (``pip install 'primal-dt[collect]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from envs import behavior
+from envs.registry import FAMILIES, get_spec
+
+COLLECT_LEVELS = ("medium", "expert", "medium-replay", "medium-expert")
+
+
+@dataclass
+class CollectConfig:
+    """Options of ``python -m envs.collect`` (every field is a ``key=value`` argument)."""
+
+    env: str = "hopper"  # hopper | halfcheetah | walker2d | ant
+    level: str = "medium"  # medium | expert | medium-replay | medium-expert
+    sim: str = "v4"  # simulator version: v4 (D4RL's models, the default for env names) or v5 (Minari's)
+    workdir: str | None = None  # SAC run directory; default runs/behavior/<GymId>-seed<seed>
+    train: bool = True  # train/resume SAC up to train_steps; false = use the checkpoints as they are
+    train_steps: int = 300_000
+    force_train: bool = False  # train even if the directory looks busy (see _live_run_age)
+    checkpoint_every: int = 10_000
+    seed: int = 0  # SAC training seed
+    rollout_seed: int = 1_000_000  # episode i of the medium rollouts resets with rollout_seed + i
+    steps: int = 1_000_000  # environment steps per rolled-out dataset (whole episodes, at least this)
+    medium_fraction: float = 1 / 3  # medium = this fraction of the D4RL expert score ...
+    medium_return: float | None = None  # ... or this return, if given
+    medium_tolerance: float = 0.1  # relative band around the target in which the earliest checkpoint wins
+    medium_step: int | None = None  # force the medium checkpoint
+    expert_step: int | None = None  # force the expert checkpoint
+    num_envs: int = 16  # episodes rolled out side by side (one batched policy call per step)
+    out: str | None = None  # D4RL-format output dir; default $PRIMAL_DT_DATA_DIR or ~/.primal-dt/datasets
+    write_d4rl: bool = True
+    write_minari: bool = True
+    next_observations: bool = True  # store D4RL's next_observations (drop to halve small replicas)
+    overwrite: bool = False
+    threads: int = 1
+    progress: bool = True
+
+
+collect = CollectConfig  # the name the CLI and docs use
+
+
+# --- choosing policies ------------------------------------------------------------------------
+def _score(e: dict) -> float:
+    return float(e.get("stoch_return_mean", e["return_mean"]))
+
+
+def select_checkpoints(evals: list[dict], ref_max: float, medium_fraction: float = 1 / 3,
+                       medium_return: float | None = None, tolerance: float = 0.1,
+                       medium_step: int | None = None, expert_step: int | None = None):
+    """(medium eval entry, expert eval entry) from ``evals.json`` entries.
+
+    Expert: the best checkpoint (stochastic return). Medium: the earliest checkpoint whose
+    return is within ``tolerance`` (relative) of the target, else the closest to it; D4RL
+    stopped its medium policy early at about a third of the expert score, and the earliest
+    such checkpoint also keeps the medium-replay buffer as D4RL defined it.
+    """
+    if not evals:
+        raise ValueError("no evaluated checkpoints yet (evals.json is empty); train first")
+    by_step = {e["step"]: e for e in evals}
+    for s in (medium_step, expert_step):
+        if s is not None and s not in by_step:
+            raise ValueError(f"no checkpoint at step {s}; have {sorted(by_step)}")
+    expert = by_step[expert_step] if expert_step is not None else max(evals, key=_score)
+    if medium_step is not None:
+        return by_step[medium_step], expert
+    target = medium_return if medium_return is not None else medium_fraction * ref_max
+    ordered = sorted(evals, key=lambda e: e["step"])
+    inside = [e for e in ordered if abs(_score(e) - target) <= tolerance * abs(target)]
+    medium = inside[0] if inside else min(ordered, key=lambda e: abs(_score(e) - target))
+    return medium, expert
+
+
+def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, path: Path) -> Path | None:
+    """Return of every checkpoint with the chosen medium/expert policies marked (PNG), so the
+    choice can be checked at a glance."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    ev = sorted(evals, key=lambda e: e["step"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([e["step"] for e in ev], [e["return_mean"] for e in ev], "o-", ms=3, label="deterministic")
+    ax.plot([e["step"] for e in ev], [_score(e) for e in ev], "s-", ms=3, alpha=0.7, label="stochastic")
+    ax.axhline(target, color="gray", ls="--", lw=1, label=f"medium target {target:.0f}")
+    for e, name, c in ((medium, "medium", "tab:orange"), (expert, "expert", "tab:green")):
+        ax.plot([e["step"]], [_score(e)], "*", ms=14, color=c, label=f"{name}: step {e['step']}")
+    ax.set_xlabel("SAC environment steps")
+    ax.set_ylabel("episode return")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+# --- rolling out a checkpoint -----------------------------------------------------------------
+class SACPolicy:
+    """A saved SB3 SAC actor as a batched numpy policy whose exploration noise is supplied by the
+    caller: action = tanh(mean + std * eps), rescaled to the action space (SB3's sampling)."""
+
+    def __init__(self, path: str | Path, action_space):
+        behavior._require_sb3()
+        import torch
+        from stable_baselines3 import SAC
+
+        self.torch = torch
+        self.model = SAC.load(path, device="cpu")
+        self.low, self.high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
+
+    def __call__(self, obs: np.ndarray, eps: np.ndarray | None) -> np.ndarray:
+        torch = self.torch
+        with torch.no_grad():
+            mean, log_std, _ = self.model.actor.get_action_dist_params(torch.as_tensor(obs, dtype=torch.float32))
+            u = mean.double().numpy()
+            if eps is not None:
+                u = u + np.exp(log_std.double().numpy()) * eps
+        a = np.tanh(u)
+        return self.low + 0.5 * (a + 1.0) * (self.high - self.low)
+
+
+def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, stochastic: bool = True,
+                     bar=None) -> list[dict]:
+    """Run one episode per seed side by side; episode i resets with seeds[i] and draws its noise
+    from np.random.default_rng(seeds[i]), so it does not depend on its neighbours."""
+    envs = [make_env() for _ in seeds]
+    rngs = [np.random.default_rng(s) for s in seeds]
+    obs = [[env.reset(seed=int(s))[0]] for env, s in zip(envs, seeds)]
+    acts, rews, terms, truncs = ([[] for _ in seeds] for _ in range(4))
+    live = list(range(len(seeds)))
+    while live:
+        o = np.stack([obs[i][-1] for i in live])
+        eps = np.stack([rngs[i].standard_normal(act_dim) for i in live]) if stochastic else None
+        a = policy(o, eps)
+        still = []
+        for j, i in enumerate(live):
+            nxt, r, term, trunc, _ = envs[i].step(a[j])
+            obs[i].append(nxt)
+            acts[i].append(a[j])
+            rews[i].append(r)
+            terms[i].append(term)
+            truncs[i].append(trunc)
+            if not (term or trunc):
+                still.append(i)
+        if bar is not None:
+            bar.update(len(live))
+        live = still
+    for env in envs:
+        env.close()
+    return [{"observations": np.asarray(obs[i], np.float32), "actions": np.asarray(acts[i], np.float32),
+             "rewards": np.asarray(rews[i], np.float32), "terminations": np.asarray(terms[i], bool),
+             "truncations": np.asarray(truncs[i], bool), "seed": int(s)} for i, s in enumerate(seeds)]
+
+
+def _save_shard(path: Path, episodes: list[dict]) -> None:
+    arrays = {k: np.concatenate([ep[k] for ep in episodes])
+              for k in ("observations", "actions", "rewards", "terminations", "truncations")}
+    arrays["lengths"] = np.array([len(ep["rewards"]) for ep in episodes])
+    arrays["seeds"] = np.array([ep["seed"] for ep in episodes])
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+
+
+def _load_shard(path: Path) -> list[dict]:
+    z = np.load(path)
+    out, o, s = [], 0, 0
+    for n, seed in zip(z["lengths"].tolist(), z["seeds"].tolist()):
+        out.append({"observations": z["observations"][o:o + n + 1], "actions": z["actions"][s:s + n],
+                    "rewards": z["rewards"][s:s + n], "terminations": z["terminations"][s:s + n],
+                    "truncations": z["truncations"][s:s + n], "seed": seed})
+        o, s = o + n + 1, s + n
+    return out
+
+
+def collect_rollouts(ckpt: Path, gym_id: str, gym_kwargs: dict, act_dim: int, steps: int, seed0: int,
+                     cache: Path, num_envs: int, progress: bool = True, desc: str = "") -> list[dict]:
+    """At least ``steps`` steps of whole stochastic episodes, saved in shards of ``num_envs``
+    episodes under ``cache`` so that a rerun continues where an interrupted one stopped."""
+    from envs.vector import make_sim
+
+    cache.mkdir(parents=True, exist_ok=True)
+    episodes: list[dict] = []
+    for shard in sorted(cache.glob("shard_*.npz")):
+        episodes += _load_shard(shard)
+    done = sum(len(ep["rewards"]) for ep in episodes)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, initial=min(done, steps), desc=desc or f"rollouts {gym_id}",
+                   unit="step", mininterval=2)
+    if done < steps:
+        env0 = make_sim(gym_id, **gym_kwargs)
+        policy = SACPolicy(ckpt, env0.action_space)
+        env0.close()
+        while done < steps:
+            seeds = [seed0 + len(episodes) + i for i in range(num_envs)]
+            new = rollout_episodes(policy, lambda: make_sim(gym_id, **gym_kwargs), seeds, act_dim, bar=bar)
+            _save_shard(cache / f"shard_{len(episodes):06d}.npz", new)
+            episodes += new
+            done += sum(len(ep["rewards"]) for ep in new)
+    if bar is not None:
+        bar.close()
+    return episodes
+
+
+# --- the replay buffer ------------------------------------------------------------------------
+def replay_episodes(replay_path: Path, upto: int, action_space=None) -> list[dict]:
+    """Episodes of the SB3 replay buffer's first ``upto`` transitions (the buffer as it was when
+    that checkpoint was taken; the buffer is append-only). A trailing unfinished episode is
+    dropped. Actions are mapped back from SB3's [-1, 1] scaling to the action space."""
+    behavior._require_sb3()
+    from stable_baselines3.common.save_util import load_from_pkl
+
+    rb = load_from_pkl(replay_path)
+    n = min(int(upto), rb.buffer_size if rb.full else rb.pos)
+    obs, nxt = rb.observations[:n, 0], rb.next_observations[:n, 0]
+    act, rew = rb.actions[:n, 0].astype(np.float64), rb.rewards[:n, 0]
+    done = rb.dones[:n, 0].astype(bool)
+    timeout = rb.timeouts[:n, 0].astype(bool) if rb.handle_timeout_termination else np.zeros(n, bool)
+    if action_space is not None:
+        low, high = action_space.low, action_space.high
+        act = low + 0.5 * (act + 1.0) * (high - low)
+    ends = np.flatnonzero(done) + 1
+    out, s = [], 0
+    for e in ends.tolist():
+        out.append({"observations": np.concatenate([obs[s:e], nxt[e - 1:e]]).astype(np.float32),
+                    "actions": act[s:e].astype(np.float32), "rewards": rew[s:e].astype(np.float32),
+                    "terminations": ~timeout[s:e] & done[s:e], "truncations": timeout[s:e].copy(),
+                    "seed": None})
+        s = e
+    return out
+
+
+def episodes_to_d4rl(episodes: list[dict], next_observations: bool = True) -> dict[str, np.ndarray]:
+    """Flat D4RL arrays: terminals at true terminations, timeouts at time-limit cuts."""
+    out = {
+        "observations": np.concatenate([ep["observations"][:-1] for ep in episodes]),
+        "actions": np.concatenate([ep["actions"] for ep in episodes]),
+        "rewards": np.concatenate([ep["rewards"] for ep in episodes]),
+        "terminals": np.concatenate([ep["terminations"] for ep in episodes]),
+        "timeouts": np.concatenate([ep["truncations"] & ~ep["terminations"] for ep in episodes]),
+    }
+    if next_observations:
+        out["next_observations"] = np.concatenate([ep["observations"][1:] for ep in episodes])
+    return out
+
+
+# --- the command ------------------------------------------------------------------------------
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for p in ("gymnasium", "mujoco", "stable-baselines3", "minari", "torch", "numpy"):
+        try:
+            out[p] = md.version(p)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def _live_run_age(workdir: Path) -> float | None:
+    """Seconds since the newest checkpoint, when a run without lock file (trainers older than
+    the lock) looks active: requested steps not reached, a checkpoint in the last 15 min."""
+    meta = workdir / "meta.json"
+    ckpts = behavior.list_checkpoints(workdir)
+    if not meta.exists() or not ckpts or (workdir / behavior.LOCK_NAME).exists():
+        return None  # a lock file means a lock-aware trainer: training_pid decides
+    total = json.loads(meta.read_text()).get("total_steps", 0)
+    age = time.time() - ckpts[-1][1].stat().st_mtime
+    return age if ckpts[-1][0] < total and age < 900 else None
+
+
+def run(cfg: CollectConfig) -> dict:
+    """Do the whole collection; returns the provenance dict written with the data."""
+    from envs import d4rl as d4rl_io
+    from envs.loader import replica_dirs, replica_file
+    from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, write_minari
+
+    if cfg.env not in FAMILIES:
+        raise SystemExit(f"env must be one of {sorted(FAMILIES)}, got {cfg.env!r}")
+    if cfg.level not in COLLECT_LEVELS:
+        raise SystemExit(f"level must be one of {COLLECT_LEVELS}, got {cfg.level!r} "
+                         "(random: use D4RL's file; the collector trains a policy)")
+    if cfg.sim not in ("v4", "v5"):
+        raise SystemExit(f"sim must be v4 or v5, got {cfg.sim!r}")
+    behavior._require_sb3()
+    import torch
+
+    torch.set_num_threads(cfg.threads)
+    spec = get_spec(f"{cfg.env}-{cfg.level}")
+    gym_id = f"{FAMILIES[cfg.env].sim}-{cfg.sim}"
+    gym_kwargs = spec.sim_kwargs(gym_id)
+    workdir = Path(cfg.workdir or f"runs/behavior/{gym_id}-seed{cfg.seed}")
+    out_dir = Path(cfg.out) if cfg.out else replica_dirs()[0]
+    d4rl_path = out_dir / replica_file(cfg.env, cfg.level)
+    minari_id = f"{COLLECTED_NAMESPACE}/{cfg.env}/{cfg.level}-v0"
+    if not cfg.overwrite and cfg.write_d4rl and d4rl_path.exists():
+        raise SystemExit(f"{d4rl_path} exists; pass overwrite=true to replace it")
+    if not cfg.overwrite and cfg.write_minari and has_local(minari_id):
+        raise SystemExit(f"Minari dataset {minari_id} exists under {minari_root()}; pass overwrite=true")
+
+    # 1. behaviour policy
+    meta = workdir / "meta.json"
+    if meta.exists() and json.loads(meta.read_text())["env_id"] != gym_id:
+        raise SystemExit(f"{workdir} trains {json.loads(meta.read_text())['env_id']}, not {gym_id}")
+    have = max([s for s, _ in behavior.list_checkpoints(workdir)], default=0)
+    if cfg.train and have < cfg.train_steps:
+        pid, age = behavior.training_pid(workdir), _live_run_age(workdir)
+        if pid is not None:
+            raise SystemExit(f"{workdir} is being trained by process {pid}; run again when it is "
+                             f"done, or pass train=false to use its {have}-step checkpoints now")
+        if age is not None and not cfg.force_train:
+            raise SystemExit(f"{workdir} looks like it is being trained (unfinished, newest checkpoint "
+                             f"{age:.0f} s old, no lock file: an older trainer); pass train=false to use "
+                             f"its {have}-step checkpoints now, or force_train=true if no trainer runs")
+        print(f"[collect] training SAC on {gym_id} in {workdir} up to {cfg.train_steps} steps "
+              f"(have {have})", flush=True)
+        behavior.train_behavior(workdir, behavior.BehaviorConfig(
+            env_id=gym_id, total_steps=cfg.train_steps, checkpoint_every=cfg.checkpoint_every,
+            seed=cfg.seed, threads=cfg.threads), progress=cfg.progress)
+    else:
+        print(f"[collect] using the checkpoints in {workdir} (newest: step {have})", flush=True)
+    evals = behavior.read_evals(workdir)
+    ckpts = dict(behavior.list_checkpoints(workdir))
+    evals = [e for e in evals if e["step"] in ckpts]
+    medium, expert = select_checkpoints(evals, spec.ref_max, cfg.medium_fraction, cfg.medium_return,
+                                        cfg.medium_tolerance, cfg.medium_step, cfg.expert_step)
+    target = cfg.medium_return if cfg.medium_return is not None else cfg.medium_fraction * spec.ref_max
+    print(f"[collect] medium policy: step {medium['step']} (stochastic return {_score(medium):.1f}, "
+          f"target {target:.0f}); expert policy: step {expert['step']} ({_score(expert):.1f})", flush=True)
+
+    png = plot_evals(evals, medium, expert, target, workdir / "evals.png")
+    if png is not None:
+        print(f"[collect] checkpoint returns drawn in {png}", flush=True)
+
+    # 2. episodes
+    def rollouts(entry, seed0, tag):
+        cache = workdir / "rollouts" / f"step{entry['step']:07d}-seed{seed0}-n{cfg.num_envs}"
+        return collect_rollouts(ckpts[entry["step"]], gym_id, gym_kwargs, spec.act_dim, cfg.steps, seed0,
+                                cache, cfg.num_envs, cfg.progress, desc=f"{tag} rollouts {gym_id}")
+
+    parts = {}
+    if cfg.level in ("medium", "medium-expert"):
+        parts["medium"] = (medium, rollouts(medium, cfg.rollout_seed, "medium"))
+    if cfg.level in ("expert", "medium-expert"):
+        parts["expert"] = (expert, rollouts(expert, cfg.rollout_seed + 1_000_000, "expert"))
+    if cfg.level == "medium-replay":
+        from envs.vector import make_sim
+
+        env0 = make_sim(gym_id, **gym_kwargs)
+        eps = replay_episodes(workdir / "replay.pkl", medium["step"], env0.action_space)
+        env0.close()
+        parts["replay"] = (medium, eps)
+    episodes = [ep for _, eps in parts.values() for ep in eps]
+    returns = np.array([float(np.sum(ep["rewards"], dtype=np.float64)) for ep in episodes])
+    train_meta = json.loads(meta.read_text()) if meta.exists() else {}
+    policies = {
+        k: {"step": e["step"], "return_stochastic": round(_score(e), 2),
+            "return_deterministic": round(float(e["return_mean"]), 2),
+            "episode_seeds": ([eps[0]["seed"], eps[-1]["seed"]] if eps and eps[0]["seed"] is not None
+                              else "SAC training (replay buffer)")}
+        for k, (e, eps) in parts.items()
+    }
+    main_part = policies["medium"] if "medium" in policies else next(iter(policies.values()))
+    provenance = {
+        "collector": "envs.collect", "name": spec.name, "level": cfg.level, "gym_id": gym_id,
+        "not_published_data": True, "policies": policies,
+        "policy_step": main_part["step"], "policy_return": main_part["return_stochastic"],
+        "steps": int(sum(len(ep["rewards"]) for ep in episodes)), "episodes": len(episodes),
+        "dataset_return_mean": round(float(returns.mean()), 2),
+        "dataset_return_std": round(float(returns.std()), 2),
+        "train_seed": train_meta.get("seed", cfg.seed), "train_steps_available": max(ckpts),
+        "medium_target_return": target, "ref_min_score": spec.ref_min, "ref_max_score": spec.ref_max,
+        "workdir": str(workdir), "config": asdict(cfg), "versions": _versions(),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+    # 3. files
+    if cfg.write_d4rl:
+        d4rl_io.write_d4rl(d4rl_path, episodes_to_d4rl(episodes, cfg.next_observations), provenance)
+        print(f"[collect] wrote {d4rl_path} ({d4rl_path.stat().st_size / 1e6:.2f} MB)", flush=True)
+    if cfg.write_minari:
+        path = write_minari(minari_id, episodes, gym_id, metadata=provenance, ref_min_score=spec.ref_min,
+                            ref_max_score=spec.ref_max, gym_kwargs=gym_kwargs, overwrite=cfg.overwrite,
+                            description=f"{spec.name} replica collected by primal-dt envs.collect in {gym_id}")
+        print(f"[collect] wrote Minari dataset {minari_id} at {path}", flush=True)
+    print(f"[collect] {provenance['episodes']} episodes, {provenance['steps']:,} steps, "
+          f"return {returns.mean():.1f} +- {returns.std():.1f}", flush=True)
+    return provenance
+
+
+def _to_tyro_args(argv: list[str]) -> list[str]:
+    """``key=value`` (the project's CLI style) -> tyro's ``--key value``."""
+    out = []
+    for a in argv:
+        if "=" in a and not a.startswith("-"):
+            k, v = a.split("=", 1)
+            out += [f"--{k}", {"true": "True", "false": "False"}.get(v.lower(), v)]
+        else:
+            out.append(a)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    import tyro
+
+    args = sys.argv[1:] if argv is None else list(argv)
+    cfg = tyro.cli(CollectConfig, args=_to_tyro_args(args), config=(tyro.conf.FlagConversionOff,))
+    return run(cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,216 @@
+"""Minari datasets: read local ones, download (failing fast when offline), write new ones.
+
+Minari stores episodes with T+1 observations and T actions; we keep the first T observations
+(the state each action was taken in) and treat an episode that neither terminated nor was
+truncated as an unfinished fragment, as for D4RL files. The dataset's recorded simulator is
+checked against the name asked for, so a walker2d dataset filed under hopper is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import threading
+import warnings
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+
+from envs.errors import DatasetError, DatasetNotFound
+from envs.trajectories import Trajectories
+
+COLLECTED_NAMESPACE = "primal-dt"  # where envs.collect files its datasets
+
+
+def minari_root() -> Path:
+    """$MINARI_DATASETS_PATH or ~/.minari/datasets (read without creating it, unlike minari)."""
+    return Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").expanduser()
+
+
+def local_path(dataset_id: str) -> Path:
+    return minari_root() / dataset_id
+
+
+def has_local(dataset_id: str) -> bool:
+    return (local_path(dataset_id) / "data").is_dir()
+
+
+def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = None) -> Trajectories:
+    """Episodes of a local Minari dataset; ``gym_id`` is the simulator it must come from."""
+    path = local_path(dataset_id)
+    where = f"Minari dataset {dataset_id} at {path}"
+    if not has_local(dataset_id):
+        raise DatasetNotFound(f"no local Minari dataset {dataset_id} under {minari_root()}")
+    import minari
+
+    try:
+        ds = minari.load_dataset(dataset_id)
+    except Exception as exc:  # minari raises many types for broken metadata / h5 files
+        raise DatasetError(f"{where} cannot be opened ({type(exc).__name__}: {exc}); delete the "
+                           "folder and download or regenerate it") from exc
+    env_spec = ds.spec.env_spec
+    recorded = getattr(env_spec, "id", None)
+    if gym_id is not None:
+        if recorded is None:
+            warnings.warn(f"{where} records no simulator; assuming {gym_id}", stacklevel=2)
+        elif recorded.split("-v")[0] != gym_id.split("-v")[0]:
+            raise DatasetError(
+                f"{where} was recorded in {recorded}, but {name or gym_id} needs {gym_id}; it is a "
+                "dataset for another environment. Move it away or pick the matching name."
+            )
+    if not hasattr(ds.observation_space, "shape") or ds.observation_space.shape is None:
+        raise DatasetError(f"{where}: observations of type {ds.observation_space} are not flat arrays")
+    episodes = []
+    try:
+        for ep in ds.iterate_episodes():
+            term, trunc = np.asarray(ep.terminations), np.asarray(ep.truncations)
+            if len(term) == 0 or not (term[-1] or trunc[-1]):
+                continue  # unfinished episode
+            obs = np.asarray(ep.observations)
+            episodes.append({"observations": obs[: len(term)], "actions": np.asarray(ep.actions),
+                             "rewards": np.asarray(ep.rewards), "terminal": bool(term[-1])})
+    except (OSError, KeyError, ValueError) as exc:
+        raise DatasetError(f"{where}: episodes cannot be read ({exc}); the files are corrupt") from exc
+    if not episodes:
+        raise DatasetError(f"{where}: holds no complete episode ({ds.total_episodes} episodes, "
+                           f"{ds.total_steps} steps)")
+    meta = {k: v for k, v in ds.storage.metadata.items() if isinstance(v, (str, int, float, list, dict))}
+    try:  # provenance written by envs.collect
+        meta.update(json.loads(meta.pop("primal_dt", "{}")))
+    except (TypeError, ValueError):
+        pass
+    return Trajectories.from_episodes(episodes, name=name, gym_id=recorded or gym_id,
+                                      source=f"minari:{dataset_id}", metadata=meta)
+
+
+# --- download ---------------------------------------------------------------------------------
+def _reachable(host: str, port: int, timeout: float) -> str | None:
+    """None when a TCP connection to host:port opens within ``timeout`` s, else the reason.
+    DNS lookups ignore socket timeouts, so the attempt runs in a thread we stop waiting for."""
+    result: list[str | None] = ["timed out after %.0f s" % timeout]
+
+    def attempt():
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                result[0] = None
+        except OSError as exc:
+            result[0] = f"{type(exc).__name__}: {exc}"
+
+    t = threading.Thread(target=attempt, daemon=True)
+    t.start()
+    t.join(timeout + 0.5)
+    return result[0]
+
+
+def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
+    """Download a dataset with minari (Hugging Face remote), after a quick reachability probe so
+    that an offline machine gets a clear error within seconds instead of a hang."""
+    remote = os.environ.get("MINARI_REMOTE", "hf://farama-minari")
+    if remote.startswith("hf://"):
+        try:
+            import huggingface_hub  # noqa: F401
+        except ImportError as exc:
+            raise DatasetNotFound(
+                f"downloading {dataset_id} needs huggingface_hub: pip install 'minari[hf]'"
+            ) from exc
+        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    else:
+        endpoint = "https://storage.googleapis.com"
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    reason = _reachable(url.hostname or "", port, timeout)
+    if reason is not None:
+        raise DatasetNotFound(
+            f"cannot download Minari dataset {dataset_id}: {url.hostname}:{port} is unreachable "
+            f"({reason}). This machine is offline; copy the dataset into {minari_root()} "
+            f"(`minari download {dataset_id}` on a connected machine) or use another source."
+        )
+    import minari
+
+    try:
+        minari.download_dataset(dataset_id)
+    except Exception as exc:
+        raise DatasetNotFound(f"download of Minari dataset {dataset_id} failed: "
+                              f"{type(exc).__name__}: {exc}") from exc
+
+
+# --- writing ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _minari_root_as(path: Path):
+    old = os.environ.get("MINARI_DATASETS_PATH")
+    os.environ["MINARI_DATASETS_PATH"] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MINARI_DATASETS_PATH", None)
+        else:
+            os.environ["MINARI_DATASETS_PATH"] = old
+
+
+def write_minari(dataset_id: str, episodes: list[dict], env_id: str, *, metadata: dict | None = None,
+                 ref_min_score: float | None = None, ref_max_score: float | None = None,
+                 description: str = "", algorithm_name: str = "SAC (stable-baselines3)",
+                 gym_kwargs: dict | None = None, overwrite: bool = False) -> Path:
+    """Create a Minari dataset with ``create_dataset_from_buffers`` (no jax needed), atomically.
+
+    ``episodes``: dicts with observations [T+1, obs] (final state included), actions [T, act],
+    rewards [T], terminations [T], truncations [T], and optionally seed. ``metadata`` (seeds,
+    provenance) is stored in the dataset's metadata.json. The dataset is built in a hidden
+    folder of the Minari root and renamed into place, so a crash leaves no half dataset.
+    """
+    import minari
+    from minari.data_collector import EpisodeBuffer
+
+    from envs.vector import make_sim
+
+    root = minari_root()
+    final = root / dataset_id
+    if (final / "data").exists() and not overwrite:
+        raise FileExistsError(f"Minari dataset {dataset_id} already exists at {final}; pass "
+                              "overwrite=True (collect: overwrite=True) to replace it")
+    root.mkdir(parents=True, exist_ok=True)
+    tmp_root = root / f".tmp-{os.getpid()}-{dataset_id.replace('/', '_')}"
+    shutil.rmtree(tmp_root, ignore_errors=True)
+    buffers = [
+        EpisodeBuffer(id=i, seed=ep.get("seed"), observations=np.asarray(ep["observations"], np.float32),
+                      actions=np.asarray(ep["actions"], np.float32),
+                      rewards=np.asarray(ep["rewards"], np.float64),
+                      terminations=np.asarray(ep["terminations"], bool),
+                      truncations=np.asarray(ep["truncations"], bool))
+        for i, ep in enumerate(episodes)
+    ]
+    env = make_sim(env_id, **(gym_kwargs or {}))
+    try:
+        with _minari_root_as(tmp_root), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = minari.create_dataset_from_buffers(
+                dataset_id, buffers, env=env, algorithm_name=algorithm_name, author="primal-dt envs.collect",
+                author_email="n/a", code_permalink="envs/collect.py (primal-dt)", description=description,
+                ref_min_score=ref_min_score, ref_max_score=ref_max_score,
+            )
+            if metadata:
+                ds.storage.update_metadata({"primal_dt": json.dumps(metadata, sort_keys=True, default=str)})
+        # namespace metadata files first (harmless if they exist), then the dataset in one rename
+        parts = dataset_id.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            ns = "/".join(parts[:i])
+            src, dst = tmp_root / ns / "namespace_metadata.json", root / ns / "namespace_metadata.json"
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.exists() and not dst.exists():
+                shutil.copy2(src, dst)
+        old = None
+        if final.exists():
+            old = final.with_name(f".old-{os.getpid()}-{final.name}")
+            os.replace(final, old)
+        os.replace(tmp_root / dataset_id, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        env.close()
+        shutil.rmtree(tmp_root, ignore_errors=True)
+    return final

@@ -1,0 +1,129 @@
+"""Dataset names (``hopper-medium``), the simulator each belongs to, and the D4RL scores.
+
+One table keeps every fact about a (family, level) pair so that loaders, the collector, the
+trainer and the evaluator cannot disagree about which simulator version goes with which data:
+D4RL data came from the v3-era MuJoCo models that Gymnasium keeps as v4, Minari's from v5.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+LEVELS = ("random", "medium", "medium-replay", "medium-expert", "expert")
+
+# Minari publishes only simple / medium / expert for the MuJoCo locomotion tasks; "simple" is a
+# weak trained policy, not D4RL's random one, so random and medium-replay have no Minari source.
+_MINARI_LEVELS = {"medium": ("medium",), "expert": ("expert",), "medium-expert": ("medium", "expert")}
+
+
+@dataclass(frozen=True)
+class _Family:
+    sim: str  # Gymnasium class name: "Hopper"
+    obs_dim: int  # under v4 with the D4RL observation (ant: contact forces included)
+    act_dim: int
+    minari_obs_dim: int  # under v5 defaults (what Minari recorded)
+    ref_min: float  # D4RL random-policy score
+    ref_max: float  # D4RL expert score
+    targets: tuple[float, ...]  # return-to-go targets of the DT papers
+    v4_kwargs: tuple[tuple[str, object], ...] = ()
+
+
+FAMILIES: dict[str, _Family] = {
+    "hopper": _Family("Hopper", 11, 3, 11, -20.272305, 3234.3, (3600.0, 1800.0)),
+    "halfcheetah": _Family("HalfCheetah", 17, 6, 17, -280.178953, 12135.0, (12000.0, 6000.0)),
+    "walker2d": _Family("Walker2d", 17, 6, 17, 1.629008, 4592.3, (5000.0, 2500.0)),
+    # D4RL's ant kept the 84 contact-force entries (obs 111); Gymnasium v4 drops them by default.
+    "ant": _Family("Ant", 111, 8, 105, -325.6, 3879.7, (6000.0, 3600.0),
+                   v4_kwargs=(("use_contact_forces", True),)),
+}
+
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """Everything the package knows about one dataset name."""
+
+    name: str  # "hopper-medium"
+    family: str  # "hopper"
+    level: str  # "medium"
+    gym_id: str  # simulator of the D4RL data (and of the replicas): "Hopper-v4"
+    minari_id: str | None  # "mujoco/hopper/medium-v0"; medium-expert joins two, see minari_ids
+    obs_dim: int
+    act_dim: int
+    ref_min: float
+    ref_max: float
+    targets: tuple[float, ...]
+    max_episode_steps: int = 1000
+    minari_gym_id: str = ""  # simulator of the Minari data: "Hopper-v5"
+    minari_obs_dim: int = 0
+    minari_ids: tuple[str, ...] = field(default=())
+    gym_kwargs: tuple[tuple[str, object], ...] = ()  # extra gym.make kwargs for gym_id
+
+    @property
+    def d4rl_file(self) -> str:
+        """D4RL v2 file name: hopper_medium_replay-v2.hdf5."""
+        return f"{self.family}_{self.level.replace('-', '_')}-v2.hdf5"
+
+    def sim_kwargs(self, gym_id: str) -> dict:
+        """gym.make kwargs that give ``gym_id`` the observation layout this dataset uses."""
+        return dict(self.gym_kwargs) if gym_id == self.gym_id else {}
+
+    def obs_dim_for(self, gym_id: str) -> int:
+        return self.minari_obs_dim if gym_id == self.minari_gym_id else self.obs_dim
+
+
+def _build() -> dict[str, EnvSpec]:
+    out = {}
+    for fam, f in FAMILIES.items():
+        for level in LEVELS:
+            parts = _MINARI_LEVELS.get(level, ())
+            ids = tuple(f"mujoco/{fam}/{p}-v0" for p in parts)
+            out[f"{fam}-{level}"] = EnvSpec(
+                name=f"{fam}-{level}", family=fam, level=level, gym_id=f"{f.sim}-v4",
+                minari_id=ids[0] if len(ids) == 1 else None, obs_dim=f.obs_dim, act_dim=f.act_dim,
+                ref_min=f.ref_min, ref_max=f.ref_max, targets=f.targets,
+                minari_gym_id=f"{f.sim}-v5", minari_obs_dim=f.minari_obs_dim, minari_ids=ids,
+                gym_kwargs=f.v4_kwargs,
+            )
+    return out
+
+
+REGISTRY: dict[str, EnvSpec] = _build()
+
+
+def sim_kwargs_for(gym_id: str) -> dict:
+    """gym.make kwargs that give a simulator the observation layout of our datasets (only
+    Ant-v4 needs any: D4RL kept its contact forces)."""
+    for f in FAMILIES.values():
+        if gym_id == f"{f.sim}-v4":
+            return dict(f.v4_kwargs)
+    return {}
+
+
+def list_names() -> list[str]:
+    return sorted(REGISTRY)
+
+
+def get_spec(name: str) -> EnvSpec:
+    """Spec of a dataset name; unknown names raise KeyError listing the valid ones."""
+    key = str(name).strip().lower().replace("_", "-")
+    if key.endswith("-v2"):  # accept D4RL-style "hopper-medium-v2"
+        key = key[:-3]
+    if key in REGISTRY:
+        return REGISTRY[key]
+    close = difflib.get_close_matches(key, REGISTRY, n=3, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    raise KeyError(
+        f"unknown dataset name {name!r}.{hint} Valid names are <family>-<level> with family in "
+        f"{sorted(FAMILIES)} and level in {list(LEVELS)}: {', '.join(list_names())}"
+    )
+
+
+def normalized_score(name: str, returns):
+    """D4RL normalized score, 100 * (R - random) / (expert - random); float in, float out."""
+    spec = get_spec(name)
+    r = np.asarray(returns, dtype=np.float64)
+    out = 100.0 * (r - spec.ref_min) / (spec.ref_max - spec.ref_min)
+    return float(out) if out.ndim == 0 else out

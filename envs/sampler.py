@@ -1,0 +1,79 @@
+"""K-step segments for sequence models, sampled as the Decision Transformer reference does.
+
+The reference picks a trajectory with probability proportional to its length, then a start
+uniformly inside it. That is the same as picking one of the N dataset steps uniformly, which is
+what we do: one ``integers`` draw, then gathers over the flat arrays of ``Trajectories`` (with
+the return-to-go precomputed), no Python loop over the batch. A segment that runs past its
+episode's end is right-padded (real tokens first) and masked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from envs.trajectories import Trajectories
+
+
+class SegmentSampler:
+    """Batches of K-step segments as torch tensors.
+
+    states [B,K,obs] normalized by the dataset mean/std; actions [B,K,act]; rewards [B,K,1]
+    (raw); rtg [B,K,1] = undiscounted return-to-go of the whole remaining episode times
+    ``reward_scale``; timesteps [B,K] long, clipped to max_timestep - 1; mask [B,K] bool,
+    True for real steps. Padding is zero everywhere.
+    """
+
+    def __init__(self, ds: Trajectories, K: int = 20, batch_size: int = 64, reward_scale: float = 1.0,
+                 max_timestep: int = 1000, seed: int | np.random.Generator | None = 0,
+                 device: str | torch.device = "cpu"):
+        if K < 1 or batch_size < 1:
+            raise ValueError(f"K and batch_size must be >= 1, got K={K}, batch_size={batch_size}")
+        self.K, self.batch_size, self.reward_scale = int(K), int(batch_size), float(reward_scale)
+        self.max_timestep, self.device = int(max_timestep), torch.device(device)
+        self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        n = ds.num_steps
+        self.num_steps = n
+        # One trailing zero row lets padded positions gather index n instead of being masked
+        # after the gather: every padded token reads zeros.
+        states = (ds.observations - ds.state_mean) / ds.state_std
+        self._states = np.concatenate([states, np.zeros((1, states.shape[1]), np.float32)])
+        self._actions = np.concatenate([ds.actions, np.zeros((1, ds.actions.shape[1]), np.float32)])
+        self._rewards = np.append(ds.rewards, np.float32(0))
+        self._rtg = np.append(ds.rtg * np.float32(self.reward_scale), np.float32(0))
+        ts = np.minimum(ds.timesteps, self.max_timestep - 1)
+        self._timesteps = np.append(ts, 0)
+        self._end = ds.step_end
+        self._offsets = np.arange(self.K, dtype=np.int64)
+
+    def indices(self, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Row indices [B,K] into the padded flat arrays (n = padding) and the mask [B,K]."""
+        b = self.batch_size if batch_size is None else int(batch_size)
+        first = self.rng.integers(0, self.num_steps, size=b)
+        idx = first[:, None] + self._offsets[None, :]
+        mask = idx < np.take(self._end, first)[:, None]
+        idx[~mask] = self.num_steps
+        return idx, mask
+
+    def sample(self, batch_size: int | None = None) -> dict[str, torch.Tensor]:
+        idx, mask = self.indices(batch_size)
+        b, k = idx.shape
+        flat = idx.reshape(-1)  # np.take on flat indices is ~5x faster than 2-D fancy indexing
+        out = {
+            "states": torch.from_numpy(np.take(self._states, flat, axis=0).reshape(b, k, -1)),
+            "actions": torch.from_numpy(np.take(self._actions, flat, axis=0).reshape(b, k, -1)),
+            "rewards": torch.from_numpy(np.take(self._rewards, flat).reshape(b, k, 1)),
+            "rtg": torch.from_numpy(np.take(self._rtg, flat).reshape(b, k, 1)),
+            "timesteps": torch.from_numpy(np.take(self._timesteps, flat).reshape(b, k)),
+            "mask": torch.from_numpy(mask),
+        }
+        if self.device.type != "cpu":
+            out = {k: v.to(self.device, non_blocking=True) for k, v in out.items()}
+        return out
+
+    def state_dict(self) -> dict:
+        """RNG state, so a resumed training run draws the same batches as an uninterrupted one."""
+        return {"bit_generator": self.rng.bit_generator.state, "K": self.K, "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rng.bit_generator.state = state["bit_generator"]

@@ -1,0 +1,212 @@
+"""Episodes of an offline dataset, stored once as flat arrays ready for segment sampling.
+
+Every source (D4RL file, Minari dataset, replica) ends here, so the checks that protect
+training (finite values, dimensions that match the simulator, at least one real episode) live
+here once. The flat layout (all steps of all episodes back to back, plus per-step episode end,
+timestep and return-to-go) is what makes batch sampling a handful of numpy gathers; the
+per-episode dicts in ``episodes`` are views into it, not copies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from envs.errors import DatasetError
+
+
+def _check_finite(arr: np.ndarray, what: str, where: str) -> None:
+    ok = np.isfinite(arr)
+    if not ok.all():
+        bad = np.argwhere(~ok)
+        raise DatasetError(
+            f"{where}: {what} holds {len(bad)} NaN/inf value(s), first at index {tuple(bad[0])}. "
+            "The file is corrupt or was written by a diverged policy; regenerate or re-download it."
+        )
+
+
+@dataclass(eq=False, repr=False)
+class Trajectories:
+    """A dataset as flat arrays of E episodes with N steps in total.
+
+    observations [N, obs], actions [N, act], rewards [N] (float32); ``starts``/``lengths`` [E]
+    locate episode e at rows starts[e] : starts[e] + lengths[e]; ``terminal`` [E] says whether it
+    ended in a true termination (True) or was cut by the time limit (False).
+    """
+
+    observations: np.ndarray
+    actions: np.ndarray
+    rewards: np.ndarray
+    starts: np.ndarray
+    lengths: np.ndarray
+    terminal: np.ndarray
+    name: str | None = None
+    gym_id: str | None = None
+    source: str = "memory"
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        where = self.source
+        self.observations = np.ascontiguousarray(self.observations, dtype=np.float32)
+        self.actions = np.ascontiguousarray(self.actions, dtype=np.float32)
+        self.rewards = np.ascontiguousarray(self.rewards, dtype=np.float32).reshape(-1)
+        self.starts = np.asarray(self.starts, dtype=np.int64).reshape(-1)
+        self.lengths = np.asarray(self.lengths, dtype=np.int64).reshape(-1)
+        self.terminal = np.asarray(self.terminal, dtype=bool).reshape(-1)
+        n = len(self.rewards)
+        if n == 0 or len(self.lengths) == 0:
+            raise DatasetError(f"{where}: the dataset holds no complete episode (0 steps usable)")
+        if self.observations.ndim != 2 or self.actions.ndim != 2:
+            raise DatasetError(
+                f"{where}: observations and actions must be 2-D [steps, dim], got "
+                f"{self.observations.shape} and {self.actions.shape}"
+            )
+        if not (len(self.observations) == len(self.actions) == n):
+            raise DatasetError(
+                f"{where}: {len(self.observations)} observations, {len(self.actions)} actions and "
+                f"{n} rewards; every step needs one of each"
+            )
+        if (self.lengths <= 0).any() or int(self.lengths.sum()) != n or not np.array_equal(
+            self.starts, np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
+        ):
+            raise DatasetError(f"{where}: episode starts/lengths do not tile the {n} steps")
+        if not (len(self.starts) == len(self.lengths) == len(self.terminal)):
+            raise DatasetError(f"{where}: starts, lengths and terminal flags differ in count")
+        _check_finite(self.observations, "observations", where)
+        _check_finite(self.actions, "actions", where)
+        _check_finite(self.rewards, "rewards", where)
+        if self.name is not None and self.gym_id is not None:
+            from envs.registry import get_spec
+
+            spec = get_spec(self.name)
+            want_obs, want_act = spec.obs_dim_for(self.gym_id), spec.act_dim
+            got_obs, got_act = self.observations.shape[1], self.actions.shape[1]
+            if (got_obs, got_act) != (want_obs, want_act):
+                raise DatasetError(
+                    f"{where}: observations have {got_obs} dims and actions {got_act}, but "
+                    f"{self.gym_id} (the simulator of {spec.name}) has {want_obs} and {want_act}. "
+                    "The file belongs to another environment; check the dataset name."
+                )
+        self._build_index()
+
+    # --- derived arrays used by the sampler -------------------------------------------------
+    def _build_index(self) -> None:
+        n = self.num_steps
+        ends = self.starts + self.lengths
+        ep_of_step = np.repeat(np.arange(len(self.lengths)), self.lengths)
+        self.step_end = ends[ep_of_step]  # [N] one past the last row of the step's episode
+        self.timesteps = np.arange(n, dtype=np.int64) - self.starts[ep_of_step]
+        # Undiscounted return-to-go: suffix sums within each episode, in float64 so that a 1M-step
+        # dataset does not lose precision in the global cumulative sum.
+        suffix = np.cumsum(self.rewards[::-1], dtype=np.float64)[::-1]
+        after = np.append(suffix, 0.0)[ends]  # suffix sum from the row after each episode
+        self.rtg = (suffix - after[ep_of_step]).astype(np.float32)
+        obs64 = self.observations.astype(np.float64)
+        self.state_mean = obs64.mean(0).astype(np.float32)
+        self.state_std = (obs64.std(0) + 1e-6).astype(np.float32)
+        self._episodes = None
+
+    # --- public views -----------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        return int(len(self.rewards))
+
+    def __len__(self) -> int:
+        return int(len(self.lengths))
+
+    @property
+    def spec(self):
+        """The registry entry of ``name`` (reference scores, targets, simulator)."""
+        from envs.registry import get_spec
+
+        return get_spec(self.name) if self.name else None
+
+    @property
+    def returns(self) -> np.ndarray:
+        """Undiscounted return of each episode, float64 [E]."""
+        return self.rtg[self.starts].astype(np.float64)
+
+    @property
+    def episodes(self) -> list[dict]:
+        """One dict per episode: observations, actions, rewards (views), dones (bool, True only
+        at the last step of a terminated episode), terminal (bool)."""
+        if self._episodes is None:
+            eps = []
+            for s, n, term in zip(self.starts.tolist(), self.lengths.tolist(), self.terminal.tolist()):
+                dones = np.zeros(n, dtype=bool)
+                dones[-1] = term
+                eps.append({
+                    "observations": self.observations[s:s + n], "actions": self.actions[s:s + n],
+                    "rewards": self.rewards[s:s + n], "dones": dones, "terminal": bool(term),
+                })
+            self._episodes = eps
+        return self._episodes
+
+    def __repr__(self) -> str:
+        return f"Trajectories({self.name or 'unnamed'}, {self.source}: {len(self)} episodes, {self.num_steps} steps)"
+
+    def summary(self) -> str:
+        r = self.returns
+        return (f"{len(self)} episodes, {self.num_steps:,} steps, return {r.mean():.1f} +- "
+                f"{r.std():.1f} (min {r.min():.1f}, max {r.max():.1f}), simulator {self.gym_id}")
+
+    # --- construction helpers ---------------------------------------------------------------
+    @classmethod
+    def from_episodes(cls, episodes: list[dict], **kw) -> "Trajectories":
+        """From dicts with observations [T, obs], actions [T, act], rewards [T] and either a
+        ``terminal`` flag or a ``dones``/``terminals`` array whose last entry is the flag."""
+        if not episodes:
+            raise DatasetError(f"{kw.get('source', 'memory')}: the dataset holds no episode")
+        lengths = np.array([len(ep["rewards"]) for ep in episodes], dtype=np.int64)
+        term = []
+        for ep in episodes:
+            if "terminal" in ep:
+                term.append(bool(ep["terminal"]))
+            else:
+                d = np.asarray(ep.get("dones", ep.get("terminals", [False])))
+                term.append(bool(d[-1]) if len(d) else False)
+        return cls(
+            observations=np.concatenate([np.asarray(ep["observations"], np.float32) for ep in episodes]),
+            actions=np.concatenate([np.asarray(ep["actions"], np.float32) for ep in episodes]),
+            rewards=np.concatenate([np.asarray(ep["rewards"], np.float32).reshape(-1) for ep in episodes]),
+            starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths=lengths,
+            terminal=np.array(term, dtype=bool), **kw,
+        )
+
+    @classmethod
+    def concat(cls, parts: list["Trajectories"], **kw) -> "Trajectories":
+        """Episodes of several datasets back to back (medium-expert = medium + expert)."""
+        lengths = np.concatenate([p.lengths for p in parts])
+        return cls(
+            observations=np.concatenate([p.observations for p in parts]),
+            actions=np.concatenate([p.actions for p in parts]),
+            rewards=np.concatenate([p.rewards for p in parts]),
+            starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths=lengths,
+            terminal=np.concatenate([p.terminal for p in parts]), **kw,
+        )
+
+
+def split_on_ends(terminals: np.ndarray, timeouts: np.ndarray, where: str):
+    """D4RL convention: an episode ends at a step flagged terminal or timeout (that step belongs
+    to the episode); steps after the last end are an unfinished fragment and are dropped.
+
+    Returns (starts, lengths, terminal flag per episode, number of steps kept).
+    """
+    terminals = np.asarray(terminals).reshape(-1).astype(bool)
+    timeouts = np.asarray(timeouts).reshape(-1).astype(bool)
+    n = len(terminals)
+    if n > 1 and terminals.all():
+        raise DatasetError(
+            f"{where}: every one of the {n} steps is marked terminal, which would make each step "
+            "an episode of length 1; the terminals array is corrupt (or was written as ones)"
+        )
+    ends = np.flatnonzero(terminals | timeouts) + 1
+    if len(ends) == 0:
+        raise DatasetError(
+            f"{where}: none of the {n} steps ends an episode (no terminal or timeout flag), so "
+            "there is no complete episode; the file is truncated or its flags are missing"
+        )
+    starts = np.concatenate([[0], ends[:-1]])
+    lengths = ends - starts
+    return starts, lengths, terminals[ends - 1], int(ends[-1])

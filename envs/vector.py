@@ -1,0 +1,61 @@
+"""Simulators for a dataset name: the Gymnasium MuJoCo env (right version and observation
+layout) for evaluation, one at a time or as a vector env for batched rollouts."""
+
+from __future__ import annotations
+
+import warnings
+
+from envs.registry import get_spec
+
+
+def _gym_id_and_kwargs(name: str, gym_id: str | None):
+    spec = get_spec(name)
+    gid = gym_id or spec.gym_id
+    if gid.split("-v")[0] != spec.gym_id.split("-v")[0]:
+        raise ValueError(f"{name} is evaluated in {spec.gym_id.split('-v')[0]}, not {gid}")
+    return gid, spec.sim_kwargs(gid)
+
+
+def make_sim(gym_id: str, **kwargs):
+    """gym.make with our datasets' observation layout (Ant-v4: contact forces, as D4RL) and
+    without the 'v4 is out of date' warning: v4 is what D4RL data needs."""
+    import gymnasium as gym
+
+    from envs.registry import sim_kwargs_for
+
+    kwargs = {**sim_kwargs_for(gym_id), **kwargs}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is out of date.*")
+        return gym.make(gym_id, **kwargs)
+
+
+def _make(gid: str, kwargs: dict, **extra):
+    return make_sim(gid, **kwargs, **extra)
+
+
+def make_env(name: str, seed: int | None = 0, gym_id: str | None = None, **make_kwargs):
+    """Gymnasium env for ``name`` (D4RL simulator by default; pass ``gym_id=ds.gym_id`` for
+    data from another version, e.g. Minari's v5). Reset once with ``seed`` so that later plain
+    ``reset()`` calls continue a seeded stream."""
+    gid, kwargs = _gym_id_and_kwargs(name, gym_id)
+    env = _make(gid, kwargs, **make_kwargs)
+    if seed is not None:
+        env.reset(seed=seed)
+        env.action_space.seed(seed)
+    return env
+
+
+def make_vector_env(name: str, num_envs: int = 8, seed: int | None = 0, asynchronous: bool = False,
+                    gym_id: str | None = None, **vector_kwargs):
+    """``num_envs`` copies as a SyncVectorEnv (or AsyncVectorEnv: one process each), env i
+    seeded with seed + i. ``vector_kwargs`` go to the vector env (e.g. autoreset_mode)."""
+    import gymnasium as gym
+
+    gid, kwargs = _gym_id_and_kwargs(name, gym_id)
+    fns = [lambda: _make(gid, kwargs) for _ in range(int(num_envs))]
+    cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
+    venv = cls(fns, **vector_kwargs)
+    if seed is not None:
+        venv.reset(seed=[seed + i for i in range(int(num_envs))])
+        venv.action_space.seed(seed)
+    return venv

@@ -1,0 +1,165 @@
+"""The collector on real Hopper rollouts, a real SB3 policy and replay buffer, writing real
+D4RL and Minari files that the loader reads back."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from envs import load_dataset
+from envs.collect import (
+    CollectConfig,
+    collect_rollouts,
+    episodes_to_d4rl,
+    main,
+    replay_episodes,
+    rollout_episodes,
+    run,
+    select_checkpoints,
+)
+from envs.d4rl import read_d4rl, write_d4rl
+from envs.vector import make_sim
+
+
+def test_select_checkpoints_by_hand():
+    evals = [{"step": 10, "return_mean": 300, "stoch_return_mean": 290},
+             {"step": 20, "return_mean": 1000, "stoch_return_mean": 950},   # in band of 1078 +- 25%
+             {"step": 30, "return_mean": 1100, "stoch_return_mean": 1080},  # closer, but later
+             {"step": 40, "return_mean": 3000, "stoch_return_mean": 2900},
+             {"step": 50, "return_mean": 2500, "stoch_return_mean": 2400}]
+    med, exp = select_checkpoints(evals, ref_max=3234.3, tolerance=0.25)
+    assert (med["step"], exp["step"]) == (20, 40)
+    med, _ = select_checkpoints(evals, ref_max=3234.3)  # +-10%: 950 is out, 1080 in
+    assert med["step"] == 30
+    med, _ = select_checkpoints(evals, ref_max=3234.3, tolerance=0.001)
+    assert med["step"] == 30  # nobody in the band: the closest
+    med, _ = select_checkpoints(evals, ref_max=3234.3, medium_return=2450, tolerance=0.25)
+    assert med["step"] == 40  # 2400 and 2900 are both within 25% of 2450; the earliest wins
+    med, exp = select_checkpoints(evals, ref_max=3234.3, medium_step=10, expert_step=50)
+    assert (med["step"], exp["step"]) == (10, 50)
+    with pytest.raises(ValueError, match="no checkpoint at step 15"):
+        select_checkpoints(evals, 3234.3, medium_step=15)
+
+
+def _noisy_zero_policy(obs, eps):
+    return np.zeros((len(obs), 3)) + (0.3 * eps if eps is not None else 0.0)
+
+
+def test_rollouts_of_real_hopper_to_d4rl_and_back(tmp_path):
+    make = lambda: make_sim("Hopper-v4")  # noqa: E731
+    eps = rollout_episodes(_noisy_zero_policy, make, seeds=[5, 6, 7], act_dim=3)
+    for ep in eps:
+        n = len(ep["rewards"])
+        assert ep["observations"].shape == (n + 1, 11) and ep["actions"].shape == (n, 3)
+        assert ep["terminations"][-1] or ep["truncations"][-1]
+        assert not (ep["terminations"][:-1] | ep["truncations"][:-1]).any()
+    # an episode depends only on its seed, not on the episodes run beside it
+    alone = rollout_episodes(_noisy_zero_policy, make, seeds=[6], act_dim=3)[0]
+    np.testing.assert_array_equal(alone["observations"], eps[1]["observations"])
+    arrays = episodes_to_d4rl(eps)
+    np.testing.assert_array_equal(arrays["next_observations"][0], eps[0]["observations"][1])
+    ds = read_d4rl(write_d4rl(tmp_path / "r.hdf5", arrays), "hopper-medium", "Hopper-v4")
+    assert ds.lengths.tolist() == [len(e["rewards"]) for e in eps]
+    assert ds.terminal.tolist() == [bool(e["terminations"][-1]) for e in eps]
+    r = eps[2]["rewards"].astype(np.float64)
+    np.testing.assert_allclose(ds.rtg[ds.starts[2]:], np.cumsum(r[::-1])[::-1], rtol=1e-5)
+
+
+@pytest.fixture
+def sac_workdir(tmp_path):
+    """A behaviour-policy directory as envs.behavior lays it out, made without gradient steps:
+    two (untrained) checkpoints, their evals and a replay buffer of 300 random-action steps."""
+    sb3 = pytest.importorskip("stable_baselines3")
+    wd = tmp_path / "behavior"
+    wd.mkdir()
+    env = make_sim("Hopper-v4")
+    model = sb3.SAC("MlpPolicy", env, learning_starts=10_000, buffer_size=1000, seed=0, device="cpu")
+    model.learn(300)
+    model.save(wd / "sac_step0000100.zip")
+    model.save(wd / "sac_step0000300.zip")
+    model.save_replay_buffer(wd / "replay.pkl")
+    (wd / "evals.json").write_text(json.dumps([
+        {"step": 100, "return_mean": 1000.0, "stoch_return_mean": 1050.0, "episodes": 1},
+        {"step": 300, "return_mean": 3000.0, "stoch_return_mean": 3100.0, "episodes": 1}]))
+    (wd / "meta.json").write_text(json.dumps({"env_id": "Hopper-v4", "seed": 0, "total_steps": 300}))
+    return wd, model
+
+
+def test_rollouts_resume_from_shards(sac_workdir, tmp_path):
+    wd, _ = sac_workdir
+    kw = dict(ckpt=wd / "sac_step0000100.zip", gym_id="Hopper-v4", gym_kwargs={}, act_dim=3, steps=40,
+              seed0=11, num_envs=2, progress=False)
+    first = collect_rollouts(cache=tmp_path / "c1", **kw)
+    shards = sorted((tmp_path / "c1").glob("shard_*.npz"))
+    assert sum(len(e["rewards"]) for e in first) >= 40 and len(shards) == len(first) // 2
+    os.remove(shards[-1])  # as if killed before the last shard was saved
+    again = collect_rollouts(cache=tmp_path / "c1", **kw)
+    assert [e["seed"] for e in again] == [e["seed"] for e in first] == list(range(11, 11 + len(first)))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a["observations"], b["observations"])
+        np.testing.assert_array_equal(a["actions"], b["actions"])
+
+
+def test_replay_buffer_up_to_a_step(sac_workdir):
+    wd, model = sac_workdir
+    eps = replay_episodes(wd / "replay.pkl", upto=200, action_space=model.action_space)
+    rb = model.replay_buffer
+    n = sum(len(e["rewards"]) for e in eps)
+    assert 0 < n <= 200 and rb.dones[n - 1, 0] and not rb.dones[n:200, 0].any()  # fragment dropped
+    flat = np.concatenate([e["observations"][:-1] for e in eps])
+    np.testing.assert_array_equal(flat, rb.observations[:n, 0].astype(np.float32))
+    last = len(eps[0]["rewards"]) - 1  # the final state comes from next_observations
+    np.testing.assert_array_equal(eps[0]["observations"][-1], rb.next_observations[last, 0].astype(np.float32))
+
+
+def test_collect_command_writes_both_formats(sac_workdir, data_dirs, capsys):
+    wd, _ = sac_workdir
+    prov = main(["env=hopper", "level=medium-expert", f"workdir={wd}", "train=false", "steps=30",
+                 "num_envs=2", "progress=false"])
+    out = capsys.readouterr().out
+    assert "medium policy: step 100" in out and "expert policy: step 300" in out
+    assert prov["policies"]["medium"]["step"] == 100 and prov["policies"]["expert"]["step"] == 300
+    assert prov["ref_max_score"] == 3234.3 and prov["train_seed"] == 0
+    assert prov["policies"]["medium"]["episode_seeds"][0] == 1_000_000
+    with pytest.warns(UserWarning):
+        d4 = load_dataset("hopper-medium-expert", source="replica", verbose=False)
+    mi = load_dataset("hopper-medium-expert", source="minari:primal-dt/hopper/medium-expert-v0", verbose=False)
+    assert len(d4) == len(mi) == prov["episodes"] and d4.num_steps == mi.num_steps == prov["steps"]
+    np.testing.assert_array_equal(d4.observations, mi.observations)
+    assert mi.metadata["policies"]["expert"]["step"] == 300 and mi.metadata["ref_min_score"] == -20.272305
+    # medium-replay from the same directory; and no silent overwrite
+    prov = run(CollectConfig(env="hopper", level="medium-replay", workdir=str(wd), train=False, progress=False))
+    assert prov["policies"]["replay"]["episode_seeds"] == "SAC training (replay buffer)"
+    assert load_dataset("hopper-medium-replay", source="minari:primal-dt/hopper/medium-replay-v0",
+                        verbose=False).num_steps == prov["steps"]
+    with pytest.raises(SystemExit, match="exists"):
+        run(CollectConfig(env="hopper", level="medium-replay", workdir=str(wd), train=False, progress=False))
+
+
+def test_collect_refuses_a_directory_being_trained(sac_workdir, data_dirs):
+    wd, _ = sac_workdir
+    # an unfinished run with a fresh checkpoint and no lock file: an older trainer may be live
+    (wd / "meta.json").write_text(json.dumps({"env_id": "Hopper-v4", "seed": 0, "total_steps": 10_000}))
+    with pytest.raises(SystemExit, match="looks like it is being trained"):
+        run(CollectConfig(workdir=str(wd), train=True, train_steps=10_000, progress=False))
+    (wd / "train.lock").write_text(str(os.getpid()))  # a live process holds the lock
+    with pytest.raises(SystemExit, match="being trained by process"):
+        run(CollectConfig(workdir=str(wd), train=True, train_steps=10_000, progress=False))
+    with pytest.raises(SystemExit, match="level must be one of"):
+        run(CollectConfig(level="random"))
+
+
+@pytest.mark.slow
+def test_train_behavior_then_collect(tmp_path, data_dirs):
+    pytest.importorskip("stable_baselines3")
+    wd = tmp_path / "sac"
+    cfg = dict(env="hopper", level="medium", workdir=str(wd), train_steps=400, checkpoint_every=200,
+               steps=50, num_envs=2, progress=False)
+    prov = run(CollectConfig(**cfg))
+    assert sorted(p.name for p in wd.glob("sac_step*.zip")) == ["sac_step0000200.zip", "sac_step0000400.zip"]
+    assert [e["step"] for e in json.loads((wd / "evals.json").read_text())] == [200, 400]
+    assert (wd / "train.lock").read_text() == "free"  # released
+    with pytest.warns(UserWarning):
+        ds = load_dataset("hopper-medium", source="replica", verbose=False)
+    assert ds.num_steps == prov["steps"] >= 50

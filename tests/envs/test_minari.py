@@ -1,0 +1,93 @@
+"""Real local Minari datasets made with minari.create_dataset_from_buffers in a tmp root."""
+
+import os
+import time
+
+import numpy as np
+import pytest
+
+from envs import DatasetError, load_dataset
+from envs.errors import DatasetNotFound
+from envs.minari_source import _reachable, minari_root, read_minari, write_minari
+
+
+def _episodes(obs_dim=11, act_dim=3, lengths=(3, 2, 4), ends=("term", "trunc", "open"), seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for n, end in zip(lengths, ends):
+        term, trunc = np.zeros(n, bool), np.zeros(n, bool)
+        if end == "term":
+            term[-1] = True
+        elif end == "trunc":
+            trunc[-1] = True
+        out.append({"observations": rng.standard_normal((n + 1, obs_dim)), "actions": rng.uniform(-1, 1, (n, act_dim)),
+                    "rewards": np.arange(1, n + 1, dtype=float), "terminations": term, "truncations": trunc,
+                    "seed": int(rng.integers(1000))})
+    return out
+
+
+def test_local_minari_dataset_loads(data_dirs):
+    eps = _episodes()
+    write_minari("mujoco/hopper/medium-v0", eps, "Hopper-v5", metadata={"seeds": [1, 2]},
+                 ref_min_score=-20.272305, ref_max_score=3234.3)
+    ds = load_dataset("hopper-medium", source="minari", verbose=False)
+    assert ds.source == "minari:mujoco/hopper/medium-v0" and ds.gym_id == "Hopper-v5"
+    assert ds.lengths.tolist() == [3, 2] and ds.terminal.tolist() == [True, False]  # open episode dropped
+    # Minari keeps T+1 observations; the dataset keeps the T the actions were taken in
+    np.testing.assert_allclose(ds.observations[:3], eps[0]["observations"][:3].astype(np.float32))
+    np.testing.assert_allclose(ds.actions[3:5], eps[1]["actions"].astype(np.float32))
+    assert ds.rtg.tolist() == [6, 5, 3, 3, 2]
+    assert ds.metadata["seeds"] == [1, 2] and ds.metadata["ref_max_score"] == 3234.3
+    # nothing temporary left in the root
+    assert not [p for p in os.listdir(minari_root()) if p.startswith(".")]
+
+
+def test_medium_expert_joins_both_minari_datasets(data_dirs):
+    write_minari("mujoco/hopper/medium-v0", _episodes(lengths=(3,), ends=("term",)), "Hopper-v5")
+    write_minari("mujoco/hopper/expert-v0", _episodes(lengths=(5, 2), ends=("trunc", "term"), seed=1), "Hopper-v5")
+    ds = load_dataset("hopper-medium-expert", source="minari", verbose=False)
+    assert ds.lengths.tolist() == [3, 5, 2] and ds.source == "minari:mujoco/hopper/medium-v0+mujoco/hopper/expert-v0"
+
+
+def test_dataset_of_another_environment_is_refused(data_dirs):
+    write_minari("mujoco/hopper/medium-v0", _episodes(obs_dim=17, act_dim=6), "Walker2d-v5")
+    with pytest.raises(DatasetError, match="recorded in Walker2d-v5, but hopper-medium needs Hopper-v5"):
+        load_dataset("hopper-medium", source="minari", verbose=False)
+    # the auto order stops there too instead of silently using something else
+    with pytest.raises(DatasetError, match="another environment"):
+        load_dataset("hopper-medium", verbose=False)
+
+
+def test_write_refuses_to_clobber_and_keeps_the_original(data_dirs):
+    write_minari("primal-dt/hopper/medium-v0", _episodes(), "Hopper-v4")
+    with pytest.raises(FileExistsError, match="already exists"):
+        write_minari("primal-dt/hopper/medium-v0", _episodes(seed=5), "Hopper-v4")
+    before = read_minari("primal-dt/hopper/medium-v0")
+    np.testing.assert_allclose(before.observations[:3], _episodes()[0]["observations"][:3].astype(np.float32))
+    write_minari("primal-dt/hopper/medium-v0", _episodes(seed=5), "Hopper-v4", overwrite=True)
+    after = load_dataset("hopper-medium", source="minari:primal-dt/hopper/medium-v0", verbose=False)
+    np.testing.assert_allclose(after.observations[:3], _episodes(seed=5)[0]["observations"][:3].astype(np.float32))
+    assert after.gym_id == "Hopper-v4"
+
+
+def test_minari_with_no_complete_episode(data_dirs):
+    write_minari("mujoco/hopper/medium-v0", _episodes(lengths=(3,), ends=("open",)), "Hopper-v5")
+    with pytest.raises(DatasetError, match="no complete episode"):
+        load_dataset("hopper-medium", source="minari", verbose=False)
+
+
+def test_no_minari_source_for_medium_replay(data_dirs):
+    with pytest.raises(DatasetNotFound, match="publishes no medium-replay"):
+        load_dataset("hopper-medium-replay", source="minari", verbose=False)
+
+
+def test_download_fails_fast_and_clearly_offline(data_dirs, monkeypatch):
+    monkeypatch.setenv("PRIMAL_DT_OFFLINE", "0")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: refused at once
+    t = time.time()
+    with pytest.raises(DatasetNotFound) as e:
+        load_dataset("hopper-medium", source="minari", verbose=False)
+    assert time.time() - t < 30  # not a hang (a generous bound; offline it takes milliseconds)
+    msg = str(e.value)
+    assert "mujoco/hopper/medium-v0" in msg and ("unreachable" in msg or "huggingface_hub" in msg)
+    assert _reachable("127.0.0.1", 9, timeout=2.0) is not None

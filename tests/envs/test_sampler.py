@@ -1,0 +1,135 @@
+"""Segment sampling against hand-computed segments of a 5-step, 2-episode dataset."""
+
+import numpy as np
+import pytest
+import torch
+
+from envs import SegmentSampler, Trajectories
+
+
+@pytest.fixture
+def tiny():
+    # episode A: 3 steps, rewards 1,2,3 (terminal); episode B: 2 steps, rewards 4,5 (time limit)
+    obs = np.array([[0.0, 10], [1, 20], [2, 30], [3, 40], [4, 50]])
+    return Trajectories(observations=obs, actions=np.arange(5, dtype=float)[:, None] * [1, -1],
+                        rewards=[1, 2, 3, 4, 5], starts=[0, 3], lengths=[3, 2], terminal=[True, False])
+
+
+# Every segment the sampler can produce with K=4, by its first step (hand-computed):
+# rtg of A = 6,5,3 ; of B = 9,5 ; right padding is zero and masked out.
+EXPECTED = {
+    0: dict(rows=[0, 1, 2], rtg=[6, 5, 3], ts=[0, 1, 2]),
+    1: dict(rows=[1, 2], rtg=[5, 3], ts=[1, 2]),
+    2: dict(rows=[2], rtg=[3], ts=[2]),
+    3: dict(rows=[3, 4], rtg=[9, 5], ts=[0, 1]),
+    4: dict(rows=[4], rtg=[5], ts=[1]),
+}
+
+
+def _expected_row(ds, first, K=4, scale=0.5):
+    e = EXPECTED[first]
+    n = len(e["rows"])
+    states = np.zeros((K, 2), np.float32)
+    states[:n] = (ds.observations[e["rows"]] - ds.state_mean) / ds.state_std
+    actions = np.zeros((K, 2), np.float32)
+    actions[:n] = ds.actions[e["rows"]]
+    pad = lambda v: np.array(list(v) + [0] * (K - n))  # noqa: E731
+    return dict(states=states, actions=actions, rewards=pad(ds.rewards[e["rows"]]), rtg=pad(e["rtg"]) * scale,
+                timesteps=pad(e["ts"]), mask=np.arange(K) < n)
+
+
+def test_every_segment_matches_hand_computed_values(tiny):
+    s = SegmentSampler(tiny, K=4, batch_size=400, reward_scale=0.5, max_timestep=1000, seed=0)
+    b = s.sample()
+    assert b["states"].shape == (400, 4, 2) and b["actions"].shape == (400, 4, 2)
+    assert b["rewards"].shape == (400, 4, 1) and b["rtg"].shape == (400, 4, 1)
+    assert b["timesteps"].dtype == torch.long and b["mask"].dtype == torch.bool
+    assert b["states"].dtype == torch.float32
+    # the first state identifies the start: state 0 of row r is the normalized observation r
+    norm = (tiny.observations - tiny.state_mean) / tiny.state_std
+    seen = set()
+    for i in range(400):
+        first = int(np.argmin(np.abs(norm - b["states"][i, 0].numpy()).sum(1)))
+        seen.add(first)
+        exp = _expected_row(tiny, first)
+        np.testing.assert_allclose(b["states"][i].numpy(), exp["states"], atol=1e-6)
+        np.testing.assert_array_equal(b["actions"][i].numpy(), exp["actions"])
+        np.testing.assert_array_equal(b["rewards"][i, :, 0].numpy(), exp["rewards"])
+        np.testing.assert_allclose(b["rtg"][i, :, 0].numpy(), exp["rtg"])
+        np.testing.assert_array_equal(b["timesteps"][i].numpy(), exp["timesteps"])
+        np.testing.assert_array_equal(b["mask"][i].numpy(), exp["mask"])
+    assert seen == {0, 1, 2, 3, 4}
+
+
+def test_trajectory_probability_is_proportional_to_length(tiny):
+    s = SegmentSampler(tiny, K=2, batch_size=50_000, seed=1)
+    idx, mask = s.indices()
+    first = idx[:, 0]
+    # episode A (3 steps) 3/5 of the time, each start within it uniform: 1/5 per step
+    assert abs(np.mean(first < 3) - 0.6) < 0.01
+    assert np.allclose(np.bincount(first, minlength=5) / len(first), 0.2, atol=0.01)
+    assert mask[:, 0].all() and (mask[:, 1] == np.isin(first, [0, 1, 3])).all()
+
+
+def test_real_tokens_first_then_padding(tiny):
+    b = SegmentSampler(tiny, K=4, batch_size=256, seed=2).sample()
+    m = b["mask"].numpy()
+    assert (np.diff(m.astype(int), axis=1) <= 0).all()  # never False then True
+    assert (b["states"].numpy()[~m] == 0).all() and (b["rtg"].numpy()[~m] == 0).all()
+
+
+def test_timesteps_clipped_to_episode_limit(tiny):
+    b = SegmentSampler(tiny, K=3, batch_size=256, max_timestep=2, seed=3).sample()
+    ts = b["timesteps"].numpy()
+    assert ts.max() == 1  # timestep 2 clipped to max_timestep - 1
+    assert set(np.unique(ts)) <= {0, 1}
+
+
+def test_state_dict_makes_resume_exact(tiny):
+    a = SegmentSampler(tiny, K=3, batch_size=8, seed=4)
+    a.sample()
+    state = a.state_dict()
+    ref = [a.sample() for _ in range(3)]
+    b = SegmentSampler(tiny, K=3, batch_size=8, seed=999)
+    b.load_state_dict(state)
+    for r in ref:
+        got = b.sample()
+        for k in r:
+            assert torch.equal(r[k], got[k])
+
+
+def test_accepts_a_generator_and_custom_batch(tiny):
+    g = np.random.default_rng(5)
+    s = SegmentSampler(tiny, K=2, batch_size=4, seed=g)
+    assert s.rng is g and s.sample(batch_size=7)["mask"].shape == (7, 2)
+    with pytest.raises(ValueError):
+        SegmentSampler(tiny, K=0)
+
+
+def test_random_dataset_against_a_naive_per_segment_computation():
+    rng = np.random.default_rng(7)
+    lengths = rng.integers(1, 30, size=40)
+    n = int(lengths.sum())
+    ds = Trajectories(observations=rng.standard_normal((n, 3)), actions=rng.standard_normal((n, 2)),
+                      rewards=rng.standard_normal(n), starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                      lengths=lengths, terminal=rng.random(40) < 0.5)
+    K, scale, max_t = 8, 0.01, 20
+    s = SegmentSampler(ds, K=K, batch_size=300, reward_scale=scale, max_timestep=max_t, seed=8)
+    state = s.state_dict()
+    first = s.indices()[0][:, 0]
+    s.load_state_dict(state)
+    b = {k: v.numpy() for k, v in s.sample().items()}
+    for row, f in enumerate(first.tolist()):
+        e = int(np.searchsorted(ds.starts, f, side="right") - 1)
+        st, ln = int(ds.starts[e]), int(ds.lengths[e])
+        rew = ds.rewards[st:st + ln].astype(np.float64)
+        si = f - st
+        m = min(K, ln - si)
+        rtg = np.array([rew[t:].sum() for t in range(si, si + m)])  # naive suffix sums
+        np.testing.assert_allclose(b["rtg"][row, :m, 0], rtg * scale, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(b["timesteps"][row, :m], np.minimum(np.arange(si, si + m), max_t - 1))
+        np.testing.assert_array_equal(b["actions"][row, :m], ds.actions[f:f + m])
+        np.testing.assert_allclose(b["states"][row, :m], (ds.observations[f:f + m] - ds.state_mean) / ds.state_std,
+                                   rtol=1e-5, atol=1e-6)
+        assert b["mask"][row].tolist() == [True] * m + [False] * (K - m)
+        assert (b["states"][row, m:] == 0).all() and (b["actions"][row, m:] == 0).all()
