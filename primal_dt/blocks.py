@@ -46,7 +46,8 @@ class Block(nn.Module):
                                  nn.Linear(hidden, d_model), nn.Dropout(dropout))
         self.drop = nn.Dropout(dropout)
 
-    def _apply(self, x: torch.Tensor, attend: Callable):
+    def _residual(self, x: torch.Tensor, attend: Callable):
+        # (not ``_apply``: that name is nn.Module's hook behind .to() / .cuda() / .double())
         if self.norm == "pre":
             a, extra = attend(self.ln1(x))
             x = x + self.drop(a)
@@ -56,10 +57,10 @@ class Block(nn.Module):
         return self.ln2(x + self.mlp(x)), extra
 
     def forward(self, x, mask=None):
-        return self._apply(x, lambda h: self.attn(h, mask))
+        return self._residual(x, lambda h: self.attn(h, mask))
 
     def step(self, x, state, mask=None):
-        return self._apply(x, lambda h: self.attn.step(h, state, mask))
+        return self._residual(x, lambda h: self.attn.step(h, state, mask))
 
 
 class Stack(nn.Module):

@@ -19,16 +19,19 @@ _BOOLS = {"true": "True", "false": "False", "yes": "True", "no": "False", "on": 
 
 def to_tyro_args(argv: Sequence[str]) -> list[str]:
     out: list[str] = []
+    values_ok = False  # after --key, bare tokens are its value(s) (several for tuple options)
     for a in argv:
         if a.startswith("-"):
             out.append(a)
+            values_ok = a.startswith("--") and "=" not in a
         elif "=" in a:
             k, v = a.split("=", 1)
             if not k:
                 raise SystemExit(f"error: argument {a!r} has an empty key; write key=value")
             out += [f"--{k}", _BOOLS.get(v.lower(), v)]
-        elif out and out[-1].startswith("--"):
-            out.append(a)  # the value of a preceding --key
+            values_ok = False
+        elif values_ok:
+            out.append(a)  # a value of the preceding --key
         else:
             raise SystemExit(f"error: argument {a!r} is neither key=value nor --key value")
     return out

@@ -29,11 +29,14 @@ def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
 
 class RunMonitor:
     def __init__(self, log_dir: str | Path, enabled: bool = True, progress_total: int | None = None,
-                 progress_desc: str = "train", progress: bool = True, initial: int = 0):
+                 progress_desc: str = "train", progress: bool = True, initial: int = 0,
+                 purge_step: int | None = None):
+        """``purge_step``: when continuing a run in the same directory, TensorBoard drops events a
+        killed predecessor wrote at steps >= purge_step (those after its last checkpoint)."""
         self.log_dir = Path(log_dir)
         self.enabled = enabled
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
-        self.writer = SummaryWriter(str(self.log_dir)) if enabled else None
+        self.writer = SummaryWriter(str(self.log_dir), purge_step=purge_step) if enabled else None
         self.bar = None
         if progress and progress_total:
             from tqdm import tqdm
@@ -50,6 +53,10 @@ class RunMonitor:
     def scalars(self, values: dict[str, float], step: int) -> None:
         for k, v in values.items():
             self.scalar(k, v, step)
+
+    def histogram(self, tag: str, values, step: int) -> None:
+        if self.writer is not None:
+            self.writer.add_histogram(tag, values, step)
 
     def text(self, tag: str, value: str, step: int = 0) -> None:
         if self.writer is not None:

@@ -38,12 +38,16 @@ def load_preset(group: str, name: str) -> dict:
     return data
 
 
-def apply_preset(cfg: Any, values: dict, where: str = "preset") -> Any:
-    """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) applied."""
+def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True) -> Any:
+    """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) applied.
+
+    ``source`` / ``description`` are the preset file's own metadata only at the top level; nested
+    sections may have real options of those names.
+    """
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     changes = {}
     for key, val in values.items():
-        if key in META_KEYS:
+        if top and key in META_KEYS:
             continue
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=2)
@@ -51,7 +55,7 @@ def apply_preset(cfg: Any, values: dict, where: str = "preset") -> Any:
             raise ValueError(f"{where}: unknown option {key!r}{hint}; options: {', '.join(fields)}")
         cur = getattr(cfg, key)
         if dataclasses.is_dataclass(cur) and isinstance(val, dict):
-            changes[key] = apply_preset(cur, val, f"{where}.{key}")
+            changes[key] = apply_preset(cur, val, f"{where}.{key}", top=False)
         else:
             changes[key] = val
     return dataclasses.replace(cfg, **changes)

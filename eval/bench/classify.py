@@ -1,0 +1,82 @@
+"""Train several layouts on one classification task in one process and compare time per 1K steps.
+
+    python -m eval.bench.classify task=lra/listops-fast models=transformer,primalformer train.steps=400
+
+Each model gets its own Trainer (same data, same seed, same batches in the same order); they run
+in alternating blocks of ``train.eval_every`` steps so that load on a shared machine hits them
+alike. Only optimisation steps are timed (forward, backward, optimizer); evaluation is not. Prints
+and writes (``out``/bench-<task>.json) the test accuracy of each model selected on validation,
+its seconds per 1K steps, and the ratio to the first model.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from primal_dt.classify import SetupError, Trainer, build_config, check_config
+from primal_dt.cli import find_value
+from primal_dt.tasks import load_task
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    models = (find_value(argv, "models") or "transformer,primalformer").split(",")
+    argv = [a for a in argv if not a.startswith("models=") and not a.startswith("--models")]
+    try:
+        cfgs = [build_config(argv + [f"model={m}"])[0] for m in models]
+        for c in cfgs:
+            check_config(c)
+        data = load_task(cfgs[0].data, with_val=True)
+        if data.val is None:
+            raise ValueError("the benchmark selects on validation; this task has no validation split")
+        trainers = [Trainer(c, data) for c in cfgs]
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        raise SystemExit(f"error: {err}") from None
+    if cfgs[0].threads > 0:
+        torch.set_num_threads(cfgs[0].threads)
+    total, block = trainers[0].total_steps, trainers[0].eval_every
+    print(f"{data.describe()}\nmodels {models}; {total} steps each in blocks of {block}, torch threads "
+          f"{torch.get_num_threads()}", flush=True)
+    best = {m: (-1.0, 0.0, 0) for m in models}  # (val acc, test acc, step)
+    done = 0
+    while done < total:
+        n = min(block, total - done)
+        for m, tr in zip(models, trainers):
+            for _ in range(n):
+                b = tr.next_batch()
+                t0 = time.perf_counter()
+                tr.step(b)
+                tr.train_time += time.perf_counter() - t0
+            val, test = tr.evaluate(data.val)["acc"], tr.evaluate(data.test)["acc"]
+            if val > best[m][0]:
+                best[m] = (val, test, tr.step_no)
+            print(f"  step {tr.step_no:5d} {m:>14}: val {val:.3f} test {test:.3f} "
+                  f"({1000 * tr.train_time / tr.step_no:.1f} s/1K steps so far)", flush=True)
+        done += n
+    base = 1000 * trainers[0].train_time / total
+    rows = []
+    for m, tr in zip(models, trainers):
+        s = 1000 * tr.train_time / total
+        rows.append({"model": m, "layers": [sp.attention for sp in tr.model.stack.specs], "steps": total,
+                     "s_per_1k_steps": round(s, 1), "ratio_to_first": round(s / base, 3),
+                     "selected_val_acc": best[m][0], "test_acc": best[m][1], "selected_step": best[m][2]})
+    result = {"task": cfgs[0].task, "data": data.describe(), "seed": cfgs[0].seed,
+              "threads": torch.get_num_threads(), "timing": "optimisation steps only, interleaved blocks",
+              "results": rows}
+    print(json.dumps(result, indent=2))
+    out = Path(cfgs[0].out) / f"bench-{cfgs[0].task.replace('/', '-')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SetupError as err:
+        raise SystemExit(f"error: {err}") from None

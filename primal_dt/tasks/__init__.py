@@ -1,0 +1,98 @@
+"""Classification data sources (UEA archive, LRA) behind one ``load_task(DataConfig)``.
+
+Each source lives in its own module; this one only holds the options they share and dispatches.
+Everything here runs before training, so bad paths and files fail before any compute is spent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .dataset import Split, TaskData, subset
+from .listops import ListOpsSpec
+
+SOURCES = ("uea", "listops", "text", "retrieval", "image", "pathfinder")
+
+
+@dataclass
+class DataConfig:
+    kind: str = "uea"
+    """uea | listops | text | retrieval | image | pathfinder (which loader)"""
+    name: str = "JapaneseVowels"
+    """UEA set name; for pathfinder the difficulty folder (e.g. curv_contour_length_14)"""
+    path: str = ""
+    """files of the task (LRA release folder; UEA: where non-bundled sets live, default data/uea)"""
+    max_len: int = 0
+    """sequence length (0: UEA longest training series; LRA the benchmark's length)"""
+    val_fraction: float = 0.2
+    """share of the training set carved (stratified) for validation where a task has no val split"""
+    split_seed: int = 0
+    """seed of the validation carve, fixed apart from the training seed so all models share a split"""
+    max_train: int = 0
+    """keep at most this many training examples (0 = all); likewise max_val, max_test"""
+    max_val: int = 0
+    max_test: int = 0
+    generate: bool = False
+    """ListOps: generate the data (data.listops.*) into data.path, or data/listops/<spec>, if absent"""
+    listops: ListOpsSpec = field(default_factory=ListOpsSpec)
+
+    def check(self) -> None:
+        if self.kind not in SOURCES:
+            import difflib
+
+            close = difflib.get_close_matches(self.kind, SOURCES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"data.kind={self.kind!r} is not one of {', '.join(SOURCES)}{hint}")
+        if not 0 <= self.val_fraction < 1:
+            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
+        for k in ("max_len", "max_train", "max_val", "max_test"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"data.{k} must be >= 0, got {getattr(self, k)}")
+        if self.kind == "listops" and self.generate:
+            self.listops.check()
+
+
+def listops_dir(cfg: DataConfig) -> Path:
+    """Where ListOps files are read from, generating them first when asked and missing."""
+    from .listops import write_dataset
+
+    d = Path(cfg.path) if cfg.path else Path("data/listops") / cfg.listops.tag()
+    if not (d / "basic_train.tsv").exists() and cfg.generate:
+        print(f"generating ListOps ({cfg.listops.tag()}) into {d} ...", flush=True)
+        write_dataset(cfg.listops, d)
+    return d
+
+
+def load_task(cfg: DataConfig, with_val: bool = True) -> TaskData:
+    """Load a task; ``with_val=False`` (selection on test, the papers' protocol) fits on the whole
+    training set where a validation split would otherwise be carved from it."""
+    cfg.check()
+    frac = cfg.val_fraction if with_val else 0.0
+    if cfg.kind == "uea":
+        from .uea import load_uea
+
+        data = load_uea(cfg.name, cfg.path, frac, cfg.split_seed, cfg.max_len)
+    else:
+        from . import lra
+
+        if cfg.kind == "listops":
+            data = lra.load_listops(str(listops_dir(cfg)), cfg.max_len)
+        elif cfg.kind == "text":
+            data = lra.load_text(cfg.path, cfg.max_len, frac, cfg.split_seed)
+        elif cfg.kind == "retrieval":
+            data = lra.load_retrieval(cfg.path, cfg.max_len)
+        elif cfg.kind == "image":
+            data = lra.load_image(cfg.path, frac, cfg.split_seed)
+        else:
+            data = lra.load_pathfinder(cfg.path, cfg.name)
+    s = cfg.split_seed
+    data.train = subset(data.train, cfg.max_train, s)
+    data.val = subset(data.val, cfg.max_val, s) if data.val is not None else None
+    data.test = subset(data.test, cfg.max_test, s)
+    if not with_val:
+        data.val = None
+    return data
+
+
+__all__ = ["DataConfig", "ListOpsSpec", "SOURCES", "Split", "TaskData", "load_task"]

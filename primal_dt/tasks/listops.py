@@ -1,0 +1,209 @@
+"""ListOps (Nangia & Bowman 2018; the LRA version): generator, vocabulary and TSV reader.
+
+The LRA release cannot be downloaded here, so this module re-implements the published generator
+rules: a node is a digit with probability 0.75 (always at ``max_depth``), otherwise an operator
+from MAX, MIN, MED (median, floored), SM (sum mod 10) applied to 2..``max_args`` sub-trees; an
+expression's length counts digits, operators and closing brackets, and only expressions with
+``min_length < length < max_length`` are kept (LRA: 500 < length < 2000, depth 10, 10 args,
+96k / 2k / 2k distinct examples). Files are written in the release's format: a ``Source<TAB>Target``
+header, then the bracketed expression as the release prints it, e.g.
+``( ( ( [MAX 2 ) 9 ) ] )``, and its value.
+
+``python -m primal_dt.tasks listops out=DIR n_train=2000 max_length=500`` writes
+DIR/basic_{train,val,test}.tsv.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import sys
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
+END = "]"
+# Token ids: 0 is padding; parentheses of the release's format carry no information and are dropped.
+VOCAB = ("<pad>",) + tuple(str(d) for d in range(10)) + OPERATORS + ("[FIRST", "[LAST", END)
+TOKEN_ID = {t: i for i, t in enumerate(VOCAB)}
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class ListOpsSpec:
+    """Generator settings (defaults: the LRA release)."""
+
+    n_train: int = 96000
+    n_val: int = 2000
+    n_test: int = 2000
+    min_length: int = 500
+    max_length: int = 2000
+    max_depth: int = 10
+    max_args: int = 10
+    seed: int = 0
+
+    def check(self) -> None:
+        for k in ("n_train", "n_val", "n_test", "max_depth"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"listops.{k} must be >= 1, got {getattr(self, k)}")
+        if self.max_args < 2:
+            raise ValueError(f"listops.max_args must be >= 2, got {self.max_args}")
+        if not 0 <= self.min_length < self.max_length - 1:
+            raise ValueError(f"listops needs 0 <= min_length < max_length - 1, got "
+                             f"min_length={self.min_length}, max_length={self.max_length}")
+        if self.max_length > 4 and self.max_depth < 2:
+            raise ValueError("listops.max_depth must be >= 2 to reach lengths above a few tokens")
+
+    def tag(self) -> str:
+        return (f"n{self.n_train}-{self.n_val}-{self.n_test}_len{self.min_length}-{self.max_length}"
+                f"_d{self.max_depth}_a{self.max_args}_s{self.seed}")
+
+
+def generate_tree(rng: random.Random, depth: int, spec: ListOpsSpec):
+    """(tree, length): a tree is an int or (operator, [children])."""
+    if depth >= spec.max_depth or rng.random() > 0.25:
+        return rng.randrange(10), 1
+    children, length = [], 2
+    for _ in range(rng.randint(2, spec.max_args)):
+        child, n = generate_tree(rng, depth + 1, spec)
+        children.append(child)
+        length += n
+    return (rng.choice(OPERATORS), children), length
+
+
+def evaluate(tree) -> int:
+    if isinstance(tree, int):
+        return tree
+    op, children = tree
+    vals = [evaluate(c) for c in children]
+    if op == "[MIN":
+        return min(vals)
+    if op == "[MAX":
+        return max(vals)
+    if op == "[SM":
+        return sum(vals) % 10
+    vals.sort()  # [MED: the generator's int(np.median(...)), i.e. the floored mean of the middle pair
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) // 2
+
+
+def to_string(tree) -> str:
+    """The release's rendering: each application of the operator to one more argument is a pair."""
+    if isinstance(tree, int):
+        return str(tree)
+    op, children = tree
+    parts = ["( " * (len(children) + 1) + op + " " + to_string(children[0]) + " )"]
+    parts += [" " + to_string(c) + " )" for c in children[1:]]
+    return "".join(parts) + " ] )"
+
+
+def generate(spec: ListOpsSpec) -> dict[str, list[tuple[str, int]]]:
+    """Distinct (source, target) examples for each split, by rejection on length as the release."""
+    spec.check()
+    rng = random.Random(spec.seed)
+    total = spec.n_train + spec.n_val + spec.n_test
+    seen: dict[str, int] = {}
+    tries, limit = 0, 200 * total + 10000
+    while len(seen) < total:
+        tries += 1
+        if tries > limit:
+            raise RuntimeError(f"ListOps generator found only {len(seen)} of {total} expressions with "
+                               f"{spec.min_length} < length < {spec.max_length} in {limit} tries; "
+                               "widen the length range or raise max_depth/max_args")
+        tree, length = generate_tree(rng, 1, spec)
+        if spec.min_length < length < spec.max_length:
+            seen.setdefault(to_string(tree), evaluate(tree))
+    items = list(seen.items())
+    a, b = spec.n_train, spec.n_train + spec.n_val
+    return {"train": items[:a], "val": items[a:b], "test": items[b:]}
+
+
+def write_tsv(examples: list[tuple[str, int]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tsv.tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f, delimiter="\t", lineterminator="\n")
+        w.writerow(["Source", "Target"])
+        w.writerows(examples)
+    tmp.replace(path)
+
+
+def write_dataset(spec: ListOpsSpec, out: str | Path) -> Path:
+    """Generate and write basic_{train,val,test}.tsv under ``out`` (atomically, per file)."""
+    out = Path(out)
+    data = generate(spec)
+    for split in SPLITS:
+        write_tsv(data[split], out / f"basic_{split}.tsv")
+    (out / "spec.txt").write_text("".join(f"{k}: {v}\n" for k, v in asdict(spec).items()))
+    return out
+
+
+def tokenize(source: str, where: str) -> list[int]:
+    """Token ids of one expression (parentheses dropped); ``where`` (file:line) names bad input."""
+    ids = []
+    for tok in source.split():
+        if tok in ("(", ")"):
+            continue
+        if tok not in TOKEN_ID or tok == "<pad>":
+            raise ValueError(f"{where}: unknown ListOps token {tok!r}; expected digits, {', '.join(OPERATORS)}, "
+                             f"'{END}' and parentheses")
+        ids.append(TOKEN_ID[tok])
+    if not ids:
+        raise ValueError(f"{where}: empty ListOps expression")
+    return ids
+
+
+def read_tsv(path: str | Path) -> tuple[list[list[int]], list[int]]:
+    """Token ids and targets of a release-format ListOps TSV, failing with file:line on bad rows."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"ListOps file {path} does not exist")
+    seqs, targets = [], []
+    with open(path, newline="") as f:
+        for lineno, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
+            where = f"{path}:{lineno}"
+            if lineno == 1:
+                if [c.strip() for c in row] != ["Source", "Target"]:
+                    raise ValueError(f"{where}: expected the header 'Source<TAB>Target', got {row!r}")
+                continue
+            if not row:
+                continue
+            if len(row) != 2:
+                raise ValueError(f"{where}: expected 2 tab-separated fields (Source, Target), got {len(row)}")
+            try:
+                target = int(row[1])
+            except ValueError:
+                raise ValueError(f"{where}: target {row[1]!r} is not an integer") from None
+            if not 0 <= target <= 9:
+                raise ValueError(f"{where}: target {target} is outside 0-9")
+            seqs.append(tokenize(row[0], where))
+            targets.append(target)
+    if not seqs:
+        raise ValueError(f"{path}: no examples after the header")
+    return seqs, targets
+
+
+@dataclass
+class GenerateArgs:
+    """Generate ListOps TSV files in the LRA release format."""
+
+    out: str = "data/listops"
+    spec: ListOpsSpec = field(default_factory=ListOpsSpec)
+
+
+def main(argv=None) -> None:
+    from ..cli import parse
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    short = {f.name for f in fields(ListOpsSpec)}  # ``n_train=...`` is shorthand for ``spec.n_train=...``
+    argv = [f"spec.{a}" if a.split("=", 1)[0] in short else a for a in argv]
+    args = parse(GenerateArgs, argv, description=__doc__.split("\n\n")[0], prog="python -m primal_dt.tasks listops")
+    try:
+        out = write_dataset(args.spec, args.out)
+    except (ValueError, RuntimeError) as err:
+        sys.exit(f"error: {err}")
+    print(f"wrote {out}/basic_{{train,val,test}}.tsv ({args.spec.n_train}/{args.spec.n_val}/{args.spec.n_test})")
+
+
+if __name__ == "__main__":
+    main()

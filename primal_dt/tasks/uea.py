@@ -1,0 +1,128 @@
+"""UEA multivariate time-series classification archive (.ts files) through ``aeon``.
+
+aeon ships JapaneseVowels and BasicMotions inside its wheel, so those two load offline; every
+other set is read from ``<path>/<Name>/<Name>_{TRAIN,TEST}.ts`` or downloaded there by aeon.
+
+Preprocessing follows the papers' pipeline (mvts-transformer / Flowformer UEA code) with one fix:
+- trailing all-NaN steps (how .ts files store unequal lengths) end the series; interior NaNs are
+  linearly interpolated per channel (edges take the nearest observed value);
+- per-channel standardisation with statistics of the fitting part of the training set only;
+- right-padding to the longest training series, with a mask the model honours at every layer
+  (the reference code pads with zeros and lets attention see them; we do not).
+"""
+
+from __future__ import annotations
+
+import difflib
+
+import numpy as np
+import torch
+
+from .dataset import Split, TaskData, carve_validation
+
+BUNDLED = ("BasicMotions", "JapaneseVowels")
+# The 30 sets of the UEA multivariate archive (for did-you-mean hints; other names are still tried).
+ARCHIVE = (
+    "ArticularyWordRecognition", "AtrialFibrillation", "BasicMotions", "CharacterTrajectories", "Cricket",
+    "DuckDuckGeese", "EigenWorms", "Epilepsy", "ERing", "EthanolConcentration", "FaceDetection",
+    "FingerMovements", "HandMovementDirection", "Handwriting", "Heartbeat", "InsectWingbeat",
+    "JapaneseVowels", "Libras", "LSST", "MotorImagery", "NATOPS", "PEMS-SF", "PenDigits", "PhonemeSpectra",
+    "RacketSports", "SelfRegulationSCP1", "SelfRegulationSCP2", "SpokenArabicDigits", "StandWalkJump",
+    "UWaveGestureLibrary",
+)
+
+
+def read_split(name: str, split: str, path: str = "") -> tuple[list[np.ndarray], np.ndarray]:
+    """Raw series ([C, T_i] float arrays) and string labels of one split, with a clear error when
+    a set is neither bundled, nor on disk, nor downloadable."""
+    try:
+        from aeon.datasets import load_classification
+    except ImportError as err:  # pragma: no cover - aeon is an optional dependency
+        raise RuntimeError("UEA tasks need the 'aeon' package: pip install 'primal-dt[uea]'") from err
+    extract = None if name in BUNDLED else (path or "data/uea")
+    try:
+        X, y = load_classification(name, split=split, extract_path=extract)
+    except Exception as err:
+        close = difflib.get_close_matches(name, ARCHIVE, n=2)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close and name not in ARCHIVE else ""
+        raise RuntimeError(
+            f"UEA set {name!r} could not be loaded ({type(err).__name__}: {err}).{hint} Only "
+            f"{' and '.join(BUNDLED)} ship with aeon; for other sets either connect to the network (aeon "
+            f"downloads into {extract}/{name}/) or place {name}_TRAIN.ts and {name}_TEST.ts in "
+            f"{extract}/{name}/ (set data.path=DIR)."
+        ) from err
+    series = [np.asarray(s, dtype=np.float64) for s in X]
+    return series, np.asarray(y).astype(str)
+
+
+def clean_series(s: np.ndarray) -> np.ndarray:
+    """[C, T] with NaNs -> [T', C]: drop trailing all-NaN steps, interpolate the rest per channel.
+    A channel with no observation at all stays NaN here and becomes 0 (its mean) after scaling."""
+    s = s.T  # [T, C]
+    observed = ~np.isnan(s).all(axis=1)
+    last = int(np.flatnonzero(observed)[-1]) + 1 if observed.any() else 1
+    s = s[:last].copy()
+    t = np.arange(last)
+    for c in range(s.shape[1]):
+        bad = np.isnan(s[:, c])
+        if bad.any() and not bad.all():
+            s[bad, c] = np.interp(t[bad], t[~bad], s[~bad, c])
+    return s
+
+
+def _to_tensors(series: list[np.ndarray], mean, std, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    C = mean.shape[0]
+    x = torch.zeros(len(series), T, C)
+    mask = torch.zeros(len(series), T, dtype=torch.bool)
+    for i, s in enumerate(series):
+        z = np.nan_to_num((s[:T] - mean) / std, nan=0.0)
+        x[i, : len(z)] = torch.from_numpy(z).float()
+        mask[i, : len(z)] = True
+    return x, mask
+
+
+def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: int = 0,
+             max_len: int = 0) -> TaskData:
+    """Load, clean, standardise and pad one UEA set; ``val_fraction=0`` keeps the whole training
+    set for fitting (the papers' protocol, which then selects on test)."""
+    raw_train, y_train = read_split(name, "train", path)
+    raw_test, y_test = read_split(name, "test", path)
+    train = [clean_series(s) for s in raw_train]
+    test = [clean_series(s) for s in raw_test]
+    classes = sorted(set(y_train))
+    unknown = sorted(set(y_test) - set(classes))
+    if unknown:
+        raise ValueError(f"UEA set {name!r}: test labels {unknown} never occur in the training split")
+    index = {c: i for i, c in enumerate(classes)}
+    yt = np.array([index[c] for c in y_train])
+    ys = np.array([index[c] for c in y_test])
+
+    if val_fraction > 0:
+        fit_idx, val_idx = carve_validation(yt, val_fraction, split_seed)
+    else:
+        fit_idx, val_idx = np.arange(len(train)), np.array([], dtype=int)
+    fit_rows = np.concatenate([train[i] for i in fit_idx])
+    mean = np.nanmean(fit_rows, axis=0)
+    std = np.nanstd(fit_rows, axis=0)
+    mean = np.nan_to_num(mean)
+    std = np.where(np.isfinite(std) & (std > 1e-8), std, 1.0)
+
+    longest = max(len(s) for s in train)
+    T = max_len or longest
+    notes = [f"UEA {name} via aeon ({'bundled' if name in BUNDLED else 'from ' + (path or 'data/uea')}); "
+             f"standardised with statistics of {len(fit_idx)} fitting series; padded to {T}"]
+    cut_train, cut_test = sum(len(s) > T for s in train), sum(len(s) > T for s in test)
+    if cut_train or cut_test:
+        notes.append(f"truncated to {T}: {cut_train} training and {cut_test} test series (the reference code pads "
+                     f"to the longest of train and test, {max(len(s) for s in train + test)}: data.max_len=N)")
+
+    def split(series, labels, idx):
+        x, m = _to_tensors([series[i] for i in idx], mean, std, T)
+        return Split(x, m, torch.as_tensor(labels[idx], dtype=torch.long))
+
+    return TaskData(
+        name=f"uea/{name}", train=split(train, yt, fit_idx),
+        val=split(train, yt, val_idx) if len(val_idx) else None, test=split(test, ys, np.arange(len(test))),
+        n_classes=len(classes), input_kind="continuous", n_inputs=int(mean.shape[0]), max_len=T,
+        class_names=classes, notes=notes,
+    )

@@ -1,0 +1,129 @@
+"""``python -m primal_dt.classify`` end to end: real data, real TensorBoard files, clear errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from primal_dt import checkpoint
+from primal_dt.classify import SetupError, build_config, run
+
+TINY = ["arch.d_model=16", "arch.n_heads=2", "arch.d_ff=32", "progress=false", "threads=1"]
+
+
+def test_uea_run_writes_events_checkpoints_plot_and_summary(tmp_path):
+    argv = ["task=uea/JapaneseVowels-fast", "model=primal+trans", "train.epochs=2", "data.max_train=40",
+            "data.max_val=20", "data.max_test=30", f"out={tmp_path}", *TINY]
+    summary = run(argv)
+    out = tmp_path / summary["run_dir"].split(str(tmp_path) + "/")[1]
+    assert summary["protocol"] == "val" and 0 <= summary["test_acc"] <= 1 and summary["steps"] == 6
+    assert json.loads((out / "summary.json").read_text())["test_acc"] == summary["test_acc"]
+    assert (out / "accuracy.png").stat().st_size > 0
+    ck = checkpoint.load(out / "best.pt", expect_kind="classifier")
+    assert ck["config"]["model"] == "primal+trans" and ck["config"]["primal"]["s"] == 16  # by_model preset section
+    assert checkpoint.load(out / "last.pt", expect_kind="classifier")["step"] == 6
+
+    acc = EventAccumulator(str(out))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    for tag in ("loss/total", "loss/ce", "loss/ksvd", "ksvd/J/layer1", "lr", "acc/train", "acc/val", "acc/test",
+                "throughput/samples_per_s", "throughput/s_per_1k_steps"):
+        assert tag in tags, tag
+    assert [e.step for e in acc.Scalars("acc/val")] == [3, 6]
+    assert "ksvd/J/layer0" not in tags  # layer 0 is softmax in primal+trans
+
+
+def test_listops_run_on_generated_data(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # generated files go to ./data/listops/<spec>
+    argv = ["task=lra/listops-fast", "model=primalformer", "train.steps=4", "train.eval_every=2",
+            "data.listops.n_train=24", "data.listops.n_val=8", "data.listops.n_test=8", "data.listops.min_length=5",
+            "data.listops.max_length=30", "data.max_len=32", "train.batch_size=8", "primal.s=8", f"out={tmp_path}/runs", *TINY]
+    summary = run(argv)
+    assert summary["layers"] == ["primal", "primal"] and summary["steps"] == 4
+    assert list((tmp_path / "data" / "listops").glob("*/basic_test.tsv"))
+
+
+def test_paper_protocol_selects_on_test(tmp_path):
+    argv = ["task=uea/JapaneseVowels-fast", "model=transformer", "train.epochs=1", "train.selection=test",
+            "data.max_train=20", "data.max_test=20", f"out={tmp_path}", *TINY]
+    summary = run(argv)
+    assert summary["protocol"] == "test" and summary["selected_val_acc"] is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["task=uea/JapaneseVowel"], "Did you mean 'uea/JapaneseVowels'"),
+    (["task=lra/listop-fast"], "Did you mean 'lra/listops-fast'"),
+    (["model=primalformr"], "unknown model layout 'primalformr'"),
+    (["train.selection=best"], "train.selection must be one of val, test, last"),
+    (["train.steps=10"], "exactly one of train.epochs / train.steps"),
+    (["data.kind=uae"], "did you mean 'uea'"),
+    (["data.val_fraction=1.5"], "data.val_fraction must be in [0, 1)"),
+    (["attention_options=[1, 2]"], "attention_options must be a YAML mapping"),
+    (["task=lra/listops"], "data.generate=true"),
+])
+def test_bad_input_fails_before_training(tmp_path, argv, message):
+    with pytest.raises(SetupError) as err:
+        run([*argv, f"out={tmp_path}", "progress=false"])
+    assert message in str(err.value)
+    assert not any(tmp_path.iterdir()), "nothing is written before the input is known to be good"
+
+
+def test_preset_layers_and_command_line_precedence():
+    cfg, source = build_config(["task=uea/JapaneseVowels", "model=primalformer", "primal.eta=0.3"])
+    assert (cfg.arch.d_model, cfg.arch.norm, cfg.train.optimizer) == (512, "post", "radam")
+    assert (cfg.primal.s, cfg.primal.rank_multi, cfg.primal.eta) == (40, 5, 0.3)
+    assert "REFERENCE.md" in source
+
+
+def test_command_line_error_exit(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "primal_dt.classify", "task=uea/Nope", f"out={tmp_path}"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "error: unknown task 'uea/Nope'" in r.stderr
+
+
+def test_resume_extends_a_finished_run(tmp_path):
+    base = ["task=uea/JapaneseVowels-fast", "model=transformer", "data.max_train=16", "data.max_val=9",
+            "data.max_test=10", "train.batch_size=8", f"out={tmp_path}", *TINY]
+    first = run([*base, "train.epochs=1"])
+    second = run([f"resume={first['run_dir']}", "train.epochs=2", "progress=false"])
+    assert second["run_dir"] == first["run_dir"] and second["steps"] == 4
+    ck = checkpoint.load(f"{first['run_dir']}/last.pt", expect_kind="classifier")
+    assert ck["step"] == 4 and ck["config"]["train"]["epochs"] == 2
+    assert torch.isfinite(torch.tensor(second["test_acc"]))
+
+
+def test_speed_benchmark_interleaves_models(tmp_path, monkeypatch):
+    from eval.bench.classify import main as bench
+
+    monkeypatch.chdir(tmp_path)
+    result = bench(["task=lra/listops-fast", "models=transformer,primalformer", "train.steps=2", "train.eval_every=1",
+                    "data.listops.n_train=16", "data.listops.n_val=8", "data.listops.n_test=8",
+                    "data.listops.min_length=5", "data.listops.max_length=30", "data.max_len=32", "train.batch_size=8",
+                    "primal.s=8", f"out={tmp_path}", *TINY])
+    rows = {r["model"]: r for r in result["results"]}
+    assert rows["transformer"]["ratio_to_first"] == 1.0 and rows["primalformer"]["layers"] == ["primal", "primal"]
+    assert all(r["steps"] == 2 and r["s_per_1k_steps"] > 0 for r in rows.values())
+    assert (tmp_path / "bench-lra-listops-fast.json").exists()
+
+
+def test_validation_ties_go_to_lower_loss(tmp_path):
+    from types import SimpleNamespace
+
+    from primal_dt.classify import Trainer, build_config, evaluation_round
+    from primal_dt.tasks import load_task
+
+    cfg, _ = build_config(["task=uea/JapaneseVowels-fast", "train.epochs=1", "data.max_train=10", "data.max_val=9",
+                           "data.max_test=5", *TINY[:3]])
+    data = load_task(cfg.data)
+    tr = Trainer(cfg, data)
+    val = iter([{"acc": 0.5, "loss": 2.0}, {"acc": 0.5, "loss": 1.0}, {"acc": 0.5, "loss": 3.0}])
+    tr.evaluate = lambda split: next(val) if split is data.val else {"acc": 0.1, "loss": 9.0}
+    steps = []
+    for step in (1, 2, 3):
+        tr.step_no = step
+        evaluation_round(tr, SimpleNamespace(test=data.test, val=data.val), tmp_path)
+        steps.append(tr.best["step"])
+    assert steps == [1, 2, 2]
