@@ -389,6 +389,7 @@ def run(argv: list[str]) -> dict:
                 res = evaluation_round(tr, data, out)
                 for name, r in res.items():
                     mon.scalars({f"acc/{name}": r["acc"], f"loss/{name}": r["loss"]}, s)
+                mon.flush()  # the curves reach the checkpoint just written, so a resume continues them
                 shown.update({"val" if "val" in res else "test": f"{res.get('val', res['test'])['acc']:.3f}",
                               "best": f"{tr.best['metric']:.3f}"})
                 acc_sum = {k: 0 for k in acc_sum}

@@ -107,6 +107,11 @@ class RunMonitor:
         plt.close(fig)
         return path
 
+    def flush(self) -> None:
+        """Put every logged event on disk (before a checkpoint, so a killed run's curves reach it)."""
+        if self.writer is not None:
+            self.writer.flush()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

@@ -1,0 +1,192 @@
+"""A Decision-Transformer agent for B episodes at once: the object a simulator loop talks to.
+
+    agent = load_agent("runs/.../last.pt", engine="stream")     # or engine="recompute"
+    agent.reset(batch=8)                                         # targets: the checkpoint's first
+    obs, _ = venv.reset(seed=...)
+    reward = None
+    while ...:
+        action = agent.act(obs, reward)                          # [B, act_dim] numpy, in [-1, 1]
+        obs, reward, term, trunc, _ = venv.step(action)
+        agent.reset_done(term | trunc)                           # restart finished rows only
+
+The agent owns the bookkeeping the model was trained with:
+- states are normalised with the dataset's mean / std;
+- return-to-go R_t = (target - sum of rewards received so far in the episode) / reward_scale;
+  ``act(obs, reward)`` takes the reward of the *previous* step (ignored for rows at t = 0, so the
+  reward that ended an episode never leaks into the next one);
+- timesteps count from 0 per row (clipped to the model's max_timestep - 1 inside the model).
+
+Engines (same checkpoint): ``stream`` (agents.stream: recurrent per-layer states, constant cost per
+step) and ``recompute`` (agents.recompute: the model on the last K steps, the papers' protocol).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .recompute import RecomputeEngine
+from .stream import StreamEngine
+
+ENGINES = ("stream", "recompute")
+
+
+class Agent:
+    def __init__(self, model, *, state_mean, state_std, reward_scale: float = 1000.0,
+                 target: float | Sequence[float] = 3600.0, engine: str = "stream", context: int | None = None):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+        if context is not None and engine != "recompute":
+            raise ValueError("context applies to engine='recompute' only")
+        if engine == "stream":
+            from .stream import check_streamable
+
+            check_streamable(model)  # fail at construction, not at the first step
+        else:
+            RecomputeEngine(model.eval(), 1, context)  # same: its checks (causal layers, context)
+        self.model = model.eval()
+        self.engine_name = engine
+        self.context = context
+        cfg = model.cfg
+        self.state_dim, self.act_dim = cfg.state_dim, cfg.act_dim
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        mean = torch.as_tensor(np.asarray(state_mean, dtype=np.float32), device=self.device)
+        std = torch.as_tensor(np.asarray(state_std, dtype=np.float32), device=self.device)
+        if mean.shape != (self.state_dim,) or std.shape != (self.state_dim,):
+            raise ValueError(f"state_mean / state_std must have shape [{self.state_dim}], got "
+                             f"{tuple(mean.shape)} / {tuple(std.shape)}")
+        self.mean, self.std = mean, std
+        if not reward_scale > 0:
+            raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
+        self.reward_scale = float(reward_scale)
+        self.default_target = target
+        self.batch = 0
+        self.engine = None
+
+    # -- episode bookkeeping ------------------------------------------------------------------
+    def _targets(self, target, n: int) -> torch.Tensor:
+        t = self.default_target if target is None else target
+        arr = np.asarray(t, dtype=np.float64).reshape(-1)
+        if arr.size == 1:
+            arr = np.full(n, arr[0])
+        if arr.size != n:
+            raise ValueError(f"target must be a number or {n} numbers (one per restarted row), got {arr.size}")
+        return torch.as_tensor(arr / self.reward_scale, dtype=torch.float32, device=self.device)
+
+    def reset(self, batch: int, target: float | Sequence[float] | None = None) -> None:
+        """Start ``batch`` new episodes (rows); ``target`` is the return to aim for, one or per row."""
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+        B = self.batch = int(batch)
+        if self.engine_name == "stream":
+            self.engine = StreamEngine(self.model, B)
+        else:
+            self.engine = RecomputeEngine(self.model, B, self.context)
+        self.rtg = self._targets(target, B)
+        self.t = torch.zeros(B, dtype=torch.long, device=self.device)
+        self.prev_action = torch.zeros(B, self.act_dim, dtype=self.dtype, device=self.device)
+        self.first = torch.ones(B, dtype=torch.bool, device=self.device)
+        self._any_first = True
+
+    def reset_done(self, done, target: float | Sequence[float] | None = None) -> None:
+        """Restart the rows where ``done`` ([B] bool) is True; other rows keep their state.
+        ``target``: the new episodes' return target (one, or one per restarted row)."""
+        self._require_reset()
+        d = np.asarray(done.cpu() if isinstance(done, torch.Tensor) else done)
+        if d.shape != (self.batch,):
+            raise ValueError(f"done must have shape [batch={self.batch}], got {d.shape}")
+        d = d.astype(bool)
+        n = int(d.sum())
+        if n == 0:
+            return
+        rows = torch.as_tensor(d, device=self.device)
+        self.engine.reset_rows(rows)
+        self.rtg[rows] = self._targets(target, n)
+        self.t[rows] = 0
+        self.prev_action[rows] = 0
+        self.first[rows] = True
+        self._any_first = True
+
+    def _require_reset(self):
+        if self.engine is None:
+            raise RuntimeError("call agent.reset(batch) before agent.act / agent.reset_done")
+
+    # -- acting -----------------------------------------------------------------------------------
+    def _obs(self, obs) -> torch.Tensor:
+        o = torch.as_tensor(np.asarray(obs, dtype=np.float32) if not isinstance(obs, torch.Tensor) else obs)
+        if o.shape != (self.batch, self.state_dim):
+            raise ValueError(f"obs must have shape [batch={self.batch}, state_dim={self.state_dim}], "
+                             f"got {tuple(o.shape)}")
+        return (o.to(self.device, torch.float32) - self.mean) / self.std
+
+    def act_tensor(self, obs, reward=None) -> torch.Tensor:
+        """As ``act`` but returns a tensor on the model's device."""
+        self._require_reset()
+        s = self._obs(obs)
+        if reward is not None:
+            r = torch.as_tensor(np.asarray(reward, dtype=np.float32) if not isinstance(reward, torch.Tensor)
+                                else reward).to(self.device, torch.float32)
+            if r.shape != (self.batch,):
+                raise ValueError(f"reward must have shape [batch={self.batch}], got {tuple(r.shape)}")
+            self.rtg -= torch.where(self.first, 0.0, r / self.reward_scale)
+        first = self.first if self._any_first else None
+        action = self.engine.step(self.rtg, s.to(self.dtype), self.prev_action, self.t, first)
+        self.prev_action = action.clone()
+        self.t += 1
+        if self._any_first:
+            self.first.zero_()
+            self._any_first = False
+        return action
+
+    def act(self, obs, reward=None) -> np.ndarray:
+        """One action per row ([B, act_dim] float32 numpy) for observations ``obs`` [B, state_dim];
+        ``reward`` [B] is the reward of the previous step (None at the first step)."""
+        return self.act_tensor(obs, reward).float().cpu().numpy()
+
+    @property
+    def timesteps(self) -> np.ndarray:
+        return self.t.cpu().numpy().copy()
+
+    @property
+    def returns_to_go(self) -> np.ndarray:
+        """Current R_t per row, unscaled (raw return units)."""
+        return (self.rtg.double() * self.reward_scale).cpu().numpy()
+
+
+def checkpoint_stats(ckpt: dict) -> dict:
+    """Normalisation and return bookkeeping a trainer checkpoint carries (``primal_dt.train.state``)."""
+    data = ckpt.get("data")
+    if not isinstance(data, dict) or "state_mean" not in data or "state_std" not in data:
+        raise ValueError("checkpoint has no data statistics (data.state_mean / data.state_std); "
+                         "it was not written by primal_dt.train")
+    return {"state_mean": np.asarray(data["state_mean"], dtype=np.float32),
+            "state_std": np.asarray(data["state_std"], dtype=np.float32),
+            "reward_scale": float(data.get("reward_scale", 1000.0)),
+            "targets": tuple(float(t) for t in data.get("targets", ()) or ()),
+            "env": data.get("env"), "gym_id": data.get("gym_id")}
+
+
+def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[float] | None = None,
+               device: str | torch.device = "cpu", context: int | None = None) -> Agent:
+    """An agent for a kind="dt" checkpoint (path or dict) written by ``primal_dt.train``.
+
+    ``target`` defaults to the checkpoint's first evaluation target (hopper: 3600).
+    """
+    from primal_dt import checkpoint as ck_io
+
+    from .decision_transformer import build_from_checkpoint
+
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
+    ck = checkpoint if isinstance(checkpoint, dict) else ck_io.load(checkpoint, expect_kind="dt")
+    model = build_from_checkpoint(ck).to(device)
+    stats = checkpoint_stats(ck)
+    if target is None:
+        target = stats["targets"][0] if stats["targets"] else 3600.0
+    agent = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
+                  reward_scale=stats["reward_scale"], target=target, engine=engine, context=context)
+    agent.info = stats
+    return agent

@@ -1,0 +1,68 @@
+"""The recompute inference engine: at every environment step, run the model on the last K steps
+(the Decision Transformer papers' protocol). Rows keep their own history and length, so finished
+episodes restart independently; rows of different lengths are batched with the model's padding
+mask (real steps first, padding after)."""
+
+from __future__ import annotations
+
+import torch
+
+
+class RecomputeEngine:
+    def __init__(self, model, batch: int, context: int | None = None):
+        """``context``: steps shown to the model (default: its training context K). A context at
+        least the episode length gives "recompute with the full history"."""
+        if model.training:
+            raise ValueError("RecomputeEngine needs the model in eval mode (model.eval())")
+        bad = [f"layer {i} ({spec.attention})" for i, (spec, b) in enumerate(zip(model.stack.specs, model.stack.blocks))
+               if not b.attn.causal]
+        if not model.stack.causal or bad:
+            raise ValueError(f"engine='recompute' needs a causal model (an action must not see the future); "
+                             f"{', '.join(bad) or 'the stack'} is bidirectional. Train with causal mechanisms")
+        self.model = model
+        self.K = int(context or model.cfg.K)
+        if self.K < 1:
+            raise ValueError(f"context must be >= 1, got {context}")
+        p = next(model.parameters())
+        B, K, cfg = int(batch), self.K, model.cfg
+        self.S = torch.zeros(B, K, cfg.state_dim, device=p.device, dtype=p.dtype)
+        self.A = torch.zeros(B, K, cfg.act_dim, device=p.device, dtype=p.dtype)
+        self.R = torch.zeros(B, K, 1, device=p.device, dtype=p.dtype)
+        self.T = torch.zeros(B, K, dtype=torch.long, device=p.device)
+        self.length = torch.zeros(B, dtype=torch.long, device=p.device)  # steps held per row (<= K)
+        self._rows = torch.arange(B, device=p.device)
+        self._pos = torch.arange(K, device=p.device)
+
+    @torch.inference_mode()
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        self.length[rows] = 0
+        for buf in (self.S, self.A, self.R, self.T):
+            buf[rows] = 0
+
+    @torch.inference_mode()
+    def step(self, rtg, states, prev_actions, timesteps, first):
+        """Same arguments as StreamEngine.step; ``prev_actions`` are written as the previous step's
+        action (the engine also remembers what it returned)."""
+        full = self.length == self.K
+        if bool(full.any()):  # drop the oldest step of full rows
+            for buf in (self.S, self.A, self.R, self.T):
+                buf[full] = buf[full].roll(-1, dims=1)
+        prev = (self.length - 1).clamp(min=0) - full.long()
+        has_prev = self.length > 0
+        if bool(has_prev.any()):
+            i = prev.clamp(min=0)
+            self.A[self._rows[has_prev], i[has_prev]] = prev_actions[has_prev].to(self.A.dtype)
+        pos = torch.where(full, self.length - 1, self.length)
+        r = self._rows
+        self.S[r, pos] = states.to(self.S.dtype)
+        self.R[r, pos, 0] = rtg.to(self.R.dtype)
+        self.T[r, pos] = timesteps
+        self.A[r, pos] = 0  # a_t is not known yet (and the state token cannot see it)
+        self.length = torch.where(full, self.length, self.length + 1)
+        L = int(self.length.max())
+        if bool((self.length == L).all()):
+            mask = None
+        else:
+            mask = self._pos[:L].unsqueeze(0) < self.length.unsqueeze(1)
+        pred, _ = self.model(self.S[:, :L], self.A[:, :L], self.R[:, :L], self.T[:, :L], mask)
+        return pred[r, self.length - 1]

@@ -1,0 +1,98 @@
+"""Stream-exact training: train on exactly what the stream engine will show the model.
+
+The stream engine computes, at every step, ``model.forward`` over the whole episode so far (see
+``agents.stream``). Training sees K-step segments instead. The two agree when
+
+1. every attention layer is windowed (``softmax`` / ``primal`` with ``window=W_l`` tokens), so a
+   state token's output depends on a bounded *reach* of R = sum_l (W_l - 1) earlier tokens; and
+2. the loss only counts steps whose reach lies inside their segment, i.e. the state token of step i
+   (token 3i + 1 of the segment) has 3i + 1 >= R, or the segment starts at the episode start
+   (timestep 0: there is nothing earlier to miss).
+
+Then every counted prediction equals the stream engine's prediction at that step bit for bit up to
+float rounding (tests/stream/test_stream_training.py), so the trained objective is the deployed
+policy. Segments must be long enough for some steps to count: K >= ``min_segment_steps`` (counted
+steps per segment = K - first counted index).
+
+Usage (the trainer's hook, see the closing note of issue 5):
+
+    cfg = stream_exact_config(cfg, window=60)                 # DTConfig with every layer windowed
+    reach = receptive_field(cfg)
+    batch["loss_mask"] = stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
+    # dt_loss: action_mse(pred, batch["actions"], batch.get("loss_mask", batch["mask"]))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from .decision_transformer import STATE_TOKEN, TOKENS_PER_STEP, DTConfig
+
+WINDOWED = ("softmax", "primal")
+
+
+def stream_exact_options(window: int, options: dict | None = None) -> dict:
+    """Mechanism options with ``window`` (tokens) set for softmax and primal layers."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1 (tokens), got {window!r}")
+    out = {k: dict(v) for k, v in (options or {}).items()}
+    for name in WINDOWED:
+        out.setdefault(name, {})["window"] = window
+    return out
+
+
+def stream_exact_config(cfg: DTConfig, window: int) -> DTConfig:
+    """``cfg`` with every attention layer windowed to ``window`` tokens (error if a layer cannot be)."""
+    new = dataclasses.replace(cfg, options=stream_exact_options(window, cfg.options))
+    receptive_field(new)  # checks every layer
+    return new
+
+
+def layer_windows(cfg_or_model) -> list[int]:
+    """Window (tokens) of every layer; a clear error for layers without one."""
+    cfg = getattr(cfg_or_model, "cfg", cfg_or_model)
+    out = []
+    for i, spec in enumerate(cfg.layer_specs()):
+        w = spec.options.get("window")
+        if spec.attention not in WINDOWED or w is None:
+            raise ValueError(f"stream-exact training needs every layer windowed; layer {i} ({spec.attention}) has no "
+                             f"window. Use softmax/primal layers with options {{'softmax': {{'window': W}}, "
+                             f"'primal': {{'window': W}}}} (stream_exact_config)")
+        out.append(int(w))
+    return out
+
+
+def receptive_field(cfg_or_model) -> int:
+    """R = sum over layers of (window - 1): how many earlier tokens a state token's output depends on."""
+    return sum(w - 1 for w in layer_windows(cfg_or_model))
+
+
+def first_exact_step(reach: int) -> int:
+    """Smallest segment step index i whose state token (3i + 1) has its whole reach in the segment."""
+    return max(0, math.ceil((reach - STATE_TOKEN) / TOKENS_PER_STEP))
+
+
+def min_segment_steps(cfg_or_model, counted: int = 1) -> int:
+    """Segment length K giving ``counted`` loss-counted steps per segment away from episode starts."""
+    return first_exact_step(receptive_field(cfg_or_model)) + counted
+
+
+def stream_exact_loss_mask(timesteps: torch.Tensor, mask: torch.Tensor | None, reach: int) -> torch.Tensor:
+    """[B, K] bool: real steps whose prediction equals the stream engine's (see module docstring).
+
+    ``timesteps`` [B, K] are the segment's timesteps (a segment starting at timestep 0 starts its
+    episode); ``mask`` [B, K] marks real steps (None: all real)."""
+    B, K = timesteps.shape
+    idx = torch.arange(K, device=timesteps.device)
+    ok = (idx >= first_exact_step(reach)).unsqueeze(0) | (timesteps[:, :1] == 0)
+    return ok if mask is None else ok & mask
+
+
+def stream_exact_batch(batch: dict, cfg_or_model) -> dict:
+    """``batch`` plus its "loss_mask" for stream-exact training."""
+    out = dict(batch)
+    out["loss_mask"] = stream_exact_loss_mask(batch["timesteps"], batch.get("mask"), receptive_field(cfg_or_model))
+    return out

@@ -1,0 +1,274 @@
+"""Inference benchmark: streaming vs recompute Decision-Transformer agents, and the evaluator.
+
+    python -m eval.bench.inference                                  # random hopper-sized primal+dt model
+    python -m eval.bench.inference checkpoint=runs/.../last.pt json=bench.json
+    python -m eval.bench.inference episodes=100 seq_episodes=20     # time 20 sequential episodes, scale to 100
+
+Everything is measured in one run on one model (a checkpoint, or a random model of the papers' DT size:
+width 256, 4 heads, 3 layers, primal+dt with s = 64), so the printed ratios compare like with like:
+
+1. per-step action latency at batch 1 and batch 100, K = 20 and K = 100:
+   - ``stream``: ``agent.act`` of the streaming agent (bookkeeping included), at episode step t = K
+     and at t = 10, 100, 1000 (flat in t: its state does not grow);
+   - ``recompute``: ``agent.act`` of the recompute agent with a full K-step context;
+   - HuggingFace ``DecisionTransformerModel`` (same sizes, random weights: latency only), its
+     documented usage: ``model(states, actions, rewards, returns_to_go, timesteps, attention_mask)``
+     on the last K steps, then ``action_preds[:, -1]`` (model call only, no bookkeeping).
+   For K = 100 the engines use a 100-step context (recompute) / a 299-token softmax cache (stream).
+2. wall time to evaluate ``episodes`` Hopper episodes: our vectorised stream evaluator
+   (``eval.rollout``, one SyncVectorEnv row per episode) vs a sequential one-episode-at-a-time
+   recompute loop at batch 1 (the reference implementations' protocol), same seeds.
+
+Timings on a shared CPU are noisy: each latency is the median over ``rounds`` rounds of ``calls``
+calls, measured interleaved per setting, and every ratio is taken inside this run.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass
+class BenchConfig:
+    checkpoint: str = ""
+    """kind="dt" checkpoint ('' : a random model of the DT papers' size)"""
+    layout: str = "primal+dt"
+    """layout of the random model"""
+    batches: str = "1,100"
+    contexts: str = "20,100"
+    ts: str = "10,100,1000"
+    """episode steps at which the stream latency is measured"""
+    calls: int = 30
+    rounds: int = 5
+    episodes: int = 100
+    """Hopper episodes for the evaluation wall-time comparison (0: skip)"""
+    seq_episodes: int = 0
+    """episodes actually run by the sequential loop (0: all); its time is scaled to ``episodes``"""
+    max_steps: int = 1000
+    hf: bool = True
+    """include the HuggingFace baseline (needs `transformers`)"""
+    threads: int = 1
+    json: str = ""
+    seed: int = 0
+
+
+def hf_model(cfg, K: int):
+    try:
+        from transformers import DecisionTransformerConfig, DecisionTransformerModel
+        from transformers.utils import logging as hf_logging
+    except ImportError as err:
+        raise SystemExit("error: the HuggingFace baseline needs `transformers` (a benchmark-only extra): "
+                         "pip install 'primal-dt[bench]' (keeps torch as it is), or run with hf=false") from err
+    hf_logging.set_verbosity_error()
+    c = DecisionTransformerConfig(state_dim=cfg.state_dim, act_dim=cfg.act_dim, hidden_size=cfg.d_model,
+                                  n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=int(cfg.mlp_ratio * cfg.d_model),
+                                  activation_function=cfg.activation, max_ep_len=cfg.max_timestep,
+                                  n_positions=max(1024, 3 * K), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return DecisionTransformerModel(c).eval()
+
+
+def build_model(bc: BenchConfig):
+    from agents.agent import checkpoint_stats
+    from agents.decision_transformer import DecisionTransformer, DTConfig, build_from_checkpoint
+    from primal_dt import checkpoint as ck_io
+
+    if bc.checkpoint:
+        ck = ck_io.load(bc.checkpoint, expect_kind="dt")
+        return build_from_checkpoint(ck), checkpoint_stats(ck)
+    torch.manual_seed(bc.seed)
+    m = DecisionTransformer(DTConfig(11, 3, K=20, layout=bc.layout, options={"primal": {"s": 64}}, dropout=0.0)).eval()
+    return m, {"state_mean": np.zeros(11, np.float32), "state_std": np.ones(11, np.float32), "reward_scale": 1000.0,
+               "targets": (3600.0,), "env": "hopper-medium", "gym_id": None}
+
+
+def with_context(model, K: int):
+    """The same weights with context length K (K is not a parameter: it sets recompute's context and
+    the stream's softmax cache)."""
+    import copy
+    import dataclasses
+
+    m = copy.copy(model)  # shares the modules and parameters
+    m.cfg = dataclasses.replace(model.cfg, K=K)
+    return m
+
+
+def timed(fn, calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - t0) / calls * 1e3
+
+
+def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.5) -> dict:
+    """Interleaved rounds: every round times each function once (up to ``calls`` calls, fewer for
+    slow ones so a round takes about ``round_s``); the median round per function."""
+    out = {k: [] for k in fns}
+    n = {}
+    for k, f in fns.items():
+        f()  # warm-up
+        t0 = time.perf_counter()
+        f()
+        one = time.perf_counter() - t0
+        n[k] = max(1, min(calls, int(round_s / max(one, 1e-6))))
+    for _ in range(rounds):
+        for k, f in fns.items():
+            out[k].append(timed(f, n[k]))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def agent_at(model, stats, engine, B, t, context=None):
+    """An agent with B rows advanced to episode step t; returns (agent, a function doing one step)."""
+    from agents.agent import Agent
+
+    ag = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
+               reward_scale=stats["reward_scale"], target=3600.0, engine=engine, context=context)
+    ag.reset(B)
+    g = np.random.default_rng(0)
+    obs = g.normal(size=(B, model.cfg.state_dim)).astype(np.float32)
+    rew = np.ones(B, np.float32)
+    ag.act(obs)
+    for _ in range(t - 1):
+        ag.act(obs, rew)
+    return ag, (lambda: ag.act(obs, rew))
+
+
+def latency_section(model, stats, bc: BenchConfig) -> dict:
+    batches = [int(b) for b in bc.batches.split(",")]
+    contexts = [int(k) for k in bc.contexts.split(",")]
+    ts = [int(t) for t in bc.ts.split(",")]
+    res = {}
+    for K in contexts:
+        mk = with_context(model, K)
+        hf = hf_model(model.cfg, K) if bc.hf else None
+        for B in batches:
+            fns = {}
+            _, fns["stream"] = agent_at(mk, stats, "stream", B, K)
+            _, fns["recompute"] = agent_at(mk, stats, "recompute", B, K)
+            if hf is not None:
+                g = torch.Generator().manual_seed(0)
+                c = model.cfg
+                s, a = torch.randn(B, K, c.state_dim, generator=g), torch.rand(B, K, c.act_dim, generator=g)
+                r, R = torch.zeros(B, K, 1), torch.randn(B, K, 1, generator=g)
+                tt = torch.arange(K).expand(B, K).contiguous()
+                am = torch.ones(B, K, dtype=torch.long)
+
+                def hf_step(s=s, a=a, r=r, R=R, tt=tt, am=am):
+                    with torch.inference_mode():
+                        out = hf(states=s, actions=a, rewards=r, returns_to_go=R, timesteps=tt, attention_mask=am,
+                                 return_dict=True)
+                        return out.action_preds[:, -1].numpy()
+                fns["hf_recompute"] = hf_step
+            ms = median_ms(fns, bc.calls, bc.rounds)
+            key = f"K{K}_B{B}"
+            res[key] = {"K": K, "batch": B, **{f"{k}_ms": v for k, v in ms.items()}}
+            line = f"K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
+            if "hf_recompute" in ms:
+                res[key]["hf_over_stream"] = ms["hf_recompute"] / ms["stream"]
+                line += f"  | HF/stream {res[key]['hf_over_stream']:.1f}x"
+            res[key]["recompute_over_stream"] = ms["recompute"] / ms["stream"]
+            line += f", recompute/stream {res[key]['recompute_over_stream']:.1f}x"
+            print(line, flush=True)
+    # stream latency versus episode step t (model context 20)
+    mk = with_context(model, contexts[0])
+    for B in batches:
+        fns = {f"t{t}": agent_at(mk, stats, "stream", B, t)[1] for t in ts}
+        ms = median_ms(fns, bc.calls, bc.rounds)
+        res[f"stream_vs_t_B{B}"] = {"batch": B, **{f"{k}_ms": v for k, v in ms.items()},
+                                     "max_over_min": max(ms.values()) / min(ms.values())}
+        print(f"stream batch={B:4d} vs t: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
+              + f"  (max/min {res[f'stream_vs_t_B{B}']['max_over_min']:.2f})", flush=True)
+    return res
+
+
+def sequential_recompute(model, stats, spec, n: int, seed: int, max_steps: int, gym_id=None) -> tuple[float, list]:
+    """The reference protocol: one episode at a time, batch-1 recompute agent."""
+    from agents.agent import Agent
+    from envs import make_env
+
+    ag = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
+               reward_scale=stats["reward_scale"], target=stats["targets"][0] if stats["targets"] else 3600.0,
+               engine="recompute")
+    env = make_env(spec.name, None, gym_id=gym_id)
+    rets = []
+    t0 = time.perf_counter()
+    for e in range(n):
+        obs, _ = env.reset(seed=seed + e)
+        ag.reset(1)
+        total, reward = 0.0, None
+        for _ in range(max_steps):
+            obs, r, term, trunc, _ = env.step(ag.act(obs[None], reward)[0])
+            total += float(r)
+            reward = np.array([r], np.float32)
+            if term or trunc:
+                break
+        rets.append(total)
+    env.close()
+    return time.perf_counter() - t0, rets
+
+
+def evaluation_section(model, stats, bc: BenchConfig) -> dict:
+    import envs
+    from eval.rollout import evaluate
+
+    spec = envs.get_spec(stats["env"] or "hopper-medium")
+    target = stats["targets"][0] if stats["targets"] else 3600.0
+    n_seq = bc.seq_episodes or bc.episodes
+    details = {}
+    t0 = time.perf_counter()
+    res = evaluate(model, spec, (target,), bc.episodes, bc.seed, state_mean=stats["state_mean"],
+                   state_std=stats["state_std"], reward_scale=stats["reward_scale"], num_envs=bc.episodes,
+                   max_steps=bc.max_steps, gym_id=stats["gym_id"], engine="stream", details=details)
+    vec_s = time.perf_counter() - t0
+    seq_s, seq_rets = sequential_recompute(model, stats, spec, n_seq, bc.seed, bc.max_steps, stats["gym_id"])
+    seq_scaled = seq_s * bc.episodes / n_seq
+    out = {"episodes": bc.episodes, "vectorized_stream_s": vec_s, "sequential_recompute_s": seq_scaled,
+           "sequential_episodes_run": n_seq, "speedup": seq_scaled / vec_s,
+           "stream_mean_length": res[target]["length_mean"], "stream_return_mean": res[target]["return_mean"],
+           "sequential_return_mean_over_run": float(np.mean(seq_rets)),
+           "vectorized_agent_latency": details["latency"]}
+    print(f"{bc.episodes} Hopper episodes (mean length {res[target]['length_mean']:.0f}): vectorised stream "
+          f"{vec_s:.1f} s, sequential recompute {seq_scaled:.1f} s"
+          + (f" (scaled from {n_seq} episodes)" if n_seq != bc.episodes else "")
+          + f"  -> {out['speedup']:.1f}x", flush=True)
+    return out
+
+
+def main(argv=None) -> dict:
+    from primal_dt.cli import parse
+
+    bc = parse(BenchConfig, sys.argv[1:] if argv is None else argv, prog="python -m eval.bench.inference",
+               description="Streaming vs recompute DT inference latency, and evaluation wall time.")
+    torch.set_num_threads(bc.threads)
+    model, stats = build_model(bc)
+    print(f"model: layers {model.layer_names}, d_model {model.cfg.d_model}, {model.cfg.n_heads} heads; "
+          f"torch {torch.__version__}, {bc.threads} thread(s), {platform.processor() or platform.machine()}",
+          flush=True)
+    report = {"model_layers": model.layer_names, "d_model": model.cfg.d_model, "threads": bc.threads,
+              "torch": torch.__version__, "config": vars(bc)}
+    report["latency"] = latency_section(model, stats, bc)
+    if bc.episodes > 0:
+        report["evaluation"] = evaluation_section(model, stats, bc)
+    k = f"K{bc.contexts.split(',')[0]}_B1"
+    if k in report["latency"] and "hf_over_stream" in report["latency"][k]:
+        print(f"target: stream >= 10x lower per-step latency than HF recompute at K=20, batch 1: "
+              f"{report['latency'][k]['hf_over_stream']:.1f}x")
+    if "evaluation" in report:
+        print(f"target: 100-episode evaluation >= 20x faster than the sequential loop: "
+              f"{report['evaluation']['speedup']:.1f}x")
+    if bc.json:
+        with open(bc.json, "w") as f:
+            json.dump(report, f, indent=2, default=str)
+        print(f"report: {bc.json}")
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Decision Transformer training-step benchmark: our dt / primal+dt / primalformer-dt against
+HuggingFace ``transformers.DecisionTransformerModel`` at the same sizes, in the same run.
+
+    python -m eval.bench.train                                   # paper and original-DT sizes
+    python -m eval.bench.train --sizes paper --rounds 5 --json bench-train.json
+
+A step is what training does: forward on a batch of K-step segments (batch 64, K = 20, so 60
+tokens per segment), masked action MSE (+ eta * KSVD for primal layers), backward, grad-norm clip
+0.25, AdamW. Dropout 0.1 is on, as in training. Sizes: the Primal-Attention paper's (width 256,
+4 heads, 3 layers) and the original DT's (width 128, 1 head, 3 layers); Hopper's state/action
+dims. Batches are synthetic with the sampler's shapes and padding pattern (timing does not
+depend on values); every model sees the same batches.
+
+On a shared CPU, load drifts; so the models take turns: each round runs ``--steps`` timed steps of
+every model in turn, and a model's figure is the median over all its timed steps (the fastest
+step is reported too: load only ever adds time). Ratios are measured in this run only. ``transformers`` is a benchmark-only extra (``pip install
+primal-dt[bench]``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from agents.decision_transformer import DecisionTransformer, DTConfig
+from primal_dt.train import train_step
+
+SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
+OURS = ("dt", "primal+dt", "primalformer-dt")
+STATE_DIM, ACT_DIM, ETA, CLIP = 11, 3, 0.05, 0.25
+
+
+def batches(n: int, batch: int, K: int, seed: int = 0) -> list[dict]:
+    """Segments shaped like envs.SegmentSampler's, about 1 in 10 right-padded."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        lengths = torch.where(torch.rand(batch, generator=g) < 0.1,
+                              torch.randint(1, K + 1, (batch,), generator=g), torch.full((batch,), K))
+        mask = torch.arange(K)[None] < lengths[:, None]
+        m = mask[..., None].float()
+        out.append({"states": torch.randn(batch, K, STATE_DIM, generator=g) * m,
+                    "actions": (torch.rand(batch, K, ACT_DIM, generator=g) * 2 - 1) * m,
+                    "rtg": torch.rand(batch, K, 1, generator=g) * 3.6 * m,
+                    "timesteps": (torch.randint(0, 980, (batch, 1), generator=g) + torch.arange(K)) * mask,
+                    "mask": mask})
+    return out
+
+
+class Ours:
+    def __init__(self, layout: str, size: dict, K: int):
+        cfg = DTConfig(STATE_DIM, ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
+                       n_layers=size["n_layers"], layout=layout, options={"primal": {"s": size["s"]}}, dropout=0.1)
+        self.model = DecisionTransformer(cfg).train()
+        self.params = list(self.model.parameters())
+        self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
+
+    def step(self, b: dict) -> None:
+        train_step(self.model, self.params, self.opt, self.sched, b, ETA, CLIP)
+
+
+class HuggingFace:
+    """transformers' DecisionTransformerModel with the same sizes, ReLU MLP 4x, dropout 0.1, tanh head."""
+
+    def __init__(self, size: dict, K: int):
+        from transformers import DecisionTransformerConfig, DecisionTransformerModel
+        from transformers.utils import logging
+
+        logging.set_verbosity_error()
+        d = size["d_model"]
+        cfg = DecisionTransformerConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, hidden_size=d, n_layer=size["n_layers"],
+                                        n_head=size["n_heads"], n_inner=4 * d, activation_function="relu",
+                                        max_ep_len=1000, n_positions=3 * K, resid_pdrop=0.1, embd_pdrop=0.1,
+                                        attn_pdrop=0.1, action_tanh=True)
+        self.model = DecisionTransformerModel(cfg).train()
+        self.params = list(self.model.parameters())
+        self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
+
+    def step(self, b: dict) -> None:
+        out = self.model(states=b["states"], actions=b["actions"], rewards=None, returns_to_go=b["rtg"],
+                         timesteps=b["timesteps"], attention_mask=b["mask"].long(), return_dict=True)
+        m = b["mask"]
+        loss = F.mse_loss(out.action_preds[m], b["actions"][m])
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, CLIP)
+        self.opt.step()
+
+
+def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
+    torch.manual_seed(0)
+    runners = {f"ours:{lay}": Ours(lay, size, args.K) for lay in OURS}
+    if with_hf:
+        runners["hf:DecisionTransformerModel"] = HuggingFace(size, args.K)
+    data = batches(args.warmup + args.rounds * args.steps, args.batch, args.K)
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    for r in runners.values():
+        for b in data[: args.warmup]:
+            r.step(b)
+    for rnd in range(args.rounds):
+        chunk = data[args.warmup + rnd * args.steps: args.warmup + (rnd + 1) * args.steps]
+        for k, r in runners.items():
+            for b in chunk:
+                t0 = time.perf_counter()
+                r.step(b)
+                times[k].append(time.perf_counter() - t0)
+        print(f"  [{name}] after round {rnd + 1}/{args.rounds}, median ms/step: "
+              + ", ".join(f"{k} {1000 * statistics.median(v):.0f}" for k, v in times.items()), flush=True)
+    tokens = args.batch * 3 * args.K
+    res = {"size": name, **size, "K": args.K, "batch": args.batch, "models": {}}
+    for k, v in times.items():
+        med = statistics.median(v)
+        res["models"][k] = {"ms_per_step": round(1000 * med, 2), "ms_per_step_min": round(1000 * min(v), 2),
+                            "tokens_per_s": round(tokens / med),
+                            "s_per_1k_steps": round(1000 * med, 1),
+                            "params": sum(p.numel() for p in runners[k].params), "timed_steps": len(v)}
+    ms = {k: v["ms_per_step"] for k, v in res["models"].items()}
+    dt = ms["ours:dt"]
+    ratios = {"primal+dt / dt (time)": ms["ours:primal+dt"] / dt, "primalformer-dt / dt (time)": ms["ours:primalformer-dt"] / dt}
+    if with_hf:
+        hf = ms["hf:DecisionTransformerModel"]
+        ratios.update({"hf / ours dt (time; > 1: ours faster)": hf / dt, "hf / ours primal+dt (time)": hf / ms["ours:primal+dt"]})
+    res["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+    lo = {k: v["ms_per_step_min"] for k, v in res["models"].items()}
+    res["ratios_of_min"] = {"primal+dt / dt (time)": round(lo["ours:primal+dt"] / lo["ours:dt"], 3)}
+    if with_hf:
+        res["ratios_of_min"]["hf / ours dt (time)"] = round(lo["hf:DecisionTransformerModel"] / lo["ours:dt"], 3)
+    res["targets"] = {"ours dt at least as fast as hf": (not with_hf) or ratios["hf / ours dt (time; > 1: ours faster)"] >= 1.0,
+                      "primal+dt within 5% of dt": ratios["primal+dt / dt (time)"] <= 1.05}
+    return res
+
+
+def report(r: dict) -> str:
+    lines = [f"size {r['size']}: width {r['d_model']}, {r['n_heads']} head(s), {r['n_layers']} layers, K={r['K']}, "
+             f"batch {r['batch']}, s={r['s']}",
+             f"  {'model':<30} {'ms/step':>9} {'(min)':>8} {'tokens/s':>10} {'params':>10}"]
+    for k, v in r["models"].items():
+        lines.append(f"  {k:<30} {v['ms_per_step']:>9.1f} {v['ms_per_step_min']:>8.1f} {v['tokens_per_s']:>10,} "
+                     f"{v['params']:>10,}")
+    for k, v in r["ratios"].items():
+        lines.append(f"  ratio {k}: {v:.3f}")
+    lines.append("  (fastest step of each, less sensitive to load: "
+                 + ", ".join(f"{k} {v:.3f}" for k, v in r["ratios_of_min"].items()) + ")")
+    for k, v in r["targets"].items():
+        lines.append(f"  target '{k}': {'met' if v else 'NOT met'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m eval.bench.train", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", default="paper,original", help="comma list of: " + ", ".join(SIZES))
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--K", type=int, default=20)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
+    p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
+    p.add_argument("--no-hf", action="store_true", help="skip transformers' model")
+    p.add_argument("--json", default="", help="write the results here")
+    args = p.parse_args(argv)
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    bad = [s for s in sizes if s not in SIZES]
+    if bad or min(args.batch, args.K, args.steps, args.rounds) < 1 or args.warmup < 0:
+        p.error(f"sizes must be among {list(SIZES)} (got {bad}); batch, K, steps, rounds >= 1; warmup >= 0")
+    with_hf = not args.no_hf
+    if with_hf:
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            p.error("transformers is not installed: pip install 'primal-dt[bench]' (or pass --no-hf)")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    env = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    if with_hf:
+        env["transformers"] = transformers.__version__
+    print(f"DT training-step benchmark ({env}); {args.rounds} rounds x {args.steps} steps per model", flush=True)
+    results = {"env": env, "results": []}
+    for s in sizes:
+        r = bench_size(s, SIZES[s], args, with_hf)
+        results["results"].append(r)
+        print(report(r), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+        print(f"wrote {args.json}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

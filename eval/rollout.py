@@ -1,0 +1,310 @@
+"""Roll out a Decision-Transformer checkpoint in its Gymnasium MuJoCo simulator, many episodes at once.
+
+    python -m eval.rollout checkpoint=runs/hopper-medium/primal+dt/.../last.pt episodes=100 engine=stream
+    python -m eval.rollout checkpoint=PATH engine=recompute targets=[3600] num_envs=50 asynchronous=true
+    python -m eval.rollout checkpoint=PATH episodes=10 video=true          # + one recorded episode
+
+Episodes run in parallel on a Gymnasium vector env (``SyncVectorEnv``, or ``AsyncVectorEnv`` with one
+subprocess per simulator) with autoreset DISABLED: when a row finishes, the evaluator resets exactly
+that simulator with the next episode's own seed (``options={"reset_mask": ...}``) and restarts the
+agent's row (``agent.reset_done``). Episode e of every target uses reset seed ``seed + e``, so
+targets, engines and ``num_envs`` settings are compared on the same initial states.
+
+Reported per target: mean / std return and normalized score, episode lengths; for the agent: the
+wall time of each ``agent.act`` call (one step for all rows) and per row; written as a JSON report
+(default: ``rollout-<engine>.json`` next to the checkpoint).
+
+``evaluate`` is the trainer's entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+
+# -- the loop -------------------------------------------------------------------------------------
+def run_episodes(agent, venv, jobs: Sequence[tuple[float, int]], seed: int, max_steps: int,
+                 on_step: Callable[[int], None] | None = None) -> dict:
+    """Run every (target, episode index) job to its end on ``venv`` (autoreset DISABLED).
+
+    Returns {"returns": [...], "lengths": [...]} in job order, "act_s": the duration of every
+    ``agent.act`` call, "env_steps": real environment steps taken.
+    """
+    n_env = venv.num_envs
+    queue = deque(enumerate(jobs))
+    row_job: list[int | None] = [None] * n_env
+    seeds: list[int | None] = [None] * n_env
+    targets = [float(jobs[0][0])] * n_env
+    for i in range(n_env):
+        if queue:
+            j, (tgt, e) = queue.popleft()
+            row_job[i], seeds[i], targets[i] = j, seed + e, float(tgt)
+        else:  # idle row: stepped with zero actions, never counted
+            seeds[i] = seed + 10**6 + i
+    obs, _ = venv.reset(seed=seeds)
+    agent.reset(n_env, target=targets)
+    returns = np.zeros(len(jobs))
+    lengths = np.zeros(len(jobs), dtype=np.int64)
+    ep_ret, ep_len = np.zeros(n_env), np.zeros(n_env, dtype=np.int64)
+    act_s: list[float] = []
+    reward, env_steps = None, 0
+    while any(j is not None for j in row_job):
+        t0 = time.perf_counter()
+        action = agent.act(obs, reward)
+        act_s.append(time.perf_counter() - t0)
+        active = np.array([j is not None for j in row_job])
+        action[~active] = 0.0
+        obs, reward, term, trunc, _ = venv.step(action)
+        ep_ret[active] += reward[active]
+        ep_len[active] += 1
+        env_steps += int(active.sum())
+        if on_step is not None:
+            on_step(int(active.sum()))
+        ended = term | trunc | (active & (ep_len >= max_steps))
+        if not ended.any():
+            continue
+        new_seeds: list[int | None] = [None] * n_env
+        new_targets = []
+        for i in np.flatnonzero(ended):
+            if row_job[i] is not None:
+                returns[row_job[i]], lengths[row_job[i]] = ep_ret[i], ep_len[i]
+            ep_ret[i], ep_len[i] = 0.0, 0
+            if queue:
+                j, (tgt, e) = queue.popleft()
+                row_job[i], new_seeds[i] = j, seed + e
+                new_targets.append(float(tgt))
+            else:
+                row_job[i], new_seeds[i] = None, seed + 10**6 + int(i)
+                new_targets.append(targets[0])
+        obs, _ = venv.reset(seed=new_seeds, options={"reset_mask": ended.copy()})
+        agent.reset_done(ended, target=new_targets)
+    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "act_s": act_s, "env_steps": env_steps}
+
+
+def _vector_env(name: str, num_envs: int, asynchronous: bool, gym_id: str | None, make_vector_env=None):
+    from gymnasium.vector import AutoresetMode
+
+    if make_vector_env is None:
+        from envs import make_vector_env
+    return make_vector_env(name, num_envs, None, asynchronous, gym_id=gym_id, autoreset_mode=AutoresetMode.DISABLED)
+
+
+def summarize(spec, targets: Sequence[float], jobs, result: dict) -> dict:
+    out = {}
+    for t in targets:
+        idx = [k for k, (tt, _) in enumerate(jobs) if tt == float(t)]
+        rets = [result["returns"][k] for k in idx]
+        lens = [int(result["lengths"][k]) for k in idx]
+        norm = (100.0 * (np.asarray(rets) - spec.ref_min) / (spec.ref_max - spec.ref_min)).tolist()
+        out[float(t)] = {"returns": rets, "lengths": lens, "normalized": norm,
+                         "return_mean": float(np.mean(rets)), "return_std": float(np.std(rets)),
+                         "normalized_mean": float(np.mean(norm)), "normalized_std": float(np.std(norm)),
+                         "length_mean": float(np.mean(lens)), "length_min": int(min(lens)),
+                         "length_max": int(max(lens))}
+    return out
+
+
+def latency(act_s: Sequence[float], batch: int) -> dict:
+    """Agent time per act() call (all rows) and per row, in milliseconds (first 5 calls are warm-up)."""
+    xs = list(act_s[5:]) if len(act_s) > 10 else list(act_s)
+    ms = sorted(1e3 * x for x in xs)
+    if not ms:
+        return {}
+    p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
+    return {"batch": batch, "calls": len(ms), "mean_ms": statistics.fmean(ms), "median_ms": p(0.5),
+            "p90_ms": p(0.9), "p99_ms": p(0.99), "per_row_mean_ms": statistics.fmean(ms) / batch}
+
+
+# -- the trainer's entry point ------------------------------------------------------------------------
+def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *, state_mean=None, state_std=None,
+             reward_scale: float = 1000.0, num_envs: int = 20, max_steps: int | None = None,
+             gym_id: str | None = None, make_vector_env: Callable | None = None,
+             on_step: Callable[[int], None] | None = None, engine: str = "stream", asynchronous: bool = False,
+             details: dict | None = None) -> dict:
+    """Roll out ``episodes`` episodes per target; {target: {"returns", "lengths", "normalized",
+    "return_mean", "return_std", "normalized_mean", "normalized_std", "length_mean", ...}}.
+    Episode e uses reset seed ``seed + e`` for every target, so targets share initial states. ``model`` is a DecisionTransformer or a checkpoint (path or
+    dict; then state statistics default to the checkpoint's). ``details``, when given, receives the
+    agent latency and wall time. The model's training mode is restored afterwards."""
+    from agents.agent import Agent, checkpoint_stats
+
+    if episodes < 1:
+        raise ValueError(f"episodes must be >= 1, got {episodes}")
+    if not targets:
+        raise ValueError("targets is empty: give at least one return-to-go target")
+    if not isinstance(model, torch.nn.Module):
+        from agents.decision_transformer import build_from_checkpoint
+        from primal_dt import checkpoint as ck_io
+
+        ck = model if isinstance(model, dict) else ck_io.load(model, expect_kind="dt")
+        stats = checkpoint_stats(ck)
+        state_mean = stats["state_mean"] if state_mean is None else state_mean
+        state_std = stats["state_std"] if state_std is None else state_std
+        model = build_from_checkpoint(ck)
+    if state_mean is None or state_std is None:
+        raise ValueError("state_mean and state_std are required when evaluating a model (not a checkpoint)")
+    jobs = [(float(t), e) for t in targets for e in range(episodes)]
+    was_training = model.training
+    model.eval()
+    try:
+        agent = Agent(model, state_mean=state_mean, state_std=state_std, reward_scale=reward_scale,
+                      target=float(targets[0]), engine=engine)
+        n = max(1, min(int(num_envs), len(jobs)))
+        venv = _vector_env(spec.name, n, asynchronous, gym_id, make_vector_env)
+        t0 = time.perf_counter()
+        try:
+            res = run_episodes(agent, venv, jobs, seed, max_steps or spec.max_episode_steps, on_step)
+        finally:
+            venv.close()
+        wall = time.perf_counter() - t0
+    finally:
+        model.train(was_training)
+    if details is not None:
+        details.update({"latency": latency(res["act_s"], n), "wall_s": wall, "env_steps": res["env_steps"],
+                        "num_envs": n, "engine": engine, "asynchronous": asynchronous})
+    return summarize(spec, targets, jobs, res)
+
+
+# -- command line ---------------------------------------------------------------------------------
+@dataclass
+class RolloutConfig:
+    checkpoint: str = ""
+    """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
+    episodes: int = 100
+    """episodes per target"""
+    engine: str = "stream"
+    """stream | recompute"""
+    targets: str = ""
+    """comma-separated return-to-go targets in raw returns, e.g. 3600,1800 ('' : the checkpoint's)"""
+    num_envs: int = 50
+    """simulators side by side (rows of the vector env)"""
+    asynchronous: bool = False
+    """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
+    seed: int = 0
+    """episode e uses reset seed seed + e"""
+    max_steps: int = 0
+    """cap on episode length (0: the env's limit)"""
+    out: str = ""
+    """JSON report path ('' : rollout-<engine>.json next to the checkpoint)"""
+    video: bool = False
+    """also record one episode (MuJoCo off-screen rendering) as a GIF and into TensorBoard"""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)"""
+    device: str = "cpu"
+    progress: bool = True
+
+
+def main(argv: list[str] | None = None) -> dict:
+    from agents.agent import checkpoint_stats
+    from primal_dt import checkpoint as ck_io
+    from primal_dt.cli import parse
+
+    cfg = parse(RolloutConfig, sys.argv[1:] if argv is None else argv, prog="python -m eval.rollout",
+                description="Roll out a Decision-Transformer checkpoint in its simulator.")
+    try:
+        if not cfg.checkpoint:
+            raise ValueError("checkpoint=PATH is required (a last.pt written by primal_dt.train, or its run directory)")
+        path = Path(cfg.checkpoint)
+        if path.is_dir():
+            path = path / "last.pt"
+        if cfg.engine not in ("stream", "recompute"):
+            raise ValueError(f"unknown engine {cfg.engine!r}; choose stream or recompute")
+        if cfg.episodes < 1 or cfg.num_envs < 1:
+            raise ValueError("episodes and num_envs must be >= 1")
+        ck = ck_io.load(path, expect_kind="dt")
+        stats = checkpoint_stats(ck)
+        import envs
+
+        spec = envs.get_spec(stats["env"])
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        sys.exit(f"error: {err}")
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    try:
+        given = tuple(float(t) for t in cfg.targets.replace(" ", "").split(",") if t)
+    except ValueError:
+        sys.exit(f"error: targets={cfg.targets!r} is not a comma-separated list of numbers (e.g. targets=3600,1800)")
+    targets = given or tuple(float(t) for t in (stats["targets"] or spec.targets))
+    from agents.decision_transformer import build_from_checkpoint
+
+    model = build_from_checkpoint(ck).to(cfg.device)
+    total = cfg.episodes * len(targets) * (cfg.max_steps or spec.max_episode_steps)
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=total, desc=f"{spec.name} {cfg.engine}", unit="step", dynamic_ncols=True)
+    details: dict = {}
+    try:
+        res = evaluate(model, spec, targets, cfg.episodes, cfg.seed, state_mean=stats["state_mean"],
+                       state_std=stats["state_std"], reward_scale=stats["reward_scale"], num_envs=cfg.num_envs,
+                       max_steps=cfg.max_steps or None, gym_id=stats["gym_id"], engine=cfg.engine,
+                       asynchronous=cfg.asynchronous, on_step=bar.update if bar else None, details=details)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    finally:
+        if bar is not None:
+            bar.close()
+    report = {"checkpoint": str(path), "env": spec.name, "gym_id": stats["gym_id"] or spec.gym_id,
+              "engine": cfg.engine, "episodes_per_target": cfg.episodes, "seed": cfg.seed,
+              "num_envs": details["num_envs"], "asynchronous": cfg.asynchronous,
+              "max_steps": cfg.max_steps or spec.max_episode_steps, "model_layers": model.layer_names,
+              "train_step": ck.get("step"), "wall_s": round(details["wall_s"], 3), "env_steps": details["env_steps"],
+              "env_steps_per_s": details["env_steps"] / max(details["wall_s"], 1e-9),
+              "agent_latency": details["latency"],
+              "targets": {_tag(t): r for t, r in res.items()}}
+    if cfg.video:
+        from eval.video import record_episode
+
+        report["video"] = record_episode(model, spec, stats, targets[0], cfg.engine, cfg.seed,
+                                         out_dir=path.parent, gym_id=stats["gym_id"])
+    out = Path(cfg.out) if cfg.out else path.parent / f"rollout-{cfg.engine}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    print(summary_text(report))
+    print(f"report: {out}")
+    return report
+
+
+def _tag(t: float) -> str:
+    return str(int(t)) if math.isfinite(t) and float(t).is_integer() else f"{t:g}"
+
+
+def summary_line(results: dict) -> str:
+    """'3600: 55.1 +- 3.2 (return 1771, length 580), 1800: ...': one log line from ``evaluate``'s result."""
+    return ", ".join(f"{_tag(t)}: {d['normalized_mean']:.1f} +- {d['normalized_std']:.1f} "
+                     f"(return {d['return_mean']:.0f}, length {d['length_mean']:.0f})" for t, d in results.items())
+
+
+def summary_text(report: dict) -> str:
+    lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']}, "
+             f"{report['episodes_per_target']} episodes/target on {report['num_envs']} "
+             f"{'async' if report['asynchronous'] else 'sync'} envs, {report['wall_s']:.1f}s "
+             f"({report['env_steps_per_s']:.0f} env steps/s)"]
+    for tag, r in report["targets"].items():
+        lines.append(f"  target {tag}: normalized {r['normalized_mean']:.1f} +- {r['normalized_std']:.1f}, "
+                     f"return {r['return_mean']:.0f} +- {r['return_std']:.0f}, length {r['length_mean']:.0f} "
+                     f"[{r['length_min']}, {r['length_max']}]")
+    lat = report.get("agent_latency") or {}
+    if lat:
+        lines.append(f"  agent: {lat['mean_ms']:.3f} ms per step for {lat['batch']} rows "
+                     f"(median {lat['median_ms']:.3f}, p90 {lat['p90_ms']:.3f}; "
+                     f"{lat['per_row_mean_ms']:.4f} ms per row)")
+    if report.get("video"):
+        lines.append(f"  video: {report['video'].get('message') or report['video'].get('path')}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""Configuration of ``python -m primal_dt.train``: dataclasses, presets, provenance, checks.
+
+Precedence: dataclass defaults < the preset (``configs/dt/<preset>.yaml``; ``preset`` defaults to
+the ``env`` name when a preset of that name exists) < the command line. Each value remembers
+which of the three set it, and ``describe`` prints that, so a run says where its numbers came
+from. Shorthands on the command line: ``model=NAME`` is ``model.name=NAME`` and
+``attention=NAME`` is ``model.name=NAME`` too (every layer that mechanism).
+
+Everything that can be wrong with the input is checked here, before any data is loaded or any
+training step runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+
+import yaml
+
+from . import presets
+from .attention import available, get_class
+from .cli import find_value, parse, to_tyro_args
+
+GROUP = "dt"
+_ALIASES = {"dt": "softmax", "transformer": "softmax", "trans": "softmax", "primalformer-dt": "primal",
+            "primalformer": "primal"}  # as primal_dt.layouts reads them
+
+
+@dataclass
+class ModelConfig:
+    name: str = "primal+dt"
+    """layout: dt | primal+dt | primalformer-dt | primal+<mechanism> | any attention mechanism"""
+    layers: str = ""
+    """explicit comma-separated mechanism per layer, e.g. softmax,linear,primal (overrides name, n_layers)"""
+    d_model: int = 256
+    n_heads: int = 4
+    n_layers: int = 3
+    s: int = 64
+    """Primal-Attention projection directions per head (primal layers only)"""
+    dropout: float = 0.1
+    activation: str = "relu"
+    mlp_ratio: float = 4.0
+    attention_options: str = ""
+    """YAML mapping mechanism -> constructor options, e.g. '{softmax: {window: 30}}'"""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 10_000
+    """roll out the model in the simulator every this many steps (0: only at the end)"""
+    episodes: int = 10
+    """episodes per target during training"""
+    final_episodes: int = 100
+    """episodes per target at the end (0: skip the final evaluation)"""
+    targets: tuple[float, ...] = ()
+    """return-to-go targets (raw returns); empty: the env's own (hopper 3600, 1800)"""
+    num_envs: int = 20
+    """simulators run side by side (rows of one vector env)"""
+    max_steps: int = 0
+    """cap on episode length (0: the env's limit, 1000)"""
+    engine: str = "recompute"
+    """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state"""
+
+
+@dataclass
+class TrainConfig:
+    env: str = "hopper-medium"
+    """dataset and simulator, D4RL naming: {hopper,halfcheetah,walker2d}-{medium,medium-replay,medium-expert,...}"""
+    preset: str = ""
+    """configs/dt/<preset>.yaml to start from ('' : the preset named like env, when there is one)"""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    seed: int = 0
+    steps: int = 100_000
+    """optimizer steps"""
+    batch_size: int = 64
+    """segments per step (global: divided among DDP processes)"""
+    K: int = 20
+    """context length in environment steps"""
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    warmup_steps: int = 10_000
+    """linear learning-rate warm-up, then constant"""
+    grad_clip: float = 0.25
+    """max gradient norm (0: off)"""
+    eta: float = 0.05
+    """weight of the KSVD regulariser (primal layers)"""
+    reward_scale: float = 1000.0
+    """returns-to-go are divided by this"""
+    max_timestep: int = 1000
+    """timestep embedding size; timesteps are clipped to max_timestep - 1"""
+    stream_window: int = 0
+    """stream-exact training (0: off): window every layer to this many tokens and count only the steps
+    the stream engine predicts identically (agents.stream_training); needs softmax/primal layers"""
+    data_source: str = "auto"
+    """where the dataset comes from: auto | d4rl | minari | replica | d4rl:PATH | minari:ID (see envs.load_dataset)"""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint_every: int = 10_000
+    """write last.pt every this many steps (and always at the end)"""
+    log_every: int = 100
+    """TensorBoard scalars every this many steps"""
+    out: str = "runs"
+    """root of run directories: <out>/<env>/<model>/<time>-seed<k>/"""
+    resume: str = ""
+    """continue a run from a checkpoint file or run directory (its last.pt); the saved config is used"""
+    threads: int = 0
+    """torch CPU threads (0: torch's default)"""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N"""
+    progress: bool = True
+    tensorboard: bool = True
+
+
+# What a resumed run may change (everything else comes from the checkpoint).
+RESUMABLE = {"steps", "eval", "checkpoint_every", "log_every", "threads", "device", "progress", "tensorboard",
+             "resume"}
+
+
+# -- building a config ------------------------------------------------------------------------------
+@dataclass
+class Built:
+    cfg: TrainConfig
+    preset: str | None
+    """preset name used (None: no preset)"""
+    source: str
+    """the preset's source line"""
+    provenance: dict[str, str]
+    """dotted option -> 'default' | 'preset <name>' | 'command line'"""
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Expand the ``model=NAME`` / ``attention=NAME`` shorthands (also as --model NAME) and
+    comma lists for ``eval.targets=3600,1800`` (tyro's spelling is --eval.targets 3600 1800)."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        body, eq, val = a.lstrip("-").partition("=")
+        if body in ("model", "attention"):
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{a} needs a value, e.g. model=primal+dt")
+                val, i = argv[i + 1], i + 1
+            out.append(f"model.name={val}")
+        elif body == "eval.targets" and eq and not a.startswith("-"):
+            out += ["--eval.targets", *[v for v in val.split(",") if v.strip()]]
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
+def build(argv: list[str]) -> Built:
+    argv = normalize_argv(list(argv))
+    cfg = TrainConfig()
+    env = find_value(argv, "env") or cfg.env
+    name = find_value(argv, "preset") or ""
+    available_presets = presets.list_presets(GROUP)
+    if not name and env in available_presets:
+        name = env
+    values, source = {}, "(no preset: dataclass defaults)"
+    if name:
+        values = presets.load_preset(GROUP, name)  # unknown name: clear error with suggestions
+        source = str(values.get("source", "(the preset has no source line)"))
+        cfg = presets.apply_preset(cfg, values, where=f"preset {name}")
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
+    cfg = parse(TrainConfig, argv, default=cfg, prog="python -m primal_dt.train", description=_DESCRIPTION)
+    if name:
+        cfg = dataclasses.replace(cfg, preset=name)
+    prov = {k: "default" for k in flat(dataclasses.asdict(TrainConfig()))}
+    for k in flat({k: v for k, v in values.items() if k not in presets.META_KEYS}):
+        prov[k] = f"preset {name}"
+    for k in _argv_keys(argv):
+        prov[k] = "command line"
+    return Built(cfg, name or None, source, prov)
+
+
+_DESCRIPTION = ("Train a Decision Transformer (dt | primal+dt | primalformer-dt | any attention mechanism) on an "
+                "offline MuJoCo dataset; key=value and --key value both work, e.g. "
+                "env=hopper-medium model=primal+dt seed=3 steps=20000 model.s=64. model=NAME and attention=NAME "
+                "are short for model.name=NAME. Defaults shown are those after the preset (env's or preset=); "
+                "each run prints every value with where it came from.")
+
+
+def _argv_keys(argv: list[str]) -> list[str]:
+    keys = []
+    for a in to_tyro_args(argv):
+        if a.startswith("--"):
+            keys.append(a[2:].split("=", 1)[0].replace("-", "_"))
+    return keys
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def from_dict(d: dict) -> TrainConfig:
+    """A config back from a checkpoint's plain dict (tuples come back as lists from YAML/JSON)."""
+    cfg = presets.apply_preset(TrainConfig(), d, where="checkpoint config")
+    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
+
+
+def describe(b: Built) -> str:
+    """One line per option: value and where it came from."""
+    lines = [f"config (preset: {b.preset or 'none'}; source: {b.source})"]
+    for k, v in flat(dataclasses.asdict(b.cfg)).items():
+        lines.append(f"  {k:<24} = {v!r:<22} [{b.provenance.get(k, 'default')}]")
+    return "\n".join(lines)
+
+
+# -- checks -------------------------------------------------------------------------------------------
+def attention_options(m: ModelConfig) -> dict:
+    opts = yaml.safe_load(m.attention_options) if m.attention_options.strip() else {}
+    if not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values()):
+        raise ValueError(f"model.attention_options must be a YAML mapping of mechanism -> options, got "
+                         f"{m.attention_options!r}")
+    opts["primal"] = {"s": m.s, **opts.get("primal", {})}
+    return opts
+
+
+def layer_names(m: ModelConfig) -> tuple[str, ...]:
+    return tuple(x.strip() for x in m.layers.split(",") if x.strip())
+
+
+def check(cfg: TrainConfig) -> None:
+    """Raise ValueError naming the option, its value and what is allowed."""
+    def need(cond, msg):
+        if not cond:
+            raise ValueError(msg)
+
+    m, e = cfg.model, cfg.eval
+    for k in ("K", "steps", "batch_size", "max_timestep"):
+        need(getattr(cfg, k) >= 1, f"{k} must be >= 1, got {getattr(cfg, k)}")
+    for k in ("d_model", "n_heads", "n_layers", "s"):
+        need(getattr(m, k) >= 1, f"model.{k} must be >= 1, got {getattr(m, k)}")
+    need(m.d_model % m.n_heads == 0, f"model.d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}")
+    need(cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
+    for k in ("weight_decay", "grad_clip", "eta", "warmup_steps", "checkpoint_every", "log_every", "stream_window"):
+        need(getattr(cfg, k) >= 0, f"{k} must be >= 0, got {getattr(cfg, k)}")
+    need(cfg.reward_scale > 0, f"reward_scale must be > 0, got {cfg.reward_scale}")
+    need(0 <= m.dropout < 1, f"model.dropout must be in [0, 1), got {m.dropout}")
+    need(m.mlp_ratio > 0, f"model.mlp_ratio must be > 0, got {m.mlp_ratio}")
+    need(m.activation in ("relu", "gelu"), f"model.activation must be relu or gelu, got {m.activation!r}")
+    for k in ("every", "final_episodes", "max_steps"):
+        need(getattr(e, k) >= 0, f"eval.{k} must be >= 0, got {getattr(e, k)}")
+    need(e.episodes >= 1, f"eval.episodes must be >= 1, got {e.episodes}")
+    need(e.num_envs >= 1, f"eval.num_envs must be >= 1, got {e.num_envs}")
+    need(e.engine in ("recompute", "stream"), f"eval.engine must be recompute or stream, got {e.engine!r}")
+    need(cfg.data_source in ("auto", "d4rl", "minari", "replica") or cfg.data_source.startswith(("d4rl:", "minari:")),
+         f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got {cfg.data_source!r}")
+    need(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
+         f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    names = layer_names(m) or (m.name,)
+    mechanisms = available()
+    causal = [n for n in mechanisms if get_class(n).supports_causal]
+    for n in names:
+        base = n[len("primal+"):] if n.startswith("primal+") else n
+        base = _ALIASES.get(base, base)
+        if base not in mechanisms:
+            close = difflib.get_close_matches(n, ["dt", "primal+dt", "primalformer-dt", *mechanisms], n=3)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ValueError(f"unknown model {n!r}.{hint} Use dt, primal+dt, primalformer-dt, primal+<mechanism> "
+                             f"or a mechanism: {', '.join(mechanisms)}")
+        if base not in causal:
+            raise ValueError(f"model {n!r}: {base} attention has no causal form, and a Decision Transformer must not "
+                             f"see future steps; use one of {', '.join(causal)}")
+    attention_options(m)

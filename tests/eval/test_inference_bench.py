@@ -1,0 +1,31 @@
+"""Smoke test of ``python -m eval.bench.inference`` on a tiny checkpoint: every measurement and
+ratio lands in the report (no timing is asserted)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "stream_helpers", Path(__file__).parents[1] / "stream" / "helpers.py")
+h = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(h)
+
+
+@pytest.mark.slow
+def test_inference_bench_reports_every_comparison(tmp_path):
+    pytest.importorskip("transformers")
+    from eval.bench import inference
+
+    ck = h.save_checkpoint(tmp_path, h.tiny_model("primal+dt", K=4))
+    out = tmp_path / "bench.json"
+    rep = inference.main([f"checkpoint={ck}", "batches=1,3", "contexts=4,8", "ts=2,5", "calls=2", "rounds=1",
+                          "episodes=3", "max_steps=20", f"json={out}"])
+    assert json.loads(out.read_text())["latency"].keys() == rep["latency"].keys()
+    for key in ("K4_B1", "K4_B3", "K8_B1", "K8_B3"):
+        r = rep["latency"][key]
+        assert {"stream_ms", "recompute_ms", "hf_recompute_ms", "hf_over_stream"} <= set(r)
+    assert {"t2_ms", "t5_ms"} <= set(rep["latency"]["stream_vs_t_B1"])
+    ev = rep["evaluation"]
+    assert ev["episodes"] == 3 and ev["speedup"] > 0

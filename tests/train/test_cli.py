@@ -1,0 +1,57 @@
+"""The command line: key=value and --key value, shorthands, presets with provenance, --help."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from primal_dt import presets, train_config
+from primal_dt.train_config import build, check
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPER = [f"{f}-{lv}" for f in ("hopper", "halfcheetah", "walker2d") for lv in ("medium", "medium-replay", "medium-expert")]
+
+
+def test_issue_example_and_tyro_spelling_agree():
+    a = build(["env=hopper-medium", "model=primal+dt", "seed=3", "steps=20000", "model.s=64"])
+    b = build(["--env", "hopper-medium", "--model", "primal+dt", "--seed", "3", "--steps", "20000", "--model.s", "64"])
+    assert a.cfg == b.cfg
+    c = a.cfg
+    assert (c.env, c.model.name, c.seed, c.steps, c.model.s) == ("hopper-medium", "primal+dt", 3, 20000, 64)
+    assert a.preset == "hopper-medium" and "Primal-Attention" in a.source
+    assert a.provenance["steps"] == "command line" and a.provenance["lr"] == "preset hopper-medium"
+    assert a.provenance["eval.num_envs"] == "default"
+    assert build(["attention=softmax"]).cfg.model.name == "softmax"
+    assert build(["env=hopper-random"]).preset is None  # no preset of that name: defaults
+    smoke = build(["preset=smoke", "eval.targets=3000"]).cfg
+    assert smoke.steps == 300 and smoke.eval.targets == (3000.0,)
+    assert build(["eval.targets=3600,1800"]).cfg.eval.targets == (3600.0, 1800.0)
+    text = train_config.describe(build(["preset=smoke", "seed=2"]))
+    assert "seed" in text and "[command line]" in text and "[preset smoke]" in text and "[default]" in text
+
+
+@pytest.mark.parametrize("name", PAPER + ["smoke"])
+def test_presets_have_a_source_and_valid_values(name):
+    raw = presets.load_preset("dt", name)
+    assert len(str(raw["source"])) > 40
+    cfg = build([f"preset={name}"]).cfg
+    check(cfg)
+    if name != "smoke":
+        m = cfg.model
+        assert (m.d_model, m.n_heads, m.n_layers, cfg.K, cfg.batch_size, cfg.lr, cfg.eta, cfg.steps) == \
+            (256, 4, 3, 20, 64, 1e-3, 0.05, 100_000)
+        assert cfg.env == name and len(cfg.eval.targets) == 2
+
+
+def test_help_lists_every_option_with_its_default():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "primal_dt.train", "--help"], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    flat = " ".join(p.stdout.replace("│", " ").split())
+    for f in train_config.flat(dataclasses.asdict(train_config.TrainConfig())):
+        assert f"--{f.replace('_', '-')}" in flat, f
+    assert "(default: 100000)" in flat and "(default: primal+dt)" in flat
