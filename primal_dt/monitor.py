@@ -27,6 +27,17 @@ def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
     return d
 
 
+def _wait_for_a_later_second(log_dir: Path) -> None:
+    """TensorBoard reads a directory's event files in name order, and names start with the creation
+    second, then host and pid. A run resumed within the second its killed predecessor started could
+    sort first and have its curves read before the older ones; waiting (< 1 s) for the next second
+    keeps the order, so the purge of the predecessor's post-checkpoint steps works."""
+    stamps = [int(p.name.split(".")[3]) for p in log_dir.glob("events.out.tfevents.*")
+              if len(p.name.split(".")) > 3 and p.name.split(".")[3].isdigit()]
+    while stamps and int(time.time()) <= max(stamps):
+        time.sleep(0.05)
+
+
 class RunMonitor:
     def __init__(self, log_dir: str | Path, enabled: bool = True, progress_total: int | None = None,
                  progress_desc: str = "train", progress: bool = True, initial: int = 0,
@@ -36,6 +47,8 @@ class RunMonitor:
         self.log_dir = Path(log_dir)
         self.enabled = enabled
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        if enabled:
+            _wait_for_a_later_second(self.log_dir)
         self.writer = SummaryWriter(str(self.log_dir), purge_step=purge_step) if enabled else None
         self.bar = None
         if progress and progress_total:
