@@ -540,9 +540,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         run(argv)
-    except SetupError as err:
-        sys.exit(f"error: {err}")
-    except Diverged as err:
+    except (SetupError, Diverged) as err:  # bad input, or a run that diverged: a message, not a traceback
         sys.exit(f"error: {err}")
     finally:
         if dist.is_initialized():
