@@ -110,6 +110,26 @@ class Agent:
         self.first[rows] = True
         self._any_first = True
 
+    def keep_rows(self, keep) -> None:
+        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order; the
+        others are dropped (the batch shrinks: an evaluator whose episodes are done stops paying
+        for them). At least one row must remain."""
+        self._require_reset()
+        k = np.asarray(keep.cpu() if isinstance(keep, torch.Tensor) else keep)
+        if k.shape != (self.batch,):
+            raise ValueError(f"keep must have shape [batch={self.batch}], got {k.shape}")
+        k = k.astype(bool)
+        if not k.any():
+            raise ValueError("keep_rows would drop every row; call agent.reset(batch) to start over")
+        if k.all():
+            return
+        rows = torch.as_tensor(k, device=self.device)
+        self.engine.keep_rows(rows)
+        self.rtg, self.t, self.prev_action = self.rtg[rows], self.t[rows], self.prev_action[rows]
+        self.first = self.first[rows]
+        self._any_first = bool(self.first.any())
+        self.batch = int(k.sum())
+
     def _require_reset(self):
         if self.engine is None:
             raise RuntimeError("call agent.reset(batch) before agent.act / agent.reset_done")

@@ -40,6 +40,13 @@ class RecomputeEngine:
             buf[rows] = 0
 
     @torch.inference_mode()
+    def keep_rows(self, keep: torch.Tensor) -> None:
+        """Continue with the rows where ``keep`` ([B] bool) is True only, in order."""
+        self.S, self.A, self.R, self.T = self.S[keep], self.A[keep], self.R[keep], self.T[keep]
+        self.length = self.length[keep]
+        self._rows = torch.arange(self.length.shape[0], device=self.length.device)
+
+    @torch.inference_mode()
     def step(self, rtg, states, prev_actions, timesteps, first):
         """Same arguments as StreamEngine.step; ``prev_actions`` are written as the previous step's
         action (the engine also remembers what it returned)."""

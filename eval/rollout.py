@@ -4,11 +4,13 @@
     python -m eval.rollout checkpoint=PATH engine=recompute targets=[3600] num_envs=50 asynchronous=true
     python -m eval.rollout checkpoint=PATH episodes=10 video=true          # + one recorded episode
 
-Episodes run in parallel on a Gymnasium vector env (``SyncVectorEnv``, or ``AsyncVectorEnv`` with one
+Episodes run in parallel on Gymnasium vector envs (``SyncVectorEnv``, or ``AsyncVectorEnv`` with one
 subprocess per simulator) with autoreset DISABLED: when a row finishes, the evaluator resets exactly
 that simulator with the next episode's own seed (``options={"reset_mask": ...}``) and restarts the
-agent's row (``agent.reset_done``). Episode e of every target uses reset seed ``seed + e``, so
-targets, engines and ``num_envs`` settings are compared on the same initial states.
+agent's row (``agent.reset_done``); with no episode left the row leaves the batch. Synchronous
+simulators are split into two lanes whose stepping overlaps the other lane's inference
+(``eval.episodes``). Episode e of every target uses reset seed ``seed + e``, so targets, engines,
+lanes and ``num_envs`` settings are compared on the same initial states.
 
 Reported per target: mean / std return and normalized score, episode lengths; for the agent: the
 wall time of each ``agent.act`` call (one step for all rows) and per row; written as a JSON report
@@ -24,7 +26,6 @@ import math
 import statistics
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -32,66 +33,10 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-
-# -- the loop -------------------------------------------------------------------------------------
-def run_episodes(agent, venv, jobs: Sequence[tuple[float, int]], seed: int, max_steps: int,
-                 on_step: Callable[[int], None] | None = None) -> dict:
-    """Run every (target, episode index) job to its end on ``venv`` (autoreset DISABLED).
-
-    Returns {"returns": [...], "lengths": [...]} in job order, "act_s": the duration of every
-    ``agent.act`` call, "env_steps": real environment steps taken.
-    """
-    n_env = venv.num_envs
-    queue = deque(enumerate(jobs))
-    row_job: list[int | None] = [None] * n_env
-    seeds: list[int | None] = [None] * n_env
-    targets = [float(jobs[0][0])] * n_env
-    for i in range(n_env):
-        if queue:
-            j, (tgt, e) = queue.popleft()
-            row_job[i], seeds[i], targets[i] = j, seed + e, float(tgt)
-        else:  # idle row: stepped with zero actions, never counted
-            seeds[i] = seed + 10**6 + i
-    obs, _ = venv.reset(seed=seeds)
-    agent.reset(n_env, target=targets)
-    returns = np.zeros(len(jobs))
-    lengths = np.zeros(len(jobs), dtype=np.int64)
-    ep_ret, ep_len = np.zeros(n_env), np.zeros(n_env, dtype=np.int64)
-    act_s: list[float] = []
-    reward, env_steps = None, 0
-    while any(j is not None for j in row_job):
-        t0 = time.perf_counter()
-        action = agent.act(obs, reward)
-        act_s.append(time.perf_counter() - t0)
-        active = np.array([j is not None for j in row_job])
-        action[~active] = 0.0
-        obs, reward, term, trunc, _ = venv.step(action)
-        ep_ret[active] += reward[active]
-        ep_len[active] += 1
-        env_steps += int(active.sum())
-        if on_step is not None:
-            on_step(int(active.sum()))
-        ended = term | trunc | (active & (ep_len >= max_steps))
-        if not ended.any():
-            continue
-        new_seeds: list[int | None] = [None] * n_env
-        new_targets = []
-        for i in np.flatnonzero(ended):
-            if row_job[i] is not None:
-                returns[row_job[i]], lengths[row_job[i]] = ep_ret[i], ep_len[i]
-            ep_ret[i], ep_len[i] = 0.0, 0
-            if queue:
-                j, (tgt, e) = queue.popleft()
-                row_job[i], new_seeds[i] = j, seed + e
-                new_targets.append(float(tgt))
-            else:
-                row_job[i], new_seeds[i] = None, seed + 10**6 + int(i)
-                new_targets.append(targets[0])
-        obs, _ = venv.reset(seed=new_seeds, options={"reset_mask": ended.copy()})
-        agent.reset_done(ended, target=new_targets)
-    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "act_s": act_s, "env_steps": env_steps}
+from eval.episodes import run_episodes
 
 
+# -- simulators ------------------------------------------------------------------------------------
 def _vector_env(name: str, num_envs: int, asynchronous: bool, gym_id: str | None, make_vector_env=None):
     from gymnasium.vector import AutoresetMode
 
@@ -115,15 +60,22 @@ def summarize(spec, targets: Sequence[float], jobs, result: dict) -> dict:
     return out
 
 
-def latency(act_s: Sequence[float], batch: int) -> dict:
-    """Agent time per act() call (all rows) and per row, in milliseconds (first 5 calls are warm-up)."""
-    xs = list(act_s[5:]) if len(act_s) > 10 else list(act_s)
-    ms = sorted(1e3 * x for x in xs)
+def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int] | None = None) -> dict:
+    """Agent time per act() call and per row, in milliseconds (first 5 calls are warm-up). Calls
+    are timed while every one of the ``batch`` rows runs (the batch shrinks in the tail of an
+    evaluation); ``per_row_mean_ms`` is over all calls: total act time / total rows acted for."""
+    rows = list(act_rows) if act_rows is not None else [batch] * len(act_s)
+    pairs = list(zip(act_s, rows))
+    pairs = pairs[5:] if len(pairs) > 10 else pairs
+    full = [1e3 * x for x, r in pairs if r == batch] or [1e3 * x for x, _ in pairs]
+    ms = sorted(full)
     if not ms:
         return {}
     p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
     return {"batch": batch, "calls": len(ms), "mean_ms": statistics.fmean(ms), "median_ms": p(0.5),
-            "p90_ms": p(0.9), "p99_ms": p(0.99), "per_row_mean_ms": statistics.fmean(ms) / batch}
+            "p90_ms": p(0.9), "p99_ms": p(0.99),
+            "per_row_mean_ms": 1e3 * sum(x for x, _ in pairs) / max(1, sum(r for _, r in pairs)),
+            "total_act_s": sum(act_s)}
 
 
 # -- the trainer's entry point ------------------------------------------------------------------------
@@ -131,12 +83,14 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
              reward_scale: float = 1000.0, num_envs: int = 20, max_steps: int | None = None,
              gym_id: str | None = None, make_vector_env: Callable | None = None,
              on_step: Callable[[int], None] | None = None, engine: str = "stream", asynchronous: bool = False,
-             details: dict | None = None) -> dict:
+             lanes: int = 0, details: dict | None = None) -> dict:
     """Roll out ``episodes`` episodes per target; {target: {"returns", "lengths", "normalized",
     "return_mean", "return_std", "normalized_mean", "normalized_std", "length_mean", ...}}.
     Episode e uses reset seed ``seed + e`` for every target, so targets share initial states. ``model`` is a DecisionTransformer or a checkpoint (path or
-    dict; then state statistics default to the checkpoint's). ``details``, when given, receives the
-    agent latency and wall time. The model's training mode is restored afterwards."""
+    dict; then state statistics default to the checkpoint's). ``lanes``: vector envs the ``num_envs``
+    simulators are split into, stepped while the next lane's agent acts (``eval.episodes``; 0: two
+    for synchronous simulators, one for subprocesses). ``details``, when given, receives the agent
+    latency and wall time. The model's training mode is restored afterwards."""
     from agents.agent import Agent, checkpoint_stats
 
     if episodes < 1:
@@ -157,22 +111,29 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
     jobs = [(float(t), e) for t in targets for e in range(episodes)]
     was_training = model.training
     model.eval()
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 0:
+        raise ValueError(f"lanes must be an integer >= 0 (0: automatic), got {lanes!r}")
+    n = max(1, min(int(num_envs), len(jobs)))
+    n_lanes = min(n, lanes or (1 if asynchronous else 2))
+    widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
-        agent = Agent(model, state_mean=state_mean, state_std=state_std, reward_scale=reward_scale,
-                      target=float(targets[0]), engine=engine)
-        n = max(1, min(int(num_envs), len(jobs)))
-        venv = _vector_env(spec.name, n, asynchronous, gym_id, make_vector_env)
+        agents = [Agent(model, state_mean=state_mean, state_std=state_std, reward_scale=reward_scale,
+                        target=float(targets[0]), engine=engine) for _ in widths]
+        venvs = []
         t0 = time.perf_counter()
         try:
-            res = run_episodes(agent, venv, jobs, seed, max_steps or spec.max_episode_steps, on_step)
+            venvs = [_vector_env(spec.name, w, asynchronous, gym_id, make_vector_env) for w in widths]
+            res = run_episodes(agents, venvs, jobs, seed, max_steps or spec.max_episode_steps, on_step)
         finally:
-            venv.close()
+            for v in venvs:
+                v.close()
         wall = time.perf_counter() - t0
     finally:
         model.train(was_training)
     if details is not None:
-        details.update({"latency": latency(res["act_s"], n), "wall_s": wall, "env_steps": res["env_steps"],
-                        "num_envs": n, "engine": engine, "asynchronous": asynchronous})
+        details.update({"latency": latency(res["act_s"], widths[0], res["act_rows"]), "wall_s": wall,
+                        "env_steps": res["env_steps"], "num_envs": n, "lanes": n_lanes, "engine": engine,
+                        "asynchronous": asynchronous})
     return summarize(spec, targets, jobs, res)
 
 
@@ -191,6 +152,8 @@ class RolloutConfig:
     """simulators side by side (rows of the vector env)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
+    lanes: int = 0
+    """vector envs the simulators are split into, one stepping while the next one's agent acts (0: 2 sync, 1 async)"""
     seed: int = 0
     """episode e uses reset seed seed + e"""
     max_steps: int = 0
@@ -250,7 +213,7 @@ def main(argv: list[str] | None = None) -> dict:
         res = evaluate(model, spec, targets, cfg.episodes, cfg.seed, state_mean=stats["state_mean"],
                        state_std=stats["state_std"], reward_scale=stats["reward_scale"], num_envs=cfg.num_envs,
                        max_steps=cfg.max_steps or None, gym_id=stats["gym_id"], engine=cfg.engine,
-                       asynchronous=cfg.asynchronous, on_step=bar.update if bar else None, details=details)
+                       asynchronous=cfg.asynchronous, lanes=cfg.lanes, on_step=bar.update if bar else None, details=details)
     except ValueError as err:
         sys.exit(f"error: {err}")
     finally:
@@ -258,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
             bar.close()
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": stats["gym_id"] or spec.gym_id,
               "engine": cfg.engine, "episodes_per_target": cfg.episodes, "seed": cfg.seed,
-              "num_envs": details["num_envs"], "asynchronous": cfg.asynchronous,
+              "num_envs": details["num_envs"], "lanes": details["lanes"], "asynchronous": cfg.asynchronous,
               "max_steps": cfg.max_steps or spec.max_episode_steps, "model_layers": model.layer_names,
               "train_step": ck.get("step"), "wall_s": round(details["wall_s"], 3), "env_steps": details["env_steps"],
               "env_steps_per_s": details["env_steps"] / max(details["wall_s"], 1e-9),
@@ -290,7 +253,8 @@ def summary_line(results: dict) -> str:
 def summary_text(report: dict) -> str:
     lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']}, "
              f"{report['episodes_per_target']} episodes/target on {report['num_envs']} "
-             f"{'async' if report['asynchronous'] else 'sync'} envs, {report['wall_s']:.1f}s "
+             f"{'async' if report['asynchronous'] else 'sync'} envs in {report.get('lanes', 1)} lane(s), "
+             f"{report['wall_s']:.1f}s "
              f"({report['env_steps_per_s']:.0f} env steps/s)"]
     for tag, r in report["targets"].items():
         lines.append(f"  target {tag}: normalized {r['normalized_mean']:.1f} +- {r['normalized_std']:.1f}, "
@@ -298,7 +262,7 @@ def summary_text(report: dict) -> str:
                      f"[{r['length_min']}, {r['length_max']}]")
     lat = report.get("agent_latency") or {}
     if lat:
-        lines.append(f"  agent: {lat['mean_ms']:.3f} ms per step for {lat['batch']} rows "
+        lines.append(f"  agent: {lat['mean_ms']:.3f} ms per act for {lat['batch']} rows "
                      f"(median {lat['median_ms']:.3f}, p90 {lat['p90_ms']:.3f}; "
                      f"{lat['per_row_mean_ms']:.4f} ms per row)")
     if report.get("video"):

@@ -96,6 +96,20 @@ class Attention(nn.Module):
                 v[rows] = 0
         return state
 
+    @staticmethod
+    def select_rows(state: dict, keep: torch.Tensor) -> dict:
+        """The state of the sequences selected by ``keep`` ([B] bool), in order: a smaller batch
+        (finished episodes leave without costing their rows' compute)."""
+        out = {}
+        for k, v in state.items():
+            if isinstance(v, dict):
+                out[k] = Attention.select_rows(v, keep)
+            elif isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == keep.shape[0]:
+                out[k] = v[keep]
+            else:
+                out[k] = v
+        return out
+
 
 def zero_padding(y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Zero outputs at padding positions ([B, T, D] with mask [B, T])."""

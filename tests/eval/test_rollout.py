@@ -34,7 +34,7 @@ def run(ckpt, **kw):
     return rollout.evaluate(str(ckpt), SPEC, (3600.0, 1800.0), args.pop("episodes"), args.pop("seed"), **args)
 
 
-def sequential(ckpt, target, episodes, seed, engine="stream"):
+def sequential(ckpt, target, episodes, seed, engine="stream", max_steps=MAX):
     """The reference protocol: one episode at a time, batch-1 agent, env reset with seed + e."""
     agent = load_agent(ckpt, engine=engine, target=target)
     env = envs.make_env("hopper-medium", None)
@@ -43,7 +43,7 @@ def sequential(ckpt, target, episodes, seed, engine="stream"):
         obs, _ = env.reset(seed=seed + e)
         agent.reset(1)
         total, reward = 0.0, None
-        for _ in range(MAX):
+        for _ in range(max_steps):
             obs, r, term, trunc, _ = env.step(agent.act(obs[None], reward)[0])
             total += r
             reward = np.array([r])
@@ -55,12 +55,16 @@ def sequential(ckpt, target, episodes, seed, engine="stream"):
 
 
 def test_sync_and_async_agree_and_match_the_sequential_protocol(ckpt):
-    sync = run(ckpt)
-    asyn = run(ckpt, asynchronous=True)
+    d_sync, d_one, d_asyn = {}, {}, {}
+    sync = run(ckpt, details=d_sync)  # two lanes of 2 simulators, overlapped
+    one = run(ckpt, lanes=1, details=d_one)
+    asyn = run(ckpt, asynchronous=True, details=d_asyn)
+    assert (d_sync["lanes"], d_one["lanes"], d_asyn["lanes"]) == (2, 1, 1)
     for t in (3600.0, 1800.0):
         assert len(sync[t]["returns"]) == 3
-        np.testing.assert_allclose(sync[t]["returns"], asyn[t]["returns"], rtol=0, atol=1e-9)
-        assert sync[t]["lengths"] == asyn[t]["lengths"]
+        np.testing.assert_allclose(one[t]["returns"], asyn[t]["returns"], rtol=0, atol=1e-9)  # same batches
+        np.testing.assert_allclose(sync[t]["returns"], asyn[t]["returns"], rtol=1e-6)
+        assert sync[t]["lengths"] == asyn[t]["lengths"] == one[t]["lengths"]
         np.testing.assert_allclose(sync[t]["returns"], sequential(ckpt, t, 3, 5), rtol=1e-4)
         assert all(1 <= n <= MAX for n in sync[t]["lengths"])
         np.testing.assert_allclose(sync[t]["normalized"], envs.normalized_score("hopper-medium", sync[t]["returns"]))
@@ -77,8 +81,33 @@ def test_results_do_not_depend_on_num_envs_and_recompute_runs_too(ckpt):
     details = {}
     rec = run(ckpt, num_envs=3, engine="recompute", details=details)
     np.testing.assert_allclose(rec[1800.0]["returns"], sequential(ckpt, 1800.0, 3, 5, "recompute"), rtol=1e-4)
-    assert details["engine"] == "recompute" and details["latency"]["batch"] == 3
+    assert details["engine"] == "recompute" and details["lanes"] == 2 and details["latency"]["batch"] == 2  # 3 = 2 + 1
     assert details["env_steps"] == sum(sum(r["lengths"]) for r in rec.values())
+
+
+def test_finished_rows_leave_the_batch_and_idle_simulators_are_not_stepped(ckpt):
+    """With more simulators than episodes left, rows whose episode ended leave the agent's batch
+    and their simulators are no longer stepped; results equal the one-at-a-time protocol."""
+    agent = load_agent(ckpt, engine="stream", target=3600.0)
+    venv = rollout._vector_env("hopper-medium", 4, False, None)
+    stepped = [0] * 4
+    for i, e in enumerate(venv.envs):
+        def counted(a, _step=e.step, i=i):
+            stepped[i] += 1
+            return _step(a)
+        e.step = counted
+    try:
+        res = rollout.run_episodes(agent, venv, [(3600.0, e) for e in range(3)], seed=5, max_steps=400)
+    finally:
+        venv.close()
+    lengths = res["lengths"]
+    assert len(set(lengths)) > 1, "the test needs episodes of different lengths (the hopper falls)"
+    np.testing.assert_allclose(res["returns"], sequential(ckpt, 3600.0, 3, 5, max_steps=400), rtol=1e-4)
+    assert stepped[:3] == lengths and stepped[3] == 0  # the 4th simulator had no job
+    assert res["act_rows"][0] == 3 and min(res["act_rows"]) >= 1
+    assert sum(res["act_rows"]) == res["env_steps"] == sum(lengths)
+    assert res["act_rows"][-1] == sum(n == max(lengths) for n in lengths)  # the batch shrank
+    assert res["act_rows"][min(lengths)] == 3 - sum(n == min(lengths) for n in lengths)
 
 
 def test_cli_writes_a_json_report(ckpt, tmp_path):
@@ -89,7 +118,7 @@ def test_cli_writes_a_json_report(ckpt, tmp_path):
     assert rep["engine"] == "stream" and rep["env"] == "hopper-medium" and rep["episodes_per_target"] == 2
     t = rep["targets"]["3600"]
     assert len(t["returns"]) == 2 and {"normalized_mean", "normalized_std", "return_std", "length_mean"} <= set(t)
-    assert rep["agent_latency"]["batch"] == 2 and rep["agent_latency"]["mean_ms"] > 0
+    assert rep["lanes"] == 2 and rep["agent_latency"]["batch"] == 1 and rep["agent_latency"]["mean_ms"] > 0
 
 
 def test_cli_clear_errors(ckpt, tmp_path):

@@ -155,6 +155,35 @@ def test_reset_done_restarts_one_row_like_a_fresh_agent(engine):
     assert not np.allclose(acts[t_reset:, 1], ref[t_reset:, 1], atol=1e-4)  # it really restarted
 
 
+@pytest.mark.parametrize("engine,case", [("stream", "primal+dt"), ("stream", "windowed"), ("stream", "performer"),
+                                         ("recompute", "primal+dt")])
+def test_keep_rows_continues_the_kept_episodes_unchanged(engine, case):
+    """Dropping finished rows mid-episode (the evaluator's tail) leaves the others' actions as if
+    the batch had never shrunk, for every kind of per-layer state (sums, rings, KV cache, generic)."""
+    layout, opts = CASES[case]
+    m = h.tiny_model(layout, K=4, options=opts)
+    obs, rew = rollout_inputs(T=20, B=4)
+    t_drop, keep = 7, np.array([True, False, True, False])
+    ref = make_agent(m, engine)
+    ref.reset(4)
+    full = run_agent(ref, obs, rew)
+    ag = make_agent(m, engine)
+    ag.reset(4)
+    head = run_agent(ag, obs[:t_drop], rew[:t_drop])
+    ag.keep_rows(keep)
+    assert ag.batch == 2 and ag.timesteps.tolist() == [t_drop, t_drop]
+    tail, reward = [], rew[t_drop - 1][keep]
+    for t in range(t_drop, 20):
+        tail.append(ag.act(obs[t][keep], reward))
+        reward = rew[t][keep]
+    np.testing.assert_allclose(head, full[:t_drop], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(np.stack(tail), full[t_drop:][:, keep], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="keep must have shape"):
+        ag.keep_rows(np.ones(4, bool))
+    with pytest.raises(ValueError, match="drop every row"):
+        ag.keep_rows(np.zeros(2, bool))
+
+
 def test_return_to_go_and_timestep_bookkeeping():
     m = h.tiny_model()
     ag = make_agent(m, "stream")
