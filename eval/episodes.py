@@ -1,10 +1,12 @@
 """The episode loop behind ``eval.rollout``: many episodes at once, simulation overlapped with inference.
 
 Simulators are split into *lanes*, each a Gymnasium vector env with its own agent (the same model).
-While one lane's simulators step (in a worker thread: MuJoCo and NumPy work), the next lane's agent
-computes its actions (torch ops release the GIL), so on a 2-core machine simulation hides behind
-inference instead of adding to it. With one lane (and for subprocess vector envs, whose simulators
-already run beside the agent) the loop is the plain act-then-step one.
+While one lane's simulators step, the next lane's agent computes its actions, so on a 2-core machine
+simulation hides behind inference instead of adding to it. A lane steps in its own process
+(``eval.simulators.SimulatorProcess``: true parallelism) or in a worker thread (plain vector envs:
+torch ops release the GIL, but the simulators' Python code does not). With one lane (and for
+subprocess vector envs, whose simulators already run beside the agent) the loop is the plain
+act-then-step one.
 
 Jobs (target, episode index) come from one shared queue: a simulator whose episode ends is reset
 with the next job's own seed (``seed + episode index``) and its agent row restarted; when no job is
@@ -122,12 +124,22 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
     act_s: list[float] = []
     act_rows: list[int] = []
     env_steps = 0
-    pool = ThreadPoolExecutor(1, thread_name_prefix="simulators") if len(lanes) > 1 else None
-    pending = None  # (lane, future or result): a lane whose simulators are stepping
+    in_process = all(hasattr(v, "step_rows_async") for v in venvs)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="simulators") if len(lanes) > 1 and not in_process else None
+    pending = None  # (lane, a function returning its step): a lane whose simulators are stepping
+
+    def submit(lane, action):
+        if in_process:  # eval.simulators: the lane's own process steps while we go on
+            lane.venv.step_rows_async(lane.running, action)
+            return lane.venv.step_rows_wait
+        if pool is not None:
+            return pool.submit(step_rows, lane.venv, lane.running, action).result
+        out = step_rows(lane.venv, lane.running, action)
+        return lambda: out
 
     def finish(p):
-        lane, fut = p
-        lane.finish(fut.result() if pool is not None else fut, queue, seed, returns, lengths, max_steps)
+        lane, result = p
+        lane.finish(result(), queue, seed, returns, lengths, max_steps)
 
     try:
         while any(len(lane.running) for lane in lanes):
@@ -146,10 +158,7 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
                     on_step(len(lane.running))
                 if pending is not None:  # the previous lane's simulators ran while this lane acted
                     finish(pending)
-                if pool is not None:
-                    pending = (lane, pool.submit(step_rows, lane.venv, lane.running, action))
-                else:
-                    pending = (lane, step_rows(lane.venv, lane.running, action))
+                pending = (lane, submit(lane, action))
         if pending is not None:
             finish(pending)
     finally:

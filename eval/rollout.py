@@ -8,8 +8,8 @@ Episodes run in parallel on Gymnasium vector envs (``SyncVectorEnv``, or ``Async
 subprocess per simulator) with autoreset DISABLED: when a row finishes, the evaluator resets exactly
 that simulator with the next episode's own seed (``options={"reset_mask": ...}``) and restarts the
 agent's row (``agent.reset_done``); with no episode left the row leaves the batch. Synchronous
-simulators are split into two lanes whose stepping overlaps the other lane's inference
-(``eval.episodes``). Episode e of every target uses reset seed ``seed + e``, so targets, engines,
+simulators are split into two lanes, each stepping in its own process while the other lane's agent
+acts (``eval.episodes``, ``eval.simulators``). Episode e of every target uses reset seed ``seed + e``, so targets, engines,
 lanes and ``num_envs`` settings are compared on the same initial states.
 
 Reported per target: mean / std return and normalized score, episode lengths; for the agent: the
@@ -83,14 +83,16 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
              reward_scale: float = 1000.0, num_envs: int = 20, max_steps: int | None = None,
              gym_id: str | None = None, make_vector_env: Callable | None = None,
              on_step: Callable[[int], None] | None = None, engine: str = "stream", asynchronous: bool = False,
-             lanes: int = 0, details: dict | None = None) -> dict:
+             lanes: int = 0, lane_workers: str = "process", details: dict | None = None) -> dict:
     """Roll out ``episodes`` episodes per target; {target: {"returns", "lengths", "normalized",
     "return_mean", "return_std", "normalized_mean", "normalized_std", "length_mean", ...}}.
     Episode e uses reset seed ``seed + e`` for every target, so targets share initial states. ``model`` is a DecisionTransformer or a checkpoint (path or
     dict; then state statistics default to the checkpoint's). ``lanes``: vector envs the ``num_envs``
     simulators are split into, stepped while the next lane's agent acts (``eval.episodes``; 0: two
     for synchronous simulators, one for subprocesses). ``details``, when given, receives the agent
-    latency and wall time. The model's training mode is restored afterwards."""
+    latency and wall time. ``lane_workers``: where a synchronous lane's simulators step while the other
+    lane acts: "process" (one subprocess per lane, ``eval.simulators``) or "thread" (used anyway with a
+    custom ``make_vector_env``). The model's training mode is restored afterwards."""
     from agents.agent import Agent, checkpoint_stats
 
     if episodes < 1:
@@ -108,13 +110,16 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
         model = build_from_checkpoint(ck)
     if state_mean is None or state_std is None:
         raise ValueError("state_mean and state_std are required when evaluating a model (not a checkpoint)")
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 0:
+        raise ValueError(f"lanes must be an integer >= 0 (0: automatic), got {lanes!r}")
+    if lane_workers not in ("process", "thread"):
+        raise ValueError(f"lane_workers must be 'process' or 'thread', got {lane_workers!r}")
     jobs = [(float(t), e) for t in targets for e in range(episodes)]
     was_training = model.training
     model.eval()
-    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 0:
-        raise ValueError(f"lanes must be an integer >= 0 (0: automatic), got {lanes!r}")
     n = max(1, min(int(num_envs), len(jobs)))
     n_lanes = min(n, lanes or (1 if asynchronous else 2))
+    in_process = n_lanes > 1 and not asynchronous and lane_workers == "process" and make_vector_env is None
     widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
         agents = [Agent(model, state_mean=state_mean, state_std=state_std, reward_scale=reward_scale,
@@ -122,7 +127,13 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
         venvs = []
         t0 = time.perf_counter()
         try:
-            venvs = [_vector_env(spec.name, w, asynchronous, gym_id, make_vector_env) for w in widths]
+            for w in widths:
+                if in_process:
+                    from eval.simulators import SimulatorProcess
+
+                    venvs.append(SimulatorProcess(spec.name, w, gym_id))
+                else:
+                    venvs.append(_vector_env(spec.name, w, asynchronous, gym_id, make_vector_env))
             res = run_episodes(agents, venvs, jobs, seed, max_steps or spec.max_episode_steps, on_step)
         finally:
             for v in venvs:
@@ -132,7 +143,8 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
         model.train(was_training)
     if details is not None:
         details.update({"latency": latency(res["act_s"], widths[0], res["act_rows"]), "wall_s": wall,
-                        "env_steps": res["env_steps"], "num_envs": n, "lanes": n_lanes, "engine": engine,
+                        "env_steps": res["env_steps"], "num_envs": n, "lanes": n_lanes,
+                        "lane_workers": "process" if in_process else "thread" if n_lanes > 1 else "none", "engine": engine,
                         "asynchronous": asynchronous})
     return summarize(spec, targets, jobs, res)
 
@@ -154,6 +166,8 @@ class RolloutConfig:
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
     """vector envs the simulators are split into, one stepping while the next one's agent acts (0: 2 sync, 1 async)"""
+    lane_workers: str = "process"
+    """where a synchronous lane steps while the other acts: process (one subprocess per lane) | thread"""
     seed: int = 0
     """episode e uses reset seed seed + e"""
     max_steps: int = 0
@@ -213,7 +227,7 @@ def main(argv: list[str] | None = None) -> dict:
         res = evaluate(model, spec, targets, cfg.episodes, cfg.seed, state_mean=stats["state_mean"],
                        state_std=stats["state_std"], reward_scale=stats["reward_scale"], num_envs=cfg.num_envs,
                        max_steps=cfg.max_steps or None, gym_id=stats["gym_id"], engine=cfg.engine,
-                       asynchronous=cfg.asynchronous, lanes=cfg.lanes, on_step=bar.update if bar else None, details=details)
+                       asynchronous=cfg.asynchronous, lanes=cfg.lanes, lane_workers=cfg.lane_workers, on_step=bar.update if bar else None, details=details)
     except ValueError as err:
         sys.exit(f"error: {err}")
     finally:
@@ -221,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
             bar.close()
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": stats["gym_id"] or spec.gym_id,
               "engine": cfg.engine, "episodes_per_target": cfg.episodes, "seed": cfg.seed,
-              "num_envs": details["num_envs"], "lanes": details["lanes"], "asynchronous": cfg.asynchronous,
+              "num_envs": details["num_envs"], "lanes": details["lanes"], "lane_workers": details["lane_workers"], "asynchronous": cfg.asynchronous,
               "max_steps": cfg.max_steps or spec.max_episode_steps, "model_layers": model.layer_names,
               "train_step": ck.get("step"), "wall_s": round(details["wall_s"], 3), "env_steps": details["env_steps"],
               "env_steps_per_s": details["env_steps"] / max(details["wall_s"], 1e-9),

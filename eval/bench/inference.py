@@ -16,8 +16,8 @@ width 256, 4 heads, 3 layers, primal+dt with s = 64), so the printed ratios comp
      on the last K steps, then ``action_preds[:, -1]`` (model call only, no bookkeeping).
    For K = 100 the engines use a 100-step context (recompute) / a 299-token softmax cache (stream).
 2. wall time to evaluate ``episodes`` Hopper episodes: our vectorised stream evaluator
-   (``eval.rollout.evaluate``: one simulator per episode in two SyncVectorEnv lanes whose stepping
-   overlaps the other lane's inference, finished rows leaving the batch) vs a sequential
+   (``eval.rollout.evaluate``: one simulator per episode in two SyncVectorEnv lanes, each stepping in
+   its own process while the other lane's agent acts, finished rows leaving the batch) vs a sequential
    one-episode-at-a-time recompute loop at batch 1 (the reference implementations' protocol),
    same seeds.
 

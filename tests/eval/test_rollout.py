@@ -55,14 +55,18 @@ def sequential(ckpt, target, episodes, seed, engine="stream", max_steps=MAX):
 
 
 def test_sync_and_async_agree_and_match_the_sequential_protocol(ckpt):
-    d_sync, d_one, d_asyn = {}, {}, {}
-    sync = run(ckpt, details=d_sync)  # two lanes of 2 simulators, overlapped
+    d_sync, d_thr, d_one, d_asyn = {}, {}, {}, {}
+    sync = run(ckpt, details=d_sync)  # two lanes of 2 simulators, each lane in its own process
+    thr = run(ckpt, lane_workers="thread", details=d_thr)  # the same lanes stepped by a worker thread
     one = run(ckpt, lanes=1, details=d_one)
     asyn = run(ckpt, asynchronous=True, details=d_asyn)
     assert (d_sync["lanes"], d_one["lanes"], d_asyn["lanes"]) == (2, 1, 1)
+    assert (d_sync["lane_workers"], d_thr["lane_workers"], d_one["lane_workers"]) == ("process", "thread", "none")
     for t in (3600.0, 1800.0):
         assert len(sync[t]["returns"]) == 3
         np.testing.assert_allclose(one[t]["returns"], asyn[t]["returns"], rtol=0, atol=1e-9)  # same batches
+        np.testing.assert_allclose(sync[t]["returns"], thr[t]["returns"], rtol=0, atol=1e-9)
+        assert sync[t]["lengths"] == thr[t]["lengths"]
         np.testing.assert_allclose(sync[t]["returns"], asyn[t]["returns"], rtol=1e-6)
         assert sync[t]["lengths"] == asyn[t]["lengths"] == one[t]["lengths"]
         np.testing.assert_allclose(sync[t]["returns"], sequential(ckpt, t, 3, 5), rtol=1e-4)
@@ -108,6 +112,31 @@ def test_finished_rows_leave_the_batch_and_idle_simulators_are_not_stepped(ckpt)
     assert sum(res["act_rows"]) == res["env_steps"] == sum(lengths)
     assert res["act_rows"][-1] == sum(n == max(lengths) for n in lengths)  # the batch shrank
     assert res["act_rows"][min(lengths)] == 3 - sum(n == min(lengths) for n in lengths)
+
+
+def test_simulator_process_steps_like_the_vector_env_and_reports_failures():
+    """A lane's simulators in a subprocess give what the same SyncVectorEnv gives in-process; a
+    simulator that cannot be built is the same clear error as in-process, and close() leaves no
+    process."""
+    from eval.episodes import step_rows
+    from eval.simulators import SimulatorProcess
+
+    proc = SimulatorProcess("hopper-medium", 3)
+    local = rollout._vector_env("hopper-medium", 3, False, None)
+    try:
+        a, _ = proc.reset(seed=[1, 2, 3])
+        b, _ = local.reset(seed=[1, 2, 3])
+        np.testing.assert_array_equal(a, b)
+        rows, act = np.array([0, 2]), np.full((2, 3), 0.3, np.float32)
+        proc.step_rows_async(rows, act)
+        for x, y in zip(proc.step_rows_wait(), step_rows(local, rows, act)):
+            np.testing.assert_array_equal(x, y)
+    finally:
+        proc.close()
+        local.close()
+    assert not proc._proc.is_alive()
+    with pytest.raises(ValueError, match="hopper-medium is evaluated in Hopper, not NoSuchEnv-v9"):
+        SimulatorProcess("hopper-medium", 2, gym_id="NoSuchEnv-v9")
 
 
 def test_cli_writes_a_json_report(ckpt, tmp_path):
