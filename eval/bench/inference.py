@@ -50,8 +50,12 @@ class BenchConfig:
     """episode steps at which the stream latency is measured"""
     calls: int = 30
     rounds: int = 5
+    latency: bool = True
+    """run the latency section (false: only the evaluation wall-time comparison)"""
     episodes: int = 100
     """Hopper episodes for the evaluation wall-time comparison (0: skip)"""
+    lane_layouts: bool = True
+    """also time the evaluator with thread lanes and with one lane (what the process lanes buy)"""
     seq_episodes: int = 0
     """episodes actually run by the sequential loop (0: all); its time is scaled to ``episodes``"""
     max_steps: int = 1000
@@ -223,23 +227,36 @@ def evaluation_section(model, stats, bc: BenchConfig) -> dict:
     spec = envs.get_spec(stats["env"] or "hopper-medium")
     target = stats["targets"][0] if stats["targets"] else 3600.0
     n_seq = bc.seq_episodes or bc.episodes
-    details = {}
-    t0 = time.perf_counter()
-    res = evaluate(model, spec, (target,), bc.episodes, bc.seed, state_mean=stats["state_mean"],
-                   state_std=stats["state_std"], reward_scale=stats["reward_scale"], num_envs=bc.episodes,
-                   max_steps=bc.max_steps, gym_id=stats["gym_id"], engine="stream", details=details)
-    vec_s = time.perf_counter() - t0
+    # the evaluator as shipped (two lanes, each in its own process), then its simpler layouts
+    layouts = {"lanes=2 process": dict(lanes=2, lane_workers="process")}
+    if bc.lane_layouts:
+        layouts.update({"lanes=2 thread": dict(lanes=2, lane_workers="thread"), "lanes=1": dict(lanes=1)})
+    vec, details, res = {}, {}, None
+    for name, kw in layouts.items():
+        d = {}
+        t0 = time.perf_counter()
+        r = evaluate(model, spec, (target,), bc.episodes, bc.seed, state_mean=stats["state_mean"],
+                     state_std=stats["state_std"], reward_scale=stats["reward_scale"], num_envs=bc.episodes,
+                     max_steps=bc.max_steps, gym_id=stats["gym_id"], engine="stream", details=d, **kw)
+        vec[name] = time.perf_counter() - t0
+        if res is None:
+            res, details = r, d
+        print(f"  vectorised stream, {name}: {vec[name]:.1f} s", flush=True)
+    vec_s = vec["lanes=2 process"]
     seq_s, seq_rets = sequential_recompute(model, stats, spec, n_seq, bc.seed, bc.max_steps, stats["gym_id"])
     seq_scaled = seq_s * bc.episodes / n_seq
-    out = {"episodes": bc.episodes, "vectorized_stream_s": vec_s, "sequential_recompute_s": seq_scaled,
-           "sequential_episodes_run": n_seq, "speedup": seq_scaled / vec_s,
+    out = {"episodes": bc.episodes, "vectorized_stream_s": vec_s, "vectorized_by_layout_s": vec,
+           "sequential_recompute_s": seq_scaled, "sequential_episodes_run": n_seq, "speedup": seq_scaled / vec_s,
+           "speedup_by_layout": {k: seq_scaled / v for k, v in vec.items()},
            "stream_mean_length": res[target]["length_mean"], "stream_return_mean": res[target]["return_mean"],
            "sequential_return_mean_over_run": float(np.mean(seq_rets)),
            "vectorized_agent_latency": details["latency"]}
     print(f"{bc.episodes} Hopper episodes (mean length {res[target]['length_mean']:.0f}): vectorised stream "
           f"{vec_s:.1f} s, sequential recompute {seq_scaled:.1f} s"
           + (f" (scaled from {n_seq} episodes)" if n_seq != bc.episodes else "")
-          + f"  -> {out['speedup']:.1f}x", flush=True)
+          + f"  -> {out['speedup']:.1f}x"
+          + "".join(f"; {k}: {v:.1f}x" for k, v in out["speedup_by_layout"].items() if k != "lanes=2 process"),
+          flush=True)
     return out
 
 
@@ -255,7 +272,7 @@ def main(argv=None) -> dict:
           flush=True)
     report = {"model_layers": model.layer_names, "d_model": model.cfg.d_model, "threads": bc.threads,
               "torch": torch.__version__, "config": vars(bc)}
-    report["latency"] = latency_section(model, stats, bc)
+    report["latency"] = latency_section(model, stats, bc) if bc.latency else {}
     if bc.episodes > 0:
         report["evaluation"] = evaluation_section(model, stats, bc)
     k = f"K{bc.contexts.split(',')[0]}_B1"

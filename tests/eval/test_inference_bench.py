@@ -29,3 +29,8 @@ def test_inference_bench_reports_every_comparison(tmp_path):
     assert {"t2_ms", "t5_ms"} <= set(rep["latency"]["stream_vs_t_B1"])
     ev = rep["evaluation"]
     assert ev["episodes"] == 3 and ev["speedup"] > 0
+    assert set(ev["vectorized_by_layout_s"]) == set(ev["speedup_by_layout"]) == {"lanes=2 process", "lanes=2 thread",
+                                                                                  "lanes=1"}
+    only_eval = inference.main([f"checkpoint={ck}", "latency=false", "lane_layouts=false", "episodes=2",
+                                "max_steps=10", "hf=false"])
+    assert only_eval["latency"] == {} and set(only_eval["evaluation"]["vectorized_by_layout_s"]) == {"lanes=2 process"}
