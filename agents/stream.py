@@ -257,15 +257,6 @@ def _kernel(attn, model, batch, device, dtype):
     return _GenericKernel(attn, batch, device, dtype)
 
 
-def _mlp(mlp, h):
-    """The block's MLP (Linear, activation, Linear, Dropout) in eval mode, activation in place:
-    at batch 100 a fresh [300, 4D] activation buffer costs as much as the activation itself."""
-    fc1, act, fc2 = mlp[0], mlp[1], mlp[2]
-    u = F.linear(h, fc1.weight, fc1.bias)
-    u = u.relu_() if isinstance(act, torch.nn.ReLU) else act(u)
-    return F.linear(u, fc2.weight, fc2.bias)
-
-
 # -- the engine -------------------------------------------------------------------------------------
 class StreamEngine:
     """Recurrent DT inference for ``batch`` lock-stepped rows (see the module docstring)."""
@@ -321,6 +312,6 @@ class StreamEngine:
             top = i == last
             h = F.layer_norm(x, (x.shape[-1],), b.ln1.weight, b.ln1.bias, b.ln1.eps)
             x = (x[:, -1:] if top else x) + k.step(h, mask_f if isinstance(k, _PrimalKernel) else mask, p0, top)
-            x = x + _mlp(b.mlp, F.layer_norm(x, (x.shape[-1],), b.ln2.weight, b.ln2.bias, b.ln2.eps))
+            x = x + b.mlp(F.layer_norm(x, (x.shape[-1],), b.ln2.weight, b.ln2.bias, b.ln2.eps))
         self.clock.pos = p0 + CHUNK
         return m.predict_action(m.stack.ln_f(x[:, -1]))

@@ -52,7 +52,7 @@ class _Lane:
         self.running = np.zeros(0, dtype=np.int64)
         self.obs = self.reward = None
 
-    def start(self, queue: deque, seed: int, default_target: float) -> None:
+    def start(self, queue: deque, seed: int) -> None:
         n = self.venv.num_envs
         seeds, targets = [], []
         for i in range(n):
@@ -118,7 +118,7 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
     queue = deque(enumerate(jobs))
     lanes = [_Lane(a, v) for a, v in zip(agents, venvs)]
     for lane in lanes:
-        lane.start(queue, seed, float(jobs[0][0]))
+        lane.start(queue, seed)
     returns = np.zeros(len(jobs))
     lengths = np.zeros(len(jobs), dtype=np.int64)
     act_s: list[float] = []
