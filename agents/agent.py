@@ -27,6 +27,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from . import dt_checkpoint
 from .recompute import RecomputeEngine
 from .stream import StreamEngine
 
@@ -34,8 +35,16 @@ ENGINES = ("stream", "recompute")
 
 
 class Agent:
-    def __init__(self, model, *, state_mean, state_std, reward_scale: float = 1000.0,
-                 target: float | Sequence[float] = 3600.0, engine: str = "stream", context: int | None = None):
+    """``model`` acting for B rows with the bookkeeping it was trained with.
+
+    ``state_mean`` / ``state_std`` / ``reward_scale`` (returns-to-go are divided by it) and the
+    default ``target`` (raw return, one or one per row) are required: they belong to the dataset
+    and the run, so they come from the checkpoint (``load_agent``) or the caller, never from a
+    default here that would silently fit one environment only.
+    """
+
+    def __init__(self, model, *, state_mean, state_std, reward_scale: float, target: float | Sequence[float],
+                 engine: str = "stream", context: int | None = None):
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
         if context is not None and engine != "recompute":
@@ -176,37 +185,21 @@ class Agent:
         return (self.rtg.double() * self.reward_scale).cpu().numpy()
 
 
-def checkpoint_stats(ckpt: dict) -> dict:
-    """Normalisation and return bookkeeping a trainer checkpoint carries (``primal_dt.train.state``)."""
-    data = ckpt.get("data")
-    if not isinstance(data, dict) or "state_mean" not in data or "state_std" not in data:
-        raise ValueError("checkpoint has no data statistics (data.state_mean / data.state_std); "
-                         "it was not written by primal_dt.train")
-    return {"state_mean": np.asarray(data["state_mean"], dtype=np.float32),
-            "state_std": np.asarray(data["state_std"], dtype=np.float32),
-            "reward_scale": float(data.get("reward_scale", 1000.0)),
-            "targets": tuple(float(t) for t in data.get("targets", ()) or ()),
-            "env": data.get("env"), "gym_id": data.get("gym_id")}
-
-
 def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[float] | None = None,
                device: str | torch.device = "cpu", context: int | None = None) -> Agent:
-    """An agent for a kind="dt" checkpoint (path or dict) written by ``primal_dt.train``.
+    """An agent for a DT checkpoint written by ``primal_dt.train``: a file, its run directory (its
+    last.pt), a checkpoint dict or an ``agents.dt_checkpoint.DTCheckpoint``.
 
-    ``target`` defaults to the checkpoint's first evaluation target (hopper: 3600).
+    ``target`` defaults to the checkpoint's first evaluation target (or, for a checkpoint that
+    recorded none, its environment's first: ``envs.get_spec(env).targets``). ``agent.info`` is the
+    checkpoint's ``DataInfo`` (env, simulator, statistics, targets, data source).
     """
-    from primal_dt import checkpoint as ck_io
-
-    from .decision_transformer import build_from_checkpoint
-
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    ck = checkpoint if isinstance(checkpoint, dict) else ck_io.load(checkpoint, expect_kind="dt")
-    model = build_from_checkpoint(ck).to(device)
-    stats = checkpoint_stats(ck)
-    if target is None:
-        target = stats["targets"][0] if stats["targets"] else 3600.0
-    agent = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
-                  reward_scale=stats["reward_scale"], target=target, engine=engine, context=context)
-    agent.info = stats
+    ck = dt_checkpoint.load(checkpoint)
+    info = ck.data
+    agent = Agent(ck.build_model(device), state_mean=info.state_mean, state_std=info.state_std,
+                  reward_scale=info.reward_scale, target=info.eval_targets[0] if target is None else target,
+                  engine=engine, context=context)
+    agent.info = info
     return agent

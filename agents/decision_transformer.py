@@ -15,12 +15,13 @@ Read top to bottom:
    R_t and s_t but not a_t.
 5. ``loss``: masked action MSE + eta * KSVD regulariser of the primal layers.
 
-The streaming agent uses the same pieces one environment step at a time: ``embed_tokens`` on a
-single step (each token carries its own step's timestep embedding), ``stack.init_state`` /
-``stack.step`` on the chunk of new tokens, ``stack.reset_rows`` for finished episodes, and
-``predict_action`` on the state token's output (tests/agents pin that stepping reproduces
-``forward`` over the same tokens; the recompute protocol, which re-reads only the last K
-steps, is ``agents.recompute``).
+The streaming agent (``agents.stream``) uses the same pieces one environment step at a time:
+``embed_step`` builds the step's chunk (a_{t-1}, R_t, s_t), each token with its own step's
+timestep embedding; the stack's stream form (``stack.init_stream`` / ``stack.stream_step``)
+consumes it, ``stack.reset_rows`` / ``stack.select_rows`` restart or drop finished episodes, and
+``predict_action`` reads the state token's output (tests/agents pin that streaming reproduces
+``forward`` over the same tokens; the recompute protocol, which re-reads only the last K steps,
+is ``agents.recompute``).
 """
 
 from __future__ import annotations
@@ -134,6 +135,32 @@ class DecisionTransformer(nn.Module):
         B, T, D = s.shape
         return torch.stack((r, s, a), dim=2).reshape(B, TOKENS_PER_STEP * T, D)
 
+    def embed_step(self, rtg, states, prev_actions, timesteps, first):
+        """The chunk one environment step adds to a stream: tokens [B, 3, D] = (a_{t-1}, R_t, s_t) and
+        their mask [B, 3] (or None).
+
+        rtg [B] (scaled), states [B, state_dim] (normalised), prev_actions [B, act_dim], timesteps [B]
+        long (t), first [B] bool (rows at t = 0), or None when no row is at t = 0. The action token
+        comes first because a_{t-1} is only known now; it carries timestep t - 1, R_t and s_t carry t.
+        Over an episode the stream thus receives exactly ``embed``'s token sequence (R_0, s_0, a_0,
+        R_1, ...), cut into chunks one token later. Where ``first``, the action slot is padding
+        (masked: invisible to every layer).
+        Computes what ``embed_tokens`` computes for those tokens, with the embeddings' weights called
+        functionally and one LayerNorm over the stacked three, because it runs every environment step.
+        """
+        tt = torch.stack((timesteps - 1, timesteps, timesteps), 1).clamp_(0, self.cfg.max_timestep - 1)
+        time = F.embedding(tt, self.embed_timestep.weight)
+        a = F.linear(prev_actions, self.embed_action.weight, self.embed_action.bias)
+        r = torch.addcmul(self.embed_return.bias, rtg.unsqueeze(-1), self.embed_return.weight.squeeze(-1))
+        s = F.linear(states, self.embed_state.weight, self.embed_state.bias)
+        ln = self.embed_ln
+        x = F.layer_norm(torch.stack((a, r, s), 1) + time, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+        if first is None:
+            return x, None
+        mask = torch.ones(x.shape[0], TOKENS_PER_STEP, dtype=torch.bool, device=x.device)
+        mask[:, 0] = ~first
+        return x, mask
+
     # -- 2. the stack and the head ------------------------------------------------------------------
     def predict_action(self, hidden_at_state_tokens: torch.Tensor) -> torch.Tensor:
         """Hidden states of state tokens [..., D] -> actions in [-1, 1] [..., act_dim]."""
@@ -210,16 +237,3 @@ def _init_weights(module: nn.Module) -> None:
     elif isinstance(module, nn.LayerNorm):
         nn.init.ones_(module.weight)
         nn.init.zeros_(module.bias)
-
-
-def build_from_checkpoint(ckpt) -> DecisionTransformer:
-    """A model (in eval mode) from a kind="dt" checkpoint dict or path."""
-    from primal_dt import checkpoint
-
-    if not isinstance(ckpt, dict):
-        ckpt = checkpoint.load(ckpt, expect_kind="dt")
-    elif ckpt.get("kind") != "dt":
-        raise ValueError(f"checkpoint holds a {ckpt.get('kind')!r} model, expected 'dt'")
-    model = DecisionTransformer(DTConfig.from_dict(ckpt["model_config"]))
-    model.load_state_dict(ckpt["model"])
-    return model.eval()

@@ -19,9 +19,14 @@ class SegmentSampler:
     """Batches of K-step segments as torch tensors.
 
     states [B,K,obs] normalized by the dataset mean/std; actions [B,K,act]; rewards [B,K,1]
-    (raw); rtg [B,K,1] = undiscounted return-to-go of the whole remaining episode times
-    ``reward_scale``; timesteps [B,K] long, clipped to max_timestep - 1; mask [B,K] bool,
-    True for real steps. Padding is zero everywhere.
+    (raw); rtg [B,K,1] = undiscounted return-to-go of the whole remaining episode divided by
+    ``reward_scale`` (the DT papers: 1000; the default 1 leaves returns as they are);
+    timesteps [B,K] long, clipped to max_timestep - 1; mask [B,K] bool, True for real steps.
+    Padding is zero everywhere.
+
+    ``reward_scale`` is a divisor because that is its meaning everywhere in the package (the
+    trainer's config, the checkpoint, the agent's return-to-go bookkeeping): a checkpoint's
+    ``reward_scale`` passed here gives the batches the model was trained on.
     """
 
     def __init__(self, ds: Trajectories, K: int = 20, batch_size: int = 64, reward_scale: float = 1.0,
@@ -29,6 +34,8 @@ class SegmentSampler:
                  device: str | torch.device = "cpu"):
         if K < 1 or batch_size < 1:
             raise ValueError(f"K and batch_size must be >= 1, got K={K}, batch_size={batch_size}")
+        if not reward_scale > 0:
+            raise ValueError(f"reward_scale must be > 0 (returns-to-go are divided by it), got {reward_scale}")
         self.K, self.batch_size, self.reward_scale = int(K), int(batch_size), float(reward_scale)
         self.max_timestep, self.device = int(max_timestep), torch.device(device)
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
@@ -40,7 +47,7 @@ class SegmentSampler:
         self._states = np.concatenate([states, np.zeros((1, states.shape[1]), np.float32)])
         self._actions = np.concatenate([ds.actions, np.zeros((1, ds.actions.shape[1]), np.float32)])
         self._rewards = np.append(ds.rewards, np.float32(0))
-        self._rtg = np.append(ds.rtg * np.float32(self.reward_scale), np.float32(0))
+        self._rtg = np.append(ds.rtg / np.float32(self.reward_scale), np.float32(0))
         ts = np.minimum(ds.timesteps, self.max_timestep - 1)
         self._timesteps = np.append(ts, 0)
         self._end = ds.step_end

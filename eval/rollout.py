@@ -1,7 +1,7 @@
 """Roll out a Decision-Transformer checkpoint in its Gymnasium MuJoCo simulator, many episodes at once.
 
     python -m eval.rollout checkpoint=runs/hopper-medium/primal+dt/.../last.pt episodes=100 engine=stream
-    python -m eval.rollout checkpoint=PATH engine=recompute targets=[3600] num_envs=50 asynchronous=true
+    python -m eval.rollout checkpoint=PATH engine=recompute targets=3600 num_envs=50 asynchronous=true
     python -m eval.rollout checkpoint=PATH episodes=10 video=true          # + one recorded episode
 
 Episodes run in parallel on Gymnasium vector envs (``SyncVectorEnv``, or ``AsyncVectorEnv`` with one
@@ -21,6 +21,7 @@ wall time of each ``agent.act`` call (one step for all rows) and per row; writte
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -80,36 +81,41 @@ def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int] | None =
 
 # -- the trainer's entry point ------------------------------------------------------------------------
 def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *, state_mean=None, state_std=None,
-             reward_scale: float = 1000.0, num_envs: int = 20, max_steps: int | None = None,
+             reward_scale: float | None = None, num_envs: int = 20, max_steps: int | None = None,
              gym_id: str | None = None, make_vector_env: Callable | None = None,
              on_step: Callable[[int], None] | None = None, engine: str = "stream", asynchronous: bool = False,
              lanes: int = 0, lane_workers: str = "process", details: dict | None = None) -> dict:
     """Roll out ``episodes`` episodes per target; {target: {"returns", "lengths", "normalized",
     "return_mean", "return_std", "normalized_mean", "normalized_std", "length_mean", ...}}.
-    Episode e uses reset seed ``seed + e`` for every target, so targets share initial states. ``model`` is a DecisionTransformer or a checkpoint (path or
-    dict; then state statistics default to the checkpoint's). ``lanes``: vector envs the ``num_envs``
+    Episode e uses reset seed ``seed + e`` for every target, so targets share initial states. ``model``
+    is a DecisionTransformer, with ``state_mean``, ``state_std`` and ``reward_scale`` (returns-to-go are
+    divided by it) required, or a checkpoint (path, run directory, dict or ``DTCheckpoint``), whose
+    statistics, reward scale and simulator (``gym_id``) fill whichever of these is not given.
+    ``lanes``: vector envs the ``num_envs``
     simulators are split into, stepped while the next lane's agent acts (``eval.episodes``; 0: two
     for synchronous simulators, one for subprocesses). ``details``, when given, receives the agent
     latency and wall time. ``lane_workers``: where a synchronous lane's simulators step while the other
     lane acts: "process" (one subprocess per lane, ``eval.simulators``) or "thread" (used anyway with a
     custom ``make_vector_env``). The model's training mode is restored afterwards."""
-    from agents.agent import Agent, checkpoint_stats
+    from agents import dt_checkpoint
+    from agents.agent import Agent
 
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     if not targets:
         raise ValueError("targets is empty: give at least one return-to-go target")
     if not isinstance(model, torch.nn.Module):
-        from agents.decision_transformer import build_from_checkpoint
-        from primal_dt import checkpoint as ck_io
-
-        ck = model if isinstance(model, dict) else ck_io.load(model, expect_kind="dt")
-        stats = checkpoint_stats(ck)
-        state_mean = stats["state_mean"] if state_mean is None else state_mean
-        state_std = stats["state_std"] if state_std is None else state_std
-        model = build_from_checkpoint(ck)
-    if state_mean is None or state_std is None:
-        raise ValueError("state_mean and state_std are required when evaluating a model (not a checkpoint)")
+        ck = dt_checkpoint.load(model)
+        state_mean = ck.data.state_mean if state_mean is None else state_mean
+        state_std = ck.data.state_std if state_std is None else state_std
+        reward_scale = ck.data.reward_scale if reward_scale is None else reward_scale
+        gym_id = ck.data.gym_id if gym_id is None else gym_id
+        model = ck.build_model()
+    missing = [k for k, v in (("state_mean", state_mean), ("state_std", state_std), ("reward_scale", reward_scale))
+               if v is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required when evaluating a model (a checkpoint carries them): pass "
+                         "the training data's statistics and the run's reward_scale")
     if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 0:
         raise ValueError(f"lanes must be an integer >= 0 (0: automatic), got {lanes!r}")
     if lane_workers not in ("process", "thread"):
@@ -183,8 +189,7 @@ class RolloutConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from agents.agent import checkpoint_stats
-    from primal_dt import checkpoint as ck_io
+    from agents import dt_checkpoint
     from primal_dt.cli import parse
 
     cfg = parse(RolloutConfig, sys.argv[1:] if argv is None else argv, prog="python -m eval.rollout",
@@ -192,30 +197,26 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         if not cfg.checkpoint:
             raise ValueError("checkpoint=PATH is required (a last.pt written by primal_dt.train, or its run directory)")
-        path = Path(cfg.checkpoint)
-        if path.is_dir():
-            path = path / "last.pt"
         if cfg.engine not in ("stream", "recompute"):
             raise ValueError(f"unknown engine {cfg.engine!r}; choose stream or recompute")
         if cfg.episodes < 1 or cfg.num_envs < 1:
             raise ValueError("episodes and num_envs must be >= 1")
-        ck = ck_io.load(path, expect_kind="dt")
-        stats = checkpoint_stats(ck)
+        path = dt_checkpoint.resolve(cfg.checkpoint)
+        ck = dt_checkpoint.load(path)
         import envs
 
-        spec = envs.get_spec(stats["env"])
+        spec = envs.get_spec(ck.data.env)
     except (ValueError, FileNotFoundError, KeyError) as err:
         sys.exit(f"error: {err}")
+    info = ck.data
     if cfg.threads > 0:
         torch.set_num_threads(cfg.threads)
     try:
         given = tuple(float(t) for t in cfg.targets.replace(" ", "").split(",") if t)
     except ValueError:
         sys.exit(f"error: targets={cfg.targets!r} is not a comma-separated list of numbers (e.g. targets=3600,1800)")
-    targets = given or tuple(float(t) for t in (stats["targets"] or spec.targets))
-    from agents.decision_transformer import build_from_checkpoint
-
-    model = build_from_checkpoint(ck).to(cfg.device)
+    targets = given or info.eval_targets
+    model = ck.build_model(cfg.device)
     total = cfg.episodes * len(targets) * (cfg.max_steps or spec.max_episode_steps)
     bar = None
     if cfg.progress:
@@ -224,28 +225,28 @@ def main(argv: list[str] | None = None) -> dict:
         bar = tqdm(total=total, desc=f"{spec.name} {cfg.engine}", unit="step", dynamic_ncols=True)
     details: dict = {}
     try:
-        res = evaluate(model, spec, targets, cfg.episodes, cfg.seed, state_mean=stats["state_mean"],
-                       state_std=stats["state_std"], reward_scale=stats["reward_scale"], num_envs=cfg.num_envs,
-                       max_steps=cfg.max_steps or None, gym_id=stats["gym_id"], engine=cfg.engine,
+        res = evaluate(model, spec, targets, cfg.episodes, cfg.seed, state_mean=info.state_mean,
+                       state_std=info.state_std, reward_scale=info.reward_scale, num_envs=cfg.num_envs,
+                       max_steps=cfg.max_steps or None, gym_id=info.gym_id, engine=cfg.engine,
                        asynchronous=cfg.asynchronous, lanes=cfg.lanes, lane_workers=cfg.lane_workers, on_step=bar.update if bar else None, details=details)
     except ValueError as err:
         sys.exit(f"error: {err}")
     finally:
         if bar is not None:
             bar.close()
-    report = {"checkpoint": str(path), "env": spec.name, "gym_id": stats["gym_id"] or spec.gym_id,
+    report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
               "engine": cfg.engine, "episodes_per_target": cfg.episodes, "seed": cfg.seed,
               "num_envs": details["num_envs"], "lanes": details["lanes"], "lane_workers": details["lane_workers"], "asynchronous": cfg.asynchronous,
               "max_steps": cfg.max_steps or spec.max_episode_steps, "model_layers": model.layer_names,
-              "train_step": ck.get("step"), "wall_s": round(details["wall_s"], 3), "env_steps": details["env_steps"],
+              "train_step": ck.step, "wall_s": round(details["wall_s"], 3), "env_steps": details["env_steps"],
               "env_steps_per_s": details["env_steps"] / max(details["wall_s"], 1e-9),
               "agent_latency": details["latency"],
               "targets": {_tag(t): r for t, r in res.items()}}
     if cfg.video:
         from eval.video import record_episode
 
-        report["video"] = record_episode(model, spec, stats, targets[0], cfg.engine, cfg.seed,
-                                         out_dir=path.parent, gym_id=stats["gym_id"])
+        report["video"] = record_episode(model, spec, dataclasses.asdict(info), targets[0], cfg.engine, cfg.seed,
+                                         out_dir=path.parent, gym_id=info.gym_id)
     out = Path(cfg.out) if cfg.out else path.parent / f"rollout-{cfg.engine}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))

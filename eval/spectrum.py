@@ -1,7 +1,7 @@
 """Spectrum of each layer's attention matrix (Primal-Attention, Figure 1) and head redundancy
 (primal-dual SVR framework), for any model built on ``primal_dt.blocks.Stack``.
 
-    python -m eval.spectrum checkpoint=runs/.../best.pt [out=DIR] [n=64] [seed=0]
+    python -m eval.spectrum checkpoint=runs/.../best.pt [out=DIR] [n=64] [seed=0] [data_source=...]
 
 For each attention layer the matrix is taken from the mechanism's ``attention_matrix(x, mask)``
 (softmax: the attention weights; primal: the induced kernel phi(q) phi(k)^T, with prefix means
@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -191,57 +192,81 @@ def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True)
 
 
 # -- command line -------------------------------------------------------------------------------
-def build_from_checkpoint(ckpt: dict, n: int = 64, seed: int = 0) -> tuple[nn.Module, Callable[[], object]]:
+def build_from_checkpoint(ckpt: dict, n: int = 64, seed: int = 0, *, where: str = "checkpoint",
+                          data_source: str | None = None) -> tuple[nn.Module, Callable[[], object]]:
     """(model, run) for a checkpoint dict: ``run()`` feeds the model ``n`` real examples.
 
     Dispatches on ckpt["kind"] and imports the builders lazily (they live above eval's
-    dependencies on the core): "classifier" -> primal_dt.classify (test split of the checkpoint's
-    task), "dt" -> agents.decision_transformer (K-step segments of the checkpoint's dataset).
+    dependencies on the core): "classifier" -> primal_dt.classifier_training (test split of the checkpoint's
+    task), "dt" -> agents.dt_checkpoint (K-step segments of the checkpoint's dataset, see
+    ``dt_segments``; ``data_source`` overrides where that dataset is read from).
     """
     kind = ckpt.get("kind")
     if kind == "classifier":
-        from primal_dt import classify
+        from primal_dt.classifier_training import build_model
+        from primal_dt.classify_config import config_from_dict
         from primal_dt.tasks import load_task
 
-        cfg = classify.config_from_dict(ckpt["config"])
+        cfg = config_from_dict(ckpt["config"])
         data = load_task(cfg.data, with_val=False)
-        model = classify.build_model(cfg, data)
+        model = build_model(cfg, data)
         model.load_state_dict(ckpt["model"])
         g = torch.Generator().manual_seed(seed)
         pick = torch.randperm(data.test.y.shape[0], generator=g)[:n]
         x, mask = data.test.x[pick], data.test.mask[pick]
         return model, lambda: model(x, mask)
     if kind == "dt":
-        from agents.decision_transformer import build_from_checkpoint as build_dt
-        from envs.loader import load_dataset
-        from envs.sampler import SegmentSampler
+        from agents.dt_checkpoint import DTCheckpoint
 
-        model = build_dt(ckpt)
-        cfg = ckpt.get("config", {})
-        env = cfg.get("env") or cfg.get("dataset")
-        if not env:
-            raise ValueError("the dt checkpoint's config names no env/dataset to draw segments from")
-        ds = load_dataset(env)
-        sampler = SegmentSampler(ds, K=model.cfg.K, batch_size=n, reward_scale=float(cfg.get("reward_scale", 1e-3)),
-                                 max_timestep=model.cfg.max_timestep, seed=seed)
-        b = sampler.sample()
+        ck = DTCheckpoint.from_dict(ckpt, where)
+        model = ck.build_model()
+        b = dt_segments(ck, n, seed, data_source, where)
         return model, lambda: model(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])
     raise ValueError(f"checkpoint kind {kind!r} has no model builder here; known kinds: 'classifier', 'dt'")
+
+
+def dt_segments(ck, n: int, seed: int, data_source: str | None = None, where: str = "checkpoint") -> dict:
+    """``n`` K-step segments of the data the DT checkpoint ``ck`` was trained on, drawn exactly as
+    its training drew them: ``envs.SegmentSampler`` with the checkpoint's K, max_timestep and
+    reward_scale (a divisor there as everywhere), seeded with ``seed``. So the spectrum describes
+    the attention on the inputs the model learned from, returns-to-go at their trained scale.
+
+    The data is read from ``data_source`` (default: the run's own ``data_source`` setting, else
+    ``auto``); data whose normalisation statistics differ from the checkpoint's is an error, since
+    the model would see states it was never trained on.
+    """
+    from envs import SegmentSampler, load_dataset
+
+    source = data_source or ck.config.get("data_source") or "auto"
+    ds = load_dataset(ck.data.env, source=source)
+    if not (np.allclose(ds.state_mean, ck.data.state_mean, atol=1e-6)
+            and np.allclose(ds.state_std, ck.data.state_std, atol=1e-6)):
+        raise ValueError(f"{where} was trained on {ck.data.env} data with other normalisation statistics than "
+                         f"the data found now ({ds.source}; the run used {ck.data.source or 'an unrecorded source'}); "
+                         "pass data_source=... naming the training data (e.g. data_source=d4rl:PATH)")
+    mc = ck.model_config
+    sampler = SegmentSampler(ds, K=mc.K, batch_size=n, reward_scale=ck.data.reward_scale,
+                             max_timestep=mc.max_timestep, seed=seed)
+    return sampler.sample()
+
+
+USAGE = ("usage: python -m eval.spectrum checkpoint=PATH [out=DIR] [n=64] [seed=0] [tensorboard=true] "
+         "[data_source=SOURCE (dt checkpoints: where their dataset is read from, default the run's)]")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv) if "=" in a)
     bad = [a for a in (sys.argv[1:] if argv is None else argv) if "=" not in a]
-    unknown = sorted(set(args) - {"checkpoint", "out", "n", "seed", "tensorboard"})
+    unknown = sorted(set(args) - {"checkpoint", "out", "n", "seed", "tensorboard", "data_source"})
     if bad or unknown or "checkpoint" not in args:
-        print("usage: python -m eval.spectrum checkpoint=PATH [out=DIR] [n=64] [seed=0] [tensorboard=true]"
-              + (f"\nunrecognised: {bad + unknown}" if bad or unknown else ""), file=sys.stderr)
+        print(USAGE + (f"\nunrecognised: {bad + unknown}" if bad or unknown else ""), file=sys.stderr)
         return 2
     from primal_dt import checkpoint
 
     path = Path(args["checkpoint"])
     ckpt = checkpoint.load(path)
-    model, run = build_from_checkpoint(ckpt, n=int(args.get("n", 64)), seed=int(args.get("seed", 0)))
+    model, run = build_from_checkpoint(ckpt, n=int(args.get("n", 64)), seed=int(args.get("seed", 0)),
+                                       where=f"checkpoint {path}", data_source=args.get("data_source"))
     report = analyse(model, run)
     out = Path(args.get("out", path.parent / "spectrum"))
     files = write(report, out, tensorboard=args.get("tensorboard", "true").lower() != "false")

@@ -5,6 +5,12 @@ A stack is a list of ``LayerSpec``s, so "PrimalFormer" (every layer primal) and 
 in parallel (``forward``) or recurrently (``init_state`` / ``step``), the latter threading each
 layer's attention state; blocks are otherwise token-wise, so the two agree whenever every
 mechanism's ``step`` agrees with its ``forward``.
+
+For inference engines the stack also streams (``init_stream`` / ``stream_step``): each block runs
+its mechanism's stream form (attention/base.py) inside the pre-norm residual, and with
+``last_only`` the top block carries only the chunk's last token through its residual and MLP (the
+other tokens only advance the top layer's attention state). Stream steps apply no dropout: they
+are the eval-mode computation.
 """
 
 from __future__ import annotations
@@ -13,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import build_attention
 from .attention.base import Attention
+from .attention.state import State
 
 
 @dataclass
@@ -62,6 +70,25 @@ class Block(nn.Module):
     def step(self, x, state, mask=None):
         return self._residual(x, lambda h: self.attn.step(h, state, mask))
 
+    def init_stream(self, batch: int, *, device=None, dtype=None, window: int | None = None,
+                    chunk: int = 1) -> State:
+        """The attention's stream state (Attention.init_stream); pre-norm blocks only."""
+        if self.norm != "pre":
+            raise ValueError("Block.stream_step supports pre-norm blocks (the Decision Transformer's); this block "
+                             "is post-norm: use init_state / step")
+        return self.attn.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk)
+
+    def stream_step(self, x, state: State, mask=None, last_only: bool = False):
+        """Pre-norm residual around the attention's stream form: x [B, C, D] -> (y, state) with y
+        [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes
+        through the residual and the MLP). No dropout (eval-mode computation); the layer norms are
+        called functionally, which saves a module call each on this per-step path."""
+        ln1, ln2 = self.ln1, self.ln2
+        h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
+        a, state = self.attn.stream_step(h, state, mask, last_only)
+        x = (x[:, -1:] if last_only else x) + a
+        return x + self.mlp(F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)), state
+
 
 class Stack(nn.Module):
     def __init__(self, d_model: int, n_heads: int, layers: Sequence[LayerSpec | str], causal: bool = False,
@@ -90,11 +117,14 @@ class Stack(nn.Module):
             auxes.append(aux)
         return self.ln_f(x), auxes
 
-    def init_state(self, batch: int, device=None, dtype=None) -> list:
+    def _require_step(self) -> None:
         if not self.supports_step:
             bad = [s.attention for s, b in zip(self.specs, self.blocks) if not b.attn.supports_step]
             raise ValueError(f"recurrent stepping needs a causal stack of mechanisms with a recurrent form; "
                              f"causal={self.causal}, without one: {bad}")
+
+    def init_state(self, batch: int, device=None, dtype=None) -> list:
+        self._require_step()
         return [b.attn.init_state(batch, device=device, dtype=dtype) for b in self.blocks]
 
     def step(self, x, states: list, mask=None):
@@ -105,8 +135,30 @@ class Stack(nn.Module):
             new.append(st)
         return self.ln_f(x), new
 
+    def init_stream(self, batch: int, *, device=None, dtype=None, window: int | None = None,
+                    chunk: int = 1) -> list:
+        """Per-block stream states (Block.init_stream; ``window`` / ``chunk`` as in Attention.init_stream)."""
+        self._require_step()
+        return [b.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk) for b in self.blocks]
+
+    def stream_step(self, x, states: list, mask=None, last_only: bool = False):
+        """Consume chunk x [B, C, D] through every block's stream form; returns (y, new states) with y
+        [B, C, D], or [B, 1, D] when ``last_only`` (lower blocks still pass every token on: the chunk's
+        tokens feed the upper layers' states)."""
+        new, top = [], len(self.blocks) - 1
+        for i, (b, st) in enumerate(zip(self.blocks, states)):
+            x, st = b.stream_step(x, st, mask, last_only and i == top)
+            new.append(st)
+        return self.ln_f(x), new
+
     @staticmethod
     def reset_rows(states: list, rows: torch.Tensor) -> list:
+        """Restart the rows where ``rows`` ([B] bool) is True in every layer's state (in place)."""
         for st in states:
             Attention.reset_rows(st, rows)
         return states
+
+    @staticmethod
+    def select_rows(states: list, keep: torch.Tensor) -> list:
+        """Every layer's state for the rows where ``keep`` ([B] bool) is True, in order."""
+        return [Attention.select_rows(st, keep) for st in states]

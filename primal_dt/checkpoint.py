@@ -5,6 +5,8 @@ A checkpoint is a dict saved with torch.save; by convention it holds
   config the run's config as a plain dict
   model  the model state_dict
 plus whatever the trainer needs to resume (optimizer, scheduler, RNG states, step, ...).
+This module only writes and reads files; the layout of a DT checkpoint is ``agents.dt_checkpoint``'s
+(its one writer and reader), a classifier's is ``primal_dt.classifier_training``'s.
 """
 
 from __future__ import annotations

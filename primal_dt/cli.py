@@ -9,7 +9,8 @@ every option with its default.
 from __future__ import annotations
 
 import sys
-from typing import Sequence, TypeVar
+from collections.abc import Sequence
+from typing import TypeVar
 
 import tyro
 
@@ -50,6 +51,38 @@ def find_value(argv: Sequence[str], key: str) -> str | None:
             elif a.startswith("--") and i + 1 < len(argv):
                 val = argv[i + 1]
     return val
+
+
+def expand_shorthands(argv: Sequence[str], shorthands: dict[str, str]) -> list[str]:
+    """Rewrite shorthand option names to the options they stand for, in every spelling (``key=v``,
+    ``--key v``, ``--key=v``): ``{"model": "model.name"}`` makes ``model=dt`` mean ``model.name=dt``.
+    An entry point declares its shorthands next to its config; the grammar is this one."""
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        body, eq, val = a.lstrip("-").partition("=")
+        if body in shorthands:
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"{a} needs a value, e.g. {body}=NAME")
+                val, i = argv[i + 1], i + 1
+            out.append(f"{shorthands[body]}={val}")
+        else:
+            out.append(a)
+        i += 1
+    return out
+
+
+def split_lists(argv: Sequence[str], keys: Sequence[str]) -> list[str]:
+    """``key=a,b`` for the tuple options ``keys`` becomes tyro's ``--key a b``."""
+    out: list[str] = []
+    for a in argv:
+        k, eq, val = a.partition("=")
+        if eq and k in keys and not a.startswith("-"):
+            out += [f"--{k}", *[v for v in val.split(",") if v.strip()]]
+        else:
+            out.append(a)
+    return out
 
 
 def parse(cls: type[T], argv: Sequence[str] | None = None, default: T | None = None,

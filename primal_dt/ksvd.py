@@ -6,11 +6,21 @@ Per primal layer and per sequence, over its real tokens only (padding excluded):
     J  = E + R - Tr
 and the total regulariser is eta * mean_batch( mean_layers J_l^2 ).
 
-Relation to the paper's KSVD objective (1/2 sum_i e_i^T Lp e_i + 1/2 sum_j r_j^T Lp r_j - Tr):
-our Lambda parameterises its diagonal Lp as Lp = Lambda^2 / L (the square keeps it non-negative,
-the 1/L comes from averaging over tokens, as in the reference code). The stationary point of
-Lemma 4.2, Lp = S^-1 for the singular values S of the induced kernel, is therefore
-Lambda = sqrt(L) * S^(-1/2), where J = 0 (tests/attention/test_ksvd.py builds it).
+The parameterisation of Lambda this package promises: the paper's diagonal Lp (a positive
+diagonal matrix of the KSVD's inverse singular values) is Lp = Lambda^2 / L, with Lambda the
+layer's learnable [H, s] parameter. Why: the square keeps Lp non-negative whatever the optimizer
+does to Lambda (a negative Lp would make E + R unbounded below and J^2 meaningless), and the 1/L,
+the average over a sequence's L real tokens, makes J comparable across sequence lengths and
+padding (the reference code averages the same way). Lemma 4.2's stationary point, Lp = S^-1 for the
+singular values S of the induced kernel, is therefore Lambda = sqrt(L) * S^(-1/2), where J = 0.
+
+The trace term uses the parameters We, Wr in every form (paper eqs. 6 and 11, Lemma 4.2 and its
+proof), never a per-sample W_{e|X}: in the data-dependent form the primal features of token i are
+f(X) phi(q_i) (the n sampled rows of X against phi(q_i)) and We, Wr in R^{n x s} act on them, so the
+KSVD, and its stationary point, are in We, Wr. A sequence with fewer real tokens than s * rank_multi
+samples fewer rows n_b, and its trace covers the n_b rows it used, so padding never changes J.
+tests/attention/test_ksvd.py builds the stationary
+point of both forms from the SVD of the induced kernel and checks J = 0 there.
 """
 
 from __future__ import annotations
@@ -30,8 +40,13 @@ def ksvd_objective(aux: dict) -> torch.Tensor:
     n = m.sum(-1).squeeze(1).clamp(min=1)  # real tokens per sequence
     E = ((l2 * e**2).sum(-1) * m).sum((1, 2)) / (2 * H * n)
     R = ((l2 * r**2).sum(-1) * m).sum((1, 2)) / (2 * H * n)
-    We, Wr = aux["We"], aux["Wr"]
-    Tr = (We * Wr).sum((-1, -2, -3)) / H  # scalar, or [B] for data-dependent weights
+    # the parameters; in the data-dependent form each sequence's trace covers the rows it used
+    per_row = (aux["We"] * aux["Wr"]).sum((0, 2)) / H  # [rows]
+    if aux.get("rows") is None:
+        Tr = per_row.sum()
+    else:
+        used = torch.arange(per_row.shape[0], device=per_row.device) < aux["rows"][:, None]
+        Tr = (used.to(per_row.dtype) * per_row).sum(-1)
     return E + R - Tr
 
 

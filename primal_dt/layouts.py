@@ -13,12 +13,19 @@ from __future__ import annotations
 from .attention import available, get_class
 from .blocks import LayerSpec
 
-_ALIASES = {"transformer": "softmax", "trans": "softmax", "dt": "softmax", "primalformer": "primal",
-            "primalformer-dt": "primal"}
+ALIASES = {"transformer": "softmax", "trans": "softmax", "dt": "softmax", "primalformer": "primal",
+           "primalformer-dt": "primal"}
+"""Layout names that mean "every layer this mechanism": the papers' model names. The one table
+every command (``primal_dt.train``'s ``model=``, ``primal_dt.classify``'s ``model=``) reads."""
+
+
+def canonical(name: str) -> str:
+    """The mechanism a layout or layer name stands for (``dt`` -> ``softmax``); other names as given."""
+    return ALIASES.get(name, name)
 
 
 def _mechanism(name: str) -> str:
-    name = _ALIASES.get(name, name)
+    name = canonical(name)
     get_class(name)  # raises a clear error listing the registry
     return name
 
@@ -34,6 +41,6 @@ def layout(model: str, n_layers: int, options: dict[str, dict] | None = None) ->
         try:
             names = [_mechanism(model)] * n_layers
         except ValueError as err:
-            raise ValueError(f"unknown model layout {model!r}: use one of {sorted(_ALIASES)}, 'primal+<mechanism>', "
+            raise ValueError(f"unknown model layout {model!r}: use one of {sorted(ALIASES)}, 'primal+<mechanism>', "
                              f"or a mechanism name ({', '.join(available())})") from err
     return [LayerSpec(n, dict(options.get(n, {}))) for n in names]

@@ -16,15 +16,14 @@ import dataclasses
 import difflib
 from dataclasses import dataclass, field
 
-import yaml
-
 from . import presets
 from .attention import available, get_class
-from .cli import find_value, parse, to_tyro_args
+from .cli import expand_shorthands, find_value, parse, split_lists, to_tyro_args
+from .layouts import canonical
+from .runtime import attention_options as parse_attention_options
+from .runtime import check_device
 
 GROUP = "dt"
-_ALIASES = {"dt": "softmax", "transformer": "softmax", "trans": "softmax", "primalformer-dt": "primal",
-            "primalformer": "primal"}  # as primal_dt.layouts reads them
 
 
 @dataclass
@@ -128,25 +127,15 @@ class Built:
     """dotted option -> 'default' | 'preset <name>' | 'command line'"""
 
 
+SHORTHANDS = {"model": "model.name", "attention": "model.name"}
+"""``model=NAME`` and ``attention=NAME`` are short for ``model.name=NAME``."""
+LIST_OPTIONS = ("eval.targets",)
+
+
 def normalize_argv(argv: list[str]) -> list[str]:
     """Expand the ``model=NAME`` / ``attention=NAME`` shorthands (also as --model NAME) and
     comma lists for ``eval.targets=3600,1800`` (tyro's spelling is --eval.targets 3600 1800)."""
-    out, i = [], 0
-    while i < len(argv):
-        a = argv[i]
-        body, eq, val = a.lstrip("-").partition("=")
-        if body in ("model", "attention"):
-            if not eq:
-                if i + 1 >= len(argv):
-                    raise ValueError(f"{a} needs a value, e.g. model=primal+dt")
-                val, i = argv[i + 1], i + 1
-            out.append(f"model.name={val}")
-        elif body == "eval.targets" and eq and not a.startswith("-"):
-            out += ["--eval.targets", *[v for v in val.split(",") if v.strip()]]
-        else:
-            out.append(a)
-        i += 1
-    return out
+    return split_lists(expand_shorthands(argv, SHORTHANDS), LIST_OPTIONS)
 
 
 def build(argv: list[str]) -> Built:
@@ -205,6 +194,35 @@ def from_dict(d: dict) -> TrainConfig:
     return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
 
 
+def resumed(built: Built, saved: dict, where: str) -> Built:
+    """The config of a run resumed from a checkpoint: its saved config (``saved``, a plain dict),
+    plus the run-time options (RESUMABLE) given on the command line.
+
+    Any other option given on the command line must agree with the checkpoint: resuming a
+    hopper-medium primal+dt run as walker2d-medium or as dt is an error, not a silent mix.
+    """
+    saved = dataclasses.asdict(from_dict(saved))
+    saved_flat, asked = flat(saved), flat(dataclasses.asdict(built.cfg))
+    prov = {k: f"checkpoint {where}" for k in saved_flat}
+    for key, came_from in built.provenance.items():
+        if came_from != "command line":
+            continue
+        if key.split(".")[0] not in RESUMABLE:
+            if asked[key] != saved_flat.get(key):
+                raise ValueError(f"checkpoint {where} was trained with {key}={saved_flat.get(key)!r}, but the "
+                                 f"command line asks for {key}={asked[key]!r}; resume without that option, or "
+                                 "start a new run")
+            continue
+        *parents, leaf = key.split(".")
+        node = saved
+        for part in parents:
+            node = node[part]
+        node[leaf] = asked[key]
+        prov[key] = "command line"
+    cfg = from_dict(saved)
+    return Built(cfg, cfg.preset or None, f"resumed from {where}", prov)
+
+
 def describe(b: Built) -> str:
     """One line per option: value and where it came from."""
     lines = [f"config (preset: {b.preset or 'none'}; source: {b.source})"]
@@ -215,12 +233,8 @@ def describe(b: Built) -> str:
 
 # -- checks -------------------------------------------------------------------------------------------
 def attention_options(m: ModelConfig) -> dict:
-    opts = yaml.safe_load(m.attention_options) if m.attention_options.strip() else {}
-    if not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values()):
-        raise ValueError(f"model.attention_options must be a YAML mapping of mechanism -> options, got "
-                         f"{m.attention_options!r}")
-    opts["primal"] = {"s": m.s, **opts.get("primal", {})}
-    return opts
+    """Per-mechanism constructor options: ``model.attention_options``, with ``model.s`` for primal layers."""
+    return parse_attention_options(m.attention_options, "model.attention_options", {"primal": {"s": m.s}})
 
 
 def layer_names(m: ModelConfig) -> tuple[str, ...]:
@@ -253,14 +267,12 @@ def check(cfg: TrainConfig) -> None:
     need(e.engine in ("recompute", "stream"), f"eval.engine must be recompute or stream, got {e.engine!r}")
     need(cfg.data_source in ("auto", "d4rl", "minari", "replica") or cfg.data_source.startswith(("d4rl:", "minari:")),
          f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got {cfg.data_source!r}")
-    need(cfg.device == "auto" or cfg.device == "cpu" or cfg.device.startswith("cuda"),
-         f"device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    check_device(cfg.device)
     names = layer_names(m) or (m.name,)
     mechanisms = available()
     causal = [n for n in mechanisms if get_class(n).supports_causal]
     for n in names:
-        base = n[len("primal+"):] if n.startswith("primal+") else n
-        base = _ALIASES.get(base, base)
+        base = canonical(n.removeprefix("primal+"))
         if base not in mechanisms:
             close = difflib.get_close_matches(n, ["dt", "primal+dt", "primalformer-dt", *mechanisms], n=3)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""

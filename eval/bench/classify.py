@@ -18,7 +18,9 @@ from pathlib import Path
 
 import torch
 
-from primal_dt.classify import SetupError, Trainer, build_config, check_config
+from primal_dt import runtime
+from primal_dt.classifier_training import Trainer
+from primal_dt.classify_config import build_config, check_config
 from primal_dt.cli import find_value
 from primal_dt.tasks import load_task
 
@@ -27,21 +29,19 @@ def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else list(argv)
     models = (find_value(argv, "models") or "transformer,primalformer").split(",")
     argv = [a for a in argv if not a.startswith("models=") and not a.startswith("--models")]
-    try:
+    with runtime.setup_errors(RuntimeError):  # bad input: SetupError, printed as one line by runtime.main
         cfgs = [build_config(argv + [f"model={m}"])[0] for m in models]
         for c in cfgs:
             check_config(c)
+        device = runtime.pick_device(cfgs[0].device)
+        runtime.set_threads(cfgs[0].threads)
         data = load_task(cfgs[0].data, with_val=True)
         if data.val is None:
             raise ValueError("the benchmark selects on validation; this task has no validation split")
-        trainers = [Trainer(c, data) for c in cfgs]
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
-        raise SystemExit(f"error: {err}") from None
-    if cfgs[0].threads > 0:
-        torch.set_num_threads(cfgs[0].threads)
+        trainers = [Trainer(c, data, device) for c in cfgs]
     total, block = trainers[0].total_steps, trainers[0].eval_every
-    print(f"{data.describe()}\nmodels {models}; {total} steps each in blocks of {block}, torch threads "
-          f"{torch.get_num_threads()}", flush=True)
+    print(f"{data.describe()}\nmodels {models}; {total} steps each in blocks of {block}, device {device}, torch "
+          f"threads {torch.get_num_threads()}", flush=True)
     best = {m: (-1.0, 0.0, 0) for m in models}  # (val acc, test acc, step)
     done = 0
     while done < total:
@@ -76,7 +76,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SetupError as err:
-        raise SystemExit(f"error: {err}") from None
+    runtime.main(main)

@@ -1,7 +1,7 @@
 """Data benchmark: cost of one K-step training batch versus the DT reference's sampler and
 versus a DT training step, all measured in the same run.
 
-    python -m eval.bench.data                         # hopper-medium-sized synthetic data (1M steps)
+    python -m eval.bench.data                         # hopper-medium-shaped synthetic data (1M steps)
     python -m eval.bench.data --dataset hopper-medium --json bench-data.json
 
 Methods, per batch of B x K (default 64 x 20, the papers' setting):
@@ -27,10 +27,13 @@ import numpy as np
 import torch
 
 
-def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, obs_dim: int = 11, act_dim: int = 3, seed: int = 0):
-    """Random data shaped like D4RL hopper-medium (1M steps, 2186 trajectories)."""
-    from envs import Trajectories
+def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, env: str = "hopper-medium", seed: int = 0):
+    """Random data shaped like D4RL hopper-medium (1M steps, 2186 trajectories), with the
+    observation and action sizes of ``env``'s simulator (from ``envs``)."""
+    from envs import Trajectories, get_spec
 
+    spec = get_spec(env)
+    obs_dim, act_dim = spec.obs_dim, spec.act_dim
     rng = np.random.default_rng(seed)
     w = rng.uniform(0.2, 1.8, episodes)
     lengths = np.maximum(1, (w / w.sum() * num_steps).astype(np.int64))
@@ -49,7 +52,8 @@ def _discount_cumsum(x, gamma):
 
 
 class ReferenceLoop:
-    """Per-sample sampler in the structure of the DT reference code (left as it is: a loop)."""
+    """Per-sample sampler in the structure of the DT reference code (left as it is: a loop).
+    ``reward_scale`` divides the returns-to-go, as in the reference and in envs.SegmentSampler."""
 
     def __init__(self, ds, K, batch_size, reward_scale, max_len=1000, precomputed_rtg=False, seed=0):
         self.trajs = [dict(observations=e["observations"], actions=e["actions"], rewards=e["rewards"],
@@ -75,7 +79,7 @@ class ReferenceLoop:
             act = tr["actions"][si:si + K]
             a.append(np.concatenate([act, np.zeros((K - n, act.shape[1]), np.float32)])[None])
             r.append(np.concatenate([tr["rewards"][si:si + K], np.zeros(K - n, np.float32)])[None, :, None])
-            rtg.append(np.concatenate([g * self.scale, np.zeros(K - n, np.float32)])[None, :, None])
+            rtg.append(np.concatenate([g / self.scale, np.zeros(K - n, np.float32)])[None, :, None])
             ts.append(np.concatenate([t, np.zeros(K - n, np.int64)])[None])
             mask.append(np.concatenate([np.ones(n, bool), np.zeros(K - n, bool)])[None])
         return {"states": torch.from_numpy(np.concatenate(s)).float(), "actions": torch.from_numpy(np.concatenate(a)),
@@ -121,10 +125,14 @@ def train_step_fn(batch: int, K: int, obs_dim: int, act_dim: int, width: int = 2
 
 
 def main(argv=None):
+    from primal_dt.train_config import TrainConfig
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dataset", default=None, help="a dataset name to load (default: synthetic hopper-medium size)")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("-K", type=int, default=20)
+    p.add_argument("--reward-scale", type=float, default=TrainConfig.reward_scale,
+                   help="returns-to-go are divided by this (default: the trainer's, the DT papers' 1000)")
     p.add_argument("--repeat", type=int, default=7)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-train-step", action="store_true")
@@ -140,10 +148,10 @@ def main(argv=None):
     print(f"data: {ds.source}, {len(ds)} trajectories, {ds.num_steps:,} steps (built in {load_s:.2f} s); "
           f"batch {a.batch} x K={a.K}, {a.threads} thread(s)")
     t = time.perf_counter()
-    ours = SegmentSampler(ds, K=a.K, batch_size=a.batch, reward_scale=1e-3, seed=0)
+    ours = SegmentSampler(ds, K=a.K, batch_size=a.batch, reward_scale=a.reward_scale, seed=0)
     setup_s = time.perf_counter() - t
-    ref = ReferenceLoop(ds, a.K, a.batch, 1e-3)
-    pre = ReferenceLoop(ds, a.K, a.batch, 1e-3, precomputed_rtg=True)
+    ref = ReferenceLoop(ds, a.K, a.batch, a.reward_scale)
+    pre = ReferenceLoop(ds, a.K, a.batch, a.reward_scale, precomputed_rtg=True)
     rows = {
         "segment-sampler": _time(ours.sample, a.repeat),
         "loop-precomputed-rtg": _time(pre.sample, a.repeat),

@@ -37,6 +37,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+RANDOM_MODEL_ENV = "hopper-medium"
+"""the dataset whose dimensions, simulator and targets the random model (no checkpoint) takes"""
+
 
 @dataclass
 class BenchConfig:
@@ -82,17 +85,25 @@ def hf_model(cfg, K: int):
 
 
 def build_model(bc: BenchConfig):
-    from agents.agent import checkpoint_stats
-    from agents.decision_transformer import DecisionTransformer, DTConfig, build_from_checkpoint
-    from primal_dt import checkpoint as ck_io
+    """(model, DataInfo): the checkpoint's, or a random model of the DT papers' size for hopper-medium
+    (dimensions, simulator and targets from ``envs``; identity statistics; the trainer's default
+    reward scale, the papers' 1000)."""
+    from agents import dt_checkpoint
+    from agents.decision_transformer import DecisionTransformer, DTConfig
+    from primal_dt.train_config import TrainConfig
 
     if bc.checkpoint:
-        ck = ck_io.load(bc.checkpoint, expect_kind="dt")
-        return build_from_checkpoint(ck), checkpoint_stats(ck)
+        ck = dt_checkpoint.load(bc.checkpoint)
+        return ck.build_model(), ck.data
+    import envs
+
+    spec = envs.get_spec(RANDOM_MODEL_ENV)
     torch.manual_seed(bc.seed)
-    m = DecisionTransformer(DTConfig(11, 3, K=20, layout=bc.layout, options={"primal": {"s": 64}}, dropout=0.0)).eval()
-    return m, {"state_mean": np.zeros(11, np.float32), "state_std": np.ones(11, np.float32), "reward_scale": 1000.0,
-               "targets": (3600.0,), "env": "hopper-medium", "gym_id": None}
+    m = DecisionTransformer(DTConfig(spec.obs_dim, spec.act_dim, K=20, layout=bc.layout,
+                                     options={"primal": {"s": 64}}, dropout=0.0)).eval()
+    info = dt_checkpoint.DataInfo(env=spec.name, state_mean=np.zeros(spec.obs_dim), state_std=np.ones(spec.obs_dim),
+                                  reward_scale=TrainConfig.reward_scale, targets=spec.targets, source="random model")
+    return m, info
 
 
 def with_context(model, K: int):
@@ -130,12 +141,17 @@ def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.5) -> dict:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def agent_at(model, stats, engine, B, t, context=None):
-    """An agent with B rows advanced to episode step t; returns (agent, a function doing one step)."""
+def make_agent(model, info, engine: str, context: int | None = None):
+    """An agent with the run's bookkeeping (``info``: the checkpoint's DataInfo), aiming at its first target."""
     from agents.agent import Agent
 
-    ag = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
-               reward_scale=stats["reward_scale"], target=3600.0, engine=engine, context=context)
+    return Agent(model, state_mean=info.state_mean, state_std=info.state_std, reward_scale=info.reward_scale,
+                 target=info.eval_targets[0], engine=engine, context=context)
+
+
+def agent_at(model, info, engine, B, t, context=None):
+    """An agent with B rows advanced to episode step t; returns (agent, a function doing one step)."""
+    ag = make_agent(model, info, engine, context)
     ag.reset(B)
     g = np.random.default_rng(0)
     obs = g.normal(size=(B, model.cfg.state_dim)).astype(np.float32)
@@ -146,7 +162,7 @@ def agent_at(model, stats, engine, B, t, context=None):
     return ag, (lambda: ag.act(obs, rew))
 
 
-def latency_section(model, stats, bc: BenchConfig) -> dict:
+def latency_section(model, info, bc: BenchConfig) -> dict:
     batches = [int(b) for b in bc.batches.split(",")]
     contexts = [int(k) for k in bc.contexts.split(",")]
     ts = [int(t) for t in bc.ts.split(",")]
@@ -156,8 +172,8 @@ def latency_section(model, stats, bc: BenchConfig) -> dict:
         hf = hf_model(model.cfg, K) if bc.hf else None
         for B in batches:
             fns = {}
-            _, fns["stream"] = agent_at(mk, stats, "stream", B, K)
-            _, fns["recompute"] = agent_at(mk, stats, "recompute", B, K)
+            _, fns["stream"] = agent_at(mk, info, "stream", B, K)
+            _, fns["recompute"] = agent_at(mk, info, "recompute", B, K)
             if hf is not None:
                 g = torch.Generator().manual_seed(0)
                 c = model.cfg
@@ -185,7 +201,7 @@ def latency_section(model, stats, bc: BenchConfig) -> dict:
     # stream latency versus episode step t (model context 20)
     mk = with_context(model, contexts[0])
     for B in batches:
-        fns = {f"t{t}": agent_at(mk, stats, "stream", B, t)[1] for t in ts}
+        fns = {f"t{t}": agent_at(mk, info, "stream", B, t)[1] for t in ts}
         ms = median_ms(fns, bc.calls, bc.rounds)
         res[f"stream_vs_t_B{B}"] = {"batch": B, **{f"{k}_ms": v for k, v in ms.items()},
                                      "max_over_min": max(ms.values()) / min(ms.values())}
@@ -194,14 +210,11 @@ def latency_section(model, stats, bc: BenchConfig) -> dict:
     return res
 
 
-def sequential_recompute(model, stats, spec, n: int, seed: int, max_steps: int, gym_id=None) -> tuple[float, list]:
+def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> tuple[float, list]:
     """The reference protocol: one episode at a time, batch-1 recompute agent."""
-    from agents.agent import Agent
     from envs import make_env
 
-    ag = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
-               reward_scale=stats["reward_scale"], target=stats["targets"][0] if stats["targets"] else 3600.0,
-               engine="recompute")
+    ag = make_agent(model, info, "recompute")
     env = make_env(spec.name, None, gym_id=gym_id)
     rets = []
     t0 = time.perf_counter()
@@ -220,12 +233,12 @@ def sequential_recompute(model, stats, spec, n: int, seed: int, max_steps: int, 
     return time.perf_counter() - t0, rets
 
 
-def evaluation_section(model, stats, bc: BenchConfig) -> dict:
+def evaluation_section(model, info, bc: BenchConfig) -> dict:
     import envs
     from eval.rollout import evaluate
 
-    spec = envs.get_spec(stats["env"] or "hopper-medium")
-    target = stats["targets"][0] if stats["targets"] else 3600.0
+    spec = envs.get_spec(info.env)
+    target = info.eval_targets[0]
     n_seq = bc.seq_episodes or bc.episodes
     # the evaluator as shipped (two lanes, each in its own process), then its simpler layouts
     layouts = {"lanes=2 process": dict(lanes=2, lane_workers="process")}
@@ -235,15 +248,15 @@ def evaluation_section(model, stats, bc: BenchConfig) -> dict:
     for name, kw in layouts.items():
         d = {}
         t0 = time.perf_counter()
-        r = evaluate(model, spec, (target,), bc.episodes, bc.seed, state_mean=stats["state_mean"],
-                     state_std=stats["state_std"], reward_scale=stats["reward_scale"], num_envs=bc.episodes,
-                     max_steps=bc.max_steps, gym_id=stats["gym_id"], engine="stream", details=d, **kw)
+        r = evaluate(model, spec, (target,), bc.episodes, bc.seed, state_mean=info.state_mean,
+                     state_std=info.state_std, reward_scale=info.reward_scale, num_envs=bc.episodes,
+                     max_steps=bc.max_steps, gym_id=info.gym_id, engine="stream", details=d, **kw)
         vec[name] = time.perf_counter() - t0
         if res is None:
             res, details = r, d
         print(f"  vectorised stream, {name}: {vec[name]:.1f} s", flush=True)
     vec_s = vec["lanes=2 process"]
-    seq_s, seq_rets = sequential_recompute(model, stats, spec, n_seq, bc.seed, bc.max_steps, stats["gym_id"])
+    seq_s, seq_rets = sequential_recompute(model, info, spec, n_seq, bc.seed, bc.max_steps, info.gym_id)
     seq_scaled = seq_s * bc.episodes / n_seq
     out = {"episodes": bc.episodes, "vectorized_stream_s": vec_s, "vectorized_by_layout_s": vec,
            "sequential_recompute_s": seq_scaled, "sequential_episodes_run": n_seq, "speedup": seq_scaled / vec_s,
@@ -266,15 +279,15 @@ def main(argv=None) -> dict:
     bc = parse(BenchConfig, sys.argv[1:] if argv is None else argv, prog="python -m eval.bench.inference",
                description="Streaming vs recompute DT inference latency, and evaluation wall time.")
     torch.set_num_threads(bc.threads)
-    model, stats = build_model(bc)
+    model, info = build_model(bc)
     print(f"model: layers {model.layer_names}, d_model {model.cfg.d_model}, {model.cfg.n_heads} heads; "
           f"torch {torch.__version__}, {bc.threads} thread(s), {platform.processor() or platform.machine()}",
           flush=True)
     report = {"model_layers": model.layer_names, "d_model": model.cfg.d_model, "threads": bc.threads,
               "torch": torch.__version__, "config": vars(bc)}
-    report["latency"] = latency_section(model, stats, bc) if bc.latency else {}
+    report["latency"] = latency_section(model, info, bc) if bc.latency else {}
     if bc.episodes > 0:
-        report["evaluation"] = evaluation_section(model, stats, bc)
+        report["evaluation"] = evaluation_section(model, info, bc)
     k = f"K{bc.contexts.split(',')[0]}_B1"
     if k in report["latency"] and "hf_over_stream" in report["latency"][k]:
         print(f"target: stream >= 10x lower per-step latency than HF recompute at K=20, batch 1: "

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from agents.decision_transformer import DecisionTransformer, DTConfig
-from primal_dt.train import train_step
+from agents.training import train_step
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
 OURS = ("dt", "primal+dt", "primalformer-dt")

@@ -6,15 +6,25 @@
 - Causal mechanisms with a recurrent form also implement ``init_state(batch)`` and
   ``step(x_chunk, state, mask=None) -> (y_chunk, state)``; stepping through a sequence in any
   chunking reproduces ``forward`` on the whole sequence.
+- Their streaming form, ``init_stream(batch, ...)`` and ``stream_step(x_chunk, state, mask=None,
+  last_only=False) -> (y, state)``, is what an inference engine runs (agents.stream): the same
+  outputs as ``step`` at real tokens (at padding they are unspecified: never read, and padding
+  never enters a state), and ``last_only`` asks only for the chunk's last token (y is [B, 1, D]).
+  By default it *is* ``step``; a mechanism with a faster form (fused weights, preallocated buffers
+  updated in place) overrides both methods, so an engine only loops over layers and never looks at
+  a mechanism's type.
 
-States are dicts of batch-first tensors (plus Python ints shared by the batch), so one generic
-``reset_rows`` can restart finished episodes independently.
+States are ``State`` objects (state.py) that declare which entries are per row, so that
+``reset_rows`` / ``select_rows`` restart or drop finished sequences without touching anything the
+batch shares.
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from .state import State
 
 
 class Attention(nn.Module):
@@ -76,39 +86,76 @@ class Attention(nn.Module):
         return x.transpose(1, 2).reshape(B, T, H * d)
 
     # -- recurrent interface -----------------------------------------------------------------
-    def init_state(self, batch: int, device=None, dtype=None) -> dict:
+    def init_state(self, batch: int, device=None, dtype=None) -> State:
         """Empty recurrent state for ``batch`` sequences (mechanisms with a recurrent form override)."""
         self._require_step()
         raise TypeError(f"{type(self).__name__} sets supports_step but does not define init_state")
 
-    def step(self, x: torch.Tensor, state: dict, mask: torch.Tensor | None = None):
+    def step(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None):
         """Consume a chunk [B, C, D]; returns its outputs and the advanced state."""
         self._require_step()
         raise TypeError(f"{type(self).__name__} sets supports_step but does not define step")
 
     @staticmethod
-    def reset_rows(state: dict, rows: torch.Tensor) -> dict:
-        """Restart the sequences selected by ``rows`` ([B] bool) in place: zero their statistics."""
-        for v in state.values():
-            if isinstance(v, dict):
-                Attention.reset_rows(v, rows)
-            elif isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == rows.shape[0]:
-                v[rows] = 0
-        return state
+    def reset_rows(state: State, rows: torch.Tensor) -> State:
+        """Restart the sequences selected by ``rows`` ([B] bool) in place: their per-row entries are
+        zeroed as declared by the state (see State.reset_rows); shared entries are untouched."""
+        return _as_state(state, "reset_rows").reset_rows(rows)
 
     @staticmethod
-    def select_rows(state: dict, keep: torch.Tensor) -> dict:
+    def select_rows(state: State, keep: torch.Tensor) -> State:
         """The state of the sequences selected by ``keep`` ([B] bool), in order: a smaller batch
         (finished episodes leave without costing their rows' compute)."""
-        out = {}
-        for k, v in state.items():
-            if isinstance(v, dict):
-                out[k] = Attention.select_rows(v, keep)
-            elif isinstance(v, torch.Tensor) and v.dim() >= 1 and v.shape[0] == keep.shape[0]:
-                out[k] = v[keep]
-            else:
-                out[k] = v
-        return out
+        return _as_state(state, "select_rows").select_rows(keep)
+
+    # -- streaming interface (what inference engines run) ---------------------------------------
+    def init_stream(self, batch: int, *, device=None, dtype=None, window: int | None = None,
+                    chunk: int = 1) -> State:
+        """State of the streaming form for ``batch`` sequences.
+
+        ``window``: a bound the caller imposes on a mechanism whose attention is otherwise unbounded
+        and would need a cache of the whole sequence (the DT engine passes 3K - 1 tokens); only
+        mechanisms that need a bounded window to stream use it (softmax), a mechanism's own
+        ``window`` option wins, and ``adopt_stream_window`` makes ``forward`` compute the same.
+        ``chunk``: the chunk length ``stream_step`` will usually get (the DT engine: 3), to size
+        preallocated buffers; longer chunks are still correct (processed in pieces).
+
+        Default: the recurrent form's ``init_state`` (``window`` and ``chunk`` do not apply).
+        """
+        return self.init_state(batch, device=device, dtype=dtype)
+
+    def stream_step(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None,
+                    last_only: bool = False):
+        """Consume a chunk [B, C, D] with the state from ``init_stream``; returns (y, state) with y
+        [B, C, D], or [B, 1, D] for the chunk's last token when ``last_only`` (the others still
+        advance the state). Outputs at padding positions are unspecified. Default: the recurrent
+        ``step``."""
+        y, state = self.step(x, state, mask)
+        return (y[:, -1:] if last_only else y), state
+
+    def adopt_stream_window(self, window: int | None) -> None:
+        """Make ``forward`` compute what ``init_stream(..., window=window)`` streams (in place; for a
+        copy of a model, see agents.stream.streamed_model_equivalent). Default: nothing to do, the
+        stream already equals ``forward``."""
+
+
+def _as_state(state, op: str) -> State:
+    if not isinstance(state, State):
+        raise ValueError(f"Attention.{op}: expected the State returned by init_state / init_stream / step, got "
+                         f"{type(state).__name__}")
+    return state
+
+
+def stream_in_pieces(stream_step, x: torch.Tensor, state: State, mask: torch.Tensor | None, last_only: bool,
+                     size: int):
+    """Run ``stream_step`` over chunk x [B, C, D] in consecutive pieces of at most ``size`` tokens: how a
+    stream form whose preallocated buffers hold ``size`` new tokens takes a longer chunk (same outputs
+    as one call, since stepping in any chunking equals the whole sequence)."""
+    outs = []
+    for i in range(0, x.shape[1], size):
+        y, state = stream_step(x[:, i:i + size], state, None if mask is None else mask[:, i:i + size], last_only)
+        outs.append(y)
+    return (outs[-1] if last_only else torch.cat(outs, 1)), state
 
 
 def zero_padding(y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from .base import check_int
 from .linear_core import FeatureMapAttention
 from .registry import register
+from .state import State
 
 
 @register("cosformer")
@@ -37,7 +38,7 @@ class CosformerAttention(FeatureMapAttention):
         return 2 * self.d_head
 
     def init_feature_state(self, batch, device=None, dtype=None):
-        return {"count": torch.zeros(batch, device=device, dtype=torch.long)}
+        return State(rows={"count": torch.zeros(batch, device=device, dtype=torch.long)})
 
     def features(self, q, k, mask, fstate):
         B, H, T, _ = q.shape
@@ -45,7 +46,7 @@ class CosformerAttention(FeatureMapAttention):
         pos = torch.cumsum(m.long(), dim=1)  # 1-based index among real tokens
         if fstate is not None:
             pos = pos + fstate["count"][:, None]
-            fstate = {"count": pos[:, -1].clone()}
+            fstate = State(rows={"count": pos[:, -1].clone()})
         if self.causal:
             if T and int(pos.max()) > self.max_len:
                 raise ValueError(f"cosformer: position {int(pos.max())} exceeds max_len={self.max_len}; the causal "

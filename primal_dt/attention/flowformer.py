@@ -28,6 +28,7 @@ from .base import Attention, check_int, zero_padding
 from .linear_core import LinearState, linear_attention
 from .prefix import PrefixState, prefix_sums
 from .registry import register
+from .state import State
 
 _TINY = 1e-12
 
@@ -70,7 +71,8 @@ class FlowAttention(Attention):
 
     # -- causal (parallel when st is None, else recurrent) -------------------------------------
     def _running(self, x, mask, st, key):
-        """Sums over the real prefix of x [B, H, T, *F] along T, and the counts [B, T]."""
+        """Sums over the real prefix of x [B, H, T, *F] along T, and the counts [B, T]. ``st`` (recurrent
+        form): a dict of the four sub-states, whose entry ``key`` is advanced."""
         xt = x.transpose(1, 2)
         if st is None:
             s, n = prefix_sums(xt, mask)
@@ -107,13 +109,13 @@ class FlowAttention(Attention):
         dtype = dtype or self.qkv.weight.dtype
         H, d = self.n_heads, self.d_head
         init = lambda shape: self._prefix.init(batch, shape, device=device, dtype=dtype)  # noqa: E731
-        return {"qk": init((H, 2, d)), "flow": init((H, 2, d)), "comp": init((H, 1)),
-                "kv": self._kv.init(batch, H, d, d, device, dtype)}
+        return State(rows={"qk": init((H, 2, d)), "flow": init((H, 2, d)), "comp": init((H, 1)),
+                           "kv": self._kv.init(batch, H, d, d, device, dtype)})
 
     def step(self, x, state, mask=None):
         self._require_step()
         self.check_input(x, mask)
         fq, fk, v = self._qkv(x)
-        st = dict(state)
+        st = dict(state.rows)
         y = self._causal(fq, fk, v, mask, st)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), st
+        return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows=st)

@@ -31,6 +31,7 @@ from .base import check_int
 from .linear_core import FeatureMapAttention
 from .prefix import PrefixState, prefix_means
 from .registry import register
+from .state import State
 
 _CHOICES = {"softmax_axis": ("feature", "token"), "se": ("channel", "token", "none"), "normalizer": ("sum", "none")}
 
@@ -56,8 +57,8 @@ class KerformerAttention(FeatureMapAttention):
 
     def init_feature_state(self, batch, device=None, dtype=None):
         if self.se != "channel":
-            return {}
-        return {"se": self._squeeze.init(batch, (self.n_heads, self.d_head), device=device, dtype=dtype)}
+            return State()
+        return State(rows={"se": self._squeeze.init(batch, (self.n_heads, self.d_head), device=device, dtype=dtype)})
 
     def _gate(self, z):
         """z [..., H, d] -> sigmoid(W2 W1 z) [..., H, d] (the excitation on all D channels)."""
@@ -82,7 +83,7 @@ class KerformerAttention(FeatureMapAttention):
                 z = prefix_means(kt, mask)
             else:
                 sums, counts, st = self._squeeze.step(kt, mask, fstate["se"])
-                z, fstate = sums / counts.clamp(min=1)[..., None, None], {"se": st}
+                z, fstate = sums / counts.clamp(min=1)[..., None, None], State(rows={"se": st})
             fk = fk * self._gate(z).transpose(1, 2)
         return fq, fk, fstate
 

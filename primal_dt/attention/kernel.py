@@ -36,6 +36,7 @@ from torch import nn
 
 from .base import Attention, zero_padding
 from .registry import register
+from .state import State
 
 KERNELS = ("linear", "polynomial", "exponential", "rbf")
 
@@ -139,10 +140,10 @@ class KernelSmootherAttention(Attention):
         self._require_step()
         dtype = dtype or self.v.weight.dtype
         e = 2 * self.d_head if self.positional else self.d_head
-        return {"k": torch.zeros(batch, self.n_heads, 0, e, device=device, dtype=dtype),
-                "v": torch.zeros(batch, self.n_heads, 0, self.d_head, device=device, dtype=dtype),
-                "m": torch.zeros(batch, 0, dtype=torch.bool, device=device),
-                "count": torch.zeros(batch, dtype=torch.long, device=device)}
+        return State(rows={"k": torch.zeros(batch, self.n_heads, 0, e, device=device, dtype=dtype),
+                           "v": torch.zeros(batch, self.n_heads, 0, self.d_head, device=device, dtype=dtype),
+                           "m": torch.zeros(batch, 0, dtype=torch.bool, device=device),
+                           "count": torch.zeros(batch, dtype=torch.long, device=device)})
 
     def step(self, x, state, mask=None):
         self._require_step()
@@ -153,7 +154,7 @@ class KernelSmootherAttention(Attention):
         K, V = torch.cat([state["k"], kf], 2), torch.cat([state["v"], v], 2)
         M = torch.cat([state["m"], m], 1)
         y, _ = self._attend(qf, K, V, self._allowed(M, C, K.shape[2], x.device))
-        return zero_padding(y, mask), {"k": K, "v": V, "m": M, "count": state["count"] + m.sum(1)}
+        return zero_padding(y, mask), State(rows={"k": K, "v": V, "m": M, "count": state["count"] + m.sum(1)})
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}, symmetric={self.symmetric}, positional={self.positional}, causal={self.causal}"

@@ -26,6 +26,7 @@ from torch import nn
 
 from .base import Attention, check_int, zero_padding
 from .prefix import PrefixState
+from .state import State
 
 
 def _with_ones(v: torch.Tensor) -> torch.Tensor:
@@ -71,10 +72,10 @@ class LinearState:
     def __init__(self):
         self.prefix = PrefixState(None)
 
-    def init(self, batch: int, n_heads: int, m: int, dv: int, device=None, dtype=torch.float32) -> dict:
+    def init(self, batch: int, n_heads: int, m: int, dv: int, device=None, dtype=torch.float32) -> State:
         return self.prefix.init(batch, (n_heads, m, dv + 1), device=device, dtype=dtype)
 
-    def step(self, fq, fk, v, mask, st: dict, eps: float | None = 1e-6):
+    def step(self, fq, fk, v, mask, st: State, eps: float | None = 1e-6):
         """fq [B, H, C, m], fk [B, H, C, m], v [B, H, C, dv] -> (y [B, H, C, dv], state)."""
         outer = fk.transpose(1, 2).unsqueeze(-1) * _with_ones(v).transpose(1, 2).unsqueeze(-2)  # [B,C,H,m,dv+1]
         sums, _, st = self.prefix.step(outer, mask, st)
@@ -87,8 +88,9 @@ class FeatureMapAttention(Attention):
 
     Subclasses define ``features(q, k, mask, fstate) -> (fq, fk, fstate)`` on [B, H, T, d_head]
     heads. ``fstate`` is None in the parallel form; in the recurrent form it is the mechanism's own
-    part of the state (positions, prefix statistics), created by ``init_feature_state``, so that
-    features of a chunk are computed exactly as the parallel form computes them at those positions.
+    part of the state (positions, prefix statistics; a ``State`` nested under ``feat``, next to the
+    S/z under ``kv``), created by ``init_feature_state``, so that features of a chunk are computed
+    exactly as the parallel form computes them at those positions.
     """
 
     supports_step = True
@@ -110,8 +112,8 @@ class FeatureMapAttention(Attention):
     def features(self, q, k, mask, fstate):
         raise NotImplementedError
 
-    def init_feature_state(self, batch: int, device=None, dtype=None) -> dict:
-        return {}
+    def init_feature_state(self, batch: int, device=None, dtype=None) -> State:
+        return State()
 
     def _qkv(self, x):
         return map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
@@ -126,8 +128,8 @@ class FeatureMapAttention(Attention):
     def init_state(self, batch, device=None, dtype=None):
         self._require_step()
         dtype = dtype or self.qkv.weight.dtype
-        return {"kv": self._kv.init(batch, self.n_heads, self.n_features, self.d_head, device, dtype),
-                "feat": self.init_feature_state(batch, device, dtype)}
+        return State(rows={"kv": self._kv.init(batch, self.n_heads, self.n_features, self.d_head, device, dtype),
+                           "feat": self.init_feature_state(batch, device, dtype)})
 
     def step(self, x, state, mask=None):
         self._require_step()
@@ -135,7 +137,7 @@ class FeatureMapAttention(Attention):
         q, k, v = self._qkv(x)
         fq, fk, feat = self.features(q, k, mask, state["feat"])
         y, kv = self._kv.step(fq, fk, v, mask, state["kv"], self.eps)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), {"kv": kv, "feat": feat}
+        return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows={"kv": kv, "feat": feat})
 
     @torch.no_grad()
     def attention_matrix(self, x, mask=None) -> torch.Tensor:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .state import State
+
 
 def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     if mask is None:
@@ -51,7 +53,7 @@ def prefix_means(x, mask=None, window=None) -> torch.Tensor:
 class PrefixState:
     """Recurrent counterpart of :func:`prefix_sums` for a fixed feature shape.
 
-    Stored in a mechanism's state dict under a key prefix, as plain tensors:
+    Its state is a ``State`` whose entries are all per row:
       unwindowed: ``sum`` [B, *F] and ``count`` [B];
       windowed:   ``buf`` [B, window-1, *F] and ``buf_mask`` [B, window-1] (the last positions).
     """
@@ -59,19 +61,19 @@ class PrefixState:
     def __init__(self, window: int | None = None):
         self.window = window
 
-    def init(self, batch: int, feat_shape, device=None, dtype=torch.float32) -> dict:
+    def init(self, batch: int, feat_shape, device=None, dtype=torch.float32) -> State:
         if self.window is None:
-            return {
+            return State(rows={
                 "sum": torch.zeros(batch, *feat_shape, device=device, dtype=dtype),
                 "count": torch.zeros(batch, device=device, dtype=dtype),
-            }
+            })
         w = self.window - 1
-        return {
+        return State(rows={
             "buf": torch.zeros(batch, w, *feat_shape, device=device, dtype=dtype),
             "buf_mask": torch.zeros(batch, w, device=device, dtype=torch.bool),
-        }
+        })
 
-    def step(self, x: torch.Tensor, mask: torch.Tensor | None, st: dict):
+    def step(self, x: torch.Tensor, mask: torch.Tensor | None, st: State):
         """Consume chunk x [B, C, *F]; returns (sums [B, C, *F], counts [B, C], new state)."""
         B, C = x.shape[:2]
         m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
@@ -82,10 +84,10 @@ class PrefixState:
             else:
                 c = torch.cumsum(_masked(x, m), dim=1) + st["sum"].unsqueeze(1)
                 n = torch.cumsum(m.to(x.dtype), dim=1) + st["count"].unsqueeze(1)
-            return c, n, {"sum": c[:, -1], "count": n[:, -1]}
+            return c, n, State(rows={"sum": c[:, -1], "count": n[:, -1]})
         w = self.window - 1
         xx = torch.cat([st["buf"].to(x.dtype), x], dim=1)
         mm = torch.cat([st["buf_mask"], m], dim=1)
         s, n = prefix_sums(xx, mm, self.window)
-        new = {"buf": _masked(xx, mm)[:, xx.shape[1] - w :], "buf_mask": mm[:, mm.shape[1] - w :]}
+        new = State(rows={"buf": _masked(xx, mm)[:, xx.shape[1] - w :], "buf_mask": mm[:, mm.shape[1] - w :]})
         return s[:, w:], n[:, w:], new

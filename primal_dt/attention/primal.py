@@ -17,6 +17,15 @@ Forms:
   reference code divides by the position and so counts padding; we count real tokens only).
   Recurrent form: running sums + count, O(H * d_head) per sequence. With ``window``, means over
   the last ``window`` positions; the recurrent form keeps a ring buffer of window - 1 tokens.
+
+Stream form (``init_stream`` / ``stream_step``, what agents.stream runs; causal, data-independent):
+the same features, fused for inference. phi normalises, so the running sum gives the features of
+the running mean and the count is skipped; ``proj(merge(Wo [We^T phi(q); Wr^T phi(k)]))`` is linear
+in the normalised sums, one [D, 2D] matrix (composed in float64) plus a bias. With ``last_only``
+and no window, only the chunk's total enters the state, so q|k is projected once for the summed
+chunk (sum_i m_i (W h_i + b) = W sum_i m_i h_i + (sum_i m_i) b). With a window: a ring of the last
+``window`` positions' q|k, written in place, and their sum kept in float64 (it is updated by adding
+and subtracting, so it must not drift); chunks longer than the window go through in pieces.
 """
 
 from __future__ import annotations
@@ -28,9 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, check_int, check_window, zero_padding
+from .base import Attention, check_int, check_window, stream_in_pieces, zero_padding
 from .prefix import PrefixState, prefix_means
 from .registry import register
+from .state import State
 
 
 def cosine_features(z: torch.Tensor) -> torch.Tensor:
@@ -115,13 +125,17 @@ class PrimalAttention(Attention):
 
     # -- shared pieces -------------------------------------------------------------------------
     def _weights(self, x, mask):
-        """W = [We; Wr]: [2, H, d_head, s], or [B, 2, H, d_head, s] in the data-dependent form."""
+        """(W, rows): W = [We; Wr] as the scores use it, [2, H, d_head, s], or in the data-dependent
+        form W_{e|X} = f(X)^T We per sequence, [B, 2, H, d_head, s]. ``rows``: the rows of the
+        parameters that entered, None for all (data-independent), else [B] per sequence: its
+        n_b = min(s * rank_multi, real length) sampled rows (the others met zero rows of f(X))."""
         if not self.data_dependent:
-            return self.W
+            return self.W, None
         f = self.f_dropout(evenly_spaced_rows(x, mask, self.s * self.rank_multi))  # [B, n, D]
         n = f.shape[1]
         f = f.view(f.shape[0], n, self.n_heads, self.d_head)
-        return torch.einsum("bnhd,chns->bchds", f, self.W[:, :, :n])
+        lengths = torch.full((x.shape[0],), x.shape[1], device=x.device) if mask is None else mask.sum(1)
+        return torch.einsum("bnhd,chns->bchds", f, self.W[:, :, :n]), lengths.clamp(max=n)
 
     def _scores_and_output(self, qk, W, mask):
         """qk: [B, T, 2, H, d] (running means when causal) -> (y [B, T, D], scores [B, H, T, 2s]).
@@ -133,10 +147,18 @@ class PrimalAttention(Attention):
         y = zero_padding(self.proj(self.merge_heads(self.Wo(sc))), mask)
         return y, sc
 
-    def _aux(self, sc, W, mask):
-        We, Wr = W.unbind(-4)
-        return {"e": sc[..., : self.s], "r": sc[..., self.s :], "We": We, "Wr": Wr, "Lambda": self.Lambda,
-                "mask": mask}
+    def _aux(self, sc, rows, mask):
+        """What the KSVD regulariser reads. Its trace term uses the *parameters* We, Wr (the paper's
+        eqs. 6 and 11), in the data-dependent form too: there the layer's primal features are
+        f(X) phi(q) and We, Wr ([rows, s] per head) are the projection directions acting on them,
+        so W_{e|X} = f(X)^T We is a product of data and parameters, not the KSVD's variable.
+        ``rows`` ([B] or None): how many leading rows of We, Wr each sequence used."""
+        n = self.W.shape[2] if rows is None else int(rows.max()) if rows.numel() else 0
+        aux = {"e": sc[..., : self.s], "r": sc[..., self.s :], "We": self.W[0, :, :n], "Wr": self.W[1, :, :n],
+               "Lambda": self.Lambda, "mask": mask}
+        if rows is not None:
+            aux["rows"] = rows
+        return aux
 
     def _qk(self, x):
         B, T, _ = x.shape
@@ -148,9 +170,9 @@ class PrimalAttention(Attention):
         qk = self._qk(x)
         if self.causal:
             qk = prefix_means(qk, mask, self.window)
-        W = self._weights(x, mask)
+        W, rows = self._weights(x, mask)
         y, sc = self._scores_and_output(qk, W, mask)
-        return y, self._aux(sc, W, mask)
+        return y, self._aux(sc, rows, mask)
 
     @torch.no_grad()
     def attention_matrix(self, x, mask=None) -> torch.Tensor:
@@ -180,6 +202,93 @@ class PrimalAttention(Attention):
         # the count only rescales, and phi normalises; clamping keeps never-seen rows at 0, not NaN
         y, _ = self._scores_and_output(sums / counts.clamp(min=1)[..., None, None, None], self.W, mask)
         return y, state
+
+    # -- stream form: fused running sums -------------------------------------------------------
+    def init_stream(self, batch, *, device=None, dtype=None, window=None, chunk=1):
+        """Fused stream state (see the module docstring). ``window`` and ``chunk`` do not apply: the
+        state is O(H d_head) without this layer's own window, a ring of that window with it. The
+        state holds the fused weights, a snapshot: build a new stream after the weights change."""
+        if self.data_dependent:
+            raise ValueError("data-dependent Primal-Attention has no causal form to stream; use "
+                             "data_dependent=False for a streamed (causal) layer")
+        self._require_step()
+        dtype = dtype or self.qk.weight.dtype
+        D, H, d, s = self.d_model, self.n_heads, self.d_head, self.s
+        with torch.no_grad():
+            P = self.proj.weight.double()
+            Wo = self.Wo.weight.double()  # [d, 2s]
+            W = self.W.double()  # [2, H, d, s]
+            M = torch.zeros(D, 2 * D, dtype=torch.float64, device=P.device)
+            for c in range(2):
+                for h in range(H):
+                    block = P[:, h * d:(h + 1) * d] @ Wo[:, c * s:(c + 1) * s] @ W[c, h].T  # [D, d]
+                    M[:, c * D + h * d: c * D + (h + 1) * d] = block
+            bias = torch.zeros(D, dtype=torch.float64, device=P.device)
+            if self.proj.bias is not None:
+                bias += self.proj.bias.double()
+            if self.Wo.bias is not None:
+                bias += P @ self.Wo.bias.double().repeat(H)
+        shared = {"wqk": self.qk.weight.detach(), "bqk": None if self.qk.bias is None else self.qk.bias.detach(),
+                  "M": M.to(dtype), "bias": bias.to(dtype)}
+        if self.window is None:
+            return State(rows={"sum": torch.zeros(batch, 2 * D, device=device, dtype=dtype)}, shared=shared)
+        shared["pos"] = 0  # the rows' common clock: ring slot of the next token
+        return State(rows={"ring": torch.zeros(batch, self.window, 2 * D, device=device, dtype=dtype),
+                           "S": torch.zeros(batch, 2 * D, device=device, dtype=torch.float64)}, shared=shared)
+
+    def stream_step(self, x, state, mask=None, last_only=False):
+        """One chunk through the fused form, state updated in place. Outputs at padding positions are
+        unspecified (padding never enters the sums). Unchecked arguments: the hot path of the stream
+        engine (``step`` checks)."""
+        sh = state.shared
+        m = None if mask is None else mask.to(x.dtype)
+        if self.window is None:
+            return self._stream_sums(x, state.rows["sum"], sh, m, last_only), state
+        if x.shape[1] > self.window:  # the ring holds `window` new positions at a time
+            return stream_in_pieces(self.stream_step, x, state, mask, last_only, self.window)
+        return self._stream_ring(x, state.rows, sh, m, last_only), state
+
+    def _stream_readout(self, sums, sh):
+        """Running sums of q|k [B, T, 2D] -> outputs [B, T, D]: normalise per head, one fused matmul."""
+        B, T, _ = sums.shape
+        f = F.normalize(sums.view(B, T, 2 * self.n_heads, self.d_head), dim=-1, eps=1e-12)
+        return F.linear(f.view(B, T, 2 * self.d_model), sh["M"], sh["bias"])
+
+    def _stream_sums(self, h, total, sh, m, last_only: bool):
+        B, C, _ = h.shape
+        if last_only:  # only the chunk's total enters the state and only the last token is read out
+            if m is None:
+                hs, n = h.sum(1, keepdim=True), float(C)
+            else:
+                hs, n = torch.bmm(m.unsqueeze(1), h), m.sum(1).view(B, 1, 1)
+            qk = F.linear(hs, sh["wqk"])
+            if sh["bqk"] is not None:
+                qk = qk + n * sh["bqk"]
+            total.add_(qk[:, 0])
+            return self._stream_readout(total.view(B, 1, -1), sh)
+        qk = F.linear(h, sh["wqk"], sh["bqk"])
+        if m is not None:
+            qk = qk * m.unsqueeze(-1)
+        sums = torch.cumsum(qk, 1).add_(total.unsqueeze(1))
+        total.copy_(sums[:, -1])
+        return self._stream_readout(sums, sh)
+
+    def _stream_ring(self, h, rows, sh, m, last_only: bool):
+        C = h.shape[1]
+        ring, S, p0, cap = rows["ring"], rows["S"], sh["pos"], self.window
+        qk = F.linear(h, sh["wqk"], sh["bqk"])
+        if m is not None:
+            qk = qk * m.unsqueeze(-1)
+        slots = [(p0 + i) % cap for i in range(C)]
+        wrap = slots[-1] - slots[0] != C - 1
+        idx = torch.tensor(slots, device=h.device) if wrap else slice(slots[0], slots[-1] + 1)
+        old = ring[:, idx]  # the positions leaving the window, oldest first
+        sums64 = torch.cumsum((qk - old).double(), 1).add_(S.unsqueeze(1))
+        S.copy_(sums64[:, -1])
+        ring[:, idx] = qk
+        sh["pos"] = p0 + C
+        sums = sums64.to(qk.dtype)
+        return self._stream_readout(sums[:, -1:] if last_only else sums, sh)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, s={self.s}, causal={self.causal}, "

@@ -10,6 +10,11 @@ A padding query attends to itself only (so no row is empty) and its output is ze
 ``impl="sdpa"`` (default) uses the fused kernel (flash-style on CPU: O(T) memory);
 ``impl="materialized"`` forms the T x T score matrix explicitly, the canonical attention the
 papers compared against (same parameters, same outputs, O(T^2) memory).
+
+Stream form (``init_stream`` / ``stream_step``, what agents.stream runs): the cache is a
+preallocated ring of ``w + chunk - 1`` slots written in place, with w the layer's window or else the
+bounded window the caller passes (an unwindowed cache would grow with the sequence), and SDPA over
+the whole ring with a position/validity mask whose position part is precomputed once per ring phase.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, check_window, zero_padding
+from .base import Attention, check_int, check_window, stream_in_pieces, zero_padding
 from .registry import register
+from .state import State
 
 
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
@@ -100,9 +106,10 @@ class SoftmaxAttention(Attention):
         self._require_step()
         dtype = dtype or self.qkv.weight.dtype
         shape = (batch, self.n_heads, 0, self.d_head)
-        return {"k": torch.zeros(shape, device=device, dtype=dtype),
-                "v": torch.zeros(shape, device=device, dtype=dtype),
-                "m": torch.zeros(batch, 0, dtype=torch.bool, device=device), "pos": 0}
+        return State(rows={"k": torch.zeros(shape, device=device, dtype=dtype),
+                           "v": torch.zeros(shape, device=device, dtype=dtype),
+                           "m": torch.zeros(batch, 0, dtype=torch.bool, device=device)},
+                     shared={"pos": 0})  # the rows' common clock: only position differences matter
 
     def step(self, x, state, mask=None):
         self._require_step()
@@ -122,4 +129,80 @@ class SoftmaxAttention(Attention):
         if self.window is not None:
             start = max(0, Tk - (self.window - 1))
             K, V, M = K[:, :, start:], V[:, :, start:], M[:, start:]
-        return y, {"k": K, "v": V, "m": M, "pos": p0 + C}
+        return y, State(rows={"k": K, "v": V, "m": M}, shared={"pos": p0 + C})
+
+    # -- stream form: preallocated ring-buffer KV cache ------------------------------------------
+    def init_stream(self, batch, *, device=None, dtype=None, window=None, chunk=1):
+        """A ring of ``w + chunk - 1`` key/value slots (w = this layer's window, else the caller's
+        ``window``): writing a chunk of ``chunk`` tokens then evicts only positions that none of its
+        queries can see. The state holds the weights it reads (detached, so in-place updates show;
+        build a new stream after replacing them)."""
+        self._require_step()
+        w = self.window or check_window(window)
+        if w is None:
+            raise ValueError(f"{type(self).__name__} without a window streams over a bounded one: build it with "
+                             "window=w or pass init_stream(..., window=w) (the DT stream engine passes 3K - 1); "
+                             "step() instead keeps a cache of the whole sequence")
+        check_int("chunk", chunk, low=1)
+        dtype = dtype or self.qkv.weight.dtype
+        cap = w + chunk - 1
+        shape = (batch, self.n_heads, cap, self.d_head)
+        rows = {"k": torch.zeros(shape, device=device, dtype=dtype),
+                "v": torch.zeros(shape, device=device, dtype=dtype),
+                "valid": torch.zeros(batch, cap, dtype=torch.bool, device=device)}
+        qkv, proj = self.qkv, self.proj
+        shared = {"pos": 0, "window": w, "chunk": chunk, "cap": cap, "tables": {},
+                  "wqkv": qkv.weight.detach(), "bqkv": None if qkv.bias is None else qkv.bias.detach(),
+                  "wp": proj.weight.detach(), "bp": None if proj.bias is None else proj.bias.detach()}
+        return State(rows, shared)
+
+    @staticmethod
+    def _ring_table(sh: dict, p0: int, C: int, device):
+        """(slot index, position mask [C, cap], own-slot mask [C, cap]) for the chunk of C tokens starting
+        at global position p0: one per ring phase and chunk length, computed once and kept in the state."""
+        cap, w = sh["cap"], sh["window"]
+        key = (p0 % cap, C)
+        t = sh["tables"].get(key)
+        if t is None:
+            q_pos = torch.arange(p0, p0 + C)
+            # after writing, slot j holds the latest position == j (mod cap) that is <= p0 + C - 1
+            last = p0 + C - 1
+            slot_pos = last - ((last - torch.arange(cap)) % cap)
+            dist = q_pos[:, None] - slot_pos[None, :]
+            allowed = (dist >= 0) & (dist < w)
+            slots = q_pos % cap
+            contiguous = bool((slots[1:] - slots[:-1] == 1).all())
+            idx = slice(int(slots[0]), int(slots[-1]) + 1) if contiguous else slots.to(device)
+            t = (idx, allowed.to(device), (dist == 0).to(device))
+            sh["tables"][key] = t
+        return t
+
+    def stream_step(self, x, state, mask=None, last_only=False):
+        """Write the chunk's keys/values into the ring in place, then SDPA of its queries (only the last
+        one with ``last_only``) over the ring. Padding queries see their own slot only, so no row is
+        empty; their outputs are unspecified (stream forms leave padding outputs unread). Unchecked
+        arguments: the hot path of the stream engine (``step`` checks)."""
+        sh, rows = state.shared, state.rows
+        B, C, _ = x.shape
+        if C > sh["chunk"]:
+            return stream_in_pieces(self.stream_step, x, state, mask, last_only, sh["chunk"])
+        p0 = sh["pos"]
+        idx, allowed, own = self._ring_table(sh, p0, C, x.device)
+        H, d = self.n_heads, self.d_head
+        qkv = F.linear(x, sh["wqkv"], sh["bqkv"]).view(B, C, 3, H, d).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        K, V, valid = rows["k"], rows["v"], rows["valid"]
+        K[:, :, idx] = k
+        V[:, :, idx] = v
+        valid[:, idx] = True if mask is None else mask
+        sh["pos"] = p0 + C
+        if last_only:
+            q, allowed, own = q[:, :, -1:], allowed[-1:], own[-1:]
+        m = (allowed.unsqueeze(0) & valid.unsqueeze(1)) | own.unsqueeze(0)
+        y = F.scaled_dot_product_attention(q, K, V, attn_mask=m.unsqueeze(1))
+        return F.linear(y.transpose(1, 2).reshape(B, q.shape[2], self.d_model), sh["wp"], sh["bp"]), state
+
+    def adopt_stream_window(self, window):
+        """An unwindowed layer streams over the caller's window, so its ``forward`` must use it too."""
+        if self.window is None:
+            self.window = check_window(window)

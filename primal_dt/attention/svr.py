@@ -42,6 +42,7 @@ from .base import Attention, check_int, zero_padding
 from .linear import elu_feature
 from .linear_core import linear_attention
 from .registry import register
+from .state import State
 
 
 def compact(xs, mask):
@@ -200,7 +201,8 @@ class SVRAttention(Attention):
         self._require_step()
         dtype = dtype or self.qkv.weight.dtype
         z = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device, dtype=dtype)
-        return {"q": z, "k": z.clone(), "v": z.clone(), "n": torch.zeros(batch, dtype=torch.long, device=device)}
+        n = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens cached per row
+        return State(rows={"q": z, "k": z.clone(), "v": z.clone(), "n": n})
 
     def step(self, x, state, mask=None):
         self._require_step()
@@ -216,7 +218,7 @@ class SVRAttention(Attention):
         qc, kc, vc = qc[:, :, :keep], kc[:, :, :keep], vc[:, :, :keep]
         p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
         y = self._attend(q, qc, kc, vc, n, p)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), {"q": qc, "k": kc, "v": vc, "n": n}
+        return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows={"q": qc, "k": kc, "v": vc, "n": n})
 
     def extra_repr(self) -> str:
         return (f"kernel={self.kernel!r}, beta={self.beta if self.use_bn else None}, "

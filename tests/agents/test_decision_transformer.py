@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from agents import DecisionTransformer, DTConfig, build_from_checkpoint
+from agents import DecisionTransformer, DTConfig, dt_checkpoint
 from agents.decision_transformer import action_mse, token_mask
 from primal_dt import checkpoint
 from primal_dt.attention import available, get_class
@@ -149,16 +149,18 @@ def test_streaming_pieces_reproduce_forward(layout):
 
 
 def test_checkpoint_round_trip(tmp_path):
+    """The network comes back from its checkpoint (agents.dt_checkpoint) in eval mode, computing the same."""
     m = tiny("primal+dt")
-    path = checkpoint.save_atomic({"kind": "dt", "config": {}, "model_config": m.cfg.to_dict(),
-                                   "model": m.state_dict()}, tmp_path / "m.pt")
-    m2 = build_from_checkpoint(path)
+    info = dt_checkpoint.DataInfo(env="hopper-medium", state_mean=torch.zeros(S_DIM), state_std=torch.ones(S_DIM),
+                                  reward_scale=1000.0)
+    path = dt_checkpoint.save(dt_checkpoint.DTCheckpoint(m.cfg, m.state_dict(), info), tmp_path / "m.pt")
+    m2 = dt_checkpoint.load(path).build_model()
     assert not m2.training and m2.layer_names == m.layer_names
     b = batch()
     torch.testing.assert_close(predict(m2, b), predict(m, b))
     checkpoint.save_atomic({"kind": "classifier", "config": {}, "model": {}}, tmp_path / "c.pt")
     with pytest.raises(ValueError, match="expected 'dt'"):
-        build_from_checkpoint(tmp_path / "c.pt")
+        dt_checkpoint.load(tmp_path / "c.pt")
 
 
 @pytest.mark.parametrize("kw, msg", [({"K": 0}, "K must be"), ({"n_heads": 3}, "divisible"),

@@ -26,7 +26,7 @@ EXPECTED = {
 }
 
 
-def _expected_row(ds, first, K=4, scale=0.5):
+def _expected_row(ds, first, K=4, scale=2.0):
     e = EXPECTED[first]
     n = len(e["rows"])
     states = np.zeros((K, 2), np.float32)
@@ -34,12 +34,12 @@ def _expected_row(ds, first, K=4, scale=0.5):
     actions = np.zeros((K, 2), np.float32)
     actions[:n] = ds.actions[e["rows"]]
     pad = lambda v: np.array(list(v) + [0] * (K - n))  # noqa: E731
-    return dict(states=states, actions=actions, rewards=pad(ds.rewards[e["rows"]]), rtg=pad(e["rtg"]) * scale,
+    return dict(states=states, actions=actions, rewards=pad(ds.rewards[e["rows"]]), rtg=pad(e["rtg"]) / scale,
                 timesteps=pad(e["ts"]), mask=np.arange(K) < n)
 
 
 def test_every_segment_matches_hand_computed_values(tiny):
-    s = SegmentSampler(tiny, K=4, batch_size=400, reward_scale=0.5, max_timestep=1000, seed=0)
+    s = SegmentSampler(tiny, K=4, batch_size=400, reward_scale=2.0, max_timestep=1000, seed=0)
     b = s.sample()
     assert b["states"].shape == (400, 4, 2) and b["actions"].shape == (400, 4, 2)
     assert b["rewards"].shape == (400, 4, 1) and b["rtg"].shape == (400, 4, 1)
@@ -106,6 +106,20 @@ def test_accepts_a_generator_and_custom_batch(tiny):
         SegmentSampler(tiny, K=0)
 
 
+def test_reward_scale_divides_and_defaults_to_raw_returns(tiny):
+    """One meaning everywhere: returns-to-go are divided by reward_scale (the DT papers' 1000)."""
+    raw = SegmentSampler(tiny, K=4, batch_size=64, seed=6).sample()
+    scaled = SegmentSampler(tiny, K=4, batch_size=64, reward_scale=1000.0, seed=6).sample()
+    assert torch.equal(raw["states"], scaled["states"])  # same seed: same segments
+    raw_rtgs = {float(g) for e in EXPECTED.values() for g in e["rtg"]}  # hand-computed, unscaled
+    assert set(raw["rtg"][:, :, 0][raw["mask"]].tolist()) == raw_rtgs
+    torch.testing.assert_close(scaled["rtg"], raw["rtg"] / 1000.0)
+    assert scaled["rtg"].abs().max() < 0.01
+    for bad in (0.0, -1000.0):
+        with pytest.raises(ValueError, match="reward_scale must be > 0"):
+            SegmentSampler(tiny, reward_scale=bad)
+
+
 def test_random_dataset_against_a_naive_per_segment_computation():
     rng = np.random.default_rng(7)
     lengths = rng.integers(1, 30, size=40)
@@ -113,7 +127,7 @@ def test_random_dataset_against_a_naive_per_segment_computation():
     ds = Trajectories(observations=rng.standard_normal((n, 3)), actions=rng.standard_normal((n, 2)),
                       rewards=rng.standard_normal(n), starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]),
                       lengths=lengths, terminal=rng.random(40) < 0.5)
-    K, scale, max_t = 8, 0.01, 20
+    K, scale, max_t = 8, 100.0, 20
     s = SegmentSampler(ds, K=K, batch_size=300, reward_scale=scale, max_timestep=max_t, seed=8)
     state = s.state_dict()
     first = s.indices()[0][:, 0]
@@ -126,7 +140,7 @@ def test_random_dataset_against_a_naive_per_segment_computation():
         si = f - st
         m = min(K, ln - si)
         rtg = np.array([rew[t:].sum() for t in range(si, si + m)])  # naive suffix sums
-        np.testing.assert_allclose(b["rtg"][row, :m, 0], rtg * scale, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(b["rtg"][row, :m, 0], rtg / scale, rtol=1e-4, atol=1e-6)
         np.testing.assert_array_equal(b["timesteps"][row, :m], np.minimum(np.arange(si, si + m), max_t - 1))
         np.testing.assert_array_equal(b["actions"][row, :m], ds.actions[f:f + m])
         np.testing.assert_allclose(b["states"][row, :m], (ds.observations[f:f + m] - ds.state_mean) / ds.state_std,

@@ -1,7 +1,6 @@
 """The vectorised rollout evaluator on real Hopper simulators (sync and subprocess vector envs) with
 real checkpoints: per-episode seeding, engine/num_envs independence, the report, the trainer hook."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -14,18 +13,13 @@ from agents import load_agent
 from eval import rollout
 from eval.video import record_episode, rendering_available
 
-_spec = importlib.util.spec_from_file_location(
-    "stream_helpers", Path(__file__).parents[1] / "stream" / "helpers.py")
-h = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(h)
-
 SPEC = envs.get_spec("hopper-medium")
 MAX = 40
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory):
-    return h.save_checkpoint(tmp_path_factory.mktemp("ck"), h.tiny_model("primal+dt", K=5))
+def ckpt(tmp_path_factory, tiny_dt, dt_checkpoint_file):
+    return dt_checkpoint_file(tmp_path_factory.mktemp("ck"), tiny_dt("primal+dt", K=5))
 
 
 def run(ckpt, **kw):
@@ -89,6 +83,25 @@ def test_results_do_not_depend_on_num_envs_and_recompute_runs_too(ckpt):
     assert details["env_steps"] == sum(sum(r["lengths"]) for r in rec.values())
 
 
+def test_a_checkpoint_brings_its_bookkeeping_a_bare_model_needs_it_given(tmp_path, tiny_dt, hopper_stats,
+                                                                          dt_checkpoint_file):
+    """evaluate(checkpoint) divides returns-to-go by the checkpoint's reward_scale (not a default)
+    and normalises with its statistics; evaluating a bare model without them is a clear error."""
+    m = tiny_dt("primal+dt", K=5)
+    path = dt_checkpoint_file(tmp_path, m, reward_scale=500.0)
+    mean, std = hopper_stats
+    kw = dict(num_envs=2, max_steps=15, lanes=1)
+    from_ck = rollout.evaluate(path, SPEC, (3600.0,), 2, 5, **kw)
+    given = rollout.evaluate(m, SPEC, (3600.0,), 2, 5, state_mean=mean, state_std=std, reward_scale=500.0, **kw)
+    papers = rollout.evaluate(m, SPEC, (3600.0,), 2, 5, state_mean=mean, state_std=std, reward_scale=1000.0, **kw)
+    assert from_ck == given
+    assert papers[3600.0]["returns"] != given[3600.0]["returns"]  # the scale reaches the model
+    with pytest.raises(ValueError, match="reward_scale required when evaluating a model"):
+        rollout.evaluate(m, SPEC, (3600.0,), 1, 0, state_mean=mean, state_std=std)
+    with pytest.raises(ValueError, match="state_mean, state_std, reward_scale required"):
+        rollout.evaluate(m, SPEC, (3600.0,), 1, 0)
+
+
 def test_finished_rows_leave_the_batch_and_idle_simulators_are_not_stepped(ckpt):
     """With more simulators than episodes left, rows whose episode ended leave the agent's batch
     and their simulators are no longer stepped; results equal the one-at-a-time protocol."""
@@ -150,8 +163,8 @@ def test_cli_writes_a_json_report(ckpt, tmp_path):
     assert rep["lanes"] == 2 and rep["agent_latency"]["batch"] == 1 and rep["agent_latency"]["mean_ms"] > 0
 
 
-def test_cli_clear_errors(ckpt, tmp_path):
-    wrong = h.save_checkpoint(tmp_path, h.tiny_model(), kind="classifier")
+def test_cli_clear_errors(ckpt, tmp_path, foreign_checkpoint_file):
+    wrong = foreign_checkpoint_file(tmp_path)
     with pytest.raises(SystemExit, match="holds a 'classifier' model, expected 'dt'"):
         rollout.main([f"checkpoint={wrong}", "progress=false"])
     with pytest.raises(SystemExit, match="does not exist"):
@@ -162,23 +175,23 @@ def test_cli_clear_errors(ckpt, tmp_path):
         rollout.main([f"checkpoint={ckpt}", "targets=high", "progress=false"])
 
 
-def test_video_unavailable_backend_gives_a_clear_message(ckpt, tmp_path):
+def test_video_unavailable_backend_gives_a_clear_message(ckpt, tmp_path, tiny_dt, hopper_stats):
     ok, msg = rendering_available("no-such-backend")
     assert not ok
     assert "MUJOCO_GL=no-such-backend" in msg and "rollout results are unaffected" in msg
-    model = h.tiny_model("primal+dt", K=5)
-    stats = {"state_mean": h.hopper_stats()[0], "state_std": h.hopper_stats()[1], "reward_scale": 1000.0}
+    model = tiny_dt("primal+dt", K=5)
+    stats = {"state_mean": hopper_stats[0], "state_std": hopper_stats[1], "reward_scale": 1000.0}
     res = record_episode(model, SPEC, stats, 3600.0, "stream", 0, tmp_path, backend="no-such-backend")
     assert res["path"] is None and res["message"] == msg
     assert not list(tmp_path.glob("*.gif"))
 
 
 @pytest.mark.slow
-def test_video_is_recorded_when_rendering_works(tmp_path):
+def test_video_is_recorded_when_rendering_works(tmp_path, tiny_dt, hopper_stats):
     ok, backend = rendering_available()
     if not ok:
         pytest.skip(backend)
-    model = h.tiny_model("primal+dt", K=5)
-    stats = {"state_mean": h.hopper_stats()[0], "state_std": h.hopper_stats()[1], "reward_scale": 1000.0}
+    model = tiny_dt("primal+dt", K=5)
+    stats = {"state_mean": hopper_stats[0], "state_std": hopper_stats[1], "reward_scale": 1000.0}
     res = record_episode(model, SPEC, stats, 3600.0, "stream", 0, tmp_path, max_steps=20, size=64)
     assert Path(res["path"]).exists() and res["frames"] >= 2

@@ -1,7 +1,10 @@
-"""eval.spectrum on small stacks: spectra of known rank, head redundancy, padding, outputs."""
+"""eval.spectrum on small stacks: spectra of known rank, head redundancy, padding, outputs; on a
+DT checkpoint: the segments it analyses are the ones training drew."""
 
+import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -112,3 +115,89 @@ def test_unknown_checkpoint_kind_is_a_clear_error():
 
     with pytest.raises(ValueError, match="kind 'gan'"):
         build_from_checkpoint({"kind": "gan", "config": {}, "model": {}})
+
+
+# -- DT checkpoints: the spectrum sees what training saw ----------------------------------------------
+K, MAX_T, SCALE, SEED = 6, 50, 1000.0, 3
+
+
+def dataset_file(path, seed=0):
+    """A real D4RL-format file (hopper's dimensions) of 30 episodes with known rewards, so returns-to-go
+    reach a few hundred: scaled right they are below 1, scaled 10^6 too large they are not."""
+    from envs import Trajectories
+    from envs.d4rl import trajectories_to_arrays, write_d4rl
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(20, 80, size=30)
+    n = int(lengths.sum())
+    ds = Trajectories(observations=rng.normal(size=(n, 11)) * 2 + 1, actions=rng.uniform(-1, 1, (n, 3)),
+                      rewards=rng.uniform(1, 4, n), starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]),
+                      lengths=lengths, terminal=rng.random(30) < 0.5)
+    return write_d4rl(path, trajectories_to_arrays(ds))
+
+
+@pytest.fixture
+def trained_dt(tmp_path, tiny_dt):
+    """(checkpoint path, dataset source): a primal+dt model trained a few steps on the file, as
+    primal_dt.train does (its sampler, seed and settings), saved with the schema."""
+    from agents.decision_transformer import DecisionTransformer, dt_loss
+    from agents.dt_checkpoint import DataInfo, DTCheckpoint, save
+    from envs import SegmentSampler, load_dataset
+
+    source = f"d4rl:{dataset_file(tmp_path / 'hopper_small-v2.hdf5')}"
+    data = load_dataset("hopper-medium", source=source, verbose=False)
+    torch.manual_seed(SEED)
+    model = DecisionTransformer(dataclasses.replace(tiny_dt("primal+dt", K=K).cfg, max_timestep=MAX_T)).train()
+    sampler = SegmentSampler(data, K, 16, SCALE, MAX_T, SEED)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        dt_loss(model, sampler.sample(), eta=0.05)[0].backward()
+        opt.step()
+    info = DataInfo(env="hopper-medium", state_mean=data.state_mean, state_std=data.state_std, reward_scale=SCALE,
+                    targets=(3600.0, 1800.0), gym_id=data.gym_id, source=data.source)
+    config = {"env": "hopper-medium", "data_source": source, "K": K, "max_timestep": MAX_T, "reward_scale": SCALE,
+              "seed": SEED}
+    path = save(DTCheckpoint(model.cfg, model.state_dict(), info, config), tmp_path / "run" / "last.pt")
+    return path, source
+
+
+def test_dt_spectrum_feeds_the_batches_training_draws(trained_dt):
+    """Same K, reward_scale (a divisor), max_timestep and seed as the training sampler: the same
+    batch, returns-to-go included (a multiplier here once made them 10^6 too large)."""
+    from envs import SegmentSampler, load_dataset
+    from eval.spectrum import build_from_checkpoint
+    from primal_dt import checkpoint
+
+    path, source = trained_dt
+    model, run = build_from_checkpoint(checkpoint.load(path), n=32, seed=11)
+    fed = []
+    hook = model.register_forward_pre_hook(lambda mod, args, kwargs: fed.append(args), with_kwargs=True)
+    try:
+        run()
+    finally:
+        hook.remove()
+    states, actions, rtg, timesteps, mask = fed[0]
+    data = load_dataset("hopper-medium", source=source, verbose=False)
+    train = SegmentSampler(data, K, 32, SCALE, MAX_T, 11)  # as primal_dt.train builds it
+    idx, want_mask = SegmentSampler(data, K, 32, SCALE, MAX_T, 11).indices()  # the same draw
+    ref = train.sample()
+    for name, got in zip(("states", "actions", "rtg", "timesteps", "mask"), (states, actions, rtg, timesteps, mask)):
+        assert torch.equal(got, ref[name]), name
+    # independently of the sampler's arithmetic: raw return-to-go / 1000 at every real step
+    np.testing.assert_array_equal(mask.numpy(), want_mask)
+    np.testing.assert_allclose(rtg[..., 0].numpy()[want_mask], data.rtg[idx[want_mask]] / SCALE, rtol=1e-6)
+    assert 0 < float(rtg.max()) < 1
+    assert int(timesteps.max()) <= MAX_T - 1 and states.shape == (32, K, 11)
+
+
+def test_dt_spectrum_cli_end_to_end_and_foreign_data_is_refused(trained_dt, tmp_path):
+    from eval.spectrum import main
+
+    path, _ = trained_dt
+    assert main([f"checkpoint={path}", f"out={tmp_path / 'spec'}", "n=8", "tensorboard=false"]) == 0
+    data = json.loads((tmp_path / "spec" / "spectrum.json").read_text())
+    assert [l["mechanism"] for l in data["layers"]] == ["SoftmaxAttention", "SoftmaxAttention", "PrimalAttention"]
+    other = f"d4rl:{dataset_file(tmp_path / 'other-v2.hdf5', seed=1)}"
+    with pytest.raises(ValueError, match=r"other normalisation statistics .*pass data_source="):
+        main([f"checkpoint={path}", f"out={tmp_path / 'spec2'}", "n=8", f"data_source={other}"])

@@ -1,24 +1,17 @@
 """Smoke test of ``python -m eval.bench.inference`` on a tiny checkpoint: every measurement and
 ratio lands in the report (no timing is asserted)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-_spec = importlib.util.spec_from_file_location(
-    "stream_helpers", Path(__file__).parents[1] / "stream" / "helpers.py")
-h = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(h)
-
 
 @pytest.mark.slow
-def test_inference_bench_reports_every_comparison(tmp_path):
+def test_inference_bench_reports_every_comparison(tmp_path, tiny_dt, dt_checkpoint_file):
     pytest.importorskip("transformers")
     from eval.bench import inference
 
-    ck = h.save_checkpoint(tmp_path, h.tiny_model("primal+dt", K=4))
+    ck = dt_checkpoint_file(tmp_path, tiny_dt("primal+dt", K=4))
     out = tmp_path / "bench.json"
     rep = inference.main([f"checkpoint={ck}", "batches=1,3", "contexts=4,8", "ts=2,5", "calls=2", "rounds=1",
                           "episodes=3", "max_steps=20", f"json={out}"])

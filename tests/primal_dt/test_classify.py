@@ -63,6 +63,9 @@ def test_paper_protocol_selects_on_test(tmp_path):
     (["data.val_fraction=1.5"], "data.val_fraction must be in [0, 1)"),
     (["attention_options=[1, 2]"], "attention_options must be a YAML mapping"),
     (["task=lra/listops"], "data.generate=true"),
+    (["device=gpu"], "device must be auto, cpu, cuda or cuda:N"),
+    (["attention_options={softmx: {window: 3}}"], "unknown attention mechanism 'softmx'"),
+    (["resume=/nonexistent/run"], "resume=/nonexistent/run: no checkpoint at /nonexistent/run;"),
 ])
 def test_bad_input_fails_before_training(tmp_path, argv, message):
     with pytest.raises(SetupError) as err:
@@ -76,6 +79,7 @@ def test_preset_layers_and_command_line_precedence():
     assert (cfg.arch.d_model, cfg.arch.norm, cfg.train.optimizer) == (512, "post", "radam")
     assert (cfg.primal.s, cfg.primal.rank_multi, cfg.primal.eta) == (40, 5, 0.3)
     assert "REFERENCE.md" in source
+    assert build_config(["attention=linear"])[0].model == "linear"  # the shorthand primal_dt.train has too
 
 
 def test_command_line_error_exit(tmp_path):
@@ -88,7 +92,7 @@ def test_resume_extends_a_finished_run(tmp_path):
     base = ["task=uea/JapaneseVowels-fast", "model=transformer", "data.max_train=16", "data.max_val=9",
             "data.max_test=10", "train.batch_size=8", f"out={tmp_path}", *TINY]
     first = run([*base, "train.epochs=1"])
-    second = run([f"resume={first['run_dir']}", "train.epochs=2", "progress=false"])
+    second = run([f"resume={first['run_dir']}/last.pt", "train.epochs=2", "progress=false"])  # file or directory
     assert second["run_dir"] == first["run_dir"] and second["steps"] == 4
     ck = checkpoint.load(f"{first['run_dir']}/last.pt", expect_kind="classifier")
     assert ck["step"] == 4 and ck["config"]["train"]["epochs"] == 2
@@ -112,7 +116,7 @@ def test_speed_benchmark_interleaves_models(tmp_path, monkeypatch):
 def test_validation_ties_go_to_lower_loss(tmp_path):
     from types import SimpleNamespace
 
-    from primal_dt.classify import Trainer, build_config, evaluation_round
+    from primal_dt.classifier_training import Trainer, evaluation_round
     from primal_dt.tasks import load_task
 
     cfg, _ = build_config(["task=uea/JapaneseVowels-fast", "train.epochs=1", "data.max_train=10", "data.max_val=9",

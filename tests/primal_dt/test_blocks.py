@@ -1,5 +1,7 @@
 """The transformer stack: layouts are data, and the recurrent stack reproduces the parallel one."""
 
+import copy
+
 import pytest
 import torch
 
@@ -45,6 +47,38 @@ def test_stack_step_equals_forward(model, norm, chunk):
         outs.append(y)
     got = torch.cat(outs, 1)
     torch.testing.assert_close(got[mask], ref[mask], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("model", ["dt", "primal+dt", "primalformer-dt"])
+@pytest.mark.parametrize("last_only", [False, True])
+def test_stack_stream_equals_forward(model, last_only):
+    """The stream form (each block's pre-norm residual around its mechanism's stream form) in chunks of
+    three, the first token padding in one row, equals forward on the copy whose unbounded softmax
+    layers adopt the stream's window; with last_only, the chunk's last token only."""
+    s = make(model)
+    x = torch.randn(2, 18, D)
+    mask = torch.ones(2, 18, dtype=torch.bool)
+    mask[0, 0] = False
+    twin = copy.deepcopy(s)
+    for b in twin.blocks:
+        b.attn.adopt_stream_window(8)
+    with torch.no_grad():
+        ref, _ = twin(x, mask)
+        st = s.init_stream(2, window=8, chunk=3)
+        outs = []
+        for t in range(0, 18, 3):
+            y, st = s.stream_step(x[:, t:t + 3], st, mask[:, t:t + 3] if t == 0 else None, last_only)
+            outs.append(y)
+    got = torch.cat(outs, 1)
+    if last_only:
+        torch.testing.assert_close(got, ref[:, 2::3], atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(got[mask], ref[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_post_norm_stack_does_not_stream():
+    with pytest.raises(ValueError, match=r"supports pre-norm blocks.*post-norm: use init_state / step"):
+        make("primal+dt", norm="post").init_stream(1, window=8)
 
 
 @pytest.mark.parametrize("model", ["dt", "primal+dt", "primalformer-dt"])

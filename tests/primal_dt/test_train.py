@@ -13,7 +13,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from agents import build_from_checkpoint
+from agents import dt_checkpoint
 from primal_dt import checkpoint
 from primal_dt.train import Diverged, SetupError, run
 
@@ -57,10 +57,11 @@ def test_run_logs_evaluates_checkpoints_and_plots(hopper_file, tmp_path):
     assert (d / "eval_return.png").stat().st_size > 1000
     saved = json.loads((d / "summary.json").read_text())
     assert saved["final"]["target3600"]["episodes"] == 2 and saved["steps"] == 12
-    ck = checkpoint.load(d / "last.pt", expect_kind="dt")
-    assert ck["step"] == 12 and ck["data"]["source"] == f"d4rl:{hopper_file}"
-    assert ck["data"]["state_mean"].shape == (11,) and ck["data"]["reward_scale"] == 1000.0
-    model = build_from_checkpoint(ck)
+    ck = dt_checkpoint.load(d / "last.pt")
+    assert ck.step == 12 and ck.data.source == f"d4rl:{hopper_file}"
+    assert ck.data.state_mean.shape == (11,) and ck.data.reward_scale == 1000.0
+    assert ck.data.targets == (3600.0, 1800.0) and ck.config["steps"] == 12
+    model = ck.build_model()
     assert model.layer_names == ["softmax", "primal"] and model.cfg.K == 5
 
 
@@ -86,16 +87,32 @@ def test_resume_after_kill_matches_uninterrupted_run(hopper_file, tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     (last,) = killed_dir.glob("*/last.pt")
-    step = checkpoint.load(last)["step"]
+    step = dt_checkpoint.load(last).step
     assert 0 < step < 150, f"the run was not killed mid-way (checkpoint at step {step})"
     resumed = run(["resume=" + str(last.parent), "progress=false", "threads=1"])
     assert resumed["steps"] == 150 and Path(resumed["run_dir"]) == last.parent
     straight = run(common + ["out=" + str(tmp_path / "straight")])
-    a = checkpoint.load(Path(resumed["run_dir"]) / "last.pt")["model"]
-    b = checkpoint.load(Path(straight["run_dir"]) / "last.pt")["model"]
+    a = dt_checkpoint.load(resumed["run_dir"]).model
+    b = dt_checkpoint.load(straight["run_dir"]).model
     assert all(torch.equal(a[k], b[k]) for k in b)
     # TensorBoard: the killed run's steps after its checkpoint are purged, the rest continue exactly
     assert scalars(resumed["run_dir"], "loss/total") == scalars(straight["run_dir"], "loss/total")
+
+
+def test_ctrl_c_says_how_to_continue_and_exits_130(hopper_file, tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *args(hopper_file, tmp_path, "steps=100000",
+                                                                             "checkpoint_every=5", *QUIET)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dirs = tmp_path / "hopper-medium" / "primal+dt"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(run_dirs.glob("*/last.pt")) and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    (run_dir,) = run_dirs.iterdir()
+    assert proc.returncode == 130, err[-2000:]
+    assert f"; continue with: python -m primal_dt.train resume={run_dir}" in out and "Traceback" not in err
 
 
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path, capsys):
@@ -104,9 +121,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path
                  *QUIET))
     assert "last good checkpoint" in str(err.value)
     (last,) = (tmp_path / "hopper-medium" / "primal+dt").glob("*/last.pt")
-    ck = checkpoint.load(last)
-    assert 1 <= ck["step"] < 50
-    assert all(torch.isfinite(v).all() for v in ck["model"].values() if v.is_floating_point())
+    ck = dt_checkpoint.load(last)
+    assert 1 <= ck.step < 50 and f"(step {ck.step})" in str(err.value)
+    assert all(torch.isfinite(v).all() for v in ck.model.values() if v.is_floating_point())
 
 
 @pytest.mark.parametrize("extra, msg", [
@@ -122,6 +139,9 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path
     (["lr=-0.001"], "lr must be > 0"),
     (["eta=-0.1"], "eta must be >= 0"),
     (["model.attention_options={softmax: {windw: 3}}"], "does not accept option"),
+    (["model.attention_options={softmx: {window: 3}}"], "unknown attention mechanism 'softmx'"),
+    (["model.attention_options=[1]"], "model.attention_options must be a YAML mapping"),
+    (["device=gpu"], "device must be auto, cpu, cuda or cuda:N"),
     (["data_source=d4rl:/nonexistent.hdf5"], "no file at"),
     (["eval.engine=fast"], "eval.engine must be recompute or stream"),
     (["stream_window=10"], "K must be >= 7"),  # 2 layers x 9 tokens of reach > a 5-step segment
@@ -154,8 +174,7 @@ def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_p
 
     s = run(args(hopper_file, tmp_path, "steps=3", "stream_window=4", "eval.engine=stream", "eval.every=0",
                  "eval.final_episodes=1", "eval.max_steps=12", "eval.num_envs=2"))
-    ck = checkpoint.load(Path(s["run_dir"]) / "last.pt")
-    model = build_from_checkpoint(ck).eval()
+    model = dt_checkpoint.load(s["run_dir"]).build_model()
     assert model.cfg.options["softmax"]["window"] == 4 and model.cfg.options["primal"]["window"] == 4
     reach = receptive_field(model.cfg)
     assert reach == 6 and first_exact_step(reach) == 2

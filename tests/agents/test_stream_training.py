@@ -2,9 +2,6 @@
 simulator reproduces ``model.forward`` over the whole episode, and the loss mask keeps exactly the
 segment steps whose predictions equal the whole-episode (= streamed) ones."""
 
-import importlib.util
-from pathlib import Path
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -14,15 +11,11 @@ from agents import Agent, DTConfig
 from agents.stream_training import (first_exact_step, min_segment_steps, receptive_field, stream_exact_config,
                                     stream_exact_loss_mask)
 
-_spec = importlib.util.spec_from_file_location("stream_helpers", Path(__file__).with_name("helpers.py"))
-h = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(h)
-
 W = 9  # tokens per window: 3 layers reach R = 3 * 8 = 24 tokens back
 
 
-def windowed_model(layout="primal+dt"):
-    cfg = stream_exact_config(h.tiny_model(layout).cfg, window=W)
+def windowed_model(tiny_dt, layout="primal+dt"):
+    cfg = stream_exact_config(tiny_dt(layout).cfg, window=W)
     torch.manual_seed(0)
     from agents import DecisionTransformer
 
@@ -56,9 +49,9 @@ def episode_tensors(rec, mean, std, target=3600.0, scale=1000.0):
 
 
 @pytest.mark.parametrize("layout", ["primal+dt", "dt", "primalformer-dt"])
-def test_stream_agent_in_hopper_equals_forward_over_the_whole_episode(layout):
-    m = windowed_model(layout)
-    mean, std = h.hopper_stats()
+def test_stream_agent_in_hopper_equals_forward_over_the_whole_episode(layout, tiny_dt, hopper_stats):
+    m = windowed_model(tiny_dt, layout)
+    mean, std = hopper_stats
     ag = Agent(m, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0, engine="stream")
     rec = simulate(ag, T=60)
     T = len(rec["act"])
@@ -69,8 +62,8 @@ def test_stream_agent_in_hopper_equals_forward_over_the_whole_episode(layout):
     np.testing.assert_allclose(rec["act"], pred[0].numpy(), atol=1e-5, rtol=0)
 
 
-def test_loss_mask_keeps_exactly_the_steps_that_match_the_stream():
-    m = windowed_model()
+def test_loss_mask_keeps_exactly_the_steps_that_match_the_stream(tiny_dt):
+    m = windowed_model(tiny_dt)
     reach = receptive_field(m)
     assert reach == 3 * (W - 1)
     first = first_exact_step(reach)

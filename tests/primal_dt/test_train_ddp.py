@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from primal_dt import checkpoint
+from agents import dt_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,10 +32,10 @@ def test_two_process_gloo_run_keeps_replicas_identical(hopper_file, tmp_path):
     assert "DDP: parameters identical on 2 processes" in out
     runs = list((tmp_path / "hopper-medium" / "primal+dt").iterdir())
     assert len(runs) == 1  # only rank 0 writes
-    ck = checkpoint.load(runs[0] / "last.pt", expect_kind="dt")
-    assert ck["step"] == 8 and ck["config"]["batch_size"] == 8
-    assert len(ck["rng"]) == 2  # each process's random streams, for an exact resume
-    assert not any(k.startswith("module.") for k in ck["model"])  # the bare model, loadable without DDP
+    ck = dt_checkpoint.load(runs[0])
+    assert ck.step == 8 and ck.config["batch_size"] == 8
+    assert len(ck.training.rng) == 2  # each process's random streams, for an exact resume
+    assert not any(k.startswith("module.") for k in ck.model)  # the bare model, loadable without DDP
 
 
 @pytest.mark.slow
@@ -45,7 +45,6 @@ def test_ddp_resume_matches_uninterrupted_ddp_run(hopper_file, tmp_path):
     torchrun(hopper_file, tmp_path / "a", f"resume={first}", "steps=12", "eval.final_episodes=0")
     torchrun(hopper_file, tmp_path / "b", "steps=12", "eval.final_episodes=0")
     (straight,) = (tmp_path / "b" / "hopper-medium" / "primal+dt").iterdir()
-    a = checkpoint.load(first / "last.pt")
-    b = checkpoint.load(straight / "last.pt")
-    assert a["step"] == b["step"] == 12
-    assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+    a, b = dt_checkpoint.load(first), dt_checkpoint.load(straight)
+    assert a.step == b.step == 12
+    assert all(torch.equal(a.model[k], b.model[k]) for k in b.model)

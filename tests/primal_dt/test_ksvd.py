@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from primal_dt.attention import build_attention
-from primal_dt.attention.primal import cosine_features
+from primal_dt.attention.primal import cosine_features, evenly_spaced_rows
 from primal_dt.ksvd import ksvd_layers, ksvd_objective, ksvd_regularizer
 
 D, H, S, T = 16, 2, 4, 10
@@ -27,6 +27,46 @@ def stationary_point(a, x):
             a.Lambda[h] = (T / Sv).sqrt().float()
 
 
+def data_dependent_stationary_point(a, x):
+    """The same construction for the data-dependent form: token i's primal features are
+    psi(q_i) = f_h phi(q_i) (f_h: the n sampled rows of x, channel block h), and the KSVD variables
+    are the parameters We, Wr in R^{n x s} acting on them (paper eq. 11). Rows of We, Wr beyond n
+    are left random: neither the scores nor the trace read them."""
+    with torch.no_grad():
+        qk = a.qk(x)[0]
+        f = evenly_spaced_rows(x, None, a.s * a.rank_multi)[0].double()  # [n, D]
+        n = f.shape[0]
+        for h in range(H):
+            fh = f[:, h * dh:(h + 1) * dh]
+            psi_q = cosine_features(qk[:, h * dh:(h + 1) * dh].double()) @ fh.T  # [T, n]
+            psi_k = cosine_features(qk[:, D + h * dh: D + (h + 1) * dh].double()) @ fh.T
+            U, Sv, Vh = torch.linalg.svd(psi_q @ psi_k.T)
+            U, Sv, V = U[:, :S], Sv[:S], Vh[:S].T
+            a.We[h, :n] = (psi_k.T @ V).float()
+            a.Wr[h, :n] = (psi_q.T @ U).float()
+            a.Lambda[h] = (T / Sv).sqrt().float()
+
+
+@pytest.mark.parametrize("rank_multi", [2, 5], ids=["n=s*rank_multi", "n=T<s*rank_multi"])
+def test_J_vanishes_at_the_data_dependent_stationary_point(rank_multi):
+    torch.manual_seed(3)
+    a = build_attention("primal", D, H, s=S, data_dependent=True, rank_multi=rank_multi).eval()
+    x = torch.randn(1, T, D)
+    J_random = ksvd_objective(a(x)[1])
+    data_dependent_stationary_point(a, x)
+    J = ksvd_objective(a(x)[1])
+    assert J.abs().item() < 1e-4, J
+    assert J_random.abs().item() > 1e-2
+    # the per-sample trace Tr(W_{e|X}^T W_{r|X}) would be far from the stationary value here
+    with torch.no_grad():
+        We_X, _ = a._weights(x, None)
+        per_sample = (We_X[0, 0] * We_X[0, 1]).sum() / H
+    assert (per_sample - (a(x)[1]["We"] * a(x)[1]["Wr"]).sum() / H).abs().item() > 1e-2
+    with torch.no_grad():
+        a.Wr.add_(0.05 * torch.randn_like(a.Wr))
+    assert ksvd_objective(a(x)[1]).abs().item() > 10 * J.abs().item()
+
+
 def test_J_vanishes_at_the_ksvd_stationary_point():
     torch.manual_seed(0)
     a = build_attention("primal", D, H, s=S).eval()
@@ -42,13 +82,14 @@ def test_J_vanishes_at_the_ksvd_stationary_point():
     assert ksvd_objective(a(x)[1]).abs().item() > 10 * J.abs().item()
 
 
-def naive_J(aux, b, real):
+def naive_J(aux, b, real, n_max=None):
     e, r, lam = aux["e"][b][:, real], aux["r"][b][:, real], aux["Lambda"]
     L = len(real)
     E = sum((lam[h, k] ** 2) * (e[h, t, k] ** 2) for h in range(H) for t in range(L) for k in range(S)) / (2 * H * L)
     R = sum((lam[h, k] ** 2) * (r[h, t, k] ** 2) for h in range(H) for t in range(L) for k in range(S)) / (2 * H * L)
-    We = aux["We"][b] if aux["We"].dim() == 4 else aux["We"]
-    Wr = aux["Wr"][b] if aux["Wr"].dim() == 4 else aux["Wr"]
+    We, Wr = aux["We"], aux["Wr"]  # the parameters, in every form
+    if n_max is not None:  # data-dependent: the leading rows this sequence sampled, min(s * rank_multi, L)
+        We, Wr = We[:, :min(n_max, L)], Wr[:, :min(n_max, L)]
     Tr = sum(torch.trace(We[h].T @ Wr[h]) for h in range(H)) / H
     return E + R - Tr
 
@@ -64,7 +105,8 @@ def test_J_matches_naive_formula_over_real_tokens_only(kw):
     J = ksvd_objective(aux)
     for b in range(2):
         real = mask[b].nonzero().flatten().tolist()
-        torch.testing.assert_close(J[b], naive_J(aux, b, real), atol=1e-5, rtol=1e-5)
+        n_max = S * kw["rank_multi"] if kw.get("data_dependent") else None
+        torch.testing.assert_close(J[b], naive_J(aux, b, real, n_max), atol=1e-5, rtol=1e-5)
     # padding never enters: the same sequences without padding give the same J
     J0 = ksvd_objective(a(x[:1, :5])[1])
     torch.testing.assert_close(J[0], J0[0], atol=1e-5, rtol=1e-5)

@@ -1,0 +1,206 @@
+"""The Decision-Transformer checkpoint: one schema, one writer (``save``), one reader (``load``).
+
+Everything that reads or writes a DT checkpoint (training and its resume, ``load_agent``,
+``eval.rollout``, the benchmarks, ``eval.spectrum``, the tests) goes through this module, so the
+layout is known in one place. On disk a checkpoint is a dict saved atomically by
+``primal_dt.checkpoint`` (tensors and plain data):
+
+    kind          "dt"
+    schema        SCHEMA_VERSION (absent in files of release 0.1, which read the same)
+    config        the run's TrainConfig as a plain dict (``primal_dt.train_config.from_dict``)
+    model_config  DTConfig as a plain dict: what builds the network back
+    model         the network's state_dict
+    data          DataInfo: dataset identity and the statistics the agent's bookkeeping needs
+    optimizer, scheduler, rng, step, train_time, history
+                  TrainingState: what an exact resume needs (absent in inference-only files)
+
+The return-to-go scale has one meaning everywhere in the package: returns-to-go are *divided* by
+``reward_scale`` (1000 in the DT papers) before they reach the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from primal_dt import checkpoint as ck_io
+
+from .decision_transformer import DecisionTransformer, DTConfig
+
+KIND = "dt"
+SCHEMA_VERSION = 1
+FILENAME = "last.pt"
+_TRAINING_KEYS = ("optimizer", "scheduler", "rng", "step", "train_time", "history")
+
+
+@dataclass
+class DataInfo:
+    """The dataset a model was trained on, and the bookkeeping an agent must repeat at inference."""
+
+    env: str
+    """dataset name (D4RL naming, e.g. hopper-medium); envs.get_spec(env) gives its simulator"""
+    state_mean: np.ndarray
+    """[state_dim] float32: observations are normalised as (obs - state_mean) / state_std"""
+    state_std: np.ndarray
+    reward_scale: float
+    """returns-to-go are divided by this (the DT papers: 1000)"""
+    targets: tuple[float, ...] = ()
+    """return-to-go targets (raw returns) the run evaluated; the first is an agent's default"""
+    gym_id: str | None = None
+    """the simulator id the data was recorded with (None: the env spec's own)"""
+    source: str = ""
+    """where the data came from (file path, Minari id, replica), as printed by envs.load_dataset"""
+
+    def __post_init__(self):
+        self.state_mean = np.asarray(self.state_mean, dtype=np.float32).reshape(-1)
+        self.state_std = np.asarray(self.state_std, dtype=np.float32).reshape(-1)
+        self.reward_scale = float(self.reward_scale)
+        self.targets = tuple(float(t) for t in self.targets)
+        if self.state_mean.shape != self.state_std.shape:
+            raise ValueError(f"state_mean {self.state_mean.shape} and state_std {self.state_std.shape} differ in shape")
+        if not self.reward_scale > 0:
+            raise ValueError(f"reward_scale must be > 0 (returns-to-go are divided by it), got {self.reward_scale}")
+
+    @property
+    def eval_targets(self) -> tuple[float, ...]:
+        """The return-to-go targets to act for: the run's own, or (a checkpoint that recorded none)
+        the DT papers' targets for its environment, which ``envs`` keeps with the rest of what it
+        knows about a dataset name, so no reader carries a per-environment default."""
+        if self.targets:
+            return self.targets
+        import envs
+
+        return tuple(float(t) for t in envs.get_spec(self.env).targets)
+
+
+@dataclass
+class TrainingState:
+    """What resuming a run needs beyond the weights: optimizer, schedule, random streams, progress."""
+
+    optimizer: dict
+    scheduler: dict
+    rng: list
+    """one dict of random-stream states per training process, rank order"""
+    step: int
+    train_time: float = 0.0
+    history: dict = field(default_factory=dict)
+    """logged evaluation curves (tag -> [(step, value), ...]) so a resumed run keeps drawing them"""
+
+
+@dataclass
+class DTCheckpoint:
+    """A DT checkpoint in memory: what builds the network back, its weights, the data bookkeeping an
+    agent repeats, the run's config and (training files) what a resume needs. Read it with ``load``,
+    write it with ``save``; nothing else indexes the dict on disk."""
+
+    model_config: DTConfig
+    model: dict
+    """the network's state_dict"""
+    data: DataInfo
+    config: dict = field(default_factory=dict)
+    """the run's TrainConfig as a plain dict (empty for checkpoints not written by training)"""
+    training: TrainingState | None = None
+
+    @property
+    def step(self) -> int:
+        return self.training.step if self.training is not None else 0
+
+    def build_model(self, device: str | torch.device = "cpu") -> DecisionTransformer:
+        """The trained network, on ``device``, in eval mode."""
+        model = DecisionTransformer(self.model_config)
+        try:
+            model.load_state_dict(self.model)
+        except RuntimeError as err:  # torch lists every missing / unexpected / mis-shaped tensor
+            raise ValueError(f"the checkpoint's weights do not fit its model_config (layers {model.layer_names}, "
+                             f"d_model {self.model_config.d_model}): {err}") from err
+        return model.to(device).eval()
+
+    def to_dict(self) -> dict:
+        """The dict ``save`` writes: tensors and plain data only (arrays become tensors)."""
+        d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config, "model_config": self.model_config.to_dict(),
+             "model": self.model,
+             "data": {"env": self.data.env, "gym_id": self.data.gym_id, "source": self.data.source,
+                      "state_mean": torch.as_tensor(self.data.state_mean),
+                      "state_std": torch.as_tensor(self.data.state_std),
+                      "reward_scale": self.data.reward_scale, "targets": list(self.data.targets)}}
+        if self.training is not None:
+            d.update(dataclasses.asdict(self.training))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "checkpoint") -> "DTCheckpoint":
+        """Parse a checkpoint dict, with an error naming ``where`` and the missing part."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{where} is not a primal-dt checkpoint (expected a dict, got {type(d).__name__})")
+        if d.get("kind") != KIND:
+            raise ValueError(f"{where} holds a {d.get('kind')!r} model, expected {KIND!r}")
+        schema = d.get("schema", 1)
+        if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
+            raise ValueError(f"{where} has schema {schema!r}; expected an integer >= 1 (not a primal-dt checkpoint?)")
+        if schema > SCHEMA_VERSION:
+            raise ValueError(f"{where} was written by a newer primal-dt (checkpoint schema {d['schema']}, this "
+                             f"release reads <= {SCHEMA_VERSION}); upgrade primal-dt to read it")
+        missing = [k for k in ("model_config", "model", "data") if k not in d]
+        data = d.get("data") if isinstance(d.get("data"), dict) else {}
+        missing += [f"data.{k}" for k in ("env", "state_mean", "state_std", "reward_scale") if k not in data]
+        if missing:
+            raise ValueError(f"{where} lacks {', '.join(missing)}: it was not written by primal_dt.train")
+        try:
+            info = DataInfo(env=data["env"], state_mean=_array(data["state_mean"]),
+                            state_std=_array(data["state_std"]), reward_scale=data["reward_scale"],
+                            targets=tuple(data.get("targets") or ()), gym_id=data.get("gym_id"),
+                            source=data.get("source") or "")
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{where}: its data part is not valid: {err}") from err
+        if not isinstance(d["model_config"], dict):
+            raise ValueError(f"{where}: model_config is a {type(d['model_config']).__name__}, expected a dict")
+        try:
+            mc = DTConfig.from_dict(d["model_config"])
+        except TypeError as err:  # a required field (state_dim, act_dim) is missing
+            raise ValueError(f"{where}: model_config is incomplete ({err})") from err
+        if info.state_mean.shape != (mc.state_dim,):
+            raise ValueError(f"{where}: data.state_mean has {info.state_mean.size} entries but the model observes "
+                             f"state_dim={mc.state_dim}")
+        training = None
+        if all(k in d for k in ("optimizer", "scheduler", "rng", "step")):
+            training = TrainingState(d["optimizer"], d["scheduler"], list(d["rng"]), int(d["step"]),
+                                     float(d.get("train_time", 0.0)), dict(d.get("history") or {}))
+        return cls(model_config=mc, model=d["model"], data=info, config=dict(d.get("config") or {}),
+                   training=training)
+
+
+def _array(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint file, or a run directory meaning its last.pt; a clear error when neither exists."""
+    p = Path(path)
+    if p.is_dir():
+        if not (p / FILENAME).exists():
+            raise FileNotFoundError(f"{p} is a directory without a {FILENAME}: not a primal_dt.train run directory "
+                                    "(or its first checkpoint was not written yet)")
+        return p / FILENAME
+    if not p.exists():
+        raise FileNotFoundError(f"checkpoint {p} does not exist (give a .pt file written by primal_dt.train, or "
+                                "its run directory)")
+    return p
+
+
+def save(ck: DTCheckpoint, path: str | Path) -> Path:
+    """Write ``ck`` atomically (a crash never leaves a torn file)."""
+    return ck_io.save_atomic(ck.to_dict(), path)
+
+
+def load(path: str | Path | dict) -> DTCheckpoint:
+    """Read a checkpoint file or run directory (or parse an already-loaded dict)."""
+    if isinstance(path, DTCheckpoint):
+        return path
+    if isinstance(path, dict):
+        return DTCheckpoint.from_dict(path)
+    p = resolve(path)
+    return DTCheckpoint.from_dict(ck_io.load(p, expect_kind=KIND), where=f"checkpoint {p}")

@@ -1,0 +1,307 @@
+"""Train a Decision Transformer on an offline dataset: what ``python -m primal_dt.train`` runs.
+
+    summary = train(train_config.build(argv), evaluator)
+
+It reads top to bottom: ``prepare`` (config, resume, data, model, optimizer: everything that can
+fail on bad input, before the first step), then ``train``'s loop (sample a batch, one optimisation
+step, log, evaluate, checkpoint), then the summary. Around it: ``training_checkpoint`` (the DT
+checkpoint through ``agents.dt_checkpoint``, random streams, exact resume) and ``training_log``
+(TensorBoard, progress, summary files).
+
+Rolling the model out in the simulator is ``eval``'s code, which sits above ``agents``; the entry
+point hands it in as an ``Evaluator``. Training is deterministic on CPU for a given seed and config,
+and a resumed run continues exactly where its checkpoint left it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import envs
+from primal_dt import runtime, train_config
+from primal_dt.monitor import RunMonitor, run_dir
+from primal_dt.runtime import Dist, SetupError
+from primal_dt.train_config import Built, TrainConfig
+
+from . import dt_checkpoint, stream_training, training_checkpoint, training_log
+from .decision_transformer import DecisionTransformer, DTConfig, dt_loss
+from .dt_checkpoint import DataInfo
+
+
+class Diverged(RuntimeError):
+    """The loss or gradient became NaN/inf; the last good checkpoint is kept."""
+
+
+@dataclass(frozen=True)
+class Evaluator:
+    """How the trainer rolls its model out in the simulator (the entry point builds it from
+    ``eval.rollout``, which ``agents`` may not import).
+
+    ``rollout(model, data, episodes, seed, settings, on_step)`` plays ``episodes`` episodes per
+    target in ``data.targets`` (``data``: the run's ``DataInfo``; ``settings``: its ``EvalConfig``;
+    ``on_step(n)``: progress) and returns {target: {"normalized_mean", "normalized_std",
+    "return_mean", "return_std", "length_mean", "returns", ...}}; ``line(results)`` says them in one
+    line for the log.
+    """
+
+    rollout: Callable[..., dict]
+    line: Callable[[dict], str]
+
+
+@dataclass
+class Run:
+    """A training run: what ``prepare`` built, and the progress the loop advances."""
+
+    cfg: TrainConfig
+    built: Built
+    spec: envs.EnvSpec
+    data: envs.Trajectories
+    info: DataInfo
+    """what the checkpoint and the evaluator need to know about the data (statistics, targets, scale)"""
+    sampler: envs.SegmentSampler
+    model: DecisionTransformer
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    out: Path
+    device: torch.device
+    dist: Dist
+    step: int = 0
+    train_time: float = 0.0
+    """seconds inside optimisation steps (no evaluation, no logging)"""
+    history: dict = field(default_factory=dict)
+    """logged evaluation curves, kept in the checkpoint so a resumed run draws them whole"""
+
+
+# -- prepare: everything that can fail on bad input -------------------------------------------------
+def prepare(built: Built, d: Dist | None = None) -> Run:
+    """Config (resumed or new), data, model and optimizer; bad input raises ``SetupError`` before a
+    file is written. The order of random draws is part of the contract: same seed, same run."""
+    with runtime.setup_errors():
+        built, resume = resumed_config(built)
+        cfg = built.cfg
+        train_config.check(cfg)
+        spec = env_spec(cfg.env)
+        d = d or runtime.init_distributed(cfg.device)
+        if cfg.batch_size % d.world:
+            raise SetupError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
+        device = runtime.pick_device(cfg.device, d)
+        runtime.set_threads(cfg.threads)
+        runtime.seed_torch(cfg.seed)
+        model = DecisionTransformer(model_config(cfg, spec.obs_dim, spec.act_dim))  # bad options raise here
+        data = envs.load_dataset(cfg.env, source=cfg.data_source, verbose=d.main)
+        if resume is not None:
+            training_checkpoint.check_same_data(*resume, data)
+        dims = (data.observations.shape[1], data.actions.shape[1])
+        if dims != (spec.obs_dim, spec.act_dim):  # e.g. Minari (v5) data observing differently
+            runtime.seed_torch(cfg.seed)
+            model = DecisionTransformer(model_config(cfg, *dims))
+        model = model.to(device)
+        if d.world > 1:  # same initial weights everywhere (DDP also broadcasts them), own dropout masks per rank
+            runtime.seed_torch(cfg.seed + 1000 * d.rank)
+        opt, sched = build_optimizer(model, cfg)
+    # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
+    sampler = envs.SegmentSampler(data, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
+                                  cfg.seed + 1000 * d.rank)
+    targets = tuple(float(t) for t in (cfg.eval.targets or spec.targets))
+    info = DataInfo(env=cfg.env, state_mean=data.state_mean, state_std=data.state_std, reward_scale=cfg.reward_scale,
+                    targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id), source=data.source)
+    out = resume[0].parent if resume else run_dir(cfg.out, cfg.env, training_log.model_label(cfg), seed=cfg.seed)
+    run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, out, device, d)
+    if resume is not None:
+        training_checkpoint.restore(run, resume[1])
+    return run
+
+
+def resumed_config(built: Built) -> tuple[Built, tuple[Path, dt_checkpoint.DTCheckpoint] | None]:
+    """With ``resume=``: the checkpoint's config plus the run-time options given now, and (path,
+    checkpoint); otherwise the config as built and None."""
+    if not built.cfg.resume:
+        return built, None
+    path = runtime.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
+    ck = dt_checkpoint.load(path)
+    if ck.training is None:
+        raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so it "
+                         "cannot be resumed; start a new run")
+    return train_config.resumed(built, ck.config, str(path)), (path, ck)
+
+
+def env_spec(name: str) -> envs.EnvSpec:
+    try:
+        return envs.get_spec(name)
+    except (KeyError, ValueError) as err:
+        raise SetupError(f"env: {err.args[0] if err.args else err}") from err
+
+
+def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
+    """The network ``cfg`` describes, for data with these dimensions (stream-exact: every layer windowed)."""
+    m = cfg.model
+    mc = DTConfig(state_dim=state_dim, act_dim=act_dim, K=cfg.K, d_model=m.d_model, n_heads=m.n_heads,
+                  n_layers=m.n_layers, layout=m.name, layers=train_config.layer_names(m),
+                  options=train_config.attention_options(m), dropout=m.dropout, activation=m.activation,
+                  mlp_ratio=m.mlp_ratio, max_timestep=cfg.max_timestep)
+    if cfg.stream_window:
+        mc = stream_training.stream_exact_config(mc, cfg.stream_window)
+        need = stream_training.min_segment_steps(mc)
+        if cfg.K < need:
+            raise ValueError(f"stream_window={cfg.stream_window} over {len(mc.layer_specs())} layers reaches "
+                             f"{stream_training.receptive_field(mc)} tokens back, so K must be >= {need} for any "
+                             f"step of a segment to count; got K={cfg.K}. Raise K or lower stream_window")
+    return mc
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
+    """AdamW with linear warm-up to ``lr`` over ``warmup_steps``, then constant (the DT recipe)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    w = cfg.warmup_steps
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
+    return opt, sched
+
+
+# -- one step -----------------------------------------------------------------------------------------
+def train_step(net, params, opt, sched, batch: dict, eta: float, grad_clip: float, detail: bool = False,
+               world: int = 1):
+    """One optimisation step; returns (loss, grad norm, parts) without stepping on NaN/inf.
+
+    The finiteness check uses the loss (averaged over processes under DDP, so every process takes
+    the same decision) and the gradient norm (identical on every process after DDP's all-reduce).
+    """
+    loss, parts = dt_loss(net, batch, eta, detail)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    stat = loss.detach().reshape(1)
+    if world > 1:
+        stat = stat.clone()
+        dist.all_reduce(stat)
+        stat /= world
+    loss_value = float(stat)
+    if not (math.isfinite(loss_value) and math.isfinite(float(gn))):
+        return loss_value, float(gn), parts
+    opt.step()
+    sched.step()
+    return loss_value, float(gn), parts
+
+
+def next_batch(run: Run, reach: int | None) -> dict:
+    """The sampler's next batch on the run's device; stream-exact runs count only the steps whose
+    ``reach`` tokens of history lie inside their segment."""
+    batch = {k: v.to(run.device, non_blocking=True) for k, v in run.sampler.sample().items()}
+    if reach is not None:
+        batch["loss_mask"] = stream_training.stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
+    return batch
+
+
+# -- the run ------------------------------------------------------------------------------------------
+def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
+    """Prepare, train to ``cfg.steps`` (evaluating and checkpointing on the way), evaluate at the
+    end; returns the summary (also in ``summary.json``)."""
+    run = prepare(built, d)
+    cfg, d = run.cfg, run.dist
+    params = list(run.model.parameters())
+    net = run.model
+    if d.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+    if d.main:
+        print(training_log.announcement(run), flush=True)
+    mon = training_log.open_monitor(run)
+    last_score = training_log.last_eval(mon)
+    reach = stream_training.receptive_field(run.model.cfg) if cfg.stream_window else None
+    speed = training_log.Throughput()
+    try:
+        while run.step < cfg.steps:
+            logging = _due(run.step + 1, cfg.log_every)
+            batch = next_batch(run, reach)
+            t0 = time.perf_counter()
+            loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip, logging,
+                                         d.world)
+            dt = time.perf_counter() - t0  # train_step reads the loss back, so the device is synchronised
+            if not (math.isfinite(loss) and math.isfinite(gn)):
+                diverged(run, mon, loss, gn, parts)
+            run.step += 1
+            run.train_time += dt
+            speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
+            if logging:
+                training_log.log_step(run, mon, loss, gn, parts, speed.take())
+            if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final evaluation covers the last step
+                last_score = periodic_eval(run, mon, evaluator) if d.main else last_score
+                d.barrier()
+            if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps:
+                training_checkpoint.save(run, mon)
+            mon.progress(1, loss=f"{loss:.4f}", **({"eval": f"{last_score:.1f}"} if last_score is not None else {}))
+    except KeyboardInterrupt:
+        mon.print(f"interrupted at step {run.step}; continue with: python -m primal_dt.train resume={run.out}")
+        mon.close()
+        raise
+    final = final_eval(run, mon, evaluator)
+    d.barrier()
+    summary = training_log.finish(run, mon, final)
+    runtime.check_replicas(run.model, d)
+    return summary
+
+
+def _due(step: int, every: int) -> bool:
+    return every > 0 and step % every == 0
+
+
+def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
+    """Stop with a message saying what diverged and what is kept; the step was not taken."""
+    last = run.out / dt_checkpoint.FILENAME
+    kept = (f"the last good checkpoint is {last} (step {dt_checkpoint.load(last).step}); it was not overwritten"
+            if run.dist.main and last.exists() else "no checkpoint had been written yet")
+    msg = (f"training diverged at step {run.step + 1}: loss={loss}, grad norm={gn}, action mse={float(parts['mse'])}, "
+           f"ksvd={float(parts['ksvd'])}. The optimizer step was not taken; {kept}. Try a lower lr "
+           f"(now {run.cfg.lr}), a smaller eta (now {run.cfg.eta}) or grad_clip > 0 (now {run.cfg.grad_clip}).")
+    mon.print(msg)
+    mon.close()
+    raise Diverged(msg)
+
+
+# -- evaluation in the simulator -----------------------------------------------------------------------
+def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
+    """Roll the current model out (``episodes`` per target), leaving the training RNG untouched."""
+    bar = None
+    if run.cfg.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(desc=f"eval {episodes} episodes x {len(run.info.targets)} targets", unit=" env steps",
+                   leave=False, dynamic_ncols=True, mininterval=1.0)
+    try:
+        with torch.random.fork_rng(devices=[]):  # evaluation never moves the training RNG
+            return evaluator.rollout(run.model, run.info, episodes, seed, run.cfg.eval,
+                                     on_step=bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> float:
+    """Evaluate every ``eval.every`` steps; returns the first target's normalized score (for the bar)."""
+    t0 = time.perf_counter()
+    res = evaluate(run, evaluator, run.cfg.eval.episodes, run.cfg.seed + 10_000)
+    mon.scalars(training_log.eval_scalars(res), run.step)
+    mon.print(f"step {run.step}: eval ({run.cfg.eval.episodes} episodes/target, {time.perf_counter() - t0:.0f}s) "
+              f"normalized {evaluator.line(res)}")
+    run.history = training_log.eval_history(mon)
+    return next(iter(res.values()))["normalized_mean"]
+
+
+def final_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> dict | None:
+    """``eval.final_episodes`` per target at the end (rank 0; None when switched off)."""
+    e = run.cfg.eval
+    if not (run.dist.main and e.final_episodes > 0):
+        return None
+    t0 = time.perf_counter()
+    final = evaluate(run, evaluator, e.final_episodes, run.cfg.seed + 20_000)
+    mon.scalars(training_log.eval_scalars(final), run.step)
+    mon.scalars(training_log.eval_scalars(final, "eval_final"), run.step)
+    mon.print(f"final eval ({e.final_episodes} episodes/target, {time.perf_counter() - t0:.0f}s): "
+              f"normalized {evaluator.line(final)}")
+    return final

@@ -1,0 +1,143 @@
+"""What a DT training run shows and leaves behind: the opening announcement, TensorBoard scalars
+and histograms, the progress bar, and at the end hyper-parameters, ``eval_return.png`` and
+``summary.json``. Rank 0 writes; the other processes' monitors are switched off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import TYPE_CHECKING
+
+import yaml
+
+from primal_dt import train_config
+from primal_dt.monitor import RunMonitor
+from primal_dt.train_config import TrainConfig
+
+if TYPE_CHECKING:
+    from .training import Run
+
+
+def model_label(cfg: TrainConfig) -> str:
+    """The model's name in run directories and logs: the layout, or the explicit layers joined by '-'."""
+    return cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
+
+
+def announcement(run: Run) -> str:
+    """What the run is about to do: every option with its provenance, the data, the model, where it writes."""
+    cfg = run.cfg
+    n_params = sum(p.numel() for p in run.model.parameters())
+    return "\n".join([
+        train_config.describe(run.built),
+        f"data {cfg.env}: {len(run.data.episodes)} episodes, {run.data.num_steps:,} steps, source: {run.data.source}",
+        f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}"
+        + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
+        f"eval targets {list(run.info.targets)}; run directory {run.out}"
+        + (f"; resuming at step {run.step}" if run.step else ""),
+    ])
+
+
+def open_monitor(run: Run) -> RunMonitor:
+    """The run's monitor, continuing a resumed run's curves (a killed predecessor's events after its
+    checkpoint are purged); a new run starts by recording its config and data source."""
+    cfg, d = run.cfg, run.dist
+    mon = RunMonitor(run.out, enabled=cfg.tensorboard and d.main, progress_total=cfg.steps,
+                     progress=cfg.progress and d.main, progress_desc=f"{cfg.env} {model_label(cfg)}",
+                     initial=min(run.step, cfg.steps), purge_step=run.step + 1 if run.step else None)
+    for tag, pts in run.history.items():
+        mon.history[tag] = [tuple(p) for p in pts]
+    if d.main and run.step == 0:
+        mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
+        mon.text("config/provenance", "```\n" + train_config.describe(run.built) + "\n```")
+        mon.text("data/source", f"{run.data.source} ({cfg.env}, {len(run.data.episodes)} episodes, "
+                                f"{run.data.num_steps} steps)")
+    return mon
+
+
+def eval_history(mon: RunMonitor) -> dict:
+    """The evaluation curves logged so far (what the checkpoint keeps of the log)."""
+    return {k: v for k, v in mon.history.items() if k.startswith("eval/")}
+
+
+def last_eval(mon: RunMonitor) -> float | None:
+    """The latest normalized score logged (the first target's), for the progress bar."""
+    tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
+    return mon.history[tags[0]][-1][1] if tags else None
+
+
+class Throughput:
+    """Seconds and tokens of the optimisation steps since the last logged step."""
+
+    def __init__(self):
+        self.seconds, self.steps, self.tokens = 0.0, 0, 0
+
+    def reset(self) -> None:
+        self.seconds, self.steps, self.tokens = 0.0, 0, 0
+
+    def add(self, seconds: float, tokens: int) -> None:
+        self.seconds += seconds
+        self.steps += 1
+        self.tokens += tokens
+
+    def take(self) -> dict:
+        """Steps/s and tokens/s since the last call, and start counting again."""
+        t = max(self.seconds, 1e-9)
+        rates = {"throughput/steps_per_s": self.steps / t, "throughput/tokens_per_s": self.tokens / t}
+        self.reset()
+        return rates
+
+
+def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, rates: dict) -> None:
+    """Loss and its parts, learning rate, grad norm, throughput, KSVD J and Lambda per primal layer."""
+    vals = {"loss/total": loss, "loss/action_mse": float(parts["mse"]), "loss/ksvd": float(parts["ksvd"]),
+            "train/lr": run.sched.get_last_lr()[0], "train/grad_norm": gn, **rates}
+    vals.update({f"ksvd/J_{k.split('/')[1]}": float(v) for k, v in parts.items() if k.startswith("J/")})
+    for i, attn in run.model.primal_layers().items():
+        lam = attn.Lambda.detach()
+        vals.update({f"lambda/layer{i}_mean": float(lam.mean()), f"lambda/layer{i}_min": float(lam.min()),
+                     f"lambda/layer{i}_max": float(lam.max())})
+        mon.histogram(f"lambda/layer{i}", lam.cpu(), run.step)
+    mon.scalars(vals, run.step)
+
+
+def target_tag(t: float) -> str:
+    return f"target{int(t)}" if float(t).is_integer() else f"target{t:g}"
+
+
+def eval_scalars(results: dict, prefix: str = "eval") -> dict:
+    out = {}
+    for t, r in results.items():
+        tag = target_tag(t)
+        out[f"{prefix}/normalized/{tag}"] = r["normalized_mean"]
+        out[f"{prefix}/return/{tag}"] = r["return_mean"]
+        out[f"{prefix}/length/{tag}"] = r["length_mean"]
+    return out
+
+
+def finish(run: Run, mon: RunMonitor, final: dict | None) -> dict:
+    """The run's summary; rank 0 also records hyper-parameters with the final scores, draws
+    ``eval_return.png`` and writes ``summary.json``."""
+    cfg = run.cfg
+    summary = {
+        "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
+        "steps": run.step, "data_source": run.data.source, "train_s": round(run.train_time, 2),
+        "s_per_1k_steps": round(1000 * run.train_time / max(run.step, 1), 2), "processes": run.dist.world,
+        "final": ({target_tag(t): {k: r[k] for k in ("normalized_mean", "normalized_std", "return_mean",
+                                                      "return_std", "length_mean")} | {"episodes": len(r["returns"])}
+                   for t, r in final.items()} if final else None),
+        "run_dir": str(run.out),
+    }
+    if run.dist.main:
+        metrics = {f"normalized_{target_tag(t)}": r["normalized_mean"] for t, r in (final or {}).items()}
+        mon.hparams({"env": cfg.env, "model": model_label(cfg), "data_source": run.data.source,
+                     **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "resume", "out")}},
+                    metrics or {"steps": run.step})
+        tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
+        png = mon.plot(tags, run.out / "eval_return.png", title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}",
+                       ylabel="normalized return")
+        summary["plot"] = str(png) if png else None
+        (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        mon.print(json.dumps(summary, indent=2))
+    mon.close()
+    return summary

@@ -1,0 +1,247 @@
+"""Train a sequence classifier and select its checkpoint: what ``python -m primal_dt.classify`` runs.
+
+``Trainer`` holds one classifier's optimisation state, with ``step`` and ``evaluate`` apart so the
+benchmark (eval/bench/classify.py) can interleave two models on the same batches; ``fit`` is the
+loop (steps, logging, evaluation rounds that keep best.pt / last.pt), then the summary.
+
+Model selection (``train.selection``): ``val`` picks the checkpoint with the best validation
+accuracy (ties: lower validation loss) and reports its test accuracy; ``test`` reports the best
+test accuracy seen (the reference code's protocol); ``last`` the final model's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from . import checkpoint, runtime
+from .classifier import SequenceClassifier, classification_loss
+from .classify_config import SELECTIONS, ClassifyConfig, attention_options, hparams
+from .layouts import layout
+from .monitor import RunMonitor
+from .tasks import Split, TaskData
+
+KIND = "classifier"
+
+
+# -- model and optimisation ------------------------------------------------------------------------
+def build_model(cfg: ClassifyConfig, data: TaskData) -> SequenceClassifier:
+    a = cfg.arch
+    head = a.head
+    if head == "auto":
+        head = "pair" if data.pair else ("flatten" if cfg.data.kind == "uea" else "mean")
+    if (head == "pair") != data.pair:
+        raise ValueError(f"arch.head={head!r} does not fit {data.name} ({'pairs' if data.pair else 'single sequences'})")
+    return SequenceClassifier(
+        layout(cfg.model, a.layers, attention_options(cfg)), input_kind=data.input_kind, n_inputs=data.n_inputs,
+        n_classes=data.n_classes, max_len=data.max_len, head=head, d_model=a.d_model, n_heads=a.n_heads,
+        d_ff=a.d_ff, dropout=a.dropout, norm=a.norm, activation=a.activation)
+
+
+def build_optimizer(cfg: ClassifyConfig, model, total_steps: int):
+    t = cfg.train
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "radam": torch.optim.RAdam}[t.optimizer]
+    opt = cls(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+    if t.schedule == "constant":
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / t.warmup) if t.warmup else 1.0)
+    else:
+        sched = torch.optim.lr_scheduler.OneCycleLR(
+            opt, max_lr=t.lr, total_steps=total_steps + 1, pct_start=min(0.999, max(t.warmup, 1) / total_steps),
+            anneal_strategy="linear", cycle_momentum=False, div_factor=1e4, final_div_factor=1e4)
+    return opt, sched
+
+
+def batches(split: Split, size: int, generator: torch.Generator | None = None):
+    """(x, mask, y) mini-batches; shuffled when a generator is given."""
+    n = len(split)
+    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    for i in range(0, n, size):
+        idx = order[i: i + size]
+        yield split.x[idx], split.mask[idx], split.y[idx]
+
+
+@torch.no_grad()
+def evaluate(model, split: Split, batch_size: int, eta: float, device: torch.device | str = "cpu") -> dict[str, float]:
+    model.eval()
+    correct, loss, n = 0, 0.0, 0
+    for x, m, y in batches(split, batch_size):
+        x, m, y = x.to(device), m.to(device), y.to(device)
+        out = model(x, m)
+        l, _ = classification_loss(out, y, eta)
+        correct += int((out.logits.argmax(-1) == y).sum())
+        loss += float(l) * len(y)
+        n += len(y)
+    model.train()
+    return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
+
+
+class Trainer:
+    """One classifier's optimisation state; ``step`` and ``evaluate`` are separate so the benchmark
+    (eval/bench/classify.py) can interleave two models on the same batches."""
+
+    def __init__(self, cfg: ClassifyConfig, data: TaskData, device: torch.device | str = "cpu"):
+        self.cfg, self.data, self.device = cfg, data, torch.device(device)
+        runtime.seed_torch(cfg.seed)
+        self.model = build_model(cfg, data).to(self.device)
+        t = cfg.train
+        self.steps_per_epoch = math.ceil(len(data.train) / t.batch_size)
+        self.total_steps = t.steps or t.epochs * self.steps_per_epoch
+        self.eval_every = t.eval_every or self.steps_per_epoch
+        self.opt, self.sched = build_optimizer(cfg, self.model, self.total_steps)
+        self.gen = torch.Generator().manual_seed(cfg.seed)  # batch order: its own stream, on the CPU
+        self.step_no = 0
+        self.train_time = 0.0  # seconds inside optimisation steps (no evaluation, no logging)
+        self.best = {"metric": -1.0, "step": 0, "test_acc": None, "val_acc": None, "val_loss": None}
+        self._it = iter(())
+
+    def next_batch(self):
+        try:
+            return next(self._it)
+        except StopIteration:
+            self._it = batches(self.data.train, self.cfg.train.batch_size, self.gen)
+            return next(self._it)
+
+    def step(self, batch) -> dict:
+        x, m, y = (t.to(self.device) for t in batch)
+        out = self.model(x, m)
+        loss, parts = classification_loss(out, y, self.cfg.primal.eta)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.cfg.train.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        self.opt.step()
+        self.sched.step()
+        if self.device.type == "cuda":  # the caller times the step: wait for the GPU to finish it
+            torch.cuda.synchronize(self.device)
+        self.step_no += 1
+        parts.update(loss=loss.detach(), correct=(out.logits.argmax(-1) == y).sum(), n=len(y),
+                     tokens=m.sum())
+        return parts
+
+    def evaluate(self, split: Split) -> dict:
+        bs = self.cfg.train.eval_batch_size or self.cfg.train.batch_size
+        return evaluate(self.model, split, bs, self.cfg.primal.eta, self.device)
+
+    def state(self) -> dict:
+        cuda = {"cuda_rng": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}
+        return cuda | {"kind": KIND, "config": dataclasses.asdict(self.cfg), "model": self.model.state_dict(),
+                "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "step": self.step_no,
+                "train_time": self.train_time,
+                "best": dict(self.best), "rng": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "task": {"name": self.data.name, "n_classes": self.data.n_classes, "max_len": self.data.max_len,
+                         "class_names": self.data.class_names}}
+
+    def restore(self, ck: dict) -> None:
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optimizer"])
+        self.sched.load_state_dict(ck["scheduler"])
+        self.step_no, self.best, self.train_time = ck["step"], ck["best"], ck.get("train_time", 0.0)
+        self.gen.set_state(ck["rng"])
+        torch.set_rng_state(ck["torch_rng"])
+        if "cuda_rng" in ck and self.device.type == "cuda":
+            torch.cuda.set_rng_state(ck["cuda_rng"], self.device)
+
+
+def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
+    """Evaluate on test (and val), keep the selected checkpoint in best.pt, the latest in last.pt."""
+    res = {"test": tr.evaluate(data.test)}
+    if data.val is not None:
+        res["val"] = tr.evaluate(data.val)
+    selection = tr.cfg.train.selection
+    metric = (res["val"] if selection == "val" else res["test"])["acc"]
+    # Small validation splits saturate (JapaneseVowels: 54 series at 100%) or stall (BasicMotions: 8), so
+    # ties in accuracy go to the lower validation loss. The papers' protocol keeps its plain max.
+    tie_better = selection == "val" and metric == tr.best["metric"] and res["val"]["loss"] < tr.best["val_loss"]
+    if metric > tr.best["metric"] or tie_better or selection == "last":
+        tr.best = {"metric": metric, "step": tr.step_no, "test_acc": res["test"]["acc"],
+                   "val_acc": res["val"]["acc"] if "val" in res else None,
+                   "val_loss": res["val"]["loss"] if "val" in res else None}
+        checkpoint.save_atomic(tr.state(), out / "best.pt")
+    checkpoint.save_atomic(tr.state(), out / "last.pt")
+    return res
+
+
+# -- the run ---------------------------------------------------------------------------------------
+def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = False) -> dict:
+    """Train ``tr`` to its total steps with evaluation rounds, then report the selected checkpoint."""
+    cfg, t = tr.cfg, tr.cfg.train
+    n_params = sum(p.numel() for p in tr.model.parameters())
+    mon = RunMonitor(out, enabled=cfg.tensorboard, progress_total=tr.total_steps, progress=cfg.progress,
+                     progress_desc=f"{cfg.task} {cfg.model}", initial=tr.step_no,
+                     purge_step=tr.step_no + 1 if resumed else None)  # drop what a killed run logged after last.pt
+    mon.print(f"task {cfg.task}: {data.describe()}\n  preset source: {source}\n  " + "\n  ".join(data.notes))
+    mon.print(f"model {cfg.model}: {[s.attention for s in tr.model.stack.specs]}, {n_params:,} parameters; "
+              f"{tr.total_steps} steps ({tr.steps_per_epoch}/epoch), selection: {SELECTIONS[t.selection]}\n"
+              f"  device {tr.device}; run directory: {out}")
+    mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
+    acc_sum = {"correct": 0, "n": 0, "tokens": 0}
+    t_train, t_start, last_eval, shown = 0.0, time.perf_counter(), tr.step_no, {}
+    try:
+        while tr.step_no < tr.total_steps:
+            batch = tr.next_batch()
+            t0 = time.perf_counter()
+            parts = tr.step(batch)
+            dt = time.perf_counter() - t0
+            t_train += dt
+            tr.train_time += dt
+            mon.progress(1, **shown)
+            for k in acc_sum:
+                acc_sum[k] += int(parts[k])
+            s = tr.step_no
+            if s % 10 == 0 or s == tr.total_steps:
+                shown["loss"] = f"{float(parts['loss']):.3f}"
+                mon.scalars({"loss/total": float(parts["loss"]), "loss/ce": float(parts["ce"]),
+                             "loss/ksvd": float(parts["ksvd"]), "lr": tr.sched.get_last_lr()[0]}, s)
+                mon.scalars({f"ksvd/{k}": float(v) for k, v in parts.items() if k.startswith("J/")}, s)
+            if s % tr.eval_every == 0 or s == tr.total_steps:
+                steps = s - last_eval
+                mon.scalars({"acc/train": acc_sum["correct"] / max(acc_sum["n"], 1),
+                             "throughput/samples_per_s": acc_sum["n"] / max(t_train, 1e-9),
+                             "throughput/tokens_per_s": acc_sum["tokens"] / max(t_train, 1e-9),
+                             "throughput/s_per_1k_steps": 1000 * t_train / max(steps, 1)}, s)
+                res = evaluation_round(tr, data, out)
+                for name, r in res.items():
+                    mon.scalars({f"acc/{name}": r["acc"], f"loss/{name}": r["loss"]}, s)
+                mon.flush()  # the curves reach the checkpoint just written, so a resume continues them
+                shown.update({"val" if "val" in res else "test": f"{res.get('val', res['test'])['acc']:.3f}",
+                              "best": f"{tr.best['metric']:.3f}"})
+                acc_sum = {k: 0 for k in acc_sum}
+                t_train, last_eval = 0.0, s
+    except KeyboardInterrupt:
+        mon.print(f"interrupted at step {tr.step_no}; resume with: python -m primal_dt.classify resume={out}")
+        mon.close()
+        raise
+    return summarize(tr, data, out, source, mon, n_params, t_start)
+
+
+def summarize(tr: Trainer, data: TaskData, out: Path, source: str, mon: RunMonitor, n_params: int,
+              t_start: float) -> dict:
+    """The selected checkpoint's test accuracy (re-evaluated from best.pt under the val protocol, so
+    the figure comes from the saved weights), hyper-parameters, accuracy.png and summary.json."""
+    cfg, t = tr.cfg, tr.cfg.train
+    best = checkpoint.load(out / "best.pt", expect_kind=KIND)
+    tr.model.load_state_dict(best["model"])
+    test_sel = tr.evaluate(data.test)["acc"] if t.selection == "val" else tr.best["test_acc"]
+    summary = {
+        "task": cfg.task, "model": cfg.model, "seed": cfg.seed, "layers": [s.attention for s in tr.model.stack.specs],
+        "protocol": t.selection, "protocol_meaning": SELECTIONS[t.selection],
+        "test_acc": test_sel, "selected_step": tr.best["step"], "selected_val_acc": tr.best["val_acc"],
+        "steps": tr.total_steps, "epochs": t.epochs or round(tr.total_steps / tr.steps_per_epoch, 2),
+        "train_s": round(tr.train_time, 2), "wall_s": round(time.perf_counter() - t_start, 2),
+        "s_per_1k_steps": round(1000 * tr.train_time / max(tr.total_steps, 1), 2),
+        "parameters": n_params, "data": data.describe(), "preset_source": source, "run_dir": str(out),
+    }
+    mon.hparams({"task": cfg.task, "model": cfg.model, "seed": cfg.seed, **hparams(cfg)},
+                {"test_acc": test_sel} | ({"selected_val_acc": tr.best["val_acc"]} if tr.best["val_acc"] is not None else {}))
+    mon.plot(["acc/train", "acc/val", "acc/test"], out / "accuracy.png", title=f"{cfg.task} {cfg.model}",
+             ylabel="accuracy")
+    mon.close()
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2), flush=True)
+    return summary

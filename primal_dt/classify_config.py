@@ -1,0 +1,185 @@
+"""Configuration of ``python -m primal_dt.classify``: dataclasses, task presets, checks.
+
+``task`` names a preset (configs/uea/*.yaml, configs/lra/*.yaml: the papers' settings and fast
+variants); ``model`` a layout (transformer, primalformer, primal+trans, primal+<mechanism>) or any
+attention mechanism (``attention=NAME`` is short for ``model=NAME``). Precedence: defaults <
+preset < the preset's ``by_model.<model>`` section < command line. A resumed run starts from its
+checkpoint's config instead, with the command line on top (e.g. more ``train.epochs``).
+
+Everything that can be wrong with the input is checked here, before any data is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+
+from . import presets
+from .cli import expand_shorthands, find_value, parse
+from .runtime import attention_options as parse_attention_options
+from .runtime import check_device
+from .tasks import DataConfig
+
+GROUPS = ("uea", "lra")
+SELECTIONS = {
+    "val": "test accuracy of the checkpoint with the best validation accuracy (ties: lower validation loss)",
+    "test": "best test accuracy during training (the reference code's protocol: selection on test)",
+    "last": "test accuracy of the final model",
+}
+SHORTHANDS = {"attention": "model"}
+PROG = "python -m primal_dt.classify"
+DESCRIPTION = "Train and evaluate a sequence classifier (UEA time series, LRA) on the attention core."
+
+
+@dataclass
+class ArchConfig:
+    d_model: int = 64
+    n_heads: int = 2
+    layers: int = 2
+    d_ff: int = 128
+    dropout: float = 0.1
+    norm: str = "pre"
+    """pre | post (layer norm placement)"""
+    activation: str = "gelu"
+    head: str = "auto"
+    """auto (flatten for UEA, pair for Retrieval, mean otherwise) | flatten | mean | pair"""
+
+
+@dataclass
+class PrimalConfig:
+    """Options of the primal layers, and the KSVD weight eta (used when the stack has any)."""
+
+    s: int = 20
+    eta: float = 0.1
+    data_dependent: bool = True
+    rank_multi: int = 10
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 0
+    """passes over the training set (UEA); exactly one of epochs / steps must be > 0"""
+    steps: int = 0
+    """optimizer steps (LRA)"""
+    batch_size: int = 32
+    eval_batch_size: int = 0
+    """0: same as batch_size"""
+    optimizer: str = "adamw"
+    """adamw | adam | radam"""
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    """constant | onecycle-linear (linear warm-up over `warmup` steps, then linear decay to 0)"""
+    warmup: int = 0
+    grad_clip: float = 0.0
+    """max gradient norm (0: off)"""
+    eval_every: int = 0
+    """evaluate every this many steps (0: once per epoch)"""
+    selection: str = "val"
+    """val | test | last (see primal_dt.classify's docstring)"""
+
+
+@dataclass
+class ClassifyConfig:
+    task: str = "uea/JapaneseVowels-fast"
+    """preset name: uea/<Set>[-fast] or lra/<task>[-fast]"""
+    model: str = "transformer"
+    """transformer | primalformer | primal+trans | primal+<mechanism> | any attention mechanism"""
+    seed: int = 0
+    data: DataConfig = field(default_factory=DataConfig)
+    arch: ArchConfig = field(default_factory=ArchConfig)
+    primal: PrimalConfig = field(default_factory=PrimalConfig)
+    attention_options: str = ""
+    """YAML mapping mechanism -> options for non-primal layers, e.g. '{softmax: {window: 64}}'"""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    out: str = "runs"
+    """root of run directories (runs/classify/<task>/<model>/<time>-seed<k>)"""
+    resume: str = ""
+    """a run directory (or its last.pt) to continue; its saved config is used"""
+    threads: int = 0
+    """torch threads (0: torch's default)"""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N"""
+    progress: bool = True
+    tensorboard: bool = True
+
+
+# -- building a config ----------------------------------------------------------------------------
+def preset_names() -> list[str]:
+    return [f"{g}/{n}" for g in GROUPS for n in presets.list_presets(g)]
+
+
+def load_task_preset(task: str) -> dict:
+    group, _, name = task.partition("/")
+    if group not in GROUPS or not name or f"{group}/{name}" not in preset_names():
+        names = preset_names()
+        close = difflib.get_close_matches(task, names, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"unknown task {task!r}.{hint} Available: {', '.join(names)}")
+    return presets.load_preset(group, name)
+
+
+def build_config(argv: list[str]) -> tuple[ClassifyConfig, str]:
+    """(config, preset source line) from the command line, applying preset layers in order."""
+    argv = expand_shorthands(argv, SHORTHANDS)
+    cfg = ClassifyConfig()
+    task = find_value(argv, "task") or cfg.task
+    values = load_task_preset(task)
+    by_model = values.pop("by_model", {}) or {}
+    cfg = presets.apply_preset(cfg, {**values, "task": task}, where=f"preset {task}")
+    model = find_value(argv, "model") or cfg.model
+    if model in by_model:
+        cfg = presets.apply_preset(cfg, by_model[model], where=f"preset {task} by_model.{model}")
+    cfg = parse(ClassifyConfig, argv, default=cfg, prog=PROG, description=DESCRIPTION)
+    return cfg, str(values.get("source", "(no source line)"))
+
+
+def resumed_config(argv: list[str], saved: dict) -> ClassifyConfig:
+    """A resumed run's config: the checkpoint's (``saved``), with the command line on top."""
+    return parse(ClassifyConfig, expand_shorthands(argv, SHORTHANDS), default=config_from_dict(saved), prog=PROG,
+                 description=DESCRIPTION)
+
+
+def config_from_dict(d: dict) -> ClassifyConfig:
+    return presets.apply_preset(ClassifyConfig(), d, where="checkpoint config")
+
+
+def attention_options(cfg: ClassifyConfig) -> dict:
+    """Per-mechanism constructor options: ``attention_options``, with ``primal.*`` for primal layers."""
+    p = cfg.primal
+    return parse_attention_options(cfg.attention_options, "attention_options",
+                                   {"primal": {"s": p.s, "data_dependent": p.data_dependent,
+                                               "rank_multi": p.rank_multi}})
+
+
+def check_config(cfg: ClassifyConfig) -> None:
+    """Raise ValueError naming the option, its value and what is allowed."""
+    t = cfg.train
+    if (t.epochs > 0) == (t.steps > 0):
+        raise ValueError(f"set exactly one of train.epochs / train.steps > 0 (got epochs={t.epochs}, steps={t.steps})")
+    if t.selection not in SELECTIONS:
+        raise ValueError(f"train.selection must be one of {', '.join(SELECTIONS)}, got {t.selection!r}")
+    if t.optimizer not in ("adamw", "adam", "radam"):
+        raise ValueError(f"train.optimizer must be adamw, adam or radam, got {t.optimizer!r}")
+    if t.schedule not in ("constant", "onecycle-linear"):
+        raise ValueError(f"train.schedule must be constant or onecycle-linear, got {t.schedule!r}")
+    for k in ("batch_size",):
+        if getattr(t, k) < 1:
+            raise ValueError(f"train.{k} must be >= 1, got {getattr(t, k)}")
+    for k in ("eval_batch_size", "warmup", "eval_every"):
+        if getattr(t, k) < 0:
+            raise ValueError(f"train.{k} must be >= 0, got {getattr(t, k)}")
+    if not t.lr > 0 or t.weight_decay < 0 or t.grad_clip < 0 or cfg.primal.eta < 0:
+        raise ValueError("train.lr must be > 0 and train.weight_decay, train.grad_clip, primal.eta >= 0")
+    if cfg.arch.head not in ("auto", "flatten", "mean", "pair"):
+        raise ValueError(f"arch.head must be auto, flatten, mean or pair, got {cfg.arch.head!r}")
+    check_device(cfg.device)
+    attention_options(cfg)
+    cfg.data.check()
+
+
+def hparams(cfg: ClassifyConfig) -> dict:
+    """The options that define a result (for TensorBoard's HPARAMS tab)."""
+    d = dataclasses.asdict(cfg)
+    return {k: d[k] for k in ("arch", "primal", "train")} | {"data": {k: v for k, v in d["data"].items() if k != "listops"}}

@@ -1,0 +1,103 @@
+"""agents.training, the DT trainer, on real Hopper data: the evaluation hook it is handed, the
+batches it trains on, and the checkpoint it writes and resumes from (through agents.dt_checkpoint).
+The end-to-end command (``python -m primal_dt.train``) is tests/primal_dt/test_train.py."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from agents import dt_checkpoint, training
+from agents.dt_checkpoint import DataInfo
+from primal_dt import train_config
+from primal_dt.runtime import SetupError
+
+TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.s=8",
+        "K=5", "batch_size=8", "warmup_steps=5", "threads=1", "tensorboard=false"]
+QUIET = ["eval.every=0", "eval.final_episodes=0"]
+
+
+def args(hopper_file, out, *extra):
+    return [*TINY, f"data_source=d4rl:{hopper_file}", f"out={out}", *extra]
+
+
+class RecordingEvaluator:
+    """An evaluator that records what the trainer asks for, and draws from torch's generator as a
+    real rollout's sampling would."""
+
+    def __init__(self):
+        self.calls = []
+
+    def rollout(self, model, data, episodes, seed, settings, on_step=None):
+        torch.rand(100)
+        self.calls.append({"model": model, "data": data, "episodes": episodes, "seed": seed, "settings": settings})
+        return {t: {"normalized_mean": 10.0 + i, "normalized_std": 1.0, "return_mean": 100.0, "return_std": 2.0,
+                    "length_mean": 50.0, "returns": [100.0] * episodes} for i, t in enumerate(data.targets)}
+
+    def evaluator(self):
+        return training.Evaluator(rollout=self.rollout, line=lambda res: f"FAKE {len(res)} targets")
+
+
+def train(argv, evaluator=None):
+    return training.train(train_config.build(argv), evaluator or RecordingEvaluator().evaluator())
+
+
+def test_the_evaluator_gets_the_runs_data_and_leaves_training_untouched(hopper_file, tmp_path, capsys):
+    rec = RecordingEvaluator()
+    s = train(args(hopper_file, tmp_path / "a", "steps=6", "eval.every=2", "eval.episodes=1", "eval.final_episodes=3",
+                   "eval.targets=3000,1500"), rec.evaluator())
+    assert [(c["episodes"], c["seed"]) for c in rec.calls] == [(1, 10_000), (1, 10_000), (3, 20_000)]  # steps 2, 4; final
+    ck = dt_checkpoint.load(s["run_dir"])
+    for c in rec.calls:
+        data = c["data"]
+        assert isinstance(data, DataInfo) and data.targets == (3000.0, 1500.0) and data.reward_scale == 1000.0
+        np.testing.assert_array_equal(data.state_mean, ck.data.state_mean)
+        assert c["settings"].episodes == 1 and isinstance(c["model"], torch.nn.Module)
+    assert s["final"]["target3000"] == {"normalized_mean": 10.0, "normalized_std": 1.0, "return_mean": 100.0,
+                                        "return_std": 2.0, "length_mean": 50.0, "episodes": 3}
+    assert "step 2: eval (1 episodes/target" in capsys.readouterr().out
+    assert ck.training.history["eval/normalized/target1500"] == [(2, 11.0), (4, 11.0)]
+    # evaluation draws random numbers, yet the trained weights equal those of a run without it
+    quiet = train(args(hopper_file, tmp_path / "b", "steps=6", *QUIET))
+    a, b = ck.model, dt_checkpoint.load(quiet["run_dir"]).model
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_batches_divide_returns_to_go_by_reward_scale(hopper_file, tmp_path):
+    run = training.prepare(train_config.build(args(hopper_file, tmp_path, "reward_scale=500", *QUIET)))
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # preparing writes nothing
+    state = run.sampler.state_dict()
+    idx, mask = run.sampler.indices()
+    run.sampler.load_state_dict(state)
+    batch = run.sampler.sample()
+    np.testing.assert_allclose(batch["rtg"][..., 0][torch.from_numpy(mask)].numpy(), run.data.rtg[idx[mask]] / 500,
+                               rtol=1e-6)
+    assert run.info.reward_scale == 500.0 and batch["states"].shape == (8, 5, 11)
+
+
+def test_checkpoint_is_the_schema_and_resume_refuses_what_it_cannot_continue(hopper_file, tmp_path,
+                                                                           write_hopper_file):
+    s = train(args(hopper_file, tmp_path, "steps=2", *QUIET))
+    raw = torch.load(Path(s["run_dir"]) / "last.pt", weights_only=True)  # tensors and plain data only
+    assert raw["schema"] == dt_checkpoint.SCHEMA_VERSION and raw["kind"] == "dt"
+    ck = dt_checkpoint.load(s["run_dir"])
+    assert ck.step == 2 and ck.config["steps"] == 2 and ck.model_config.K == 5
+    (rng,) = ck.training.rng
+    assert set(rng) >= {"torch", "numpy", "sampler"}
+
+    inference_only = tmp_path / "inference"
+    dt_checkpoint.save(dt_checkpoint.DTCheckpoint(ck.model_config, ck.model, ck.data, ck.config),
+                       inference_only / "last.pt")
+    with pytest.raises(SetupError, match="holds no training state .* cannot be resumed"):
+        train([f"resume={inference_only}"])
+
+    other = write_hopper_file(tmp_path / "hopper_rollouts-v2.hdf5", seed=1)  # other episodes, other statistics
+    moved = tmp_path / "moved"
+    shutil.copytree(s["run_dir"], moved)
+    saved = dt_checkpoint.load(moved)
+    saved.config["data_source"] = f"d4rl:{other}"
+    dt_checkpoint.save(saved, moved / "last.pt")
+    with pytest.raises(SetupError, match="other normalisation statistics"):
+        train([f"resume={moved}"])

@@ -1,0 +1,140 @@
+"""primal_dt.runtime, what every entry point shares: bad input as one line, resume paths, the
+attention_options grammar, devices, and the option shorthands of primal_dt.cli."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from primal_dt import runtime
+from primal_dt.cli import expand_shorthands, split_lists
+from primal_dt.runtime import SetupError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# -- errors --------------------------------------------------------------------------------------------
+def test_setup_errors_turn_bad_input_into_setup_error_and_keep_the_message():
+    with pytest.raises(SetupError, match="K must be >= 1") as err, runtime.setup_errors():
+        raise ValueError("K must be >= 1, got 0")
+    assert isinstance(err.value.__cause__, ValueError)
+    with pytest.raises(SetupError, match="no file"), runtime.setup_errors():
+        raise FileNotFoundError("no file at /x.hdf5")
+    with pytest.raises(SetupError, match="needs aeon"), runtime.setup_errors(RuntimeError):
+        raise RuntimeError("needs aeon")
+    with pytest.raises(KeyError), runtime.setup_errors():  # not bad input: a bug, which keeps its traceback
+        raise KeyError("x")
+
+
+def test_main_prints_one_line_and_exits_1_for_expected_failures(capsys):
+    class Diverged(RuntimeError):
+        pass
+
+    def bad_input(argv):
+        raise SetupError(f"unknown option in {argv}")
+
+    def diverges(argv):
+        raise Diverged("training diverged at step 3")
+
+    for run, msg in ((bad_input, "error: unknown option in ['a=1']"), (diverges, "error: training diverged at step 3")):
+        with pytest.raises(SystemExit) as exit_:
+            runtime.main(run, ["a=1"], expected=(Diverged,))
+        assert exit_.value.code == msg  # sys.exit(str): printed to stderr, exit status 1
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as exit_:
+        runtime.main(interrupted, [])
+    assert exit_.value.code == 130
+
+    def bug(argv):
+        raise ZeroDivisionError
+
+    with pytest.raises(ZeroDivisionError):  # unexpected errors keep their traceback
+        runtime.main(bug, [])
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("primal_dt.train", ["env=hopper-mediun"], "error: env: unknown"),
+    ("primal_dt.classify", ["task=uea/Nope"], "error: unknown task 'uea/Nope'"),
+])
+def test_entry_points_exit_with_one_line_not_a_traceback(tmp_path, module, argv, message):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", module, *argv, f"out={tmp_path}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert p.returncode == 1 and message in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert not any(tmp_path.iterdir())
+
+
+# -- resume paths --------------------------------------------------------------------------------------
+def test_resume_checkpoint_takes_a_file_or_its_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "last.pt").write_bytes(b"x")
+    (run_dir / "best.pt").write_bytes(b"x")
+    assert runtime.resume_checkpoint(str(run_dir)) == run_dir / "last.pt"
+    assert runtime.resume_checkpoint(str(run_dir / "best.pt")) == run_dir / "best.pt"
+    with pytest.raises(SetupError, match=r"resume=.*missing: no checkpoint at .*missing"):
+        runtime.resume_checkpoint(str(tmp_path / "missing"))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(SetupError, match=r"no checkpoint at .*empty/last.pt; give a run directory"):
+        runtime.resume_checkpoint(str(empty))
+
+
+# -- attention_options ---------------------------------------------------------------------------------
+def test_attention_options_parse_and_defaults_fill_only_what_is_unset():
+    opts = runtime.attention_options("{softmax: {window: 30}, primal: {s: 4}}", "model.attention_options",
+                                     {"primal": {"s": 64, "window": 10}})
+    assert opts == {"softmax": {"window": 30}, "primal": {"s": 4, "window": 10}}
+    assert runtime.attention_options("", defaults={"primal": {"s": 8}}) == {"primal": {"s": 8}}
+    assert runtime.attention_options("  ") == {}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "model.attention_options must be a YAML mapping of mechanism -> options, got '[1, 2]'"),
+    ("{softmax: 3}", "must be a YAML mapping of mechanism -> options"),
+    ("{softmax: {window: 3}", "model.attention_options is not valid YAML"),
+    ("{softmx: {window: 3}}", "unknown attention mechanism 'softmx'. Did you mean 'softmax'"),
+])
+def test_attention_options_errors_name_the_option(text, message):
+    with pytest.raises(ValueError) as err:
+        runtime.attention_options(text, "model.attention_options")
+    assert message in str(err.value)
+
+
+# -- devices -------------------------------------------------------------------------------------------
+def test_device_names_are_checked_and_cpu_is_always_there():
+    for ok in ("auto", "cpu", "cuda", "cuda:1"):
+        runtime.check_device(ok)
+    for bad in ("gpu", "cuda:x", "cuda1", ""):
+        with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
+            runtime.check_device(bad)
+    assert runtime.pick_device("cpu") == torch.device("cpu")
+    assert runtime.pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(SetupError, match="CUDA is not available; use device=cpu"):
+            runtime.pick_device("cuda")
+
+
+def test_one_process_without_torchrun(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    d = runtime.init_distributed("cpu")
+    assert (d.rank, d.world, d.main) == (0, 1, True)
+    d.barrier()  # a no-op for one process
+    assert runtime.check_replicas(torch.nn.Linear(2, 2), d)
+
+
+# -- option shorthands (primal_dt.cli) -----------------------------------------------------------------
+def test_shorthands_in_every_spelling_and_comma_lists():
+    short = {"model": "model.name", "attention": "model.name"}
+    assert expand_shorthands(["model=dt", "--attention", "linear", "--model=primal+dt", "seed=1"], short) == \
+        ["model.name=dt", "model.name=linear", "model.name=primal+dt", "seed=1"]
+    with pytest.raises(ValueError, match="--model needs a value"):
+        expand_shorthands(["--model"], short)
+    assert split_lists(["eval.targets=3600,1800", "--eval.targets", "1"], ("eval.targets",)) == \
+        ["--eval.targets", "3600", "1800", "--eval.targets", "1"]

@@ -1,0 +1,130 @@
+"""Dependencies point one way (DESIGN.md, "Layout"): attention <- primal_dt <- agents <- eval, and
+envs is independent of models. Every import in the tree (top level or inside a function, absolute
+or relative) is read with ``ast`` and checked against that order; entry points, which sit on top
+and only wire, are excepted by name."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("primal_dt", "agents", "eval", "envs")
+
+# rank of each layer: a module may import layers of its own rank or lower
+RANKS = {"primal_dt.attention": 0, "primal_dt": 1, "agents": 2, "eval": 3}
+MODELS = tuple(RANKS)  # what envs may not import: it is independent of models (anyone may import envs)
+
+# Entry points sit on top of every layer and only wire it together (a ``__main__`` module always is
+# one): they may import any layer, and being on top, only the top layer (eval) may import them.
+ENTRY_POINTS = ("primal_dt.train", "primal_dt.classify")
+TOP = "eval"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def layer(module: str, entry_points=()) -> str | None:
+    """The layer a dotted module name belongs to (the longest matching prefix), or None (third party);
+    an entry point counts as the top layer."""
+    if module in entry_points or module.split(".")[-1] == "__main__":
+        return TOP
+    best = None
+    for name in (*RANKS, "envs"):
+        if (module == name or module.startswith(name + ".")) and (best is None or len(name) > len(best)):
+            best = name
+    return best
+
+
+def imports(path: Path, root: Path) -> list[tuple[int, str, str]]:
+    """(line, imported module, source text) for every import in ``path``; relative imports resolved.
+    ``from pkg import name`` counts as ``pkg.name`` when that is a module of the tree."""
+    module = module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    source = path.read_text()
+    found = []
+    for node in ast.walk(ast.parse(source, filename=str(path))):
+        if not isinstance(node, (ast.Import, ast.ImportFrom)):
+            continue
+        text = " ".join((ast.get_source_segment(source, node) or "").split())
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, text) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                is_module = (root / Path(*sub.split("."))).with_suffix(".py").exists() or \
+                    (root / Path(*sub.split("."))).is_dir()
+                found.append((node.lineno, sub if is_module else target, text))
+    return sorted(set(found))
+
+
+def violations(root: Path, entry_points=ENTRY_POINTS) -> list[str]:
+    """Every import against the direction, as 'file:line: module imports X (`source`)'."""
+    out = []
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            module = module_name(path, root)
+            if module in entry_points or path.stem == "__main__":
+                continue
+            mine = layer(module)
+            for line, target, text in imports(path, root):
+                theirs = layer(target, entry_points)
+                if theirs is None or theirs == "envs":
+                    continue  # third-party, or envs (which anyone may import)
+                if mine == "envs":
+                    bad = theirs in MODELS
+                    why = "envs is independent of models"
+                else:
+                    bad = RANKS[theirs] > RANKS[mine]
+                    why = f"{mine} (rank {RANKS[mine]}) may not import {theirs} (rank {RANKS[theirs]})"
+                if bad:
+                    out.append(f"{path.relative_to(root)}:{line}: {module} imports {target} ({why}): {text}")
+    return out
+
+
+def test_imports_point_one_way():
+    bad = violations(ROOT)
+    assert not bad, ("imports against attention <- primal_dt <- agents <- eval (envs apart); move the code to the "
+                     "room it belongs in:\n" + "\n".join(bad))
+
+
+def test_the_checker_flags_every_kind_of_violation(tmp_path):
+    """The check is not vacuous: a tree with one violation of each kind is caught, file and line."""
+    files = {
+        "primal_dt/__init__.py": "",
+        "primal_dt/attention/__init__.py": "",
+        "primal_dt/attention/mech.py": "import torch\nfrom ..blocks import Stack\n",        # attention -> core
+        "primal_dt/blocks.py": "from .attention import mech\nStack = 1\n",                    # fine
+        "primal_dt/core.py": "def f():\n    from agents.policy import P\n",                   # core -> agents, in a function
+        "primal_dt/train.py": "import eval.report\n",                                         # entry point: excepted
+        "primal_dt/tool/__main__.py": "import eval.report\n",                                 # __main__: excepted
+        "agents/__init__.py": "",
+        "agents/policy.py": "from eval import report\nimport envs\nfrom primal_dt import blocks\nP = 1\n",
+        "agents/cli.py": "from primal_dt.train import run\n",                                 # importing an entry point
+        "eval/__init__.py": "",
+        "eval/report.py": "from agents.policy import P\nfrom primal_dt.attention import mech\n",  # fine
+        "envs/__init__.py": "",
+        "envs/sim.py": "import numpy\nfrom agents import policy\n",                          # envs -> models
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    bad = violations(tmp_path)
+    assert [b.split(":")[0] + ":" + b.split(":")[1] for b in bad] == [
+        "primal_dt/attention/mech.py:2", "primal_dt/core.py:2", "agents/cli.py:1", "agents/policy.py:1",
+        "envs/sim.py:2"]
+    assert "from ..blocks import Stack" in bad[0] and "may not import primal_dt (rank 1)" in bad[0]
+    assert "agents.policy" in bad[1] and "primal_dt.train" in bad[2] and "eval.report" in bad[3]
+    assert "envs is independent of models" in bad[4]
+    # without the exception, the entry point is a violation too
+    assert any(b.startswith("primal_dt/train.py:1") for b in violations(tmp_path, entry_points=()))
