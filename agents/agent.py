@@ -186,17 +186,27 @@ class Agent:
 
 
 def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[float] | None = None,
-               device: str | torch.device = "cpu", context: int | None = None) -> Agent:
+               device: str | torch.device = "cpu", context: int | None = None, data=None) -> Agent:
     """An agent for a DT checkpoint written by ``primal_dt.train``: a file, its run directory (its
-    last.pt), a checkpoint dict or an ``agents.dt_checkpoint.DTCheckpoint``.
+    last.pt), a checkpoint dict or an ``agents.dt_checkpoint.DTCheckpoint``. Files are read without
+    running code (``weights_only=True``).
 
     ``target`` defaults to the checkpoint's first evaluation target (or, for a checkpoint that
     recorded none, its environment's first: ``envs.get_spec(env).targets``). ``agent.info`` is the
-    checkpoint's ``DataInfo`` (env, simulator, statistics, targets, data source).
+    checkpoint's ``DataInfo`` (env, simulator, statistics, targets, data source and fingerprint).
+
+    ``data``: also make sure the checkpoint belongs to a dataset: ``True`` (read it where its run
+    read it), a source to read it from (``"auto"``, ``"d4rl:PATH"``, ... as ``primal_dt.train``'s
+    ``data_source``) or an ``envs.Trajectories``. Data whose content differs from what the
+    checkpoint was trained on is a ValueError naming both sources (``agents.dt_checkpoint.check_data``).
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     ck = dt_checkpoint.load(checkpoint)
+    if data is True or isinstance(data, str):
+        dt_checkpoint.training_data(ck, None if data is True else data)
+    elif data is not None and data is not False:
+        dt_checkpoint.check_data(ck.data, data, ck.origin)
     info = ck.data
     agent = Agent(ck.build_model(device), state_mean=info.state_mean, state_std=info.state_std,
                   reward_scale=info.reward_scale, target=info.eval_targets[0] if target is None else target,

@@ -10,17 +10,24 @@ layout is known in one place. On disk a checkpoint is a dict saved atomically by
     config        the run's TrainConfig as a plain dict (``primal_dt.train_config.from_dict``)
     model_config  DTConfig as a plain dict: what builds the network back
     model         the network's state_dict
-    data          DataInfo: dataset identity and the statistics the agent's bookkeeping needs
+    data          DataInfo: dataset identity (source, content fingerprint) and the statistics the
+                  agent's bookkeeping needs
     optimizer, scheduler, rng, step, train_time, history
                   TrainingState: what an exact resume needs (absent in inference-only files)
 
 The return-to-go scale has one meaning everywhere in the package: returns-to-go are *divided* by
 ``reward_scale`` (1000 in the DT papers) before they reach the model.
+
+Files are read without running code (``primal_dt.checkpoint.load``: ``weights_only=True``). Data
+loaded for a checkpoint (a resumed run, ``load_agent(data=...)``, ``eval.rollout data_source=...``,
+``eval.spectrum``) is compared with the fingerprint recorded here by ``check_data``; data that
+differs is an error naming both sources.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,6 +61,9 @@ class DataInfo:
     """the simulator id the data was recorded with (None: the env spec's own)"""
     source: str = ""
     """where the data came from (file path, Minari id, replica), as printed by envs.load_dataset"""
+    fingerprint: str = ""
+    """content hash of the arrays trained on (``envs.Trajectories.fingerprint``); '' in checkpoints
+    written before it was recorded"""
 
     def __post_init__(self):
         self.state_mean = np.asarray(self.state_mean, dtype=np.float32).reshape(-1)
@@ -104,6 +114,8 @@ class DTCheckpoint:
     config: dict = field(default_factory=dict)
     """the run's TrainConfig as a plain dict (empty for checkpoints not written by training)"""
     training: TrainingState | None = None
+    origin: str = field(default="checkpoint", compare=False)
+    """how errors name it ("checkpoint runs/.../last.pt"); not stored"""
 
     @property
     def step(self) -> int:
@@ -124,6 +136,7 @@ class DTCheckpoint:
         d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config, "model_config": self.model_config.to_dict(),
              "model": self.model,
              "data": {"env": self.data.env, "gym_id": self.data.gym_id, "source": self.data.source,
+                      "fingerprint": self.data.fingerprint,
                       "state_mean": torch.as_tensor(self.data.state_mean),
                       "state_std": torch.as_tensor(self.data.state_std),
                       "reward_scale": self.data.reward_scale, "targets": list(self.data.targets)}}
@@ -153,7 +166,7 @@ class DTCheckpoint:
             info = DataInfo(env=data["env"], state_mean=_array(data["state_mean"]),
                             state_std=_array(data["state_std"]), reward_scale=data["reward_scale"],
                             targets=tuple(data.get("targets") or ()), gym_id=data.get("gym_id"),
-                            source=data.get("source") or "")
+                            source=data.get("source") or "", fingerprint=data.get("fingerprint") or "")
         except (TypeError, ValueError) as err:
             raise ValueError(f"{where}: its data part is not valid: {err}") from err
         if not isinstance(d["model_config"], dict):
@@ -170,7 +183,7 @@ class DTCheckpoint:
             training = TrainingState(d["optimizer"], d["scheduler"], list(d["rng"]), int(d["step"]),
                                      float(d.get("train_time", 0.0)), dict(d.get("history") or {}))
         return cls(model_config=mc, model=d["model"], data=info, config=dict(d.get("config") or {}),
-                   training=training)
+                   training=training, origin=where)
 
 
 def _array(x) -> np.ndarray:
@@ -192,8 +205,44 @@ def resolve(path: str | Path) -> Path:
 
 
 def save(ck: DTCheckpoint, path: str | Path) -> Path:
-    """Write ``ck`` atomically (a crash never leaves a torn file)."""
-    return ck_io.save_atomic(ck.to_dict(), path)
+    """Write ``ck`` atomically (a crash or a full disk never leaves a torn file; a failed write is a
+    ``primal_dt.runtime.WriteError`` naming the file and the step it would have held)."""
+    return ck_io.save_atomic(ck.to_dict(), path, what=f"checkpoint (step {ck.step})")
+
+
+def check_data(info: DataInfo, data, where: str = "checkpoint") -> None:
+    """Refuse data other than what the checkpoint was trained on (``data``: ``envs.Trajectories``).
+
+    The content fingerprint decides: a file replaced or changed under the same path (actions
+    rescaled, episodes added) is an error naming both sources, while the same data moved to another
+    path passes. A checkpoint written before fingerprints were recorded gets a note, and only its
+    normalisation statistics are compared (those miss changed actions and rewards)."""
+    if info.fingerprint:
+        if data.fingerprint != info.fingerprint:
+            raise ValueError(
+                f"{where} was trained on {info.source or 'an unrecorded source'} (dataset fingerprint "
+                f"{info.fingerprint[:19]}), but the data read now from {data.source} differs (fingerprint "
+                f"{data.fingerprint[:19]}): the file was changed or replaced, or it is another dataset. Use the data "
+                "the run was trained on, or start a new run")
+        return
+    print(f"note: {where} records no dataset fingerprint (it was written before primal-dt recorded one); only "
+          "the normalisation statistics are compared, which miss changed actions or rewards", file=sys.stderr,
+          flush=True)
+    if not (np.allclose(info.state_mean, data.state_mean, atol=1e-6)
+            and np.allclose(info.state_std, data.state_std, atol=1e-6)):
+        raise ValueError(f"{where} was trained on data with other normalisation statistics (source "
+                         f"{info.source or 'unrecorded'!r}, now {data.source!r}); use the data the run was trained on")
+
+
+def training_data(ck: DTCheckpoint, source: str | None = None, verbose: bool = True):
+    """The dataset ``ck`` was trained on, read the way its run read it (its env, ``data_source`` and
+    ``data_clip_actions``; ``source`` overrides where from) and checked with ``check_data``."""
+    import envs
+
+    ds = envs.load_dataset(ck.data.env, source=source or ck.config.get("data_source") or "auto", verbose=verbose,
+                           clip_actions=bool(ck.config.get("data_clip_actions", False)))
+    check_data(ck.data, ds, ck.origin)
+    return ds
 
 
 def load(path: str | Path | dict) -> DTCheckpoint:

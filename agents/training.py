@@ -3,10 +3,14 @@
     summary = train(train_config.build(argv), evaluator)
 
 It reads top to bottom: ``prepare`` (config, resume, data, model, optimizer: everything that can
-fail on bad input, before the first step), then ``train``'s loop (sample a batch, one optimisation
-step, log, evaluate, checkpoint), then the summary. Around it: ``training_checkpoint`` (the DT
-checkpoint through ``agents.dt_checkpoint``, random streams, exact resume) and ``training_log``
-(TensorBoard, progress, summary files).
+fail on bad input, before the first step and before anything is written), then ``train``: claim
+the run directory (created exclusively, so runs started together never share one), the loop
+(sample a batch, one optimisation step, log, evaluate, checkpoint), then the summary. Around it:
+``training_checkpoint`` (the DT checkpoint through ``agents.dt_checkpoint``, random streams, exact
+resume) and ``training_log`` (TensorBoard, progress, summary files).
+
+A write that fails (disk full, a file-size limit, an unwritable directory) ends the run with one
+``WriteError`` naming the file, what was not written, and the last checkpoint, which is intact.
 
 Rolling the model out in the simulator is ``eval``'s code, which sits above ``agents``; the entry
 point hands it in as an ``Evaluator``. Training is deterministic on CPU for a given seed and config,
@@ -15,7 +19,9 @@ and a resumed run continues exactly where its checkpoint left it.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,9 +31,10 @@ import torch
 import torch.distributed as dist
 
 import envs
+from primal_dt import checkpoint as ck_io
 from primal_dt import runtime, train_config
 from primal_dt.monitor import RunMonitor, run_dir
-from primal_dt.runtime import Dist, SetupError
+from primal_dt.runtime import Dist, SetupError, WriteError
 from primal_dt.train_config import Built, TrainConfig
 
 from . import dt_checkpoint, stream_training, training_checkpoint, training_log
@@ -69,7 +76,8 @@ class Run:
     model: DecisionTransformer
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
-    out: Path
+    out: Path | None
+    """the run directory: a resumed run's own; a new run's is claimed when training starts (``open_run_dir``)"""
     device: torch.device
     dist: Dist
     step: int = 0
@@ -94,14 +102,14 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
         device = runtime.pick_device(cfg.device, d)
         runtime.set_threads(cfg.threads)
         runtime.seed_torch(cfg.seed)
-        model = DecisionTransformer(model_config(cfg, spec.obs_dim, spec.act_dim))  # bad options raise here
-        data = envs.load_dataset(cfg.env, source=cfg.data_source, verbose=d.main)
-        if resume is not None:
-            training_checkpoint.check_same_data(*resume, data)
+        model = build_model(cfg, spec.obs_dim, spec.act_dim)  # bad options raise here
+        data = envs.load_dataset(cfg.env, source=cfg.data_source, verbose=d.main, clip_actions=cfg.data_clip_actions)
+        if resume is not None:  # the data must be what the checkpoint was trained on
+            dt_checkpoint.check_data(resume[1].data, data, resume[1].origin)
         dims = (data.observations.shape[1], data.actions.shape[1])
         if dims != (spec.obs_dim, spec.act_dim):  # e.g. Minari (v5) data observing differently
             runtime.seed_torch(cfg.seed)
-            model = DecisionTransformer(model_config(cfg, *dims))
+            model = build_model(cfg, *dims)
         model = model.to(device)
         if d.world > 1:  # same initial weights everywhere (DDP also broadcasts them), own dropout masks per rank
             runtime.seed_torch(cfg.seed + 1000 * d.rank)
@@ -111,9 +119,9 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
                                   cfg.seed + 1000 * d.rank)
     targets = tuple(float(t) for t in (cfg.eval.targets or spec.targets))
     info = DataInfo(env=cfg.env, state_mean=data.state_mean, state_std=data.state_std, reward_scale=cfg.reward_scale,
-                    targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id), source=data.source)
-    out = resume[0].parent if resume else run_dir(cfg.out, cfg.env, training_log.model_label(cfg), seed=cfg.seed)
-    run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, out, device, d)
+                    targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id), source=data.source,
+                    fingerprint=data.fingerprint)
+    run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d)
     if resume is not None:
         training_checkpoint.restore(run, resume[1])
     return run
@@ -154,6 +162,18 @@ def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
                              f"{stream_training.receptive_field(mc)} tokens back, so K must be >= {need} for any "
                              f"step of a segment to count; got K={cfg.K}. Raise K or lower stream_window")
     return mc
+
+
+def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTransformer:
+    """The network, or a ValueError that names the model options: a mechanism's own check speaks of
+    its constructor arguments (``s=40 ... exceed d_model=32``), which the user wrote as ``model.*``."""
+    try:
+        return DecisionTransformer(model_config(cfg, state_dim, act_dim))
+    except ValueError as err:
+        m = cfg.model
+        raise ValueError(f"model options (model.name={m.name}, model.layers={m.layers or '-'}, "
+                         f"model.d_model={m.d_model}, model.n_heads={m.n_heads}, model.s={m.s}, model.attention_options="
+                         f"{m.attention_options or '-'}, K={cfg.K}, stream_window={cfg.stream_window}): {err}") from err
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
@@ -198,11 +218,53 @@ def next_batch(run: Run, reach: int | None) -> dict:
     return batch
 
 
+# -- the run directory --------------------------------------------------------------------------------
+def open_run_dir(run: Run) -> None:
+    """Give a new run its directory (rank 0 creates it exclusively, the others learn its name), or
+    check a resumed run's is writable; then remove temporary files that killed checkpoint writes
+    left behind (in a resumed run's directory, or its siblings' for a new run), so they do not pile
+    up. Before any training step, so an unwritable ``out`` costs nothing."""
+    cfg, d = run.cfg, run.dist
+    if run.out is None:
+        name = [str(run_dir(cfg.out, cfg.env, training_log.model_label(cfg), seed=cfg.seed)) if d.main else None]
+        if d.world > 1:
+            torch.distributed.broadcast_object_list(name, src=0)
+        run.out = Path(name[0])
+        stale = ck_io.remove_stale_temps(*run.out.parent.iterdir()) if d.main else []
+    else:
+        if d.main:
+            runtime.check_writable(run.out, "run directory")
+        stale = ck_io.remove_stale_temps(run.out, own=True) if d.main else []
+    if stale:
+        print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint writes: "
+              f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
+
+
+def kept(run: Run) -> str:
+    """What survives a failure: the last checkpoint (never overwritten by a failed write) and how to go on."""
+    last = run.out / dt_checkpoint.FILENAME
+    if not last.exists():
+        return "no checkpoint had been written yet"
+    try:
+        return f"the last good checkpoint {last} (step {dt_checkpoint.load(last).step}) is intact"
+    except (ValueError, FileNotFoundError) as err:
+        return f"the last checkpoint {last} cannot be read ({err})"
+
+
 # -- the run ------------------------------------------------------------------------------------------
 def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
     """Prepare, train to ``cfg.steps`` (evaluating and checkpointing on the way), evaluate at the
     end; returns the summary (also in ``summary.json``)."""
     run = prepare(built, d)
+    open_run_dir(run)
+    try:
+        return _train(run, evaluator)
+    except WriteError as err:
+        raise WriteError(f"{err}. Nothing else was lost: {kept(run)}; make room (or fix the permissions) and "
+                         f"continue with: python -m primal_dt.train resume={run.out}") from err
+
+
+def _train(run: Run, evaluator: Evaluator) -> dict:
     cfg, d = run.cfg, run.dist
     params = list(run.model.parameters())
     net = run.model
@@ -240,6 +302,10 @@ def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
         mon.print(f"interrupted at step {run.step}; continue with: python -m primal_dt.train resume={run.out}")
         mon.close()
         raise
+    except WriteError:
+        with contextlib.suppress(WriteError):  # the disk may refuse the rest of the log too
+            mon.close()
+        raise
     final = final_eval(run, mon, evaluator)
     d.barrier()
     summary = training_log.finish(run, mon, final)
@@ -253,11 +319,8 @@ def _due(step: int, every: int) -> bool:
 
 def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
     """Stop with a message saying what diverged and what is kept; the step was not taken."""
-    last = run.out / dt_checkpoint.FILENAME
-    kept = (f"the last good checkpoint is {last} (step {dt_checkpoint.load(last).step}); it was not overwritten"
-            if run.dist.main and last.exists() else "no checkpoint had been written yet")
     msg = (f"training diverged at step {run.step + 1}: loss={loss}, grad norm={gn}, action mse={float(parts['mse'])}, "
-           f"ksvd={float(parts['ksvd'])}. The optimizer step was not taken; {kept}. Try a lower lr "
+           f"ksvd={float(parts['ksvd'])}. The optimizer step was not taken; {kept(run)}. Try a lower lr "
            f"(now {run.cfg.lr}), a smaller eta (now {run.cfg.eta}) or grad_clip > 0 (now {run.cfg.grad_clip}).")
     mon.print(msg)
     mon.close()

@@ -8,7 +8,6 @@ process's random streams, progress) and puts it back into a run.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -16,7 +15,6 @@ import torch
 import torch.distributed as dist
 
 from primal_dt.monitor import RunMonitor
-from primal_dt.runtime import SetupError
 
 from . import dt_checkpoint, training_log
 from .dt_checkpoint import DTCheckpoint, TrainingState
@@ -102,13 +100,3 @@ def restore(run: Run, ck: DTCheckpoint) -> None:
         fresh = np.random.default_rng([run.cfg.seed, rank, t.step]).bit_generator.state
         run.sampler.load_state_dict({**mine["sampler"], "bit_generator": fresh})
     run.step, run.train_time, run.history = t.step, t.train_time, t.history
-
-
-def check_same_data(path: Path, ck: DTCheckpoint, data) -> None:
-    """A resumed run must see the data it was trained on (same normalisation statistics)."""
-    same = (np.allclose(ck.data.state_mean, data.state_mean, atol=1e-6)
-            and np.allclose(ck.data.state_std, data.state_std, atol=1e-6))
-    if not same:
-        raise SetupError(f"checkpoint {path} was trained on data with other normalisation statistics "
-                         f"(source {ck.data.source!r}, now {data.source!r}); resume with the same dataset "
-                         f"(data_source={ck.data.source})")

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from primal_dt import train_config
+from primal_dt import runtime, train_config
 from primal_dt.monitor import RunMonitor
 from primal_dt.train_config import TrainConfig
 
@@ -30,7 +30,8 @@ def announcement(run: Run) -> str:
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
         train_config.describe(run.built),
-        f"data {cfg.env}: {len(run.data.episodes)} episodes, {run.data.num_steps:,} steps, source: {run.data.source}",
+        f"data {cfg.env}: {len(run.data.episodes)} episodes, {run.data.num_steps:,} steps, source: {run.data.source} "
+        f"({run.info.fingerprint[:19]})",
         f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}"
         + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
         f"eval targets {list(run.info.targets)}; run directory {run.out}"
@@ -51,7 +52,7 @@ def open_monitor(run: Run) -> RunMonitor:
         mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
         mon.text("config/provenance", "```\n" + train_config.describe(run.built) + "\n```")
         mon.text("data/source", f"{run.data.source} ({cfg.env}, {len(run.data.episodes)} episodes, "
-                                f"{run.data.num_steps} steps)")
+                                f"{run.data.num_steps} steps, fingerprint {run.info.fingerprint})")
     return mon
 
 
@@ -137,7 +138,8 @@ def finish(run: Run, mon: RunMonitor, final: dict | None) -> dict:
         png = mon.plot(tags, run.out / "eval_return.png", title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}",
                        ylabel="normalized return")
         summary["plot"] = str(png) if png else None
-        (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        with runtime.writing(run.out / "summary.json", "run summary"):
+            (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
         mon.print(json.dumps(summary, indent=2))
     mon.close()
     return summary

@@ -21,6 +21,7 @@ stable-baselines3 is an optional extra (``pip install 'primal-dt[collect]'``).
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import sys
@@ -307,19 +308,40 @@ def _live_run_age(workdir: Path) -> float | None:
     return age if ckpts[-1][0] < total and age < 900 else None
 
 
+def check(cfg: CollectConfig) -> None:
+    """Every option, before a policy is trained or a file touched: a bad one ends the command with
+    one ``error:`` line naming it (``envs`` stands apart from the model packages, so these checks
+    are written out here rather than with ``primal_dt.runtime``'s)."""
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise SystemExit(f"error: {msg}")
+
+    need(cfg.env in FAMILIES, f"env must be one of {sorted(FAMILIES)}, got {cfg.env!r}")
+    need(cfg.level in COLLECT_LEVELS, f"level must be one of {COLLECT_LEVELS}, got {cfg.level!r} "
+                                      "(random: use D4RL's file; the collector trains a policy)")
+    need(cfg.sim in ("v4", "v5"), f"sim must be v4 or v5, got {cfg.sim!r}")
+    finite = lambda x: isinstance(x, (int, float)) and math.isfinite(x)  # noqa: E731
+    for key, low in (("train_steps", 1), ("checkpoint_every", 1), ("steps", 1), ("num_envs", 1), ("threads", 1),
+                     ("seed", 0), ("rollout_seed", 0), ("medium_step", 0), ("expert_step", 0)):
+        value = getattr(cfg, key)
+        need(value is None or value >= low, f"{key} must be >= {low}, got {value}")
+    need(cfg.seed < 2**32, f"seed must be < 2**32 (numpy's global seed, which SAC sets), got {cfg.seed}")
+    need(cfg.threads <= 4096, f"threads must be <= 4096, got {cfg.threads}")
+    need(finite(cfg.medium_fraction) and 0 < cfg.medium_fraction <= 1,
+         f"medium_fraction must be in (0, 1], got {cfg.medium_fraction}")
+    need(cfg.medium_return is None or finite(cfg.medium_return),
+         f"medium_return must be a finite return, got {cfg.medium_return}")
+    need(finite(cfg.medium_tolerance) and cfg.medium_tolerance >= 0,
+         f"medium_tolerance must be >= 0, got {cfg.medium_tolerance}")
+
+
 def run(cfg: CollectConfig) -> dict:
     """Do the whole collection; returns the provenance dict written with the data."""
     from envs import d4rl as d4rl_io
     from envs.loader import replica_dirs, replica_file
     from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, write_minari
 
-    if cfg.env not in FAMILIES:
-        raise SystemExit(f"env must be one of {sorted(FAMILIES)}, got {cfg.env!r}")
-    if cfg.level not in COLLECT_LEVELS:
-        raise SystemExit(f"level must be one of {COLLECT_LEVELS}, got {cfg.level!r} "
-                         "(random: use D4RL's file; the collector trains a policy)")
-    if cfg.sim not in ("v4", "v5"):
-        raise SystemExit(f"sim must be v4 or v5, got {cfg.sim!r}")
+    check(cfg)
     behavior._require_sb3()
     import torch
 
@@ -332,22 +354,22 @@ def run(cfg: CollectConfig) -> dict:
     d4rl_path = out_dir / replica_file(cfg.env, cfg.level)
     minari_id = f"{COLLECTED_NAMESPACE}/{cfg.env}/{cfg.level}-v0"
     if not cfg.overwrite and cfg.write_d4rl and d4rl_path.exists():
-        raise SystemExit(f"{d4rl_path} exists; pass overwrite=true to replace it")
+        raise SystemExit(f"error: {d4rl_path} exists; pass overwrite=true to replace it")
     if not cfg.overwrite and cfg.write_minari and has_local(minari_id):
-        raise SystemExit(f"Minari dataset {minari_id} exists under {minari_root()}; pass overwrite=true")
+        raise SystemExit(f"error: Minari dataset {minari_id} exists under {minari_root()}; pass overwrite=true")
 
     # 1. behaviour policy
     meta = workdir / "meta.json"
     if meta.exists() and json.loads(meta.read_text())["env_id"] != gym_id:
-        raise SystemExit(f"{workdir} trains {json.loads(meta.read_text())['env_id']}, not {gym_id}")
+        raise SystemExit(f"error: {workdir} trains {json.loads(meta.read_text())['env_id']}, not {gym_id}")
     have = max([s for s, _ in behavior.list_checkpoints(workdir)], default=0)
     if cfg.train and have < cfg.train_steps:
         pid, age = behavior.training_pid(workdir), _live_run_age(workdir)
         if pid is not None:
-            raise SystemExit(f"{workdir} is being trained by process {pid}; run again when it is "
+            raise SystemExit(f"error: {workdir} is being trained by process {pid}; run again when it is "
                              f"done, or pass train=false to use its {have}-step checkpoints now")
         if age is not None and not cfg.force_train:
-            raise SystemExit(f"{workdir} looks like it is being trained (unfinished, newest checkpoint "
+            raise SystemExit(f"error: {workdir} looks like it is being trained (unfinished, newest checkpoint "
                              f"{age:.0f} s old, no lock file: an older trainer); pass train=false to use "
                              f"its {have}-step checkpoints now, or force_train=true if no trainer runs")
         print(f"[collect] training SAC on {gym_id} in {workdir} up to {cfg.train_steps} steps "

@@ -1,9 +1,11 @@
 """D4RL Gym-MuJoCo HDF5 files: read them with h5py, write new ones in the same layout.
 
 The ``d4rl`` package itself needs mujoco-py and old gym, so we read its files directly. Reading
-turns every failure mode of a file (absent, not HDF5, truncated, keys missing, arrays of unequal
-length) into one ``DatasetError`` that names the file and the fix. Writing goes to a temporary
-file renamed into place, so an interrupted write never leaves a half file under the real name.
+turns every failure mode of a file (absent, unreadable, not HDF5, truncated, keys missing, arrays
+of unequal length, of the wrong type or shape, recorded in another environment) into one
+``DatasetError`` that names the file and the fix; the file is only ever opened read-only. Writing
+goes to a temporary file renamed into place, so an interrupted write never leaves a half file
+under the real name.
 """
 
 from __future__ import annotations
@@ -16,10 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
+from envs.registry import family_of
 from envs.trajectories import Trajectories, split_on_ends
 
 REQUIRED_KEYS = ("observations", "actions", "rewards", "terminals")
 PROVENANCE_ATTR = "primal_dt_provenance"  # JSON written by envs.collect
+ENV_KEYS = ("env_id", "env_name", "gym_id", "env", "environment")
+"""names under which D4RL-format files record their environment (file or ``metadata`` attributes,
+``metadata/<key>`` datasets); envs.collect's provenance records ``gym_id``"""
+STEP_ARRAYS = ("rewards", "terminals", "timeouts")  # one value per step: [N] (or [N, 1])
+FLAGS = ("terminals", "timeouts")
 
 
 def d4rl_dir() -> Path:
@@ -29,12 +37,53 @@ def d4rl_dir() -> Path:
 
 def _read_array(f, key: str, where: str) -> np.ndarray:
     try:
-        return np.asarray(f[key][()])
+        arr = np.asarray(f[key][()])
     except (OSError, KeyError, ValueError, TypeError) as exc:
         raise DatasetError(
             f"{where}: dataset '{key}' cannot be read ({exc}); the file is corrupt or truncated. "
             "Delete it and download or regenerate it."
         ) from exc
+    if arr.dtype.kind not in "biuf":  # bool, integers, floats: strings, objects, complex and records are not data
+        raise DatasetError(f"{where}: '{key}' holds values of type {arr.dtype}, expected numbers; the file was not "
+                           "written as a D4RL dataset (or is damaged). Regenerate or re-download it.")
+    if arr.ndim == 0 or (key in STEP_ARRAYS and not (arr.ndim == 1 or arr.shape[1:] == (1,))):
+        raise DatasetError(f"{where}: '{key}' has shape {arr.shape}, expected "
+                           f"{'one value per step, [steps]' if key in STEP_ARRAYS else '[steps, dim]'}")
+    if key in FLAGS and arr.dtype.kind != "b" and not np.isin(arr, (0, 1)).all():
+        bad = arr[~np.isin(arr, (0, 1))]
+        raise DatasetError(f"{where}: '{key}' holds {bad.size} value(s) other than 0 and 1 (e.g. {bad.flat[0]!r}); "
+                           "episode-end flags must be booleans. The file is corrupt; regenerate or re-download it.")
+    return arr
+
+
+def _text(value) -> str | None:
+    value = value[()] if hasattr(value, "shape") and value.shape == () else value
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    return value if isinstance(value, str) and value.strip() else None
+
+
+def recorded_env(f, provenance: dict) -> tuple[str, str] | None:
+    """(environment id, where in the file) that a D4RL-format file records, if any: envs.collect's
+    provenance, else an ``env_id`` / ``env_name`` / ... attribute of the file or of its ``metadata``
+    group, or a ``metadata/<key>`` string dataset."""
+    if _text(provenance.get("gym_id")):
+        return provenance["gym_id"], f"attribute {PROVENANCE_ATTR}.gym_id"
+    meta = f.get("metadata") if "metadata" in f else None
+    for key in ENV_KEYS:
+        places = [(f.attrs, f"attribute {key}")]
+        if meta is not None and hasattr(meta, "attrs"):
+            places += [(meta.attrs, f"attribute metadata.{key}")]
+            if hasattr(meta, "keys") and key in meta and hasattr(meta[key], "shape"):
+                places += [({key: meta[key]}, f"dataset metadata/{key}")]
+        for attrs, where in places:
+            try:
+                text = _text(attrs.get(key)) if key in attrs else None
+            except (OSError, TypeError, ValueError):
+                text = None
+            if text:
+                return text, where
+    return None
 
 
 def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = None,
@@ -51,8 +100,14 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         raise DatasetNotFound(f"no D4RL file at {path}")
     if path.is_dir():
         raise DatasetError(f"{where} is a directory, expected a D4RL .hdf5 file")
+    if not os.access(path, os.R_OK):
+        raise DatasetError(f"{where} cannot be read: permission denied. Give this user read access "
+                           f"(chmod +r {path}) or copy the file somewhere readable")
     try:
         f = h5py.File(path, "r")
+    except PermissionError as exc:
+        raise DatasetError(f"{where} cannot be read: permission denied ({exc}). Give this user read access "
+                           f"(chmod +r {path}) or copy the file somewhere readable") from exc
     except OSError as exc:
         raise DatasetError(
             f"{where} is not a readable HDF5 file ({exc}). It is probably truncated by an "
@@ -75,6 +130,8 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
                 provenance = json.loads(f.attrs[PROVENANCE_ATTR])
             except (TypeError, ValueError):
                 provenance = {}
+            provenance = provenance if isinstance(provenance, dict) else {}
+        recorded = recorded_env(f, provenance)
     n = len(data["rewards"])
     lens = {k: len(v) for k, v in data.items()}
     if len(set(lens.values())) != 1:
@@ -97,9 +154,16 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
                 timeouts[i] = not term[i]
                 step = 0
         data["timeouts"] = timeouts
-    recorded = provenance.get("gym_id")
-    if recorded and gym_id and recorded.split("-v")[0] == gym_id.split("-v")[0]:
-        gym_id = recorded  # a file made by envs.collect says which simulator version it used
+    if recorded is not None and gym_id:
+        env_id, found = recorded
+        if family_of(env_id) != family_of(gym_id):
+            raise DatasetError(
+                f"{where} records environment {env_id!r} ({found}), but {name or gym_id} is data of {gym_id}: "
+                "the file belongs to another environment, and training on it would be silently wrong even where "
+                "the dimensions agree. Put it under its own name, or pick the dataset name that matches it."
+            )
+        if found.startswith(f"attribute {PROVENANCE_ATTR}"):
+            gym_id = env_id  # a file made by envs.collect says which simulator version it used
     starts, lengths, terminal, keep = split_on_ends(data["terminals"], data["timeouts"], where)
     return Trajectories(
         observations=data["observations"][:keep],

@@ -4,7 +4,11 @@ Order: a local D4RL file, a local Minari dataset, a Minari download, then a repl
 locally by ``envs.collect`` or bundled with the package). A source that has nothing moves the
 search on; a source that has something broken stops it with the reason, because quietly falling
 back to other data would make results incomparable. The chosen source is printed and stored in
-``ds.source`` so runs record what they trained on.
+``ds.source`` so runs record what they trained on (``ds.fingerprint`` records its content).
+
+Whatever the source, actions must lie in the simulator's action box: data outside it (recorded
+unscaled, or another task's) is refused with the count and the range, unless the caller asks to
+clip it (``clip_actions=True``; ``primal_dt.train``'s ``data_clip_actions=true``).
 """
 
 from __future__ import annotations
@@ -113,12 +117,14 @@ def _announce_replica(ds: Trajectories, spec: EnvSpec, verbose: bool) -> None:
 
 
 def load_dataset(name: str, source: str = "auto", verbose: bool = True,
-                 download: bool | None = None) -> Trajectories:
+                 download: bool | None = None, clip_actions: bool = False) -> Trajectories:
     """Trajectories for a dataset name such as ``hopper-medium``.
 
     source: "auto" (D4RL file, local Minari, Minari download, replica), "d4rl", "minari" (local,
     then download), "replica", or an explicit "d4rl:/path/file.hdf5" / "minari:namespace/id-v0".
     download: allow the Minari download step (default: yes, unless $PRIMAL_DT_OFFLINE=1).
+    clip_actions: clip actions outside the simulator's action box into it (default: such data is a
+    ``DatasetError`` giving how many values lie outside and their range).
     """
     spec = get_spec(name)
     if download is None:
@@ -129,7 +135,7 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
             raise DatasetError(f"no file at {path} (asked for by source={source!r})")
         ds = _with(d4rl_io.read_d4rl(path, spec.name, spec.gym_id, spec.max_episode_steps), spec,
                    f"d4rl:{path}")
-        return _report(ds, spec, verbose, [])
+        return _report(ds, spec, verbose, [], clip_actions)
     if source.startswith("minari:"):
         dsid = source[7:]
         if not minari_source.has_local(dsid):
@@ -138,7 +144,7 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
             minari_source.download_minari(dsid)
         # the family must match; dims are checked against the simulator the dataset records
         ds = minari_source.read_minari(dsid, spec.name, spec.minari_gym_id)
-        return _report(ds, spec, verbose, [])
+        return _report(ds, spec, verbose, [], clip_actions)
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES} or 'd4rl:PATH' / 'minari:ID', got {source!r}")
     steps = {
@@ -157,7 +163,7 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
                 print(f"[envs] {spec.name}: {exc}", file=sys.stderr, flush=True)
             continue
         ds.name = spec.name
-        return _report(ds, spec, verbose, notes)
+        return _report(ds, spec, verbose, notes, clip_actions)
     raise DatasetNotFound(
         f"no dataset for {spec.name} (source={source!r}). Looked at:\n  - " + "\n  - ".join(notes)
         + f"\nTo fix: put the D4RL file {spec.d4rl_file} in {d4rl_io.d4rl_dir()} ($D4RL_DATASET_DIR), "
@@ -166,7 +172,34 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
     )
 
 
-def _report(ds: Trajectories, spec: EnvSpec, verbose: bool, notes: list[str]) -> Trajectories:
+def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: bool = True) -> None:
+    """Refuse (or, with ``clip``, clip) actions outside the simulator's action box. The simulator
+    clips what it is given and the model's tanh head cannot produce such values, so training on
+    them silently teaches something no agent can do."""
+    low, high = spec.act_low, spec.act_high
+    outside = (ds.actions < low) | (ds.actions > high)
+    n = int(outside.sum())
+    if n == 0:
+        return
+    sim = ds.gym_id or spec.gym_id
+    rows = int(outside.any(axis=1).sum())
+    values = ds.actions[outside]
+    what = (f"{n:,} of {ds.actions.size:,} action values ({rows:,} of {ds.num_steps:,} steps) lie outside {sim}'s "
+            f"action space [{low:g}, {high:g}]; they range over [{values.min():.4g}, {values.max():.4g}]")
+    if not clip:
+        raise DatasetError(
+            f"{ds.source}: {what}. The simulator clips actions to its box and the model's tanh head cannot produce "
+            "them, so training on them would be silently wrong. Check how the file stores actions (unscaled? "
+            "another environment's?), or train on them clipped into the box: data_clip_actions=true "
+            "(python -m primal_dt.train), clip_actions=True (envs.load_dataset)")
+    ds.clip_actions(low, high)
+    ds.metadata = {**(ds.metadata or {}), "clipped_actions": n}
+    if verbose:
+        print(f"[envs] {spec.name}: {what}: clipped into the box as asked (clip_actions)", file=sys.stderr, flush=True)
+
+
+def _report(ds: Trajectories, spec: EnvSpec, verbose: bool, notes: list[str], clip_actions: bool) -> Trajectories:
+    check_actions(ds, spec, clip_actions, verbose)
     ds.metadata = dict(ds.metadata or {})
     if notes:
         ds.metadata["searched"] = notes

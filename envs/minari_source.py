@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
+from envs.registry import family_of
 from envs.trajectories import Trajectories
 
 COLLECTED_NAMESPACE = "primal-dt"  # where envs.collect files its datasets
@@ -57,10 +58,10 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
     if gym_id is not None:
         if recorded is None:
             warnings.warn(f"{where} records no simulator; assuming {gym_id}", stacklevel=2)
-        elif recorded.split("-v")[0] != gym_id.split("-v")[0]:
+        elif family_of(recorded) != family_of(gym_id):
             raise DatasetError(
                 f"{where} was recorded in {recorded}, but {name or gym_id} needs {gym_id}; it is a "
-                "dataset for another environment. Move it away or pick the matching name."
+                "dataset for another environment (its env spec says so). Move it away or pick the matching name."
             )
     if not hasattr(ds.observation_space, "shape") or ds.observation_space.shape is None:
         raise DatasetError(f"{where}: observations of type {ds.observation_space} are not flat arrays")

@@ -8,6 +8,7 @@ D4RL data came from the v3-era MuJoCo models that Gymnasium keeps as v4, Minari'
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +61,8 @@ class EnvSpec:
     minari_obs_dim: int = 0
     minari_ids: tuple[str, ...] = field(default=())
     gym_kwargs: tuple[tuple[str, object], ...] = ()  # extra gym.make kwargs for gym_id
+    act_low: float = -1.0  # the simulator's action box, the same in v4 and v5 for every family here
+    act_high: float = 1.0  # (the loader refuses data outside it; tests compare it with Gymnasium's)
 
     @property
     def d4rl_file(self) -> str:
@@ -100,6 +103,17 @@ def sim_kwargs_for(gym_id: str) -> dict:
         if gym_id == f"{f.sim}-v4":
             return dict(f.v4_kwargs)
     return {}
+
+
+def family_of(env_id: str) -> str | None:
+    """The family an environment or dataset id names, in any of the spellings files record:
+    ``Hopper-v4``, ``hopper-medium-v2``, ``mujoco/hopper/medium-v0``, ``half_cheetah`` -> the family;
+    None when it names none of ours (``antmaze-umaze-v2`` is not ``ant``)."""
+    key = str(env_id).strip().lower().replace("half_cheetah", "halfcheetah").replace("half-cheetah", "halfcheetah")
+    for token in re.split(r"[-/_:\s]+", key):
+        if token in FAMILIES:
+            return token
+    return None
 
 
 def list_names() -> list[str]:

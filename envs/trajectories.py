@@ -9,6 +9,7 @@ per-episode dicts in ``episodes`` are views into it, not copies.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,6 +107,34 @@ class Trajectories:
         self.state_mean = obs64.mean(0).astype(np.float32)
         self.state_std = (obs64.std(0) + 1e-6).astype(np.float32)
         self._episodes = None
+        self._fingerprint = None
+
+    # --- identity -------------------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> str:
+        """``sha256:<hex>`` of exactly what a model trains on: observations, actions, rewards (float32,
+        as loaded, clipped when asked), episode lengths and terminal flags. Equal data give equal
+        fingerprints whatever file or format they came from; one changed value changes it. A
+        checkpoint records it, so a run resumed or checked against data that changed under the
+        same path is refused instead of silently trained on."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            for name in ("observations", "actions", "rewards", "lengths", "terminal"):
+                a = np.ascontiguousarray(getattr(self, name))
+                h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+                h.update(a.data)
+            self._fingerprint = f"sha256:{h.hexdigest()}"
+        return self._fingerprint
+
+    def clip_actions(self, low: float, high: float) -> int:
+        """Clip actions into [low, high] in place (the simulator's box); returns how many values
+        moved. Only on request (``envs.load_dataset(clip_actions=True)``): silently clipping would
+        hide a dataset recorded in other units."""
+        outside = int(((self.actions < low) | (self.actions > high)).sum())
+        if outside:
+            np.clip(self.actions, low, high, out=self.actions)
+            self._fingerprint = None
+        return outside
 
     # --- public views -----------------------------------------------------------------------
     @property

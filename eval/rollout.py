@@ -14,7 +14,11 @@ lanes and ``num_envs`` settings are compared on the same initial states.
 
 Reported per target: mean / std return and normalized score, episode lengths; for the agent: the
 wall time of each ``agent.act`` call (one step for all rows) and per row; written as a JSON report
-(default: ``rollout-<engine>.json`` next to the checkpoint).
+(default: ``rollout-<engine>.json`` next to the checkpoint, ``rollout-<engine>-2.json``, ... when an
+earlier report holds the name: reports are never overwritten unless ``out=... overwrite=true``).
+Every option is checked before the checkpoint is read, so ``targets=nan`` or ``max_steps=-5`` fails
+at once, not after the simulation. ``check_data=true`` (or ``data_source=...``) also reads the
+training data and refuses a checkpoint whose recorded dataset fingerprint differs from it.
 
 ``evaluate`` is the trainer's entry point.
 """
@@ -25,7 +29,6 @@ import dataclasses
 import json
 import math
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +38,7 @@ import numpy as np
 import torch
 
 from eval.episodes import run_episodes
+from primal_dt import runtime
 
 
 # -- simulators ------------------------------------------------------------------------------------
@@ -104,6 +108,10 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
         raise ValueError(f"episodes must be >= 1, got {episodes}")
     if not targets:
         raise ValueError("targets is empty: give at least one return-to-go target")
+    if not all(math.isfinite(float(t)) for t in targets):
+        raise ValueError(f"targets must be finite returns, got {list(targets)}")
+    if max_steps is not None and max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1 (or None: the env's limit), got {max_steps}")
     if not isinstance(model, torch.nn.Module):
         ck = dt_checkpoint.load(model)
         state_mean = ck.data.state_mean if state_mean is None else state_mean
@@ -179,7 +187,16 @@ class RolloutConfig:
     max_steps: int = 0
     """cap on episode length (0: the env's limit)"""
     out: str = ""
-    """JSON report path ('' : rollout-<engine>.json next to the checkpoint)"""
+    """JSON report path ('' : rollout-<engine>.json next to the checkpoint, or rollout-<engine>-2.json, ... when
+    an earlier report holds the name)"""
+    overwrite: bool = False
+    """let an explicit out= replace an existing file (an earlier report is never replaced otherwise)"""
+    check_data: bool = False
+    """read the training data first and refuse the checkpoint if its recorded dataset fingerprint differs (by default
+    no dataset is read: the checkpoint carries its statistics)"""
+    data_source: str = ""
+    """where check_data reads the data ('' : where the run read it, its own data_source; else auto | d4rl:PATH |
+    minari:ID | ...); giving it implies check_data=true"""
     video: bool = False
     """also record one episode (MuJoCo off-screen rendering) as a GIF and into TensorBoard"""
     threads: int = 0
@@ -188,35 +205,79 @@ class RolloutConfig:
     progress: bool = True
 
 
-def main(argv: list[str] | None = None) -> dict:
+NUMBERS = {"episodes": runtime.AT_LEAST_1, "num_envs": runtime.AT_LEAST_1, "lanes": runtime.AT_LEAST_0,
+           "seed": runtime.SEED, "max_steps": runtime.AT_LEAST_0, "threads": runtime.THREADS}
+"""What every numeric option accepts; checked (with the targets) before the checkpoint is read."""
+
+
+def check(cfg: RolloutConfig) -> tuple[float, ...]:
+    """Every option, before anything is loaded or simulated; returns the targets given (may be ())."""
+    if not cfg.checkpoint:
+        raise ValueError("checkpoint=PATH is required (a last.pt written by primal_dt.train, or its run directory)")
+    if cfg.engine not in ("stream", "recompute"):
+        raise ValueError(f"unknown engine {cfg.engine!r}; choose stream or recompute")
+    if cfg.lane_workers not in ("process", "thread"):
+        raise ValueError(f"lane_workers must be process or thread, got {cfg.lane_workers!r}")
+    runtime.check_numbers(cfg, NUMBERS)
+    runtime.check_device(cfg.device)
+    try:
+        targets = tuple(float(t) for t in cfg.targets.replace(" ", "").split(",") if t)
+    except ValueError:
+        raise ValueError(f"targets={cfg.targets!r} is not a comma-separated list of numbers (e.g. targets=3600,1800)")
+    if not all(math.isfinite(t) for t in targets):
+        raise ValueError(f"targets={cfg.targets!r}: every target must be a finite return (e.g. targets=3600,1800)")
+    if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
+        raise ValueError(f"out={cfg.out} exists (an earlier report?); choose another path, or pass overwrite=true")
+    return targets
+
+
+def report_path(cfg: RolloutConfig, checkpoint: Path) -> Path:
+    """Where the report goes, claimed now (before the rollout) so a run started alongside cannot take
+    it: ``out`` as given, or the first free of rollout-<engine>.json, rollout-<engine>-2.json, ..."""
+    if cfg.out:
+        return Path(cfg.out)
+    return runtime.new_path(runtime.numbered(checkpoint.parent / f"rollout-{cfg.engine}.json"), runtime.create_file,
+                            what="rollout report")
+
+
+def run(argv: list[str]) -> dict:
+    """What ``python -m eval.rollout`` does; bad input is a ``SetupError`` before any simulation."""
+    import envs
     from agents import dt_checkpoint
     from primal_dt.cli import parse
 
-    cfg = parse(RolloutConfig, sys.argv[1:] if argv is None else argv, prog="python -m eval.rollout",
+    cfg = parse(RolloutConfig, argv, prog="python -m eval.rollout",
                 description="Roll out a Decision-Transformer checkpoint in its simulator.")
-    try:
-        if not cfg.checkpoint:
-            raise ValueError("checkpoint=PATH is required (a last.pt written by primal_dt.train, or its run directory)")
-        if cfg.engine not in ("stream", "recompute"):
-            raise ValueError(f"unknown engine {cfg.engine!r}; choose stream or recompute")
-        if cfg.episodes < 1 or cfg.num_envs < 1:
-            raise ValueError("episodes and num_envs must be >= 1")
+    with runtime.setup_errors(KeyError):
+        given = check(cfg)
         path = dt_checkpoint.resolve(cfg.checkpoint)
         ck = dt_checkpoint.load(path)
-        import envs
-
         spec = envs.get_spec(ck.data.env)
-    except (ValueError, FileNotFoundError, KeyError) as err:
-        sys.exit(f"error: {err}")
+        if cfg.check_data or cfg.data_source:
+            dt_checkpoint.training_data(ck, cfg.data_source or None)
+        device = runtime.pick_device(cfg.device)
+        model = ck.build_model(device)
     info = ck.data
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    try:
-        given = tuple(float(t) for t in cfg.targets.replace(" ", "").split(",") if t)
-    except ValueError:
-        sys.exit(f"error: targets={cfg.targets!r} is not a comma-separated list of numbers (e.g. targets=3600,1800)")
+    runtime.set_threads(cfg.threads)
     targets = given or info.eval_targets
-    model = ck.build_model(cfg.device)
+    out = report_path(cfg, path)
+    written = False
+    try:
+        report = _rollout(cfg, path, ck, spec, model, targets)
+        with runtime.writing(out, "rollout report"):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(report, indent=2))
+        written = True
+    finally:
+        if not written and not cfg.out and out.exists() and out.stat().st_size == 0:
+            out.unlink()  # the name claimed for a report that never came
+    print(summary_text(report))
+    print(f"report: {out}")
+    return report
+
+
+def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
+    info = ck.data
     total = cfg.episodes * len(targets) * (cfg.max_steps or spec.max_episode_steps)
     bar = None
     if cfg.progress:
@@ -225,20 +286,22 @@ def main(argv: list[str] | None = None) -> dict:
         bar = tqdm(total=total, desc=f"{spec.name} {cfg.engine}", unit="step", dynamic_ncols=True)
     details: dict = {}
     try:
-        res = evaluate(model, spec, targets, cfg.episodes, cfg.seed, state_mean=info.state_mean,
-                       state_std=info.state_std, reward_scale=info.reward_scale, num_envs=cfg.num_envs,
-                       max_steps=cfg.max_steps or None, gym_id=info.gym_id, engine=cfg.engine,
-                       asynchronous=cfg.asynchronous, lanes=cfg.lanes, lane_workers=cfg.lane_workers, on_step=bar.update if bar else None, details=details)
-    except ValueError as err:
-        sys.exit(f"error: {err}")
+        with runtime.setup_errors():  # e.g. a simulator the checkpoint names that cannot be built
+            res = evaluate(model, spec, targets, cfg.episodes, cfg.seed, state_mean=info.state_mean,
+                           state_std=info.state_std, reward_scale=info.reward_scale, num_envs=cfg.num_envs,
+                           max_steps=cfg.max_steps or None, gym_id=info.gym_id, engine=cfg.engine,
+                           asynchronous=cfg.asynchronous, lanes=cfg.lanes, lane_workers=cfg.lane_workers,
+                           on_step=bar.update if bar else None, details=details)
     finally:
         if bar is not None:
             bar.close()
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
               "engine": cfg.engine, "episodes_per_target": cfg.episodes, "seed": cfg.seed,
-              "num_envs": details["num_envs"], "lanes": details["lanes"], "lane_workers": details["lane_workers"], "asynchronous": cfg.asynchronous,
-              "max_steps": cfg.max_steps or spec.max_episode_steps, "model_layers": model.layer_names,
-              "train_step": ck.step, "wall_s": round(details["wall_s"], 3), "env_steps": details["env_steps"],
+              "num_envs": details["num_envs"], "lanes": details["lanes"], "lane_workers": details["lane_workers"],
+              "asynchronous": cfg.asynchronous, "max_steps": cfg.max_steps or spec.max_episode_steps,
+              "model_layers": model.layer_names, "train_step": ck.step, "data_source": info.source,
+              "data_fingerprint": info.fingerprint or None, "wall_s": round(details["wall_s"], 3),
+              "env_steps": details["env_steps"],
               "env_steps_per_s": details["env_steps"] / max(details["wall_s"], 1e-9),
               "agent_latency": details["latency"],
               "targets": {_tag(t): r for t, r in res.items()}}
@@ -247,12 +310,12 @@ def main(argv: list[str] | None = None) -> dict:
 
         report["video"] = record_episode(model, spec, dataclasses.asdict(info), targets[0], cfg.engine, cfg.seed,
                                          out_dir=path.parent, gym_id=info.gym_id)
-    out = Path(cfg.out) if cfg.out else path.parent / f"rollout-{cfg.engine}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2))
-    print(summary_text(report))
-    print(f"report: {out}")
     return report
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m eval.rollout``: bad input and failed writes end with one ``error:`` line."""
+    return runtime.main(run, argv)
 
 
 def _tag(t: float) -> str:

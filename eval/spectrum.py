@@ -28,7 +28,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -231,19 +230,14 @@ def dt_segments(ck, n: int, seed: int, data_source: str | None = None, where: st
     reward_scale (a divisor there as everywhere), seeded with ``seed``. So the spectrum describes
     the attention on the inputs the model learned from, returns-to-go at their trained scale.
 
-    The data is read from ``data_source`` (default: the run's own ``data_source`` setting, else
-    ``auto``); data whose normalisation statistics differ from the checkpoint's is an error, since
-    the model would see states it was never trained on.
+    The data is read as the run read it (``agents.dt_checkpoint.training_data``: its own
+    ``data_source`` unless ``data_source`` is given); data other than the checkpoint's (by its
+    recorded fingerprint) is an error naming both sources.
     """
-    from envs import SegmentSampler, load_dataset
+    from agents.dt_checkpoint import training_data
+    from envs import SegmentSampler
 
-    source = data_source or ck.config.get("data_source") or "auto"
-    ds = load_dataset(ck.data.env, source=source)
-    if not (np.allclose(ds.state_mean, ck.data.state_mean, atol=1e-6)
-            and np.allclose(ds.state_std, ck.data.state_std, atol=1e-6)):
-        raise ValueError(f"{where} was trained on {ck.data.env} data with other normalisation statistics than "
-                         f"the data found now ({ds.source}; the run used {ck.data.source or 'an unrecorded source'}); "
-                         "pass data_source=... naming the training data (e.g. data_source=d4rl:PATH)")
+    ds = training_data(ck, data_source)
     mc = ck.model_config
     sampler = SegmentSampler(ds, K=mc.K, batch_size=n, reward_scale=ck.data.reward_scale,
                              max_timestep=mc.max_timestep, seed=seed)
@@ -254,29 +248,66 @@ USAGE = ("usage: python -m eval.spectrum checkpoint=PATH [out=DIR] [n=64] [seed=
          "[data_source=SOURCE (dt checkpoints: where their dataset is read from, default the run's)]")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = dict(a.split("=", 1) for a in (sys.argv[1:] if argv is None else argv) if "=" in a)
-    bad = [a for a in (sys.argv[1:] if argv is None else argv) if "=" not in a]
+def options(argv: list[str]) -> dict | None:
+    """The command line as {checkpoint, out, n, seed, tensorboard, data_source}, every value checked
+    (a ValueError naming the option); None, with the usage printed, when it is malformed."""
+    from primal_dt import runtime
+
+    args = dict(a.split("=", 1) for a in argv if "=" in a)
+    bad = [a for a in argv if "=" not in a]
     unknown = sorted(set(args) - {"checkpoint", "out", "n", "seed", "tensorboard", "data_source"})
     if bad or unknown or "checkpoint" not in args:
         print(USAGE + (f"\nunrecognised: {bad + unknown}" if bad or unknown else ""), file=sys.stderr)
-        return 2
-    from primal_dt import checkpoint
-
+        return None
+    tensorboard = args.get("tensorboard", "true").lower()
+    if tensorboard not in ("true", "false"):
+        raise ValueError(f"tensorboard must be true or false, got {args['tensorboard']!r}")
     path = Path(args["checkpoint"])
-    ckpt = checkpoint.load(path)
-    model, run = build_from_checkpoint(ckpt, n=int(args.get("n", 64)), seed=int(args.get("seed", 0)),
-                                       where=f"checkpoint {path}", data_source=args.get("data_source"))
-    report = analyse(model, run)
-    out = Path(args.get("out", path.parent / "spectrum"))
-    files = write(report, out, tensorboard=args.get("tensorboard", "true").lower() != "false")
+    return {"checkpoint": path, "out": Path(args.get("out", path.parent / "spectrum")),
+            "n": _integer(args, "n", 64, runtime.AT_LEAST_1), "seed": _integer(args, "seed", 0, runtime.SEED),
+            "tensorboard": tensorboard == "true", "data_source": args.get("data_source")}
+
+
+def run(argv: list[str]) -> int:
+    """What ``python -m eval.spectrum`` does; bad input is a ``SetupError`` before any work."""
+    from primal_dt import checkpoint, runtime
+
+    with runtime.setup_errors():
+        o = options(argv)
+        if o is None:
+            return 2
+        ckpt = checkpoint.load(o["checkpoint"])
+        model, run_model = build_from_checkpoint(ckpt, n=o["n"], seed=o["seed"], where=f"checkpoint {o['checkpoint']}",
+                                                 data_source=o["data_source"])
+    report = analyse(model, run_model)
+    files = write(report, o["out"], tensorboard=o["tensorboard"])
     for layer in report.layers:
         red = "n/a" if layer.redundancy is None else f"{layer.redundancy:.3f}"
         print(f"{layer.name:<20} {layer.mechanism:<28} rank90={layer.rank90:6.2f}  head distance={red}")
     for s in report.skipped:
         print(f"{s}: no attention_matrix, skipped")
-    print(f"wrote {files['png']} and {files['json']} (TensorBoard events in {out})")
+    print(f"wrote {files['png']} and {files['json']} (TensorBoard events in {o['out']})")
     return 0
+
+
+def _integer(args: dict, key: str, default: int, rule) -> int:
+    from primal_dt.runtime import check_number
+
+    text = args.get(key, str(default))
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{key} must be an integer {rule}, got {text!r}") from None
+    check_number(key, value, rule)
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m eval.spectrum``: 0 when written, 2 for a malformed command line (with the usage);
+    bad values and unreadable files end with one ``error:`` line."""
+    from primal_dt import runtime
+
+    return runtime.main(run, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ def record_episode(model, spec, stats: dict, target: float, engine: str, seed: i
                    max_steps: int | None = None, backend: str | None = None, size: int = 240, every: int = 2,
                    tensorboard: bool = True) -> dict:
     """Roll out one episode (reset seed ``seed``) rendering every ``every``-th frame; writes
-    ``<out_dir>/episode-<engine>.gif`` and a TensorBoard video (or frame strip) under
+    ``<out_dir>/episode-<engine>.gif`` (``-2``, ``-3``, ... when taken) and a TensorBoard video (or frame strip) under
     ``<out_dir>/video``. Returns {"path", "frames", "return", "length"} or {"path": None, "message"}."""
     ok, msg = rendering_available(backend, gym_id or spec.gym_id)
     if not ok:
@@ -81,16 +81,19 @@ def record_episode(model, spec, stats: dict, target: float, engine: str, seed: i
         if term or trunc:
             break
     env.close()
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"episode-{engine}.gif"
     from PIL import Image
 
+    from primal_dt import runtime
+
+    # a new name (episode-stream-2.gif, ...) rather than over an earlier recording
+    path = runtime.new_path(runtime.numbered(Path(out_dir) / f"episode-{engine}.gif"), runtime.create_file,
+                            what="episode GIF")
     imgs = [Image.fromarray(f) for f in frames]
-    imgs[0].save(path, save_all=True, append_images=imgs[1:], duration=int(1000 * every * 0.008), loop=0)
+    with runtime.writing(path, "episode GIF"):
+        imgs[0].save(path, save_all=True, append_images=imgs[1:], duration=int(1000 * every * 0.008), loop=0)
     result = {"path": str(path), "frames": len(frames), "return": ret, "length": t + 1, "backend": msg}
     if tensorboard:
-        result["tensorboard"] = _to_tensorboard(frames, out_dir / "video", f"rollout/{engine}")
+        result["tensorboard"] = _to_tensorboard(frames, Path(out_dir) / "video", f"rollout/{engine}")
     return result
 
 

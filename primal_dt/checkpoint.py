@@ -1,47 +1,150 @@
-"""Checkpoints written atomically (temp file + rename), so a crash never leaves a torn file.
+"""Checkpoint files: written atomically, read without running code, cleaned up after a crash.
 
 A checkpoint is a dict saved with torch.save; by convention it holds
   kind   "dt" | "classifier" | ...  (what builds the model back)
   config the run's config as a plain dict
   model  the model state_dict
-plus whatever the trainer needs to resume (optimizer, scheduler, RNG states, step, ...).
+plus whatever the trainer needs to resume (optimizer, scheduler, RNG states, step, ...), all of it
+tensors and plain data (dicts, lists, tuples, strings, numbers, None).
 This module only writes and reads files; the layout of a DT checkpoint is ``agents.dt_checkpoint``'s
 (its one writer and reader), a classifier's is ``primal_dt.classifier_training``'s.
+
+Three promises:
+- **Atomic**: the file is serialised in memory, written to a temporary file beside it
+  (``.<name>.<pid>@<host>-<random>.tmp``) and renamed over the old one, so a crash, a kill or a full
+  disk leaves the previous checkpoint as it was. A write that fails is one ``runtime.WriteError``
+  naming the file.
+- **No code runs on load**: files are read with ``torch.load(weights_only=True)``, whose unpickler
+  builds tensors and plain data only. A pickle that names anything else (a function to call, a
+  class to build) is refused before any of it runs. The only other objects allowed are exactly
+  the numpy ones release 0.1 stored (numpy's global random state, UEA class names as numpy
+  strings), so its files still load.
+- **No stale temporaries**: a writer killed mid-write leaves its temporary file behind;
+  ``remove_stale_temps`` deletes those whose writer is gone, and the trainers call it when a run
+  starts or resumes.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
+import re
+import socket
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from . import runtime
 
-def save_atomic(obj, path: str | Path) -> Path:
+
+# -- writing ---------------------------------------------------------------------------------------
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.{os.getpid()}@{socket.gethostname()}-"
+
+
+def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
+    """Write ``obj`` to ``path`` atomically; ``what`` ("checkpoint at step 40") names it in errors.
+
+    Serialising first (in memory) means a write that fails (disk full, a file-size limit, no
+    permission) is an ordinary ``OSError`` of the file, turned into one ``runtime.WriteError``,
+    rather than torch's internal zip-writer error; the temporary file is removed and the previous
+    file at ``path`` is untouched."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    with runtime.writing(path, what):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(buf.getbuffer())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
     return path
 
 
+_TEMP = re.compile(r"^\.(?P<name>.+)\.(?:(?P<pid>\d+)@(?P<host>.+)-)?[A-Za-z0-9_]+\.tmp$")
+
+
+def _writer_alive(pid: int, host: str) -> bool:
+    """Whether the process that owns a temporary file may still be writing it. A writer on another
+    machine (a shared file system) cannot be asked, so it counts as alive."""
+    if host != socket.gethostname() or pid == os.getpid():  # this process may be writing it in another thread
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] = ("last.pt", "best.pt"),
+                       own: bool = False) -> list[Path]:
+    """Delete temporary files of interrupted checkpoint writes of ``names`` in ``directories``,
+    where their writer (this machine, its pid in the name) is gone; returns what was removed.
+
+    ``own``: the caller owns these directories (it is resuming that run), so temporaries of an older
+    release, whose names carry no writer, are removed too."""
+    removed = []
+    for d in directories:
+        d = Path(d)
+        if not d.is_dir():
+            continue
+        for p in d.glob(".*.tmp"):
+            m = _TEMP.match(p.name)
+            if not m or m["name"] not in names:
+                continue
+            if m["pid"] is None and not own:
+                continue
+            if m["pid"] is not None and _writer_alive(int(m["pid"]), m["host"]):
+                continue
+            try:
+                p.unlink()
+                removed.append(p)
+            except FileNotFoundError:
+                pass  # another process cleaned it up first
+    return removed
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def _numpy_globals() -> list:
+    """Exactly the numpy objects release 0.1 pickled, under the module names numpy 1.x and 2.x give
+    them: a uint32 array (the keys of ``np.random.get_state()`` in a DT checkpoint's random streams)
+    and str scalars (UEA class names from aeon, in a classifier checkpoint). An array or scalar of
+    any other dtype (an object array could hold anything) is still refused."""
+    try:
+        from numpy._core.multiarray import _reconstruct, scalar
+    except ImportError:  # numpy 1.x
+        from numpy.core.multiarray import _reconstruct, scalar
+    out = []
+    for obj, name in ((_reconstruct, "_reconstruct"), (scalar, "scalar")):
+        out += [(obj, f"numpy.core.multiarray.{name}"), (obj, f"numpy._core.multiarray.{name}")]
+    return out + [np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype("U1"))]
+
+
 def load(path: str | Path, expect_kind: str | None = None) -> dict:
-    """Load a checkpoint with a clear error for a missing, corrupt or foreign file."""
+    """Read a checkpoint without running code (``weights_only=True``), with a clear error for a
+    missing, unreadable, corrupt, foreign or unsafe file."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+        with torch.serialization.safe_globals(_numpy_globals()):
+            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(f"checkpoint {path} was not loaded: {_refusal(path, err)}") from err
+    except OSError as err:
+        raise ValueError(f"checkpoint {path} cannot be read: {runtime.why(err)}") from err
     except Exception as err:  # torch raises many kinds for a corrupt file
         raise ValueError(f"checkpoint {path} could not be read ({type(err).__name__}: {err}); "
                          "it may be truncated or not a primal-dt checkpoint") from err
@@ -50,3 +153,21 @@ def load(path: str | Path, expect_kind: str | None = None) -> dict:
     if expect_kind is not None and ckpt.get("kind") != expect_kind:
         raise ValueError(f"checkpoint {path} holds a {ckpt.get('kind')!r} model, expected {expect_kind!r}")
     return ckpt
+
+
+def _refusal(path: Path, err: Exception) -> str:
+    """Why a file was refused: the objects it would have built (read statically, without running
+    them), and what to do."""
+    try:
+        with torch.serialization.safe_globals(_numpy_globals()):
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # not a zip checkpoint at all: say what the unpickler said
+        names = []
+    # the unpickler's own words when the static scan found nothing (an object it was asked to build)
+    names = names or re.findall(r"GLOBAL (\S+)|got <class '([^']+)'>", str(err))
+    names = [n if isinstance(n, str) else next(x for x in n if x) for n in names]
+    what = ", ".join(names) if names else "objects of unknown type"
+    return (f"it holds pickled objects other than tensors and plain data ({what}), which could run code "
+            "when loaded. primal-dt never writes such files (its checkpoints, release 0.1's included, load "
+            "safely). If you made this file yourself and trust it, load it with torch.load(path, "
+            "weights_only=False) and save only its tensors and plain data; otherwise delete it")

@@ -11,6 +11,7 @@ test accuracy seen (the reference code's protocol); ``last`` the final model's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -135,7 +136,7 @@ class Trainer:
                 "train_time": self.train_time,
                 "best": dict(self.best), "rng": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
                 "task": {"name": self.data.name, "n_classes": self.data.n_classes, "max_len": self.data.max_len,
-                         "class_names": self.data.class_names}}
+                         "class_names": [str(c) for c in self.data.class_names]}}  # plain str, not numpy's
 
     def restore(self, ck: dict) -> None:
         self.model.load_state_dict(ck["model"])
@@ -162,8 +163,8 @@ def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
         tr.best = {"metric": metric, "step": tr.step_no, "test_acc": res["test"]["acc"],
                    "val_acc": res["val"]["acc"] if "val" in res else None,
                    "val_loss": res["val"]["loss"] if "val" in res else None}
-        checkpoint.save_atomic(tr.state(), out / "best.pt")
-    checkpoint.save_atomic(tr.state(), out / "last.pt")
+        checkpoint.save_atomic(tr.state(), out / "best.pt", what=f"best checkpoint (step {tr.step_no})")
+    checkpoint.save_atomic(tr.state(), out / "last.pt", what=f"checkpoint (step {tr.step_no})")
     return res
 
 
@@ -217,6 +218,10 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
         mon.print(f"interrupted at step {tr.step_no}; resume with: python -m primal_dt.classify resume={out}")
         mon.close()
         raise
+    except runtime.WriteError:
+        with contextlib.suppress(runtime.WriteError):  # the disk may refuse the rest of the log too
+            mon.close()
+        raise
     return summarize(tr, data, out, source, mon, n_params, t_start)
 
 
@@ -242,6 +247,7 @@ def summarize(tr: Trainer, data: TaskData, out: Path, source: str, mon: RunMonit
     mon.plot(["acc/train", "acc/val", "acc/test"], out / "accuracy.png", title=f"{cfg.task} {cfg.model}",
              ylabel="accuracy")
     mon.close()
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    with runtime.writing(out / "summary.json", "run summary"):
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2), flush=True)
     return summary

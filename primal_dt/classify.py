@@ -25,12 +25,14 @@ This module only wires: configuration is ``classify_config.py``, the trainer
 
 from __future__ import annotations
 
+import sys
+
 from . import checkpoint, runtime
 from .classifier_training import KIND, Trainer, fit
 from .classify_config import build_config, check_config, resumed_config
 from .cli import find_value
 from .monitor import run_dir
-from .runtime import SetupError
+from .runtime import SetupError, WriteError
 from .tasks import load_task
 
 __all__ = ["SetupError", "main", "run"]
@@ -56,8 +58,23 @@ def run(argv: list[str]) -> dict:
         trainer = Trainer(cfg, data, device)
         if ck is not None:
             trainer.restore(ck)
-    out = path.parent if ck is not None else run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
-    return fit(trainer, data, out, source, resumed=ck is not None)
+    if ck is not None:
+        out = path.parent
+        runtime.check_writable(out, "run directory")
+        stale = checkpoint.remove_stale_temps(out, own=True)
+    else:
+        out = run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
+        stale = checkpoint.remove_stale_temps(*out.parent.iterdir())
+    if stale:
+        print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint writes: "
+              f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
+    try:
+        return fit(trainer, data, out, source, resumed=ck is not None)
+    except WriteError as err:
+        last = out / "last.pt"
+        kept = f"{last} (the last evaluation round's) is intact" if last.exists() else "no checkpoint had been written"
+        raise WriteError(f"{err}. Nothing else was lost: {kept}; make room (or fix the permissions) and continue "
+                         f"with: python -m primal_dt.classify resume={out}") from err
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 from . import presets
 from .cli import expand_shorthands, find_value, parse
+from .runtime import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SEED, THREADS, check_device, check_numbers,
+                      check_size)
 from .runtime import attention_options as parse_attention_options
-from .runtime import check_device
 from .tasks import DataConfig
 
 GROUPS = ("uea", "lra")
@@ -153,9 +154,32 @@ def attention_options(cfg: ClassifyConfig) -> dict:
                                                "rank_multi": p.rank_multi}})
 
 
+NUMBERS = {
+    "seed": SEED, "threads": THREADS,
+    "arch.d_model": AT_LEAST_1, "arch.n_heads": AT_LEAST_1, "arch.layers": AT_LEAST_1, "arch.d_ff": AT_LEAST_1,
+    "arch.dropout": FRACTION,
+    "primal.s": AT_LEAST_1, "primal.eta": AT_LEAST_0, "primal.rank_multi": AT_LEAST_1,
+    "train.epochs": AT_LEAST_0, "train.steps": AT_LEAST_0, "train.batch_size": AT_LEAST_1,
+    "train.eval_batch_size": AT_LEAST_0, "train.lr": POSITIVE, "train.weight_decay": AT_LEAST_0,
+    "train.warmup": AT_LEAST_0, "train.grad_clip": AT_LEAST_0, "train.eval_every": AT_LEAST_0,
+}
+"""What every numeric option accepts (NaN and inf never); ``check_config`` applies it before any work
+(the ``data.*`` options are ``DataConfig.check``'s)."""
+
+
 def check_config(cfg: ClassifyConfig) -> None:
     """Raise ValueError naming the option, its value and what is allowed."""
     t = cfg.train
+    check_numbers(cfg, NUMBERS)
+    a = cfg.arch
+    if a.d_model % a.n_heads:
+        raise ValueError(f"arch.d_model={a.d_model} must be divisible by arch.n_heads={a.n_heads}")
+    check_size(a.layers * (4 * a.d_model ** 2 + 2 * a.d_model * a.d_ff) + cfg.data.max_len * a.d_model,
+               f"arch.layers={a.layers}, arch.d_model={a.d_model}, arch.d_ff={a.d_ff} and "
+               f"data.max_len={cfg.data.max_len}")
+    check_size(t.batch_size * max(cfg.data.max_len, 1) * a.d_model * a.layers * 8,
+               f"train.batch_size={t.batch_size}, data.max_len={cfg.data.max_len}, arch.d_model={a.d_model} and "
+               f"arch.layers={a.layers}", "activation values in one training step")
     if (t.epochs > 0) == (t.steps > 0):
         raise ValueError(f"set exactly one of train.epochs / train.steps > 0 (got epochs={t.epochs}, steps={t.steps})")
     if t.selection not in SELECTIONS:
@@ -164,14 +188,10 @@ def check_config(cfg: ClassifyConfig) -> None:
         raise ValueError(f"train.optimizer must be adamw, adam or radam, got {t.optimizer!r}")
     if t.schedule not in ("constant", "onecycle-linear"):
         raise ValueError(f"train.schedule must be constant or onecycle-linear, got {t.schedule!r}")
-    for k in ("batch_size",):
-        if getattr(t, k) < 1:
-            raise ValueError(f"train.{k} must be >= 1, got {getattr(t, k)}")
-    for k in ("eval_batch_size", "warmup", "eval_every"):
-        if getattr(t, k) < 0:
-            raise ValueError(f"train.{k} must be >= 0, got {getattr(t, k)}")
-    if not t.lr > 0 or t.weight_decay < 0 or t.grad_clip < 0 or cfg.primal.eta < 0:
-        raise ValueError("train.lr must be > 0 and train.weight_decay, train.grad_clip, primal.eta >= 0")
+    if cfg.arch.norm not in ("pre", "post"):
+        raise ValueError(f"arch.norm must be pre or post, got {cfg.arch.norm!r}")
+    if cfg.arch.activation not in ("relu", "gelu"):
+        raise ValueError(f"arch.activation must be relu or gelu, got {cfg.arch.activation!r}")
     if cfg.arch.head not in ("auto", "flatten", "mean", "pair"):
         raise ValueError(f"arch.head must be auto, flatten, mean or pair, got {cfg.arch.head!r}")
     check_device(cfg.device)

@@ -18,11 +18,21 @@ T = TypeVar("T")
 _BOOLS = {"true": "True", "false": "False", "yes": "True", "no": "False", "on": "True", "off": "False"}
 
 
+def _number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 def to_tyro_args(argv: Sequence[str]) -> list[str]:
     out: list[str] = []
     values_ok = False  # after --key, bare tokens are its value(s) (several for tuple options)
     for a in argv:
-        if a.startswith("-"):
+        if values_ok and _number(a):  # a negative value of the preceding --key (eval.targets=-100,50), not a flag
+            out.append(a)
+        elif a.startswith("-"):
             out.append(a)
             values_ok = a.startswith("--") and "=" not in a
         elif "=" in a:

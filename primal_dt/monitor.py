@@ -2,29 +2,57 @@
 
 One ``RunMonitor`` per run directory. Scalars go to TensorBoard as they come and are also kept
 in memory so that curves people look at (eval return vs step, accuracy vs epoch) can be drawn to
-PNG at the end without re-reading event files.
+PNG at the end without re-reading event files. A write that fails (disk full, a file-size limit)
+is one ``runtime.WriteError`` naming the file, not TensorBoard's thread traceback.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
 
+from . import runtime
+
 
 def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
-    """``root/part/.../<YYYYmmdd-HHMMSS>-seed<k>``, unique even when two runs start in one second."""
+    """Create a new run directory ``root/part/.../<YYYYmmdd-HHMMSS>-seed<k>`` and return it.
+
+    The directory is created exclusively: when another run (started in the same second, with the
+    same seed) holds the name, this one takes ``<stamp>-1-seed<k>``, ``<stamp>-2-seed<k>``, ... A
+    name checked first and created later could be taken by both runs in between, and their
+    checkpoints, summaries and event files would mix. An unwritable ``root`` is a ``WriteError``."""
     base = Path(root).joinpath(*[p.replace("/", "-") for p in parts])
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    d = base / f"{stamp}-seed{seed}"
-    i = 1
-    while d.exists():
-        d = base / f"{stamp}-{i}-seed{seed}"
-        i += 1
-    return d
+    names = itertools.chain([f"{stamp}-seed{seed}"], (f"{stamp}-{i}-seed{seed}" for i in itertools.count(1)))
+    try:
+        with runtime.writing(base, "run directory"):
+            base.mkdir(parents=True, exist_ok=True)
+        return runtime.new_path((base / n for n in names), Path.mkdir, what="run directory")
+    except runtime.WriteError as err:
+        raise runtime.WriteError(f"{err}; nothing was written. Choose a writable out= (now {root})") from err
+
+
+def _quiet_event_writer_thread() -> None:
+    """TensorBoard's event-file writer thread hands a failed write to the thread that logs next
+    (where ``RunMonitor`` makes it a ``WriteError``), but first prints it as a thread traceback;
+    that traceback is kept quiet so a full disk reads as one message."""
+    previous = threading.excepthook
+    if getattr(previous, "primal_dt", False):
+        return
+
+    def hook(args):
+        if not (isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread"):
+            previous(args)
+
+    hook.primal_dt = True
+    threading.excepthook = hook
 
 
 def _wait_for_a_later_second(log_dir: Path) -> None:
@@ -47,9 +75,12 @@ class RunMonitor:
         self.log_dir = Path(log_dir)
         self.enabled = enabled
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
+        self.writer = None
         if enabled:
             _wait_for_a_later_second(self.log_dir)
-        self.writer = SummaryWriter(str(self.log_dir), purge_step=purge_step) if enabled else None
+            _quiet_event_writer_thread()
+            with self._writing():
+                self.writer = SummaryWriter(str(self.log_dir), purge_step=purge_step)
         self.bar = None
         if progress and progress_total:
             from tqdm import tqdm
@@ -57,11 +88,21 @@ class RunMonitor:
             self.bar = tqdm(total=progress_total, initial=initial, desc=progress_desc, dynamic_ncols=True,
                             mininterval=1.0)
 
+    @contextmanager
+    def _writing(self):
+        with runtime.writing(self.log_dir, "TensorBoard event file in"):
+            try:
+                yield
+            except OSError:
+                self.writer = None  # it failed; close() must not try again
+                raise
+
     def scalar(self, tag: str, value: float, step: int) -> None:
         value = float(value)
         self.history[tag].append((step, value))
         if self.writer is not None:
-            self.writer.add_scalar(tag, value, step)
+            with self._writing():
+                self.writer.add_scalar(tag, value, step)
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         for k, v in values.items():
@@ -69,18 +110,21 @@ class RunMonitor:
 
     def histogram(self, tag: str, values, step: int) -> None:
         if self.writer is not None:
-            self.writer.add_histogram(tag, values, step)
+            with self._writing():
+                self.writer.add_histogram(tag, values, step)
 
     def text(self, tag: str, value: str, step: int = 0) -> None:
         if self.writer is not None:
-            self.writer.add_text(tag, value, step)
+            with self._writing():
+                self.writer.add_text(tag, value, step)
 
     def hparams(self, params: dict, metrics: dict[str, float]) -> None:
         """Record hyper-parameters (flattened, stringified where TensorBoard needs it) with final metrics."""
         flat = {k: (v if isinstance(v, (int, float, str, bool)) else json.dumps(v, default=str))
                 for k, v in _flatten(params).items()}
         if self.writer is not None:
-            self.writer.add_hparams(flat, {f"hparam/{k}": float(v) for k, v in metrics.items()}, run_name=".")
+            with self._writing():
+                self.writer.add_hparams(flat, {f"hparam/{k}": float(v) for k, v in metrics.items()}, run_name=".")
 
     def progress(self, n: int = 1, **postfix) -> None:
         if self.bar is not None:
@@ -115,22 +159,28 @@ class RunMonitor:
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
+        try:
+            with runtime.writing(path, "plot"):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fig.savefig(path, dpi=100)
+        finally:
+            plt.close(fig)
         return path
 
     def flush(self) -> None:
         """Put every logged event on disk (before a checkpoint, so a killed run's curves reach it)."""
         if self.writer is not None:
-            self.writer.flush()
+            with self._writing():
+                self.writer.flush()
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+            with self._writing():
+                self.writer.flush()
+                self.writer.close()
+            self.writer = None
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

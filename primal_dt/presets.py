@@ -2,7 +2,8 @@
 
 A preset is a nested mapping applied over a config dataclass's defaults, so the papers' settings
 are data a user can read and copy. Each file carries a ``source`` line saying where its numbers
-come from; entry points print it.
+come from; entry points print it. A DT dataset preset may also carry ``paper`` (model -> the paper's
+final normalized score), which ``eval.report`` prints beside measured scores; neither is an option.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import yaml
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
-META_KEYS = ("source", "description")
+META_KEYS = ("source", "description", "paper")
 
 
 def list_presets(group: str) -> list[str]:

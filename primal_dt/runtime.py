@@ -1,5 +1,7 @@
-"""What every entry point shares, in one place: how bad input fails, the processes of a run (DDP),
-the device, threads and seeds, where a resumed run lives, and the ``attention_options`` grammar.
+"""What every entry point shares, in one place: how bad input fails (and how a full disk does), the
+checks every numeric option passes, the processes of a run (DDP), the device, threads and seeds,
+where a resumed run lives, how a new output claims a name no other run holds, and the
+``attention_options`` grammar.
 
 Entry points (``primal_dt.train``, ``primal_dt.classify``) only wire: they parse their config, call
 these, hand the work to a trainer, and let ``main`` turn an expected failure into one line. Keeping
@@ -11,9 +13,12 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import errno
+import itertools
+import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,20 +48,146 @@ def setup_errors(*also: type[Exception]):
         raise SetupError(str(err)) from err
 
 
+class WriteError(OSError):
+    """Something a command had to write could not be written: the disk is full, a file-size limit
+    (``ulimit -f``) was reached, the directory is not writable, the file system is read-only. The
+    machine is at fault, not the code, so entry points print the message (which names the file and
+    what was not written) as one ``error:`` line instead of the writer's internal traceback."""
+
+
+_WHY = {errno.ENOSPC: "no space left on the device (disk full)", errno.EDQUOT: "disk quota exceeded",
+        errno.EFBIG: "file too large (a file-size limit such as `ulimit -f` was reached)",
+        errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
+        errno.EROFS: "read-only file system", errno.ENOTDIR: "a part of the path is a file, not a directory",
+        errno.EEXIST: "a file is in the way of a directory", errno.EISDIR: "a directory is in the way"}
+
+
+def why(err: OSError) -> str:
+    """A failed write's cause in words (errno's name for the common ones, else the system's message)."""
+    return _WHY.get(err.errno, err.strerror or str(err))
+
+
+@contextmanager
+def writing(path: str | Path, what: str):
+    """Inside this block, an ``OSError`` from writing ``path`` becomes ``WriteError`` saying which
+    file, what it should have held (``what``: "checkpoint at step 40", "run directory", ...) and
+    why it could not; callers add what survives (e.g. the previous checkpoint)."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as err:
+        raise WriteError(f"could not write the {what} {path}: {why(err)}") from err
+
+
 def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
-         expected: tuple[type[BaseException], ...] = ()) -> None:
-    """Run an entry point's ``run(argv)``; ``SetupError`` and the ``expected`` failures (e.g. a
-    diverged training run) become ``error: <message>`` and exit status 1. Ctrl-C exits with 130 after
-    the trainer has said how to continue; the process group is always left cleanly."""
+         expected: tuple[type[BaseException], ...] = ()):
+    """Run an entry point's ``run(argv)`` and return what it returns; ``SetupError``, ``WriteError``
+    and the ``expected`` failures (e.g. a diverged training run) become ``error: <message>`` and exit
+    status 1. Ctrl-C exits with 130 after the trainer has said how to continue; the process group is
+    always left cleanly."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        run(argv)
-    except (SetupError, *expected) as err:
+        return run(argv)
+    except (SetupError, WriteError, *expected) as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         sys.exit(130)
     finally:
         close_distributed()
+
+
+# -- numeric options -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Range:
+    """What a numeric option accepts: finite numbers (never NaN or inf) between ``low`` and ``high``,
+    each bound included unless ``*_open``. Entry points declare one per option, next to their config,
+    and ``check_numbers`` applies them all before any work starts."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, x: float) -> bool:
+        if not math.isfinite(x):
+            return False
+        if self.low is not None and (x <= self.low if self.low_open else x < self.low):
+            return False
+        return self.high is None or (x < self.high if self.high_open else x <= self.high)
+
+    def __str__(self) -> str:
+        lo, hi = (None if x is None else (str(int(x)) if float(x).is_integer() else f"{x:g}")
+                  for x in (self.low, self.high))
+        if lo is not None and hi is not None:
+            return f"in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+        if lo is not None:
+            return f"{'>' if self.low_open else '>='} {lo}"
+        if hi is not None:
+            return f"{'<' if self.high_open else '<='} {hi}"
+        return "finite"
+
+
+ANY = Range()
+AT_LEAST_0 = Range(0)
+AT_LEAST_1 = Range(1)
+POSITIVE = Range(0, low_open=True)
+FRACTION = Range(0, 1, high_open=True)
+"""in [0, 1): dropout, a validation share"""
+SEED = Range(0, 2**32, high_open=True)
+"""what every seeded generator (torch, numpy, Gymnasium's reset) accepts"""
+THREADS = Range(0, 4096)
+"""torch CPU threads (0: torch's default); torch overflows far above any machine's core count"""
+
+
+def check_number(option: str, value, rule: Range) -> None:
+    """Raise ValueError ``"<option> must be <rule>, got <value>"`` unless ``value`` is a number (or,
+    for a tuple option, numbers) within ``rule``; NaN and inf are outside every rule, None (an unset
+    optional option) passes."""
+    if value is None:
+        return
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) and rule.holds(float(v)) for v in values):
+        return
+    if isinstance(value, (tuple, list)):
+        raise ValueError(f"{option} must hold numbers that are {rule}, got {', '.join(map(str, values))}")
+    raise ValueError(f"{option} must be {rule}, got {value!r}" if rule != ANY
+                     else f"{option} must be a finite number, got {value!r}")
+
+
+def check_numbers(cfg, rules: Mapping[str, Range], prefix: str = "") -> None:
+    """``check_number`` for each option of ``cfg`` (a dataclass or argparse namespace; dotted names
+    reach nested configs) named in ``rules``, in order. ``prefix`` is where ``cfg`` sits in its
+    command line ("data.")."""
+    for name, rule in rules.items():
+        value = cfg
+        for part in name.split("."):
+            value = getattr(value, part)
+        check_number(prefix + name, value, rule)
+
+
+MAX_VALUES = 2**33
+"""about 34 GB of float32: more weights (or activations of one step) than that is a typo, not a model"""
+
+
+def check_size(values: float, options: str, what: str = "parameters") -> None:
+    """Refuse sizes no machine can build (d_model=10**9 would otherwise hang in allocation or fail
+    with the allocator's traceback). ``values``: how many float32 numbers the options ask for (``what``
+    they are); ``options`` names the options that set them, with their values."""
+    if values > MAX_VALUES:
+        raise ValueError(f"{options} need about {values:.3g} {what} ({4 * values / 2**30:.3g} GB of float32), more "
+                         f"than the {MAX_VALUES:.3g} this accepts; lower them")
+
+
+def check_parsed(parser, args, rules: Mapping[str, Range]) -> None:
+    """``check_number`` for the options of an argparse entry point (``rules`` keyed by flag, as the
+    user writes it: ``--batch``, ``-K``); a bad value ends as argparse's own errors do (the usage and
+    one error line, exit status 2). List options (``--lengths 256,1024``) are checked element-wise."""
+    try:
+        for flag, rule in rules.items():
+            check_number(flag, getattr(args, flag.lstrip("-").replace("-", "_")), rule)
+    except ValueError as err:
+        parser.error(str(err))
 
 
 # -- processes (DDP) -------------------------------------------------------------------------------
@@ -162,6 +293,51 @@ def resume_checkpoint(path: str, filename: str = "last.pt") -> Path:
         raise SetupError(f"resume={path}: no checkpoint at {p}; give a run directory (with its {filename}) or "
                          "a checkpoint file")
     return p
+
+
+# -- claiming a new output ------------------------------------------------------------------------
+def new_path(candidates: Iterable[Path], create: Callable[[Path], None], what: str = "output") -> Path:
+    """The first of ``candidates`` that ``create`` makes, exclusively (``what`` names it in errors).
+
+    ``create`` must fail with ``FileExistsError`` when the path exists (``Path.mkdir()``,
+    ``create_file``): checking first and creating later lets two runs started in the same second
+    pick the same name, and one would overwrite the other's files. Other failures (no permission,
+    disk full) become ``WriteError``."""
+    for path in candidates:
+        with writing(path, what):
+            try:
+                create(path)
+            except FileExistsError:
+                continue
+        return path
+    raise ValueError("no candidate path left")
+
+
+def check_writable(directory: Path, what: str) -> None:
+    """A ``WriteError`` now, rather than after an hour of training, when files cannot be created in
+    ``directory`` (a resumed run's directory made read-only, or owned by another user)."""
+    import tempfile
+
+    with writing(directory, what):
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+
+
+def numbered(path: Path) -> Iterator[Path]:
+    """``path``, then ``<stem>-2<suffix>``, ``<stem>-3<suffix>``, ... (candidates for ``new_path``)."""
+    yield path
+    for i in itertools.count(2):
+        yield path.with_name(f"{path.stem}-{i}{path.suffix}")
+
+
+def create_file(path: Path) -> None:
+    """Create ``path`` empty, failing with ``FileExistsError`` if it exists (for ``new_path``)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as err:  # a file where the directory should be: not "the name is taken"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from err
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
 
 
 # -- option grammar --------------------------------------------------------------------------------

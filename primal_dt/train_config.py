@@ -20,8 +20,9 @@ from . import presets
 from .attention import available, get_class
 from .cli import expand_shorthands, find_value, parse, split_lists, to_tyro_args
 from .layouts import canonical
+from .runtime import (AT_LEAST_0, AT_LEAST_1, POSITIVE, SEED, THREADS, Range, check_device, check_numbers,
+                      check_size)
 from .runtime import attention_options as parse_attention_options
-from .runtime import check_device
 
 GROUP = "dt"
 
@@ -93,6 +94,9 @@ class TrainConfig:
     the stream engine predicts identically (agents.stream_training); needs softmax/primal layers"""
     data_source: str = "auto"
     """where the dataset comes from: auto | d4rl | minari | replica | d4rl:PATH | minari:ID (see envs.load_dataset)"""
+    data_clip_actions: bool = False
+    """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
+    how many values lie outside and their range)"""
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10_000
     """write last.pt every this many steps (and always at the end)"""
@@ -241,6 +245,20 @@ def layer_names(m: ModelConfig) -> tuple[str, ...]:
     return tuple(x.strip() for x in m.layers.split(",") if x.strip())
 
 
+NUMBERS = {
+    "seed": SEED, "steps": AT_LEAST_1, "batch_size": AT_LEAST_1, "K": AT_LEAST_1, "lr": POSITIVE,
+    "weight_decay": AT_LEAST_0, "warmup_steps": AT_LEAST_0, "grad_clip": AT_LEAST_0, "eta": AT_LEAST_0,
+    "reward_scale": Range(1e-6, 1e12), "max_timestep": AT_LEAST_1, "stream_window": AT_LEAST_0,
+    "checkpoint_every": AT_LEAST_0, "log_every": AT_LEAST_0, "threads": THREADS,
+    "model.d_model": AT_LEAST_1, "model.n_heads": AT_LEAST_1, "model.n_layers": AT_LEAST_1, "model.s": AT_LEAST_1,
+    "model.dropout": Range(0, 1, high_open=True), "model.mlp_ratio": POSITIVE,
+    "eval.every": AT_LEAST_0, "eval.episodes": AT_LEAST_1, "eval.final_episodes": AT_LEAST_0,
+    "eval.targets": Range(-1e12, 1e12), "eval.num_envs": AT_LEAST_1, "eval.max_steps": AT_LEAST_0,
+}
+"""What every numeric option accepts (NaN and inf never); ``check`` applies it before any work.
+Returns-to-go reach the model as float32 ``target / reward_scale``, hence the bounds on both."""
+
+
 def check(cfg: TrainConfig) -> None:
     """Raise ValueError naming the option, its value and what is allowed."""
     def need(cond, msg):
@@ -248,22 +266,18 @@ def check(cfg: TrainConfig) -> None:
             raise ValueError(msg)
 
     m, e = cfg.model, cfg.eval
-    for k in ("K", "steps", "batch_size", "max_timestep"):
-        need(getattr(cfg, k) >= 1, f"{k} must be >= 1, got {getattr(cfg, k)}")
-    for k in ("d_model", "n_heads", "n_layers", "s"):
-        need(getattr(m, k) >= 1, f"model.{k} must be >= 1, got {getattr(m, k)}")
+    check_numbers(cfg, NUMBERS)
     need(m.d_model % m.n_heads == 0, f"model.d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}")
-    need(cfg.lr > 0, f"lr must be > 0, got {cfg.lr}")
-    for k in ("weight_decay", "grad_clip", "eta", "warmup_steps", "checkpoint_every", "log_every", "stream_window"):
-        need(getattr(cfg, k) >= 0, f"{k} must be >= 0, got {getattr(cfg, k)}")
-    need(cfg.reward_scale > 0, f"reward_scale must be > 0, got {cfg.reward_scale}")
-    need(0 <= m.dropout < 1, f"model.dropout must be in [0, 1), got {m.dropout}")
-    need(m.mlp_ratio > 0, f"model.mlp_ratio must be > 0, got {m.mlp_ratio}")
+    need(int(m.mlp_ratio * m.d_model) >= 1, f"model.mlp_ratio={m.mlp_ratio} leaves no hidden units at "
+                                            f"model.d_model={m.d_model}; raise model.mlp_ratio")
+    layers = len(layer_names(m)) or m.n_layers
+    check_size(layers * m.d_model ** 2 * (4 + 2 * m.mlp_ratio) + cfg.max_timestep * m.d_model,
+               f"model.d_model={m.d_model}, model.n_layers={layers}, model.mlp_ratio={m.mlp_ratio} and "
+               f"max_timestep={cfg.max_timestep}")
+    check_size(cfg.batch_size * cfg.K * 3 * m.d_model * layers * 8,
+               f"batch_size={cfg.batch_size}, K={cfg.K}, model.d_model={m.d_model} and model.n_layers={layers}",
+               "activation values in one training step")
     need(m.activation in ("relu", "gelu"), f"model.activation must be relu or gelu, got {m.activation!r}")
-    for k in ("every", "final_episodes", "max_steps"):
-        need(getattr(e, k) >= 0, f"eval.{k} must be >= 0, got {getattr(e, k)}")
-    need(e.episodes >= 1, f"eval.episodes must be >= 1, got {e.episodes}")
-    need(e.num_envs >= 1, f"eval.num_envs must be >= 1, got {e.num_envs}")
     need(e.engine in ("recompute", "stream"), f"eval.engine must be recompute or stream, got {e.engine!r}")
     need(cfg.data_source in ("auto", "d4rl", "minari", "replica") or cfg.data_source.startswith(("d4rl:", "minari:")),
          f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got {cfg.data_source!r}")

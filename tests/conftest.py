@@ -1,7 +1,15 @@
 """Shared test setup: one thread per test process (the CI machine has 2 cores) and fixed seeds;
-small Decision-Transformer models and checkpoint files for the agent and evaluator tests."""
+small Decision-Transformer models and checkpoint files for the agent and evaluator tests; real
+processes (with file-size limits and file permissions that hold even for root), hostile files and
+hostile option values for the robustness tests."""
 
+import contextlib
+import ctypes
+import io
 import os
+import resource
+import subprocess
+import sys
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -144,3 +152,167 @@ def _spec():
     import envs
 
     return envs.get_spec(ENV)
+
+
+# -- real processes -------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _limits(file_size: int | None, honour_permissions: bool):
+    """What a child process does before it runs Python: a file-size limit (writes past it fail with
+    EFBIG, as a full disk fails them with ENOSPC), and for root, no capability to bypass file
+    permissions (root ignores chmod otherwise)."""
+    def apply():
+        if file_size is not None:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+        if honour_permissions and os.geteuid() == 0:
+            libc = ctypes.CDLL(None, use_errno=True)
+            for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, out of the bounding set
+                if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                    raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+    return apply
+
+
+def _python(argv, file_size=None, honour_permissions=False, timeout=300, cwd=ROOT):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PRIMAL_DT_OFFLINE": "1"}
+    return subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, preexec_fn=_limits(file_size, honour_permissions))
+
+
+@pytest.fixture(scope="session")
+def run_cli():
+    """run_cli(module, *args, file_size=None, honour_permissions=False, timeout=300, cwd=ROOT) ->
+    CompletedProcess (text): ``python -m module args`` in a fresh process with this checkout on its
+    path and one torch thread, for what only a real process shows: the exit status, a one-line
+    error instead of a traceback, a real file-size limit (``file_size`` bytes, RLIMIT_FSIZE), file
+    permissions that bind root too (``honour_permissions``)."""
+    return lambda module, *args, **kw: _python(["-m", module, *args], **kw)
+
+
+@pytest.fixture(scope="session")
+def run_code():
+    """run_code(code, file_size=None, honour_permissions=False, ...): as ``run_cli``, for ``python -c code``."""
+    return lambda code, **kw: _python(["-c", code], **kw)
+
+
+@pytest.fixture(scope="session")
+def one_line_error():
+    """one_line_error(proc, *fragments): the process failed with exit status 1 and one ``error:`` line
+    holding every fragment, and no traceback; returns that line."""
+    def check(proc, *fragments):
+        assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        lines = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
+        assert len(lines) == 1, proc.stderr[-3000:]
+        for f in fragments:
+            assert str(f) in lines[0], (f, lines[0])
+        return lines[0]
+
+    return check
+
+
+@pytest.fixture(scope="session")
+def killed_checkpoint_write():
+    """killed_checkpoint_write(path) -> Path: start a real ``primal_dt.checkpoint.save_atomic`` of
+    ``path`` in a process, kill -9 it once its temporary file is written (its fsync never returns,
+    as if the machine stalled there) and return the temporary it left behind."""
+    import signal
+    import time
+
+    def kill(path):
+        path = Path(path)
+        code = ("import os, time, torch\nfrom primal_dt import checkpoint\nos.fsync = lambda fd: time.sleep(600)\n"
+                f"checkpoint.save_atomic({{'model': torch.zeros(1000)}}, {str(path)!r})\n")
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+        deadline = time.time() + 60
+        while time.time() < deadline and not list(path.parent.glob(f".{path.name}.*.tmp")):
+            time.sleep(0.01)
+        time.sleep(0.2)  # the temporary is written; the rename never comes
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        (tmp,) = path.parent.glob(f".{path.name}.*.tmp")
+        return tmp
+
+    return kill
+
+
+# -- hostile files and values ---------------------------------------------------------------------------
+class _Payload:
+    """Unpickling this calls os.system: what a crafted checkpoint does to a reader that trusts pickle."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.fixture(scope="session")
+def crafted_checkpoint():
+    """crafted_checkpoint(path, marker) -> path: a torch.save file shaped like a DT checkpoint whose
+    pickle, if unpickled without restriction, creates ``marker`` (and whose weights are the payload)."""
+    import torch
+
+    def write(path, marker):
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"kind": "dt", "schema": 1, "config": {"env": "hopper-medium"}, "model_config": {},
+                    "model": _Payload(marker), "data": {}}, path)
+        return path
+
+    return write
+
+
+def _values(kind: str):
+    """Hostile and ordinary values of one option type, as command-line text."""
+    from hypothesis import strategies as st
+
+    ints = st.one_of(st.integers(-3, 70), st.integers(-2**40, 2**40), st.sampled_from([2**31, 2**32, 2**63]))
+    floats = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, -0.0, 1e-300, 1.5, 0.25]),
+                       st.floats(-2, 2))
+    small = st.integers(-2, 40)
+    pick = {"int": ints, "float": floats, "size": small, "floats": st.lists(floats, min_size=1, max_size=3),
+            "ints": st.lists(st.one_of(small, ints), min_size=1, max_size=3)}[kind]
+    if kind in ("floats", "ints"):
+        return pick.map(lambda xs: ",".join(map(repr, xs)))
+    return pick.map(repr)
+
+
+@pytest.fixture(scope="session")
+def fuzz_options():
+    """fuzz_options(validate, options, base=(), examples=40): hypothesis draws a non-empty subset of
+    ``options`` ({command-line name: "int" | "float" | "size" (a model size: small) | "ints" | "floats"
+    (comma lists)}) with hostile values (negative, zero, huge, NaN, inf) and calls
+    ``validate(base + argv)``. It must return (a valid configuration) or fail with a message that
+    names one of the options drawn: a ValueError, or SystemExit with a message or with argparse's
+    error on stderr. Anything else (a traceback) fails the test with the smallest example found.
+    Names starting with "--" are given argparse-style (``--name value``), others ``name=value``."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    def fuzz(validate, options: dict, base=(), examples: int = 40):
+        names = sorted(options)
+
+        @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @given(st.lists(st.sampled_from(names), min_size=1, max_size=4, unique=True).flatmap(
+            lambda keys: st.tuples(*[st.tuples(st.just(k), _values(options[k])) for k in keys])))
+        def prop(drawn):
+            argv = list(base)
+            for k, v in drawn:
+                argv += [k, v] if k.startswith("--") else [f"{k}={v}"]
+            err = io.StringIO()
+            try:
+                with contextlib.redirect_stderr(err):
+                    validate(argv)
+                return
+            except ValueError as exc:
+                message = str(exc)
+            except SystemExit as exc:
+                message = exc.code if isinstance(exc.code, str) else err.getvalue()
+            assert any(k in message for k, _ in drawn), f"{argv}: {message!r} names none of the options given"
+
+        prop()
+
+    return fuzz

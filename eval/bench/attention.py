@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from primal_dt import runtime
+
 # The LRA setting of the Primal-Attention paper: PrimalFormer s=20, data-dependent projections.
 DEFAULT_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20,data_dependent=true"]
 CAUSAL_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20"]
@@ -180,7 +182,15 @@ def ratios(rows: list[dict], baseline: str, target: str) -> list[dict]:
     return out
 
 
-def main(argv=None):
+NUMBERS = {f"--{k}": runtime.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step-width",
+                                                 "step-heads", "step-repeat", "repeat")}
+NUMBERS.update({"--threads": runtime.THREADS, "--budget-s": runtime.POSITIVE, "--timeout": runtime.POSITIVE,
+                "--mem-limit-gb": runtime.POSITIVE})
+"""What every numeric option accepts, checked before any configuration runs."""
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, every numeric option checked (argparse's error and exit status 2 otherwise)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
     p.add_argument("--lengths", type=ints, default=[256, 1024, 4096])
@@ -206,6 +216,13 @@ def main(argv=None):
     p.add_argument("--json", default=None)
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if not args.child:
+        runtime.check_parsed(p, args, NUMBERS)
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
         return

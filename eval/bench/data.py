@@ -26,6 +26,8 @@ import time
 import numpy as np
 import torch
 
+from primal_dt import runtime
+
 
 def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, env: str = "hopper-medium", seed: int = 0):
     """Random data shaped like D4RL hopper-medium (1M steps, 2186 trajectories), with the
@@ -124,7 +126,8 @@ def train_step_fn(batch: int, K: int, obs_dim: int, act_dim: int, width: int = 2
     return step
 
 
-def main(argv=None):
+def parse_args(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """(parser, options), every numeric option checked (argparse's error and exit status 2 otherwise)."""
     from primal_dt.train_config import TrainConfig
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,12 +141,24 @@ def main(argv=None):
     p.add_argument("--no-train-step", action="store_true")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    torch.set_num_threads(a.threads)
+    runtime.check_parsed(p, a, {"--batch": runtime.AT_LEAST_1, "-K": runtime.AT_LEAST_1,
+                                "--reward-scale": runtime.POSITIVE, "--repeat": runtime.AT_LEAST_1,
+                                "--threads": runtime.THREADS})
+    return p, a
+
+
+def main(argv=None):
+    p, a = parse_args(argv)
+    if a.threads > 0:
+        torch.set_num_threads(a.threads)
 
     from envs import SegmentSampler, load_dataset
 
     t = time.perf_counter()
-    ds = load_dataset(a.dataset, verbose=True) if a.dataset else synthetic()
+    try:
+        ds = load_dataset(a.dataset, verbose=True) if a.dataset else synthetic()
+    except (KeyError, ValueError, FileNotFoundError) as err:  # an unknown name, a broken or missing file
+        p.error(f"--dataset {a.dataset}: {err.args[0] if isinstance(err, KeyError) else err}")
     load_s = time.perf_counter() - t
     print(f"data: {ds.source}, {len(ds)} trajectories, {ds.num_steps:,} steps (built in {load_s:.2f} s); "
           f"batch {a.batch} x K={a.K}, {a.threads} thread(s)")

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from primal_dt import runtime
+
 RANDOM_MODEL_ENV = "hopper-medium"
 """the dataset whose dimensions, simulator and targets the random model (no checkpoint) takes"""
 
@@ -67,6 +69,31 @@ class BenchConfig:
     threads: int = 1
     json: str = ""
     seed: int = 0
+
+
+NUMBERS = {"calls": runtime.AT_LEAST_1, "rounds": runtime.AT_LEAST_1, "episodes": runtime.AT_LEAST_0,
+           "seq_episodes": runtime.AT_LEAST_0, "max_steps": runtime.AT_LEAST_1, "threads": runtime.THREADS,
+           "seed": runtime.SEED}
+
+
+def int_list(bc: BenchConfig, key: str) -> list[int]:
+    """A comma list option (``batches=1,100``) as integers >= 1, or a ValueError naming it."""
+    text = getattr(bc, key)
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{key} must be a comma-separated list of integers, got {text!r}") from None
+    runtime.check_number(key, values or None, runtime.AT_LEAST_1)
+    if not values:
+        raise ValueError(f"{key} must name at least one value, got {text!r}")
+    return values
+
+
+def check(bc: BenchConfig) -> None:
+    """Every option, before a model is built or a simulator started."""
+    runtime.check_numbers(bc, NUMBERS)
+    for key in ("batches", "contexts", "ts"):
+        int_list(bc, key)
 
 
 def hf_model(cfg, K: int):
@@ -163,9 +190,7 @@ def agent_at(model, info, engine, B, t, context=None):
 
 
 def latency_section(model, info, bc: BenchConfig) -> dict:
-    batches = [int(b) for b in bc.batches.split(",")]
-    contexts = [int(k) for k in bc.contexts.split(",")]
-    ts = [int(t) for t in bc.ts.split(",")]
+    batches, contexts, ts = (int_list(bc, k) for k in ("batches", "contexts", "ts"))
     res = {}
     for K in contexts:
         mk = with_context(model, K)
@@ -273,13 +298,15 @@ def evaluation_section(model, info, bc: BenchConfig) -> dict:
     return out
 
 
-def main(argv=None) -> dict:
+def run(argv: list[str]) -> dict:
     from primal_dt.cli import parse
 
-    bc = parse(BenchConfig, sys.argv[1:] if argv is None else argv, prog="python -m eval.bench.inference",
+    bc = parse(BenchConfig, argv, prog="python -m eval.bench.inference",
                description="Streaming vs recompute DT inference latency, and evaluation wall time.")
-    torch.set_num_threads(bc.threads)
-    model, info = build_model(bc)
+    with runtime.setup_errors():
+        check(bc)
+        model, info = build_model(bc)
+    runtime.set_threads(bc.threads)
     print(f"model: layers {model.layer_names}, d_model {model.cfg.d_model}, {model.cfg.n_heads} heads; "
           f"torch {torch.__version__}, {bc.threads} thread(s), {platform.processor() or platform.machine()}",
           flush=True)
@@ -300,6 +327,11 @@ def main(argv=None) -> dict:
             json.dump(report, f, indent=2, default=str)
         print(f"report: {bc.json}")
     return report
+
+
+def main(argv=None) -> dict:
+    """``python -m eval.bench.inference``: bad options or checkpoints end with one ``error:`` line."""
+    return runtime.main(run, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from agents.decision_transformer import DecisionTransformer, DTConfig
 from agents.training import train_step
+from primal_dt import runtime
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
 OURS = ("dt", "primal+dt", "primalformer-dt")
@@ -153,7 +154,8 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str], bool]:
+    """(options, sizes, with HuggingFace): every option checked (argparse's error and exit status 2 otherwise)."""
     p = argparse.ArgumentParser(prog="python -m eval.bench.train", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", default="paper,original", help="comma list of: " + ", ".join(SIZES))
     p.add_argument("--batch", type=int, default=64)
@@ -167,18 +169,28 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
-    if bad or min(args.batch, args.K, args.steps, args.rounds) < 1 or args.warmup < 0:
-        p.error(f"sizes must be among {list(SIZES)} (got {bad}); batch, K, steps, rounds >= 1; warmup >= 0")
+    if bad or not sizes:
+        p.error(f"--sizes must be among {list(SIZES)} (got {args.sizes!r})")
+    runtime.check_parsed(p, args, {"--batch": runtime.AT_LEAST_1, "--K": runtime.AT_LEAST_1,
+                                   "--steps": runtime.AT_LEAST_1, "--rounds": runtime.AT_LEAST_1,
+                                   "--warmup": runtime.AT_LEAST_0, "--threads": runtime.THREADS})
     with_hf = not args.no_hf
     if with_hf:
         try:
             import transformers  # noqa: F401
         except ImportError:
             p.error("transformers is not installed: pip install 'primal-dt[bench]' (or pass --no-hf)")
+    return args, sizes, with_hf
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, sizes, with_hf = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     env = {"torch": torch.__version__, "threads": torch.get_num_threads()}
     if with_hf:
+        import transformers
+
         env["transformers"] = transformers.__version__
     print(f"DT training-step benchmark ({env}); {args.rounds} rounds x {args.steps} steps per model", flush=True)
     results = {"env": env, "results": []}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..runtime import AT_LEAST_0, FRACTION, SEED, check_numbers
 from .dataset import Split, TaskData, subset
 from .listops import ListOpsSpec
 
@@ -44,11 +45,8 @@ class DataConfig:
             close = difflib.get_close_matches(self.kind, SOURCES, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"data.kind={self.kind!r} is not one of {', '.join(SOURCES)}{hint}")
-        if not 0 <= self.val_fraction < 1:
-            raise ValueError(f"data.val_fraction must be in [0, 1), got {self.val_fraction}")
-        for k in ("max_len", "max_train", "max_val", "max_test"):
-            if getattr(self, k) < 0:
-                raise ValueError(f"data.{k} must be >= 0, got {getattr(self, k)}")
+        check_numbers(self, {"max_len": AT_LEAST_0, "val_fraction": FRACTION, "split_seed": SEED,
+                             "max_train": AT_LEAST_0, "max_val": AT_LEAST_0, "max_test": AT_LEAST_0}, prefix="data.")
         if self.kind == "listops" and self.generate:
             self.listops.check()
 

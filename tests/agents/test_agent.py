@@ -149,3 +149,31 @@ def test_clear_errors(tmp_path, tiny_dt, make_agent, dt_checkpoint, dt_checkpoin
     ck["model_config"]["layers"] = ["softmax", "nystrom", "primal"]
     with pytest.raises(ValueError, match="causal"):
         load_agent(ck)
+
+
+def test_load_agent_refuses_a_crafted_checkpoint_without_running_it(tmp_path, crafted_checkpoint):
+    marker = tmp_path / "pwned"
+    path = crafted_checkpoint(tmp_path / "run" / "last.pt", marker)
+    for where in (path, path.parent):
+        with pytest.raises(ValueError, match=f"checkpoint {path} was not loaded: .*could run code"):
+            load_agent(where)
+    assert not marker.exists()
+
+
+def test_load_agent_checks_the_data_it_is_given(tmp_path, tiny_dt, dt_checkpoint, write_hopper_file):
+    """data=: the dataset the checkpoint was trained on passes (read from a source, where its run read
+    it, or given loaded); other data is refused naming both sources."""
+    from agents import dt_checkpoint as schema
+    from envs import load_dataset
+
+    mine, other = write_hopper_file(tmp_path / "mine-v2.hdf5"), write_hopper_file(tmp_path / "other-v2.hdf5", seed=1)
+    data = load_dataset("hopper-medium", source=f"d4rl:{mine}", verbose=False)
+    ck = dt_checkpoint(tiny_dt(), source=data.source)
+    ck.data.fingerprint, ck.config["data_source"] = data.fingerprint, f"d4rl:{mine}"
+    path = schema.save(ck, tmp_path / "run" / "last.pt")
+    for ok in (True, f"d4rl:{mine}", data):
+        assert load_agent(path, data=ok).info.fingerprint == data.fingerprint
+    for bad in (f"d4rl:{other}", load_dataset("hopper-medium", source=f"d4rl:{other}", verbose=False)):
+        with pytest.raises(ValueError, match=f"checkpoint {path} was trained on d4rl:{mine} .*fingerprint "
+                                             f"{data.fingerprint[:19]}.*but the data read now from d4rl:{other} differs"):
+            load_agent(path, data=bad)

@@ -74,13 +74,16 @@ def test_a_run_directory_means_its_last_pt(tmp_path, tiny_dt, dt_checkpoint_file
 
 
 def release_0_1(model, hopper_stats):
-    """A checkpoint dict as release 0.1's primal_dt.train wrote it: no ``schema`` key, and K /
-    max_timestep repeated under ``data``."""
+    """A checkpoint dict as release 0.1's primal_dt.train wrote it: no ``schema`` key, K / max_timestep
+    repeated under ``data``, no dataset fingerprint, and numpy's global random state as numpy itself
+    returns it (a tuple holding a uint32 array)."""
     mean, std = hopper_stats
     opt = torch.optim.AdamW(model.parameters())
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+           "sampler": {"bit_generator": np.random.default_rng(3).bit_generator.state, "K": model.cfg.K, "batch_size": 8}}
     return {"kind": "dt", "config": {"env": "hopper-medium", "K": model.cfg.K, "reward_scale": 1000.0},
             "model_config": model.cfg.to_dict(), "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": {}, "rng": [{"torch": torch.get_rng_state()}], "step": 40, "train_time": 2.0,
+            "scheduler": {}, "rng": [rng], "step": 40, "train_time": 2.0,
             "history": {},
             "data": {"env": "hopper-medium", "gym_id": "Hopper-v4", "source": "d4rl:/data/hopper_medium-v2.hdf5",
                      "state_mean": torch.as_tensor(mean), "state_std": torch.as_tensor(std), "reward_scale": 1000.0,
@@ -88,10 +91,17 @@ def release_0_1(model, hopper_stats):
 
 
 def test_release_0_1_checkpoints_still_load(tmp_path, tiny_dt, hopper_stats):
+    """Read with weights_only=True, numpy's random state included (the only numpy objects allowed)."""
+    from agents.training_checkpoint import set_numpy_state
+
     m = tiny_dt()
     d = release_0_1(m, hopper_stats)
     path = ck_io.save_atomic(d, tmp_path / "last.pt")
     for ck in (schema.load(d), schema.load(path)):
+        assert ck.data.fingerprint == ""  # none recorded: data checks fall back to the statistics, with a note
+        set_numpy_state(ck.training.rng[0]["numpy"])
+        assert np.random.get_state()[2] == d["rng"][0]["numpy"][2]
+        np.testing.assert_array_equal(np.random.get_state()[1], d["rng"][0]["numpy"][1])
         assert ck.data.env == "hopper-medium" and ck.data.reward_scale == 1000.0
         assert ck.data.targets == (3600.0, 1800.0) and ck.data.source == "d4rl:/data/hopper_medium-v2.hdf5"
         np.testing.assert_array_equal(ck.data.state_mean, hopper_stats[0])
@@ -130,3 +140,26 @@ def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_ch
     with pytest.raises(ValueError, match="weights do not fit its model_config"):
         schema.load(wider).build_model()
     assert isinstance(schema.load(dt_checkpoint(m)), DTCheckpoint)
+
+
+def test_the_dataset_fingerprint_is_kept_and_decides_what_data_fits(tmp_path, tiny_dt, hopper_stats, dt_checkpoint,
+                                                                     write_hopper_file, capsys):
+    from envs import load_dataset
+
+    mine = load_dataset("hopper-medium", source=f"d4rl:{write_hopper_file(tmp_path / 'a-v2.hdf5')}", verbose=False)
+    other = load_dataset("hopper-medium", source=f"d4rl:{write_hopper_file(tmp_path / 'b-v2.hdf5', seed=1)}",
+                         verbose=False)
+    ck = dt_checkpoint(tiny_dt(), source=mine.source)
+    ck.data.fingerprint = mine.fingerprint
+    back = schema.load(schema.save(ck, tmp_path / "run" / "last.pt"))
+    assert back.data.fingerprint == mine.fingerprint and back.origin == f"checkpoint {tmp_path / 'run' / 'last.pt'}"
+    schema.check_data(back.data, mine, back.origin)
+    with pytest.raises(ValueError, match=f"was trained on {mine.source} .*but the data read now from {other.source} "
+                                         "differs"):
+        schema.check_data(back.data, other, back.origin)
+    # a checkpoint from before fingerprints: a note, then the normalisation statistics decide
+    old = schema.DataInfo("hopper-medium", mine.state_mean, mine.state_std, 1000.0, source=mine.source)
+    schema.check_data(old, mine, "old.pt")
+    assert "old.pt records no dataset fingerprint" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="old.pt was trained on data with other normalisation statistics"):
+        schema.check_data(old, other, "old.pt")

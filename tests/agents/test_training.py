@@ -99,5 +99,6 @@ def test_checkpoint_is_the_schema_and_resume_refuses_what_it_cannot_continue(hop
     saved = dt_checkpoint.load(moved)
     saved.config["data_source"] = f"d4rl:{other}"
     dt_checkpoint.save(saved, moved / "last.pt")
-    with pytest.raises(SetupError, match="other normalisation statistics"):
+    with pytest.raises(SetupError, match=f"was trained on d4rl:{hopper_file} .*but the data read now from "
+                                         f"d4rl:{other} differs"):
         train([f"resume={moved}"])

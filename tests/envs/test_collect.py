@@ -163,3 +163,19 @@ def test_train_behavior_then_collect(tmp_path, data_dirs):
     with pytest.warns(UserWarning):
         ds = load_dataset("hopper-medium", source="replica", verbose=False)
     assert ds.num_steps == prov["steps"] >= 50
+
+
+def test_every_numeric_option_is_valid_or_named(fuzz_options):
+    """Any value for the collector's numeric options: ``check`` accepts it or stops with one line naming
+    one of them (before a policy is trained or a file touched)."""
+    import tyro
+
+    from envs.collect import CollectConfig, _to_tyro_args, check
+
+    def validate(argv):
+        check(tyro.cli(CollectConfig, args=_to_tyro_args(argv), config=(tyro.conf.FlagConversionOff,)))
+
+    ints = ("train_steps", "checkpoint_every", "seed", "rollout_seed", "steps", "medium_step", "expert_step",
+            "num_envs", "threads")
+    floats = ("medium_fraction", "medium_return", "medium_tolerance")
+    fuzz_options(validate, {**{k: "int" for k in ints}, **{k: "float" for k in floats}}, examples=80)

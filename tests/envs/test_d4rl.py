@@ -2,6 +2,7 @@
 All files are real HDF5 written with h5py here."""
 
 import os
+import warnings
 
 import h5py
 import numpy as np
@@ -142,3 +143,155 @@ def test_trajectories_reject_bad_tiling():
     with pytest.raises(DatasetError, match="do not tile"):
         Trajectories(observations=np.zeros((4, 11)), actions=np.zeros((4, 3)), rewards=np.zeros(4),
                      starts=[0, 3], lengths=[2, 2], terminal=[True, True])
+
+
+# --- the environment a file records ------------------------------------------------------------
+def test_a_file_recorded_in_another_environment_is_refused(data_dirs, write_h5):
+    """Same dimensions (halfcheetah and walker2d both observe 17 and act in 6), other simulator: the
+    environment the file records decides, wherever it records it."""
+    rng = np.random.default_rng(0)
+    arrays = {"observations": rng.standard_normal((6, 17)), "actions": rng.uniform(-1, 1, (6, 6)), "rewards": np.ones(6),
+              "terminals": np.array([0, 0, 1, 0, 0, 1], bool), "timeouts": np.zeros(6, bool)}
+    path = data_dirs["d4rl"] / "walker2d_medium-v2.hdf5"
+    write_d4rl(path, arrays, {"gym_id": "HalfCheetah-v4", "policy_step": 3})  # what envs.collect records
+    with pytest.raises(DatasetError, match=r"records environment 'HalfCheetah-v4' \(attribute primal_dt_provenance"
+                                           r".gym_id\), but walker2d-medium is data of Walker2d-v4"):
+        load_dataset("walker2d-medium", verbose=False)
+    for place in ("attrs", "metadata attrs", "metadata dataset"):
+        write_h5(path, **arrays)
+        with h5py.File(path, "a") as f:
+            if place == "attrs":
+                f.attrs["env_name"] = "halfcheetah-medium-v2"
+            elif place == "metadata attrs":
+                f.create_group("metadata").attrs["env_id"] = "HalfCheetah-v4"
+            else:
+                f.create_dataset("metadata/env_name", data=b"halfcheetah-medium-v2")
+        with pytest.raises(DatasetError, match="belongs to another environment"):
+            load_dataset("walker2d-medium", verbose=False)
+    with h5py.File(path, "a") as f:
+        del f["metadata/env_name"]
+        f["metadata"].attrs["env_name"] = "walker2d-medium-v2"  # its own name: fine
+    assert load_dataset("walker2d-medium", verbose=False).num_steps == 6
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("observations", np.array([[b"ab"] * 11] * 8), "'observations' holds values of type |S2, expected numbers"),
+    ("rewards", np.arange(8) * (1 + 1j), "'rewards' holds values of type complex128"),
+    ("rewards", np.ones((8, 2)), r"'rewards' has shape \(8, 2\), expected one value per step"),
+    ("terminals", np.array([0, 0, 1, 0, 0, 0, 0, np.nan]), "'terminals' holds 1 value.* other than 0 and 1 .*nan"),
+    ("observations", np.float64(3.0), r"'observations' has shape \(\)"),
+])
+def test_values_of_the_wrong_kind_or_shape(tmp_path, write_h5, toy, key, value, message):
+    path = write_h5(tmp_path / "w.hdf5", **dict(toy, **{key: value}))
+    with pytest.raises(DatasetError, match=f"{path}: {message}"):
+        read_d4rl(path)
+
+
+def test_an_unreadable_file_says_permission_denied_not_truncated(tmp_path, write_h5, toy, run_code):
+    path = write_h5(tmp_path / "locked.hdf5", **toy)
+    path.chmod(0o200)
+    p = run_code(f"from envs.d4rl import read_d4rl\nread_d4rl({str(path)!r})", honour_permissions=True)
+    assert f"DatasetError: {path} cannot be read: permission denied" in p.stderr, p.stderr[-2000:]
+    assert "truncated" not in p.stderr
+
+
+# --- randomly broken files ---------------------------------------------------------------------
+KEYS = ("observations", "actions", "rewards", "terminals", "timeouts")
+
+
+@pytest.fixture(scope="module")
+def hopper_arrays(hopper_file):
+    with h5py.File(hopper_file) as f:
+        return {k: f[k][()] for k in f}
+
+
+def _mutations():
+    from hypothesis import strategies as st
+
+    return st.lists(st.one_of(
+        st.tuples(st.just("drop"), st.sampled_from(KEYS)),
+        st.tuples(st.just("dtype"), st.sampled_from(KEYS),
+                  st.sampled_from(["int8", "uint8", "int64", "float16", "float64", "bool", "S4", "complex64"])),
+        st.tuples(st.just("shape"), st.sampled_from(KEYS),
+                  st.sampled_from(["flatten", "add_axis", "transpose", "half_rows", "first_cols", "scalar", "empty"])),
+        st.tuples(st.just("nonfinite"), st.sampled_from(KEYS), st.sampled_from([np.nan, np.inf, -np.inf]),
+                  st.integers(0, 10**6)),
+        st.tuples(st.just("truncate"), st.floats(0, 1)),
+    ), min_size=1, max_size=3)
+
+
+def _break(arrays: dict, mutations) -> tuple[dict, float | None]:
+    out, cut = dict(arrays), None
+    for m in mutations:
+        kind, key = m[0], m[1]
+        if kind == "truncate":
+            cut = key
+        elif key not in out or np.ndim(out[key]) == 0:
+            continue
+        elif kind == "drop":
+            del out[key]
+        elif kind == "dtype":
+            try:
+                out[key] = out[key].astype(m[2]) if m[2] != "S4" else out[key].astype(str).astype("S4")
+            except (ValueError, TypeError):  # strings do not become numbers again
+                continue
+        elif kind == "shape":
+            a = out[key]
+            out[key] = {"flatten": lambda: a.reshape(-1), "add_axis": lambda: a[:, None], "transpose": lambda: a.T,
+                        "half_rows": lambda: a[: len(a) // 2], "first_cols": lambda: a[:, :1] if a.ndim == 2 else a,
+                        "scalar": lambda: a.reshape(-1)[0] if a.size else a, "empty": lambda: a[:0]}[m[2]]()
+        elif kind == "nonfinite":
+            if out[key].dtype.kind not in "biuf":
+                continue
+            a = out[key].astype(np.float64)
+            if a.size:
+                a.reshape(-1)[m[3] % a.size] = m[2]
+            out[key] = a
+    return out, cut
+
+
+def _check_broken_files(tmp_path, arrays, examples):
+    from hypothesis import HealthCheck, given, settings
+
+    count = iter(range(10**9))
+
+    @settings(max_examples=examples, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(_mutations())
+    def prop(mutations):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # casting NaN or complex values while breaking the file
+            broken, cut = _break(arrays, mutations)
+        path = tmp_path / f"broken-{next(count)}.hdf5"
+        with h5py.File(path, "w") as f:
+            for k, v in broken.items():
+                f.create_dataset(k, data=v)
+        if cut is not None:
+            data = path.read_bytes()
+            path.write_bytes(data[: int(cut * len(data))])
+        before = path.read_bytes()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a file without timeouts loads with a warning
+                ds = load_dataset("hopper-medium", source=f"d4rl:{path}", verbose=False)
+        except DatasetError as err:
+            assert str(path) in str(err), str(err)
+        else:  # a correct load: the file's own values, in the simulator's dimensions and box
+            n = ds.num_steps
+            for k in ("observations", "actions"):
+                np.testing.assert_array_equal(getattr(ds, k), np.asarray(broken[k], np.float32)[:n])
+            np.testing.assert_array_equal(ds.rewards, np.asarray(broken["rewards"], np.float32).reshape(-1)[:n])
+            assert ds.observations.shape[1:] == (11,) and ds.actions.shape[1:] == (3,)
+            assert np.isfinite(ds.observations).all() and (abs(ds.actions) <= 1).all() and n == ds.lengths.sum()
+        assert path.read_bytes() == before  # the file is never changed
+        path.unlink()
+
+    prop()
+
+
+def test_randomly_broken_files_load_correctly_or_fail_clearly_and_stay_unchanged(tmp_path, hopper_arrays):
+    _check_broken_files(tmp_path, hopper_arrays, examples=100)
+
+
+@pytest.mark.slow
+def test_many_randomly_broken_files(tmp_path, hopper_arrays):
+    _check_broken_files(tmp_path, hopper_arrays, examples=3000)

@@ -87,3 +87,30 @@ def test_replica_records_its_simulator_version(data_dirs, toy):
     write_d4rl(data_dirs["replicas"] / "hopper_medium-replica.hdf5", toy, {"gym_id": "Hopper-v5"})
     with pytest.warns(ReplicaWarning):
         assert load_dataset("hopper-medium", verbose=False).gym_id == "Hopper-v5"
+
+
+def test_actions_outside_the_simulators_box_are_refused_from_every_source(data_dirs, write_h5, toy):
+    """Whatever the source (D4RL file, Minari dataset), actions outside [-1, 1] stop the load with how
+    many values lie outside and their range; clip_actions=True clips them and says so."""
+    write_h5(data_dirs["d4rl"] / "hopper_medium-v2.hdf5", **dict(toy, actions=toy["actions"] * 5))
+    with pytest.raises(DatasetError, match=r"hopper_medium-v2.hdf5: 6 of 15 action values \(3 of 5 steps\) lie outside "
+                                         r"Hopper-v4's action space \[-1, 1\]; they range over \[-2.5, 2.5\].*"
+                                         r"data_clip_actions=true"):
+        load_dataset("hopper-medium", verbose=False)
+    eps = _minari_eps()
+    eps[1]["actions"][2, 0] = -1.5
+    write_minari("mujoco/hopper/medium-v0", eps, "Hopper-v5")
+    with pytest.raises(DatasetError, match=r"minari:mujoco/hopper/medium-v0: 1 of 24 action values \(1 of 8 steps\) "
+                                         r"lie outside Hopper-v5's action space \[-1, 1\]; they range over \[-1.5, -1.5\]"):
+        load_dataset("hopper-medium", source="minari", verbose=False)
+
+
+def test_clipping_is_an_explicit_choice_and_is_recorded(data_dirs, write_h5, toy, capsys):
+    write_h5(data_dirs["d4rl"] / "hopper_medium-v2.hdf5", **dict(toy, actions=toy["actions"] * 5))
+    ds = load_dataset("hopper-medium", clip_actions=True)
+    assert float(abs(ds.actions).max()) == 1.0 and ds.metadata["clipped_actions"] == 6
+    err = capsys.readouterr().err
+    assert "6 of 15 action values" in err and "clipped into the box as asked" in err
+    inside = load_dataset("hopper-medium", source=f"d4rl:{write_h5(data_dirs['d4rl'] / 'ok.hdf5', **toy)}",
+                          clip_actions=True, verbose=False)
+    assert "clipped_actions" not in inside.metadata  # nothing to clip, nothing said

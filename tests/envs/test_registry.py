@@ -53,3 +53,12 @@ def test_normalized_score_d4rl_convention():
     out = normalized_score("walker2d-medium", np.array([1.629008, 4592.3]))
     assert isinstance(out, np.ndarray) and np.allclose(out, [0.0, 100.0])
     assert isinstance(normalized_score("ant-medium", 100.0), float)
+
+
+def test_family_of_reads_every_spelling_files_record():
+    from envs.registry import family_of
+
+    for text, family in (("Hopper-v4", "hopper"), ("hopper-medium-v2", "hopper"), ("mujoco/walker2d/expert-v0", "walker2d"),
+                         ("HalfCheetah-v5", "halfcheetah"), ("half_cheetah", "halfcheetah"), ("Ant-v4", "ant"),
+                         ("primal-dt/ant/medium-v0", "ant"), ("antmaze-umaze-v2", None), ("Humanoid-v4", None)):
+        assert family_of(text) == family, text

@@ -195,3 +195,81 @@ def test_video_is_recorded_when_rendering_works(tmp_path, tiny_dt, hopper_stats)
     stats = {"state_mean": hopper_stats[0], "state_std": hopper_stats[1], "reward_scale": 1000.0}
     res = record_episode(model, SPEC, stats, 3600.0, "stream", 0, tmp_path, max_steps=20, size=64)
     assert Path(res["path"]).exists() and res["frames"] >= 2
+
+
+# -- a hostile user ------------------------------------------------------------------------------------
+def test_cli_refuses_a_crafted_checkpoint_and_its_payload_never_runs(tmp_path, crafted_checkpoint, run_cli,
+                                                                      one_line_error):
+    marker = tmp_path / "pwned"
+    path = crafted_checkpoint(tmp_path / "evil.pt", marker)
+    p = run_cli("eval.rollout", f"checkpoint={path}", "episodes=1", "progress=false")
+    one_line_error(p, f"checkpoint {path} was not loaded", "could run code")
+    assert not marker.exists() and not list(tmp_path.glob("rollout-*.json"))
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("targets=nan", "targets='nan': every target must be a finite return"),
+    ("targets=3600,inf", "every target must be a finite return"),
+    ("max_steps=-5", "max_steps must be >= 0, got -5"),
+    ("episodes=0", "episodes must be >= 1, got 0"),
+    ("num_envs=-1", "num_envs must be >= 1, got -1"),
+    ("seed=-3", r"seed must be in [0, 4294967296), got -3"),
+    ("lanes=-1", "lanes must be >= 0, got -1"),
+    ("lane_workers=fork", "lane_workers must be process or thread"),
+    ("device=gpu", "device must be auto, cpu, cuda or cuda:N"),
+])
+def test_cli_checks_every_option_before_reading_the_checkpoint(tmp_path, bad, message):
+    """The checkpoint does not even exist: the option is refused first, before any simulation."""
+    with pytest.raises(SystemExit) as exit_:
+        rollout.main([f"checkpoint={tmp_path / 'absent.pt'}", bad, "progress=false"])
+    assert exit_.value.code.startswith("error: ") and message in exit_.value.code
+
+
+def test_every_numeric_option_is_valid_or_named(fuzz_options, tmp_path):
+    from primal_dt.cli import parse
+
+    def validate(argv):
+        rollout.check(parse(rollout.RolloutConfig, argv))
+
+    fuzz_options(validate, {"episodes": "int", "num_envs": "int", "lanes": "int", "seed": "int", "max_steps": "int",
+                            "threads": "int", "targets": "floats"}, base=[f"checkpoint={tmp_path / 'x.pt'}"],
+                 examples=80)
+
+
+def test_reports_are_never_overwritten(ckpt, tmp_path):
+    """A second rollout of the same checkpoint and engine writes rollout-stream-2.json; an explicit out=
+    that exists is refused unless overwrite=true."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "last.pt").write_bytes(ckpt.read_bytes())
+    common = [f"checkpoint={run_dir}", "episodes=1", "num_envs=1", "max_steps=5", "targets=3600", "progress=false"]
+    rollout.main(common)
+    first = (run_dir / "rollout-stream.json").read_text()
+    rollout.main(common + ["max_steps=3"])
+    assert (run_dir / "rollout-stream.json").read_text() == first
+    assert json.loads((run_dir / "rollout-stream-2.json").read_text())["max_steps"] == 3
+    with pytest.raises(SystemExit, match=r"out=.*rollout-stream.json exists .* overwrite=true"):
+        rollout.main(common + [f"out={run_dir / 'rollout-stream.json'}"])
+    rollout.main(common + [f"out={run_dir / 'rollout-stream.json'}", "overwrite=true", "max_steps=2"])
+    assert json.loads((run_dir / "rollout-stream.json").read_text())["max_steps"] == 2
+    assert sorted(p.name for p in run_dir.iterdir()) == ["last.pt", "rollout-stream-2.json", "rollout-stream.json"]
+
+
+def test_data_source_checks_the_checkpoint_against_its_dataset(tmp_path, tiny_dt, dt_checkpoint, write_hopper_file):
+    """check_data=true reads the training data first (where the run read it, or data_source=...): the
+    data the checkpoint was trained on passes, a dataset with other content is refused naming both
+    sources, before any simulation."""
+    from agents import dt_checkpoint as schema
+    from envs import load_dataset
+
+    mine, other = write_hopper_file(tmp_path / "mine-v2.hdf5"), write_hopper_file(tmp_path / "other-v2.hdf5", seed=1)
+    data = load_dataset("hopper-medium", source=f"d4rl:{mine}", verbose=False)
+    ck = dt_checkpoint(tiny_dt("primal+dt", K=5), source=data.source)
+    ck.data.fingerprint, ck.config["data_source"] = data.fingerprint, f"d4rl:{mine}"
+    path = schema.save(ck, tmp_path / "run" / "last.pt")
+    common = [f"checkpoint={path}", "episodes=1", "num_envs=1", "max_steps=3", "progress=false"]
+    rep = rollout.main(common + ["check_data=true"])
+    assert rep["data_fingerprint"] == data.fingerprint and rep["data_source"] == f"d4rl:{mine}"
+    with pytest.raises(SystemExit, match=f"was trained on d4rl:{mine} .*but the data read now from d4rl:{other} "
+                                         "differs"):
+        rollout.main(common + [f"data_source=d4rl:{other}"])

@@ -106,8 +106,13 @@ def test_cli_usage_and_missing_checkpoint(capsys):
     assert main([]) == 2
     assert "usage" in capsys.readouterr().err
     assert main(["checkpoint=x.pt", "bogus=1"]) == 2
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(SystemExit, match="error: checkpoint /nonexistent/ckpt.pt does not exist"):
         main(["checkpoint=/nonexistent/ckpt.pt"])
+    for bad, msg in (("n=0", "n must be >= 1, got 0"), ("n=many", "n must be an integer >= 1, got 'many'"),
+                     ("seed=-1", r"seed must be in \[0, 4294967296\), got -1"),
+                     ("tensorboard=maybe", "tensorboard must be true or false")):
+        with pytest.raises(SystemExit, match=msg):
+            main(["checkpoint=/nonexistent/ckpt.pt", bad])  # options are checked before the file is read
 
 
 def test_unknown_checkpoint_kind_is_a_clear_error():
@@ -155,7 +160,7 @@ def trained_dt(tmp_path, tiny_dt):
         dt_loss(model, sampler.sample(), eta=0.05)[0].backward()
         opt.step()
     info = DataInfo(env="hopper-medium", state_mean=data.state_mean, state_std=data.state_std, reward_scale=SCALE,
-                    targets=(3600.0, 1800.0), gym_id=data.gym_id, source=data.source)
+                    targets=(3600.0, 1800.0), gym_id=data.gym_id, source=data.source, fingerprint=data.fingerprint)
     config = {"env": "hopper-medium", "data_source": source, "K": K, "max_timestep": MAX_T, "reward_scale": SCALE,
               "seed": SEED}
     path = save(DTCheckpoint(model.cfg, model.state_dict(), info, config), tmp_path / "run" / "last.pt")
@@ -199,5 +204,6 @@ def test_dt_spectrum_cli_end_to_end_and_foreign_data_is_refused(trained_dt, tmp_
     data = json.loads((tmp_path / "spec" / "spectrum.json").read_text())
     assert [l["mechanism"] for l in data["layers"]] == ["SoftmaxAttention", "SoftmaxAttention", "PrimalAttention"]
     other = f"d4rl:{dataset_file(tmp_path / 'other-v2.hdf5', seed=1)}"
-    with pytest.raises(ValueError, match=r"other normalisation statistics .*pass data_source="):
+    with pytest.raises(SystemExit, match=f"error: checkpoint {path} was trained on {trained_dt[1]} .*but the data "
+                                         f"read now from {other} differs"):
         main([f"checkpoint={path}", f"out={tmp_path / 'spec2'}", "n=8", f"data_source={other}"])

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -88,15 +89,25 @@ def test_command_line_error_exit(tmp_path):
     assert r.returncode != 0 and "error: unknown task 'uea/Nope'" in r.stderr
 
 
-def test_resume_extends_a_finished_run(tmp_path):
+def test_resume_extends_a_finished_run(tmp_path, killed_checkpoint_write, capsys):
     base = ["task=uea/JapaneseVowels-fast", "model=transformer", "data.max_train=16", "data.max_val=9",
             "data.max_test=10", "train.batch_size=8", f"out={tmp_path}", *TINY]
     first = run([*base, "train.epochs=1"])
+    stale = killed_checkpoint_write(Path(first["run_dir"]) / "last.pt")
     second = run([f"resume={first['run_dir']}/last.pt", "train.epochs=2", "progress=false"])  # file or directory
+    assert not stale.exists() and "removed 1 temporary file(s)" in capsys.readouterr().err
     assert second["run_dir"] == first["run_dir"] and second["steps"] == 4
     ck = checkpoint.load(f"{first['run_dir']}/last.pt", expect_kind="classifier")
     assert ck["step"] == 4 and ck["config"]["train"]["epochs"] == 2
     assert torch.isfinite(torch.tensor(second["test_acc"]))
+
+
+def test_resume_from_a_crafted_checkpoint_never_runs_it(tmp_path, crafted_checkpoint):
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(tmp_path / "run" / "last.pt", marker)
+    with pytest.raises(SetupError, match="was not loaded: it holds pickled objects other than tensors"):
+        run([f"resume={tmp_path / 'run'}"])
+    assert not marker.exists()
 
 
 def test_speed_benchmark_interleaves_models(tmp_path, monkeypatch):

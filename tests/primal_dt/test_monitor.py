@@ -1,6 +1,7 @@
 """RunMonitor against real TensorBoard event files: a resumed run continues its killed
 predecessor's curves even when both start within one second."""
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from primal_dt.monitor import RunMonitor
@@ -36,3 +37,43 @@ def test_flush_puts_events_on_disk_before_close(tmp_path):
     mon.flush()
     assert steps(tmp_path, "x") == [(7, 1.5)]  # readable while the writer is still open
     mon.close()
+
+
+def test_run_directories_started_together_are_distinct_and_created(tmp_path):
+    """Forty runs asking for a directory in the same second with the same seed get forty, each
+    created by its claimant (checking the name and creating it later let two runs share one)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from primal_dt.monitor import run_dir
+
+    with ThreadPoolExecutor(40) as pool:
+        dirs = list(pool.map(lambda _: run_dir(tmp_path, "hopper-medium", "primal+dt", seed=0), range(40)))
+    assert len(set(dirs)) == 40 and all(d.is_dir() and not any(d.iterdir()) for d in dirs)
+    assert all(d.parent == tmp_path / "hopper-medium" / "primal+dt" and d.name.endswith("-seed0") for d in dirs)
+
+
+def test_an_unwritable_root_is_one_clear_error(tmp_path, run_code):
+    from primal_dt.monitor import run_dir
+    from primal_dt.runtime import WriteError
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(WriteError, match=r"could not write the run directory .*file/hopper-medium: a part of the "
+                                         r"path is a file, not a directory; nothing was written. Choose a writable out="):
+        run_dir(tmp_path / "file", "hopper-medium", seed=0)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    p = run_code(f"from primal_dt.monitor import run_dir\nrun_dir({str(locked)!r}, 'x', seed=0)", honour_permissions=True)
+    assert "WriteError: could not write the run directory" in p.stderr and "permission denied" in p.stderr, p.stderr
+    assert not any(locked.iterdir())
+
+
+def test_tensorboard_past_a_real_file_size_limit_is_one_write_error(tmp_path, run_code):
+    """TensorBoard writes its events in a thread; a write it cannot make reaches the logging code as
+    one WriteError naming the directory, without the thread's traceback."""
+    p = run_code("import sys\nfrom primal_dt.monitor import RunMonitor\nfrom primal_dt.runtime import WriteError\n"
+                 f"m = RunMonitor({str(tmp_path)!r}, progress=False)\n"
+                 "try:\n    for i in range(5000):\n        m.scalar('x', i, i)\n        m.flush()\n"
+                 "except WriteError as e:\n    m.close()\n    sys.exit(f'error: {e}')\n", file_size=4096)
+    assert p.returncode == 1 and "Traceback" not in p.stderr and "Exception in thread" not in p.stderr, p.stderr
+    assert p.stderr.strip() == (f"error: could not write the TensorBoard event file in {tmp_path}: file too large "
+                                "(a file-size limit such as `ulimit -f` was reached)")

@@ -1,6 +1,7 @@
 """primal_dt.runtime, what every entry point shares: bad input as one line, resume paths, the
 attention_options grammar, devices, and the option shorthands of primal_dt.cli."""
 
+import argparse
 import os
 import subprocess
 import sys
@@ -138,3 +139,45 @@ def test_shorthands_in_every_spelling_and_comma_lists():
         expand_shorthands(["--model"], short)
     assert split_lists(["eval.targets=3600,1800", "--eval.targets", "1"], ("eval.targets",)) == \
         ["--eval.targets", "3600", "1800", "--eval.targets", "1"]
+
+
+# -- numeric options and failed writes -----------------------------------------------------------------
+def test_numbers_outside_their_range_name_the_option_nan_and_inf_never_pass():
+    ok = {"K": 5, "lr": 1e-3, "dropout": 0.0, "targets": (3600.0, 1800.0), "step": None}
+    rules = {"K": runtime.AT_LEAST_1, "lr": runtime.POSITIVE, "dropout": runtime.FRACTION, "targets": runtime.ANY,
+             "step": runtime.AT_LEAST_0}
+    runtime.check_numbers(argparse.Namespace(**ok), rules)
+    for key, bad, message in (("K", 0, "K must be >= 1, got 0"), ("lr", float("nan"), "lr must be > 0, got nan"),
+                              ("lr", float("inf"), "lr must be > 0, got inf"),
+                              ("dropout", 1.0, r"dropout must be in \[0, 1\), got 1.0"),
+                              ("targets", (3600.0, float("nan")), "targets must hold numbers that are finite, got "
+                                                                  "3600.0, nan"),
+                              ("K", True, "K must be >= 1, got True")):
+        with pytest.raises(ValueError, match=message):
+            runtime.check_numbers(argparse.Namespace(**{**ok, key: bad}), rules)
+    assert str(runtime.SEED) == "in [0, 4294967296)" and str(runtime.Range(0, 1, low_open=True)) == "in (0, 1]"
+
+
+def test_new_paths_are_claimed_exclusively_by_concurrent_claimants(tmp_path):
+    """Twenty threads asking for the same name at once get twenty different paths, each created."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    claim = lambda _: runtime.new_path(runtime.numbered(tmp_path / "report.json"), runtime.create_file)  # noqa: E731
+    with ThreadPoolExecutor(20) as pool:
+        got = list(pool.map(claim, range(20)))
+    assert len(set(got)) == 20 and all(p.exists() for p in got)
+    assert {p.name for p in got} == {"report.json", *(f"report-{i}.json" for i in range(2, 21))}
+    with pytest.raises(runtime.WriteError, match=r"could not write the report .*report.json/x: a part of the path"):
+        runtime.new_path(runtime.numbered(tmp_path / "report.json" / "x"), runtime.create_file, what="report")
+
+
+def test_a_failed_write_is_one_line(capsys):
+    def full_disk(argv):
+        with runtime.writing("/data/last.pt", "checkpoint (step 40)"):
+            raise OSError(28, "No space left on device")
+
+    with pytest.raises(SystemExit) as exit_:
+        runtime.main(full_disk, [])
+    assert exit_.value.code == "error: could not write the checkpoint (step 40) /data/last.pt: no space left on the " \
+                               "device (disk full)"
+    assert runtime.main(lambda argv: {"ok": argv}, ["a"]) == {"ok": ["a"]}  # what run returns comes back

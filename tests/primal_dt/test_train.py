@@ -3,6 +3,7 @@ resume after a kill, divergence, and bad input rejected before training."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -191,3 +192,151 @@ def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_p
         a, b = stream.act(obs[t], rew), full.act(obs[t], rew)
         assert a.shape == (2, 3)
         torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), atol=1e-5, rtol=1e-5)
+
+
+# -- runs that never clobber each other ----------------------------------------------------------------
+def start_together(hopper_file, out, pairs: int) -> list[subprocess.Popen]:
+    """2 x ``pairs`` real training processes started at once, same seed, same ``out``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "primal_dt.train", *args(hopper_file, out, "steps=3", "log_every=1", *QUIET)]
+    return [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2 * pairs)]
+
+
+def check_distinct_and_intact(procs, out):
+    """Every process succeeded in its own directory, holding its own whole checkpoint, summary and
+    event files (their names carry the writer's pid), with its own complete loss curve."""
+    summaries = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=600)
+        assert p.returncode == 0, stderr[-2000:]
+        summaries.append(json.loads(stdout[stdout.index("{\n"):]))
+    dirs = sorted((out / "hopper-medium" / "primal+dt").iterdir())
+    assert len(dirs) == len(procs) == len({s["run_dir"] for s in summaries})
+    assert sorted(Path(s["run_dir"]) for s in summaries) == dirs
+    for d in dirs:
+        assert json.loads((d / "summary.json").read_text())["run_dir"] == str(d)
+        assert dt_checkpoint.load(d).step == 3
+        pids = {f.name.split(".")[-2] for f in d.glob("events.out.tfevents.*")}
+        assert len(pids) == 1, f"event files of several processes in {d}"
+        assert [s for s, _ in scalars(d, "loss/total")] == [1, 2, 3]
+
+
+def test_runs_started_together_never_share_a_directory(hopper_file, tmp_path):
+    check_distinct_and_intact(start_together(hopper_file, tmp_path, pairs=3), tmp_path)
+
+
+@pytest.mark.slow
+def test_twenty_pairs_started_together_get_forty_directories(hopper_file, tmp_path):
+    check_distinct_and_intact(start_together(hopper_file, tmp_path, pairs=20), tmp_path)
+
+
+# -- checkpoints that cannot run code ------------------------------------------------------------------
+def test_resume_from_a_crafted_checkpoint_is_refused_and_its_payload_never_runs(tmp_path, crafted_checkpoint,
+                                                                              run_cli, one_line_error):
+    marker = tmp_path / "pwned"
+    crafted_checkpoint(tmp_path / "run" / "last.pt", marker)
+    p = run_cli("primal_dt.train", f"resume={tmp_path / 'run'}", "progress=false")
+    one_line_error(p, f"checkpoint {tmp_path / 'run' / 'last.pt'} was not loaded", "could run code")
+    assert not marker.exists()
+
+
+# -- a full disk, an unwritable out, stale temporaries ---------------------------------------------------
+def test_a_full_disk_ends_with_one_line_and_keeps_the_last_checkpoint(hopper_file, tmp_path, run_cli, one_line_error):
+    first = run(args(hopper_file, tmp_path, "steps=4", "checkpoint_every=2", *QUIET))
+    d = Path(first["run_dir"])
+    last = d / "last.pt"
+    before = last.read_bytes()
+    # the next checkpoint cannot be written: a real file-size limit below its size (the log still fits)
+    p = run_cli("primal_dt.train", f"resume={d}", "steps=8", "progress=false", file_size=len(before) // 2)
+    one_line_error(p, f"could not write the checkpoint (step 6) {last}: file too large",
+                   f"the last good checkpoint {last} (step 4) is intact",
+                   f"continue with: python -m primal_dt.train resume={d}")
+    assert last.read_bytes() == before and not list(d.glob(".*.tmp"))
+    resumed = run([f"resume={d}", "steps=8", "progress=false"])  # room again: the run goes on
+    assert resumed["steps"] == 8 and dt_checkpoint.load(d).step == 8
+
+
+def test_an_unwritable_out_is_one_line_before_any_training(hopper_file, tmp_path, run_cli, one_line_error):
+    (tmp_path / "file").write_text("x")
+    p = run_cli("primal_dt.train", *args(hopper_file, tmp_path / "file" / "runs", *QUIET))
+    one_line_error(p, "could not write the run directory", "a part of the path is a file", "Choose a writable out=")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    p = run_cli("primal_dt.train", *args(hopper_file, locked, *QUIET), honour_permissions=True)
+    one_line_error(p, f"could not write the run directory {locked / 'hopper-medium' / 'primal+dt'}: permission denied")
+    assert not any(locked.iterdir())
+
+
+def test_temporaries_of_killed_checkpoint_writes_are_removed_at_resume_and_at_the_next_start(
+        hopper_file, tmp_path, killed_checkpoint_write, capsys):
+    d = Path(run(args(hopper_file, tmp_path, "steps=2", *QUIET))["run_dir"])
+    stale = killed_checkpoint_write(d / "last.pt")
+    run([f"resume={d}", "steps=3", "progress=false"])
+    assert not stale.exists() and f"removed 1 temporary file(s) of interrupted checkpoint writes: {stale}" in \
+        capsys.readouterr().err
+    stale = killed_checkpoint_write(d / "last.pt")
+    other = Path(run(args(hopper_file, tmp_path, "steps=1", *QUIET))["run_dir"])  # a new run beside it
+    assert other != d and not stale.exists() and dt_checkpoint.load(d).step == 3
+
+
+# -- data that cannot be silently wrong ----------------------------------------------------------------
+def rewrite(path, **change):
+    """The D4RL file at ``path`` rewritten in place with some of its arrays changed."""
+    import h5py
+
+    with h5py.File(path) as f:
+        arrays = {k: f[k][()] for k in f}
+    path.unlink()
+    with h5py.File(path, "w") as f:
+        for k, v in arrays.items():
+            f.create_dataset(k, data=change[k](v) if k in change else v)
+    return path
+
+
+def test_actions_outside_the_action_space_stop_training_unless_clipping_is_asked(tmp_path, write_hopper_file):
+    from envs import load_dataset
+
+    data = rewrite(write_hopper_file(tmp_path / "x5-v2.hdf5"), actions=lambda a: 5 * a)
+    with pytest.raises(SetupError, match=r"action values \(.* steps\) lie outside Hopper-v4's action space \[-1, 1\]; "
+                                         r"they range over \[-5, 5\].*data_clip_actions=true"):
+        run(args(data, tmp_path / "out", *QUIET))
+    assert not (tmp_path / "out").exists()
+    s = run(args(data, tmp_path / "out", "data_clip_actions=true", "steps=1", *QUIET))
+    clipped = load_dataset("hopper-medium", source=f"d4rl:{data}", clip_actions=True, verbose=False)
+    assert float(abs(clipped.actions).max()) == 1.0
+    assert dt_checkpoint.load(s["run_dir"]).data.fingerprint == clipped.fingerprint
+
+
+def test_resume_refuses_data_changed_under_the_same_path(tmp_path, write_hopper_file, capsys):
+    data = write_hopper_file(tmp_path / "hopper-v2.hdf5")
+    d = Path(run(args(data, tmp_path, "steps=2", *QUIET))["run_dir"])
+    rewrite(data, actions=lambda a: 0.5 * a)  # same path, same statistics of the states, other actions
+    with pytest.raises(SetupError, match=rf"checkpoint {re.escape(str(d / 'last.pt'))} was trained on d4rl:{data} "
+                                         rf"\(dataset fingerprint sha256:.*\), but the data read now from "
+                                         rf"d4rl:{data} differs"):
+        run([f"resume={d}", "steps=3"])
+    assert dt_checkpoint.load(d).step == 2
+    # a checkpoint from before fingerprints: a note, and the statistics (which still agree) decide
+    old = dt_checkpoint.load(d)
+    old.data.fingerprint = ""
+    dt_checkpoint.save(old, d / "last.pt")
+    assert run([f"resume={d}", "steps=3", "progress=false"])["steps"] == 3
+    assert "records no dataset fingerprint" in capsys.readouterr().err
+
+
+def test_every_numeric_option_is_valid_or_named_before_training(hopper_file, tmp_path, fuzz_options):
+    """Random values for the numeric options: ``prepare`` (everything before the first step) returns
+    a run, or stops with an error naming an option given; nothing is written either way."""
+    from agents import training
+    from primal_dt import train_config
+
+    sizes = {f"model.{k}": "size" for k in ("d_model", "n_heads", "n_layers", "s")}
+    sizes.update({k: "size" for k in ("K", "batch_size", "max_timestep", "stream_window", "eval.num_envs")})
+    numbers = {k: "int" for k in ("seed", "steps", "warmup_steps", "checkpoint_every", "log_every", "threads",
+                                  "eval.every", "eval.episodes", "eval.final_episodes", "eval.max_steps")}
+    numbers.update({k: "float" for k in ("lr", "weight_decay", "grad_clip", "eta", "reward_scale", "model.dropout",
+                                         "model.mlp_ratio")})
+    fuzz_options(lambda argv: training.prepare(train_config.build(argv)), {**sizes, **numbers, "eval.targets": "floats"},
+                 base=args(hopper_file, tmp_path / "out"), examples=80)
+    assert not (tmp_path / "out").exists()

@@ -55,3 +55,24 @@ def test_help_lists_every_option_with_its_default():
     for f in train_config.flat(dataclasses.asdict(train_config.TrainConfig())):
         assert f"--{f.replace('_', '-')}" in flat, f
     assert "(default: 100000)" in flat and "(default: primal+dt)" in flat
+
+
+def test_every_numeric_option_is_checked_whatever_its_value(fuzz_options):
+    """Any value for any numeric option, sizes included (10**12 layers, NaN learning rates): ``check``
+    accepts it or names an option given; a size no machine could build is refused here, not by the
+    allocator. (tests/primal_dt/test_train.py draws values up to the first training step.)"""
+    kinds = {k: "float" if isinstance(v, float) else "int" for k, v in
+             train_config.flat(dataclasses.asdict(train_config.TrainConfig())).items()
+             if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    assert {"lr", "model.d_model", "eval.max_steps", "seed", "threads"} <= set(kinds)
+    fuzz_options(lambda argv: check(build(argv).cfg), {**kinds, "eval.targets": "floats"}, base=["preset=smoke"],
+                 examples=150)
+
+
+def test_sizes_no_machine_can_build_are_refused_by_name():
+    for argv, msg in ((["model.d_model=1048576", "model.n_heads=1"], "model.d_model=1048576, model.n_layers=2.* parameters"),
+                      (["model.n_layers=1000000000000"], "model.n_layers=1000000000000.* parameters"),
+                      (["max_timestep=1000000000000"], "max_timestep=1000000000000 need about .* parameters"),
+                      (["batch_size=1000000000", "K=1000"], "batch_size=1000000000, K=1000.* activation values")):
+        with pytest.raises(ValueError, match=f"{msg}.*GB of float32"):
+            check(build(["preset=smoke", *argv]).cfg)

@@ -27,3 +27,17 @@ def test_inference_bench_reports_every_comparison(tmp_path, tiny_dt, dt_checkpoi
     only_eval = inference.main([f"checkpoint={ck}", "latency=false", "lane_layouts=false", "episodes=2",
                                 "max_steps=10", "hf=false"])
     assert only_eval["latency"] == {} and set(only_eval["evaluation"]["vectorized_by_layout_s"]) == {"lanes=2 process"}
+
+
+def test_every_numeric_option_is_valid_or_named(fuzz_options):
+    from eval.bench import inference
+    from primal_dt.cli import parse
+
+    fuzz_options(lambda argv: inference.check(parse(inference.BenchConfig, argv)),
+                 {"calls": "int", "rounds": "int", "episodes": "int", "seq_episodes": "int", "max_steps": "int",
+                  "threads": "int", "seed": "int", "batches": "ints", "contexts": "ints", "ts": "ints"}, examples=80)
+
+
+def test_bad_options_end_with_one_line_before_any_work(run_cli, one_line_error, tmp_path):
+    p = run_cli("eval.bench.inference", "batches=1,-3", f"checkpoint={tmp_path / 'absent.pt'}")
+    one_line_error(p, "batches must hold numbers that are >= 1, got 1, -3")

@@ -19,3 +19,10 @@ def test_benchmark_reports_every_model_and_the_ratios(tmp_path):
     hf, ours = r["models"]["hf:DecisionTransformerModel"]["params"], r["models"]["ours:dt"]["params"]
     assert abs(hf - ours) / ours < 0.05  # the same architecture size, so the timing comparison is fair
     assert set(r["ratios"]) >= {"primal+dt / dt (time)", "hf / ours dt (time; > 1: ours faster)"}
+
+
+def test_every_numeric_option_is_valid_or_named(fuzz_options):
+    from eval.bench.train import parse_args
+
+    fuzz_options(parse_args, {f"--{k}": "int" for k in ("batch", "K", "steps", "rounds", "warmup", "threads")},
+                 base=["--no-hf"], examples=60)

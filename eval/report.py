@@ -1,0 +1,322 @@
+"""Turn training runs into the comparison a paper reports: score tables over seeds and plots.
+
+    python -m eval.report runs/hopper-medium                    # every finished run below it
+    python -m eval.report 'runs/*/dt/*' 'runs/*/primal+dt/*' out=report
+
+Each argument is a run directory, a directory holding run directories (searched recursively), or
+a glob of either. A run counts when training finished (its ``summary.json`` exists); unfinished
+ones are listed and left out. Runs are grouped by dataset, model and the configuration that
+matters (everything in the run's saved config except seeds, paths and run-time options, see
+``RUNTIME_OPTIONS``); runs that share a dataset and model but differ in anything else are kept in
+separate groups, and the report says in what they differ, so a table never averages a 4k-step run
+with a 100k-step one.
+
+Per return-to-go target, ``out`` receives:
+- ``scores.md`` / ``scores-<target>.csv``: final normalized score per group: mean, standard deviation
+  and 95 % confidence interval over seeds (Student's t), number of seeds, steps, and the paper's
+  number where the dataset's preset names one (``paper:`` in configs/dt/<env>.yaml);
+- ``curves.png``: normalized score during training, mean and a +- one standard deviation band over
+  seeds, one panel per target and dataset;
+- ``scores.png``: a bar per group with its 95 % confidence interval, the paper's value marked.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import glob
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agents import dt_checkpoint
+from primal_dt import presets, train_config
+
+# Options that do not change what a run learns (or only how it is launched and logged).
+RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
+                   "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs"}
+
+# Student's t quantile t_{0.975, df} for df = 1..30; beyond, the normal 1.96 is within 2 %.
+_T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042]
+
+
+def t975(df: int) -> float:
+    return _T975[df - 1] if 1 <= df <= len(_T975) else 1.96
+
+
+@dataclass
+class Run:
+    path: Path
+    env: str
+    model: str
+    seed: int
+    steps: int
+    config: dict
+    final: dict
+    """target tag -> {"normalized_mean": ...} (the run's final evaluation)"""
+    curves: dict
+    """target tag -> [(step, normalized score), ...] during training, final evaluation last"""
+
+
+@dataclass
+class Group:
+    env: str
+    model: str
+    key: tuple
+    runs: list = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.model
+
+
+def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
+    """(finished run directories, unfinished ones) under the given paths / globs."""
+    finished, unfinished, seen = [], [], set()
+    for pat in patterns:
+        matches = [Path(p) for p in sorted(glob.glob(pat))] or [Path(pat)]
+        for m in matches:
+            if not m.exists():
+                raise ValueError(f"{pat}: no such file or directory (give run directories, their parents, or globs)")
+            base = m.parent if m.is_file() else m
+            candidates = {p.parent for p in base.rglob("last.pt")} | {p.parent for p in base.rglob("summary.json")}
+            for d in sorted(candidates):
+                if d in seen:
+                    continue
+                seen.add(d)
+                (finished if (d / "summary.json").exists() else unfinished).append(d)
+    return finished, unfinished
+
+
+def load_run(d: Path) -> Run:
+    try:
+        summary = json.loads((d / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{d / 'summary.json'} could not be read ({err}); was the run's directory edited?") from err
+    if not summary.get("final"):
+        raise ValueError(f"{d}: the run finished without a final evaluation (eval.final_episodes=0); "
+                         "nothing to report")
+    ck = dt_checkpoint.load(d)
+    curves = {}
+    for tag, pts in (ck.training.history if ck.training else {}).items():
+        if tag.startswith("eval/normalized/"):
+            curves[tag.rsplit("/", 1)[1]] = sorted((int(s), float(v)) for s, v in pts)
+    for tag, r in summary["final"].items():  # the final evaluation ends each curve
+        pts = [p for p in curves.get(tag, []) if p[0] < summary["steps"]]
+        curves[tag] = pts + [(int(summary["steps"]), float(r["normalized_mean"]))]
+    try:  # through the config's reader: options added since the run was written take their defaults
+        config = dataclasses.asdict(train_config.from_dict(ck.config))
+    except ValueError:
+        config = ck.config
+    return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
+               summary["final"], curves)
+
+
+def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
+    """Groups of runs to average over seeds, and notes on same-model groups kept apart."""
+    groups: dict[tuple, Group] = {}
+    for r in runs:
+        cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in train_config.flat(r.config).items()
+               if k not in RUNTIME_OPTIONS}
+        key = (r.env, r.model, tuple(sorted((k, str(v)) for k, v in cfg.items())))
+        groups.setdefault(key, Group(r.env, r.model, key)).runs.append(r)
+    notes = []
+    by_pair = defaultdict(list)
+    for g in groups.values():
+        by_pair[(g.env, g.model)].append(g)
+    for (env, model), gs in by_pair.items():
+        if len(gs) > 1:
+            keys = [dict(g.key[2]) for g in gs]
+            differ = sorted(k for k in set().union(*keys) if len({kk.get(k) for kk in keys}) > 1)
+            notes.append(f"{env} {model}: {len(gs)} groups not averaged together; they differ in "
+                         + ", ".join(f"{k} ({' vs '.join(sorted({str(kk.get(k)) for kk in keys}))})" for k in differ))
+            for g, k in zip(gs, keys):  # name each group by what sets it apart
+                g.model = f"{model} ({', '.join(f'{d}={k.get(d)}' for d in differ)})"
+    return sorted(groups.values(), key=lambda g: (g.env, g.model)), notes
+
+
+def paper_scores(env: str) -> dict:
+    """model -> the paper's normalized score, from the dataset preset's ``paper:`` mapping."""
+    try:
+        return dict(presets.load_preset("dt", env).get("paper") or {})
+    except ValueError:
+        return {}
+
+
+def stats(values: list[float]) -> dict:
+    n = len(values)
+    mean = statistics.fmean(values)
+    std = statistics.stdev(values) if n > 1 else 0.0
+    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
+    return {"mean": mean, "std": std, "ci95": half, "n": n}
+
+
+def score_rows(groups: list[Group], target: str) -> list[dict]:
+    rows = []
+    for g in groups:
+        vals = [r.final[target]["normalized_mean"] for r in g.runs if target in r.final]
+        if not vals:
+            continue
+        s = stats(vals)
+        base = g.model.split(" (")[0]
+        rows.append({"dataset": g.env, "model": g.model, "seeds": s["n"],
+                     "steps": "/".join(str(x) for x in sorted({r.steps for r in g.runs})),
+                     "mean": s["mean"], "std": s["std"], "ci95": s["ci95"],
+                     "paper": paper_scores(g.env).get(base), "runs": [str(r.path) for r in g.runs]})
+    return rows
+
+
+def _fmt(x, nd=1) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+
+
+def markdown(rows: list[dict], target: str) -> str:
+    lines = [f"### Final normalized score, target {target.removeprefix('target')}", "",
+             "| dataset | model | seeds | steps | mean | std | 95% CI | paper |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ci = f"+- {_fmt(r['ci95'])}" if r["seeds"] > 1 else "(1 seed)"
+        lines.append(f"| {r['dataset']} | {r['model']} | {r['seeds']} | {r['steps']} | {_fmt(r['mean'])} | "
+                     f"{_fmt(r['std'])} | {ci} | {_fmt(r['paper'])} |")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["dataset", "model", "seeds", "steps", "mean", "std", "ci95", "paper"],
+                           extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _band(runs: list[Run], target: str):
+    """Steps evaluated by every run of the group, with the mean and std of their scores there."""
+    per_run = [dict(r.curves.get(target, [])) for r in runs]
+    steps = sorted(set.intersection(*[set(p) for p in per_run])) if per_run else []
+    mean = [statistics.fmean(p[s] for p in per_run) for s in steps]
+    std = [statistics.stdev([p[s] for p in per_run]) if len(per_run) > 1 else 0.0 for s in steps]
+    return steps, mean, std
+
+
+def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    envs = sorted({g.env for g in groups})
+    fig, axes = plt.subplots(len(envs), len(targets), figsize=(5.5 * len(targets), 3.8 * len(envs)), squeeze=False)
+    for i, env in enumerate(envs):
+        for j, target in enumerate(targets):
+            ax = axes[i][j]
+            for g in (g for g in groups if g.env == env):
+                steps, mean, std = _band(g.runs, target)
+                if not steps:
+                    continue
+                line, = ax.plot(steps, mean, marker="o", ms=3, label=f"{g.model} ({len(g.runs)} seeds)")
+                ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
+                                color=line.get_color(), alpha=0.2)
+            ax.set_title(f"{env}, target {target.removeprefix('target')}")
+            ax.set_xlabel("training step")
+            ax.set_ylabel("normalized score")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle("Evaluation during training: mean and +- 1 std over seeds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = list(rows_by_target)
+    n = max(len(r) for r in rows_by_target.values())
+    fig, axes = plt.subplots(1, len(targets), figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2), squeeze=False)
+    for ax, target in zip(axes[0], targets):
+        rows = rows_by_target[target]
+        labels = [f"{r['dataset']}\n{r['model']}" for r in rows]
+        x = range(len(rows))
+        err = [0 if math.isnan(r["ci95"]) else r["ci95"] for r in rows]
+        ax.bar(x, [r["mean"] for r in rows], yerr=err, capsize=5, color="tab:blue", alpha=0.8,
+               label="ours: mean, 95% CI over seeds")
+        papers = [(i, r["paper"]) for i, r in enumerate(rows) if r["paper"] is not None]
+        if papers:
+            ax.scatter([i for i, _ in papers], [p for _, p in papers], marker="_", s=600, color="tab:red",
+                       zorder=3, label="paper (its budget)")
+        for i, r in enumerate(rows):  # inside the bar's foot, clear of the interval's whiskers
+            ax.annotate(f"{r['mean']:.1f}\nn={r['seeds']}", (i, 0), ha="center", va="bottom", fontsize=8,
+                        color="white", xytext=(0, 4), textcoords="offset points")
+        ax.set_xticks(list(x), labels, fontsize=8)
+        ax.set_ylabel("final normalized score")
+        ax.set_title(f"target {target.removeprefix('target')}")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def report(patterns: list[str], out: str | Path = "report") -> dict:
+    """Write the tables and plots for the runs matched by ``patterns``; returns what was written."""
+    finished, unfinished = find_runs(patterns)
+    if not finished:
+        raise ValueError(f"no finished run (a directory with summary.json) under {', '.join(patterns)}"
+                         + (f"; {len(unfinished)} unfinished: resume them first" if unfinished else ""))
+    runs = [load_run(d) for d in finished]
+    groups, notes = group_runs(runs)
+    targets = sorted({t for r in runs for t in r.final}, key=lambda t: -float(t.removeprefix("target")))
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = {t: score_rows(groups, t) for t in targets}
+    md = [f"# Report: {len(runs)} runs in {len(groups)} groups", ""]
+    md += [f"- note: {n}" for n in notes]
+    md += [f"- left out (unfinished, no summary.json): {d}" for d in unfinished]
+    for t in targets:
+        md += ["", markdown(rows[t], t)]
+        write_csv(rows[t], out / f"scores-{t}.csv")
+    md += ["", "![learning curves](curves.png)", "", "![final scores](scores.png)", ""]
+    (out / "scores.md").write_text("\n".join(md))
+    curves = plot_curves(groups, targets, out / "curves.png")
+    bars = plot_bars(rows, out / "scores.png")
+    return {"markdown": out / "scores.md", "csv": [out / f"scores-{t}.csv" for t in targets], "curves": curves,
+            "bars": bars, "groups": len(groups), "runs": len(runs), "unfinished": [str(d) for d in unfinished],
+            "notes": notes, "rows": rows}
+
+
+USAGE = "usage: python -m eval.report RUN_OR_DIR_OR_GLOB [...] [out=DIR]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE + "\n\n" + __doc__)
+        return 0 if argv else 2
+    opts = dict(a.split("=", 1) for a in argv if "=" in a and not Path(a).exists())
+    unknown = set(opts) - {"out"}
+    if unknown:
+        print(f"error: unknown option(s) {', '.join(sorted(unknown))}\n{USAGE}", file=sys.stderr)
+        return 1
+    patterns = [a for a in argv if "=" not in a or Path(a).exists()]
+    try:
+        res = report(patterns, opts.get("out", "report"))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(Path(res["markdown"]).read_text())
+    print(f"wrote {res['markdown']}, {', '.join(map(str, res['csv']))}, {res['curves']}, {res['bars']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""Run a grid of training runs (datasets x models x seeds) and report them as a table.
+
+    python -m eval.sweep env=hopper-medium,walker2d-medium model=dt,primal+dt seeds=0,1,2 steps=4000
+    python -m eval.sweep env=hopper-medium model=dt,primal+dt seeds=0,1,2 steps=4000 print=slurm
+
+The options are training's (``python -m primal_dt.train --help``), in the same grammar; ``env``,
+``model`` and ``seeds`` take comma lists and span the grid, every other option is handed to each run
+as given. Sweep options: ``out`` (root of the runs, default ``runs/sweep``), ``jobs`` (runs at once;
+0 = as many as fit the cores at ``threads`` each), ``threads`` (torch threads per run, default 1),
+``print`` (``commands`` | ``parallel`` | ``slurm``: write one command per run for a scheduler
+instead of running them), ``report`` (where the report goes, default ``<out>/report``).
+
+A second call is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
+configuration) holds a finished run of at least the asked steps is skipped; one that was killed, or
+asked for fewer steps, is resumed (``resume=``, exact); the rest start. Every run's options are
+checked before the first one starts, so a typo fails in a second, not after hours. At the end the
+finished runs go through ``eval.report``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agents import dt_checkpoint
+from agents.training_log import model_label
+from primal_dt import train_config
+from primal_dt.cli import find_value
+
+from . import report as report_mod
+
+SWEEP_OPTIONS = {"out": "runs/sweep", "jobs": "0", "threads": "1", "print": "", "report": "", "seeds": "0"}
+AXES = ("env", "model", "seeds")
+PRINT_FORMATS = ("commands", "parallel", "slurm")
+
+
+@dataclass
+class Job:
+    env: str
+    model: str
+    seed: int
+    argv: list[str]
+    """the training command line's options"""
+    label: str
+    steps: int
+    action: str = "start"
+    """start | resume | skip"""
+    run_dir: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.env} {self.label} seed {self.seed}"
+
+    def command(self, threads: int) -> list[str]:
+        base = [sys.executable, "-m", "primal_dt.train"]
+        if self.action == "resume":
+            return base + [f"resume={self.run_dir}", f"steps={self.steps}", f"threads={threads}", "progress=false"]
+        return base + self.argv + [f"threads={threads}", "progress=false"]
+
+
+def split_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
+    """(sweep options, grid axes, options passed to every run)."""
+    sweep, axes, rest = dict(SWEEP_OPTIONS), {}, []
+    for a in argv:
+        key, eq, val = a.lstrip("-").partition("=")
+        if not eq:
+            raise ValueError(f"argument {a!r}: write key=value (e.g. model=dt,primal+dt seeds=0,1,2)")
+        if key in ("env", "model", "attention", "model.name", "seeds", "seed"):
+            key = {"attention": "model", "model.name": "model", "seed": "seeds"}.get(key, key)
+            vals = [v.strip() for v in val.split(",") if v.strip()]
+            if not vals:
+                raise ValueError(f"{key}= needs at least one value")
+            axes[key] = vals
+        elif key in SWEEP_OPTIONS:
+            sweep[key] = val
+        elif key == "resume":
+            raise ValueError("resume= is per run; a sweep resumes its killed runs by itself when called again")
+        else:
+            rest.append(f"{key}={val}")
+    axes.setdefault("seeds", [SWEEP_OPTIONS["seeds"]])
+    try:
+        axes["seeds"] = [int(s) for s in axes["seeds"]]
+    except ValueError as err:
+        raise ValueError(f"seeds must be integers, e.g. seeds=0,1,2; got {','.join(axes['seeds'])}") from err
+    for k in ("jobs", "threads"):
+        if not sweep[k].isdigit():
+            raise ValueError(f"{k} must be an integer >= 0, got {sweep[k]!r}")
+    if int(sweep["threads"]) < 1:
+        raise ValueError("threads must be >= 1 (torch threads per run)")
+    if sweep["print"] and sweep["print"] not in PRINT_FORMATS:
+        raise ValueError(f"print must be one of {', '.join(PRINT_FORMATS)}, got {sweep['print']!r}")
+    return sweep, axes, rest
+
+
+def plan(argv: list[str]) -> tuple[dict, list[Job]]:
+    """Every run of the grid, its options checked, and whether it starts, resumes or is done."""
+    sweep, axes, rest = split_args(argv)
+    out = Path(sweep["out"])
+    jobs = []
+    for env in axes.get("env", [find_value(rest, "env") or train_config.TrainConfig().env]):
+        for model in axes.get("model", [train_config.TrainConfig().model.name]):
+            for seed in axes["seeds"]:
+                run_argv = [f"env={env}", f"model={model}", f"seed={seed}", *rest, f"out={out}"]
+                try:
+                    built = train_config.build(run_argv)
+                    train_config.check(built.cfg)
+                except ValueError as err:
+                    raise ValueError(f"run {env} {model} seed {seed}: {err}") from err
+                except SystemExit as err:  # the option parser has printed what it could not read
+                    raise ValueError(f"run {env} {model} seed {seed}: training does not accept the options shown "
+                                     "above (python -m primal_dt.train --help lists them)") from err
+                job = Job(env, model, seed, run_argv, model_label(built.cfg), built.cfg.steps)
+                _match_existing(job, built.cfg, out)
+                jobs.append(job)
+    return sweep, jobs
+
+
+def _fixed(cfg: dict) -> dict:
+    """The options a resumed run cannot change: what identifies a run of the grid."""
+    return {k: v for k, v in train_config.flat(cfg).items() if k.split(".")[0] not in train_config.RESUMABLE
+            and k not in ("out", "preset")}
+
+
+def _match_existing(job: Job, cfg, out: Path) -> None:
+    import dataclasses
+
+    want = _fixed(dataclasses.asdict(cfg))
+    want = {k: list(v) if isinstance(v, tuple) else v for k, v in want.items()}
+    for d in sorted((out / job.env / job.label).glob(f"*-seed{job.seed}"), reverse=True):
+        if not (d / dt_checkpoint.FILENAME).exists():
+            continue
+        try:
+            ck = dt_checkpoint.load(d)
+        except (ValueError, FileNotFoundError):
+            continue
+        try:  # through the config's reader, so options added since the run was written take their defaults
+            saved = dataclasses.asdict(train_config.from_dict(ck.config))
+        except ValueError:
+            continue
+        have = {k: list(v) if isinstance(v, tuple) else v for k, v in _fixed(saved).items()}
+        if have != want:
+            continue
+        job.run_dir = d
+        done = (d / "summary.json").exists() and ck.step >= job.steps
+        job.action = "skip" if done else "resume"
+        return
+
+
+def scheduler_script(jobs: list[Job], fmt: str, threads: int, out: Path) -> str:
+    """One command per run for a cluster scheduler, written to ``<out>/sweep-commands.txt``."""
+    todo = [j for j in jobs if j.action != "skip"]
+    out.mkdir(parents=True, exist_ok=True)
+    cmds = out / "sweep-commands.txt"
+    lines = [" ".join(shlex.quote(c) for c in (["python"] + j.command(threads)[1:])) for j in todo]
+    cmds.write_text("\n".join(lines) + ("\n" if lines else ""))
+    if fmt == "commands":
+        return "\n".join(lines)
+    if fmt == "parallel":
+        return f"# GNU parallel, {len(todo)} runs:\nparallel --jobs {max(1, (os.cpu_count() or 1) // threads)} < {cmds}"
+    return "\n".join([
+        "#!/bin/bash",
+        f"#SBATCH --array=0-{max(len(todo) - 1, 0)}",
+        f"#SBATCH --cpus-per-task={threads}",
+        "#SBATCH --job-name=primal-dt-sweep",
+        f'# one run per array task; commands in {cmds}; afterwards: python -m eval.report {out}',
+        f'eval "$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(cmds))})"',
+    ])
+
+
+def cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def execute(jobs: list[Job], parallel: int, threads: int, logs: Path) -> list[Job]:
+    """Run the jobs as local processes, ``parallel`` at a time; returns those that failed."""
+    todo = [j for j in jobs if j.action != "skip"]
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    running: list[tuple[Job, subprocess.Popen, float, object]] = []
+    failed, finished = [], 0
+    t_start = time.time()
+    try:
+        while todo or running:
+            while todo and len(running) < parallel:
+                j = todo.pop(0)
+                log = logs / f"{j.env}-{j.label}-seed{j.seed}.log"
+                fh = log.open("a")
+                p = subprocess.Popen(j.command(threads), stdout=fh, stderr=subprocess.STDOUT, env=env)
+                print(f"[sweep] {j.action} {j.name} (log {log})", flush=True)
+                running.append((j, p, time.time(), fh))
+            time.sleep(1.0)
+            for item in list(running):
+                j, p, t0, fh = item
+                if p.poll() is None:
+                    continue
+                running.remove(item)
+                fh.close()
+                finished += 1
+                state = "done" if p.returncode == 0 else f"FAILED (exit {p.returncode}, see {fh.name})"
+                if p.returncode != 0:
+                    failed.append(j)
+                left = len(todo) + len(running)
+                print(f"[sweep] {state}: {j.name} in {(time.time() - t0) / 60:.1f} min; {finished} finished, "
+                      f"{left} to go, {(time.time() - t_start) / 60:.1f} min so far", flush=True)
+    except KeyboardInterrupt:
+        for _, p, _, _ in running:
+            p.terminate()
+        for _, p, _, _ in running:
+            p.wait()
+        print("[sweep] interrupted; call the same command again to resume the killed runs", flush=True)
+        raise
+    return failed
+
+
+def run(argv: list[str]) -> dict:
+    sweep, jobs = plan(argv)
+    out, threads = Path(sweep["out"]), int(sweep["threads"])
+    parallel = int(sweep["jobs"]) or max(1, cores() // threads)
+    counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip")}
+    print(f"[sweep] {len(jobs)} runs: {counts['start']} to start, {counts['resume']} to resume, "
+          f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores()} cores); out {out}",
+          flush=True)
+    if sweep["print"]:
+        print(scheduler_script(jobs, sweep["print"], threads, out))
+        return {"jobs": jobs, "printed": True}
+    failed = execute(jobs, parallel, threads, out / "sweep-logs")
+    _, jobs = plan(argv)  # where each run now lives (new runs named their directories themselves)
+    finished_dirs = [str(j.run_dir) for j in jobs if j.action == "skip"]
+    result = {"jobs": jobs, "failed": failed}
+    if finished_dirs:
+        result["report"] = report_mod.report(finished_dirs, sweep["report"] or out / "report")
+        print(Path(result["report"]["markdown"]).read_text(), flush=True)
+    if failed:
+        names = ", ".join(j.name for j in failed)
+        raise RuntimeError(f"{len(failed)} run(s) failed: {names}; see {out / 'sweep-logs'}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return
+    try:
+        run(argv)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        sys.exit(f"error: {err}")
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""python -m eval.sweep as a user runs it: real training subprocesses on real Hopper data, a second
+call that skips finished runs and resumes the ones asked for more, scheduler scripts, early errors."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from agents import dt_checkpoint
+from eval.sweep import plan
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["preset=smoke", "tensorboard=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.s=8",
+        "K=5", "batch_size=8", "warmup_steps=3", "eval.every=0", "eval.final_episodes=2", "eval.max_steps=15",
+        "eval.num_envs=2", "eval.engine=stream"]
+
+
+def sweep(hopper_file, out, *args, check=True):
+    p = subprocess.run([sys.executable, "-m", "eval.sweep", *TINY, f"data_source=d4rl:{hopper_file}", f"out={out}",
+                        *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def run_dirs(out):
+    return sorted(d for d in Path(out).glob("hopper-medium/*/*-seed*") if d.is_dir())
+
+
+def test_grid_runs_then_a_second_call_skips_and_resumes(hopper_file, tmp_path):
+    out = tmp_path / "sweep"
+    p = sweep(hopper_file, out, "model=dt,primal+dt", "seeds=0", "steps=6", "jobs=2")
+    assert "2 runs: 2 to start, 0 to resume, 0 finished; 2 at a time" in p.stdout
+    first = run_dirs(out)
+    assert [d.parent.name for d in first] == ["dt", "primal+dt"]
+    assert all((d / "summary.json").exists() for d in first)
+    assert "| hopper-medium | primal+dt | 1 | 6 |" in p.stdout and (out / "report" / "scores.md").exists()
+    stamps = {d: (d / "summary.json").stat().st_mtime_ns for d in first}
+
+    p = sweep(hopper_file, out, "model=dt,primal+dt", "seeds=0,1", "steps=6")
+    assert "4 runs: 2 to start, 0 to resume, 2 finished" in p.stdout
+    assert len(run_dirs(out)) == 4
+    assert {d: (d / "summary.json").stat().st_mtime_ns for d in first} == stamps  # finished runs untouched
+    assert "| hopper-medium | dt | 2 | 6 |" in p.stdout
+
+    p = sweep(hopper_file, out, "model=dt", "seeds=0", "steps=9")
+    assert "1 runs: 0 to start, 1 to resume, 0 finished" in p.stdout
+    dt0 = next(d for d in first if d.parent.name == "dt")
+    assert dt_checkpoint.load(dt0).step == 9 and len(run_dirs(out)) == 4  # same directory, continued
+
+
+def test_scheduler_scripts_list_only_what_is_left(hopper_file, tmp_path):
+    out = tmp_path / "sweep"
+    sweep(hopper_file, out, "model=dt", "seeds=0", "steps=4")
+    p = sweep(hopper_file, out, "model=dt,primal+dt", "seeds=0,1", "steps=4", "print=slurm")
+    assert "#SBATCH --array=0-2" in p.stdout and "SLURM_ARRAY_TASK_ID" in p.stdout
+    cmds = (out / "sweep-commands.txt").read_text().splitlines()
+    assert len(cmds) == 3 and not any("model=dt seed=0" in c for c in cmds)
+    assert all(c.startswith("python -m primal_dt.train ") and "threads=1" in c for c in cmds)
+    assert len(run_dirs(out)) == 1  # printing runs nothing
+    p = sweep(hopper_file, out, "model=dt,primal+dt", "seeds=0,1", "steps=4", "print=parallel")
+    assert "parallel --jobs" in p.stdout
+
+
+@pytest.mark.parametrize("bad,match", [
+    (["lrr=0.1"], "run hopper-medium dt seed 0"),
+    (["seeds=0,x"], "seeds must be integers"),
+    (["model=dt,nonsense"], "unknown model 'nonsense'"),
+    (["print=pbs"], "print must be one of"),
+    (["resume=somewhere"], "resume= is per run"),
+    (["threads=0"], "threads must be >= 1"),
+])
+def test_bad_options_fail_before_any_run_starts(hopper_file, tmp_path, bad, match):
+    with pytest.raises(ValueError, match=match):
+        plan([*TINY, f"data_source=d4rl:{hopper_file}", f"out={tmp_path / 'sweep'}", "model=dt", "steps=4", *bad])
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_the_command_says_what_was_wrong_in_one_line(hopper_file, tmp_path):
+    p = sweep(hopper_file, tmp_path / "sweep", "model=dt", "steps=4", "lrr=0.1", check=False)
+    assert p.returncode == 1 and "Unrecognized options: --lrr" in p.stderr
+    assert p.stderr.rstrip().splitlines()[-1].startswith("error: run hopper-medium dt seed 0: training does not")
+    assert "Traceback" not in p.stderr and not (tmp_path / "sweep").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_resumes_its_run_exactly_where_it_stopped(hopper_file, tmp_path):
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "eval.sweep", *TINY, f"data_source=d4rl:{hopper_file}", f"out={out}", "model=dt",
+            "seeds=0", "steps=400", "checkpoint_every=20"]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and not list(out.glob("hopper-medium/dt/*/last.pt")):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its training process die together
+    proc.wait()
+    (d,) = run_dirs(out)
+    assert not (d / "summary.json").exists()
+    p = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "1 to resume" in p.stdout
+    assert run_dirs(out) == [d] and dt_checkpoint.load(d).step == 400 and (d / "summary.json").exists()
