@@ -154,7 +154,7 @@ class DecisionTransformer(nn.Module):
         r = torch.addcmul(self.embed_return.bias, rtg.unsqueeze(-1), self.embed_return.weight.squeeze(-1))
         s = F.linear(states, self.embed_state.weight, self.embed_state.bias)
         ln = self.embed_ln
-        x = F.layer_norm(torch.stack((a, r, s), 1) + time, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+        x = F.layer_norm(torch.stack((a, r, s), 1).add_(time), ln.normalized_shape, ln.weight, ln.bias, ln.eps)
         if first is None:
             return x, None
         mask = torch.ones(x.shape[0], TOKENS_PER_STEP, dtype=torch.bool, device=x.device)
@@ -163,8 +163,10 @@ class DecisionTransformer(nn.Module):
 
     # -- 2. the stack and the head ------------------------------------------------------------------
     def predict_action(self, hidden_at_state_tokens: torch.Tensor) -> torch.Tensor:
-        """Hidden states of state tokens [..., D] -> actions in [-1, 1] [..., act_dim]."""
-        return self.action_head(hidden_at_state_tokens)
+        """Hidden states of state tokens [..., D] -> actions in [-1, 1] [..., act_dim]. ``action_head``'s
+        Linear and Tanh called functionally: the stream engine calls this every environment step."""
+        head = self.action_head[0]
+        return torch.tanh(F.linear(hidden_at_state_tokens, head.weight, head.bias))
 
     def forward(self, states, actions, rtg, timesteps, mask=None):
         """Predicted action at every step [B, T, act_dim] and the stack's per-layer aux dicts.

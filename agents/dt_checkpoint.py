@@ -10,8 +10,8 @@ layout is known in one place. On disk a checkpoint is a dict saved atomically by
     config        the run's TrainConfig as a plain dict (``primal_dt.train_config.from_dict``)
     model_config  DTConfig as a plain dict: what builds the network back
     model         the network's state_dict
-    data          DataInfo: dataset identity (source, content fingerprint) and the statistics the
-                  agent's bookkeeping needs
+    data          DataInfo: dataset identity (source, content fingerprint), the episodes held out
+                  for validation, and the statistics the agent's bookkeeping needs
     optimizer, scheduler, rng, step, train_time, history
                   TrainingState: what an exact resume needs (absent in inference-only files)
 
@@ -64,12 +64,16 @@ class DataInfo:
     fingerprint: str = ""
     """content hash of the arrays trained on (``envs.Trajectories.fingerprint``); '' in checkpoints
     written before it was recorded"""
+    held_out: tuple[int, ...] = ()
+    """episodes of the dataset (indices in its order) held out of training for validation; the
+    statistics above are those of the other episodes. () in checkpoints without a split"""
 
     def __post_init__(self):
         self.state_mean = np.asarray(self.state_mean, dtype=np.float32).reshape(-1)
         self.state_std = np.asarray(self.state_std, dtype=np.float32).reshape(-1)
         self.reward_scale = float(self.reward_scale)
         self.targets = tuple(float(t) for t in self.targets)
+        self.held_out = tuple(int(e) for e in self.held_out)
         if self.state_mean.shape != self.state_std.shape:
             raise ValueError(f"state_mean {self.state_mean.shape} and state_std {self.state_std.shape} differ in shape")
         if not self.reward_scale > 0:
@@ -139,7 +143,8 @@ class DTCheckpoint:
                       "fingerprint": self.data.fingerprint,
                       "state_mean": torch.as_tensor(self.data.state_mean),
                       "state_std": torch.as_tensor(self.data.state_std),
-                      "reward_scale": self.data.reward_scale, "targets": list(self.data.targets)}}
+                      "reward_scale": self.data.reward_scale, "targets": list(self.data.targets),
+                      "held_out": list(self.data.held_out)}}
         if self.training is not None:
             d.update(dataclasses.asdict(self.training))
         return d
@@ -166,7 +171,8 @@ class DTCheckpoint:
             info = DataInfo(env=data["env"], state_mean=_array(data["state_mean"]),
                             state_std=_array(data["state_std"]), reward_scale=data["reward_scale"],
                             targets=tuple(data.get("targets") or ()), gym_id=data.get("gym_id"),
-                            source=data.get("source") or "", fingerprint=data.get("fingerprint") or "")
+                            source=data.get("source") or "", fingerprint=data.get("fingerprint") or "",
+                            held_out=tuple(data.get("held_out") or ()))
         except (TypeError, ValueError) as err:
             raise ValueError(f"{where}: its data part is not valid: {err}") from err
         if not isinstance(d["model_config"], dict):
@@ -228,6 +234,8 @@ def check_data(info: DataInfo, data, where: str = "checkpoint") -> None:
     print(f"note: {where} records no dataset fingerprint (it was written before primal-dt recorded one); only "
           "the normalisation statistics are compared, which miss changed actions or rewards", file=sys.stderr,
           flush=True)
+    if info.held_out and max(info.held_out) < len(data):  # the statistics are the training episodes'
+        data = data.subset(np.setdiff1d(np.arange(len(data)), info.held_out))
     if not (np.allclose(info.state_mean, data.state_mean, atol=1e-6)
             and np.allclose(info.state_std, data.state_std, atol=1e-6)):
         raise ValueError(f"{where} was trained on data with other normalisation statistics (source "

@@ -21,25 +21,29 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 import envs
 from primal_dt import checkpoint as ck_io
 from primal_dt import runtime, train_config
-from primal_dt.monitor import RunMonitor, run_dir
+from primal_dt.monitor import EpisodeBar, RunMonitor, run_dir
 from primal_dt.runtime import Dist, SetupError, WriteError
 from primal_dt.train_config import Built, TrainConfig
 
-from . import dt_checkpoint, stream_training, training_checkpoint, training_log
+from . import dt_checkpoint, stream_training, training_checkpoint, training_log, training_time
 from .decision_transformer import DecisionTransformer, DTConfig, dt_loss
 from .dt_checkpoint import DataInfo
+from .training_validation import Validation
 
 
 class Diverged(RuntimeError):
@@ -51,11 +55,11 @@ class Evaluator:
     """How the trainer rolls its model out in the simulator (the entry point builds it from
     ``eval.rollout``, which ``agents`` may not import).
 
-    ``rollout(model, data, episodes, seed, settings, on_step)`` plays ``episodes`` episodes per
+    ``rollout(model, data, episodes, seed, settings, on_episode)`` plays ``episodes`` episodes per
     target in ``data.targets`` (``data``: the run's ``DataInfo``; ``settings``: its ``EvalConfig``;
-    ``on_step(n)``: progress) and returns {target: {"normalized_mean", "normalized_std",
-    "return_mean", "return_std", "length_mean", "returns", ...}}; ``line(results)`` says them in one
-    line for the log.
+    ``on_episode(n)``: called as ``n`` episodes end, for the progress bar) and returns {target:
+    {"normalized_mean", "normalized_std", "return_mean", "return_std", "length_mean", "returns", ...}};
+    ``line(results)`` says them in one line for the log.
     """
 
     rollout: Callable[..., dict]
@@ -70,8 +74,10 @@ class Run:
     built: Built
     spec: envs.EnvSpec
     data: envs.Trajectories
+    """the whole dataset as loaded (its identity); training samples only the episodes not in ``info.held_out``"""
     info: DataInfo
-    """what the checkpoint and the evaluator need to know about the data (statistics, targets, scale)"""
+    """what the checkpoint and the evaluator need to know about the data (statistics of the training episodes,
+    held-out episodes, targets, scale)"""
     sampler: envs.SegmentSampler
     model: DecisionTransformer
     opt: torch.optim.Optimizer
@@ -80,6 +86,8 @@ class Run:
     """the run directory: a resumed run's own; a new run's is claimed when training starts (``open_run_dir``)"""
     device: torch.device
     dist: Dist
+    validation: Validation | None = None
+    """the held-out episodes' fixed segments (None: val_fraction=0)"""
     step: int = 0
     train_time: float = 0.0
     """seconds inside optimisation steps (no evaluation, no logging)"""
@@ -114,14 +122,21 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
         if d.world > 1:  # same initial weights everywhere (DDP also broadcasts them), own dropout masks per rank
             runtime.seed_torch(cfg.seed + 1000 * d.rank)
         opt, sched = build_optimizer(model, cfg)
+        train_eps, held_out = hold_out(cfg, data, resume[1] if resume else None)
+    trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
-    sampler = envs.SegmentSampler(data, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
+    sampler = envs.SegmentSampler(trained, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
                                   cfg.seed + 1000 * d.rank)
     targets = tuple(float(t) for t in (cfg.eval.targets or spec.targets))
-    info = DataInfo(env=cfg.env, state_mean=data.state_mean, state_std=data.state_std, reward_scale=cfg.reward_scale,
-                    targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id), source=data.source,
-                    fingerprint=data.fingerprint)
-    run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d)
+    info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
+                    reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
+                    source=data.source, fingerprint=data.fingerprint, held_out=tuple(held_out.tolist()))
+    validation = None
+    if len(held_out) and d.main:
+        reach = stream_training.receptive_field(model.cfg) if cfg.stream_window else None
+        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, reach)
+    run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d,
+              validation)
     if resume is not None:
         training_checkpoint.restore(run, resume[1])
     return run
@@ -137,7 +152,33 @@ def resumed_config(built: Built) -> tuple[Built, tuple[Path, dt_checkpoint.DTChe
     if ck.training is None:
         raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so it "
                          "cannot be resumed; start a new run")
-    return train_config.resumed(built, ck.config, str(path)), (path, ck)
+    # a run from before validation existed trained on every episode: it continues so
+    saved = {"val_fraction": 0.0, **ck.config}
+    return train_config.resumed(built, saved, str(path)), (path, ck)
+
+
+def hold_out(cfg: TrainConfig, data: envs.Trajectories, resumed: dt_checkpoint.DTCheckpoint | None):
+    """(training episodes, held-out episodes) for ``val_fraction``, drawn by the run's seed; a resumed
+    run recomputes its split and checks it against the one its checkpoint recorded."""
+    if cfg.val_fraction == 0:
+        train, held = np.arange(len(data)), np.zeros(0, dtype=np.int64)
+    else:
+        try:
+            train, held = data.hold_out(cfg.val_fraction, cfg.seed)
+        except envs.DatasetError as err:
+            raise ValueError(f"val_fraction={cfg.val_fraction:g} holds out whole episodes for validation: {err}. Set "
+                             "val_fraction=0 to train on every episode (no validation)") from err
+    if resumed is not None and tuple(held.tolist()) != resumed.data.held_out:
+        raise ValueError(f"{resumed.origin} held out episodes {_few(resumed.data.held_out)} for validation, but the "
+                         f"split recomputed from seed={cfg.seed} and val_fraction={cfg.val_fraction:g} holds out "
+                         f"{_few(held.tolist())}: this release splits differently, so the run cannot continue "
+                         "exactly; start a new run")
+    return train, held
+
+
+def _few(xs) -> str:
+    xs = list(xs)
+    return f"[{', '.join(map(str, xs[:8]))}{', ...' if len(xs) > 8 else ''}] ({len(xs)})"
 
 
 def env_spec(name: str) -> envs.EnvSpec:
@@ -274,32 +315,49 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     if d.main:
         print(training_log.announcement(run), flush=True)
     mon = training_log.open_monitor(run)
-    last_score = training_log.last_eval(mon)
+    last_score, last_val = training_log.last_eval(mon), training_log.last_validation(mon)
     reach = stream_training.receptive_field(run.model.cfg) if cfg.stream_window else None
     speed = training_log.Throughput()
+    clock = training_checkpoint.WallClock(cfg.checkpoint_minutes, run)
+    timer = training_time.Timer(run)
     try:
-        while run.step < cfg.steps:
-            logging = _due(run.step + 1, cfg.log_every)
-            batch = next_batch(run, reach)
-            t0 = time.perf_counter()
-            loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip, logging,
-                                         d.world)
-            dt = time.perf_counter() - t0  # train_step reads the loss back, so the device is synchronised
-            if not (math.isfinite(loss) and math.isfinite(gn)):
-                diverged(run, mon, loss, gn, parts)
-            run.step += 1
-            run.train_time += dt
-            speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
-            if logging:
-                training_log.log_step(run, mon, loss, gn, parts, speed.take())
-            if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final evaluation covers the last step
-                last_score = periodic_eval(run, mon, evaluator) if d.main else last_score
-                d.barrier()
-            if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps:
-                training_checkpoint.save(run, mon)
-            mon.progress(1, loss=f"{loss:.4f}", **({"eval": f"{last_score:.1f}"} if last_score is not None else {}))
-    except KeyboardInterrupt:
-        mon.print(f"interrupted at step {run.step}; continue with: python -m primal_dt.train resume={run.out}")
+        with _terminate_as_interrupt():
+            while run.step < cfg.steps:
+                logging = _due(run.step + 1, cfg.log_every)
+                batch = next_batch(run, reach)
+                t0 = time.perf_counter()
+                loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip, logging,
+                                             d.world)
+                dt = time.perf_counter() - t0  # train_step reads the loss back, so the device is synchronised
+                if not (math.isfinite(loss) and math.isfinite(gn)):
+                    diverged(run, mon, loss, gn, parts)
+                run.step += 1
+                run.train_time += dt
+                speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
+                if logging:
+                    training_log.log_step(run, mon, loss, gn, parts, speed.take())
+                if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
+                    t0 = time.perf_counter()
+                    if d.main:
+                        last_score = periodic_eval(run, mon, evaluator, timer)
+                        last_val = validate(run, mon, timer) if run.validation is not None else last_val
+                    d.barrier()
+                    timer.exclude(time.perf_counter() - t0)
+                if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or clock.due(run.step):
+                    training_checkpoint.save(run, mon)
+                    clock.restart()
+                note = timer.tick()
+                if note:
+                    mon.print(note)
+                mon.progress(1, **training_log.postfix(loss, last_score, last_val, timer.eta()))
+    except KeyboardInterrupt as err:
+        why = f" by {err.args[0]}" if err.args else ""
+        if (run.out / dt_checkpoint.FILENAME).exists():
+            mon.print(f"interrupted{why} at step {run.step}; {kept(run)}; continue with: python -m primal_dt.train "
+                      f"resume={run.out}")
+        else:
+            mon.print(f"interrupted{why} at step {run.step}, before the first checkpoint (checkpoint_every="
+                      f"{cfg.checkpoint_every}, checkpoint_minutes={cfg.checkpoint_minutes:g}): nothing to resume")
         mon.close()
         raise
     except WriteError:
@@ -307,10 +365,30 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
             mon.close()
         raise
     final = final_eval(run, mon, evaluator)
+    val = validate(run, mon, timer, final=True) if run.validation is not None else None
     d.barrier()
-    summary = training_log.finish(run, mon, final)
+    summary = training_log.finish(run, mon, final, val)
     runtime.check_replicas(run.model, d)
     return summary
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """A SIGTERM (a scheduler's preemption or time limit, ``kill``) ends training as Ctrl-C does: the
+    run says where it stopped, which checkpoint is kept and how to continue, instead of vanishing.
+    Only the main thread can take signals; elsewhere SIGTERM keeps its default."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _due(step: int, every: int) -> bool:
@@ -329,28 +407,29 @@ def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
 
 # -- evaluation in the simulator -----------------------------------------------------------------------
 def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
-    """Roll the current model out (``episodes`` per target), leaving the training RNG untouched."""
+    """Roll the current model out (``episodes`` per target), leaving the training RNG untouched; the
+    bar counts episodes (episodes x targets), ending at 100 % with the evaluation."""
     bar = None
     if run.cfg.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(desc=f"eval {episodes} episodes x {len(run.info.targets)} targets", unit=" env steps",
-                   leave=False, dynamic_ncols=True, mininterval=1.0)
+        bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False)
     try:
         with torch.random.fork_rng(devices=[]):  # evaluation never moves the training RNG
             return evaluator.rollout(run.model, run.info, episodes, seed, run.cfg.eval,
-                                     on_step=bar.update if bar is not None else None)
+                                     bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
 
 
-def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> float:
+def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator, timer: training_time.Timer | None = None) -> float:
     """Evaluate every ``eval.every`` steps; returns the first target's normalized score (for the bar)."""
     t0 = time.perf_counter()
     res = evaluate(run, evaluator, run.cfg.eval.episodes, run.cfg.seed + 10_000)
+    seconds = time.perf_counter() - t0
+    if timer is not None:
+        timer.evaluated(seconds, run.cfg.eval.episodes)
     mon.scalars(training_log.eval_scalars(res), run.step)
-    mon.print(f"step {run.step}: eval ({run.cfg.eval.episodes} episodes/target, {time.perf_counter() - t0:.0f}s) "
+    mon.print(f"step {run.step}: eval ({run.cfg.eval.episodes} episodes/target, {seconds:.0f}s) "
               f"normalized {evaluator.line(res)}")
     run.history = training_log.eval_history(mon)
     return next(iter(res.values()))["normalized_mean"]
@@ -368,3 +447,19 @@ def final_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> dict | None:
     mon.print(f"final eval ({e.final_episodes} episodes/target, {time.perf_counter() - t0:.0f}s): "
               f"normalized {evaluator.line(final)}")
     return final
+
+
+# -- validation on held-out episodes ----------------------------------------------------------------
+def validate(run: Run, mon: RunMonitor, timer: training_time.Timer | None = None, final: bool = False) -> float:
+    """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse`` at this step;
+    every ``eval.every`` steps and at the end, with or without the simulator evaluation."""
+    t0 = time.perf_counter()
+    mse = run.validation.action_mse(run.model)
+    if timer is not None:
+        timer.validated(time.perf_counter() - t0)
+    mon.scalar(training_log.VAL_TAG, mse, run.step)
+    v = run.validation
+    mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
+              f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} segments)")
+    run.history = training_log.eval_history(mon)
+    return mse

@@ -8,6 +8,7 @@ process's random streams, progress) and puts it back into a run.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,6 +74,38 @@ def save(run: Run, mon: RunMonitor) -> None:
         mon.flush()
         dt_checkpoint.save(checkpoint_of(run, rngs), run.out / dt_checkpoint.FILENAME)
     run.dist.barrier()
+
+
+class WallClock:
+    """Checkpoints by wall time as well as by steps (``checkpoint_minutes``): a run stopped in its
+    first hour, long before its first step checkpoint, still resumes. Checkpoints are exact at any
+    step, so when they come does not change what a resumed run computes.
+
+    Saving is a collective, so under DDP the processes must agree on the step: rank 0's clock
+    decides, and its decision is broadcast every ``SYNC_EVERY`` steps (one tiny collective, not one
+    per step). A single process reads its clock every step and never synchronises for it."""
+
+    SYNC_EVERY = 10
+
+    def __init__(self, minutes: float, run: Run):
+        self.seconds, self.dist, self.device = 60.0 * minutes, run.dist, run.device
+        self.restart()
+
+    def restart(self) -> None:
+        """Count from now (after any checkpoint was written)."""
+        self.deadline = time.monotonic() + self.seconds
+
+    def due(self, step: int) -> bool:
+        if self.seconds <= 0:
+            return False
+        late = time.monotonic() >= self.deadline
+        if self.dist.world == 1:
+            return late
+        if step % self.SYNC_EVERY:
+            return False
+        flag = torch.tensor([float(late and self.dist.main)], device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
 
 
 def restore(run: Run, ck: DTCheckpoint) -> None:

@@ -1,6 +1,7 @@
 """What a DT training run shows and leaves behind: the opening announcement, TensorBoard scalars
-and histograms, the progress bar, and at the end hyper-parameters, ``eval_return.png`` and
-``summary.json``. Rank 0 writes; the other processes' monitors are switched off.
+and histograms, the progress bar (loss, last score, last validation MSE, time left), and at the end
+hyper-parameters, ``eval_return.png``, ``val_action_mse.png`` and ``summary.json``. Rank 0 writes;
+the other processes' monitors are switched off.
 """
 
 from __future__ import annotations
@@ -24,14 +25,28 @@ def model_label(cfg: TrainConfig) -> str:
     return cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
 
 
+VAL_TAG = "val/action_mse"
+"""the held-out episodes' masked action MSE (``agents.training_validation``)"""
+
+
+def held_out(run: Run) -> str:
+    """The validation split in words."""
+    n = len(run.info.held_out)
+    if not n:
+        return "no episodes held out (val_fraction=0)"
+    steps = int(run.data.lengths[list(run.info.held_out)].sum())
+    return (f"{n} held out for validation ({steps:,} steps, val_fraction={run.cfg.val_fraction:g}, drawn by "
+            f"seed {run.cfg.seed}; statistics from the other {len(run.data) - n})")
+
+
 def announcement(run: Run) -> str:
     """What the run is about to do: every option with its provenance, the data, the model, where it writes."""
     cfg = run.cfg
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
         train_config.describe(run.built),
-        f"data {cfg.env}: {len(run.data.episodes)} episodes, {run.data.num_steps:,} steps, source: {run.data.source} "
-        f"({run.info.fingerprint[:19]})",
+        f"data {cfg.env}: {len(run.data)} episodes, {run.data.num_steps:,} steps, source: {run.data.source} "
+        f"({run.info.fingerprint[:19]}); {held_out(run)}",
         f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}"
         + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
         f"eval targets {list(run.info.targets)}; run directory {run.out}"
@@ -46,25 +61,45 @@ def open_monitor(run: Run) -> RunMonitor:
     mon = RunMonitor(run.out, enabled=cfg.tensorboard and d.main, progress_total=cfg.steps,
                      progress=cfg.progress and d.main, progress_desc=f"{cfg.env} {model_label(cfg)}",
                      initial=min(run.step, cfg.steps), purge_step=run.step + 1 if run.step else None)
+    if mon.bar is not None:  # tqdm's own "remaining" knows nothing of evaluations: the postfix's eta does
+        mon.bar.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
     for tag, pts in run.history.items():
         mon.history[tag] = [tuple(p) for p in pts]
     if d.main and run.step == 0:
         mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
         mon.text("config/provenance", "```\n" + train_config.describe(run.built) + "\n```")
-        mon.text("data/source", f"{run.data.source} ({cfg.env}, {len(run.data.episodes)} episodes, "
-                                f"{run.data.num_steps} steps, fingerprint {run.info.fingerprint})")
+        mon.text("data/source", f"{run.data.source} ({cfg.env}, {len(run.data)} episodes, "
+                                f"{run.data.num_steps} steps, fingerprint {run.info.fingerprint}); {held_out(run)}")
     return mon
 
 
 def eval_history(mon: RunMonitor) -> dict:
-    """The evaluation curves logged so far (what the checkpoint keeps of the log)."""
-    return {k: v for k, v in mon.history.items() if k.startswith("eval/")}
+    """The evaluation and validation curves logged so far (what the checkpoint keeps of the log)."""
+    return {k: v for k, v in mon.history.items() if k.startswith(("eval/", "val/"))}
 
 
 def last_eval(mon: RunMonitor) -> float | None:
     """The latest normalized score logged (the first target's), for the progress bar."""
     tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
     return mon.history[tags[0]][-1][1] if tags else None
+
+
+def last_validation(mon: RunMonitor) -> float | None:
+    pts = mon.history.get(VAL_TAG)
+    return pts[-1][1] if pts else None
+
+
+def postfix(loss: float, score: float | None, val: float | None, eta: str | None) -> dict:
+    """The progress bar's postfix: loss, the last normalized score, the last validation MSE, time left
+    (training plus the evaluations still due, ``agents.training_time``)."""
+    out = {"loss": f"{loss:.4f}"}
+    if score is not None:
+        out["score"] = f"{score:.1f}"
+    if val is not None:
+        out["val_mse"] = f"{val:.4f}"
+    if eta is not None:
+        out["eta"] = eta
+    return out
 
 
 class Throughput:
@@ -116,9 +151,9 @@ def eval_scalars(results: dict, prefix: str = "eval") -> dict:
     return out
 
 
-def finish(run: Run, mon: RunMonitor, final: dict | None) -> dict:
-    """The run's summary; rank 0 also records hyper-parameters with the final scores, draws
-    ``eval_return.png`` and writes ``summary.json``."""
+def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
+    """The run's summary; rank 0 also records hyper-parameters with the final scores and validation
+    MSE, draws ``eval_return.png`` and ``val_action_mse.png`` and writes ``summary.json``."""
     cfg = run.cfg
     summary = {
         "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
@@ -127,10 +162,14 @@ def finish(run: Run, mon: RunMonitor, final: dict | None) -> dict:
         "final": ({target_tag(t): {k: r[k] for k in ("normalized_mean", "normalized_std", "return_mean",
                                                       "return_std", "length_mean")} | {"episodes": len(r["returns"])}
                    for t, r in final.items()} if final else None),
+        "validation": ({"action_mse": val, "episodes": run.validation.episodes, "segments": run.validation.segments,
+                        "val_fraction": cfg.val_fraction} if val is not None else None),  # which: the checkpoint's data
         "run_dir": str(run.out),
     }
     if run.dist.main:
         metrics = {f"normalized_{target_tag(t)}": r["normalized_mean"] for t, r in (final or {}).items()}
+        if val is not None:
+            metrics["val_action_mse"] = val
         mon.hparams({"env": cfg.env, "model": model_label(cfg), "data_source": run.data.source,
                      **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "resume", "out")}},
                     metrics or {"steps": run.step})
@@ -138,6 +177,9 @@ def finish(run: Run, mon: RunMonitor, final: dict | None) -> dict:
         png = mon.plot(tags, run.out / "eval_return.png", title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}",
                        ylabel="normalized return")
         summary["plot"] = str(png) if png else None
+        png = mon.plot([VAL_TAG], run.out / "val_action_mse.png", ylabel="masked action MSE",
+                       title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}: held-out episodes")
+        summary["val_plot"] = str(png) if png else None
         with runtime.writing(run.out / "summary.json", "run summary"):
             (run.out / "summary.json").write_text(json.dumps(summary, indent=2))
         mon.print(json.dumps(summary, indent=2))

@@ -114,12 +114,21 @@ def evaluate_policy(model, env_id: str, episodes: int, seed: int, deterministic:
 
 @dataclass
 class BehaviorConfig:
+    """Options of ``python -m envs.behavior`` (the work directory: $PRIMAL_DT_BEHAVIOR_DIR, else
+    runs/behavior/<env_id>-seed<seed>)."""
+
     env_id: str = "Hopper-v5"
+    """Gymnasium simulator id"""
     total_steps: int = 300_000
+    """SAC environment steps to reach (a resumed run continues up to this)"""
     checkpoint_every: int = 10_000
+    """steps between policy checkpoints, each evaluated"""
     eval_episodes: int = 5
+    """episodes per checkpoint evaluation"""
     seed: int = 0
+    """SAC training seed"""
     threads: int = 1
+    """torch CPU threads"""
 
 
 def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = True) -> Path:
@@ -204,9 +213,14 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
     return workdir
 
 
-if __name__ == "__main__":
-    import tyro
+def main(argv: list[str] | None = None) -> Path:
+    """``python -m envs.behavior``: train (or resume) the SAC behaviour policy on its own."""
+    from primal_dt.cli import parse
 
-    args = tyro.cli(BehaviorConfig)
+    args = parse(BehaviorConfig, argv, prog="python -m envs.behavior", description=__doc__.split("\n\n")[0])
     out = Path(os.environ.get("PRIMAL_DT_BEHAVIOR_DIR", f"runs/behavior/{args.env_id}-seed{args.seed}"))
-    train_behavior(out, args)
+    return train_behavior(out, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -24,7 +24,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,30 +40,54 @@ COLLECT_LEVELS = ("medium", "expert", "medium-replay", "medium-expert")
 class CollectConfig:
     """Options of ``python -m envs.collect`` (every field is a ``key=value`` argument)."""
 
-    env: str = "hopper"  # hopper | halfcheetah | walker2d | ant
-    level: str = "medium"  # medium | expert | medium-replay | medium-expert
-    sim: str = "v4"  # simulator version: v4 (D4RL's models, the default for env names) or v5 (Minari's)
-    workdir: str | None = None  # SAC run directory; default runs/behavior/<GymId>-seed<seed>
-    train: bool = True  # train/resume SAC up to train_steps; false = use the checkpoints as they are
+    env: str = "hopper"
+    """hopper | halfcheetah | walker2d | ant"""
+    level: str = "medium"
+    """medium | expert | medium-replay | medium-expert"""
+    sim: str = "v4"
+    """simulator version: v4 (D4RL's models, the default for env names) or v5 (Minari's)"""
+    workdir: str | None = None
+    """SAC run directory (none: runs/behavior/<GymId>-seed<seed>)"""
+    train: bool = True
+    """train/resume SAC up to train_steps; false: use the checkpoints as they are"""
     train_steps: int = 300_000
-    force_train: bool = False  # train even if the directory looks busy (see _live_run_age)
+    """SAC environment steps"""
+    force_train: bool = False
+    """train even if the directory looks busy (another process seems to be training there)"""
     checkpoint_every: int = 10_000
-    seed: int = 0  # SAC training seed
-    rollout_seed: int = 1_000_000  # episode i of the medium rollouts resets with rollout_seed + i
-    steps: int = 1_000_000  # environment steps per rolled-out dataset (whole episodes, at least this)
-    medium_fraction: float = 1 / 3  # medium = this fraction of the D4RL expert score ...
-    medium_return: float | None = None  # ... or this return, if given
-    medium_tolerance: float = 0.1  # relative band around the target in which the earliest checkpoint wins
-    medium_step: int | None = None  # force the medium checkpoint
-    expert_step: int | None = None  # force the expert checkpoint
-    num_envs: int = 16  # episodes rolled out side by side (one batched policy call per step)
-    out: str | None = None  # D4RL-format output dir; default $PRIMAL_DT_DATA_DIR or ~/.primal-dt/datasets
+    """SAC steps between policy checkpoints (each evaluated; the medium policy is picked among them)"""
+    seed: int = 0
+    """SAC training seed"""
+    rollout_seed: int = 1_000_000
+    """episode i of the rollouts resets with rollout_seed + i"""
+    steps: int = 1_000_000
+    """environment steps per rolled-out dataset (whole episodes, at least this)"""
+    medium_fraction: float = 1 / 3
+    """medium = the checkpoint reaching this fraction of the D4RL expert score ..."""
+    medium_return: float | None = None
+    """... or this return, if given"""
+    medium_tolerance: float = 0.1
+    """relative band around the medium target in which the earliest checkpoint wins"""
+    medium_step: int | None = None
+    """force the medium checkpoint (a SAC step)"""
+    expert_step: int | None = None
+    """force the expert checkpoint (a SAC step; none: the best)"""
+    num_envs: int = 16
+    """episodes rolled out side by side (one batched policy call per step)"""
+    out: str | None = None
+    """D4RL-format output directory (none: $PRIMAL_DT_DATA_DIR or ~/.primal-dt/datasets)"""
     write_d4rl: bool = True
+    """write the D4RL-layout HDF5 file"""
     write_minari: bool = True
-    next_observations: bool = True  # store D4RL's next_observations (drop to halve small replicas)
+    """write the Minari dataset (primal-dt/<env>/<level>-v0)"""
+    next_observations: bool = True
+    """store D4RL's next_observations (false halves small replicas)"""
     overwrite: bool = False
+    """replace existing output files"""
     threads: int = 1
+    """torch CPU threads"""
     progress: bool = True
+    """show progress bars"""
 
 
 collect = CollectConfig  # the name the CLI and docs use
@@ -448,24 +471,18 @@ def run(cfg: CollectConfig) -> dict:
     return provenance
 
 
-def _to_tyro_args(argv: list[str]) -> list[str]:
-    """``key=value`` (the project's CLI style) -> tyro's ``--key value``."""
-    out = []
-    for a in argv:
-        if "=" in a and not a.startswith("-"):
-            k, v = a.split("=", 1)
-            out += [f"--{k}", {"true": "True", "false": "False"}.get(v.lower(), v)]
-        else:
-            out.append(a)
-    return out
+PROG = "python -m envs.collect"
+
+
+def parse(argv: list[str] | None = None) -> CollectConfig:
+    """The command line (``primal_dt.cli``'s grammar, which imports nothing of the models) as a config."""
+    from primal_dt.cli import parse as parse_cli
+
+    return parse_cli(CollectConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> dict:
-    import tyro
-
-    args = sys.argv[1:] if argv is None else list(argv)
-    cfg = tyro.cli(CollectConfig, args=_to_tyro_args(args), config=(tyro.conf.FlagConversionOff,))
-    return run(cfg)
+    return run(parse(argv))
 
 
 if __name__ == "__main__":

@@ -27,11 +27,14 @@ class SegmentSampler:
     ``reward_scale`` is a divisor because that is its meaning everywhere in the package (the
     trainer's config, the checkpoint, the agent's return-to-go bookkeeping): a checkpoint's
     ``reward_scale`` passed here gives the batches the model was trained on.
+
+    ``stats`` = (state_mean, state_std) normalises with other statistics than the dataset's own:
+    held-out episodes are read with the training episodes' statistics, as the model sees them.
     """
 
     def __init__(self, ds: Trajectories, K: int = 20, batch_size: int = 64, reward_scale: float = 1.0,
                  max_timestep: int = 1000, seed: int | np.random.Generator | None = 0,
-                 device: str | torch.device = "cpu"):
+                 device: str | torch.device = "cpu", stats: tuple[np.ndarray, np.ndarray] | None = None):
         if K < 1 or batch_size < 1:
             raise ValueError(f"K and batch_size must be >= 1, got K={K}, batch_size={batch_size}")
         if not reward_scale > 0:
@@ -43,7 +46,8 @@ class SegmentSampler:
         self.num_steps = n
         # One trailing zero row lets padded positions gather index n instead of being masked
         # after the gather: every padded token reads zeros.
-        states = (ds.observations - ds.state_mean) / ds.state_std
+        mean, std = (ds.state_mean, ds.state_std) if stats is None else (np.asarray(s, np.float32) for s in stats)
+        states = (ds.observations - mean) / std
         self._states = np.concatenate([states, np.zeros((1, states.shape[1]), np.float32)])
         self._actions = np.concatenate([ds.actions, np.zeros((1, ds.actions.shape[1]), np.float32)])
         self._rewards = np.append(ds.rewards, np.float32(0))
@@ -56,14 +60,25 @@ class SegmentSampler:
     def indices(self, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Row indices [B,K] into the padded flat arrays (n = padding) and the mask [B,K]."""
         b = self.batch_size if batch_size is None else int(batch_size)
-        first = self.rng.integers(0, self.num_steps, size=b)
+        return self.rows(self.rng.integers(0, self.num_steps, size=b))
+
+    def rows(self, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``indices`` for segments starting at the given dataset steps [B] (no random draw)."""
+        first = np.asarray(first, dtype=np.int64)
         idx = first[:, None] + self._offsets[None, :]
         mask = idx < np.take(self._end, first)[:, None]
         idx[~mask] = self.num_steps
         return idx, mask
 
     def sample(self, batch_size: int | None = None) -> dict[str, torch.Tensor]:
-        idx, mask = self.indices(batch_size)
+        return self.batch(*self.indices(batch_size))
+
+    def segments(self, first: np.ndarray) -> dict[str, torch.Tensor]:
+        """The batch of segments starting at the given dataset steps (a fixed evaluation set)."""
+        return self.batch(*self.rows(first))
+
+    def batch(self, idx: np.ndarray, mask: np.ndarray) -> dict[str, torch.Tensor]:
+        """Gather the segments of ``indices`` / ``rows``."""
         b, k = idx.shape
         flat = idx.reshape(-1)  # np.take on flat indices is ~5x faster than 2-D fancy indexing
         out = {

@@ -27,6 +27,9 @@ def _check_finite(arr: np.ndarray, what: str, where: str) -> None:
         )
 
 
+_HOLD_OUT_STREAM = 0x6864  # keys the held-out split's generator apart from every other stream of a seed
+
+
 @dataclass(eq=False, repr=False)
 class Trajectories:
     """A dataset as flat arrays of E episodes with N steps in total.
@@ -103,6 +106,8 @@ class Trajectories:
         suffix = np.cumsum(self.rewards[::-1], dtype=np.float64)[::-1]
         after = np.append(suffix, 0.0)[ends]  # suffix sum from the row after each episode
         self.rtg = (suffix - after[ep_of_step]).astype(np.float32)
+        # Statistics of these episodes only: a split's training part is a ``subset`` with its own,
+        # so episodes held out for validation never leak into the normalisation.
         obs64 = self.observations.astype(np.float64)
         self.state_mean = obs64.mean(0).astype(np.float32)
         self.state_std = (obs64.std(0) + 1e-6).astype(np.float32)
@@ -125,6 +130,43 @@ class Trajectories:
                 h.update(a.data)
             self._fingerprint = f"sha256:{h.hexdigest()}"
         return self._fingerprint
+
+    # --- held-out episodes -------------------------------------------------------------------
+    def hold_out(self, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """(training episodes, held-out episodes): sorted episode indices, disjoint, together all of
+        them. ``round(fraction * E)`` episodes, at least one when ``fraction > 0``, are held out, drawn
+        by a generator of their own keyed by ``seed`` (so the split never shares draws with the batch
+        sampler, and the same seed gives the same split on every process and at every resume).
+
+        Whole episodes, because segments of one episode overlap: a step held out while its
+        neighbours train would be seen through them. A dataset that cannot spare an episode (one
+        episode, or a fraction that takes them all) is a ``DatasetError``."""
+        n = len(self)
+        if not 0 <= fraction < 1:
+            raise DatasetError(f"{self.source}: a held-out fraction must be in [0, 1), got {fraction}")
+        k = max(1, round(fraction * n)) if fraction > 0 else 0
+        if k >= n:
+            raise DatasetError(
+                f"{self.source}: holding out {k} of its {n} episode(s) (fraction {fraction:g}) leaves none to "
+                "train on; hold out less, or use a dataset with more episodes"
+            )
+        held = np.sort(np.random.default_rng((int(seed), _HOLD_OUT_STREAM)).permutation(n)[:k])
+        return np.setdiff1d(np.arange(n), held), held
+
+    def subset(self, episodes) -> "Trajectories":
+        """These episodes (indices, in the order given) as a dataset of their own: copied rows, and
+        their own return-to-go and statistics (``_build_index``), so the training episodes of a
+        split normalise with statistics that never saw the held-out ones. Same name, simulator and
+        source; the fingerprint is the subset's."""
+        idx = np.asarray(episodes, dtype=np.int64).reshape(-1)
+        if idx.size == 0 or idx.min() < 0 or idx.max() >= len(self):
+            raise IndexError(f"{self.source}: episode indices must be in [0, {len(self)}) and not empty")
+        lengths = self.lengths[idx]
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        rows = np.repeat(self.starts[idx] - starts, lengths) + np.arange(int(lengths.sum()))
+        return Trajectories(observations=self.observations[rows], actions=self.actions[rows],
+                            rewards=self.rewards[rows], starts=starts, lengths=lengths, terminal=self.terminal[idx],
+                            name=self.name, gym_id=self.gym_id, source=self.source, metadata=dict(self.metadata))
 
     def clip_actions(self, low: float, high: float) -> int:
         """Clip actions into [low, high] in place (the simulator's box); returns how many values

@@ -1,12 +1,14 @@
 """The episode loop behind ``eval.rollout``: many episodes at once, simulation overlapped with inference.
 
 Simulators are split into *lanes*, each a Gymnasium vector env with its own agent (the same model).
-While one lane's simulators step, the next lane's agent computes its actions, so on a 2-core machine
-simulation hides behind inference instead of adding to it. A lane steps in its own process
-(``eval.simulators.SimulatorProcess``: true parallelism) or in a worker thread (plain vector envs:
-torch ops release the GIL, but the simulators' Python code does not). With one lane (and for
-subprocess vector envs, whose simulators already run beside the agent) the loop is the plain
-act-then-step one.
+With lane processes (``eval.simulators.SimulatorProcess``) and an agent on the CPU, each lane's agent
+moves into its lane's process and the whole act-then-step loop (``run_lane``) runs there: the lanes
+work in parallel, one core each, and this process only hands out jobs. Otherwise (an agent on an
+accelerator, plain vector envs) the agents act here: while one lane's simulators step (in its process,
+or in a worker thread: torch ops release the GIL, but the simulators' Python code does not), the next
+lane's agent computes its actions, so simulation hides behind inference instead of adding to it. With
+one lane (and for subprocess vector envs, whose simulators already run beside the agent) the loop is
+the plain act-then-step one.
 
 Jobs (target, episode index) come from one shared queue: a simulator whose episode ends is reset
 with the next job's own seed (``seed + episode index``) and its agent row restarted; when no job is
@@ -41,6 +43,23 @@ def step_rows(venv, envs_idx: np.ndarray, actions: np.ndarray):
     return obs[envs_idx], reward[envs_idx], term[envs_idx], trunc[envs_idx]
 
 
+class Jobs:
+    """The evaluator's job queue, ``(job index, (target, episode))`` in order, as lanes take from it:
+    ``take(step, n)`` hands out up to ``n`` jobs to a lane at its ``step`` (0: its start, then one per
+    environment step, ``n`` = episodes that just ended there, possibly 0). In-process lanes call it in
+    (step, lane) order by construction; lane processes (``eval.simulators``) are served in that same
+    order, so which row gets which job, and so every batch an agent sees, does not depend on timing."""
+
+    def __init__(self, jobs):
+        self.queue = deque(enumerate(jobs))
+
+    def take(self, step: int, n: int) -> list:
+        return [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+
 class _Lane:
     """One vector env and its agent; agent row k drives simulator ``running[k]``."""
 
@@ -51,13 +70,15 @@ class _Lane:
         self.ep_ret, self.ep_len = np.zeros(n), np.zeros(n, dtype=np.int64)
         self.running = np.zeros(0, dtype=np.int64)
         self.obs = self.reward = None
+        self.steps = 0
 
-    def start(self, queue: deque, seed: int) -> None:
+    def start(self, jobs: Jobs, seed: int) -> None:
         n = self.venv.num_envs
         seeds, targets = [], []
+        got = jobs.take(0, n)
         for i in range(n):
-            if queue:
-                j, (tgt, e) = queue.popleft()
+            if i < len(got):
+                j, (tgt, e) = got[i]
                 self.job[i] = j
                 seeds.append(seed + e)
                 targets.append(float(tgt))
@@ -69,16 +90,19 @@ class _Lane:
             self.agent.reset(len(self.running), target=targets)
             self.obs = obs[self.running]
 
-    def finish(self, stepped, queue: deque, seed: int, returns: np.ndarray, lengths: np.ndarray,
-               max_steps: int) -> None:
-        """Take a step's results: record ended episodes, restart rows with new jobs, drop the rest."""
+    def finish(self, stepped, jobs: Jobs, seed: int, returns: np.ndarray, lengths: np.ndarray,
+               max_steps: int) -> int:
+        """Take a step's results: record ended episodes, restart rows with new jobs (the first ended rows
+        get them, in row order), drop the rest; returns how many episodes ended."""
         self.obs, self.reward, term, trunc = stepped
+        self.steps += 1
         run = self.running
         self.ep_ret[run] += self.reward
         self.ep_len[run] += 1
         ended = term | trunc | (self.ep_len[run] >= max_steps)
+        got = iter(jobs.take(self.steps, int(ended.sum())))
         if not ended.any():
-            return
+            return 0
         restart = np.zeros(self.venv.num_envs, dtype=bool)
         new_seeds: list[int | None] = [None] * self.venv.num_envs
         new_targets, keep = [], np.ones(len(run), dtype=bool)
@@ -86,8 +110,9 @@ class _Lane:
             i = run[k]
             returns[self.job[i]], lengths[self.job[i]] = self.ep_ret[i], self.ep_len[i]
             self.ep_ret[i], self.ep_len[i] = 0.0, 0
-            if queue:
-                j, (tgt, e) = queue.popleft()
+            job = next(got, None)
+            if job is not None:
+                j, (tgt, e) = job
                 self.job[i], new_seeds[i], restart[i] = j, seed + e, True
                 new_targets.append(float(tgt))
             else:
@@ -101,21 +126,57 @@ class _Lane:
             self.running, self.obs, self.reward = run[keep], self.obs[keep], self.reward[keep]
             if len(self.running):
                 self.agent.keep_rows(keep)
+        return int(ended.sum())
+
+
+def run_lane(agent, venv, jobs, seed: int, max_steps: int, returns, lengths,
+             on_episode: Callable[[int], None] | None = None) -> dict:
+    """One lane's act-then-step loop until its jobs run out (what a lane process runs,
+    ``eval.simulators``): jobs from ``jobs.take(step, n)`` (see ``Jobs``), outcomes written to
+    ``returns[job]`` / ``lengths[job]``. Returns the lane's "act_s", "act_rows" and "env_steps" as
+    ``run_episodes`` does."""
+    lane = _Lane(agent, venv)
+    lane.start(jobs, seed)
+    act_s: list[float] = []
+    act_rows: list[int] = []
+    env_steps = 0
+    while len(lane.running):
+        t0 = time.perf_counter()
+        action = agent.act(lane.obs, lane.reward)
+        act_s.append(time.perf_counter() - t0)
+        act_rows.append(len(lane.running))
+        env_steps += len(lane.running)
+        ended = lane.finish(step_rows(venv, lane.running, action), jobs, seed, returns, lengths, max_steps)
+        if ended and on_episode is not None:
+            on_episode(ended)
+    return {"act_s": act_s, "act_rows": act_rows, "env_steps": env_steps}
 
 
 def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, max_steps: int,
-                 on_step: Callable[[int], None] | None = None) -> dict:
+                 on_episode: Callable[[int], None] | None = None, host: bool = True) -> dict:
     """Run every (target, episode index) job to its end; ``agents`` / ``venvs``: one each, or one
     per lane (vector envs with autoreset DISABLED).
 
+    ``on_episode(n)`` is called each time ``n`` >= 1 episodes have just ended, so the calls add up
+    to ``len(jobs)``: progress counted in episodes, the unit the caller asked for, since an
+    episode's length is unknown until it ends (a fallen Hopper stops long before the step limit).
+
     Returns {"returns": [...], "lengths": [...]} in job order, "act_s" and "act_rows": the duration
-    and batch of every ``agent.act`` call, "env_steps": environment steps taken.
+    and batch of every ``agent.act`` call, "env_steps": environment steps taken; where the agents ran in
+    their lanes' processes (``eval.simulators.run_hosted``), also "hosted_s" and "lane_threads".
+    ``host=False`` keeps the agents here even with lane processes (the layout before agents travelled).
     """
     agents = list(agents) if isinstance(agents, (list, tuple)) else [agents]
     venvs = list(venvs) if isinstance(venvs, (list, tuple)) else [venvs]
     if len(agents) != len(venvs) or not agents:
         raise ValueError(f"one agent per vector env: got {len(agents)} agents for {len(venvs)} vector envs")
-    queue = deque(enumerate(jobs))
+    if host and all(hasattr(v, "step_rows_async") for v in venvs):  # lane processes: host the agents there
+        from eval import simulators
+
+        blobs = [simulators.hostable(a) for a in agents]
+        if all(b is not None for b in blobs):
+            return simulators.run_hosted(blobs, venvs, jobs, seed, max_steps, on_episode)
+    queue = Jobs(jobs)
     lanes = [_Lane(a, v) for a, v in zip(agents, venvs)]
     for lane in lanes:
         lane.start(queue, seed)
@@ -139,7 +200,9 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
 
     def finish(p):
         lane, result = p
-        lane.finish(result(), queue, seed, returns, lengths, max_steps)
+        ended = lane.finish(result(), queue, seed, returns, lengths, max_steps)
+        if ended and on_episode is not None:
+            on_episode(ended)
 
     try:
         while any(len(lane.running) for lane in lanes):
@@ -154,8 +217,6 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
                 act_s.append(time.perf_counter() - t0)
                 act_rows.append(len(lane.running))
                 env_steps += len(lane.running)
-                if on_step is not None:
-                    on_step(len(lane.running))
                 if pending is not None:  # the previous lane's simulators ran while this lane acted
                     finish(pending)
                 pending = (lane, submit(lane, action))

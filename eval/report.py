@@ -35,10 +35,11 @@ from pathlib import Path
 
 from agents import dt_checkpoint
 from primal_dt import presets, train_config
+from primal_dt.cli import option
 
 # Options that do not change what a run learns (or only how it is launched and logged).
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
-                   "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs"}
+                   "checkpoint_minutes", "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs"}
 
 # Student's t quantile t_{0.975, df} for df = 1..30; beyond, the normal 1.96 is within 2 %.
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -294,22 +295,26 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
             "notes": notes, "rows": rows}
 
 
-USAGE = "usage: python -m eval.report RUN_OR_DIR_OR_GLOB [...] [out=DIR]"
+@dataclass
+class ReportConfig:
+    """Options of ``python -m eval.report``."""
+
+    runs: tuple[str, ...] = option(positional=True, metavar="RUN_OR_DIR_OR_GLOB")
+    """run directories, directories holding runs (searched recursively), or globs of either"""
+    out: str = "report"
+    """where scores.md, scores-<target>.csv, curves.png and scores.png go"""
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE + "\n\n" + __doc__)
-        return 0 if argv else 2
-    opts = dict(a.split("=", 1) for a in argv if "=" in a and not Path(a).exists())
-    unknown = set(opts) - {"out"}
-    if unknown:
-        print(f"error: unknown option(s) {', '.join(sorted(unknown))}\n{USAGE}", file=sys.stderr)
-        return 1
-    patterns = [a for a in argv if "=" not in a or Path(a).exists()]
+    """``python -m eval.report``: 0 when written; a malformed command line ends with the usage (exit
+    status 2), runs that cannot be reported with one ``error:`` line (exit status 1)."""
+    from primal_dt.cli import parse
+
+    paragraphs = __doc__.split("\n\n")
+    cfg = parse(ReportConfig, argv, prog="python -m eval.report", description=paragraphs[0],
+                epilog="\n\n".join(paragraphs[2:]))
     try:
-        res = report(patterns, opts.get("out", "report"))
+        res = report(list(cfg.runs), cfg.out)
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

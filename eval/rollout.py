@@ -39,6 +39,9 @@ import torch
 
 from eval.episodes import run_episodes
 from primal_dt import runtime
+from primal_dt.cli import option
+from primal_dt.train_config import RolloutOptions, TrainConfig
+from primal_dt.monitor import EpisodeBar
 
 
 # -- simulators ------------------------------------------------------------------------------------
@@ -85,10 +88,11 @@ def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int] | None =
 
 # -- the trainer's entry point ------------------------------------------------------------------------
 def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *, state_mean=None, state_std=None,
-             reward_scale: float | None = None, num_envs: int = 20, max_steps: int | None = None,
+             reward_scale: float | None = None, num_envs: int = RolloutOptions.num_envs, max_steps: int | None = None,
              gym_id: str | None = None, make_vector_env: Callable | None = None,
-             on_step: Callable[[int], None] | None = None, engine: str = "stream", asynchronous: bool = False,
-             lanes: int = 0, lane_workers: str = "process", details: dict | None = None) -> dict:
+             on_episode: Callable[[int], None] | None = None, engine: str = RolloutOptions.engine,
+             asynchronous: bool = False, lanes: int = 0, lane_workers: str = "process",
+             details: dict | None = None) -> dict:
     """Roll out ``episodes`` episodes per target; {target: {"returns", "lengths", "normalized",
     "return_mean", "return_std", "normalized_mean", "normalized_std", "length_mean", ...}}.
     Episode e uses reset seed ``seed + e`` for every target, so targets share initial states. ``model``
@@ -98,7 +102,8 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
     ``lanes``: vector envs the ``num_envs``
     simulators are split into, stepped while the next lane's agent acts (``eval.episodes``; 0: two
     for synchronous simulators, one for subprocesses). ``details``, when given, receives the agent
-    latency and wall time. ``lane_workers``: where a synchronous lane's simulators step while the other
+    latency and wall time. ``on_episode(n)``: called as ``n`` episodes end (progress; the calls add up to
+    ``episodes * len(targets)``). ``lane_workers``: where a synchronous lane's simulators step while the other
     lane acts: "process" (one subprocess per lane, ``eval.simulators``) or "thread" (used anyway with a
     custom ``make_vector_env``). The model's training mode is restored afterwards."""
     from agents import dt_checkpoint
@@ -145,10 +150,10 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
                 if in_process:
                     from eval.simulators import SimulatorProcess
 
-                    venvs.append(SimulatorProcess(spec.name, w, gym_id))
+                    venvs.append(SimulatorProcess(spec.name, w, gym_id, threads=runtime.lane_threads(engine, w, n_lanes)))
                 else:
                     venvs.append(_vector_env(spec.name, w, asynchronous, gym_id, make_vector_env))
-            res = run_episodes(agents, venvs, jobs, seed, max_steps or spec.max_episode_steps, on_step)
+            res = run_episodes(agents, venvs, jobs, seed, max_steps or spec.max_episode_steps, on_episode)
         finally:
             for v in venvs:
                 v.close()
@@ -164,18 +169,16 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
 
 
 # -- command line ---------------------------------------------------------------------------------
-@dataclass
-class RolloutConfig:
-    checkpoint: str = ""
+@dataclass(kw_only=True)
+class RolloutConfig(RolloutOptions):
+    """Options of ``python -m eval.rollout``. ``targets``, ``num_envs``, ``max_steps`` and ``engine`` are
+    training's ``eval.*`` options (``RolloutOptions``: one home, so the same names, types and defaults;
+    ``eval.targets=...`` is accepted here too, so an option copied from a training command works)."""
+
+    checkpoint: str = option(metavar="PATH")
     """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
     episodes: int = 100
     """episodes per target"""
-    engine: str = "stream"
-    """stream | recompute"""
-    targets: str = ""
-    """comma-separated return-to-go targets in raw returns, e.g. 3600,1800 ('' : the checkpoint's)"""
-    num_envs: int = 50
-    """simulators side by side (rows of the vector env)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
@@ -184,8 +187,6 @@ class RolloutConfig:
     """where a synchronous lane steps while the other acts: process (one subprocess per lane) | thread"""
     seed: int = 0
     """episode e uses reset seed seed + e"""
-    max_steps: int = 0
-    """cap on episode length (0: the env's limit)"""
     out: str = ""
     """JSON report path ('' : rollout-<engine>.json next to the checkpoint, or rollout-<engine>-2.json, ... when
     an earlier report holds the name)"""
@@ -200,35 +201,35 @@ class RolloutConfig:
     video: bool = False
     """also record one episode (MuJoCo off-screen rendering) as a GIF and into TensorBoard"""
     threads: int = 0
-    """torch CPU threads (0: torch's default)"""
-    device: str = "cpu"
+    """torch CPU threads (0: chosen for the engine and batch by primal_dt.runtime.inference_threads: one on a
+    machine of 2-3 cores or for small batches, else half the cores)"""
+    device: str = TrainConfig.device
+    """auto | cpu | cuda | cuda:N (auto: CUDA when present), as in training"""
     progress: bool = True
+    """show a progress bar"""
 
 
-NUMBERS = {"episodes": runtime.AT_LEAST_1, "num_envs": runtime.AT_LEAST_1, "lanes": runtime.AT_LEAST_0,
-           "seed": runtime.SEED, "max_steps": runtime.AT_LEAST_0, "threads": runtime.THREADS}
-"""What every numeric option accepts; checked (with the targets) before the checkpoint is read."""
+ALIASES = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
+"""training's spelling of the shared options (``eval.targets=3600,1800``) works here too"""
+PROG = "python -m eval.rollout"
+DESCRIPTION = "Roll out a Decision-Transformer checkpoint in its simulator, many episodes at once."
+
+NUMBERS = {"episodes": runtime.AT_LEAST_1, "lanes": runtime.AT_LEAST_0, "seed": runtime.SEED,
+           "threads": runtime.THREADS}
+"""What the other numeric options accept (the shared ones: ``RolloutOptions.check``); checked before the
+checkpoint is read."""
 
 
 def check(cfg: RolloutConfig) -> tuple[float, ...]:
     """Every option, before anything is loaded or simulated; returns the targets given (may be ())."""
-    if not cfg.checkpoint:
-        raise ValueError("checkpoint=PATH is required (a last.pt written by primal_dt.train, or its run directory)")
-    if cfg.engine not in ("stream", "recompute"):
-        raise ValueError(f"unknown engine {cfg.engine!r}; choose stream or recompute")
+    cfg.check()
     if cfg.lane_workers not in ("process", "thread"):
         raise ValueError(f"lane_workers must be process or thread, got {cfg.lane_workers!r}")
     runtime.check_numbers(cfg, NUMBERS)
     runtime.check_device(cfg.device)
-    try:
-        targets = tuple(float(t) for t in cfg.targets.replace(" ", "").split(",") if t)
-    except ValueError:
-        raise ValueError(f"targets={cfg.targets!r} is not a comma-separated list of numbers (e.g. targets=3600,1800)")
-    if not all(math.isfinite(t) for t in targets):
-        raise ValueError(f"targets={cfg.targets!r}: every target must be a finite return (e.g. targets=3600,1800)")
     if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
         raise ValueError(f"out={cfg.out} exists (an earlier report?); choose another path, or pass overwrite=true")
-    return targets
+    return cfg.targets
 
 
 def report_path(cfg: RolloutConfig, checkpoint: Path) -> Path:
@@ -246,8 +247,7 @@ def run(argv: list[str]) -> dict:
     from agents import dt_checkpoint
     from primal_dt.cli import parse
 
-    cfg = parse(RolloutConfig, argv, prog="python -m eval.rollout",
-                description="Roll out a Decision-Transformer checkpoint in its simulator.")
+    cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, aliases=ALIASES)
     with runtime.setup_errors(KeyError):
         given = check(cfg)
         path = dt_checkpoint.resolve(cfg.checkpoint)
@@ -258,7 +258,7 @@ def run(argv: list[str]) -> dict:
         device = runtime.pick_device(cfg.device)
         model = ck.build_model(device)
     info = ck.data
-    runtime.set_threads(cfg.threads)
+    runtime.set_threads(cfg.threads or runtime.inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = given or info.eval_targets
     out = report_path(cfg, path)
     written = False
@@ -278,12 +278,7 @@ def run(argv: list[str]) -> dict:
 
 def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
     info = ck.data
-    total = cfg.episodes * len(targets) * (cfg.max_steps or spec.max_episode_steps)
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, desc=f"{spec.name} {cfg.engine}", unit="step", dynamic_ncols=True)
+    bar = EpisodeBar(cfg.episodes * len(targets), f"{spec.name} {cfg.engine}") if cfg.progress else None
     details: dict = {}
     try:
         with runtime.setup_errors():  # e.g. a simulator the checkpoint names that cannot be built
@@ -291,7 +286,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
                            state_std=info.state_std, reward_scale=info.reward_scale, num_envs=cfg.num_envs,
                            max_steps=cfg.max_steps or None, gym_id=info.gym_id, engine=cfg.engine,
                            asynchronous=cfg.asynchronous, lanes=cfg.lanes, lane_workers=cfg.lane_workers,
-                           on_step=bar.update if bar else None, details=details)
+                           on_episode=bar.update if bar else None, details=details)
     finally:
         if bar is not None:
             bar.close()
@@ -309,7 +304,8 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
         from eval.video import record_episode
 
         report["video"] = record_episode(model, spec, dataclasses.asdict(info), targets[0], cfg.engine, cfg.seed,
-                                         out_dir=path.parent, gym_id=info.gym_id)
+                                         out_dir=path.parent, gym_id=info.gym_id, max_steps=cfg.max_steps or None,
+                                         step=ck.step)
     return report
 
 
@@ -344,7 +340,9 @@ def summary_text(report: dict) -> str:
                      f"(median {lat['median_ms']:.3f}, p90 {lat['p90_ms']:.3f}; "
                      f"{lat['per_row_mean_ms']:.4f} ms per row)")
     if report.get("video"):
-        lines.append(f"  video: {report['video'].get('message') or report['video'].get('path')}")
+        v = report["video"]
+        lines.append(f"  video: {v.get('message') or v['path']}"
+                     + (f"; TensorBoard: {v['tensorboard']}" if v.get("tensorboard") else ""))
     return "\n".join(lines)
 
 

@@ -32,6 +32,8 @@ import torch
 from torch import nn
 
 from primal_dt.blocks import Stack
+from primal_dt.cli import option
+from primal_dt.runtime import AT_LEAST_1, SEED
 
 
 @dataclass
@@ -244,28 +246,36 @@ def dt_segments(ck, n: int, seed: int, data_source: str | None = None, where: st
     return sampler.sample()
 
 
-USAGE = ("usage: python -m eval.spectrum checkpoint=PATH [out=DIR] [n=64] [seed=0] [tensorboard=true] "
-         "[data_source=SOURCE (dt checkpoints: where their dataset is read from, default the run's)]")
+@dataclass
+class SpectrumConfig:
+    """Options of ``python -m eval.spectrum``."""
+
+    checkpoint: str = option(metavar="PATH")
+    """a checkpoint of primal_dt.train (kind dt) or primal_dt.classify"""
+    out: str = ""
+    """where spectrum.png, spectrum.json and TensorBoard events go ('' : <checkpoint's directory>/spectrum)"""
+    n: int = 64
+    """examples (dt: K-step training segments) the matrices are averaged over"""
+    seed: int = 0
+    """which examples are drawn"""
+    tensorboard: bool = True
+    """also write TensorBoard events"""
+    data_source: str = ""
+    """dt checkpoints: where their dataset is read from ('' : where the run read it)"""
 
 
-def options(argv: list[str]) -> dict | None:
-    """The command line as {checkpoint, out, n, seed, tensorboard, data_source}, every value checked
-    (a ValueError naming the option); None, with the usage printed, when it is malformed."""
+NUMBERS = {"n": AT_LEAST_1, "seed": SEED}
+
+
+def options(argv: list[str]) -> SpectrumConfig:
+    """The command line, every value checked (a ValueError naming the option; the parser's usage error
+    and exit status 2 for a malformed one)."""
     from primal_dt import runtime
+    from primal_dt.cli import parse
 
-    args = dict(a.split("=", 1) for a in argv if "=" in a)
-    bad = [a for a in argv if "=" not in a]
-    unknown = sorted(set(args) - {"checkpoint", "out", "n", "seed", "tensorboard", "data_source"})
-    if bad or unknown or "checkpoint" not in args:
-        print(USAGE + (f"\nunrecognised: {bad + unknown}" if bad or unknown else ""), file=sys.stderr)
-        return None
-    tensorboard = args.get("tensorboard", "true").lower()
-    if tensorboard not in ("true", "false"):
-        raise ValueError(f"tensorboard must be true or false, got {args['tensorboard']!r}")
-    path = Path(args["checkpoint"])
-    return {"checkpoint": path, "out": Path(args.get("out", path.parent / "spectrum")),
-            "n": _integer(args, "n", 64, runtime.AT_LEAST_1), "seed": _integer(args, "seed", 0, runtime.SEED),
-            "tensorboard": tensorboard == "true", "data_source": args.get("data_source")}
+    cfg = parse(SpectrumConfig, argv, prog="python -m eval.spectrum", description=__doc__.split("\n\n")[0])
+    runtime.check_numbers(cfg, NUMBERS)
+    return cfg
 
 
 def run(argv: list[str]) -> int:
@@ -274,37 +284,25 @@ def run(argv: list[str]) -> int:
 
     with runtime.setup_errors():
         o = options(argv)
-        if o is None:
-            return 2
-        ckpt = checkpoint.load(o["checkpoint"])
-        model, run_model = build_from_checkpoint(ckpt, n=o["n"], seed=o["seed"], where=f"checkpoint {o['checkpoint']}",
-                                                 data_source=o["data_source"])
+        path = Path(o.checkpoint)
+        out = Path(o.out) if o.out else path.parent / "spectrum"
+        ckpt = checkpoint.load(path)
+        model, run_model = build_from_checkpoint(ckpt, n=o.n, seed=o.seed, where=f"checkpoint {path}",
+                                                 data_source=o.data_source or None)
     report = analyse(model, run_model)
-    files = write(report, o["out"], tensorboard=o["tensorboard"])
+    files = write(report, out, tensorboard=o.tensorboard)
     for layer in report.layers:
         red = "n/a" if layer.redundancy is None else f"{layer.redundancy:.3f}"
         print(f"{layer.name:<20} {layer.mechanism:<28} rank90={layer.rank90:6.2f}  head distance={red}")
     for s in report.skipped:
         print(f"{s}: no attention_matrix, skipped")
-    print(f"wrote {files['png']} and {files['json']} (TensorBoard events in {o['out']})")
+    print(f"wrote {files['png']} and {files['json']} (TensorBoard events in {out})")
     return 0
 
 
-def _integer(args: dict, key: str, default: int, rule) -> int:
-    from primal_dt.runtime import check_number
-
-    text = args.get(key, str(default))
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"{key} must be an integer {rule}, got {text!r}") from None
-    check_number(key, value, rule)
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
-    """``python -m eval.spectrum``: 0 when written, 2 for a malformed command line (with the usage);
-    bad values and unreadable files end with one ``error:`` line."""
+    """``python -m eval.spectrum``: 0 when written; a malformed command line ends with the usage (exit
+    status 2), bad values and unreadable files with one ``error:`` line."""
     from primal_dt import runtime
 
     return runtime.main(run, sys.argv[1:] if argv is None else argv)

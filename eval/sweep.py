@@ -4,11 +4,10 @@
     python -m eval.sweep env=hopper-medium model=dt,primal+dt seeds=0,1,2 steps=4000 print=slurm
 
 The options are training's (``python -m primal_dt.train --help``), in the same grammar; ``env``,
-``model`` and ``seeds`` take comma lists and span the grid, every other option is handed to each run
-as given. Sweep options: ``out`` (root of the runs, default ``runs/sweep``), ``jobs`` (runs at once;
-0 = as many as fit the cores at ``threads`` each), ``threads`` (torch threads per run, default 1),
-``print`` (``commands`` | ``parallel`` | ``slurm``: write one command per run for a scheduler
-instead of running them), ``report`` (where the report goes, default ``<out>/report``).
+``model`` and ``seeds`` take lists (``a,b``) and span the grid, every other option is handed to each
+run as given. The sweep's own options (``SweepConfig``, listed by ``--help``): ``out``, ``jobs``,
+``threads`` (per run), ``print`` (``commands`` | ``parallel`` | ``slurm``: one command per run for a
+scheduler instead of running them) and ``report``.
 
 A second call is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
 configuration) holds a finished run of at least the asked steps is skipped; one that was killed, or
@@ -29,13 +28,11 @@ from pathlib import Path
 
 from agents import dt_checkpoint
 from agents.training_log import model_label
-from primal_dt import train_config
+from primal_dt import cli, runtime, train_config
 from primal_dt.cli import find_value
 
 from . import report as report_mod
 
-SWEEP_OPTIONS = {"out": "runs/sweep", "jobs": "0", "threads": "1", "print": "", "report": "", "seeds": "0"}
-AXES = ("env", "model", "seeds")
 PRINT_FORMATS = ("commands", "parallel", "slurm")
 
 
@@ -63,48 +60,58 @@ class Job:
         return base + self.argv + [f"threads={threads}", "progress=false"]
 
 
-def split_args(argv: list[str]) -> tuple[dict, dict, list[str]]:
-    """(sweep options, grid axes, options passed to every run)."""
-    sweep, axes, rest = dict(SWEEP_OPTIONS), {}, []
-    for a in argv:
-        key, eq, val = a.lstrip("-").partition("=")
-        if not eq:
-            raise ValueError(f"argument {a!r}: write key=value (e.g. model=dt,primal+dt seeds=0,1,2)")
-        if key in ("env", "model", "attention", "model.name", "seeds", "seed"):
-            key = {"attention": "model", "model.name": "model", "seed": "seeds"}.get(key, key)
-            vals = [v.strip() for v in val.split(",") if v.strip()]
-            if not vals:
-                raise ValueError(f"{key}= needs at least one value")
-            axes[key] = vals
-        elif key in SWEEP_OPTIONS:
-            sweep[key] = val
-        elif key == "resume":
-            raise ValueError("resume= is per run; a sweep resumes its killed runs by itself when called again")
-        else:
-            rest.append(f"{key}={val}")
-    axes.setdefault("seeds", [SWEEP_OPTIONS["seeds"]])
-    try:
-        axes["seeds"] = [int(s) for s in axes["seeds"]]
-    except ValueError as err:
-        raise ValueError(f"seeds must be integers, e.g. seeds=0,1,2; got {','.join(axes['seeds'])}") from err
-    for k in ("jobs", "threads"):
-        if not sweep[k].isdigit():
-            raise ValueError(f"{k} must be an integer >= 0, got {sweep[k]!r}")
-    if int(sweep["threads"]) < 1:
+@dataclass
+class SweepConfig:
+    """The sweep's own options: the grid's axes and how its runs are launched."""
+
+    env: tuple[str, ...] = ()
+    """datasets of the grid (empty: training's default env)"""
+    model: tuple[str, ...] = ()
+    """models of the grid, as training's model= (empty: training's default)"""
+    seeds: tuple[int, ...] = (0,)
+    """seeds of the grid"""
+    out: str = "runs/sweep"
+    """root of the runs (<out>/<env>/<model>/<time>-seed<k>)"""
+    jobs: int = 0
+    """runs at once (0: as many as fit the cores at threads each)"""
+    threads: int = 1
+    """torch threads per run"""
+    print: str = ""
+    """commands | parallel | slurm: write one command per run for a scheduler instead of running them"""
+    report: str = ""
+    """where the report goes ('' : <out>/report)"""
+
+
+ALIASES = {"attention": "model", "model.name": "model", "seed": "seeds"}
+"""training's spellings of the axes (``attention=linear``, ``seed=3``) name the same axis"""
+PARSER = cli.Parser(SweepConfig, prog="python -m eval.sweep", description=__doc__.split("\n\n")[0],
+                    aliases=ALIASES, rest="each run: training's options (python -m primal_dt.train --help)")
+
+
+def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
+    """(sweep options, options passed to every run), the sweep's options checked."""
+    sweep, rest = PARSER.parse_known(argv)
+    if find_value(rest, "resume") is not None:
+        raise ValueError("resume= is per run; a sweep resumes its killed runs by itself when called again")
+    for key in ("env", "model", "seeds"):
+        if not getattr(sweep, key) and key in PARSER.given(argv):
+            raise ValueError(f"{key}= needs at least one value")
+    runtime.check_numbers(sweep, {"seeds": runtime.SEED, "jobs": runtime.AT_LEAST_0})
+    if sweep.threads < 1:
         raise ValueError("threads must be >= 1 (torch threads per run)")
-    if sweep["print"] and sweep["print"] not in PRINT_FORMATS:
-        raise ValueError(f"print must be one of {', '.join(PRINT_FORMATS)}, got {sweep['print']!r}")
-    return sweep, axes, rest
+    if sweep.print and sweep.print not in PRINT_FORMATS:
+        raise ValueError(f"print must be one of {', '.join(PRINT_FORMATS)}, got {sweep.print!r}")
+    return sweep, rest
 
 
-def plan(argv: list[str]) -> tuple[dict, list[Job]]:
+def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
     """Every run of the grid, its options checked, and whether it starts, resumes or is done."""
-    sweep, axes, rest = split_args(argv)
-    out = Path(sweep["out"])
+    sweep, rest = split_args(argv)
+    out = Path(sweep.out)
     jobs = []
-    for env in axes.get("env", [find_value(rest, "env") or train_config.TrainConfig().env]):
-        for model in axes.get("model", [train_config.TrainConfig().model.name]):
-            for seed in axes["seeds"]:
+    for env in sweep.env or (train_config.TrainConfig().env,):
+        for model in sweep.model or (train_config.TrainConfig().model.name,):
+            for seed in sweep.seeds:
                 run_argv = [f"env={env}", f"model={model}", f"seed={seed}", *rest, f"out={out}"]
                 try:
                     built = train_config.build(run_argv)
@@ -222,21 +229,21 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path) -> list[Jo
 
 def run(argv: list[str]) -> dict:
     sweep, jobs = plan(argv)
-    out, threads = Path(sweep["out"]), int(sweep["threads"])
-    parallel = int(sweep["jobs"]) or max(1, cores() // threads)
+    out, threads = Path(sweep.out), sweep.threads
+    parallel = sweep.jobs or max(1, cores() // threads)
     counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip")}
     print(f"[sweep] {len(jobs)} runs: {counts['start']} to start, {counts['resume']} to resume, "
           f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores()} cores); out {out}",
           flush=True)
-    if sweep["print"]:
-        print(scheduler_script(jobs, sweep["print"], threads, out))
+    if sweep.print:
+        print(scheduler_script(jobs, sweep.print, threads, out))
         return {"jobs": jobs, "printed": True}
     failed = execute(jobs, parallel, threads, out / "sweep-logs")
     _, jobs = plan(argv)  # where each run now lives (new runs named their directories themselves)
     finished_dirs = [str(j.run_dir) for j in jobs if j.action == "skip"]
     result = {"jobs": jobs, "failed": failed}
     if finished_dirs:
-        result["report"] = report_mod.report(finished_dirs, sweep["report"] or out / "report")
+        result["report"] = report_mod.report(finished_dirs, sweep.report or out / "report")
         print(Path(result["report"]["markdown"]).read_text(), flush=True)
     if failed:
         names = ", ".join(j.name for j in failed)
@@ -246,9 +253,6 @@ def run(argv: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if any(a in ("-h", "--help") for a in argv):
-        print(__doc__)
-        return
     try:
         run(argv)
     except (ValueError, FileNotFoundError, RuntimeError) as err:

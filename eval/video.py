@@ -1,9 +1,15 @@
 """Record one rollout episode with MuJoCo off-screen rendering: a GIF file and a TensorBoard entry.
 
-Rendering needs an off-screen OpenGL backend (``MUJOCO_GL=egl`` with a GPU/EGL driver, or
-``osmesa``). ``rendering_available`` probes a backend in a child process (a failed GL context can
-abort the process that tries it), so the evaluator can say clearly why no video was recorded
-instead of crashing after the rollout.
+Rendering needs an off-screen OpenGL backend: EGL (a GPU driver, or Mesa's EGL) or OSMesa (software).
+With ``MUJOCO_GL`` unset the backends are tried in that order and the first that renders is used;
+with ``MUJOCO_GL`` set, only that one. ``rendering_available`` probes a backend in a child process
+(a failed GL context can abort the process that tries it), so on a machine with neither the
+evaluator says clearly why no video was recorded, and still writes its results, instead of crashing
+after the rollout.
+
+The TensorBoard entry is the GIF itself, as an image summary (``RunMonitor.video``): TensorBoard
+plays it in its Images tab, and nothing beyond Pillow is needed (torch's ``add_video`` needs
+``moviepy.editor``, which moviepy 2 removed).
 """
 
 from __future__ import annotations
@@ -11,11 +17,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 BACKENDS = ("egl", "osmesa")
+"""Tried in this order when MUJOCO_GL is unset."""
 
 _PROBE = """
 import gymnasium as gym
@@ -26,12 +34,19 @@ assert frame is not None and frame.shape == (32, 32, 3), frame
 print("ok")
 """
 
+_UNAFFECTED = "the rollout results are unaffected"
 
-def rendering_available(backend: str | None = None, gym_id: str = "Hopper-v4",
+
+def rendering_available(backend: str | Sequence[str] | None = None, gym_id: str = "Hopper-v4",
                         timeout: float = 60.0) -> tuple[bool, str]:
-    """(True, backend) when ``backend`` (default: $MUJOCO_GL, else egl then osmesa) renders; else
-    (False, a message saying what failed and what to do)."""
-    tried = [backend] if backend else ([os.environ["MUJOCO_GL"]] if os.environ.get("MUJOCO_GL") else list(BACKENDS))
+    """(True, the backend that renders) or (False, a message saying what failed and what to do).
+
+    ``backend``: one backend or several to try in order; default: $MUJOCO_GL when set, else
+    ``BACKENDS`` (egl, then osmesa)."""
+    if backend is None:
+        tried = [os.environ["MUJOCO_GL"]] if os.environ.get("MUJOCO_GL") else list(BACKENDS)
+    else:
+        tried = [backend] if isinstance(backend, str) else list(backend)
     errors = []
     for b in tried:
         env = {**os.environ, "MUJOCO_GL": b, "PYOPENGL_PLATFORM": b}
@@ -43,19 +58,30 @@ def rendering_available(backend: str | None = None, gym_id: str = "Hopper-v4",
             continue
         if p.returncode == 0 and p.stdout.strip().endswith("ok"):
             return True, b
-        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        last = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}, no output"])[-1]
         errors.append(f"MUJOCO_GL={b}: {last}")
     return False, ("no video: MuJoCo off-screen rendering is unavailable on this machine ("
-                   + "; ".join(errors) + "). Install an EGL driver (GPU) or OSMesa (libosmesa6) and set "
-                   "MUJOCO_GL=egl or MUJOCO_GL=osmesa; the rollout results are unaffected.")
+                   + "; ".join(errors) + "). Install EGL (an NVIDIA driver, or Mesa's: libegl1 libegl-mesa0 "
+                   "libgl1-mesa-dri) or OSMesa (libosmesa6), and unset MUJOCO_GL (egl, then osmesa, are tried) or "
+                   f"set it to the one installed; {_UNAFFECTED}.")
+
+
+def frame_every(dt: float, period: float = 0.04) -> int:
+    """Render every n-th simulator step so that frames are ``period`` (25 fps) of simulated time
+    apart, or as close as the env's step ``dt`` allows: Hopper and Walker2d (dt = 8 ms) every 5th
+    step, HalfCheetah and Ant (50 ms) every step. The GIF then plays in real time."""
+    return max(1, round(period / dt))
 
 
 def record_episode(model, spec, stats: dict, target: float, engine: str, seed: int, out_dir, gym_id=None,
-                   max_steps: int | None = None, backend: str | None = None, size: int = 240, every: int = 2,
-                   tensorboard: bool = True) -> dict:
-    """Roll out one episode (reset seed ``seed``) rendering every ``every``-th frame; writes
-    ``<out_dir>/episode-<engine>.gif`` (``-2``, ``-3``, ... when taken) and a TensorBoard video (or frame strip) under
-    ``<out_dir>/video``. Returns {"path", "frames", "return", "length"} or {"path": None, "message"}."""
+                   max_steps: int | None = None, backend: str | Sequence[str] | None = None, size: int = 240,
+                   every: int | None = None, tensorboard: bool = True, step: int = 0) -> dict:
+    """Roll out one episode (reset seed ``seed``, at most ``max_steps`` steps) rendering every
+    ``every``-th step (default: ``frame_every``); writes ``<out_dir>/episode-<engine>.gif`` (``-2``,
+    ``-3``, ... when taken) and the same GIF to TensorBoard under ``<out_dir>/video`` (tag
+    ``rollout/<engine>``, at ``step``: the checkpoint's training step). Returns {"path", "frames",
+    "fps", "return", "length", "backend", "tensorboard"} or, when nothing can render, {"path": None,
+    "message"} (also printed)."""
     ok, msg = rendering_available(backend, gym_id or spec.gym_id)
     if not ok:
         print(msg, file=sys.stderr)
@@ -65,12 +91,21 @@ def record_episode(model, spec, stats: dict, target: float, engine: str, seed: i
     from agents.agent import Agent
     from envs import make_env
 
-    env = make_env(spec.name, None, gym_id=gym_id, render_mode="rgb_array", width=size, height=size)
+    try:  # the probe rendered, but a context can still fail here (another GL library already loaded)
+        env = make_env(spec.name, None, gym_id=gym_id, render_mode="rgb_array", width=size, height=size)
+        obs, _ = env.reset(seed=seed)
+        frames = [env.render()]
+    except Exception as err:  # noqa: BLE001 - any rendering failure: say it, keep the rollout's results
+        message = f"no video: rendering with MUJOCO_GL={msg} failed ({type(err).__name__}: {err}); {_UNAFFECTED}."
+        print(message, file=sys.stderr)
+        return {"path": None, "message": message}
+    dt = float(getattr(env.unwrapped, "dt", 0.008))
+    every = every or frame_every(dt)
+    fps = 1.0 / (every * dt)
     agent = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
                   reward_scale=stats["reward_scale"], target=target, engine=engine)
     agent.reset(1)
-    obs, _ = env.reset(seed=seed)
-    frames, ret, reward = [env.render()], 0.0, None
+    ret, reward = 0.0, None
     for t in range(max_steps or spec.max_episode_steps):
         a = agent.act(obs[None], reward)[0]
         obs, r, term, trunc, _ = env.step(a)
@@ -81,37 +116,28 @@ def record_episode(model, spec, stats: dict, target: float, engine: str, seed: i
         if term or trunc:
             break
     env.close()
-    from PIL import Image
+    return {**_write(frames, fps, Path(out_dir), engine, tensorboard, step), "frames": len(frames),
+            "fps": fps, "return": ret, "length": t + 1, "backend": msg}
 
+
+def _write(frames, fps: float, out_dir: Path, engine: str, tensorboard: bool, step: int) -> dict:
+    """The GIF file, and the same GIF in TensorBoard (one encoding)."""
     from primal_dt import runtime
+    from primal_dt.monitor import RunMonitor, encode_gif
 
     # a new name (episode-stream-2.gif, ...) rather than over an earlier recording
-    path = runtime.new_path(runtime.numbered(Path(out_dir) / f"episode-{engine}.gif"), runtime.create_file,
+    path = runtime.new_path(runtime.numbered(out_dir / f"episode-{engine}.gif"), runtime.create_file,
                             what="episode GIF")
-    imgs = [Image.fromarray(f) for f in frames]
-    with runtime.writing(path, "episode GIF"):
-        imgs[0].save(path, save_all=True, append_images=imgs[1:], duration=int(1000 * every * 0.008), loop=0)
-    result = {"path": str(path), "frames": len(frames), "return": ret, "length": t + 1, "backend": msg}
+    out = {"path": str(path)}
     if tensorboard:
-        result["tensorboard"] = _to_tensorboard(frames, Path(out_dir) / "video", f"rollout/{engine}")
-    return result
-
-
-def _to_tensorboard(frames, logdir: Path, tag: str) -> str:
-    from torch.utils.tensorboard import SummaryWriter
-
-    import torch
-
-    w = SummaryWriter(str(logdir))
-    try:
-        vid = torch.as_tensor(np.stack(frames)).permute(0, 3, 1, 2).unsqueeze(0)  # [1, T, C, H, W]
+        mon = RunMonitor(out_dir / "video", progress=False)
         try:
-            w.add_video(tag, vid, fps=int(1 / (2 * 0.008)))
-            kind = "video"
-        except (ImportError, ModuleNotFoundError):  # add_video encodes with moviepy
-            idx = np.linspace(0, len(frames) - 1, 8).astype(int)
-            w.add_image(tag + "/frames", np.concatenate([frames[i] for i in idx], axis=1), dataformats="HWC")
-            kind = "frame strip (install moviepy for a TensorBoard video)"
-    finally:
-        w.close()
-    return f"{kind} in {logdir}"
+            data = mon.video(f"rollout/{engine}", frames, step, fps)
+        finally:
+            mon.close()
+        out["tensorboard"] = f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"
+    else:
+        data = encode_gif(frames, fps)
+    with runtime.writing(path, "episode GIF"):
+        path.write_bytes(data)
+    return out

@@ -78,16 +78,25 @@ class Block(nn.Module):
                              "is post-norm: use init_state / step")
         return self.attn.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk)
 
-    def stream_step(self, x, state: State, mask=None, last_only: bool = False):
+    def stream_step(self, x, state, mask=None, last_only: bool = False, form: Callable | None = None):
         """Pre-norm residual around the attention's stream form: x [B, C, D] -> (y, state) with y
         [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes
-        through the residual and the MLP). No dropout (eval-mode computation); the layer norms are
-        called functionally, which saves a module call each on this per-step path."""
+        through the residual and the MLP). No dropout (eval-mode computation). ``form`` replaces the
+        attention's ``stream_step`` (same signature): agents.export passes the mechanism's export form,
+        so the exported graph and the stream engine share this one residual.
+
+        This runs once per layer per environment step, where a step at batch 1 costs per operator,
+        not per flop, and at batch 100 fresh [B*C, 4D] buffers cost page faults: so the layer norms
+        and the MLP are called functionally (five module calls fewer), and the MLP's activation and
+        the second residual are applied in place on the MLP's own fresh outputs."""
         ln1, ln2 = self.ln1, self.ln2
         h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
-        a, state = self.attn.stream_step(h, state, mask, last_only)
+        a, state = (form or self.attn.stream_step)(h, state, mask, last_only)
         x = (x[:, -1:] if last_only else x) + a
-        return x + self.mlp(F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)), state
+        up, act, down = self.mlp[0], self.mlp[1], self.mlp[2]
+        u = F.linear(F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps), up.weight, up.bias)
+        u = u.relu_() if isinstance(act, nn.ReLU) else act(u)
+        return F.linear(u, down.weight, down.bias).add_(x), state
 
 
 class Stack(nn.Module):
@@ -149,7 +158,10 @@ class Stack(nn.Module):
         for i, (b, st) in enumerate(zip(self.blocks, states)):
             x, st = b.stream_step(x, st, mask, last_only and i == top)
             new.append(st)
-        return self.ln_f(x), new
+        ln = self.ln_f
+        if isinstance(ln, nn.LayerNorm):  # (functional: one module call fewer per step)
+            return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps), new
+        return ln(x), new
 
     @staticmethod
     def reset_rows(states: list, rows: torch.Tensor) -> list:

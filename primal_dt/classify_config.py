@@ -35,14 +35,22 @@ DESCRIPTION = "Train and evaluate a sequence classifier (UEA time series, LRA) o
 
 @dataclass
 class ArchConfig:
+    """The classifier's transformer."""
+
     d_model: int = 64
+    """width of every token embedding and layer"""
     n_heads: int = 2
+    """attention heads per layer (d_model must be divisible by it)"""
     layers: int = 2
+    """transformer blocks"""
     d_ff: int = 128
+    """MLP hidden width"""
     dropout: float = 0.1
+    """dropout of embeddings, attention outputs and MLPs"""
     norm: str = "pre"
     """pre | post (layer norm placement)"""
     activation: str = "gelu"
+    """MLP activation: relu | gelu"""
     head: str = "auto"
     """auto (flatten for UEA, pair for Retrieval, mean otherwise) | flatten | mean | pair"""
 
@@ -52,27 +60,37 @@ class PrimalConfig:
     """Options of the primal layers, and the KSVD weight eta (used when the stack has any)."""
 
     s: int = 20
+    """projection directions per head"""
     eta: float = 0.1
+    """weight of the KSVD regulariser"""
     data_dependent: bool = True
+    """projection weights built from a subset of the input rows (the paper's PrimalFormer) rather than learned"""
     rank_multi: int = 10
+    """data-dependent form: rows used = min(s * rank_multi, sequence length)"""
 
 
 @dataclass
 class TrainConfig:
+    """Optimisation and model selection."""
+
     epochs: int = 0
     """passes over the training set (UEA); exactly one of epochs / steps must be > 0"""
     steps: int = 0
     """optimizer steps (LRA)"""
     batch_size: int = 32
+    """examples per optimizer step"""
     eval_batch_size: int = 0
     """0: same as batch_size"""
     optimizer: str = "adamw"
     """adamw | adam | radam"""
     lr: float = 1e-4
+    """learning rate (peak, for onecycle-linear)"""
     weight_decay: float = 0.0
+    """decoupled weight decay (adamw) or L2 (adam, radam)"""
     schedule: str = "constant"
     """constant | onecycle-linear (linear warm-up over `warmup` steps, then linear decay to 0)"""
     warmup: int = 0
+    """warm-up steps of onecycle-linear"""
     grad_clip: float = 0.0
     """max gradient norm (0: off)"""
     eval_every: int = 0
@@ -88,6 +106,7 @@ class ClassifyConfig:
     model: str = "transformer"
     """transformer | primalformer | primal+trans | primal+<mechanism> | any attention mechanism"""
     seed: int = 0
+    """seeds weight initialisation, dropout and batch order"""
     data: DataConfig = field(default_factory=DataConfig)
     arch: ArchConfig = field(default_factory=ArchConfig)
     primal: PrimalConfig = field(default_factory=PrimalConfig)
@@ -103,7 +122,9 @@ class ClassifyConfig:
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     progress: bool = True
+    """show a progress bar"""
     tensorboard: bool = True
+    """write TensorBoard event files into the run directory"""
 
 
 # -- building a config ----------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
 
 from . import runtime
 
@@ -118,6 +119,21 @@ class RunMonitor:
             with self._writing():
                 self.writer.add_text(tag, value, step)
 
+    def video(self, tag: str, frames, step: int = 0, fps: float = 25.0) -> bytes:
+        """Log ``frames`` ([T] of H x W x 3 uint8) as an animated GIF, which TensorBoard plays in its
+        Images tab; returns the GIF's bytes (``encode_gif``), so a caller saving the file writes the
+        same animation. torch's ``add_video`` is not used: it encodes through ``moviepy.editor``,
+        which moviepy 2 removed, and without it logs an empty image after printing a warning."""
+        data = encode_gif(frames, fps)
+        if self.writer is not None:
+            from tensorboard.compat.proto.summary_pb2 import Summary
+
+            h, w = frames[0].shape[:2]
+            image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=data)
+            with self._writing():
+                self.writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
+        return data
+
     def hparams(self, params: dict, metrics: dict[str, float]) -> None:
         """Record hyper-parameters (flattened, stringified where TensorBoard needs it) with final metrics."""
         flat = {k: (v if isinstance(v, (int, float, str, bool)) else json.dumps(v, default=str))
@@ -192,3 +208,40 @@ def _flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[key] = v
     return out
+
+
+def encode_gif(frames, fps: float = 25.0) -> bytes:
+    """An animated GIF of ``frames`` ([T] of H x W x 3 uint8), looping. GIF frame delays are whole
+    centiseconds and browsers show a delay under 2 cs as 10 cs, so the delay is ``1 / fps`` rounded
+    to centiseconds, at least 2 (25 fps plays 4 cs frames exactly). Identical consecutive frames are
+    merged by the encoder (their delays add up)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    if not len(frames):
+        raise ValueError("encode_gif needs at least one frame")
+    images = [Image.fromarray(np.asarray(f, dtype=np.uint8)) for f in frames]
+    buf = io.BytesIO()
+    images[0].save(buf, format="GIF", save_all=True, append_images=images[1:], loop=0,
+                   duration=10 * max(2, round(100 / fps)))
+    return buf.getvalue()
+
+
+class EpisodeBar(tqdm):
+    """A progress bar over evaluation episodes, ``total`` = episodes x targets, advanced by
+    ``eval.episodes.run_episodes``' ``on_episode``: it ends at 100 % when the evaluation does, whatever
+    the episodes' lengths. Its ETA is the remaining episodes at the average rate so far
+    (``smoothing=0``): simulators side by side finish episodes in bursts, which a moving average of
+    the rate would follow up and down. The final count is always drawn, also by a bar that is
+    cleared when it closes (``leave=False``, training's evaluation), so a log shows it completed."""
+
+    def __init__(self, total: int, desc: str, leave: bool = True):
+        super().__init__(total=total, desc=desc, unit="episode", leave=leave, dynamic_ncols=True, smoothing=0)
+
+    def update(self, n: int = 1):
+        shown = super().update(n)
+        if self.total and self.n >= self.total:
+            self.refresh()
+        return shown

@@ -28,15 +28,16 @@ from .train_config import EvalConfig
 __all__ = ["Diverged", "SetupError", "main", "rollout", "run"]
 
 
-def rollout(model, data: DataInfo, episodes: int, seed: int, settings: EvalConfig, on_step=None) -> dict:
+def rollout(model, data: DataInfo, episodes: int, seed: int, settings: EvalConfig, on_episode=None) -> dict:
     """The trainer's simulator evaluation: ``episodes`` episodes per target of ``data.targets`` on
-    vectorised simulators, with the run's data statistics and return-to-go scale."""
+    vectorised simulators, with the run's data statistics and return-to-go scale; ``on_episode(n)``
+    as ``n`` episodes end."""
     import envs
     from eval.rollout import evaluate
 
     return evaluate(model, envs.get_spec(data.env), data.targets, episodes, seed, state_mean=data.state_mean,
                     state_std=data.state_std, reward_scale=data.reward_scale, num_envs=settings.num_envs,
-                    max_steps=settings.max_steps or None, engine=settings.engine, on_step=on_step,
+                    max_steps=settings.max_steps or None, engine=settings.engine, on_episode=on_episode,
                     gym_id=data.gym_id)
 
 

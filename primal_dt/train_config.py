@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 
 from . import presets
 from .attention import available, get_class
-from .cli import expand_shorthands, find_value, parse, split_lists, to_tyro_args
+from .cli import Parser, expand_shorthands, find_value
 from .layouts import canonical
-from .runtime import (AT_LEAST_0, AT_LEAST_1, POSITIVE, SEED, THREADS, Range, check_device, check_numbers,
-                      check_size)
+from .runtime import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SEED, THREADS, Range, check_device,
+                      check_numbers, check_size)
 from .runtime import attention_options as parse_attention_options
 
 GROUP = "dt"
@@ -29,38 +29,66 @@ GROUP = "dt"
 
 @dataclass
 class ModelConfig:
+    """The Decision Transformer: its layout (attention per layer) and sizes."""
+
     name: str = "primal+dt"
     """layout: dt | primal+dt | primalformer-dt | primal+<mechanism> | any attention mechanism"""
     layers: str = ""
     """explicit comma-separated mechanism per layer, e.g. softmax,linear,primal (overrides name, n_layers)"""
     d_model: int = 256
+    """width of every token embedding and layer"""
     n_heads: int = 4
+    """attention heads per layer (d_model must be divisible by it)"""
     n_layers: int = 3
+    """transformer blocks (when model.layers does not list them)"""
     s: int = 64
     """Primal-Attention projection directions per head (primal layers only)"""
     dropout: float = 0.1
+    """dropout of embeddings, attention outputs and MLPs"""
     activation: str = "relu"
+    """MLP activation: relu | gelu"""
     mlp_ratio: float = 4.0
+    """MLP hidden width / d_model"""
     attention_options: str = ""
     """YAML mapping mechanism -> constructor options, e.g. '{softmax: {window: 30}}'"""
 
 
 @dataclass
-class EvalConfig:
+class RolloutOptions:
+    """How a checkpoint is rolled out in its simulator: one home for what training's evaluation
+    (``eval.*``) and ``python -m eval.rollout`` share, so both have the same names, types and defaults."""
+
+    targets: tuple[float, ...] = ()
+    """return-to-go targets in raw returns, e.g. 3600,1800 (empty: the run's own: its preset's, else the env's)"""
+    num_envs: int = 50
+    """simulators run side by side (rows of vector envs); never more than the episodes to run"""
+    max_steps: int = 0
+    """cap on episode length (0: the env's limit, 1000)"""
+    engine: str = "recompute"
+    """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step"""
+
+    def check(self, prefix: str = "") -> None:
+        """Raise ValueError naming the option (``prefix``: where these options sit, e.g. "eval.")."""
+        check_numbers(self, ROLLOUT_NUMBERS, prefix)
+        if self.engine not in ENGINES:
+            raise ValueError(f"{prefix}engine must be {' or '.join(ENGINES)}, got {self.engine!r}")
+
+
+ENGINES = ("recompute", "stream")
+ROLLOUT_NUMBERS = {"targets": Range(-1e12, 1e12), "num_envs": AT_LEAST_1, "max_steps": AT_LEAST_0}
+"""Returns-to-go reach the model as float32 ``target / reward_scale``, hence the bound on targets."""
+
+
+@dataclass
+class EvalConfig(RolloutOptions):
+    """Evaluation in the simulator while training (and at its end)."""
+
     every: int = 10_000
     """roll out the model in the simulator every this many steps (0: only at the end)"""
     episodes: int = 10
     """episodes per target during training"""
     final_episodes: int = 100
     """episodes per target at the end (0: skip the final evaluation)"""
-    targets: tuple[float, ...] = ()
-    """return-to-go targets (raw returns); empty: the env's own (hopper 3600, 1800)"""
-    num_envs: int = 20
-    """simulators run side by side (rows of one vector env)"""
-    max_steps: int = 0
-    """cap on episode length (0: the env's limit, 1000)"""
-    engine: str = "recompute"
-    """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state"""
 
 
 @dataclass
@@ -71,6 +99,7 @@ class TrainConfig:
     """configs/dt/<preset>.yaml to start from ('' : the preset named like env, when there is one)"""
     model: ModelConfig = field(default_factory=ModelConfig)
     seed: int = 0
+    """seeds weight initialisation, dropout, batch sampling and the evaluation episodes"""
     steps: int = 100_000
     """optimizer steps"""
     batch_size: int = 64
@@ -78,7 +107,9 @@ class TrainConfig:
     K: int = 20
     """context length in environment steps"""
     lr: float = 1e-3
+    """AdamW learning rate (after warm-up)"""
     weight_decay: float = 1e-4
+    """AdamW weight decay"""
     warmup_steps: int = 10_000
     """linear learning-rate warm-up, then constant"""
     grad_clip: float = 0.25
@@ -97,9 +128,14 @@ class TrainConfig:
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
     how many values lie outside and their range)"""
+    val_fraction: float = 0.05
+    """share of the dataset's episodes held out (drawn by seed) for validation without a simulator: their masked
+    action MSE every eval.every steps and at the end (0: off; at least one episode when > 0)"""
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint_every: int = 10_000
     """write last.pt every this many steps (and always at the end)"""
+    checkpoint_minutes: float = 10.0
+    """also write last.pt every this many minutes of wall time, so an interrupted run always resumes (0: off)"""
     log_every: int = 100
     """TensorBoard scalars every this many steps"""
     out: str = "runs"
@@ -111,12 +147,14 @@ class TrainConfig:
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     progress: bool = True
+    """show a progress bar"""
     tensorboard: bool = True
+    """write TensorBoard event files into the run directory"""
 
 
 # What a resumed run may change (everything else comes from the checkpoint).
-RESUMABLE = {"steps", "eval", "checkpoint_every", "log_every", "threads", "device", "progress", "tensorboard",
-             "resume"}
+RESUMABLE = {"steps", "eval", "checkpoint_every", "checkpoint_minutes", "log_every", "threads", "device", "progress",
+             "tensorboard", "resume"}
 
 
 # -- building a config ------------------------------------------------------------------------------
@@ -133,13 +171,11 @@ class Built:
 
 SHORTHANDS = {"model": "model.name", "attention": "model.name"}
 """``model=NAME`` and ``attention=NAME`` are short for ``model.name=NAME``."""
-LIST_OPTIONS = ("eval.targets",)
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
-    """Expand the ``model=NAME`` / ``attention=NAME`` shorthands (also as --model NAME) and
-    comma lists for ``eval.targets=3600,1800`` (tyro's spelling is --eval.targets 3600 1800)."""
-    return split_lists(expand_shorthands(argv, SHORTHANDS), LIST_OPTIONS)
+    """Expand the ``model=NAME`` / ``attention=NAME`` shorthands (also as --model NAME)."""
+    return expand_shorthands(argv, SHORTHANDS)
 
 
 def build(argv: list[str]) -> Built:
@@ -156,30 +192,23 @@ def build(argv: list[str]) -> Built:
         source = str(values.get("source", "(the preset has no source line)"))
         cfg = presets.apply_preset(cfg, values, where=f"preset {name}")
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
-    cfg = parse(TrainConfig, argv, default=cfg, prog="python -m primal_dt.train", description=_DESCRIPTION)
+    parser = Parser(TrainConfig, default=cfg, prog=PROG, description=_DESCRIPTION)
+    cfg = parser.parse(argv)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
     prov = {k: "default" for k in flat(dataclasses.asdict(TrainConfig()))}
     for k in flat({k: v for k, v in values.items() if k not in presets.META_KEYS}):
         prov[k] = f"preset {name}"
-    for k in _argv_keys(argv):
+    for k in parser.given(argv):
         prov[k] = "command line"
     return Built(cfg, name or None, source, prov)
 
 
+PROG = "python -m primal_dt.train"
 _DESCRIPTION = ("Train a Decision Transformer (dt | primal+dt | primalformer-dt | any attention mechanism) on an "
-                "offline MuJoCo dataset; key=value and --key value both work, e.g. "
-                "env=hopper-medium model=primal+dt seed=3 steps=20000 model.s=64. model=NAME and attention=NAME "
-                "are short for model.name=NAME. Defaults shown are those after the preset (env's or preset=); "
-                "each run prints every value with where it came from.")
-
-
-def _argv_keys(argv: list[str]) -> list[str]:
-    keys = []
-    for a in to_tyro_args(argv):
-        if a.startswith("--"):
-            keys.append(a[2:].split("=", 1)[0].replace("-", "_"))
-    return keys
+                "offline MuJoCo dataset, e.g. env=hopper-medium model=primal+dt seed=3 steps=20000 model.s=64. "
+                "model=NAME and attention=NAME are short for model.name=NAME. Defaults shown are those after the "
+                "preset (env's or preset=); each run prints every value with where it came from.")
 
 
 def flat(d: dict, prefix: str = "") -> dict:
@@ -249,11 +278,12 @@ NUMBERS = {
     "seed": SEED, "steps": AT_LEAST_1, "batch_size": AT_LEAST_1, "K": AT_LEAST_1, "lr": POSITIVE,
     "weight_decay": AT_LEAST_0, "warmup_steps": AT_LEAST_0, "grad_clip": AT_LEAST_0, "eta": AT_LEAST_0,
     "reward_scale": Range(1e-6, 1e12), "max_timestep": AT_LEAST_1, "stream_window": AT_LEAST_0,
-    "checkpoint_every": AT_LEAST_0, "log_every": AT_LEAST_0, "threads": THREADS,
+    "checkpoint_every": AT_LEAST_0, "checkpoint_minutes": Range(0, 1e6), "val_fraction": FRACTION,
+    "log_every": AT_LEAST_0, "threads": THREADS,
     "model.d_model": AT_LEAST_1, "model.n_heads": AT_LEAST_1, "model.n_layers": AT_LEAST_1, "model.s": AT_LEAST_1,
     "model.dropout": Range(0, 1, high_open=True), "model.mlp_ratio": POSITIVE,
     "eval.every": AT_LEAST_0, "eval.episodes": AT_LEAST_1, "eval.final_episodes": AT_LEAST_0,
-    "eval.targets": Range(-1e12, 1e12), "eval.num_envs": AT_LEAST_1, "eval.max_steps": AT_LEAST_0,
+    **{f"eval.{k}": rule for k, rule in ROLLOUT_NUMBERS.items()},
 }
 """What every numeric option accepts (NaN and inf never); ``check`` applies it before any work.
 Returns-to-go reach the model as float32 ``target / reward_scale``, hence the bounds on both."""
@@ -278,7 +308,7 @@ def check(cfg: TrainConfig) -> None:
                f"batch_size={cfg.batch_size}, K={cfg.K}, model.d_model={m.d_model} and model.n_layers={layers}",
                "activation values in one training step")
     need(m.activation in ("relu", "gelu"), f"model.activation must be relu or gelu, got {m.activation!r}")
-    need(e.engine in ("recompute", "stream"), f"eval.engine must be recompute or stream, got {e.engine!r}")
+    e.check("eval.")
     need(cfg.data_source in ("auto", "d4rl", "minari", "replica") or cfg.data_source.startswith(("d4rl:", "minari:")),
          f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got {cfg.data_source!r}")
     check_device(cfg.device)

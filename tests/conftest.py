@@ -316,3 +316,31 @@ def fuzz_options():
         prop()
 
     return fuzz
+
+
+class TinyTrain:
+    """Command lines of a tiny real training run (``python -m primal_dt.train`` options) on a data file,
+    and the scalars its TensorBoard event files hold: what the trainer's tests share."""
+
+    TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.s=8",
+            "K=5", "batch_size=8", "warmup_steps=5", "threads=1"]
+    QUIET = ["eval.every=0", "eval.final_episodes=0"]
+    """no simulator evaluation"""
+
+    @classmethod
+    def args(cls, data_file, out, *extra) -> list[str]:
+        return [*cls.TINY, f"data_source=d4rl:{data_file}", f"out={out}", *extra]
+
+    @staticmethod
+    def scalars(run_dir, tag) -> list[tuple[int, float]]:
+        """(step, value) of ``tag`` in the run's event files; [] when the run never logged it."""
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+        acc.Reload()
+        return [(e.step, e.value) for e in acc.Scalars(tag)] if tag in acc.Tags()["scalars"] else []
+
+
+@pytest.fixture(scope="session")
+def tiny_train():
+    return TinyTrain

@@ -20,6 +20,11 @@ MODELS = tuple(RANKS)  # what envs may not import: it is independent of models (
 ENTRY_POINTS = ("primal_dt.train", "primal_dt.classify")
 TOP = "eval"
 
+# The one option grammar (DESIGN.md: what entry points share lives once) serves envs' entry points too
+# (envs.collect, envs.behavior). envs may import it only while it imports nothing from the project: then
+# envs still depends on no model code. Any other envs -> primal_dt import stays a violation.
+ENVS_MAY_IMPORT = ("primal_dt.cli",)
+
 
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
@@ -68,9 +73,16 @@ def imports(path: Path, root: Path) -> list[tuple[int, str, str]]:
     return sorted(set(found))
 
 
+def project_imports(path: Path, root: Path) -> list[str]:
+    """The modules of the tree that ``path`` imports."""
+    return [target for _, target, _ in imports(path, root) if target.split(".")[0] in PACKAGES]
+
+
 def violations(root: Path, entry_points=ENTRY_POINTS) -> list[str]:
     """Every import against the direction, as 'file:line: module imports X (`source`)'."""
     out = []
+    for_envs = {m for m in ENVS_MAY_IMPORT if (root / Path(*m.split("."))).with_suffix(".py").exists()
+                and not project_imports((root / Path(*m.split("."))).with_suffix(".py"), root)}
     for pkg in PACKAGES:
         for path in sorted((root / pkg).rglob("*.py")):
             module = module_name(path, root)
@@ -82,7 +94,7 @@ def violations(root: Path, entry_points=ENTRY_POINTS) -> list[str]:
                 if theirs is None or theirs == "envs":
                     continue  # third-party, or envs (which anyone may import)
                 if mine == "envs":
-                    bad = theirs in MODELS
+                    bad = theirs in MODELS and target not in for_envs
                     why = "envs is independent of models"
                 else:
                     bad = RANKS[theirs] > RANKS[mine]
@@ -115,6 +127,8 @@ def test_the_checker_flags_every_kind_of_violation(tmp_path):
         "eval/report.py": "from agents.policy import P\nfrom primal_dt.attention import mech\n",  # fine
         "envs/__init__.py": "",
         "envs/sim.py": "import numpy\nfrom agents import policy\n",                          # envs -> models
+        "envs/tool.py": "from primal_dt.cli import parse\nfrom primal_dt import blocks\n",     # the grammar: fine
+        "primal_dt/cli.py": "import sys\n",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
@@ -122,9 +136,19 @@ def test_the_checker_flags_every_kind_of_violation(tmp_path):
     bad = violations(tmp_path)
     assert [b.split(":")[0] + ":" + b.split(":")[1] for b in bad] == [
         "primal_dt/attention/mech.py:2", "primal_dt/core.py:2", "agents/cli.py:1", "agents/policy.py:1",
-        "envs/sim.py:2"]
+        "envs/sim.py:2", "envs/tool.py:2"]
     assert "from ..blocks import Stack" in bad[0] and "may not import primal_dt (rank 1)" in bad[0]
     assert "agents.policy" in bad[1] and "primal_dt.train" in bad[2] and "eval.report" in bad[3]
     assert "envs is independent of models" in bad[4]
     # without the exception, the entry point is a violation too
     assert any(b.startswith("primal_dt/train.py:1") for b in violations(tmp_path, entry_points=()))
+    # the grammar stops being envs' to import once it imports the project
+    (tmp_path / "primal_dt/cli.py").write_text("import sys\nfrom .attention import mech\n")
+    assert any(b.startswith("envs/tool.py:1") and "envs is independent of models" in b for b in violations(tmp_path))
+
+
+def test_the_grammar_envs_uses_imports_nothing_of_the_project():
+    """primal_dt.cli is envs' only way into primal_dt, which holds only while it imports no project module."""
+    for name in ENVS_MAY_IMPORT:
+        path = (ROOT / Path(*name.split("."))).with_suffix(".py")
+        assert path.exists() and project_imports(path, ROOT) == [], (name, project_imports(path, ROOT))

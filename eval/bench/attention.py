@@ -19,17 +19,17 @@ A mechanism spec is ``name`` or ``name:key=value,key=value`` (e.g. ``primal:data
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
-from primal_dt import runtime
+from primal_dt import cli, runtime
 
 # The LRA setting of the Primal-Attention paper: PrimalFormer s=20, data-dependent projections.
 DEFAULT_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20,data_dependent=true"]
@@ -189,33 +189,59 @@ NUMBERS.update({"--threads": runtime.THREADS, "--budget-s": runtime.POSITIVE, "-
 """What every numeric option accepts, checked before any configuration runs."""
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, every numeric option checked (argparse's error and exit status 2 otherwise)."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ints = lambda s: [int(v) for v in s.split(",")]  # noqa: E731
-    p.add_argument("--lengths", type=ints, default=[256, 1024, 4096])
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--mechanisms", nargs="+", default=DEFAULT_MECHANISMS,
-                   help="bidirectional specs, e.g. --mechanisms softmax primal:s=20,data_dependent=true linear")
-    p.add_argument("--causal-mechanisms", nargs="+", default=CAUSAL_MECHANISMS)
-    p.add_argument("--step-mechanisms", nargs="+", default=["softmax", "primal:s=20"])
-    p.add_argument("--contexts", type=ints, default=[10, 100, 1000, 10000])
-    p.add_argument("--step-width", type=int, default=64)
-    p.add_argument("--step-heads", type=int, default=2)
-    p.add_argument("--step-repeat", type=int, default=200)
-    p.add_argument("--repeat", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--budget-s", type=float, default=20.0, help="stop repeating a configuration after this")
-    p.add_argument("--timeout", type=float, default=300.0)
-    p.add_argument("--mem-limit-gb", type=float, default=12.0)
-    p.add_argument("--all", action="store_true", help="every registered mechanism (overrides the lists)")
-    p.add_argument("--skip-train", action="store_true")
-    p.add_argument("--skip-step", action="store_true")
-    p.add_argument("--json", default=None)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
+@dataclass
+class AttentionBenchConfig:
+    """Options of ``python -m eval.bench.attention``."""
+
+    lengths: tuple[int, ...] = (256, 1024, 4096)
+    """sequence lengths of part 1 (forward+backward)"""
+    batch: int = 8
+    """sequences per batch in part 1"""
+    width: int = 64
+    """layer width in part 1"""
+    heads: int = 2
+    """heads in part 1"""
+    mechanisms: tuple[str, ...] = cli.option(tuple(DEFAULT_MECHANISMS), spaced=True)
+    """bidirectional specs, e.g. --mechanisms softmax primal:s=20,data_dependent=true linear"""
+    causal_mechanisms: tuple[str, ...] = cli.option(tuple(CAUSAL_MECHANISMS), spaced=True)
+    """causal specs timed in part 1"""
+    step_mechanisms: tuple[str, ...] = cli.option(("softmax", "primal:s=20"), spaced=True)
+    """recurrent specs timed in part 2"""
+    contexts: tuple[int, ...] = (10, 100, 1000, 10000)
+    """prefilled tokens before the timed steps of part 2"""
+    step_width: int = 64
+    """layer width in part 2"""
+    step_heads: int = 2
+    """heads in part 2"""
+    step_repeat: int = 200
+    """timed single-token steps per context"""
+    repeat: int = 3
+    """timed forward+backward passes per configuration (after a warm-up)"""
+    threads: int = 1
+    """torch CPU threads"""
+    budget_s: float = 20.0
+    """stop repeating a configuration after this many seconds"""
+    timeout: float = 300.0
+    """seconds before a configuration's child process is given up"""
+    mem_limit_gb: float = 12.0
+    """skip the materialised softmax where its attention matrices would need more GB than this"""
+    all: bool = False
+    """every registered mechanism (overrides the lists)"""
+    skip_train: bool = False
+    """skip part 1"""
+    skip_step: bool = False
+    """skip part 2"""
+    json: str | None = None
+    """also write the results here"""
+    child: str = cli.option("", hidden=True)
+    """a configuration to run in this process (what the benchmark gives its children)"""
+
+
+def parse_args(argv=None) -> AttentionBenchConfig:
+    """The command line, every numeric option checked (the parser's usage error and exit status 2 otherwise)."""
+    p = cli.Parser(AttentionBenchConfig, prog="python -m eval.bench.attention", description=__doc__.split("\n\n")[0],
+                   flags=True)
+    args = p.parse(argv)
     if not args.child:
         runtime.check_parsed(p, args, NUMBERS)
     return args

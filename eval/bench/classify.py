@@ -14,22 +14,35 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from primal_dt import runtime
+from primal_dt import cli, runtime
 from primal_dt.classifier_training import Trainer
 from primal_dt.classify_config import build_config, check_config
-from primal_dt.cli import find_value
 from primal_dt.tasks import load_task
 
 
+@dataclass
+class ClassifyBenchConfig:
+    """The benchmark's own option; every other is primal_dt.classify's, the same for each model."""
+
+    models: tuple[str, ...] = ("transformer", "primalformer")
+    """layouts (or attention mechanisms) to train and compare, the first one the reference"""
+
+
+PARSER = cli.Parser(ClassifyBenchConfig, prog="python -m eval.bench.classify", description=__doc__.split("\n\n")[0],
+                    rest="every model's training: primal_dt.classify's options (python -m primal_dt.classify --help)")
+
+
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    models = (find_value(argv, "models") or "transformer,primalformer").split(",")
-    argv = [a for a in argv if not a.startswith("models=") and not a.startswith("--models")]
+    bench, argv = PARSER.parse_known(sys.argv[1:] if argv is None else list(argv))
+    models = list(bench.models)
     with runtime.setup_errors(RuntimeError):  # bad input: SetupError, printed as one line by runtime.main
+        if not models:
+            raise ValueError("models= names no model; e.g. models=transformer,primalformer")
         cfgs = [build_config(argv + [f"model={m}"])[0] for m in models]
         for c in cfgs:
             check_config(c)

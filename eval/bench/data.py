@@ -18,15 +18,16 @@ Methods, per batch of B x K (default 64 x 20, the papers' setting):
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from primal_dt import runtime
+from primal_dt import cli, runtime
+from primal_dt.train_config import TrainConfig
 
 
 def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, env: str = "hopper-medium", seed: int = 0):
@@ -126,21 +127,33 @@ def train_step_fn(batch: int, K: int, obs_dim: int, act_dim: int, width: int = 2
     return step
 
 
-def parse_args(argv=None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
-    """(parser, options), every numeric option checked (argparse's error and exit status 2 otherwise)."""
-    from primal_dt.train_config import TrainConfig
+@dataclass
+class DataBenchConfig:
+    """Options of ``python -m eval.bench.data``."""
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default=None, help="a dataset name to load (default: synthetic hopper-medium size)")
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("-K", type=int, default=20)
-    p.add_argument("--reward-scale", type=float, default=TrainConfig.reward_scale,
-                   help="returns-to-go are divided by this (default: the trainer's, the DT papers' 1000)")
-    p.add_argument("--repeat", type=int, default=7)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--no-train-step", action="store_true")
-    p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
+    dataset: str | None = None
+    """a dataset name to load (none: synthetic data of hopper-medium's size)"""
+    batch: int = 64
+    """segments per batch"""
+    K: int = 20
+    """segment length in environment steps"""
+    reward_scale: float = TrainConfig.reward_scale
+    """returns-to-go are divided by this (the trainer's default, the DT papers' 1000)"""
+    repeat: int = 7
+    """timed repetitions per method"""
+    threads: int = 1
+    """torch CPU threads"""
+    no_train_step: bool = False
+    """skip the DT training-step context row"""
+    json: str | None = None
+    """also write the results here"""
+
+
+def parse_args(argv=None) -> tuple[cli.Parser, DataBenchConfig]:
+    """(parser, options), every numeric option checked (the parser's usage error and exit status 2 otherwise)."""
+    p = cli.Parser(DataBenchConfig, prog="python -m eval.bench.data", description=__doc__.split("\n\n")[0],
+                   flags=True)
+    a = p.parse(argv)
     runtime.check_parsed(p, a, {"--batch": runtime.AT_LEAST_1, "-K": runtime.AT_LEAST_1,
                                 "--reward-scale": runtime.POSITIVE, "--repeat": runtime.AT_LEAST_1,
                                 "--threads": runtime.THREADS})

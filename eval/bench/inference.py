@@ -1,62 +1,97 @@
-"""Inference benchmark: streaming vs recompute Decision-Transformer agents, and the evaluator.
+"""Inference benchmark: every way to run a Decision-Transformer policy, side by side, in one run.
 
-    python -m eval.bench.inference                                  # random hopper-sized primal+dt model
-    python -m eval.bench.inference checkpoint=runs/.../last.pt json=bench.json
-    python -m eval.bench.inference episodes=100 seq_episodes=20     # time 20 sequential episodes, scale to 100
+    python -m eval.bench.inference checkpoint=runs/compare/hopper-medium/primal+dt/<run>/last.pt \\
+        seq_episodes=25 json=bench-inference.json                      # everything (a few minutes)
+    python -m eval.bench.inference episodes=0 thread_table=false       # latency only, random models
+    python -m eval.bench.inference latency=false thread_table=false    # the evaluation only
 
-Everything is measured in one run on one model (a checkpoint, or a random model of the papers' DT size:
-width 256, 4 heads, 3 layers, primal+dt with s = 64), so the printed ratios compare like with like:
+Every ratio printed is taken inside this run, on this machine, so it compares like with like:
 
-1. per-step action latency at batch 1 and batch 100, K = 20 and K = 100:
-   - ``stream``: ``agent.act`` of the streaming agent (bookkeeping included), at episode step t = K
-     and at t = 10, 100, 1000 (flat in t: its state does not grow);
-   - ``recompute``: ``agent.act`` of the recompute agent with a full K-step context;
-   - HuggingFace ``DecisionTransformerModel`` (same sizes, random weights: latency only), its
-     documented usage: ``model(states, actions, rewards, returns_to_go, timesteps, attention_mask)``
-     on the last K steps, then ``action_preds[:, -1]`` (model call only, no bookkeeping).
-   For K = 100 the engines use a 100-step context (recompute) / a 299-token softmax cache (stream).
-2. wall time to evaluate ``episodes`` Hopper episodes: our vectorised stream evaluator
-   (``eval.rollout.evaluate``: one simulator per episode in two SyncVectorEnv lanes, each stepping in
-   its own process while the other lane's agent acts, finished rows leaving the batch) vs a sequential
-   one-episode-at-a-time recompute loop at batch 1 (the reference implementations' protocol),
-   same seeds.
+1. **latency** (per ``act``, one environment step for every row), for each model size in ``sizes``
+   (width x heads, 3 layers: ``256x4`` the papers' DT runs, ``128x1`` the original DT; a size equal to
+   the checkpoint's uses its weights, others random weights of ``layout``), each context K in
+   ``contexts`` and each batch in ``batches``:
+   - ``stream``: ``agents.Agent(engine="stream").act`` (bookkeeping included);
+   - ``onnx`` / ``torchscript``: the stream step exported by ``agents.export`` and run by
+     ``agents.onnx_policy.OnnxPolicy`` (onnxruntime) / ``agents.export.TorchScriptPolicy``, same
+     ``Agent`` API (skipped, with the reason printed, where agents.export or onnxruntime is missing);
+   - ``recompute``: ``Agent(engine="recompute")`` with a full K-step context;
+   - ``hf_recompute``: HuggingFace ``DecisionTransformerModel`` (same sizes, random weights: latency
+     only) as its documentation uses it: the model on the last K steps, ``action_preds[:, -1]``.
+   Ratios: slow / fast for every recompute baseline over every stream path, and HF over the best
+   stream path (the targets: >= 10x at K = 20, batch 1; >= 30x at batch 100). Then the stream latency
+   at episode steps ``ts`` (flat: its state does not grow).
+2. **threads** (first size, first K): each engine at batch 1 and 100 with the runtime's default
+   threads, 1, 2, and ``primal_dt.runtime.inference_threads``' choice, on the machine as it is and
+   (``compete=true``) beside one CPU-bound process the bench starts itself. A default that is slower
+   than one thread anywhere in this table is a bug in the policy.
+3. **evaluation** (``eval/bench/evaluator.py``): ``episodes`` Hopper episodes, vectorised stream
+   evaluator vs the sequential recompute loop, and where each one's time goes.
 
-Timings on a shared CPU are noisy: each latency is the median over ``rounds`` rounds of ``calls``
-calls, measured interleaved per setting, and every ratio is taken inside this run.
+Timings on a shared CPU are noisy: each latency is the median over ``rounds`` rounds, settings
+interleaved within a round, each round about 0.2 s (at least one call) per setting.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import dataclasses
 import json
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
+from eval.bench.evaluator import evaluation_section, make_agent
 from primal_dt import runtime
 
 RANDOM_MODEL_ENV = "hopper-medium"
-"""the dataset whose dimensions, simulator and targets the random model (no checkpoint) takes"""
+"""the dataset whose dimensions, simulator and targets the random models (no checkpoint) take"""
+STREAM_PATHS = ("stream", "onnx", "torchscript")
+RECOMPUTE_PATHS = ("recompute", "hf_recompute")
+TARGETS = {1: 10.0, 100: 30.0}
+"""batch -> how many times lower than HF recompute the best stream path's latency must be at K = 20"""
+ROUND_S = 0.2
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+"""torch's own thread count in this process before anything set it (its default: the physical cores)"""
 
 
 @dataclass
 class BenchConfig:
     checkpoint: str = ""
-    """kind="dt" checkpoint ('' : a random model of the DT papers' size)"""
+    """kind="dt" checkpoint ('' : random models; the evaluation then runs a random policy)"""
     layout: str = "primal+dt"
-    """layout of the random model"""
-    batches: str = "1,100"
-    contexts: str = "20,100"
-    ts: str = "10,100,1000"
-    """episode steps at which the stream latency is measured"""
+    """layout of the random models"""
+    sizes: tuple[str, ...] = ("256x4", "128x1")
+    """model sizes WIDTHxHEADS for the latency and threads sections (3 layers); empty: the checkpoint's only"""
+    batches: tuple[int, ...] = (1, 100)
+    """agent batch sizes (rows acting at once)"""
+    contexts: tuple[int, ...] = (20, 100)
+    """context lengths K"""
+    ts: tuple[int, ...] = (10, 100, 1000)
+    """episode steps at which the stream latency is measured (first size only)"""
     calls: int = 30
-    rounds: int = 5
+    """at most this many act() calls per round and setting"""
+    rounds: int = 3
+    """rounds, settings interleaved; a latency is the median over rounds"""
     latency: bool = True
-    """run the latency section (false: only the evaluation wall-time comparison)"""
+    """run the latency section"""
+    exported: bool = True
+    """include the exported runtimes (ONNX, TorchScript) in the latency and threads sections"""
+    hf: bool = True
+    """include the HuggingFace baseline (needs `transformers`)"""
+    thread_table: bool = True
+    """run the threads section (first size, first context)"""
+    compete: bool = True
+    """threads section: also measure beside one CPU-bound process started by the bench"""
     episodes: int = 100
     """Hopper episodes for the evaluation wall-time comparison (0: skip)"""
     lane_layouts: bool = True
@@ -64,29 +99,38 @@ class BenchConfig:
     seq_episodes: int = 0
     """episodes actually run by the sequential loop (0: all); its time is scaled to ``episodes``"""
     max_steps: int = 1000
-    hf: bool = True
-    """include the HuggingFace baseline (needs `transformers`)"""
+    """cap on episode length in the evaluation comparison"""
     threads: int = 1
+    """torch (and onnxruntime) CPU threads in the latency section and the evaluation"""
     json: str = ""
+    """also write the report here"""
     seed: int = 0
+    """seed of the random models and of the evaluation episodes"""
 
 
 NUMBERS = {"calls": runtime.AT_LEAST_1, "rounds": runtime.AT_LEAST_1, "episodes": runtime.AT_LEAST_0,
-           "seq_episodes": runtime.AT_LEAST_0, "max_steps": runtime.AT_LEAST_1, "threads": runtime.THREADS,
+           "seq_episodes": runtime.AT_LEAST_0, "max_steps": runtime.AT_LEAST_1, "threads": runtime.AT_LEAST_1,
            "seed": runtime.SEED}
 
 
 def int_list(bc: BenchConfig, key: str) -> list[int]:
-    """A comma list option (``batches=1,100``) as integers >= 1, or a ValueError naming it."""
-    text = getattr(bc, key)
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ValueError(f"{key} must be a comma-separated list of integers, got {text!r}") from None
+    """A list option (``batches=1,100``; the parser made it integers) checked: >= 1, at least one."""
+    values = list(getattr(bc, key))
     runtime.check_number(key, values or None, runtime.AT_LEAST_1)
     if not values:
-        raise ValueError(f"{key} must name at least one value, got {text!r}")
+        raise ValueError(f"{key} must name at least one value, e.g. {key}=1,100")
     return values
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``"256x4"`` -> (256, 4); a ValueError saying what a size looks like otherwise."""
+    try:
+        width, heads = (int(v) for v in str(text).lower().split("x"))
+    except ValueError:
+        raise ValueError(f"sizes: {text!r} is not WIDTHxHEADS (e.g. sizes=256x4,128x1)") from None
+    if width < 1 or heads < 1 or width % heads:
+        raise ValueError(f"sizes: {text!r} needs a width >= 1 divisible by heads >= 1 (e.g. 256x4)")
+    return width, heads
 
 
 def check(bc: BenchConfig) -> None:
@@ -94,6 +138,58 @@ def check(bc: BenchConfig) -> None:
     runtime.check_numbers(bc, NUMBERS)
     for key in ("batches", "contexts", "ts"):
         int_list(bc, key)
+    for s in bc.sizes:
+        parse_size(s)
+
+
+# -- models -----------------------------------------------------------------------------------------
+def random_model(info, width: int, heads: int, layout: str, seed: int):
+    """A random DT of the given size, 3 layers, on the dimensions of ``info``'s environment."""
+    import envs
+    from agents.decision_transformer import DecisionTransformer, DTConfig
+
+    spec = envs.get_spec(info.env)
+    torch.manual_seed(seed)
+    s = min(64, width // heads)
+    return DecisionTransformer(DTConfig(spec.obs_dim, spec.act_dim, K=20, d_model=width, n_heads=heads, n_layers=3,
+                                        layout=layout, options={"primal": {"s": s}}, dropout=0.0)).eval()
+
+
+def build_models(bc: BenchConfig):
+    """({size name: model}, DataInfo, the checkpoint's model or None). Without a checkpoint the data
+    bookkeeping is hopper-medium's with identity statistics and the papers' reward scale."""
+    from agents import dt_checkpoint
+    from primal_dt.train_config import TrainConfig
+
+    trained = None
+    if bc.checkpoint:
+        ck = dt_checkpoint.load(bc.checkpoint)
+        trained, info = ck.build_model(), ck.data
+    else:
+        import envs
+
+        spec = envs.get_spec(RANDOM_MODEL_ENV)
+        info = dt_checkpoint.DataInfo(env=spec.name, state_mean=np.zeros(spec.obs_dim),
+                                      state_std=np.ones(spec.obs_dim), reward_scale=TrainConfig.reward_scale,
+                                      targets=spec.targets, source="random model")
+    sizes = [parse_size(s) for s in bc.sizes]
+    if not sizes:
+        sizes = [(trained.cfg.d_model, trained.cfg.n_heads)] if trained is not None else [(256, 4)]
+    models = {}
+    for w, h in sizes:
+        if trained is not None and (trained.cfg.d_model, trained.cfg.n_heads) == (w, h):
+            models[f"{w}x{h}"] = trained
+        else:
+            models[f"{w}x{h}"] = random_model(info, w, h, bc.layout, bc.seed)
+    return models, info, trained
+
+
+def with_context(model, K: int):
+    """The same weights with context length K (K is not a parameter: it sets recompute's context and
+    the stream's softmax cache)."""
+    m = copy.copy(model)  # shares the modules and parameters
+    m.cfg = dataclasses.replace(model.cfg, K=K)
+    return m
 
 
 def hf_model(cfg, K: int):
@@ -111,39 +207,59 @@ def hf_model(cfg, K: int):
     return DecisionTransformerModel(c).eval()
 
 
-def build_model(bc: BenchConfig):
-    """(model, DataInfo): the checkpoint's, or a random model of the DT papers' size for hopper-medium
-    (dimensions, simulator and targets from ``envs``; identity statistics; the trainer's default
-    reward scale, the papers' 1000)."""
-    from agents import dt_checkpoint
-    from agents.decision_transformer import DecisionTransformer, DTConfig
-    from primal_dt.train_config import TrainConfig
+# -- exported runtimes ------------------------------------------------------------------------------
+def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
+    """({format: policy class}, {format: why it is skipped}) for the exported runtimes available here."""
+    if not bc.exported:
+        return {}, {f: "exported=false" for f in ("onnx", "torchscript")}
+    try:
+        from agents.export import TorchScriptPolicy, export_policy  # noqa: F401
+    except ImportError as err:
+        why = f"agents.export is not available ({err})"
+        return {}, {"onnx": why, "torchscript": why}
+    found, skipped = {"torchscript": TorchScriptPolicy}, {}
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
 
-    if bc.checkpoint:
-        ck = dt_checkpoint.load(bc.checkpoint)
-        return ck.build_model(), ck.data
-    import envs
+        from agents.onnx_policy import OnnxPolicy
 
-    spec = envs.get_spec(RANDOM_MODEL_ENV)
-    torch.manual_seed(bc.seed)
-    m = DecisionTransformer(DTConfig(spec.obs_dim, spec.act_dim, K=20, layout=bc.layout,
-                                     options={"primal": {"s": 64}}, dropout=0.0)).eval()
-    info = dt_checkpoint.DataInfo(env=spec.name, state_mean=np.zeros(spec.obs_dim), state_std=np.ones(spec.obs_dim),
-                                  reward_scale=TrainConfig.reward_scale, targets=spec.targets, source="random model")
-    return m, info
-
-
-def with_context(model, K: int):
-    """The same weights with context length K (K is not a parameter: it sets recompute's context and
-    the stream's softmax cache)."""
-    import copy
-    import dataclasses
-
-    m = copy.copy(model)  # shares the modules and parameters
-    m.cfg = dataclasses.replace(model.cfg, K=K)
-    return m
+        found["onnx"] = OnnxPolicy
+    except ImportError as err:
+        skipped["onnx"] = f"onnx / onnxruntime missing ({err}): pip install 'primal-dt[export]'"
+    return found, skipped
 
 
+class Exports:
+    """Exported artefacts of the benchmarked models, one per (size, K, format), made on first use into a
+    temporary directory (``agents.export.export_policy`` of an in-memory checkpoint)."""
+
+    def __init__(self, info):
+        self.info = info
+        self.dir = Path(tempfile.mkdtemp(prefix="bench-inference-"))
+        self.paths: dict = {}
+        self.export_s: dict = {}
+
+    def path(self, size: str, model, K: int, fmt: str) -> Path:
+        key = (size, K, fmt)
+        if key not in self.paths:
+            from agents.dt_checkpoint import DTCheckpoint
+            from agents.export import FORMATS, export_policy
+
+            ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(),
+                              data=self.info, origin="benchmark model")
+            t0 = time.perf_counter()
+            self.paths[key] = export_policy(ck, format=fmt, out=self.dir / f"{size}-K{K}-{FORMATS[fmt]}")
+            self.export_s[f"{size}-K{K}-{fmt}"] = time.perf_counter() - t0
+        return self.paths[key]
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# -- timing -----------------------------------------------------------------------------------------
 def timed(fn, calls: int) -> float:
     t0 = time.perf_counter()
     for _ in range(calls):
@@ -151,12 +267,19 @@ def timed(fn, calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e3
 
 
-def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.5) -> dict:
+def _nothing() -> None:
+    pass
+
+
+def median_ms(fns: dict, calls: int, rounds: int, round_s: float = ROUND_S, before: dict | None = None) -> dict:
     """Interleaved rounds: every round times each function once (up to ``calls`` calls, fewer for
-    slow ones so a round takes about ``round_s``); the median round per function."""
+    slow ones so a round takes about ``round_s``); the median round per function, in ms. ``before``:
+    {name: what to run, untimed, before that function's calls} (e.g. set its thread count)."""
     out = {k: [] for k in fns}
     n = {}
+    before = before or {}
     for k, f in fns.items():
+        before.get(k, _nothing)()
         f()  # warm-up
         t0 = time.perf_counter()
         f()
@@ -164,137 +287,193 @@ def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.5) -> dict:
         n[k] = max(1, min(calls, int(round_s / max(one, 1e-6))))
     for _ in range(rounds):
         for k, f in fns.items():
+            before.get(k, _nothing)()
             out[k].append(timed(f, n[k]))
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def make_agent(model, info, engine: str, context: int | None = None):
-    """An agent with the run's bookkeeping (``info``: the checkpoint's DataInfo), aiming at its first target."""
-    from agents.agent import Agent
-
-    return Agent(model, state_mean=info.state_mean, state_std=info.state_std, reward_scale=info.reward_scale,
-                 target=info.eval_targets[0], engine=engine, context=context)
-
-
-def agent_at(model, info, engine, B, t, context=None):
-    """An agent with B rows advanced to episode step t; returns (agent, a function doing one step)."""
-    ag = make_agent(model, info, engine, context)
-    ag.reset(B)
+def advanced(policy, B: int, t: int, state_dim: int, target: float | None = None):
+    """``policy`` (Agent API) reset for B rows and advanced to episode step t; a function doing one step."""
+    policy.reset(B) if target is None else policy.reset(B, target=target)
     g = np.random.default_rng(0)
-    obs = g.normal(size=(B, model.cfg.state_dim)).astype(np.float32)
+    obs = g.normal(size=(B, state_dim)).astype(np.float32)
     rew = np.ones(B, np.float32)
-    ag.act(obs)
+    policy.act(obs)
     for _ in range(t - 1):
-        ag.act(obs, rew)
-    return ag, (lambda: ag.act(obs, rew))
+        policy.act(obs, rew)
+    return lambda: policy.act(obs, rew)
 
 
-def latency_section(model, info, bc: BenchConfig) -> dict:
+def hf_step(hf, cfg, B: int, K: int):
+    """One HuggingFace recompute step on K steps of history for B rows (model call only)."""
+    g = torch.Generator().manual_seed(0)
+    s, a = torch.randn(B, K, cfg.state_dim, generator=g), torch.rand(B, K, cfg.act_dim, generator=g)
+    r, R = torch.zeros(B, K, 1), torch.randn(B, K, 1, generator=g)
+    tt = torch.arange(K).expand(B, K).contiguous()
+    am = torch.ones(B, K, dtype=torch.long)
+
+    def step():
+        with torch.inference_mode():
+            out = hf(states=s, actions=a, rewards=r, returns_to_go=R, timesteps=tt, attention_mask=am,
+                     return_dict=True)
+            return out.action_preds[:, -1].numpy()
+    return step
+
+
+def ratios(ms: dict) -> dict:
+    """slow / fast for every recompute baseline over every stream path present, the torch stream over each
+    exported runtime, and HF over the best stream path."""
+    out = {}
+    streams = [p for p in STREAM_PATHS if p in ms]
+    for slow in RECOMPUTE_PATHS:
+        for fast in streams:
+            if slow in ms:
+                out[f"{slow}/{fast}"] = ms[slow] / ms[fast]
+    for fast in streams[1:]:
+        out[f"stream/{fast}"] = ms["stream"] / ms[fast]
+    return out
+
+
+def policies(name: str, model, info, K: int, B: int, bc: BenchConfig, found: dict, exports: Exports | None,
+             threads: int | None = None) -> dict:
+    """{engine: one-step function} for every engine of the latency table at (K, B); ``threads`` goes to
+    the exported runtimes (None: their own default)."""
+    mk = with_context(model, K)
+    c, target = model.cfg, info.eval_targets[0]
+    fns = {"stream": advanced(make_agent(mk, info, "stream"), B, K, c.state_dim)}
+    for fmt, cls in found.items():
+        fns[fmt] = advanced(cls(exports.path(name, model, K, fmt), threads=threads), B, K, c.state_dim, target)
+    fns["recompute"] = advanced(make_agent(mk, info, "recompute"), B, K, c.state_dim)
+    return fns
+
+
+def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports: Exports | None) -> dict:
     batches, contexts, ts = (int_list(bc, k) for k in ("batches", "contexts", "ts"))
     res = {}
-    for K in contexts:
-        mk = with_context(model, K)
-        hf = hf_model(model.cfg, K) if bc.hf else None
-        for B in batches:
-            fns = {}
-            _, fns["stream"] = agent_at(mk, info, "stream", B, K)
-            _, fns["recompute"] = agent_at(mk, info, "recompute", B, K)
-            if hf is not None:
-                g = torch.Generator().manual_seed(0)
-                c = model.cfg
-                s, a = torch.randn(B, K, c.state_dim, generator=g), torch.rand(B, K, c.act_dim, generator=g)
-                r, R = torch.zeros(B, K, 1), torch.randn(B, K, 1, generator=g)
-                tt = torch.arange(K).expand(B, K).contiguous()
-                am = torch.ones(B, K, dtype=torch.long)
-
-                def hf_step(s=s, a=a, r=r, R=R, tt=tt, am=am):
-                    with torch.inference_mode():
-                        out = hf(states=s, actions=a, rewards=r, returns_to_go=R, timesteps=tt, attention_mask=am,
-                                 return_dict=True)
-                        return out.action_preds[:, -1].numpy()
-                fns["hf_recompute"] = hf_step
-            ms = median_ms(fns, bc.calls, bc.rounds)
-            key = f"K{K}_B{B}"
-            res[key] = {"K": K, "batch": B, **{f"{k}_ms": v for k, v in ms.items()}}
-            line = f"K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
-            if "hf_recompute" in ms:
-                res[key]["hf_over_stream"] = ms["hf_recompute"] / ms["stream"]
-                line += f"  | HF/stream {res[key]['hf_over_stream']:.1f}x"
-            res[key]["recompute_over_stream"] = ms["recompute"] / ms["stream"]
-            line += f", recompute/stream {res[key]['recompute_over_stream']:.1f}x"
-            print(line, flush=True)
-    # stream latency versus episode step t (model context 20)
+    for name, model in models.items():
+        res[name] = {}
+        for K in contexts:
+            hf = hf_model(model.cfg, K) if bc.hf else None
+            for B in batches:
+                fns = policies(name, model, info, K, B, bc, found, exports, threads=bc.threads)
+                if hf is not None:
+                    fns["hf_recompute"] = hf_step(hf, model.cfg, B, K)
+                ms = median_ms(fns, bc.calls, bc.rounds)
+                streams = {p: ms[p] for p in STREAM_PATHS if p in ms}
+                best = min(streams, key=streams.get)
+                entry = {"K": K, "batch": B, "ms": ms, "ratios": ratios(ms), "best_stream": best}
+                if "hf_recompute" in ms:
+                    entry["hf_over_best"] = ms["hf_recompute"] / ms[best]
+                res[name][f"K{K}_B{B}"] = entry
+                print(f"{name} K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()),
+                      flush=True)
+                print("    " + ", ".join(f"{k} {v:.1f}x" for k, v in entry["ratios"].items())
+                      + (f"; HF / best stream ({best}) {entry['hf_over_best']:.1f}x" if "hf_over_best" in entry
+                         else ""), flush=True)
+    name, model = next(iter(models.items()))
     mk = with_context(model, contexts[0])
-    for B in batches:
-        fns = {f"t{t}": agent_at(mk, info, "stream", B, t)[1] for t in ts}
+    for B in batches:  # stream latency versus episode step t: flat, the state does not grow
+        fns = {f"t{t}": advanced(make_agent(mk, info, "stream"), B, t, model.cfg.state_dim) for t in ts}
         ms = median_ms(fns, bc.calls, bc.rounds)
-        res[f"stream_vs_t_B{B}"] = {"batch": B, **{f"{k}_ms": v for k, v in ms.items()},
-                                     "max_over_min": max(ms.values()) / min(ms.values())}
-        print(f"stream batch={B:4d} vs t: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
-              + f"  (max/min {res[f'stream_vs_t_B{B}']['max_over_min']:.2f})", flush=True)
+        res[name][f"stream_vs_t_B{B}"] = {"batch": B, "ms": ms, "max_over_min": max(ms.values()) / min(ms.values())}
+        print(f"{name} stream batch={B:4d} vs t: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
+              + f"  (max/min {res[name][f'stream_vs_t_B{B}']['max_over_min']:.2f})", flush=True)
     return res
 
 
-def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> tuple[float, list]:
-    """The reference protocol: one episode at a time, batch-1 recompute agent."""
-    from envs import make_env
-
-    ag = make_agent(model, info, "recompute")
-    env = make_env(spec.name, None, gym_id=gym_id)
-    rets = []
-    t0 = time.perf_counter()
-    for e in range(n):
-        obs, _ = env.reset(seed=seed + e)
-        ag.reset(1)
-        total, reward = 0.0, None
-        for _ in range(max_steps):
-            obs, r, term, trunc, _ = env.step(ag.act(obs[None], reward)[0])
-            total += float(r)
-            reward = np.array([r], np.float32)
-            if term or trunc:
-                break
-        rets.append(total)
-    env.close()
-    return time.perf_counter() - t0, rets
+# -- threads --------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def competing_process():
+    """One CPU-bound process (a Python busy loop) running beside the measurement, stopped afterwards."""
+    p = subprocess.Popen([sys.executable, "-c", "while True: pass"], stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.2)  # let it start spinning
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait()
 
 
-def evaluation_section(model, info, bc: BenchConfig) -> dict:
-    import envs
-    from eval.rollout import evaluate
+THREAD_SETTINGS = ("default", "1", "2", "policy")
 
-    spec = envs.get_spec(info.env)
-    target = info.eval_targets[0]
-    n_seq = bc.seq_episodes or bc.episodes
-    # the evaluator as shipped (two lanes, each in its own process), then its simpler layouts
-    layouts = {"lanes=2 process": dict(lanes=2, lane_workers="process")}
-    if bc.lane_layouts:
-        layouts.update({"lanes=2 thread": dict(lanes=2, lane_workers="thread"), "lanes=1": dict(lanes=1)})
-    vec, details, res = {}, {}, None
-    for name, kw in layouts.items():
-        d = {}
-        t0 = time.perf_counter()
-        r = evaluate(model, spec, (target,), bc.episodes, bc.seed, state_mean=info.state_mean,
-                     state_std=info.state_std, reward_scale=info.reward_scale, num_envs=bc.episodes,
-                     max_steps=bc.max_steps, gym_id=info.gym_id, engine="stream", details=d, **kw)
-        vec[name] = time.perf_counter() - t0
-        if res is None:
-            res, details = r, d
-        print(f"  vectorised stream, {name}: {vec[name]:.1f} s", flush=True)
-    vec_s = vec["lanes=2 process"]
-    seq_s, seq_rets = sequential_recompute(model, info, spec, n_seq, bc.seed, bc.max_steps, info.gym_id)
-    seq_scaled = seq_s * bc.episodes / n_seq
-    out = {"episodes": bc.episodes, "vectorized_stream_s": vec_s, "vectorized_by_layout_s": vec,
-           "sequential_recompute_s": seq_scaled, "sequential_episodes_run": n_seq, "speedup": seq_scaled / vec_s,
-           "speedup_by_layout": {k: seq_scaled / v for k, v in vec.items()},
-           "stream_mean_length": res[target]["length_mean"], "stream_return_mean": res[target]["return_mean"],
-           "sequential_return_mean_over_run": float(np.mean(seq_rets)),
-           "vectorized_agent_latency": details["latency"]}
-    print(f"{bc.episodes} Hopper episodes (mean length {res[target]['length_mean']:.0f}): vectorised stream "
-          f"{vec_s:.1f} s, sequential recompute {seq_scaled:.1f} s"
-          + (f" (scaled from {n_seq} episodes)" if n_seq != bc.episodes else "")
-          + f"  -> {out['speedup']:.1f}x"
-          + "".join(f"; {k}: {v:.1f}x" for k, v in out["speedup_by_layout"].items() if k != "lanes=2 process"),
-          flush=True)
+
+def thread_counts(engine: str, B: int) -> dict:
+    """setting -> threads to ask for (None: the runtime's own default)."""
+    return {"default": None, "1": 1, "2": 2, "policy": runtime.inference_threads(engine, B)}
+
+
+def threads_once(name: str, model, info, K: int, bc: BenchConfig, found: dict, exports: Exports | None) -> dict:
+    """ms per act for every engine, batch and thread setting (see ``thread_counts``), as the machine is. The
+    settings of one engine and batch are interleaved round by round (torch's count is set before each)."""
+    out = {}
+    mk = with_context(model, K)
+    c, target = model.cfg, info.eval_targets[0]
+    try:
+        for engine in ("stream", "recompute", *found):
+            for B in (1, 100):
+                counts = thread_counts(engine, B)
+                fns, torch_threads = {}, {}
+                for setting, n in counts.items():
+                    torch_threads[setting] = n or TORCH_DEFAULT_THREADS
+                    torch.set_num_threads(torch_threads[setting])
+                    if engine in found:  # an exported runtime takes its thread count when it is made
+                        fns[setting] = advanced(found[engine](exports.path(name, model, K, engine), threads=n), B, K,
+                                                c.state_dim, target)
+                    else:
+                        fns[setting] = advanced(make_agent(mk, info, engine), B, K, c.state_dim)
+                ms = median_ms(fns, bc.calls, bc.rounds,
+                               before={k: (lambda n=n: torch.set_num_threads(n)) for k, n in torch_threads.items()})
+                row = dict(ms)
+                row["policy_threads"] = counts["policy"]
+                row["default_threads"] = TORCH_DEFAULT_THREADS if engine != "onnx" else "OnnxPolicy default"
+                row["policy_over_1"] = row["policy"] / row["1"]
+                row["default_over_1"] = row["default"] / row["1"]
+                out[f"{engine}_B{B}"] = row
+    finally:
+        torch.set_num_threads(bc.threads)
+    return out
+
+
+def threads_section(models: dict, info, bc: BenchConfig, found: dict, exports: Exports | None) -> dict:
+    name, model = next(iter(models.items()))
+    K = int_list(bc, "contexts")[0]
+    res = {"size": name, "K": K, "cores": runtime.usable_cores(), "torch_default_threads": TORCH_DEFAULT_THREADS}
+    conditions = ["idle", "compete"] if bc.compete else ["idle"]
+    for cond in conditions:
+        with competing_process() if cond == "compete" else contextlib.nullcontext():
+            res[cond] = threads_once(name, model, info, K, bc, found, exports)
+        print(f"threads ({name}, K={K}, {'beside one busy process' if cond == 'compete' else 'machine as it is'}; "
+              f"ms per act, default = {TORCH_DEFAULT_THREADS} torch threads):", flush=True)
+        for key, row in res[cond].items():
+            print(f"  {key:16s} " + "  ".join(f"{s} {row[s]:9.3f}" for s in THREAD_SETTINGS)
+                  + f"   (policy = {row['policy_threads']} thread(s): {row['policy_over_1']:.2f}x of one thread)",
+                  flush=True)
+    return res
+
+
+# -- the run ----------------------------------------------------------------------------------------------
+def targets(report: dict, contexts: list[int]) -> list[dict]:
+    """The issue's targets, read from the report: value, goal, met."""
+    out = []
+    for name, sec in report.get("latency", {}).items():
+        for B, goal in TARGETS.items():
+            e = sec.get(f"K{contexts[0]}_B{B}")
+            if e and "hf_over_best" in e:
+                out.append({"what": f"{name}: HF recompute / best stream path ({e['best_stream']}), K={contexts[0]}, "
+                                    f"batch {B}", "value": e["hf_over_best"], "goal": goal,
+                            "met": e["hf_over_best"] >= goal})
+    if "evaluation" in report:
+        ev = report["evaluation"]
+        out.append({"what": f"{ev['episodes']} Hopper episodes: sequential recompute loop / vectorised stream",
+                    "value": ev["speedup"], "goal": 20.0, "met": ev["speedup"] >= 20.0})
+    th = report.get("threads", {})
+    for cond in ("idle", "compete"):
+        if cond in th:  # the policy's choice vs one thread: the same setting when it chose one (then only noise)
+            worst = max(th[cond].values(), key=lambda row: row["policy_over_1"])
+            same = worst["policy_threads"] == 1
+            out.append({"what": f"threads ({cond}): slowest policy choice / one thread"
+                                + (" (the policy chose one thread there: the same setting, the ratio is noise)" if same else ""),
+                        "value": worst["policy_over_1"], "goal": 1.0, "met": same or worst["policy_over_1"] <= 1.1})
     return out
 
 
@@ -302,26 +481,39 @@ def run(argv: list[str]) -> dict:
     from primal_dt.cli import parse
 
     bc = parse(BenchConfig, argv, prog="python -m eval.bench.inference",
-               description="Streaming vs recompute DT inference latency, and evaluation wall time.")
+               description="Every way to run a DT policy side by side: latency, threads, evaluation wall time.")
     with runtime.setup_errors():
         check(bc)
-        model, info = build_model(bc)
+        models, info, trained = build_models(bc)
     runtime.set_threads(bc.threads)
-    print(f"model: layers {model.layer_names}, d_model {model.cfg.d_model}, {model.cfg.n_heads} heads; "
-          f"torch {torch.__version__}, {bc.threads} thread(s), {platform.processor() or platform.machine()}",
-          flush=True)
-    report = {"model_layers": model.layer_names, "d_model": model.cfg.d_model, "threads": bc.threads,
-              "torch": torch.__version__, "config": vars(bc)}
-    report["latency"] = latency_section(model, info, bc) if bc.latency else {}
+    runtime.keep_freed_memory()
+    found, skipped = exported_runtimes(bc)
+    for fmt, why in skipped.items():
+        print(f"skipping the {fmt} runtime: {why}", flush=True)
+    print(f"models: {', '.join(f'{k} {m.layer_names}' for k, m in models.items())}; torch {torch.__version__}, "
+          f"{bc.threads} thread(s) (torch default {TORCH_DEFAULT_THREADS}), {runtime.usable_cores()} cores, "
+          f"{platform.processor() or platform.machine()}", flush=True)
+    report = {"machine": {"cores": runtime.usable_cores(), "torch": torch.__version__,
+                          "torch_default_threads": TORCH_DEFAULT_THREADS, "processor": platform.processor()},
+              "torch_threads": bc.threads, "config": dataclasses.asdict(bc), "sizes": list(models),
+              "exported": {"formats": sorted(found), "skipped": skipped}}
+    exports = Exports(info) if found else None
+    try:
+        report["latency"] = latency_section(models, info, bc, found, exports) if bc.latency else {}
+        if bc.thread_table:
+            report["threads"] = threads_section(models, info, bc, found, exports)
+        if exports is not None:
+            report["exported"]["export_s"] = exports.export_s
+    finally:
+        if exports is not None:
+            exports.close()
     if bc.episodes > 0:
+        model = trained if trained is not None else next(iter(models.values()))
         report["evaluation"] = evaluation_section(model, info, bc)
-    k = f"K{bc.contexts.split(',')[0]}_B1"
-    if k in report["latency"] and "hf_over_stream" in report["latency"][k]:
-        print(f"target: stream >= 10x lower per-step latency than HF recompute at K=20, batch 1: "
-              f"{report['latency'][k]['hf_over_stream']:.1f}x")
-    if "evaluation" in report:
-        print(f"target: 100-episode evaluation >= 20x faster than the sequential loop: "
-              f"{report['evaluation']['speedup']:.1f}x")
+    report["targets"] = targets(report, int_list(bc, "contexts"))
+    for t in report["targets"]:
+        print(f"target: {t['what']}: {t['value']:.2f} (goal {'<=' if t['goal'] == 1.0 else '>='} {t['goal']:g})"
+              f" -> {'met' if t['met'] else 'NOT met'}", flush=True)
     if bc.json:
         with open(bc.json, "w") as f:
             json.dump(report, f, indent=2, default=str)

@@ -19,10 +19,10 @@ primal-dt[bench]``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from agents.decision_transformer import DecisionTransformer, DTConfig
 from agents.training import train_step
-from primal_dt import runtime
+from primal_dt import cli, runtime
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
 OURS = ("dt", "primal+dt", "primalformer-dt")
@@ -154,23 +154,41 @@ def report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[str], bool]:
-    """(options, sizes, with HuggingFace): every option checked (argparse's error and exit status 2 otherwise)."""
-    p = argparse.ArgumentParser(prog="python -m eval.bench.train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--sizes", default="paper,original", help="comma list of: " + ", ".join(SIZES))
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--K", type=int, default=20)
-    p.add_argument("--steps", type=int, default=3, help="timed steps per model per round")
-    p.add_argument("--rounds", type=int, default=4)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
-    p.add_argument("--no-hf", action="store_true", help="skip transformers' model")
-    p.add_argument("--json", default="", help="write the results here")
-    args = p.parse_args(argv)
-    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+@dataclass
+class TrainBenchConfig:
+    """Options of ``python -m eval.bench.train``."""
+
+    sizes: tuple[str, ...] = tuple(SIZES)
+    """model sizes to time: paper (width 256, 4 heads, 3 layers, the Primal-Attention paper's) | original (width
+    128, 1 head, 3 layers, the original DT's)"""
+    batch: int = 64
+    """segments per step"""
+    K: int = 20
+    """context length in environment steps"""
+    steps: int = 3
+    """timed steps per model per round"""
+    rounds: int = 4
+    """rounds, each timing every model in turn"""
+    warmup: int = 2
+    """untimed steps per model first"""
+    threads: int = 1
+    """torch threads (0: torch's default)"""
+    no_hf: bool = False
+    """skip transformers' model"""
+    json: str = ""
+    """write the results here"""
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[str], bool]:
+    """(options, sizes, with HuggingFace): every option checked (the parser's usage error and exit status 2
+    otherwise)."""
+    p = cli.Parser(TrainBenchConfig, prog="python -m eval.bench.train", description=__doc__.split("\n\n")[0],
+                   flags=True)
+    args = p.parse(argv)
+    sizes = list(args.sizes)
     bad = [s for s in sizes if s not in SIZES]
     if bad or not sizes:
-        p.error(f"--sizes must be among {list(SIZES)} (got {args.sizes!r})")
+        p.error(f"--sizes must be among {list(SIZES)} (got {','.join(sizes)!r})")
     runtime.check_parsed(p, args, {"--batch": runtime.AT_LEAST_1, "--K": runtime.AT_LEAST_1,
                                    "--steps": runtime.AT_LEAST_1, "--rounds": runtime.AT_LEAST_1,
                                    "--warmup": runtime.AT_LEAST_0, "--threads": runtime.THREADS})

@@ -17,6 +17,15 @@
 States are ``State`` objects (state.py) that declare which entries are per row, so that
 ``reset_rows`` / ``select_rows`` restart or drop finished sequences without touching anything the
 batch shares.
+
+Export form (``export_form(window=None) -> ExportForm``, what agents.export puts in an ONNX /
+TorchScript graph): the stream step as a pure function, ``form(x, state, mask=None, last_only=False)
+-> (y, state)`` with ``state`` a tuple of tensors laid out by ``form.specs``. A graph is traced once
+and then replayed at every step, so an export form keeps nothing on the Python side (no clocks, no
+per-phase tables, no in-place updates): every entry is a per-row tensor that comes back new, starts
+at zero, and goes back to zero when its row restarts. Its outputs equal ``stream_step``'s at real
+tokens (tests/primal_dt/attention/test_export_forms.py). Mechanisms whose recurrent state grows
+with the sequence (a cache of every token: kernel-*, svr-*) have none, and say so.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .state import State
+from .state import State, StateSpec
 
 
 class Attention(nn.Module):
@@ -138,6 +147,57 @@ class Attention(nn.Module):
         copy of a model, see agents.stream.streamed_model_equivalent). Default: nothing to do, the
         stream already equals ``forward``."""
 
+    # -- export form (what agents.export traces into a graph) ------------------------------------
+    def export_form(self, *, window: int | None = None) -> ExportForm:
+        """The pure stream step (see the module docstring); ``window`` as in ``init_stream``. A snapshot
+        of the weights it fuses, like a stream state. Default: none, with the reason as a ValueError."""
+        if not (self.causal and self.supports_step):
+            raise ValueError(f"{type(self).__name__} has no causal recurrent form (causal={self.causal}), so no "
+                             "stream step to export")
+        raise ValueError(f"{type(self).__name__}'s recurrent state is a cache of every token of the sequence (it "
+                         "grows with the episode), which a graph with fixed-size state tensors cannot hold")
+
+
+class ExportForm(nn.Module):
+    """A mechanism's stream step as a pure function of tensors, for export (see the module docstring).
+
+    ``forward(x [B, C, D], state, mask [B, C] bool or None, last_only) -> (y, new state)``: the
+    argument order of ``stream_step``, with ``state`` a tuple of tensors laid out as ``specs``. Each
+    mechanism's subclass lives in the mechanism's own file."""
+
+    def __init__(self, specs):
+        super().__init__()
+        #: the state tensors, in order (per-row shapes; every entry starts at zero)
+        self.specs: tuple[StateSpec, ...] = tuple(specs)
+
+    def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
+        """A fresh state for ``batch`` rows: zeros, as every export state starts."""
+        return tuple(s.zeros(batch, device) for s in self.specs)
+
+
+class StepExport(ExportForm):
+    """The export form of a mechanism whose recurrent ``step`` is already pure with a fixed-size state
+    (the linear family: prefix sums S, z and the feature map's statistics): the step itself, its nested
+    ``State`` flattened to tensors named by their path ("kv.sum", "feat.count", ...)."""
+
+    def __init__(self, attn: Attention):
+        attn._require_step()
+        probe = attn.init_state(1)
+        flat = probe.flat()
+        super().__init__(StateSpec(name, tuple(t.shape[1:]), t.dtype) for name, t in flat)
+        self.attn = attn
+        self.names = [name for name, _ in flat]
+        self.structure = probe  # the nesting to rebuild (its tensors are never read)
+
+    def step(self, x, state: State, mask):
+        """The mechanism's step on the rebuilt state (a subclass may adapt it to a graph)."""
+        return self.attn.step(x, state, mask)
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        y, new = self.step(x, self.structure.refill(state), mask)
+        out = dict(new.flat())
+        return (y[:, -1:] if last_only else y), tuple(out[name] for name in self.names)
+
 
 def _as_state(state, op: str) -> State:
     if not isinstance(state, State):
@@ -156,6 +216,13 @@ def stream_in_pieces(stream_step, x: torch.Tensor, state: State, mask: torch.Ten
         y, state = stream_step(x[:, i:i + size], state, None if mask is None else mask[:, i:i + size], last_only)
         outs.append(y)
     return (outs[-1] if last_only else torch.cat(outs, 1)), state
+
+
+def static(n) -> int:
+    """A size read from a tensor's shape, as a Python int. Eager code gets the same number; a traced
+    graph (agents.export) gets a constant instead of Shape/Gather operators run at every step. Export
+    forms use it for every axis but the batch, which they leave dynamic (-1)."""
+    return int(n)
 
 
 def zero_padding(y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

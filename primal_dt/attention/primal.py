@@ -26,6 +26,9 @@ and no window, only the chunk's total enters the state, so q|k is projected once
 chunk (sum_i m_i (W h_i + b) = W sum_i m_i h_i + (sum_i m_i) b). With a window: a ring of the last
 ``window`` positions' q|k, written in place, and their sum kept in float64 (it is updated by adding
 and subtracting, so it must not drift); chunks longer than the window go through in pieces.
+
+Export form (``export_form``, ``PrimalExport``): the same fused arithmetic as a pure function of its
+state tensors, the ring kept oldest-first so that positions need no clock.
 """
 
 from __future__ import annotations
@@ -37,10 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, check_int, check_window, stream_in_pieces, zero_padding
+from .base import Attention, ExportForm, check_int, check_window, static, stream_in_pieces, zero_padding
 from .prefix import PrefixState, prefix_means
 from .registry import register
-from .state import State
+from .state import State, StateSpec
 
 
 def cosine_features(z: torch.Tensor) -> torch.Tensor:
@@ -208,11 +211,27 @@ class PrimalAttention(Attention):
         """Fused stream state (see the module docstring). ``window`` and ``chunk`` do not apply: the
         state is O(H d_head) without this layer's own window, a ring of that window with it. The
         state holds the fused weights, a snapshot: build a new stream after the weights change."""
+        self._require_fusable()
+        dtype = dtype or self.qk.weight.dtype
+        D = self.d_model
+        M, bias = self._fused_readout(dtype)
+        shared = {"wqk": self.qk.weight.detach(), "bqk": None if self.qk.bias is None else self.qk.bias.detach(),
+                  "M": M, "bias": bias}
+        if self.window is None:
+            return State(rows={"sum": torch.zeros(batch, 2 * D, device=device, dtype=dtype)}, shared=shared)
+        shared["pos"] = 0  # the rows' common clock: ring slot of the next token
+        return State(rows={"ring": torch.zeros(batch, self.window, 2 * D, device=device, dtype=dtype),
+                           "S": torch.zeros(batch, 2 * D, device=device, dtype=torch.float64)}, shared=shared)
+
+    def _require_fusable(self) -> None:
         if self.data_dependent:
             raise ValueError("data-dependent Primal-Attention has no causal form to stream; use "
                              "data_dependent=False for a streamed (causal) layer")
         self._require_step()
-        dtype = dtype or self.qk.weight.dtype
+
+    def _fused_readout(self, dtype):
+        """(M [D, 2D], bias [D]): proj(merge(Wo [We^T f_q; Wr^T f_k])) as one linear map of the per-head
+        normalised sums f = [f_q; f_k], composed in float64 and cast to ``dtype`` (a snapshot)."""
         D, H, d, s = self.d_model, self.n_heads, self.d_head, self.s
         with torch.no_grad():
             P = self.proj.weight.double()
@@ -228,13 +247,7 @@ class PrimalAttention(Attention):
                 bias += self.proj.bias.double()
             if self.Wo.bias is not None:
                 bias += P @ self.Wo.bias.double().repeat(H)
-        shared = {"wqk": self.qk.weight.detach(), "bqk": None if self.qk.bias is None else self.qk.bias.detach(),
-                  "M": M.to(dtype), "bias": bias.to(dtype)}
-        if self.window is None:
-            return State(rows={"sum": torch.zeros(batch, 2 * D, device=device, dtype=dtype)}, shared=shared)
-        shared["pos"] = 0  # the rows' common clock: ring slot of the next token
-        return State(rows={"ring": torch.zeros(batch, self.window, 2 * D, device=device, dtype=dtype),
-                           "S": torch.zeros(batch, 2 * D, device=device, dtype=torch.float64)}, shared=shared)
+        return M.to(dtype), bias.to(dtype)
 
     def stream_step(self, x, state, mask=None, last_only=False):
         """One chunk through the fused form, state updated in place. Outputs at padding positions are
@@ -250,9 +263,9 @@ class PrimalAttention(Attention):
 
     def _stream_readout(self, sums, sh):
         """Running sums of q|k [B, T, 2D] -> outputs [B, T, D]: normalise per head, one fused matmul."""
-        B, T, _ = sums.shape
-        f = F.normalize(sums.view(B, T, 2 * self.n_heads, self.d_head), dim=-1, eps=1e-12)
-        return F.linear(f.view(B, T, 2 * self.d_model), sh["M"], sh["bias"])
+        T = static(sums.shape[1])  # every size but the batch a constant, also when traced for export
+        f = F.normalize(sums.view(-1, T, 2 * self.n_heads, self.d_head), dim=-1, eps=1e-12)
+        return F.linear(f.view(-1, T, 2 * self.d_model), sh["M"], sh["bias"])
 
     def _stream_sums(self, h, total, sh, m, last_only: bool):
         B, C, _ = h.shape
@@ -290,6 +303,65 @@ class PrimalAttention(Attention):
         sums = sums64.to(qk.dtype)
         return self._stream_readout(sums[:, -1:] if last_only else sums, sh)
 
+    # -- export form: the fused form, pure ---------------------------------------------------------
+    def export_form(self, *, window=None):
+        """``PrimalExport`` (``window`` does not apply, as in ``init_stream``)."""
+        self._require_fusable()
+        return PrimalExport(self)
+
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, s={self.s}, causal={self.causal}, "
                 f"data_dependent={self.data_dependent}, window={self.window}")
+
+
+class PrimalExport(ExportForm):
+    """The fused stream form as a pure function (base.ExportForm): state ``sum`` [2D], the running sum
+    of q|k over the row's real tokens; with the layer's ``window``, ``ring`` [window, 2D] (the last
+    window positions' q|k, oldest first: positions are implicit in the order, so no clock) and ``S``
+    [2D] float64, their sum, updated by adding the chunk and subtracting what leaves the window, as
+    the stream form does. Fused weights are a snapshot taken here."""
+
+    def __init__(self, attn: PrimalAttention):
+        dtype, D = attn.qk.weight.dtype, attn.d_model
+        if attn.window is None:
+            specs = [StateSpec("sum", (2 * D,), dtype)]
+        else:
+            specs = [StateSpec("ring", (attn.window, 2 * D), dtype), StateSpec("S", (2 * D,), torch.float64)]
+        super().__init__(specs)
+        self.attn = attn
+        M, bias = attn._fused_readout(dtype)
+        self.register_buffer("M", M)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        a = self.attn
+        C = static(x.shape[1])
+        sh = {"M": self.M, "bias": self.bias}
+        m = None if mask is None else mask.to(x.dtype)
+        if a.window is None:
+            (total,) = state
+            if last_only:  # only the chunk's total enters the state (see PrimalAttention._stream_sums)
+                if m is None:
+                    hs, n = x.sum(1, keepdim=True), float(C)
+                else:
+                    hs, n = torch.bmm(m.unsqueeze(1), x), m.sum(1).view(-1, 1, 1)
+                qk = F.linear(hs, a.qk.weight)
+                if a.qk.bias is not None:
+                    qk = qk + n * a.qk.bias
+                total = total + qk[:, 0]
+                return a._stream_readout(total.unsqueeze(1), sh), (total,)
+            qk = F.linear(x, a.qk.weight, a.qk.bias)
+            if m is not None:
+                qk = qk * m.unsqueeze(-1)
+            sums = torch.cumsum(qk, 1) + total.unsqueeze(1)
+            return a._stream_readout(sums, sh), (sums[:, -1],)
+        if C > a.window:  # the ring holds `window` new positions at a time
+            return stream_in_pieces(self, x, state, mask, last_only, a.window)
+        ring, S = state
+        qk = F.linear(x, a.qk.weight, a.qk.bias)
+        if m is not None:
+            qk = qk * m.unsqueeze(-1)
+        sums64 = torch.cumsum((qk - ring[:, :C]).double(), 1) + S.unsqueeze(1)  # ring[:, :C]: leaving the window
+        sums = sums64.to(qk.dtype)
+        y = a._stream_readout(sums[:, -1:] if last_only else sums, sh)
+        return y, (torch.cat([ring[:, C:], qk], 1), sums64[:, -1])

@@ -15,6 +15,10 @@ Stream form (``init_stream`` / ``stream_step``, what agents.stream runs): the ca
 preallocated ring of ``w + chunk - 1`` slots written in place, with w the layer's window or else the
 bounded window the caller passes (an unwindowed cache would grow with the sequence), and SDPA over
 the whole ring with a position/validity mask whose position part is precomputed once per ring phase.
+
+Export form (``export_form``, ``SoftmaxExport``): the same window as a pure function; the cache holds
+the last ``w - 1`` positions oldest first (positions implicit in the order: no clock), a chunk attends
+over cache ++ chunk through a band mask fixed by the window, and the new cache is the last w - 1.
 """
 
 from __future__ import annotations
@@ -25,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, check_int, check_window, stream_in_pieces, zero_padding
+from .base import Attention, ExportForm, check_int, check_window, static, stream_in_pieces, zero_padding
 from .registry import register
-from .state import State
+from .state import State, StateSpec
 
 
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
@@ -206,3 +210,44 @@ class SoftmaxAttention(Attention):
         """An unwindowed layer streams over the caller's window, so its ``forward`` must use it too."""
         if self.window is None:
             self.window = check_window(window)
+
+    # -- export form: sliding-window cache, pure ------------------------------------------------
+    def export_form(self, *, window=None):
+        """``SoftmaxExport`` over this layer's window, else the caller's (as ``init_stream``)."""
+        self._require_step()
+        w = self.window or check_window(window)
+        if w is None:
+            raise ValueError(f"{type(self).__name__} without a window exports over a bounded one: build it with "
+                             "window=w or pass export_form(window=w) (the DT exporter passes 3K - 1)")
+        return SoftmaxExport(self, w)
+
+
+class SoftmaxExport(ExportForm):
+    """The stream step over a ``window`` of w positions as a pure function (base.ExportForm): state
+    ``k``, ``v`` [H, w - 1, d_head] and ``valid`` [w - 1], the cached positions oldest first."""
+
+    def __init__(self, attn: SoftmaxAttention, window: int):
+        H, d, L = attn.n_heads, attn.d_head, window - 1
+        dtype = attn.qkv.weight.dtype
+        super().__init__([StateSpec("k", (H, L, d), dtype), StateSpec("v", (H, L, d), dtype),
+                          StateSpec("valid", (L,), torch.bool)])
+        self.attn, self.window = attn, window
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        a = self.attn
+        K, V, valid = state
+        C, L = static(x.shape[1]), self.window - 1  # (static: constants in a traced graph, batch aside)
+        qkv = F.linear(x, a.qkv.weight, a.qkv.bias).view(-1, C, 3, a.n_heads, a.d_head).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        keys, values = torch.cat([K, k], 2), torch.cat([V, v], 2)
+        real = torch.cat([valid, torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask], 1)
+        # query i of the chunk sits at index L + i of cache ++ chunk and sees indices i .. L + i
+        i = torch.arange(C, device=x.device)[:, None]
+        j = torch.arange(L + C, device=x.device)[None, :]
+        band, own = (j >= i) & (j <= i + L), j == i + L
+        if last_only:
+            q, band, own = q[:, :, -1:], band[-1:], own[-1:]
+        allowed = (band.unsqueeze(0) & real.unsqueeze(1)) | own.unsqueeze(0)  # padding queries: own slot only
+        y = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed.unsqueeze(1), scale=a.d_head ** -0.5)
+        y = F.linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), a.proj.weight, a.proj.bias)
+        return y, (keys[:, :, C:], values[:, :, C:], real[:, C:])

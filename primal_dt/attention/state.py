@@ -15,11 +15,32 @@ silently corrupt every row. So each mechanism declares the split when it builds 
 Entries are read as ``state[key]`` (a key names one entry, in ``rows`` or in ``shared``). Steps
 return a state: a new one (recurrent ``step`` forms) or the same one updated in place (the
 preallocated stream forms), so callers always continue with the returned state.
+
+Export forms (base.ExportForm, what agents.export puts in a graph) carry their state as a flat tuple
+of tensors instead, each described by a ``StateSpec``: a graph's inputs and outputs are named
+tensors, not nested objects. ``State.flat`` / ``State.refill`` convert between the two for a state
+whose entries are all per row.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One tensor of an export form's state: its ``name``, its ``shape`` per row (the batch axis, first,
+    is left out because a graph takes any batch) and ``dtype``. Every entry starts at zero, and a
+    restarted row goes back to zero (as ``State.reset_rows`` does), so no initial value is stored."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    def zeros(self, batch: int, device=None) -> torch.Tensor:
+        return torch.zeros(batch, *self.shape, dtype=self.dtype, device=device)
 
 
 class State:
@@ -59,6 +80,29 @@ class State:
         elif v.shape[0] != sel.shape[0]:
             raise ValueError(f"State.{op}: per-row entry {key!r} has {v.shape[0]} rows but the selection has "
                              f"{sel.shape[0]}; pass one flag per row of the batch the state was built for")
+
+    def flat(self, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+        """The per-row tensors depth first, as (dotted name, tensor): "kv.sum", "feat.count", ...
+        A state with shared entries has no flat form (a graph input is a batch of rows)."""
+        if self.shared:
+            raise ValueError(f"State.flat: shared entries {sorted(self.shared)} have no per-row flat form")
+        out = []
+        for key, v in self.rows.items():
+            out += v.flat(f"{prefix}{key}.") if isinstance(v, State) else [(prefix + key, v)]
+        return out
+
+    def refill(self, tensors) -> State:
+        """A state of this one's structure (nested states included, empty ones too) holding ``tensors``
+        in ``flat`` order: how an export form turns a graph's state inputs back into its step's state."""
+        it = iter(tensors)
+
+        def build(st: State) -> State:
+            return State(rows={k: build(v) if isinstance(v, State) else next(it) for k, v in st.rows.items()})
+
+        out = build(self)
+        if next(it, None) is not None:
+            raise ValueError(f"State.refill: more tensors than the {len(self.flat())} entries of this state")
+        return out
 
     def reset_rows(self, rows: torch.Tensor) -> State:
         """Restart the rows where ``rows`` ([B] bool) is True, in place: their per-row entries become

@@ -18,6 +18,8 @@ SOURCES = ("uea", "listops", "text", "retrieval", "image", "pathfinder")
 
 @dataclass
 class DataConfig:
+    """Which data a classifier trains on, and how it is split and trimmed."""
+
     kind: str = "uea"
     """uea | listops | text | retrieval | image | pathfinder (which loader)"""
     name: str = "JapaneseVowels"
@@ -33,7 +35,9 @@ class DataConfig:
     max_train: int = 0
     """keep at most this many training examples (0 = all); likewise max_val, max_test"""
     max_val: int = 0
+    """keep at most this many validation examples (0 = all)"""
     max_test: int = 0
+    """keep at most this many test examples (0 = all)"""
     generate: bool = False
     """ListOps: generate the data (data.listops.*) into data.path, or data/listops/<spec>, if absent"""
     listops: ListOpsSpec = field(default_factory=ListOpsSpec)

@@ -6,9 +6,22 @@ import sys
 
 from .listops import main as listops_main
 
-TOOLS = {"listops": listops_main}
+TOOLS = {"listops": (listops_main, "write ListOps TSV files in the LRA release format")}
+USAGE = f"usage: python -m primal_dt.tasks {{{','.join(TOOLS)}}} [-h] [KEY=VALUE ...]"
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] in TOOLS:
+        TOOLS[argv[0]][0](argv[1:])
+    elif argv and argv[0] in ("-h", "--help"):
+        tools = "\n".join(f"  {name:<12}{what}" for name, (_, what) in TOOLS.items())
+        print(f"{USAGE}\n\n{__doc__.split(chr(10) * 2)[0]}\n\ntools (python -m primal_dt.tasks TOOL --help: its "
+              f"options):\n{tools}")
+    else:
+        sys.stderr.write(f"{USAGE}\npython -m primal_dt.tasks: error: name a tool: {', '.join(TOOLS)}"
+                         + (f" (got {argv[0]!r})" if argv else "") + "\n")
+        raise SystemExit(2)
+
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2 or sys.argv[1] not in TOOLS:
-        sys.exit(f"usage: python -m primal_dt.tasks {{{','.join(TOOLS)}}} [key=value ...]")
-    TOOLS[sys.argv[1]](sys.argv[2:])
+    main(sys.argv[1:])

@@ -34,13 +34,21 @@ class ListOpsSpec:
     """Generator settings (defaults: the LRA release)."""
 
     n_train: int = 96000
+    """training examples"""
     n_val: int = 2000
+    """validation examples"""
     n_test: int = 2000
+    """test examples"""
     min_length: int = 500
+    """shortest expression, in tokens"""
     max_length: int = 2000
+    """longest expression, in tokens"""
     max_depth: int = 10
+    """deepest nesting of operators"""
     max_args: int = 10
+    """most arguments of one operator"""
     seed: int = 0
+    """generator seed"""
 
     def check(self) -> None:
         for k in ("n_train", "n_val", "n_test", "max_depth"):
@@ -188,22 +196,19 @@ class GenerateArgs:
     """Generate ListOps TSV files in the LRA release format."""
 
     out: str = "data/listops"
+    """directory of basic_train.tsv, basic_val.tsv, basic_test.tsv"""
     spec: ListOpsSpec = field(default_factory=ListOpsSpec)
+    """generator settings (spec.n_train=... or n_train=...; defaults: the LRA release)"""
 
 
 def main(argv=None) -> None:
     from ..cli import parse
 
-    argv = sys.argv[1:] if argv is None else list(argv)
-    short = {f.name for f in fields(ListOpsSpec)}  # ``n_train=...`` is shorthand for ``spec.n_train=...``
-    argv = [f"spec.{a}" if a.split("=", 1)[0] in short else a for a in argv]
-    args = parse(GenerateArgs, argv, description=__doc__.split("\n\n")[0], prog="python -m primal_dt.tasks listops")
+    short = {f.name: f"spec.{f.name}" for f in fields(ListOpsSpec)}  # ``n_train=...`` is ``spec.n_train=...``
+    args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
+                 aliases=short)
     try:
         out = write_dataset(args.spec, args.out)
     except (ValueError, RuntimeError) as err:
         sys.exit(f"error: {err}")
     print(f"wrote {out}/basic_{{train,val,test}}.tsv ({args.spec.n_train}/{args.spec.n_val}/{args.spec.n_test})")
-
-
-if __name__ == "__main__":
-    main()

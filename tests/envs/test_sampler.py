@@ -147,3 +147,24 @@ def test_random_dataset_against_a_naive_per_segment_computation():
                                    rtol=1e-5, atol=1e-6)
         assert b["mask"][row].tolist() == [True] * m + [False] * (K - m)
         assert (b["states"][row, m:] == 0).all() and (b["actions"][row, m:] == 0).all()
+
+
+def test_fixed_segments_and_foreign_statistics_give_the_sampled_batches(tiny):
+    """``segments(first)`` is the batch ``sample`` draws for those starts; ``stats`` normalises with
+    other statistics (held-out episodes read with the training episodes')."""
+    s = SegmentSampler(tiny, K=4, batch_size=50, reward_scale=2.0, seed=3)
+    state = s.state_dict()
+    first = s.indices()[0][:, 0]
+    s.load_state_dict(state)
+    drawn, fixed = s.sample(), s.segments(first)
+    assert all(torch.equal(drawn[k], fixed[k]) for k in drawn)
+    mean, std = np.array([1.0, -2.0], np.float32), np.array([0.5, 4.0], np.float32)
+    other = SegmentSampler(tiny, K=4, batch_size=50, reward_scale=2.0, seed=None, stats=(mean, std))
+    b = other.segments(np.arange(5))
+    for f in range(5):
+        exp = _expected_row(tiny, f)
+        n = int(exp["mask"].sum())
+        np.testing.assert_allclose(b["states"][f, :n].numpy(), (tiny.observations[EXPECTED[f]["rows"]] - mean) / std,
+                                   rtol=1e-6)
+        np.testing.assert_array_equal(b["actions"][f].numpy(), exp["actions"])
+        np.testing.assert_allclose(b["rtg"][f, :, 0].numpy(), exp["rtg"])

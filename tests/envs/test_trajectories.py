@@ -56,3 +56,49 @@ def test_clipping_counts_what_moved_and_changes_the_fingerprint():
     assert float(abs(ds.actions).max()) == 1.0 and ds.fingerprint != before
     assert ds.episodes[0]["actions"].max() <= 1.0  # the per-episode views see the clipped values
     assert ds.clip_actions(-1.0, 1.0) == 0
+
+
+def random_dataset(n_eps=30, seed=0):
+    rng = np.random.default_rng(seed)
+    return Trajectories.from_episodes([{"observations": rng.standard_normal((n, 11)).astype(np.float32) + e,
+                                        "actions": rng.uniform(-1, 1, (n, 3)), "rewards": rng.uniform(0, 3, n),
+                                        "terminal": bool(e % 2)}
+                                       for e, n in enumerate(rng.integers(1, 40, n_eps))], source="test data")
+
+
+def test_the_held_out_split_is_seeded_disjoint_and_covers_every_episode():
+    ds = random_dataset()
+    train, held = ds.hold_out(0.2, seed=3)
+    assert len(held) == 6 and len(train) == 24 and (np.diff(held) > 0).all() and (np.diff(train) > 0).all()
+    assert sorted([*train, *held]) == list(range(30))
+    again, held_again = ds.hold_out(0.2, seed=3)
+    assert np.array_equal(held, held_again) and np.array_equal(train, again)
+    others = {tuple(ds.hold_out(0.2, seed=s)[1]) for s in range(4, 10)}
+    assert len(others | {tuple(held)}) > 1  # other seeds, other splits
+    assert len(ds.hold_out(0.001, seed=0)[1]) == 1  # a share below one episode still holds one out
+    assert len(ds.hold_out(0.0, seed=0)[1]) == 0 and len(ds.hold_out(0.0, seed=0)[0]) == 30
+
+
+def test_a_dataset_that_cannot_spare_an_episode_says_so():
+    import pytest
+
+    from envs import DatasetError
+
+    with pytest.raises(DatasetError, match="test data: holding out 1 of its 1 episode.*leaves none to train on"):
+        random_dataset(n_eps=1).hold_out(0.05, seed=0)
+    with pytest.raises(DatasetError, match="holding out 30 of its 30"):
+        random_dataset().hold_out(0.99, seed=0)
+
+
+def test_a_subset_is_the_dataset_of_those_episodes_with_their_own_statistics():
+    ds = random_dataset()
+    picked = [7, 2, 19]
+    sub = ds.subset(picked)
+    direct = Trajectories.from_episodes([ds.episodes[e] for e in picked])  # built from the episodes alone
+    for name in ("observations", "actions", "rewards", "starts", "lengths", "terminal", "rtg", "timesteps",
+                 "step_end", "state_mean", "state_std"):
+        np.testing.assert_array_equal(getattr(sub, name), getattr(direct, name), err_msg=name)
+    obs = np.concatenate([ds.episodes[e]["observations"] for e in picked]).astype(np.float64)
+    np.testing.assert_allclose(sub.state_mean, obs.mean(0), rtol=1e-5)  # not the whole dataset's
+    assert not np.allclose(sub.state_mean, ds.state_mean, atol=1e-3)
+    assert sub.source == ds.source and sub.fingerprint == direct.fingerprint != ds.fingerprint

@@ -102,4 +102,5 @@ def test_command_line_and_clear_errors(runs, tmp_path):
     assert p.returncode == 1 and "no finished run" in p.stderr
     p = subprocess.run([sys.executable, "-m", "eval.report", str(root), "colour=red"], cwd=ROOT,
                        capture_output=True, text=True)
-    assert p.returncode == 1 and "unknown option(s) colour" in p.stderr
+    assert p.returncode == 2 and "error: unknown option 'colour'" in p.stderr  # the parser's usage error
+    assert p.stderr.startswith("usage: python -m eval.report")

@@ -23,7 +23,7 @@ def ckpt(tmp_path_factory, tiny_dt, dt_checkpoint_file):
 
 
 def run(ckpt, **kw):
-    args = dict(episodes=3, seed=5, num_envs=4, max_steps=MAX)
+    args = dict(episodes=3, seed=5, num_envs=4, max_steps=MAX, engine="stream")
     args.update(kw)
     return rollout.evaluate(str(ckpt), SPEC, (3600.0, 1800.0), args.pop("episodes"), args.pop("seed"), **args)
 
@@ -157,22 +157,26 @@ def test_cli_writes_a_json_report(ckpt, tmp_path):
     rollout.main([f"checkpoint={ckpt.parent}", "episodes=2", "num_envs=2", f"max_steps={MAX}", "targets=3600",
                   f"out={out}", "progress=false"])
     rep = json.loads(out.read_text())
-    assert rep["engine"] == "stream" and rep["env"] == "hopper-medium" and rep["episodes_per_target"] == 2
+    assert rep["engine"] == "recompute" and rep["env"] == "hopper-medium" and rep["episodes_per_target"] == 2  # default
     t = rep["targets"]["3600"]
     assert len(t["returns"]) == 2 and {"normalized_mean", "normalized_std", "return_std", "length_mean"} <= set(t)
     assert rep["lanes"] == 2 and rep["agent_latency"]["batch"] == 1 and rep["agent_latency"]["mean_ms"] > 0
 
 
-def test_cli_clear_errors(ckpt, tmp_path, foreign_checkpoint_file):
+def test_cli_clear_errors(ckpt, tmp_path, foreign_checkpoint_file, capsys):
     wrong = foreign_checkpoint_file(tmp_path)
     with pytest.raises(SystemExit, match="holds a 'classifier' model, expected 'dt'"):
         rollout.main([f"checkpoint={wrong}", "progress=false"])
     with pytest.raises(SystemExit, match="does not exist"):
         rollout.main([f"checkpoint={tmp_path / 'nope.pt'}", "progress=false"])
-    with pytest.raises(SystemExit, match="unknown engine 'fast'"):
+    with pytest.raises(SystemExit, match="engine must be recompute or stream, got 'fast'"):
         rollout.main([f"checkpoint={ckpt}", "engine=fast", "progress=false"])
-    with pytest.raises(SystemExit, match="targets="):
-        rollout.main([f"checkpoint={ckpt}", "targets=high", "progress=false"])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:  # the parser's usage error: which element, and how lists are written
+        rollout.main([f"checkpoint={ckpt}", "targets=3600,high", "progress=false"])
+    assert exit_.value.code == 2
+    assert "error: targets: element 2 of 2, 'high', is not a number; lists are written targets=3600,1800" in \
+        capsys.readouterr().err
 
 
 def test_video_unavailable_backend_gives_a_clear_message(ckpt, tmp_path, tiny_dt, hopper_stats):
@@ -208,8 +212,8 @@ def test_cli_refuses_a_crafted_checkpoint_and_its_payload_never_runs(tmp_path, c
 
 
 @pytest.mark.parametrize("bad, message", [
-    ("targets=nan", "targets='nan': every target must be a finite return"),
-    ("targets=3600,inf", "every target must be a finite return"),
+    ("targets=nan", "targets must hold numbers that are in [-1000000000000, 1000000000000], got nan"),
+    ("eval.targets=3600,inf", "targets must hold numbers that are in [-1000000000000, 1000000000000], got 3600.0, inf"),
     ("max_steps=-5", "max_steps must be >= 0, got -5"),
     ("episodes=0", "episodes must be >= 1, got 0"),
     ("num_envs=-1", "num_envs must be >= 1, got -1"),
@@ -242,7 +246,8 @@ def test_reports_are_never_overwritten(ckpt, tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "last.pt").write_bytes(ckpt.read_bytes())
-    common = [f"checkpoint={run_dir}", "episodes=1", "num_envs=1", "max_steps=5", "targets=3600", "progress=false"]
+    common = [f"checkpoint={run_dir}", "episodes=1", "num_envs=1", "max_steps=5", "targets=3600", "engine=stream",
+              "progress=false"]
     rollout.main(common)
     first = (run_dir / "rollout-stream.json").read_text()
     rollout.main(common + ["max_steps=3"])

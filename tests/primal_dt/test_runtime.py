@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from primal_dt import runtime
-from primal_dt.cli import expand_shorthands, split_lists
 from primal_dt.runtime import SetupError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,17 +127,6 @@ def test_one_process_without_torchrun(monkeypatch):
     assert (d.rank, d.world, d.main) == (0, 1, True)
     d.barrier()  # a no-op for one process
     assert runtime.check_replicas(torch.nn.Linear(2, 2), d)
-
-
-# -- option shorthands (primal_dt.cli) -----------------------------------------------------------------
-def test_shorthands_in_every_spelling_and_comma_lists():
-    short = {"model": "model.name", "attention": "model.name"}
-    assert expand_shorthands(["model=dt", "--attention", "linear", "--model=primal+dt", "seed=1"], short) == \
-        ["model.name=dt", "model.name=linear", "model.name=primal+dt", "seed=1"]
-    with pytest.raises(ValueError, match="--model needs a value"):
-        expand_shorthands(["--model"], short)
-    assert split_lists(["eval.targets=3600,1800", "--eval.targets", "1"], ("eval.targets",)) == \
-        ["--eval.targets", "3600", "1800", "--eval.targets", "1"]
 
 
 # -- numeric options and failed writes -----------------------------------------------------------------

@@ -19,23 +19,12 @@ from primal_dt import checkpoint
 from primal_dt.train import Diverged, SetupError, run
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.s=8",
-        "K=5", "batch_size=8", "warmup_steps=5", "threads=1"]
-QUIET = ["eval.every=0", "eval.final_episodes=0"]
 
 
-def args(hopper_file, out, *extra):
-    return [*TINY, f"data_source=d4rl:{hopper_file}", f"out={out}", *extra]
 
 
-def scalars(run_dir, tag):
-    acc = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
-    acc.Reload()
-    return [(e.step, e.value) for e in acc.Scalars(tag)]
-
-
-def test_run_logs_evaluates_checkpoints_and_plots(hopper_file, tmp_path):
-    summary = run(args(hopper_file, tmp_path, "steps=12", "log_every=4", "eval.every=6", "eval.episodes=1",
+def test_run_logs_evaluates_checkpoints_and_plots(hopper_file, tmp_path, tiny_train):
+    summary = run(tiny_train.args(hopper_file, tmp_path, "steps=12", "log_every=4", "eval.every=6", "eval.episodes=1",
                        "eval.final_episodes=2", "eval.max_steps=15", "eval.num_envs=4", "checkpoint_every=6"))
     d = Path(summary["run_dir"])
     assert d.parent == tmp_path / "hopper-medium" / "primal+dt" and d.name.endswith("-seed0")
@@ -66,18 +55,18 @@ def test_run_logs_evaluates_checkpoints_and_plots(hopper_file, tmp_path):
     assert model.layer_names == ["softmax", "primal"] and model.cfg.K == 5
 
 
-def test_same_seed_same_losses_other_seed_other_losses(hopper_file, tmp_path):
+def test_same_seed_same_losses_other_seed_other_losses(hopper_file, tmp_path, tiny_train):
     def losses(seed, sub):
-        s = run(args(hopper_file, tmp_path / sub, "steps=6", "log_every=1", f"seed={seed}", *QUIET))
-        return scalars(s["run_dir"], "loss/total")
+        s = run(tiny_train.args(hopper_file, tmp_path / sub, "steps=6", "log_every=1", f"seed={seed}", *tiny_train.QUIET))
+        return tiny_train.scalars(s["run_dir"], "loss/total")
 
     a, b, c = losses(0, "a"), losses(0, "b"), losses(1, "c")
     assert a == b and len(a) == 6
     assert a != c
 
 
-def test_resume_after_kill_matches_uninterrupted_run(hopper_file, tmp_path):
-    common = args(hopper_file, tmp_path, "steps=150", "log_every=5", "checkpoint_every=10", *QUIET)
+def test_resume_after_kill_matches_uninterrupted_run(hopper_file, tmp_path, tiny_train):
+    common = tiny_train.args(hopper_file, tmp_path, "steps=150", "log_every=5", "checkpoint_every=10", *tiny_train.QUIET)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *common, "out=" + str(tmp_path / "killed")],
                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -97,13 +86,13 @@ def test_resume_after_kill_matches_uninterrupted_run(hopper_file, tmp_path):
     b = dt_checkpoint.load(straight["run_dir"]).model
     assert all(torch.equal(a[k], b[k]) for k in b)
     # TensorBoard: the killed run's steps after its checkpoint are purged, the rest continue exactly
-    assert scalars(resumed["run_dir"], "loss/total") == scalars(straight["run_dir"], "loss/total")
+    assert tiny_train.scalars(resumed["run_dir"], "loss/total") == tiny_train.scalars(straight["run_dir"], "loss/total")
 
 
-def test_ctrl_c_says_how_to_continue_and_exits_130(hopper_file, tmp_path):
+def test_ctrl_c_says_how_to_continue_and_exits_130(hopper_file, tmp_path, tiny_train):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *args(hopper_file, tmp_path, "steps=100000",
-                                                                             "checkpoint_every=5", *QUIET)],
+    proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *tiny_train.args(hopper_file, tmp_path, "steps=100000",
+                                                                             "checkpoint_every=5", *tiny_train.QUIET)],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dirs = tmp_path / "hopper-medium" / "primal+dt"
     deadline = time.time() + 120
@@ -116,10 +105,10 @@ def test_ctrl_c_says_how_to_continue_and_exits_130(hopper_file, tmp_path):
     assert f"; continue with: python -m primal_dt.train resume={run_dir}" in out and "Traceback" not in err
 
 
-def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path, capsys):
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path, capsys, tiny_train):
     with pytest.raises(Diverged, match="diverged at step") as err:
-        run(args(hopper_file, tmp_path, "steps=50", "lr=1e30", "warmup_steps=0", "grad_clip=0", "checkpoint_every=1",
-                 *QUIET))
+        run(tiny_train.args(hopper_file, tmp_path, "steps=50", "lr=1e30", "warmup_steps=0", "grad_clip=0", "checkpoint_every=1",
+                 *tiny_train.QUIET))
     assert "last good checkpoint" in str(err.value)
     (last,) = (tmp_path / "hopper-medium" / "primal+dt").glob("*/last.pt")
     ck = dt_checkpoint.load(last)
@@ -148,14 +137,14 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path
     (["stream_window=10"], "K must be >= 7"),  # 2 layers x 9 tokens of reach > a 5-step segment
     (["model=linear", "stream_window=4"], "needs every layer windowed"),
 ])
-def test_bad_input_fails_before_training(hopper_file, tmp_path, extra, msg):
+def test_bad_input_fails_before_training(hopper_file, tmp_path, extra, msg, tiny_train):
     with pytest.raises(SetupError, match=msg):
-        run(args(hopper_file, tmp_path, *extra, *QUIET))
+        run(tiny_train.args(hopper_file, tmp_path, *extra, *tiny_train.QUIET))
     assert not (tmp_path / "hopper-medium").exists()  # nothing written
 
 
-def test_resume_refuses_another_env_or_model(hopper_file, tmp_path):
-    s = run(args(hopper_file, tmp_path, "steps=2", *QUIET))
+def test_resume_refuses_another_env_or_model(hopper_file, tmp_path, tiny_train):
+    s = run(tiny_train.args(hopper_file, tmp_path, "steps=2", *tiny_train.QUIET))
     for extra, msg in ((["env=walker2d-medium"], "env='hopper-medium'"),
                        (["model=dt"], "model.name='primal\\+dt'")):
         with pytest.raises(SetupError, match=msg):
@@ -167,13 +156,13 @@ def test_resume_refuses_another_env_or_model(hopper_file, tmp_path):
         run([f"resume={tmp_path / 'missing'}"])
 
 
-def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_path):
+def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_path, tiny_train):
     """stream_window windows every layer, masks the loss to the steps the stream engine predicts
     identically, and its checkpoint streams exactly what a forward pass over the episode gives."""
     from agents import load_agent
     from agents.stream_training import first_exact_step, receptive_field
 
-    s = run(args(hopper_file, tmp_path, "steps=3", "stream_window=4", "eval.engine=stream", "eval.every=0",
+    s = run(tiny_train.args(hopper_file, tmp_path, "steps=3", "stream_window=4", "eval.engine=stream", "eval.every=0",
                  "eval.final_episodes=1", "eval.max_steps=12", "eval.num_envs=2"))
     model = dt_checkpoint.load(s["run_dir"]).build_model()
     assert model.cfg.options["softmax"]["window"] == 4 and model.cfg.options["primal"]["window"] == 4
@@ -195,15 +184,15 @@ def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_p
 
 
 # -- runs that never clobber each other ----------------------------------------------------------------
-def start_together(hopper_file, out, pairs: int) -> list[subprocess.Popen]:
+def start_together(hopper_file, out, pairs: int, tiny_train) -> list[subprocess.Popen]:
     """2 x ``pairs`` real training processes started at once, same seed, same ``out``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "primal_dt.train", *args(hopper_file, out, "steps=3", "log_every=1", *QUIET)]
+    argv = [sys.executable, "-m", "primal_dt.train", *tiny_train.args(hopper_file, out, "steps=3", "log_every=1", *tiny_train.QUIET)]
     return [subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2 * pairs)]
 
 
-def check_distinct_and_intact(procs, out):
+def check_distinct_and_intact(procs, out, tiny_train):
     """Every process succeeded in its own directory, holding its own whole checkpoint, summary and
     event files (their names carry the writer's pid), with its own complete loss curve."""
     summaries = []
@@ -219,16 +208,16 @@ def check_distinct_and_intact(procs, out):
         assert dt_checkpoint.load(d).step == 3
         pids = {f.name.split(".")[-2] for f in d.glob("events.out.tfevents.*")}
         assert len(pids) == 1, f"event files of several processes in {d}"
-        assert [s for s, _ in scalars(d, "loss/total")] == [1, 2, 3]
+        assert [s for s, _ in tiny_train.scalars(d, "loss/total")] == [1, 2, 3]
 
 
-def test_runs_started_together_never_share_a_directory(hopper_file, tmp_path):
-    check_distinct_and_intact(start_together(hopper_file, tmp_path, pairs=3), tmp_path)
+def test_runs_started_together_never_share_a_directory(hopper_file, tmp_path, tiny_train):
+    check_distinct_and_intact(start_together(hopper_file, tmp_path, 3, tiny_train), tmp_path, tiny_train)
 
 
 @pytest.mark.slow
-def test_twenty_pairs_started_together_get_forty_directories(hopper_file, tmp_path):
-    check_distinct_and_intact(start_together(hopper_file, tmp_path, pairs=20), tmp_path)
+def test_twenty_pairs_started_together_get_forty_directories(hopper_file, tmp_path, tiny_train):
+    check_distinct_and_intact(start_together(hopper_file, tmp_path, 20, tiny_train), tmp_path, tiny_train)
 
 
 # -- checkpoints that cannot run code ------------------------------------------------------------------
@@ -242,8 +231,8 @@ def test_resume_from_a_crafted_checkpoint_is_refused_and_its_payload_never_runs(
 
 
 # -- a full disk, an unwritable out, stale temporaries ---------------------------------------------------
-def test_a_full_disk_ends_with_one_line_and_keeps_the_last_checkpoint(hopper_file, tmp_path, run_cli, one_line_error):
-    first = run(args(hopper_file, tmp_path, "steps=4", "checkpoint_every=2", *QUIET))
+def test_a_full_disk_ends_with_one_line_and_keeps_the_last_checkpoint(hopper_file, tmp_path, run_cli, one_line_error, tiny_train):
+    first = run(tiny_train.args(hopper_file, tmp_path, "steps=4", "checkpoint_every=2", *tiny_train.QUIET))
     d = Path(first["run_dir"])
     last = d / "last.pt"
     before = last.read_bytes()
@@ -257,26 +246,26 @@ def test_a_full_disk_ends_with_one_line_and_keeps_the_last_checkpoint(hopper_fil
     assert resumed["steps"] == 8 and dt_checkpoint.load(d).step == 8
 
 
-def test_an_unwritable_out_is_one_line_before_any_training(hopper_file, tmp_path, run_cli, one_line_error):
+def test_an_unwritable_out_is_one_line_before_any_training(hopper_file, tmp_path, run_cli, one_line_error, tiny_train):
     (tmp_path / "file").write_text("x")
-    p = run_cli("primal_dt.train", *args(hopper_file, tmp_path / "file" / "runs", *QUIET))
+    p = run_cli("primal_dt.train", *tiny_train.args(hopper_file, tmp_path / "file" / "runs", *tiny_train.QUIET))
     one_line_error(p, "could not write the run directory", "a part of the path is a file", "Choose a writable out=")
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
-    p = run_cli("primal_dt.train", *args(hopper_file, locked, *QUIET), honour_permissions=True)
+    p = run_cli("primal_dt.train", *tiny_train.args(hopper_file, locked, *tiny_train.QUIET), honour_permissions=True)
     one_line_error(p, f"could not write the run directory {locked / 'hopper-medium' / 'primal+dt'}: permission denied")
     assert not any(locked.iterdir())
 
 
 def test_temporaries_of_killed_checkpoint_writes_are_removed_at_resume_and_at_the_next_start(
-        hopper_file, tmp_path, killed_checkpoint_write, capsys):
-    d = Path(run(args(hopper_file, tmp_path, "steps=2", *QUIET))["run_dir"])
+        hopper_file, tmp_path, killed_checkpoint_write, capsys, tiny_train):
+    d = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=2", *tiny_train.QUIET))["run_dir"])
     stale = killed_checkpoint_write(d / "last.pt")
     run([f"resume={d}", "steps=3", "progress=false"])
     assert not stale.exists() and f"removed 1 temporary file(s) of interrupted checkpoint writes: {stale}" in \
         capsys.readouterr().err
     stale = killed_checkpoint_write(d / "last.pt")
-    other = Path(run(args(hopper_file, tmp_path, "steps=1", *QUIET))["run_dir"])  # a new run beside it
+    other = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=1", *tiny_train.QUIET))["run_dir"])  # a new run beside it
     assert other != d and not stale.exists() and dt_checkpoint.load(d).step == 3
 
 
@@ -294,23 +283,23 @@ def rewrite(path, **change):
     return path
 
 
-def test_actions_outside_the_action_space_stop_training_unless_clipping_is_asked(tmp_path, write_hopper_file):
+def test_actions_outside_the_action_space_stop_training_unless_clipping_is_asked(tmp_path, write_hopper_file, tiny_train):
     from envs import load_dataset
 
     data = rewrite(write_hopper_file(tmp_path / "x5-v2.hdf5"), actions=lambda a: 5 * a)
     with pytest.raises(SetupError, match=r"action values \(.* steps\) lie outside Hopper-v4's action space \[-1, 1\]; "
                                          r"they range over \[-5, 5\].*data_clip_actions=true"):
-        run(args(data, tmp_path / "out", *QUIET))
+        run(tiny_train.args(data, tmp_path / "out", *tiny_train.QUIET))
     assert not (tmp_path / "out").exists()
-    s = run(args(data, tmp_path / "out", "data_clip_actions=true", "steps=1", *QUIET))
+    s = run(tiny_train.args(data, tmp_path / "out", "data_clip_actions=true", "steps=1", *tiny_train.QUIET))
     clipped = load_dataset("hopper-medium", source=f"d4rl:{data}", clip_actions=True, verbose=False)
     assert float(abs(clipped.actions).max()) == 1.0
     assert dt_checkpoint.load(s["run_dir"]).data.fingerprint == clipped.fingerprint
 
 
-def test_resume_refuses_data_changed_under_the_same_path(tmp_path, write_hopper_file, capsys):
+def test_resume_refuses_data_changed_under_the_same_path(tmp_path, write_hopper_file, capsys, tiny_train):
     data = write_hopper_file(tmp_path / "hopper-v2.hdf5")
-    d = Path(run(args(data, tmp_path, "steps=2", *QUIET))["run_dir"])
+    d = Path(run(tiny_train.args(data, tmp_path, "steps=2", *tiny_train.QUIET))["run_dir"])
     rewrite(data, actions=lambda a: 0.5 * a)  # same path, same statistics of the states, other actions
     with pytest.raises(SetupError, match=rf"checkpoint {re.escape(str(d / 'last.pt'))} was trained on d4rl:{data} "
                                          rf"\(dataset fingerprint sha256:.*\), but the data read now from "
@@ -325,7 +314,7 @@ def test_resume_refuses_data_changed_under_the_same_path(tmp_path, write_hopper_
     assert "records no dataset fingerprint" in capsys.readouterr().err
 
 
-def test_every_numeric_option_is_valid_or_named_before_training(hopper_file, tmp_path, fuzz_options):
+def test_every_numeric_option_is_valid_or_named_before_training(hopper_file, tmp_path, fuzz_options, tiny_train):
     """Random values for the numeric options: ``prepare`` (everything before the first step) returns
     a run, or stops with an error naming an option given; nothing is written either way."""
     from agents import training
@@ -338,5 +327,5 @@ def test_every_numeric_option_is_valid_or_named_before_training(hopper_file, tmp
     numbers.update({k: "float" for k in ("lr", "weight_decay", "grad_clip", "eta", "reward_scale", "model.dropout",
                                          "model.mlp_ratio")})
     fuzz_options(lambda argv: training.prepare(train_config.build(argv)), {**sizes, **numbers, "eval.targets": "floats"},
-                 base=args(hopper_file, tmp_path / "out"), examples=80)
+                 base=tiny_train.args(hopper_file, tmp_path / "out"), examples=80)
     assert not (tmp_path / "out").exists()

@@ -1,32 +1,113 @@
-"""Smoke test of ``python -m eval.bench.inference`` on a tiny checkpoint: every measurement and
-ratio lands in the report (no timing is asserted)."""
+"""``python -m eval.bench.inference`` run tiny in a real subprocess: every engine, section and ratio lands in
+the report, and every ratio is the quotient of the report's own figures (no timing is asserted)."""
 
 import json
+import math
 
 import pytest
 
+from primal_dt import runtime
+
+STREAM_PATHS = ("stream", "onnx", "torchscript")
+
+
+def exported_available() -> bool:
+    try:
+        import onnxruntime  # noqa: F401
+
+        import agents.export
+        import agents.onnx_policy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_latency_entry(e: dict, K: int, B: int, hf: bool) -> None:
+    ms = e["ms"]
+    assert (e["K"], e["batch"]) == (K, B)
+    expected = {"stream", "recompute"} | ({"hf_recompute"} if hf else set())
+    if exported_available():
+        expected |= {"onnx", "torchscript"}
+    assert set(ms) == expected and all(v > 0 for v in ms.values())
+    assert e["ratios"], "no ratio printed"
+    for name, value in e["ratios"].items():
+        slow, fast = name.split("/")
+        assert math.isclose(value, ms[slow] / ms[fast], rel_tol=1e-9), name
+    streams = {p: ms[p] for p in STREAM_PATHS if p in ms}
+    assert e["best_stream"] == min(streams, key=streams.get)
+    assert {f"recompute/{p}" for p in streams} <= set(e["ratios"])
+    if hf:
+        assert math.isclose(e["hf_over_best"], ms["hf_recompute"] / min(streams.values()), rel_tol=1e-9)
+
 
 @pytest.mark.slow
-def test_inference_bench_reports_every_comparison(tmp_path, tiny_dt, dt_checkpoint_file):
+def test_bench_reports_every_engine_section_and_ratio(tmp_path, tiny_dt, dt_checkpoint_file, run_cli):
     pytest.importorskip("transformers")
-    from eval.bench import inference
-
-    ck = dt_checkpoint_file(tmp_path, tiny_dt("primal+dt", K=4))
+    ck = dt_checkpoint_file(tmp_path, tiny_dt("primal+dt", K=4, d_model=16, n_heads=2))
     out = tmp_path / "bench.json"
-    rep = inference.main([f"checkpoint={ck}", "batches=1,3", "contexts=4,8", "ts=2,5", "calls=2", "rounds=1",
-                          "episodes=3", "max_steps=20", f"json={out}"])
-    assert json.loads(out.read_text())["latency"].keys() == rep["latency"].keys()
-    for key in ("K4_B1", "K4_B3", "K8_B1", "K8_B3"):
-        r = rep["latency"][key]
-        assert {"stream_ms", "recompute_ms", "hf_recompute_ms", "hf_over_stream"} <= set(r)
-    assert {"t2_ms", "t5_ms"} <= set(rep["latency"]["stream_vs_t_B1"])
+    p = run_cli("eval.bench.inference", f"checkpoint={ck}", "sizes=16x2,8x1", "batches=1,3", "contexts=4,6", "ts=2,3",
+                "calls=2", "rounds=1", "episodes=3", "seq_episodes=2", "max_steps=20", f"json={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    # latency: both sizes (the checkpoint's and a random one), every K and batch, every engine
+    assert rep["sizes"] == ["16x2", "8x1"] and set(rep["latency"]) == {"16x2", "8x1"}
+    for size in ("16x2", "8x1"):
+        for K in (4, 6):
+            for B in (1, 3):
+                check_latency_entry(rep["latency"][size][f"K{K}_B{B}"], K, B, hf=True)
+    vs_t = rep["latency"]["16x2"]["stream_vs_t_B1"]
+    assert set(vs_t["ms"]) == {"t2", "t3"}
+    assert math.isclose(vs_t["max_over_min"], max(vs_t["ms"].values()) / min(vs_t["ms"].values()), rel_tol=1e-9)
+    assert exported_available() == (rep["exported"]["formats"] == ["onnx", "torchscript"])
+    # threads: each engine at batch 1 and 100, idle and beside a busy process; the policy's own choice
+    th = rep["threads"]
+    assert (th["size"], th["K"]) == ("16x2", 4)
+    for cond in ("idle", "compete"):
+        engines = {"stream", "recompute"} | ({"onnx", "torchscript"} if exported_available() else set())
+        assert set(th[cond]) == {f"{e}_B{B}" for e in engines for B in (1, 100)}
+        for key, row in th[cond].items():
+            engine, B = key.rsplit("_B", 1)
+            assert row["policy_threads"] == runtime.inference_threads(engine, int(B))
+            assert {"default", "1", "2", "policy"} <= set(row)
+            assert math.isclose(row["policy_over_1"], row["policy"] / row["1"], rel_tol=1e-9)
+            assert math.isclose(row["default_over_1"], row["default"] / row["1"], rel_tol=1e-9)
+    # evaluation: same run, scaled sequential loop, ratio of the two
     ev = rep["evaluation"]
-    assert ev["episodes"] == 3 and ev["speedup"] > 0
-    assert set(ev["vectorized_by_layout_s"]) == set(ev["speedup_by_layout"]) == {"lanes=2 process", "lanes=2 thread",
-                                                                                  "lanes=1"}
-    only_eval = inference.main([f"checkpoint={ck}", "latency=false", "lane_layouts=false", "episodes=2",
-                                "max_steps=10", "hf=false"])
-    assert only_eval["latency"] == {} and set(only_eval["evaluation"]["vectorized_by_layout_s"]) == {"lanes=2 process"}
+    assert ev["episodes"] == 3 and ev["sequential_episodes_run"] == 2
+    assert math.isclose(ev["speedup"], ev["sequential_recompute_s"] / ev["vectorized_stream_s"], rel_tol=1e-9)
+    assert set(ev["vectorized_by_layout_s"]) == set(ev["speedup_by_layout"]) == {
+        "lanes=2 process", "lanes=2 process, agents here", "lanes=2 thread", "lanes=1"}
+    for k, v in ev["speedup_by_layout"].items():
+        assert math.isclose(v, ev["sequential_recompute_s"] / ev["vectorized_by_layout_s"][k], rel_tol=1e-9)
+    where = ev["where_time_goes"]
+    sim = where["simulator_step"]
+    assert sim["env_step_ms"] > 0 and math.isclose(sim["physics_share"], sim["physics_ms"] / sim["env_step_ms"])
+    assert ev["env_steps"] == round(ev["stream_mean_length"] * 3)
+    # the targets block restates the figures above
+    by_what = {t["what"]: t for t in rep["targets"]}
+    assert any(t["value"] == ev["speedup"] for t in by_what.values())
+    for line in ("HF recompute / best stream path", "sequential recompute loop / vectorised stream"):
+        assert line in p.stdout
+
+
+@pytest.mark.slow
+def test_evaluation_only_and_latency_only_runs(tmp_path, tiny_dt, dt_checkpoint_file, run_cli):
+    ck = dt_checkpoint_file(tmp_path, tiny_dt("primal+dt", K=4, d_model=16, n_heads=2))
+    out = tmp_path / "a.json"
+    p = run_cli("eval.bench.inference", f"checkpoint={ck}", "latency=false", "thread_table=false",
+                "lane_layouts=false", "episodes=2", "max_steps=10", f"json={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["latency"] == {} and "threads" not in rep
+    assert set(rep["evaluation"]["vectorized_by_layout_s"]) == {"lanes=2 process"}
+    out = tmp_path / "b.json"
+    p = run_cli("eval.bench.inference", f"checkpoint={ck}", "sizes=", "batches=2", "contexts=3", "ts=2", "calls=1",
+                "rounds=1", "hf=false", "exported=false", "thread_table=false", "episodes=0", f"json={out}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = json.loads(out.read_text())
+    assert rep["sizes"] == ["16x2"] and "evaluation" not in rep  # no sizes: the checkpoint's own
+    assert set(rep["latency"]["16x2"]["K3_B2"]["ms"]) == {"stream", "recompute"}
+    assert "skipping the onnx runtime: exported=false" in p.stdout
 
 
 def test_every_numeric_option_is_valid_or_named(fuzz_options):
@@ -36,6 +117,15 @@ def test_every_numeric_option_is_valid_or_named(fuzz_options):
     fuzz_options(lambda argv: inference.check(parse(inference.BenchConfig, argv)),
                  {"calls": "int", "rounds": "int", "episodes": "int", "seq_episodes": "int", "max_steps": "int",
                   "threads": "int", "seed": "int", "batches": "ints", "contexts": "ints", "ts": "ints"}, examples=80)
+
+
+@pytest.mark.parametrize("size", ["256", "256x0", "100x3", "axb", "-4x2"])
+def test_a_bad_size_is_named(size):
+    from eval.bench import inference
+    from primal_dt.cli import parse
+
+    with pytest.raises(ValueError, match="sizes: .* (is not|needs)"):
+        inference.check(parse(inference.BenchConfig, [f"sizes=256x4,{size}"]))
 
 
 def test_bad_options_end_with_one_line_before_any_work(run_cli, one_line_error, tmp_path):

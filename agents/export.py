@@ -1,0 +1,397 @@
+"""Export a Decision-Transformer checkpoint's stream step as one graph (ONNX or TorchScript).
+
+    python -m agents.export checkpoint=runs/hopper-medium/primal+dt/<run> format=onnx out=policy.onnx
+    python -m agents.export checkpoint=runs/.../last.pt format=torchscript
+
+The artefact is ``agents.Agent(engine="stream")``'s whole ``act`` as one pure function, its
+recurrent state explicit input and output, any batch (``StreamStep``):
+
+    (observation [B, obs_dim] float32 raw, reward [B] float32 (the previous step's), reset [B] bool
+     (the row starts a new episode this step), target [B] float32 (raw return), state.<name> ...)
+      -> (action [B, act_dim] float32, next_state.<name> ...)
+
+Inside: rows flagged ``reset`` get a zero state (every state tensor starts at zero); a row whose
+timestep is 0 is at its episode's first step, where R = target / reward_scale and the reward is
+ignored, afterwards R -= reward / reward_scale; observations are normalised with the checkpoint's
+mean / std; the chunk (a_{t-1}, R_t, s_t) goes through the embedding, every block around its
+mechanism's export form (primal_dt/attention: ``export_form``, tested equal to the stream form) and
+the action head. The arithmetic is the agent's and the stream engine's, so actions agree to 1e-5
+(tests/agents/test_export.py, whole Hopper episodes). Rows do not interact: caches keep positions
+in their order (no shared clock), so rows may start, restart and leave independently.
+
+Metadata travels inside the artefact (ONNX ``metadata_props`` / TorchScript extra file, key
+``agents.onnx_policy.METADATA_KEY``): dimensions, targets, reward scale, the state layout (names,
+shapes with the batch axis, dtypes, initial values), the stream semantics in words, the package
+version and the SHA-256 of the source checkpoint file. Runtimes with the ``Agent`` API:
+``agents.onnx_policy.OnnxPolicy`` (numpy + onnxruntime only, one file to copy) and
+``TorchScriptPolicy`` here.
+
+ONNX goes through torch's TorchScript-based exporter (``torch.onnx.export(dynamo=False)``): it needs
+only the ``onnx`` package (the dynamo exporter would add onnxscript), exports the traced step with a
+dynamic batch axis, and the one trace serves both formats. A layer without a fixed-size recurrent
+state (kernel-*, svr-*: caches of every token), a non-causal layer, or a post-norm block cannot be
+exported: a ValueError names the layer's index and kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from primal_dt import runtime
+from primal_dt.attention.state import StateSpec
+
+from . import dt_checkpoint
+from .dt_checkpoint import DataInfo, DTCheckpoint
+from .onnx_policy import (
+    FORMAT,
+    INPUTS,
+    METADATA_KEY,
+    SCHEMA,
+    STATE_IN,
+    STATE_OUT,
+    GraphPolicy,
+)
+from .stream import softmax_stream_window
+
+FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
+"""format -> the artefact's default file name (next to the checkpoint)"""
+OPSET = 17
+"""ONNX opset: LayerNormalization is one operator from 17 on"""
+_BATCH = "batch"
+
+
+# -- the step as one module ---------------------------------------------------------------------------
+def export_forms(model) -> list[nn.Module]:
+    """Every block's export form (``Attention.export_form``), softmax layers without a window over the
+    stream engine's 3K - 1; a ValueError naming every layer (index and kind) that has none."""
+    bad, forms = [], []
+    for i, (spec, b) in enumerate(zip(model.stack.specs, model.stack.blocks)):
+        if b.norm != "pre":
+            bad.append(f"layer {i} ({spec.attention}): a post-norm block (the stream step is pre-norm, as the "
+                       "Decision Transformer's)")
+            continue
+        try:
+            forms.append(b.attn.export_form(window=softmax_stream_window(model)))
+        except ValueError as err:
+            bad.append(f"layer {i} ({spec.attention}): {err}")
+    if bad:
+        raise ValueError("this model's stream step cannot be exported: " + "; ".join(bad) + ". Exportable layers "
+                         "have a fixed-size recurrent state: softmax, primal, linear, performer, cosformer, kerformer, "
+                         "flowformer")
+    return forms
+
+
+class StreamStep(nn.Module):
+    """``Agent.act`` with the stream engine as one pure function of tensors (see the module docstring).
+
+    ``specs``: the state tensors after the four inputs, in order: ``t`` (timestep), ``rtg`` (the
+    scaled return-to-go), ``prev_action``, then ``layer<i>.<name>`` per layer (its export form's).
+    Built from a model in eval mode; a snapshot of the weights it fuses."""
+
+    def __init__(self, model, data: DataInfo):
+        super().__init__()
+        model = model.eval()
+        cfg = model.cfg
+        if data.state_mean.shape != (cfg.state_dim,):
+            raise ValueError(f"state_mean has {data.state_mean.size} entries, the model observes {cfg.state_dim}")
+        self.forms = nn.ModuleList(export_forms(model))
+        self.model = model
+        p = next(model.parameters())
+        self.register_buffer("mean", torch.as_tensor(data.state_mean, dtype=torch.float32))
+        self.register_buffer("std", torch.as_tensor(data.state_std, dtype=torch.float32))
+        self.reward_scale = float(data.reward_scale)
+        self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
+                      StateSpec("prev_action", (cfg.act_dim,), p.dtype)]
+        self.specs += [StateSpec(f"layer{i}.{s.name}", s.shape, s.dtype)
+                       for i, f in enumerate(self.forms) for s in f.specs]
+        self.eval()
+
+    def init(self, batch: int) -> tuple[torch.Tensor, ...]:
+        return tuple(s.zeros(batch) for s in self.specs)
+
+    def forward(self, observation, reward, reset, target, *state):
+        def restart(s):  # onnxruntime has no Where for bool tensors: flags are cleared with And
+            r = reset.view(-1, *[1] * (s.dim() - 1))
+            return s & ~r if s.dtype == torch.bool else torch.where(r, 0, s)
+
+        state = [restart(s) for s in state]
+        t, rtg, prev = state[:3]
+        first = t == 0
+        # the agent's arithmetic: R_0 = target / scale, then R -= reward / scale (rewards at t = 0 ignored)
+        rtg = torch.where(first, target / self.reward_scale, rtg - reward / self.reward_scale)
+        m = self.model
+        s = ((observation - self.mean) / self.std).to(prev.dtype)
+        x, _ = m.embed_step(rtg, s, prev, t, None)
+        real = t >= 0  # (all True, without a shape computed at every step)
+        mask = torch.stack((~first, real, real), 1)  # at t = 0 the action slot is padding
+        new, at, top = [], 3, len(self.forms) - 1
+        for i, (block, form) in enumerate(zip(m.stack.blocks, self.forms)):
+            n = len(form.specs)
+            x, st = block.stream_step(x, tuple(state[at:at + n]), mask, i == top, form=form)
+            new += st
+            at += n
+        action = m.predict_action(m.stack.ln_f(x)[:, -1])
+        return (action, t + 1, rtg, action, *new)
+
+
+# -- metadata -------------------------------------------------------------------------------------------
+SEMANTICS = """\
+One call = one environment step for B rows (episodes). Inputs: observation [B, obs_dim] float32 (raw, as the \
+simulator returns it), reward [B] float32 (the reward of the previous step; ignored at a row's first step), \
+reset [B] bool (True: the row starts a new episode at this step; its state is zeroed first), target [B] \
+float32 (the return to aim for, raw units; read at a row's first step only), then the state tensors \
+(state.<name>, layout in "state"). Outputs: action [B, act_dim] in [-1, 1], then next_state.<name>, to pass \
+back at the next call. A fresh state is all zeros (initial value 0 for every tensor), and a row whose \
+timestep t is 0 is at its first step, so the first call for a row needs reset=True or a zero state. \
+Bookkeeping inside: R_0 = target / reward_scale, R_t = R_{t-1} - reward / reward_scale; observations \
+normalised as (obs - state_mean) / state_std; the chunk (a_{t-1}, R_t, s_t) enters the stack (at t = 0 the \
+action slot is padding) and the action is read from s_t's top-layer output. Rows never interact: they may \
+restart (reset) or leave (drop their rows of every state tensor) independently. What a streamed token sees \
+(the stream engine's semantics, agents/stream.py): primal without a window, running means of q and k over the \
+whole episode; primal or softmax with window=w, the last w tokens; softmax without a window, the last 3K-1 \
+tokens; the linear family (linear, performer, cosformer, kerformer, flowformer), prefix sums over the episode. \
+A cosformer layer returns NaN for a row once its episode passes max_len tokens (the stream engine raises)."""
+
+
+def metadata(step: StreamStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
+    """The JSON document stored in the artefact (read back by ``GraphPolicy``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pkg = version("primal-dt")
+    except PackageNotFoundError:
+        pkg = "unknown"
+    cfg = ck.model_config
+    info = ck.data
+    kinds = step.model.layer_names
+    return {
+        "format": FORMAT, "schema": SCHEMA, "artefact": fmt,
+        "obs_dim": cfg.state_dim, "act_dim": cfg.act_dim, "targets": list(info.eval_targets),
+        "default_target": info.eval_targets[0], "reward_scale": info.reward_scale,
+        "env": info.env, "gym_id": info.gym_id, "K": cfg.K, "max_timestep": cfg.max_timestep,
+        "layers": kinds, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
+        "softmax_stream_window": softmax_stream_window(step.model),
+        "inputs": [{"name": "observation", "shape": [_BATCH, cfg.state_dim], "dtype": "float32"},
+                   {"name": "reward", "shape": [_BATCH], "dtype": "float32"},
+                   {"name": "reset", "shape": [_BATCH], "dtype": "bool"},
+                   {"name": "target", "shape": [_BATCH], "dtype": "float32"}],
+        "outputs": [{"name": "action", "shape": [_BATCH, cfg.act_dim], "dtype": "float32"}],
+        "state": [{"name": s.name, "shape": [_BATCH, *s.shape], "dtype": str(s.dtype).removeprefix("torch."),
+                   "initial": 0, "what": _what(s.name, kinds)} for s in step.specs],
+        "semantics": SEMANTICS, "package_version": pkg, "torch_version": torch.__version__,
+        "checkpoint": source, "checkpoint_sha256": sha256, "train_step": ck.step,
+        "data_source": info.source, "data_fingerprint": info.fingerprint or None,
+    }
+
+
+def _what(name: str, kinds: list[str]) -> str:
+    fixed = {"t": "timestep of the row's episode", "rtg": "return-to-go R_t / reward_scale",
+             "prev_action": "the action of the previous step (a_{t-1})"}
+    if name in fixed:
+        return fixed[name]
+    layer, _, part = name.partition(".")
+    return f"{layer} ({kinds[int(layer.removeprefix('layer'))]}) state: {part}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# -- export -----------------------------------------------------------------------------------------------
+def export_policy(source, format: str = "onnx", out: str | Path | None = None, *, overwrite: bool = False) -> Path:
+    """Write ``source``'s stream step as ``format`` ("onnx" | "torchscript") to ``out`` and return its path.
+
+    ``source``: a checkpoint file, its run directory, or a ``DTCheckpoint`` (then ``out`` is required
+    and the metadata's checkpoint hash is null). ``out`` defaults to ``FORMATS[format]`` next to the
+    checkpoint; an existing file is replaced only with ``overwrite=True``, and never the checkpoint
+    itself. The file appears complete or not at all (written beside it, then renamed)."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    if isinstance(source, DTCheckpoint):
+        ck, path = source, None
+    else:
+        path = dt_checkpoint.resolve(source)
+        ck = dt_checkpoint.load(path)
+    if out is None or str(out) == "":
+        if path is None:
+            raise ValueError("out=PATH is required when exporting a checkpoint held in memory")
+        out = path.parent / FORMATS[format]
+    out = Path(out)
+    if path is not None and out.exists() and out.resolve() == path.resolve():
+        raise ValueError(f"out={out} is the checkpoint being exported; choose another path")
+    if out.is_dir():
+        raise ValueError(f"out={out} is a directory; give a file path, e.g. {out / FORMATS[format]}")
+    if out.exists() and not overwrite:
+        raise ValueError(f"out={out} exists; choose another path, or pass overwrite=true to replace it")
+    step = StreamStep(ck.build_model("cpu"), ck.data)
+    meta = metadata(step, ck, None if path is None else sha256_file(path),
+                    ck.origin if path is None else str(path), format)
+    data = (_onnx_bytes if format == "onnx" else _torchscript_bytes)(step, meta)
+    with runtime.writing(out, f"exported {format} policy"):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out
+
+
+def _example(step: StreamStep, batch: int = 2):
+    """Inputs to trace with: two rows, one at its first step and one further on."""
+    cfg = step.model.cfg
+    obs = torch.randn(batch, cfg.state_dim)
+    state = list(step.init(batch))
+    state[0] = torch.arange(batch, dtype=torch.int64)
+    return (obs, torch.zeros(batch), torch.zeros(batch, dtype=torch.bool), torch.full((batch,), 1000.0), *state)
+
+
+def _names(step: StreamStep) -> tuple[list[str], list[str]]:
+    return ([*INPUTS, *(STATE_IN + s.name for s in step.specs)],
+            ["action", *(STATE_OUT + s.name for s in step.specs)])
+
+
+def _onnx_bytes(step: StreamStep, meta: dict) -> bytes:
+    import onnx
+
+    inputs, outputs = _names(step)
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes are not about the user's input
+        torch.onnx.export(step, _example(step), buf, dynamo=False, input_names=inputs, output_names=outputs,
+                          dynamic_axes={n: {0: _BATCH} for n in inputs + outputs}, opset_version=OPSET,
+                          do_constant_folding=True)
+    model = onnx.load_from_string(buf.getvalue())
+    entry = model.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, json.dumps(meta)
+    model.producer_name = "primal-dt agents.export"
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
+
+
+def _torchscript_bytes(step: StreamStep, meta: dict) -> bytes:
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer notes are not about the user's input
+        traced = torch.jit.trace(step, _example(step), check_trace=False)
+        # weights become constants, and TorchScript's inference passes fuse what they can
+        traced = torch.jit.optimize_for_inference(torch.jit.freeze(traced))
+        torch.jit.save(traced, buf, _extra_files={METADATA_KEY + ".json": json.dumps(meta)})
+    return buf.getvalue()
+
+
+def read_metadata(path: str | Path) -> dict:
+    """The metadata document of an exported policy (either format)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"policy {path} does not exist")
+    if path.read_bytes()[:2] == b"PK":  # TorchScript archives are zip files
+        extra = {METADATA_KEY + ".json": ""}
+        torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        text = extra[METADATA_KEY + ".json"]
+    else:
+        import onnx
+
+        text = {p.key: p.value for p in onnx.load(str(path)).metadata_props}.get(METADATA_KEY, "")
+    if not text:
+        raise ValueError(f"{path} has no primal-dt policy metadata; export one with python -m agents.export")
+    return json.loads(text)
+
+
+# -- running the TorchScript artefact ---------------------------------------------------------------
+class TorchScriptPolicy(GraphPolicy):
+    """An exported TorchScript policy with the ``Agent`` API (``agents.onnx_policy`` documents it).
+    ``threads``: torch's intra-op threads, set for the whole process (None: left as they are)."""
+
+    def __init__(self, path, threads: int | None = None):
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"policy {path} does not exist (export one with python -m agents.export "
+                                    "checkpoint=RUN format=torchscript out=PATH)")
+        key = METADATA_KEY + ".json"
+        extra = {key: ""}
+        try:
+            self.module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        except RuntimeError as err:
+            raise ValueError(f"{path} is not a readable TorchScript file: {err}") from err
+        if not extra[key]:
+            raise ValueError(f"{path} is a TorchScript file without primal-dt policy metadata; export one with "
+                             "python -m agents.export format=torchscript")
+        super().__init__(json.loads(extra[key]), str(path))
+        if threads is not None:
+            runtime.check_number("threads", threads, runtime.AT_LEAST_1)
+            torch.set_num_threads(int(threads))
+
+    def _run(self, inputs):
+        with torch.inference_mode():
+            out = self.module(*(torch.from_numpy(a) for a in inputs))
+        arrays = [o.numpy() for o in out]
+        arrays[0] = arrays[0].copy()  # action and next_state.prev_action are one tensor in the graph
+        return arrays
+
+
+# -- command line ----------------------------------------------------------------------------------------
+@dataclass
+class ExportConfig:
+    checkpoint: str = ""
+    """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
+    format: str = "onnx"
+    """onnx | torchscript"""
+    out: str = ""
+    """artefact path ('' : policy.onnx / policy.torchscript.pt next to the checkpoint)"""
+    overwrite: bool = False
+    """replace an existing out file"""
+
+
+def run(argv: list[str]) -> Path:
+    """What ``python -m agents.export`` does; bad input is a ``SetupError``."""
+    from primal_dt.cli import parse
+
+    cfg = parse(ExportConfig, argv, prog="python -m agents.export",
+                description="Export a Decision-Transformer checkpoint's stream step (the agent's whole act, recurrent "
+                            "state as explicit inputs and outputs) as ONNX or TorchScript.")
+    with runtime.setup_errors():
+        if not cfg.checkpoint:
+            raise ValueError("checkpoint=PATH is required (a last.pt written by primal_dt.train, or its run directory)")
+        if cfg.format not in FORMATS:
+            raise ValueError(f"unknown format={cfg.format!r}; choose one of {', '.join(FORMATS)}")
+        if cfg.format == "onnx":
+            try:
+                import onnx  # noqa: F401
+            except ImportError as err:
+                raise ValueError("format=onnx needs the onnx package: pip install 'primal-dt[export]'") from err
+        out = export_policy(cfg.checkpoint, cfg.format, cfg.out or None, overwrite=cfg.overwrite)
+    meta = read_metadata(out)
+    print(f"exported {meta['checkpoint']} ({'/'.join(meta['layers'])}, obs {meta['obs_dim']} -> act "
+          f"{meta['act_dim']}) as {cfg.format}: {out} ({out.stat().st_size / 1e6:.2f} MB, {len(meta['state'])} state "
+          "tensors, any batch)")
+    runner = "onnx_policy.OnnxPolicy" if cfg.format == "onnx" else "agents.export.TorchScriptPolicy"
+    print(f"run it with {runner}({str(out)!r}): reset(batch), act(obs, reward), reset_done(done)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """``python -m agents.export``: bad input and failed writes end with one ``error:`` line."""
+    return runtime.main(run, sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()

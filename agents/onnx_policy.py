@@ -1,0 +1,193 @@
+"""Run an exported Decision-Transformer policy with numpy and onnxruntime only: no torch, no primal-dt.
+
+This file is meant to be copied next to a ``policy.onnx`` written by ``python -m agents.export`` and
+used on its own (it imports nothing but numpy, onnxruntime and the standard library):
+
+    from onnx_policy import OnnxPolicy
+    policy = OnnxPolicy("policy.onnx")          # threads=1 unless told otherwise
+    policy.reset(batch=8)                       # target: the checkpoint's first, or target=...
+    obs, _ = venv.reset(seed=list(range(8)))
+    reward = None
+    while ...:
+        action = policy.act(obs, reward)        # [8, act_dim] float32; reward: the previous step's
+        obs, reward, term, trunc, _ = venv.step(action)
+        policy.reset_done(term | trunc)         # restart only the finished rows
+
+The API is ``agents.Agent``'s (``reset``, ``act``, ``reset_done``, ``keep_rows``), and so are the
+actions: the graph is the stream engine's step with the agent's bookkeeping inside (state
+normalisation, return-to-go, timesteps) and every layer's recurrent state as explicit inputs and
+outputs. This class only keeps those state tensors between calls, raises the reset flags of
+restarted rows (the graph zeroes their state) and checks what the caller passes. ``metadata``
+(``policy.metadata``) is the JSON document stored in the model under ``METADATA_KEY``: dimensions,
+targets, reward scale, state layout, stream semantics, package version and the source checkpoint's
+SHA-256. ``agents.export.TorchScriptPolicy`` runs the TorchScript artefact with the same bookkeeping
+(``GraphPolicy``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+METADATA_KEY = "primal_dt.policy"
+"""ONNX metadata_props key (TorchScript: the extra file ``METADATA_KEY + ".json"``) of the JSON document"""
+FORMAT = "primal-dt stream policy"
+SCHEMA = 1
+INPUTS = ("observation", "reward", "reset", "target")
+"""the step's inputs before the state tensors (``state.<name>``); outputs: ``action``, ``next_state.<name>``"""
+STATE_IN, STATE_OUT = "state.", "next_state."
+_DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "bool": np.bool_}
+
+
+class GraphPolicy:
+    """The ``Agent`` API around an exported step graph: everything but running the graph (``_run``)."""
+
+    def __init__(self, metadata: dict, where: str):
+        if metadata.get("format") != FORMAT:
+            raise ValueError(f"{where} is not a primal-dt stream policy (its metadata says format "
+                             f"{metadata.get('format')!r}); export one with python -m agents.export")
+        if int(metadata.get("schema", 0)) > SCHEMA:
+            raise ValueError(f"{where} was exported by a newer primal-dt (policy schema {metadata['schema']}, this "
+                             f"runtime reads <= {SCHEMA}); use the onnx_policy.py of that release")
+        self.metadata = metadata
+        self.where = where
+        self.obs_dim, self.act_dim = int(metadata["obs_dim"]), int(metadata["act_dim"])
+        self.targets = tuple(float(t) for t in metadata["targets"])
+        self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]
+        self.batch = 0
+        self._state: list[np.ndarray] = []
+
+    # -- episode bookkeeping ------------------------------------------------------------------------
+    def _target(self, target, n: int) -> np.ndarray:
+        t = self.targets[0] if target is None else target
+        arr = np.asarray(t, dtype=np.float64).reshape(-1)
+        if arr.size == 1:
+            arr = np.full(n, arr[0])
+        if arr.size != n or not np.isfinite(arr).all():
+            raise ValueError(f"target must be a finite number or {n} finite numbers (one per restarted row), got "
+                             f"{target!r}")
+        return arr.astype(np.float32)
+
+    def reset(self, batch: int, target=None) -> None:
+        """Start ``batch`` new episodes (rows); ``target`` is the return to aim for, one or per row
+        (default: the checkpoint's first, ``metadata["targets"][0]``)."""
+        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
+        self.batch = B = int(batch)
+        self._target_rows = self._target(target, B)
+        self._reset = np.ones(B, dtype=np.bool_)
+        self._state = [np.zeros((B, *shape), dtype=dtype) for _, shape, dtype in self.state_layout]
+
+    def reset_done(self, done, target=None) -> None:
+        """Restart the rows where ``done`` ([B] bool) is True at the next ``act``; the others go on."""
+        d = self._rows(done, "done")
+        if d.any():
+            self._reset |= d
+            self._target_rows[d] = self._target(target, int(d.sum()))
+
+    def keep_rows(self, keep) -> None:
+        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order (the batch
+        shrinks). At least one row must remain."""
+        k = self._rows(keep, "keep")
+        if not k.any():
+            raise ValueError("keep_rows would drop every row; call reset(batch) to start over")
+        self._state = [s[k] for s in self._state]
+        self._reset, self._target_rows = self._reset[k], self._target_rows[k]
+        self.batch = int(k.sum())
+
+    def _rows(self, flags, what: str) -> np.ndarray:
+        self._require_reset()
+        f = np.asarray(flags)
+        if f.shape != (self.batch,):
+            raise ValueError(f"{what} must have shape [batch={self.batch}], got {f.shape}")
+        return f.astype(bool)
+
+    def _require_reset(self) -> None:
+        if not self.batch:
+            raise RuntimeError("call policy.reset(batch) before act / reset_done / keep_rows")
+
+    # -- acting -----------------------------------------------------------------------------------
+    def _observation(self, obs) -> np.ndarray:
+        o = np.asarray(obs)
+        if o.dtype.kind != "f":
+            raise ValueError(f"obs must be a floating-point array (the simulator's observations), got dtype "
+                             f"{o.dtype}")
+        if o.ndim != 2 or o.shape[1] != self.obs_dim:
+            hint = " (one row: obs[None])" if o.shape == (self.obs_dim,) else ""
+            raise ValueError(f"obs must have shape [batch, obs_dim={self.obs_dim}]{hint}, got {o.shape}")
+        if o.shape[0] != self.batch:
+            raise ValueError(f"obs has {o.shape[0]} rows but the policy runs batch={self.batch} (set by reset(batch) "
+                             "and keep_rows)")
+        return np.ascontiguousarray(o, dtype=np.float32)
+
+    def act(self, obs, reward=None) -> np.ndarray:
+        """One action per row ([B, act_dim] float32) for observations ``obs`` [B, obs_dim]; ``reward``
+        [B] is the reward of the previous step (None at the first; ignored for rows that restart)."""
+        self._require_reset()
+        o = self._observation(obs)
+        if reward is None:
+            r = np.zeros(self.batch, dtype=np.float32)
+        else:
+            r = np.asarray(reward, dtype=np.float32)
+            if r.shape != (self.batch,):
+                raise ValueError(f"reward must have shape [batch={self.batch}], got {r.shape}")
+        action, *self._state = self._run([o, r, self._reset, self._target_rows, *self._state])
+        self._reset = np.zeros(self.batch, dtype=np.bool_)
+        if not np.isfinite(action).all():
+            rows = np.flatnonzero(~np.isfinite(action).all(1)).tolist()
+            raise FloatingPointError(f"the policy's actions are not finite in rows {rows}: check their observations "
+                                     "and rewards (NaN or inf?); a cosformer layer also gives NaN once an episode "
+                                     "passes its max_len tokens (restart the row with reset_done)")
+        return action
+
+    def input_names(self) -> list[str]:
+        """The graph's inputs in order: ``INPUTS``, then ``state.<name>`` per state tensor."""
+        return [*INPUTS, *(STATE_IN + name for name, _, _ in self.state_layout)]
+
+    def output_names(self) -> list[str]:
+        """The graph's outputs in order: ``action``, then ``next_state.<name>`` per state tensor."""
+        return ["action", *(STATE_OUT + name for name, _, _ in self.state_layout)]
+
+    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """The graph on ``input_names()``'s arrays; returns ``output_names()``'s."""
+        raise NotImplementedError
+
+
+class OnnxPolicy(GraphPolicy):
+    """An exported ``policy.onnx`` on onnxruntime's CPU provider with the ``Agent`` API (module docstring).
+
+    ``threads``: onnxruntime's intra-op threads (None: 1, which is fastest for the small matrices of a
+    stream step at small batches and never collapses beside another busy process; give more for
+    batches in the hundreds)."""
+
+    def __init__(self, path, threads: int | None = None):
+        import onnxruntime as ort
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"policy {path} does not exist (export one with python -m agents.export "
+                                    "checkpoint=RUN format=onnx out=PATH)")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise ValueError(f"threads must be an integer >= 1 or None, got {threads!r}")
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads or 1
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own types for unreadable or foreign files
+            raise ValueError(f"{path} is not a readable ONNX model: {err}") from err
+        meta = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
+        if meta is None:
+            raise ValueError(f"{path} is an ONNX model without primal-dt policy metadata; export one with "
+                             "python -m agents.export")
+        super().__init__(json.loads(meta), str(path))
+        names = self.input_names()
+        present = {i.name for i in self.session.get_inputs()}  # an input the graph never reads is not one
+        self._feed = [(i, n) for i, n in enumerate(names) if n in present]
+        self._outputs = self.output_names()
+
+    def _run(self, inputs):
+        return self.session.run(self._outputs, {n: inputs[i] for i, n in self._feed})

@@ -1,0 +1,75 @@
+"""Validation without a simulator: the masked action MSE of the model on episodes it never trains on.
+
+A rollout in the simulator is the score that matters, but it is slow, noisy and needs MuJoCo; the
+action error on held-out episodes is cheap, deterministic and tells over-fitting from under-fitting (d3rlpy
+users ask for it, d3rlpy issue 406). The split is by whole episode (``envs.Trajectories.hold_out``,
+drawn by the run's seed), the training episodes alone give the normalisation statistics, and the
+held-out episodes are read with those statistics, as the model sees any new data.
+
+The segments evaluated are fixed once per run: every K-step segment that starts at a step of a
+held-out episode (the segments the sampler would draw from them, padding and masks included), or
+when there are more than ``MAX_SEGMENTS``, a fixed sample of them drawn by the seed. So two calls on
+the same weights give the same number, and the curve moves only when the model does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import envs
+
+from . import stream_training
+from .dt_checkpoint import DataInfo
+
+MAX_SEGMENTS = 2048
+"""at most this many held-out segments per validation (hopper-medium's 5 % are ~50,000): a forward pass
+over 2048 segments costs what 10 training steps of batch 64 cost (measured 1.0x for the paper's model,
+K=20, one thread, 2026-11-23), so validating every ``eval.every`` steps is cheap beside training"""
+CHUNK = 256
+"""segments per forward pass"""
+_SAMPLE_STREAM = 0x7661  # keys the fixed sample's generator apart from the split's and the sampler's
+
+
+class Validation:
+    """The fixed held-out segments of a run and their masked action MSE under a model.
+
+    ``held_out``: the held-out episodes as their own ``Trajectories``; ``info``: the run's ``DataInfo``
+    (training statistics, return-to-go scale); ``reach``: for stream-exact runs, the tokens of history
+    a counted step needs (the same loss mask as training), else None.
+    """
+
+    def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
+                 device: torch.device, reach: int | None = None):
+        sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None,
+                                      stats=(info.state_mean, info.state_std))
+        first = np.arange(held_out.num_steps)
+        if len(first) > MAX_SEGMENTS:
+            rng = np.random.default_rng((int(seed), _SAMPLE_STREAM))
+            first = np.sort(rng.choice(len(first), MAX_SEGMENTS, replace=False))
+        batch = sampler.segments(first)
+        batch["loss_mask"] = (stream_training.stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
+                              if reach is not None else batch["mask"])
+        self.batch = {k: v.to(device) for k, v in batch.items()}
+        self.episodes = len(held_out)
+        self.segments = len(first)
+        self.counted = int(batch["loss_mask"].sum()) * held_out.actions.shape[1]
+        """action values the mean runs over"""
+
+    def action_mse(self, model: torch.nn.Module) -> float:
+        """Mean squared action error over every counted step and action dimension of the held-out
+        segments (one mean over all of them, not a mean of chunk means); the model in eval mode (no
+        dropout), no gradients, and no random stream moved."""
+        was_training = model.training
+        model.eval()
+        sse = torch.zeros((), dtype=torch.float64, device=self.batch["mask"].device)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                for i in range(0, self.segments, CHUNK):
+                    b = {k: v[i:i + CHUNK] for k, v in self.batch.items()}
+                    pred, _ = model(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])
+                    m = b["loss_mask"].unsqueeze(-1).to(pred.dtype)
+                    sse += ((pred - b["actions"]) ** 2 * m).sum(dtype=torch.float64)
+        finally:
+            model.train(was_training)
+        return float(sse) / max(self.counted, 1)

@@ -1,0 +1,363 @@
+"""agents.export: the stream step as one ONNX / TorchScript graph, against the PyTorch stream agent.
+
+The backbone is equivalence: checkpoints trained by the real trainer (``primal_dt.train.run``, a few
+steps on the real Hopper HDF5 fixture) are exported, and the artefacts, run by onnxruntime
+(``OnnxPolicy``) and TorchScript (``TorchScriptPolicy``), must give ``agents.Agent(engine="stream")``'s
+actions to 1e-5 at every step of real Gymnasium Hopper-v5 episodes, at batch 1 and at batch 8 with
+staggered restarts and rows leaving, for every kind of per-layer state (softmax KV cache, primal
+running sums, windowed rings, linear-family prefix sums). All policies see the same observations and
+rewards (the agent's actions drive the simulator), so the comparison is of the policies, not of
+MuJoCo's sensitivity to 1e-7 action differences. The whole >= 500-step matrix is marked slow; the
+default run plays shorter stretches of the same episodes.
+
+Also: the metadata inside each artefact, the command line (one ``error:`` line for bad input), and
+the layers that cannot be exported."""
+
+from __future__ import annotations
+
+import hashlib
+from importlib.metadata import version
+
+import gymnasium as gym
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from agents import dt_checkpoint, load_agent
+from agents.export import (
+    FORMATS,
+    SEMANTICS,
+    StreamStep,
+    TorchScriptPolicy,
+    export_forms,
+    export_policy,
+    main,
+    read_metadata,
+)
+from agents.onnx_policy import METADATA_KEY, OnnxPolicy
+
+TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=3", "model.s=8",
+        "K=5", "batch_size=8", "warmup_steps=5", "steps=20", "threads=1", "tensorboard=false", "eval.every=0",
+        "eval.final_episodes=0", "log_every=10", "checkpoint_every=20"]
+MODELS = {
+    "dt": ["model=dt"],
+    "primal+dt": ["model=primal+dt"],
+    "primalformer-dt": ["model=primalformer-dt"],
+    "windowed": ["model=primal+dt", "model.attention_options={primal: {window: 10}, softmax: {window: 7}}"],
+    "performer": ["model=performer"],
+}
+"""one trained model per kind of per-layer state: softmax ring cache, primal sums, windowed rings, linear family"""
+EPISODE = 500
+"""Hopper-v5 episodes last exactly this long here (see ``hopper``)"""
+
+
+@pytest.fixture(scope="module")
+def trained(hopper_file, tmp_path_factory):
+    """name -> run directory of a checkpoint trained for a few steps by the real trainer."""
+    from primal_dt.train import run
+
+    out = tmp_path_factory.mktemp("runs")
+    return {name: run([*TINY, *extra, f"data_source=d4rl:{hopper_file}", f"out={out / name}"])["run_dir"]
+            for name, extra in MODELS.items()}
+
+
+@pytest.fixture(scope="module")
+def artefacts(trained, tmp_path_factory):
+    """name -> (onnx path, torchscript path), exported once per module."""
+    out = tmp_path_factory.mktemp("policies")
+    return {name: (export_policy(run, "onnx", out / f"{name}.onnx"),
+                   export_policy(run, "torchscript", out / f"{name}.pt")) for name, run in trained.items()}
+
+
+def hopper():
+    """Real Hopper-v5. ``terminate_when_unhealthy=False`` with a 500-step limit: every episode lasts
+    exactly 500 steps whatever a barely trained policy does (it falls, and the simulation goes on), so
+    the test covers long episodes of recurrent state, and the rows' restarts fall where the test puts
+    them."""
+    return gym.make("Hopper-v5", terminate_when_unhealthy=False, max_episode_steps=EPISODE)
+
+
+def play(policies, batch: int, steps: int, restarts: dict[int, list[int]] | None = None,
+         leave: dict[int, list[int]] | None = None):
+    """Run ``steps`` environment steps of ``batch`` Hopper rows. ``policies[0]`` (the PyTorch agent)
+    drives the simulators; every policy gets the same observations, previous rewards, restarts and
+    departures. ``restarts``: {step: rows} cut mid-episode (reset_done before that step); rows also
+    restart when their episode ends. ``leave``: {step: rows} dropped with keep_rows. Returns each
+    policy's actions, one [rows, act_dim] array per step."""
+    restarts, leave = restarts or {}, leave or {}
+    envs = [hopper() for _ in range(batch)]
+    seeds = iter(range(10_000))
+    obs = np.stack([e.reset(seed=next(seeds))[0] for e in envs])
+    for p in policies:
+        p.reset(batch)
+    rows = list(range(batch))  # which simulator each policy row is
+    reward, done = None, np.zeros(batch, dtype=bool)
+    actions = [[] for _ in policies]
+    for t in range(steps):
+        for r in restarts.get(t, []):
+            done[rows.index(r)] = True
+        if done.any():
+            for i in np.flatnonzero(done):
+                obs[i] = envs[rows[i]].reset(seed=next(seeds))[0]
+            for p in policies:
+                p.reset_done(done)
+        if t in leave:
+            keep = np.array([r not in leave[t] for r in rows])
+            for p in policies:
+                p.keep_rows(keep)
+            rows = [r for r, k in zip(rows, keep) if k]
+            obs, reward = obs[keep], None if reward is None else reward[keep]
+        for out, p in zip(actions, policies):
+            out.append(p.act(obs, reward))
+        steps_out = [envs[r].step(a) for r, a in zip(rows, actions[0][-1])]
+        obs = np.stack([s[0] for s in steps_out])
+        reward = np.array([s[1] for s in steps_out], dtype=np.float32)
+        done = np.array([s[2] or s[3] for s in steps_out])
+    for e in envs:
+        e.close()
+    return actions
+
+
+def policies(run_dir, paths):
+    return [load_agent(run_dir, engine="stream"), OnnxPolicy(paths[0]), TorchScriptPolicy(paths[1])]
+
+
+def assert_same_actions(actions, names=("onnx", "torchscript")):
+    ref = actions[0]
+    assert len(ref) > 0
+    for name, got in zip(names, actions[1:]):
+        for t, (a, b) in enumerate(zip(ref, got)):
+            assert a.shape == b.shape, (name, t)
+            np.testing.assert_allclose(b, a, atol=1e-5, rtol=0,
+                                       err_msg=f"{name} differs from the stream agent at step {t}")
+
+
+# -- exactness ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", list(MODELS))
+def test_exported_policies_act_as_the_stream_agent_batch_1(name, trained, artefacts):
+    assert_same_actions(play(policies(trained[name], artefacts[name]), batch=1, steps=60))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_exported_policies_act_as_the_stream_agent_batch_8_with_staggered_restarts(name, trained, artefacts):
+    actions = play(policies(trained[name], artefacts[name]), batch=8, steps=70,
+                   restarts={12 + 5 * r: [r] for r in range(1, 8)}, leave={60: [2, 5]})
+    assert actions[0][-1].shape == (6, 3)
+    assert_same_actions(actions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MODELS))
+def test_whole_hopper_episodes_batch_1(name, trained, artefacts):
+    assert_same_actions(play(policies(trained[name], artefacts[name]), batch=1, steps=2 * EPISODE + 20))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(MODELS))
+def test_whole_hopper_episodes_batch_8_with_staggered_restarts(name, trained, artefacts):
+    """Row r is cut at step 20 r + 15 (row 0 is not), then plays a whole 500-step episode, ends and
+    restarts, all at different steps; two rows leave near the end."""
+    actions = play(policies(trained[name], artefacts[name]), batch=8, steps=EPISODE + 180,
+                   restarts={20 * r + 15: [r] for r in range(1, 8)}, leave={EPISODE + 170: [1, 6]})
+    assert_same_actions(actions)
+
+
+def test_the_bookkeeping_inside_the_graph_is_the_agents(tiny_dt, dt_checkpoint_file, make_agent, tmp_path):
+    """Return-to-go, per-row targets, rewards ignored at a row's first step, timesteps and the state
+    normalisation, on a model made sensitive to them (a barely trained model hardly reads its
+    return-to-go: a bookkeeping slip would move its actions by about 1e-5, too little to see)."""
+    model = tiny_dt("primal+dt", options={"primal": {"s": 8, "window": 4}})
+    with torch.no_grad():  # return and timestep embeddings on the scale of the state's (LayerNorm follows)
+        for w in (model.embed_return.weight, model.embed_return.bias, model.embed_timestep.weight):
+            w.normal_(0.0, 1.0)
+        model.action_head[0].weight.mul_(5)
+    path = dt_checkpoint_file(tmp_path, model)
+    onnx_path, ts_path = export_policy(path, "onnx"), export_policy(path, "torchscript")
+    g = np.random.default_rng(3)
+    obs, rew = g.normal(size=(30, 3, 11)), g.uniform(0, 100, size=(30, 3)).astype(np.float32)
+
+    def run(policy, rewards=True):
+        policy.reset(3, target=[3600.0, 1000.0, 2500.0])
+        out, reward = [], None
+        for t in range(30):
+            if t in (9, 17):
+                row = np.arange(3) == (t % 3)
+                policy.reset_done(row, target=500.0 * t)
+                reward = reward.copy()
+                reward[row] = 1e6  # the reward that ended an episode never reaches the next one
+            out.append(policy.act(obs[t], reward if rewards else None))
+            reward = rew[t]
+        return np.stack(out)
+
+    ref = run(make_agent(model, "stream"))
+    assert np.abs(run(make_agent(model, "stream"), rewards=False) - ref).max() > 1e-3  # the test can see slips
+    np.testing.assert_allclose(run(OnnxPolicy(onnx_path)), ref, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(run(TorchScriptPolicy(ts_path)), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("layout", ["linear", "cosformer", "kerformer", "flowformer", "primal+linear"])
+def test_the_other_exportable_mechanisms_act_as_the_stream_agent(layout, tiny_dt, dt_checkpoint_file, make_agent,
+                                                                  rollout_inputs, tmp_path):
+    """The rest of the linear family (their export form is their recurrent step), on random inputs."""
+    model = tiny_dt(layout)
+    path = dt_checkpoint_file(tmp_path, model)
+    obs, rew = rollout_inputs(T=16, B=3)
+    resets = {7: np.array([False, True, False])}
+    runs = []
+    for policy in (make_agent(model, "stream"), OnnxPolicy(export_policy(path, "onnx")),
+                   TorchScriptPolicy(export_policy(path, "torchscript"))):
+        policy.reset(3)
+        out, reward = [], None
+        for t in range(16):
+            if t in resets:
+                policy.reset_done(resets[t])
+            out.append(policy.act(obs[t], reward))
+            reward = rew[t]
+        runs.append(np.stack(out))
+    for got in runs[1:]:
+        np.testing.assert_allclose(got, runs[0], atol=1e-5, rtol=0)
+
+
+def test_artefacts_hold_the_whole_step_with_no_python_side_state(trained, artefacts):
+    """The same artefact runs two policies side by side with different batches: all state is in the
+    tensors each runtime passes back."""
+    a = OnnxPolicy(artefacts["windowed"][0])
+    b = OnnxPolicy(artefacts["windowed"][0])
+    ref = load_agent(trained["windowed"])
+    obs = np.random.default_rng(0).normal(size=(12, 3, 11)).astype(np.float32)
+    a.reset(3), b.reset(1), ref.reset(3)
+    for t in range(12):
+        np.testing.assert_allclose(a.act(obs[t]), ref.act(obs[t]), atol=1e-5, rtol=0)
+        b.act(obs[t, :1])
+    np.testing.assert_allclose(b.act(obs[0, :1]), a.act(obs[0])[:1], atol=1e-5, rtol=0)
+
+
+# -- metadata -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
+    path = artefacts["windowed"][list(FORMATS).index(fmt)]
+    meta = read_metadata(path)
+    ck_file = dt_checkpoint.resolve(trained["windowed"])
+    ck = dt_checkpoint.load(ck_file)
+    assert meta["checkpoint_sha256"] == hashlib.sha256(ck_file.read_bytes()).hexdigest()
+    assert meta["package_version"] == version("primal-dt") and meta["artefact"] == fmt
+    assert (meta["obs_dim"], meta["act_dim"]) == (11, 3)
+    assert meta["targets"] == list(ck.data.eval_targets) and meta["default_target"] == ck.data.eval_targets[0]
+    assert meta["reward_scale"] == ck.data.reward_scale and meta["layers"] == ["softmax", "softmax", "primal"]
+    assert meta["semantics"] == SEMANTICS and "reset" in meta["semantics"]
+    step = StreamStep(ck.build_model(), ck.data)
+    assert [s["name"] for s in meta["state"]] == [s.name for s in step.specs]
+    assert meta["state"][:3] == [
+        {"name": "t", "shape": ["batch"], "dtype": "int64", "initial": 0, "what": "timestep of the row's episode"},
+        {"name": "rtg", "shape": ["batch"], "dtype": "float32", "initial": 0,
+         "what": "return-to-go R_t / reward_scale"},
+        {"name": "prev_action", "shape": ["batch", 3], "dtype": "float32", "initial": 0,
+         "what": "the action of the previous step (a_{t-1})"}]
+    by_name = {s["name"]: s for s in meta["state"]}
+    # windowed primal (layer 2): a ring of its 10 positions and their float64 sum; softmax (window 7): 6 cached
+    assert by_name["layer2.ring"]["shape"] == ["batch", 10, 64] and by_name["layer2.S"]["dtype"] == "float64"
+    assert by_name["layer0.k"]["shape"] == ["batch", 2, 6, 16] and by_name["layer0.valid"]["dtype"] == "bool"
+    if fmt == "onnx":  # the graph's own inputs say the same
+        sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        inputs = {i.name: i for i in sess.get_inputs()}
+        types = {"float32": "tensor(float)", "float64": "tensor(double)", "int64": "tensor(int64)",
+                 "bool": "tensor(bool)"}
+        for s in meta["state"]:
+            i = inputs["state." + s["name"]]
+            assert i.shape == s["shape"] and i.type == types[s["dtype"]], s
+        assert inputs["observation"].shape == ["batch", 11] and inputs["reset"].type == "tensor(bool)"
+        assert sess.get_modelmeta().custom_metadata_map[METADATA_KEY]
+
+
+def test_a_checkpoint_in_memory_exports_with_no_file_hash(trained, tmp_path):
+    ck = dt_checkpoint.load(trained["dt"])
+    path = export_policy(ck, "onnx", tmp_path / "p.onnx")
+    assert read_metadata(path)["checkpoint_sha256"] is None
+    with pytest.raises(ValueError, match="out=PATH is required"):
+        export_policy(ck, "onnx")
+
+
+# -- what cannot be exported ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["kernel-rbf-asym", "svr-bn"])
+def test_a_layer_whose_cache_grows_is_named_with_its_index(kind, tiny_dt, dt_checkpoint_file, tmp_path):
+    model = tiny_dt(layers=("softmax", kind, "primal"), options={"primal": {"s": 8}})
+    path = dt_checkpoint_file(tmp_path, model)
+    with pytest.raises(ValueError, match=rf"layer 1 \({kind}\): .*cache of every token.*grows with the episode"):
+        export_policy(path, "onnx", tmp_path / "p.onnx")
+    assert not (tmp_path / "p.onnx").exists()
+
+
+def test_a_post_norm_block_is_named(tiny_dt):
+    model = tiny_dt("primal+dt")
+    model.stack.blocks[2].norm = "post"
+    with pytest.raises(ValueError, match=r"layer 2 \(primal\): a post-norm block"):
+        export_forms(model)
+
+
+# -- the command line ---------------------------------------------------------------------------------------
+def test_command_line_exports_next_to_the_checkpoint(trained, run_cli, tmp_path):
+    proc = run_cli("agents.export", f"checkpoint={trained['primal+dt']}", "format=onnx")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = dt_checkpoint.resolve(trained["primal+dt"]).parent / FORMATS["onnx"]
+    assert str(out) in proc.stdout and "Traceback" not in proc.stderr
+    pol = OnnxPolicy(out)
+    pol.reset(2)
+    assert pol.act(np.zeros((2, 11))).shape == (2, 3)
+
+
+def test_a_failed_write_is_one_error_line_and_leaves_nothing(trained, run_cli, one_line_error, tmp_path):
+    out = tmp_path / "p.onnx"
+    proc = run_cli("agents.export", f"checkpoint={trained['dt']}", f"out={out}", file_size=50_000)
+    one_line_error(proc, f"could not write the exported onnx policy {out}", "file too large")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_command_line_bad_input_is_one_error_line(tiny_dt, dt_checkpoint_file, run_cli, one_line_error, tmp_path):
+    path = dt_checkpoint_file(tmp_path, tiny_dt(layers=("softmax", "kernel-linear-sym", "primal")))
+    one_line_error(run_cli("agents.export", f"checkpoint={path}", f"out={tmp_path / 'p.onnx'}"),
+                   "layer 1 (kernel-linear-sym)", "cannot be exported")
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "checkpoint=PATH is required"),
+    (["checkpoint={ck}", "format=tflite"], "unknown format='tflite'"),
+    (["checkpoint={dir}/missing.pt"], "does not exist"),
+    (["checkpoint={ck}", "out={ck}", "overwrite=true"], "is the checkpoint being exported"),
+    (["checkpoint={ck}", "out={dir}/taken.onnx"], "exists; choose another path, or pass overwrite=true"),
+    (["checkpoint={ck}", "out={dir}"], "is a directory"),
+])
+def test_bad_command_lines_end_with_one_error_line(args, message, trained, tmp_path, capsys):
+    ck = dt_checkpoint.resolve(trained["dt"])
+    (tmp_path / "taken.onnx").write_text("an earlier file")
+    argv = [a.format(ck=ck, dir=tmp_path) for a in args]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code.startswith("error: ") and message in exit_.value.code, exit_.value.code
+    assert (tmp_path / "taken.onnx").read_text() == "an earlier file"
+
+
+def test_overwrite_replaces_an_earlier_export(trained, tmp_path):
+    out = tmp_path / "p.pt"
+    out.write_text("old")
+    main([f"checkpoint={trained['dt']}", "format=torchscript", f"out={out}", "overwrite=true"])
+    assert read_metadata(out)["artefact"] == "torchscript"
+    assert not list(tmp_path.glob(".p.pt.*.tmp"))
+
+
+def test_the_exported_step_is_the_same_function_at_any_batch(trained):
+    """StreamStep in PyTorch (what both formats trace): rows are independent, so a row computed alone
+    equals the same row inside a batch, and reset rows equal fresh ones."""
+    ck = dt_checkpoint.load(trained["windowed"])
+    step = StreamStep(ck.build_model(), ck.data)
+    g = torch.Generator().manual_seed(0)
+    state, single = step.init(3), step.init(1)
+    for t in range(8):
+        obs, rew = torch.randn(3, 11, generator=g), torch.rand(3, generator=g)
+        reset = torch.tensor([t == 0, t == 5, False]) if t else torch.ones(3, dtype=torch.bool)
+        target = torch.full((3,), 3600.0)
+        with torch.no_grad():
+            a, *state = step(obs, rew, reset, target, *state)
+            b, *single = step(obs[2:], rew[2:], reset[2:], target[2:], *single)
+        torch.testing.assert_close(a[2:], b, atol=1e-6, rtol=0)
+    assert state[0].tolist() == [8, 3, 8]  # timesteps: row 1 restarted at t = 5

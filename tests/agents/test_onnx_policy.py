@@ -1,0 +1,198 @@
+"""agents/onnx_policy.py: the one-file runtime of an exported policy (numpy + onnxruntime only).
+
+It must work copied out of the package, in a process where torch cannot be imported; act as the
+PyTorch stream agent does through restarts and departing rows; and turn a caller's mistake (wrong
+observation shape, dtype or batch, a file that is not a policy) into a clear error. The same checks
+hold for ``agents.export.TorchScriptPolicy``, which shares its bookkeeping (``GraphPolicy``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import agents.onnx_policy as onnx_policy
+from agents.export import TorchScriptPolicy, export_policy
+from agents.onnx_policy import OnnxPolicy
+
+BLOCKER = '''\
+import sys
+
+class Blocked:
+    """No torch, and nothing of primal-dt: what a deployment machine without them has."""
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "primal_dt", "agents", "envs", "eval"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+'''
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_dt, dt_checkpoint_file, tmp_path_factory):
+    """(model, onnx path, torchscript path) of a small primal+dt whose softmax layers stream a window."""
+    d = tmp_path_factory.mktemp("policy")
+    model = tiny_dt("primal+dt", K=4, options={"primal": {"s": 8}, "softmax": {"window": 5}})
+    ck = dt_checkpoint_file(d, model)
+    return model, export_policy(ck, "onnx", d / "policy.onnx"), export_policy(ck, "torchscript", d / "policy.pt")
+
+
+RUNTIMES = {"onnx": lambda e: OnnxPolicy(e[1]), "torchscript": lambda e: TorchScriptPolicy(e[2])}
+
+
+def play(policy, obs, rew, events):
+    """Actions for obs [T, B, 11] with the previous step's rewards; ``events``: {t: (method, mask)}."""
+    policy.reset(obs.shape[1])
+    out, reward, rows = [], None, np.arange(obs.shape[1])
+    for t in range(obs.shape[0]):
+        if t in events:
+            method, mask = events[t]
+            getattr(policy, method)(mask)
+            if method == "keep_rows":
+                rows = rows[mask]
+                reward = reward[mask]
+        out.append(policy.act(obs[t, rows], reward))
+        reward = rew[t, rows]
+    return out
+
+
+def test_runs_copied_out_of_the_package_where_torch_cannot_be_imported(exported, make_agent, tmp_path):
+    model, onnx_path, _ = exported
+    lib = tmp_path / "deploy"
+    lib.mkdir()
+    shutil.copy(onnx_policy.__file__, lib / "onnx_policy.py")
+    shutil.copy(onnx_path, lib / "policy.onnx")
+    (lib / "sitecustomize.py").write_text(BLOCKER)
+    g = np.random.default_rng(0)
+    obs, rew = g.normal(size=(20, 2, 11)), g.uniform(0, 3, size=(20, 2))
+    np.save(lib / "obs.npy", obs), np.save(lib / "rew.npy", rew)
+    code = """
+import sys
+import numpy as np
+try:
+    import torch
+except ImportError:
+    pass
+else:
+    raise SystemExit("torch was importable")
+from onnx_policy import OnnxPolicy
+policy = OnnxPolicy("policy.onnx")
+policy.reset(2)
+obs, rew = np.load("obs.npy"), np.load("rew.npy")
+out, reward = [], None
+for t in range(len(obs)):
+    if t == 7:
+        policy.reset_done(np.array([False, True]))
+    out.append(policy.act(obs[t], reward))
+    reward = rew[t]
+np.save("actions.npy", np.stack(out))
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "primal_dt", "agents", "envs", "eval"))
+assert not loaded, loaded
+print("ran", policy.metadata["layers"])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(lib), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=lib, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "ran ['softmax', 'softmax', 'primal']" in proc.stdout
+    ref = make_agent(model, "stream")
+    expected = play(ref, obs.astype(np.float32), rew.astype(np.float32), {7: ("reset_done", np.array([False, True]))})
+    np.testing.assert_allclose(np.load(lib / "actions.npy"), np.stack(expected), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_restarts_and_departing_rows_as_the_agent(runtime, exported, make_agent, rollout_inputs):
+    model = exported[0]
+    obs, rew = rollout_inputs(T=24, B=4)
+    events = {6: ("reset_done", np.array([True, False, False, True])), 11: ("keep_rows", np.array([1, 0, 1, 1], bool)),
+              15: ("reset_done", np.array([False, True, False])), 19: ("keep_rows", np.array([0, 1, 1], bool))}
+    ref = play(make_agent(model, "stream"), obs, rew, events)
+    got = play(RUNTIMES[runtime](exported), obs, rew, events)
+    assert [a.shape for a in got] == [a.shape for a in ref] and got[-1].shape == (2, 3)
+    for a, b in zip(got, ref):
+        assert a.dtype == np.float32
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+
+
+def test_returned_actions_are_the_callers_to_change(exported):
+    """Clipping the returned array in place must not change the a_{t-1} the next step reads."""
+    for make in RUNTIMES.values():
+        p, q = make(exported), make(exported)
+        p.reset(1), q.reset(1)
+        obs = np.ones((1, 11))
+        a = p.act(obs)
+        q.act(obs)
+        a[:] = 99.0
+        np.testing.assert_array_equal(p.act(obs), q.act(obs))
+
+
+def test_threads_and_metadata(exported):
+    p = OnnxPolicy(exported[1], threads=2)
+    assert p.session.get_session_options().intra_op_num_threads == 2
+    assert OnnxPolicy(exported[1]).session.get_session_options().intra_op_num_threads == 1
+    assert (p.obs_dim, p.act_dim, p.targets) == (11, 3, (3600.0, 1800.0))
+    assert p.metadata["reward_scale"] == 1000.0 and p.metadata["layers"] == ["softmax", "softmax", "primal"]
+
+
+# -- clear errors ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+@pytest.mark.parametrize("obs, message", [
+    (np.zeros(11), r"obs must have shape \[batch, obs_dim=11\] \(one row: obs\[None\]\), got \(11,\)"),
+    (np.zeros((2, 17)), r"obs must have shape \[batch, obs_dim=11\], got \(2, 17\)"),
+    (np.zeros((3, 11)), r"obs has 3 rows but the policy runs batch=2"),
+    (np.zeros((2, 11), dtype=np.int64), "obs must be a floating-point array .* got dtype int64"),
+    ([["a"] * 11] * 2, "obs must be a floating-point array .* got dtype <U1"),
+])
+def test_wrong_observations_are_clear_errors(runtime, obs, message, exported):
+    p = RUNTIMES[runtime](exported)
+    p.reset(2)
+    with pytest.raises(ValueError, match=message):
+        p.act(obs)
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_misuse_is_a_clear_error(runtime, exported):
+    p = RUNTIMES[runtime](exported)
+    with pytest.raises(RuntimeError, match=r"call policy.reset\(batch\) before act"):
+        p.act(np.zeros((1, 11)))
+    with pytest.raises(ValueError, match="batch must be an integer >= 1, got 0"):
+        p.reset(0)
+    with pytest.raises(ValueError, match="target must be a finite number or 2 finite numbers"):
+        p.reset(2, target=[1.0, 2.0, 3.0])
+    p.reset(2)
+    with pytest.raises(ValueError, match=r"reward must have shape \[batch=2\], got \(3,\)"):
+        p.act(np.zeros((2, 11)), np.zeros(3))
+    with pytest.raises(ValueError, match=r"done must have shape \[batch=2\]"):
+        p.reset_done([True])
+    with pytest.raises(ValueError, match="keep_rows would drop every row"):
+        p.keep_rows([False, False])
+    with pytest.raises(FloatingPointError, match=r"not finite in rows \[1\]"):
+        p.act(np.array([[0.0] * 11, [np.nan] * 11]))
+
+
+def test_files_that_are_not_policies_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist .*python -m agents.export"):
+        OnnxPolicy(tmp_path / "missing.onnx")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="is not a readable ONNX model"):
+        OnnxPolicy(junk)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    plain = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    plain.ir_version = 8
+    onnx.save(plain, tmp_path / "plain.onnx")
+    with pytest.raises(ValueError, match="without primal-dt policy metadata"):
+        OnnxPolicy(tmp_path / "plain.onnx")
+    with pytest.raises(ValueError, match="threads must be an integer >= 1 or None"):
+        OnnxPolicy(tmp_path / "plain.onnx", threads=0)
+    with pytest.raises(ValueError, match="is not a readable TorchScript file"):
+        TorchScriptPolicy(junk)
