@@ -79,6 +79,7 @@ class GraphPolicy:
         self._target_rows = self._target(target, B)
         self._reset = np.ones(B, dtype=np.bool_)
         self._state = [np.zeros((B, *shape), dtype=dtype) for _, shape, dtype in self.state_layout]
+        self._rows_changed()
 
     def reset_done(self, done, target=None) -> None:
         """Restart the rows where ``done`` ([B] bool) is True at the next ``act``; the others go on."""
@@ -96,6 +97,11 @@ class GraphPolicy:
         self._state = [s[k] for s in self._state]
         self._reset, self._target_rows = self._reset[k], self._target_rows[k]
         self.batch = int(k.sum())
+        self._rows_changed()
+
+    def _rows_changed(self) -> None:
+        """Hook: ``reset`` or ``keep_rows`` replaced the row arrays (``_state``, ``_reset``,
+        ``_target_rows``); ``reset_done`` and ``act`` only ever write into them in place."""
 
     def _rows(self, flags, what: str) -> np.ndarray:
         self._require_reset()
@@ -120,26 +126,33 @@ class GraphPolicy:
         if o.shape[0] != self.batch:
             raise ValueError(f"obs has {o.shape[0]} rows but the policy runs batch={self.batch} (set by reset(batch) "
                              "and keep_rows)")
-        return np.ascontiguousarray(o, dtype=np.float32)
+        return o
 
     def act(self, obs, reward=None) -> np.ndarray:
         """One action per row ([B, act_dim] float32) for observations ``obs`` [B, obs_dim]; ``reward``
         [B] is the reward of the previous step (None at the first; ignored for rows that restart)."""
         self._require_reset()
         o = self._observation(obs)
-        if reward is None:
-            r = np.zeros(self.batch, dtype=np.float32)
-        else:
+        r = None
+        if reward is not None:
             r = np.asarray(reward, dtype=np.float32)
             if r.shape != (self.batch,):
                 raise ValueError(f"reward must have shape [batch={self.batch}], got {r.shape}")
-        action, *self._state = self._run([o, r, self._reset, self._target_rows, *self._state])
-        self._reset = np.zeros(self.batch, dtype=np.bool_)
+        action = self._step(o, r)
+        self._reset.fill(False)
         if not np.isfinite(action).all():
             rows = np.flatnonzero(~np.isfinite(action).all(1)).tolist()
             raise FloatingPointError(f"the policy's actions are not finite in rows {rows}: check their observations "
                                      "and rewards (NaN or inf?); a cosformer layer also gives NaN once an episode "
                                      "passes its max_len tokens (restart the row with reset_done)")
+        return action
+
+    def _step(self, obs: np.ndarray, reward: np.ndarray | None) -> np.ndarray:
+        """One graph call on checked ``obs`` [B, obs_dim] (any float dtype) and ``reward`` [B] float32
+        or None (zeros); advances ``_state`` and returns the action, an array the caller owns."""
+        r = np.zeros(self.batch, dtype=np.float32) if reward is None else reward
+        o = np.ascontiguousarray(obs, dtype=np.float32)
+        action, *self._state = self._run([o, r, self._reset, self._target_rows, *self._state])
         return action
 
     def input_names(self) -> list[str]:
@@ -160,7 +173,15 @@ class OnnxPolicy(GraphPolicy):
 
     ``threads``: onnxruntime's intra-op threads (None: 1, which is fastest for the small matrices of a
     stream step at small batches and never collapses beside another busy process; give more for
-    batches in the hundreds)."""
+    batches in the hundreds).
+
+    ``act`` runs the graph through I/O bindings made when the rows change (``reset``, ``keep_rows``):
+    every input and output is bound to an array of this object, ``act`` copies the observation and
+    reward into theirs and the action out, and the state lives in two sets of arrays that swap roles
+    each step (the graph reads one and writes the other). At batch 1, where onnxruntime's per-call
+    work is a large part of a step, this takes about a tenth off ``session.run`` with a dict of
+    arrays (which wraps every input and allocates every output at each call); the results are the
+    same bits (tests/agents/test_onnx_policy.py)."""
 
     def __init__(self, path, threads: int | None = None):
         import onnxruntime as ort
@@ -184,10 +205,37 @@ class OnnxPolicy(GraphPolicy):
             raise ValueError(f"{path} is an ONNX model without primal-dt policy metadata; export one with "
                              "python -m agents.export")
         super().__init__(json.loads(meta), str(path))
-        names = self.input_names()
+        self._ort_value = ort.OrtValue.ortvalue_from_numpy
         present = {i.name for i in self.session.get_inputs()}  # an input the graph never reads is not one
-        self._feed = [(i, n) for i, n in enumerate(names) if n in present]
-        self._outputs = self.output_names()
+        self._feed = [(i, n) for i, n in enumerate(self.input_names()) if n in present]
 
-    def _run(self, inputs):
-        return self.session.run(self._outputs, {n: inputs[i] for i, n in self._feed})
+    def _rows_changed(self) -> None:
+        """Bind every graph input and output to arrays of this object: two bindings, for even and
+        odd steps, over the two sets of state arrays. onnxruntime keeps the arrays' addresses, not
+        references, so each binding is kept with the arrays it points to."""
+        B = self.batch
+        self._obs = np.zeros((B, self.obs_dim), dtype=np.float32)
+        self._reward = np.zeros(B, dtype=np.float32)
+        self._action = np.zeros((B, self.act_dim), dtype=np.float32)
+        self._states = (self._state, [np.zeros_like(s) for s in self._state])
+        self._bindings, self._parity = [], 0
+        for step in (0, 1):
+            inputs = [self._obs, self._reward, self._reset, self._target_rows, *self._states[step]]
+            outputs = [self._action, *self._states[1 - step]]
+            io = self.session.io_binding()
+            for i, name in self._feed:
+                io.bind_ortvalue_input(name, self._ort_value(inputs[i]))
+            for name, array in zip(self.output_names(), outputs):
+                io.bind_ortvalue_output(name, self._ort_value(array))
+            self._bindings.append((io, inputs, outputs))
+
+    def _step(self, obs, reward):
+        np.copyto(self._obs, obs)
+        if reward is None:
+            self._reward.fill(0.0)
+        else:
+            np.copyto(self._reward, reward)
+        self.session.run_with_iobinding(self._bindings[self._parity][0])
+        self._parity ^= 1
+        self._state = self._states[self._parity]
+        return self._action.copy()

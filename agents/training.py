@@ -104,6 +104,8 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
         cfg = built.cfg
         train_config.check(cfg)
         spec = env_spec(cfg.env)
+        if cfg.eval.every > 0 or cfg.eval.final_episodes > 0:  # evaluation will build simulators: fail now, not at it
+            envs.check_mujoco_gl()
         d = d or runtime.init_distributed(cfg.device)
         if cfg.batch_size % d.world:
             raise SetupError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")

@@ -2,6 +2,7 @@
 sampling, and (``envs.collect``) a collector for new datasets. Independent of the model code."""
 
 from envs.errors import DatasetError, DatasetNotFound
+from envs.gl import check_mujoco_gl
 from envs.loader import ReplicaWarning, load_dataset
 from envs.registry import EnvSpec, get_spec, list_names, normalized_score
 from envs.sampler import SegmentSampler
@@ -10,5 +11,5 @@ from envs.vector import make_env, make_vector_env
 
 __all__ = [
     "DatasetError", "DatasetNotFound", "EnvSpec", "ReplicaWarning", "SegmentSampler", "Trajectories",
-    "get_spec", "list_names", "load_dataset", "make_env", "make_vector_env", "normalized_score",
+    "check_mujoco_gl", "get_spec", "list_names", "load_dataset", "make_env", "make_vector_env", "normalized_score",
 ]

@@ -18,11 +18,14 @@ def _gym_id_and_kwargs(name: str, gym_id: str | None):
 
 def make_sim(gym_id: str, **kwargs):
     """gym.make with our datasets' observation layout (Ant-v4: contact forces, as D4RL) and
-    without the 'v4 is out of date' warning: v4 is what D4RL data needs."""
+    without the 'v4 is out of date' warning: v4 is what D4RL data needs. A MUJOCO_GL value that stops
+    MuJoCo from loading is a one-line ``ValueError`` here (``envs.gl``), not a traceback inside gym.make."""
     import gymnasium as gym
 
+    from envs.gl import check_mujoco_gl
     from envs.registry import sim_kwargs_for
 
+    check_mujoco_gl()
     kwargs = {**sim_kwargs_for(gym_id), **kwargs}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is out of date.*")
@@ -51,7 +54,10 @@ def make_vector_env(name: str, num_envs: int = 8, seed: int | None = 0, asynchro
     seeded with seed + i. ``vector_kwargs`` go to the vector env (e.g. autoreset_mode)."""
     import gymnasium as gym
 
+    from envs.gl import check_mujoco_gl
+
     gid, kwargs = _gym_id_and_kwargs(name, gym_id)
+    check_mujoco_gl()  # here, before AsyncVectorEnv starts its workers
     fns = [lambda: _make(gid, kwargs) for _ in range(int(num_envs))]
     cls = gym.vector.AsyncVectorEnv if asynchronous else gym.vector.SyncVectorEnv
     venv = cls(fns, **vector_kwargs)

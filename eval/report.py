@@ -13,8 +13,11 @@ with a 100k-step one.
 
 Per return-to-go target, ``out`` receives:
 - ``scores.md`` / ``scores-<target>.csv``: final normalized score per group: mean, standard deviation
-  and 95 % confidence interval over seeds (Student's t), number of seeds, steps, and the paper's
-  number where the dataset's preset names one (``paper:`` in configs/dt/<env>.yaml);
+  and 95 % confidence interval over seeds (Student's t), number of seeds, steps, the paper's
+  number where the dataset's preset names one (``paper:`` in configs/dt/<env>.yaml), and beside them
+  the final validation action MSE on held-out episodes (``summary.json["validation"]``), mean and
+  interval over the seeds that recorded one: runs from before validation existed, or trained with
+  ``val_fraction=0``, leave the cell blank (or are counted out: "2 of 3 seeds");
 - ``curves.png``: normalized score during training, mean and a +- one standard deviation band over
   seeds, one panel per target and dataset;
 - ``scores.png``: a bar per group with its 95 % confidence interval, the paper's value marked.
@@ -63,6 +66,9 @@ class Run:
     """target tag -> {"normalized_mean": ...} (the run's final evaluation)"""
     curves: dict
     """target tag -> [(step, normalized score), ...] during training, final evaluation last"""
+    val_mse: float | None = None
+    """the final held-out action MSE (``summary.json["validation"]["action_mse"]``); None when the run
+    recorded none (written before validation existed, or val_fraction=0)"""
 
 
 @dataclass
@@ -115,8 +121,9 @@ def load_run(d: Path) -> Run:
         config = dataclasses.asdict(train_config.from_dict(ck.config))
     except ValueError:
         config = ck.config
+    val = (summary.get("validation") or {}).get("action_mse")
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
-               summary["final"], curves)
+               summary["final"], curves, None if val is None else float(val))
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
@@ -166,10 +173,14 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
             continue
         s = stats(vals)
         base = g.model.split(" (")[0]
+        mses = [r.val_mse for r in g.runs if target in r.final and r.val_mse is not None]
+        v = stats(mses) if mses else {"mean": None, "std": None, "ci95": None, "n": 0}
         rows.append({"dataset": g.env, "model": g.model, "seeds": s["n"],
                      "steps": "/".join(str(x) for x in sorted({r.steps for r in g.runs})),
                      "mean": s["mean"], "std": s["std"], "ci95": s["ci95"],
-                     "paper": paper_scores(g.env).get(base), "runs": [str(r.path) for r in g.runs]})
+                     "paper": paper_scores(g.env).get(base),
+                     "val_mse": v["mean"], "val_mse_std": v["std"], "val_mse_ci95": v["ci95"], "val_seeds": v["n"],
+                     "runs": [str(r.path) for r in g.runs]})
     return rows
 
 
@@ -177,20 +188,36 @@ def _fmt(x, nd=1) -> str:
     return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
 
 
+def val_cell(r: dict) -> str:
+    """The validation MSE's table cell: ``0.0412 +- 0.0031`` (mean, 95 % interval over seeds), a
+    lone seed's value, ``(2 of 3 seeds)`` appended when some runs recorded none; blank when none did.
+    Three significant digits: an MSE's scale depends on the dataset, not on a fixed decimal."""
+    if not r["val_seeds"]:
+        return ""
+    cell = f"{r['val_mse']:.3g}" + (f" +- {r['val_mse_ci95']:.2g}" if r["val_seeds"] > 1 else "")
+    return cell + (f" ({r['val_seeds']} of {r['seeds']} seeds)" if r["val_seeds"] < r["seeds"] else "")
+
+
 def markdown(rows: list[dict], target: str) -> str:
     lines = [f"### Final normalized score, target {target.removeprefix('target')}", "",
-             "| dataset | model | seeds | steps | mean | std | 95% CI | paper |", "|---|---|---|---|---|---|---|---|"]
+             "| dataset | model | seeds | steps | mean | std | 95% CI | paper | val action MSE |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ci = f"+- {_fmt(r['ci95'])}" if r["seeds"] > 1 else "(1 seed)"
         lines.append(f"| {r['dataset']} | {r['model']} | {r['seeds']} | {r['steps']} | {_fmt(r['mean'])} | "
-                     f"{_fmt(r['std'])} | {ci} | {_fmt(r['paper'])} |")
+                     f"{_fmt(r['std'])} | {ci} | {_fmt(r['paper'])} | {val_cell(r)} |")
     return "\n".join(lines)
+
+
+CSV_COLUMNS = ["dataset", "model", "seeds", "steps", "mean", "std", "ci95", "paper", "val_mse", "val_mse_std",
+               "val_mse_ci95", "val_seeds"]
+"""``scores-<target>.csv``: the score's columns, then the validation MSE's (blank where no run has one;
+``val_seeds``: how many of the group's seeds recorded one)"""
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
     with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["dataset", "model", "seeds", "steps", "mean", "std", "ci95", "paper"],
-                           extrasaction="ignore")
+        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
 

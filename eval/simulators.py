@@ -127,7 +127,10 @@ class SimulatorProcess:
     ``num_envs`` rows in one of two lanes, the evaluator's default layout)."""
 
     def __init__(self, name: str, num_envs: int, gym_id: str | None = None, threads: int | None = None):
+        from envs import check_mujoco_gl
         from primal_dt import runtime
+
+        check_mujoco_gl()  # here, one clear line; in a forkserver child, a bare EOFError (it preloads mujoco)
 
         self.num_envs = int(num_envs)
         self.threads = runtime.lane_threads("stream", self.num_envs, 2) if threads is None else max(1, int(threads))

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-BACKENDS = ("egl", "osmesa")
-"""Tried in this order when MUJOCO_GL is unset."""
+from envs.gl import INSTALL
+from envs.gl import OFFSCREEN as BACKENDS  # tried in this order when MUJOCO_GL is unset
 
 _PROBE = """
 import gymnasium as gym
@@ -61,9 +61,9 @@ def rendering_available(backend: str | Sequence[str] | None = None, gym_id: str 
         last = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}, no output"])[-1]
         errors.append(f"MUJOCO_GL={b}: {last}")
     return False, ("no video: MuJoCo off-screen rendering is unavailable on this machine ("
-                   + "; ".join(errors) + "). Install EGL (an NVIDIA driver, or Mesa's: libegl1 libegl-mesa0 "
-                   "libgl1-mesa-dri) or OSMesa (libosmesa6), and unset MUJOCO_GL (egl, then osmesa, are tried) or "
-                   f"set it to the one installed; {_UNAFFECTED}.")
+                   + "; ".join(errors) + "). Install " + " or ".join(INSTALL[b] for b in BACKENDS)
+                   + f", and unset MUJOCO_GL ({', then '.join(BACKENDS)}, are tried) or set it to the one installed; "
+                   f"{_UNAFFECTED}.")
 
 
 def frame_every(dt: float, period: float = 0.04) -> int:

@@ -24,6 +24,7 @@ from torch import nn
 
 from .attention import build_attention
 from .attention.base import Attention
+from .attention.precision import check_precision, weight
 from .attention.state import State
 
 
@@ -34,6 +35,8 @@ class LayerSpec:
 
 
 _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
+MLP_KEY = "block.mlp"
+"""shared entry of a layer's stream state: the block's MLP weights in a reduced precision (Block.init_stream)"""
 
 
 class Block(nn.Module):
@@ -71,12 +74,20 @@ class Block(nn.Module):
         return self._residual(x, lambda h: self.attn.step(h, state, mask))
 
     def init_stream(self, batch: int, *, device=None, dtype=None, window: int | None = None,
-                    chunk: int = 1) -> State:
-        """The attention's stream state (Attention.init_stream); pre-norm blocks only."""
+                    chunk: int = 1, precision: str = "fp32") -> State:
+        """The attention's stream state (Attention.init_stream); pre-norm blocks only. With a
+        ``precision`` other than fp32 the state also carries the block's MLP weights in that precision
+        (shared entry ``MLP_KEY``): one object per layer holds every snapshot its stream step reads."""
         if self.norm != "pre":
             raise ValueError("Block.stream_step supports pre-norm blocks (the Decision Transformer's); this block "
                              "is post-norm: use init_state / step")
-        return self.attn.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk)
+        state = self.attn.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk,
+                                      precision=precision)
+        if precision != "fp32":
+            up, down = self.mlp[0], self.mlp[2]
+            state.shared[MLP_KEY] = (weight(up.weight, precision), weight(up.bias, precision),
+                                     weight(down.weight, precision), weight(down.bias, "fp32"))
+        return state
 
     def stream_step(self, x, state, mask=None, last_only: bool = False, form: Callable | None = None):
         """Pre-norm residual around the attention's stream form: x [B, C, D] -> (y, state) with y
@@ -88,15 +99,24 @@ class Block(nn.Module):
         This runs once per layer per environment step, where a step at batch 1 costs per operator,
         not per flop, and at batch 100 fresh [B*C, 4D] buffers cost page faults: so the layer norms
         and the MLP are called functionally (five module calls fewer), and the MLP's activation and
-        the second residual are applied in place on the MLP's own fresh outputs."""
+        the second residual are applied in place on the MLP's own fresh outputs. With a bf16 snapshot
+        (``init_stream(precision="bf16")``) the hidden layer stays in bfloat16 between the two matmuls."""
         ln1, ln2 = self.ln1, self.ln2
         h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
+        mlp = state.shared.get(MLP_KEY) if form is None else None  # (export forms: fp32 module weights)
         a, state = (form or self.attn.stream_step)(h, state, mask, last_only)
         x = (x[:, -1:] if last_only else x) + a
-        up, act, down = self.mlp[0], self.mlp[1], self.mlp[2]
-        u = F.linear(F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps), up.weight, up.bias)
+        act = self.mlp[1]
+        h = F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
+        if mlp is None:
+            up, down = self.mlp[0], self.mlp[2]
+            u = F.linear(h, up.weight, up.bias)
+            u = u.relu_() if isinstance(act, nn.ReLU) else act(u)
+            return F.linear(u, down.weight, down.bias).add_(x), state
+        w1, b1, w2, b2 = mlp
+        u = F.linear(h.to(w1.dtype), w1, b1)
         u = u.relu_() if isinstance(act, nn.ReLU) else act(u)
-        return F.linear(u, down.weight, down.bias).add_(x), state
+        return F.linear(u, w2).to(x.dtype).add_(b2).add_(x), state
 
 
 class Stack(nn.Module):
@@ -145,10 +165,20 @@ class Stack(nn.Module):
         return self.ln_f(x), new
 
     def init_stream(self, batch: int, *, device=None, dtype=None, window: int | None = None,
-                    chunk: int = 1) -> list:
-        """Per-block stream states (Block.init_stream; ``window`` / ``chunk`` as in Attention.init_stream)."""
+                    chunk: int = 1, precision: str = "fp32") -> list:
+        """Per-block stream states (Block.init_stream; ``window`` / ``chunk`` / ``precision`` as in
+        Attention.init_stream). A layer whose mechanism cannot stream ``precision`` is a ValueError
+        naming it, before any state is built."""
         self._require_step()
-        return [b.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk) for b in self.blocks]
+        check_precision(precision)
+        bad = [f"layer {i} ({s.attention})" for i, (s, b) in enumerate(zip(self.specs, self.blocks))
+               if precision not in b.attn.stream_precisions]
+        if bad:
+            raise ValueError(f"precision={precision!r} needs every attention layer to support it; {', '.join(bad)} "
+                             f"streams in fp32 only. bf16 covers softmax and primal layers: use precision='fp32' "
+                             "for this model")
+        return [b.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk, precision=precision)
+                for b in self.blocks]
 
     def stream_step(self, x, states: list, mask=None, last_only: bool = False):
         """Consume chunk x [B, C, D] through every block's stream form; returns (y, new states) with y

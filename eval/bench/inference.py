@@ -12,15 +12,21 @@ Every ratio printed is taken inside this run, on this machine, so it compares li
    the checkpoint's uses its weights, others random weights of ``layout``), each context K in
    ``contexts`` and each batch in ``batches``:
    - ``stream``: ``agents.Agent(engine="stream").act`` (bookkeeping included);
+   - ``stream_bf16``: the same with ``precision="bf16"`` (bfloat16 weight matmuls: not exact, so
+     ``bf16_max_da`` reports its largest action difference from ``stream`` in the same state; ``bf16=false``
+     leaves it out);
    - ``onnx`` / ``torchscript``: the stream step exported by ``agents.export`` and run by
      ``agents.onnx_policy.OnnxPolicy`` (onnxruntime) / ``agents.export.TorchScriptPolicy``, same
      ``Agent`` API (skipped, with the reason printed, where agents.export or onnxruntime is missing);
    - ``recompute``: ``Agent(engine="recompute")`` with a full K-step context;
    - ``hf_recompute``: HuggingFace ``DecisionTransformerModel`` (same sizes, random weights: latency
-     only) as its documentation uses it: the model on the last K steps, ``action_preds[:, -1]``.
-   Ratios: slow / fast for every recompute baseline over every stream path, and HF over the best
-   stream path (the targets: >= 10x at K = 20, batch 1; >= 30x at batch 100). Then the stream latency
-   at episode steps ``ts`` (flat: its state does not grow).
+     only) as its documentation uses it: the model on the last K steps, ``action_preds[:, -1]``;
+     ``hf_recompute_bf16``: the same model in bfloat16 (with ``bf16``), so that bf16 is also compared
+     with bf16.
+   Ratios: slow / fast for every recompute baseline over every stream path, and HF (float32) over the
+   best exact stream path and over the best stream path of any precision (the targets: >= 10x at K = 20,
+   batch 1; >= 30x at batch 100). Then the stream latency at episode steps ``ts`` (flat: its state does
+   not grow).
 2. **threads** (first size, first K): each engine at batch 1 and 100 with the runtime's default
    threads, 1, 2, and ``primal_dt.runtime.inference_threads``' choice, on the machine as it is and
    (``compete=true``) beside one CPU-bound process the bench starts itself. A default that is slower
@@ -55,8 +61,10 @@ from primal_dt import runtime
 
 RANDOM_MODEL_ENV = "hopper-medium"
 """the dataset whose dimensions, simulator and targets the random models (no checkpoint) take"""
-STREAM_PATHS = ("stream", "onnx", "torchscript")
-RECOMPUTE_PATHS = ("recompute", "hf_recompute")
+STREAM_PATHS = ("stream", "stream_bf16", "onnx", "torchscript")
+EXACT_PATHS = ("stream", "onnx", "torchscript")
+"""the stream paths that reproduce the model's float32 actions (to 1e-5)"""
+RECOMPUTE_PATHS = ("recompute", "hf_recompute", "hf_recompute_bf16")
 TARGETS = {1: 10.0, 100: 30.0}
 """batch -> how many times lower than HF recompute the best stream path's latency must be at K = 20"""
 ROUND_S = 0.2
@@ -78,9 +86,10 @@ class BenchConfig:
     """context lengths K"""
     ts: tuple[int, ...] = (10, 100, 1000)
     """episode steps at which the stream latency is measured (first size only)"""
-    calls: int = 30
-    """at most this many act() calls per round and setting"""
-    rounds: int = 3
+    calls: int = 200
+    """at most this many act() calls per round and setting (a round's first call after another setting's runs on
+    cold caches: few calls per round inflate the fast paths' latencies, by 10-20% at 30 calls)"""
+    rounds: int = 5
     """rounds, settings interleaved; a latency is the median over rounds"""
     latency: bool = True
     """run the latency section"""
@@ -88,6 +97,8 @@ class BenchConfig:
     """include the exported runtimes (ONNX, TorchScript) in the latency and threads sections"""
     hf: bool = True
     """include the HuggingFace baseline (needs `transformers`)"""
+    bf16: bool = True
+    """include the stream engine with precision=bf16 (and HF in bfloat16) in the latency section"""
     thread_table: bool = True
     """run the threads section (first size, first context)"""
     compete: bool = True
@@ -192,7 +203,7 @@ def with_context(model, K: int):
     return m
 
 
-def hf_model(cfg, K: int):
+def hf_model(cfg, K: int, dtype=torch.float32):
     try:
         from transformers import DecisionTransformerConfig, DecisionTransformerModel
         from transformers.utils import logging as hf_logging
@@ -204,7 +215,7 @@ def hf_model(cfg, K: int):
                                   n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=int(cfg.mlp_ratio * cfg.d_model),
                                   activation_function=cfg.activation, max_ep_len=cfg.max_timestep,
                                   n_positions=max(1024, 3 * K), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-    return DecisionTransformerModel(c).eval()
+    return DecisionTransformerModel(c).eval().to(dtype)
 
 
 # -- exported runtimes ------------------------------------------------------------------------------
@@ -305,10 +316,11 @@ def advanced(policy, B: int, t: int, state_dim: int, target: float | None = None
 
 
 def hf_step(hf, cfg, B: int, K: int):
-    """One HuggingFace recompute step on K steps of history for B rows (model call only)."""
+    """One HuggingFace recompute step on K steps of history for B rows (model call only), in the model's dtype."""
     g = torch.Generator().manual_seed(0)
-    s, a = torch.randn(B, K, cfg.state_dim, generator=g), torch.rand(B, K, cfg.act_dim, generator=g)
-    r, R = torch.zeros(B, K, 1), torch.randn(B, K, 1, generator=g)
+    dt = next(hf.parameters()).dtype
+    s, a = torch.randn(B, K, cfg.state_dim, generator=g).to(dt), torch.rand(B, K, cfg.act_dim, generator=g).to(dt)
+    r, R = torch.zeros(B, K, 1, dtype=dt), torch.randn(B, K, 1, generator=g).to(dt)
     tt = torch.arange(K).expand(B, K).contiguous()
     am = torch.ones(B, K, dtype=torch.long)
 
@@ -316,7 +328,7 @@ def hf_step(hf, cfg, B: int, K: int):
         with torch.inference_mode():
             out = hf(states=s, actions=a, rewards=r, returns_to_go=R, timesteps=tt, attention_mask=am,
                      return_dict=True)
-            return out.action_preds[:, -1].numpy()
+            return out.action_preds[:, -1].float().numpy()
     return step
 
 
@@ -334,6 +346,22 @@ def ratios(ms: dict) -> dict:
     return out
 
 
+def bf16_max_da(model, info, K: int, B: int, steps: int = 50) -> float:
+    """Largest |action difference| between the bf16 and the fp32 stream engines fed the same
+    observations and rewards for ``steps`` steps from the start of B episodes (observations drawn
+    around the data's mean, so the inputs look like the simulator's)."""
+    a32, a16 = (make_agent(model, info, "stream", precision=p) for p in ("fp32", "bf16"))
+    g = np.random.default_rng(0)
+    worst, rew = 0.0, None
+    for a in (a32, a16):
+        a.reset(B)
+    for _ in range(steps):
+        obs = (info.state_mean + info.state_std * g.normal(size=(B, len(info.state_mean)))).astype(np.float32)
+        worst = max(worst, float(np.abs(a32.act(obs, rew) - a16.act(obs, rew)).max()))
+        rew = g.normal(size=B).astype(np.float32)
+    return worst
+
+
 def policies(name: str, model, info, K: int, B: int, bc: BenchConfig, found: dict, exports: Exports | None,
              threads: int | None = None) -> dict:
     """{engine: one-step function} for every engine of the latency table at (K, B); ``threads`` goes to
@@ -341,6 +369,8 @@ def policies(name: str, model, info, K: int, B: int, bc: BenchConfig, found: dic
     mk = with_context(model, K)
     c, target = model.cfg, info.eval_targets[0]
     fns = {"stream": advanced(make_agent(mk, info, "stream"), B, K, c.state_dim)}
+    if bc.bf16:
+        fns["stream_bf16"] = advanced(make_agent(mk, info, "stream", precision="bf16"), B, K, c.state_dim)
     for fmt, cls in found.items():
         fns[fmt] = advanced(cls(exports.path(name, model, K, fmt), threads=threads), B, K, c.state_dim, target)
     fns["recompute"] = advanced(make_agent(mk, info, "recompute"), B, K, c.state_dim)
@@ -354,22 +384,30 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports: E
         res[name] = {}
         for K in contexts:
             hf = hf_model(model.cfg, K) if bc.hf else None
+            hf16 = hf_model(model.cfg, K, torch.bfloat16) if bc.hf and bc.bf16 else None
             for B in batches:
                 fns = policies(name, model, info, K, B, bc, found, exports, threads=bc.threads)
                 if hf is not None:
                     fns["hf_recompute"] = hf_step(hf, model.cfg, B, K)
+                if hf16 is not None:
+                    fns["hf_recompute_bf16"] = hf_step(hf16, model.cfg, B, K)
                 ms = median_ms(fns, bc.calls, bc.rounds)
                 streams = {p: ms[p] for p in STREAM_PATHS if p in ms}
                 best = min(streams, key=streams.get)
-                entry = {"K": K, "batch": B, "ms": ms, "ratios": ratios(ms), "best_stream": best}
+                exact = min((p for p in streams if p in EXACT_PATHS), key=streams.get)
+                entry = {"K": K, "batch": B, "ms": ms, "ratios": ratios(ms), "best_stream": best, "best_exact": exact}
                 if "hf_recompute" in ms:
                     entry["hf_over_best"] = ms["hf_recompute"] / ms[best]
+                    entry["hf_over_best_exact"] = ms["hf_recompute"] / ms[exact]
+                if "stream_bf16" in ms:
+                    entry["bf16_max_da"] = bf16_max_da(with_context(model, K), info, K, B)
                 res[name][f"K{K}_B{B}"] = entry
                 print(f"{name} K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()),
                       flush=True)
                 print("    " + ", ".join(f"{k} {v:.1f}x" for k, v in entry["ratios"].items())
-                      + (f"; HF / best stream ({best}) {entry['hf_over_best']:.1f}x" if "hf_over_best" in entry
-                         else ""), flush=True)
+                      + (f"; HF / best exact stream ({exact}) {entry['hf_over_best_exact']:.1f}x, HF / best stream "
+                         f"({best}) {entry['hf_over_best']:.1f}x" if "hf_over_best" in entry else "")
+                      + (f"; bf16 max |da| {entry['bf16_max_da']:.1e}" if "bf16_max_da" in entry else ""), flush=True)
     name, model = next(iter(models.items()))
     mk = with_context(model, contexts[0])
     for B in batches:  # stream latency versus episode step t: flat, the state does not grow
@@ -459,9 +497,13 @@ def targets(report: dict, contexts: list[int]) -> list[dict]:
         for B, goal in TARGETS.items():
             e = sec.get(f"K{contexts[0]}_B{B}")
             if e and "hf_over_best" in e:
-                out.append({"what": f"{name}: HF recompute / best stream path ({e['best_stream']}), K={contexts[0]}, "
-                                    f"batch {B}", "value": e["hf_over_best"], "goal": goal,
-                            "met": e["hf_over_best"] >= goal})
+                kinds = [("exact", "best_exact", "hf_over_best_exact")]
+                if e["best_stream"] != e["best_exact"]:
+                    kinds.append(("any precision", "best_stream", "hf_over_best"))
+                for kind, path, key in kinds:
+                    out.append({"what": f"{name}: HF recompute / best stream path, {kind} ({e[path]}), "
+                                        f"K={contexts[0]}, batch {B}", "value": e[key], "goal": goal,
+                                "met": e[key] >= goal})
     if "evaluation" in report:
         ev = report["evaluation"]
         out.append({"what": f"{ev['episodes']} Hopper episodes: sequential recompute loop / vectorised stream",

@@ -18,7 +18,7 @@ States are ``State`` objects (state.py) that declare which entries are per row, 
 ``reset_rows`` / ``select_rows`` restart or drop finished sequences without touching anything the
 batch shares.
 
-Export form (``export_form(window=None) -> ExportForm``, what agents.export puts in an ONNX /
+Export form (``export_form(window=None, chunk=1) -> ExportForm``, what agents.export puts in an ONNX /
 TorchScript graph): the stream step as a pure function, ``form(x, state, mask=None, last_only=False)
 -> (y, state)`` with ``state`` a tuple of tensors laid out by ``form.specs``. A graph is traced once
 and then replayed at every step, so an export form keeps nothing on the Python side (no clocks, no
@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .precision import check_precision
 from .state import State, StateSpec
 
 
@@ -46,6 +47,8 @@ class Attention(nn.Module):
     #: Which directions exist (Nystrom, Linformer, Reformer are bidirectional only).
     supports_causal: bool = True
     supports_bidirectional: bool = True
+    #: Matmul precisions the stream form can run (precision.py); bf16 needs fused weight snapshots.
+    stream_precisions: tuple[str, ...] = ("fp32",)
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False):
         super().__init__()
@@ -119,7 +122,7 @@ class Attention(nn.Module):
 
     # -- streaming interface (what inference engines run) ---------------------------------------
     def init_stream(self, batch: int, *, device=None, dtype=None, window: int | None = None,
-                    chunk: int = 1) -> State:
+                    chunk: int = 1, precision: str = "fp32") -> State:
         """State of the streaming form for ``batch`` sequences.
 
         ``window``: a bound the caller imposes on a mechanism whose attention is otherwise unbounded
@@ -129,9 +132,19 @@ class Attention(nn.Module):
         ``chunk``: the chunk length ``stream_step`` will usually get (the DT engine: 3), to size
         preallocated buffers; longer chunks are still correct (processed in pieces).
 
-        Default: the recurrent form's ``init_state`` (``window`` and ``chunk`` do not apply).
+        ``precision``: the matmul precision of the stream step (precision.py), one of
+        ``stream_precisions``; ``dtype`` stays the state's.
+
+        Default: the recurrent form's ``init_state`` (``window`` and ``chunk`` do not apply), fp32 only.
         """
+        self.check_stream_precision(precision)
         return self.init_state(batch, device=device, dtype=dtype)
+
+    def check_stream_precision(self, precision: str) -> None:
+        """A ValueError when this mechanism's stream form cannot run ``precision``."""
+        if check_precision(precision) not in self.stream_precisions:
+            raise ValueError(f"{type(self).__name__} streams in {' or '.join(self.stream_precisions)} only, not "
+                             f"precision={precision!r}; bf16 covers softmax and primal layers (and every block's MLP)")
 
     def stream_step(self, x: torch.Tensor, state: State, mask: torch.Tensor | None = None,
                     last_only: bool = False):
@@ -148,8 +161,9 @@ class Attention(nn.Module):
         stream already equals ``forward``."""
 
     # -- export form (what agents.export traces into a graph) ------------------------------------
-    def export_form(self, *, window: int | None = None) -> ExportForm:
-        """The pure stream step (see the module docstring); ``window`` as in ``init_stream``. A snapshot
+    def export_form(self, *, window: int | None = None, chunk: int = 1) -> ExportForm:
+        """The pure stream step (see the module docstring); ``window`` and ``chunk`` (the usual chunk
+        length, to size ring buffers) as in ``init_stream``. A snapshot
         of the weights it fuses, like a stream state. Default: none, with the reason as a ValueError."""
         if not (self.causal and self.supports_step):
             raise ValueError(f"{type(self).__name__} has no causal recurrent form (causal={self.causal}), so no "

@@ -68,7 +68,7 @@ class CosformerAttention(FeatureMapAttention):
 
         return phi(q), phi(k), fstate
 
-    def export_form(self, *, window=None):
+    def export_form(self, *, window=None, chunk=1):
         self._require_step()
         return CosformerExport(self)
 

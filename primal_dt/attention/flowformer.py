@@ -120,7 +120,7 @@ class FlowAttention(Attention):
         y = self._causal(fq, fk, v, mask, st)
         return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows=st)
 
-    def export_form(self, *, window=None):
+    def export_form(self, *, window=None, chunk=1):
         """The recurrent ``step`` itself (base.StepExport): pure, with four fixed-size running sums and S/z."""
         self._require_step()
         return StepExport(self)

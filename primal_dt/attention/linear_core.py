@@ -144,7 +144,7 @@ class FeatureMapAttention(Attention):
         y, kv = self._kv.step(fq, fk, v, mask, state["kv"], self.eps)
         return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows={"kv": kv, "feat": feat})
 
-    def export_form(self, *, window=None):
+    def export_form(self, *, window=None, chunk=1):
         """The recurrent ``step`` itself (base.StepExport): it is pure and its state (S/z and the feature
         map's statistics) has a fixed size. ``window`` does not apply."""
         self._require_step()

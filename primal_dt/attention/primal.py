@@ -42,6 +42,7 @@ from torch import nn
 
 from .base import Attention, ExportForm, check_int, check_window, static, stream_in_pieces, zero_padding
 from .prefix import PrefixState, prefix_means
+from .precision import linear, weight
 from .registry import register
 from .state import State, StateSpec
 
@@ -81,6 +82,7 @@ def evenly_spaced_rows(x: torch.Tensor, mask: torch.Tensor | None, n_max: int):
 class PrimalAttention(Attention):
     supports_step = True
     supports_window = True
+    stream_precisions = ("fp32", "bf16")
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, s: int = 32,
                  data_dependent: bool = False, rank_multi: int = 10, window: int | None = None,
@@ -207,16 +209,18 @@ class PrimalAttention(Attention):
         return y, state
 
     # -- stream form: fused running sums -------------------------------------------------------
-    def init_stream(self, batch, *, device=None, dtype=None, window=None, chunk=1):
+    def init_stream(self, batch, *, device=None, dtype=None, window=None, chunk=1, precision="fp32"):
         """Fused stream state (see the module docstring). ``window`` and ``chunk`` do not apply: the
         state is O(H d_head) without this layer's own window, a ring of that window with it. The
-        state holds the fused weights, a snapshot: build a new stream after the weights change."""
+        state holds the fused weights, a snapshot: build a new stream after the weights change
+        (``precision="bf16"``: the two matmul weights in bfloat16, sums and biases in ``dtype``)."""
         self._require_fusable()
+        self.check_stream_precision(precision)
         dtype = dtype or self.qk.weight.dtype
         D = self.d_model
         M, bias = self._fused_readout(dtype)
-        shared = {"wqk": self.qk.weight.detach(), "bqk": None if self.qk.bias is None else self.qk.bias.detach(),
-                  "M": M, "bias": bias}
+        shared = {"wqk": weight(self.qk.weight, precision), "bqk": weight(self.qk.bias, "fp32"),
+                  "M": weight(M, precision), "bias": bias}
         if self.window is None:
             return State(rows={"sum": torch.zeros(batch, 2 * D, device=device, dtype=dtype)}, shared=shared)
         shared["pos"] = 0  # the rows' common clock: ring slot of the next token
@@ -265,7 +269,7 @@ class PrimalAttention(Attention):
         """Running sums of q|k [B, T, 2D] -> outputs [B, T, D]: normalise per head, one fused matmul."""
         T = static(sums.shape[1])  # every size but the batch a constant, also when traced for export
         f = F.normalize(sums.view(-1, T, 2 * self.n_heads, self.d_head), dim=-1, eps=1e-12)
-        return F.linear(f.view(-1, T, 2 * self.d_model), sh["M"], sh["bias"])
+        return linear(f.view(-1, T, 2 * self.d_model), sh["M"], sh["bias"])
 
     def _stream_sums(self, h, total, sh, m, last_only: bool):
         B, C, _ = h.shape
@@ -274,12 +278,12 @@ class PrimalAttention(Attention):
                 hs, n = h.sum(1, keepdim=True), float(C)
             else:
                 hs, n = torch.bmm(m.unsqueeze(1), h), m.sum(1).view(B, 1, 1)
-            qk = F.linear(hs, sh["wqk"])
+            qk = linear(hs, sh["wqk"])
             if sh["bqk"] is not None:
                 qk = qk + n * sh["bqk"]
             total.add_(qk[:, 0])
             return self._stream_readout(total.view(B, 1, -1), sh)
-        qk = F.linear(h, sh["wqk"], sh["bqk"])
+        qk = linear(h, sh["wqk"], sh["bqk"])
         if m is not None:
             qk = qk * m.unsqueeze(-1)
         sums = torch.cumsum(qk, 1).add_(total.unsqueeze(1))
@@ -289,7 +293,7 @@ class PrimalAttention(Attention):
     def _stream_ring(self, h, rows, sh, m, last_only: bool):
         C = h.shape[1]
         ring, S, p0, cap = rows["ring"], rows["S"], sh["pos"], self.window
-        qk = F.linear(h, sh["wqk"], sh["bqk"])
+        qk = linear(h, sh["wqk"], sh["bqk"])
         if m is not None:
             qk = qk * m.unsqueeze(-1)
         slots = [(p0 + i) % cap for i in range(C)]
@@ -304,7 +308,7 @@ class PrimalAttention(Attention):
         return self._stream_readout(sums[:, -1:] if last_only else sums, sh)
 
     # -- export form: the fused form, pure ---------------------------------------------------------
-    def export_form(self, *, window=None):
+    def export_form(self, *, window=None, chunk=1):
         """``PrimalExport`` (``window`` does not apply, as in ``init_stream``)."""
         self._require_fusable()
         return PrimalExport(self)

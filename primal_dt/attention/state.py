@@ -33,11 +33,16 @@ import torch
 class StateSpec:
     """One tensor of an export form's state: its ``name``, its ``shape`` per row (the batch axis, first,
     is left out because a graph takes any batch) and ``dtype``. Every entry starts at zero, and a
-    restarted row goes back to zero (as ``State.reset_rows`` does), so no initial value is stored."""
+    restarted row goes back to zero (as ``State.reset_rows`` does), so no initial value is stored; an
+    entry ``masked_by`` a flag only needs its flag to go back to zero."""
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
+    masked_by: str = ""
+    """the name of a bool entry of the same state that marks where this one holds anything: where it is
+    False this entry is never read, so a restart zeroes the flag and leaves this entry as it is (a softmax
+    layer's keys and values: zeroing them would copy the whole cache at every step of a graph)"""
 
     def zeros(self, batch: int, device=None) -> torch.Tensor:
         return torch.zeros(batch, *self.shape, dtype=self.dtype, device=device)

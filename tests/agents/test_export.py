@@ -16,10 +16,14 @@ the layers that cannot be exported."""
 from __future__ import annotations
 
 import hashlib
+import io
+import warnings
 from importlib.metadata import version
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -233,6 +237,91 @@ def test_artefacts_hold_the_whole_step_with_no_python_side_state(trained, artefa
     np.testing.assert_allclose(b.act(obs[0, :1]), a.act(obs[0])[:1], atol=1e-5, rtol=0)
 
 
+def onnx_session(model_or_path):
+    source = model_or_path if isinstance(model_or_path, (str, Path)) else model_or_path.SerializeToString()
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    return ort.InferenceSession(str(source) if isinstance(source, Path) else source, opts,
+                                providers=["CPUExecutionProvider"])
+
+
+def graph_inputs(meta, B, g, reset, fill=0.0):
+    """A feed for the ONNX step: random observations and rewards, every state tensor at ``fill``."""
+    dtypes = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "bool": np.bool_}
+    feed = {"observation": g.normal(size=(B, 11)).astype(np.float32), "reward": g.uniform(0, 3, B).astype(np.float32),
+            "reset": reset, "target": np.full(B, 3600.0, np.float32)}
+    for s in meta["state"]:
+        dtype = dtypes[s["dtype"]]
+        value = (fill != 0) if dtype is np.bool_ else (7 if dtype is np.int64 and fill else fill)
+        feed["state." + s["name"]] = np.full([B, *s["shape"][1:]], value, dtype)
+    return feed
+
+
+def test_the_onnx_graph_restarts_rows_inside_an_if_that_other_steps_skip(artefacts):
+    """Only the If on "any row restarts" reads the state inputs that a restart zeroes (so steps without a
+    restart skip its operators); a softmax ring's keys and values bypass it (their zeroed validity flags
+    hide them). A restarted row acts as a fresh one whatever its state held: NaN in what is zeroed, any
+    finite values in the keys and values."""
+    path = artefacts["windowed"][0]
+    graph = onnx.load(str(path)).graph
+    sess, meta = onnx_session(path), read_metadata(path)
+    masked = {s["name"] for s in meta["state"] if s.get("masked_by")}
+    assert masked == {f"layer{i}.{x}" for i in (0, 1) for x in "kv"}  # softmax, softmax, windowed primal
+    readers = [(n.op_type, [x for x in n.input if x.startswith("state.")]) for n in graph.node]
+    assert [op for op, xs in readers if xs and any(x.removeprefix("state.") not in masked for x in xs)] == []
+    assert {x.removeprefix("state.") for _, xs in readers for x in xs} == masked  # the ring: read directly
+    assert [n.op_type for n in graph.node].count("If") == 1
+    dirty = graph_inputs(meta, 3, np.random.default_rng(0), np.ones(3, bool), fill=np.nan)
+    for name in masked:
+        dirty["state." + name][:] = 7.0
+    fresh = graph_inputs(meta, 3, np.random.default_rng(0), np.zeros(3, bool))
+    assert np.isnan(dirty["state.layer2.ring"]).all() and dirty["state.t"].tolist() == [7, 7, 7]
+    names = ["action", *(s["name"] for s in meta["state"])]
+    got = dict(zip(names, sess.run(None, dirty)))
+    want = dict(zip(names, sess.run(None, fresh)))
+    for name in names:
+        if name in masked:  # equal where the ring holds anything (the slots written at this step)
+            valid = want[meta_flag(meta, name)].astype(bool)
+            np.testing.assert_array_equal(got[name].transpose(0, 2, 1, 3)[valid], want[name].transpose(0, 2, 1, 3)[valid])
+        else:
+            np.testing.assert_array_equal(got[name], want[name])
+
+
+def meta_flag(meta, name: str) -> str:
+    return next(s["masked_by"] for s in meta["state"] if s["name"] == name)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_the_onnx_graph_gives_the_bits_of_one_trace_of_the_whole_step(name, trained, artefacts):
+    """The exported model (restart in an If, two traces) computes what a single trace of
+    ``StreamStep.forward`` computes on onnxruntime, to the bit, at steps with and without restarts."""
+    ck = dt_checkpoint.load(trained[name])
+    step = StreamStep(ck.build_model(), ck.data)
+    meta = read_metadata(artefacts[name][0])
+    states = [s["name"] for s in meta["state"]]
+    inputs = ["observation", "reward", "reset", "target", *("state." + n for n in states)]
+    outputs = ["action", *("next_state." + n for n in states)]
+    example = graph_inputs(meta, 2, np.random.default_rng(0), np.zeros(2, bool))
+    buf = io.BytesIO()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes
+        torch.onnx.export(step, tuple(torch.from_numpy(example[n]) for n in inputs), buf, dynamo=False,
+                          input_names=inputs, output_names=outputs, opset_version=17, do_constant_folding=True,
+                          dynamic_axes={n: {0: "batch"} for n in inputs + outputs})
+    whole, exported = onnx_session(onnx.load_from_string(buf.getvalue())), onnx_session(artefacts[name][0])
+    g = np.random.default_rng(1)
+    feed = graph_inputs(meta, 4, g, np.ones(4, bool))
+    for t in range(12):
+        feed["reset"] = np.array([t == 0, t == 5, t in (0, 8), t == 0])
+        a = exported.run(None, {i.name: feed[i.name] for i in exported.get_inputs()})
+        b = whole.run(None, {i.name: feed[i.name] for i in whole.get_inputs()})
+        for x, y, out in zip(a, b, outputs):
+            np.testing.assert_array_equal(x, y, err_msg=f"{out} at step {t}: onnxruntime optimises the exported "
+                                          "model unlike the single trace (a fusion? see agents.export._onnx_model)")
+        feed.update(zip(("state." + n for n in states), a[1:]))
+        feed.update(observation=g.normal(size=(4, 11)).astype(np.float32), reward=g.uniform(0, 3, 4).astype(np.float32))
+
+
 # -- metadata -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
@@ -255,9 +344,11 @@ def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
         {"name": "prev_action", "shape": ["batch", 3], "dtype": "float32", "initial": 0,
          "what": "the action of the previous step (a_{t-1})"}]
     by_name = {s["name"]: s for s in meta["state"]}
-    # windowed primal (layer 2): a ring of its 10 positions and their float64 sum; softmax (window 7): 6 cached
+    # windowed primal (layer 2): a ring of its 10 positions and their float64 sum; softmax (window 7): a ring of
+    # 7 + 3 - 1 key/value slots (the step's three tokens) and its phase
     assert by_name["layer2.ring"]["shape"] == ["batch", 10, 64] and by_name["layer2.S"]["dtype"] == "float64"
-    assert by_name["layer0.k"]["shape"] == ["batch", 2, 6, 16] and by_name["layer0.valid"]["dtype"] == "bool"
+    assert by_name["layer0.k"]["shape"] == ["batch", 2, 9, 16] and by_name["layer0.valid"]["dtype"] == "bool"
+    assert by_name["layer0.pos"]["shape"] == ["batch"] and by_name["layer0.pos"]["dtype"] == "int64"
     if fmt == "onnx":  # the graph's own inputs say the same
         sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         inputs = {i.name: i for i in sess.get_inputs()}

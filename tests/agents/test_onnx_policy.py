@@ -133,6 +133,44 @@ def test_returned_actions_are_the_callers_to_change(exported):
         np.testing.assert_array_equal(p.act(obs), q.act(obs))
 
 
+def test_steps_are_the_graphs_own_run_bit_for_bit(exported):
+    """``act`` runs the graph through I/O bindings over two swapping sets of state arrays: its actions
+    are those of ``session.run`` with the state threaded by hand, to the bit, through restarts, rows
+    leaving (the bindings are remade), a missing reward and an observation that is neither float32
+    nor contiguous."""
+    policy = OnnxPolicy(exported[1])
+    session, meta = policy.session, policy.metadata
+    names = [s["name"] for s in meta["state"]]
+    dtypes = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "bool": np.bool_}
+    g = np.random.default_rng(1)
+    B = 4
+    state = {n: np.zeros([B, *s["shape"][1:]], dtypes[s["dtype"]]) for n, s in zip(names, meta["state"])}
+    reset, target = np.ones(B, bool), np.full(B, 3600.0, np.float32)
+    policy.reset(B)
+    reward = None
+    for t in range(30):
+        if t == 9:
+            done = np.array([0, 1, 1, 0][:B], bool)
+            policy.reset_done(done, target=1800.0)
+            reset |= done
+            target[done] = 1800.0
+        if t in (14, 21):
+            keep = np.arange(B) != 1
+            policy.keep_rows(keep)
+            state = {n: v[keep] for n, v in state.items()}
+            reset, target, B = reset[keep], target[keep], B - 1
+            reward = reward[keep]
+        obs = np.asfortranarray(g.normal(size=(B, 11)))  # float64, column-major
+        r = np.zeros(B, np.float32) if reward is None else reward.astype(np.float32)
+        feed = {"observation": obs.astype(np.float32), "reward": r, "reset": reset, "target": target,
+                **{"state." + n: v for n, v in state.items()}}
+        action, *nxt = session.run(None, {i.name: feed[i.name] for i in session.get_inputs()})
+        state, reset = dict(zip(names, nxt)), np.zeros(B, bool)
+        got = policy.act(obs, reward)
+        np.testing.assert_array_equal(got, action, err_msg=f"step {t}")
+        reward = None if t == 17 else g.uniform(0, 3, size=B)
+
+
 def test_threads_and_metadata(exported):
     p = OnnxPolicy(exported[1], threads=2)
     assert p.session.get_session_options().intra_op_num_threads == 2

@@ -82,3 +82,58 @@ def test_stream_equals_recompute_with_the_full_history(case, layout_cases, tiny_
     a, b = make_agent(m, "stream"), make_agent(m, "recompute", context=obs.shape[0])
     a.reset(3), b.reset(3)
     np.testing.assert_allclose(run_agent(a, obs, rew), run_agent(b, obs, rew), atol=1e-5, rtol=0)
+
+
+# -- precision="bf16": not exact, bounded -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def trained_run(hopper_file, tmp_path_factory):
+    """A primal+dt checkpoint (softmax layers under a primal top layer) trained by the real trainer."""
+    from primal_dt.train import run
+
+    out = tmp_path_factory.mktemp("bf16")
+    return run(["preset=smoke", "progress=false", "model=primal+dt", "model.d_model=64", "model.n_heads=4",
+                "model.n_layers=3", "model.s=8", "K=5", "batch_size=8", "warmup_steps=5", "steps=40", "threads=1",
+                "tensorboard=false", "eval.every=0", "eval.final_episodes=0", "checkpoint_every=40",
+                f"data_source=d4rl:{hopper_file}", f"out={out}"])["run_dir"]
+
+
+def test_bf16_agent_stays_close_to_the_exact_one_over_a_hopper_episode(trained_run):
+    """Real Hopper-v5, 400 steps, both agents fed the observations and rewards the exact agent's own actions
+    produce: bf16's actions differ (it is engaged) by at most a few bf16 roundings, at the end as at the start."""
+    import gymnasium as gym
+
+    from agents import load_agent
+
+    exact, half = load_agent(trained_run), load_agent(trained_run, precision="bf16")
+    assert half.precision == "bf16" and exact.precision == "fp32"
+    env = gym.make("Hopper-v5", terminate_when_unhealthy=False, max_episode_steps=400)
+    obs, _ = env.reset(seed=3)
+    exact.reset(1), half.reset(1)
+    reward, diffs = None, []
+    for _ in range(400):
+        a, b = exact.act(obs[None], reward), half.act(obs[None], reward)
+        diffs.append(float(np.abs(a - b).max()))
+        obs, r, *_ = env.step(a[0])
+        reward = np.array([r], dtype=np.float32)
+    env.close()
+    diffs = np.array(diffs)
+    assert diffs.max() > 0, "bf16 gave bit-identical actions: the bf16 path did not run"
+    assert diffs.max() < 2e-2 and diffs.mean() < 5e-3, (diffs.max(), diffs.mean())
+    assert diffs[-100:].mean() < 3 * diffs[:100].mean() + 1e-3  # nothing builds up over the episode
+
+
+def test_bf16_agent_checks_and_travels(trained_run):
+    import pickle
+
+    from agents import load_agent
+
+    with pytest.raises(ValueError, match="precision='bf16' applies to engine='stream' only"):
+        load_agent(trained_run, engine="recompute", precision="bf16")
+    with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'int8'"):
+        load_agent(trained_run, precision="int8")
+    agent = load_agent(trained_run, precision="bf16")
+    twin = pickle.loads(pickle.dumps(agent))  # how an evaluation lane receives its agent
+    assert twin.precision == "bf16"
+    obs = np.random.default_rng(0).normal(size=(4, 11)).astype(np.float32)
+    agent.reset(4), twin.reset(4)
+    np.testing.assert_array_equal(agent.act(obs), twin.act(obs))

@@ -1,8 +1,11 @@
 """eval.report on real (tiny) training runs: grouping over seeds, the statistics against their
-formulas, runs kept apart when their configs differ, unfinished runs left out, files and plots."""
+formulas (scores and the held-out validation MSE), runs kept apart when their configs differ, runs
+without validation (older ones) reported with a blank cell, unfinished runs left out, files and plots."""
 
 import csv
+import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,6 +60,73 @@ def test_table_is_mean_std_and_t_interval_over_seeds(runs, tmp_path):
         with (tmp_path / "rep" / f"scores-{target}.csv").open() as f:
             csv_rows = {r["model"]: r for r in csv.DictReader(f)}
         assert float(csv_rows["primal+dt"]["mean"]) == pytest.approx(row["mean"])
+
+
+def test_validation_mse_is_beside_the_scores_as_mean_and_t_interval_over_seeds(runs, tmp_path):
+    root, summaries, _ = runs
+    res = report.report([str(root)], tmp_path / "rep")
+    md = Path(res["markdown"]).read_text()
+    vals = [summaries[("primal+dt", s)]["validation"]["action_mse"] for s in (0, 1)]
+    assert all(v > 0 for v in vals) and vals[0] != vals[1]  # two seeds, two held-out splits and models
+    mean, sd = sum(vals) / 2, math.sqrt(sum((v - sum(vals) / 2) ** 2 for v in vals))
+    for target in ("target3600", "target1800"):
+        rows = {r["model"]: r for r in res["rows"][target]}
+        row = rows["primal+dt"]
+        assert row["val_seeds"] == 2
+        assert row["val_mse"] == pytest.approx(mean) and row["val_mse_std"] == pytest.approx(sd)
+        assert row["val_mse_ci95"] == pytest.approx(12.706 * sd / math.sqrt(2), rel=1e-3)
+        one = rows["dt (lr=0.0005)"]  # one seed: its own value, no interval
+        assert one["val_seeds"] == 1 and one["val_mse"] == summaries[("dt-lr", 0)]["validation"]["action_mse"]
+        assert math.isnan(one["val_mse_ci95"])
+        with (tmp_path / "rep" / f"scores-{target}.csv").open() as f:
+            csv_rows = {r["model"]: r for r in csv.DictReader(f)}
+        assert float(csv_rows["primal+dt"]["val_mse"]) == pytest.approx(mean)
+        assert float(csv_rows["primal+dt"]["val_mse_ci95"]) == pytest.approx(row["val_mse_ci95"])
+        assert csv_rows["primal+dt"]["val_seeds"] == "2"
+        # the markdown row: the scores' cells, then the validation cell
+        line = next(x for x in md.split(f"target {target.removeprefix('target')}")[1].splitlines()
+                    if x.startswith("| hopper-medium | primal+dt |"))
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[4] == f"{row['mean']:.1f}" and cells[8] == f"{mean:.3g} +- {row['val_mse_ci95']:.2g}"
+    assert md.count("| paper | val action MSE |") == 2
+
+
+def as_older_run(run_dir: Path, dest: Path, how: str) -> Path:
+    """A copy of a real run whose summary.json has no validation: ``missing`` as written before
+    validation existed, ``null`` as a run trained with val_fraction=0 writes it."""
+    shutil.copytree(run_dir, dest)
+    summary = json.loads((dest / "summary.json").read_text())
+    if how == "missing":
+        del summary["validation"]
+    else:
+        summary["validation"] = None
+    (dest / "summary.json").write_text(json.dumps(summary))
+    return dest
+
+
+def test_runs_without_validation_leave_the_cell_blank_or_are_counted_out(runs, tmp_path):
+    _, summaries, _ = runs
+    old = tmp_path / "old"
+    for seed, how in ((0, "missing"), (1, "null")):
+        as_older_run(Path(summaries[("dt", seed)]["run_dir"]), old / f"dt-{seed}", how)
+    mixed = as_older_run(Path(summaries[("primal+dt", 0)]["run_dir"]), old / "primal+dt-0", "missing")
+    res = report.report([str(old), summaries[("primal+dt", 1)]["run_dir"]], tmp_path / "rep")
+    rows = {r["model"]: r for r in res["rows"]["target3600"]}
+    assert set(rows) == {"dt", "primal+dt"} and res["runs"] == 4
+    blank = rows["dt"]  # no run of the group has one: blank, the scores as before
+    assert blank["seeds"] == 2 and blank["val_seeds"] == 0 and blank["val_mse"] is None
+    assert blank["mean"] == pytest.approx(statistics.fmean(
+        summaries[("dt", s)]["final"]["target3600"]["normalized_mean"] for s in (0, 1)))
+    part = rows["primal+dt"]  # one seed of two has one: its value, and the count
+    assert part["seeds"] == 2 and part["val_seeds"] == 1 and mixed.exists()
+    assert part["val_mse"] == summaries[("primal+dt", 1)]["validation"]["action_mse"]
+    md = Path(res["markdown"]).read_text()
+    assert "| dt | 2 | 6 |" in md and next(x for x in md.splitlines() if "| dt | 2 |" in x).endswith("|  |")
+    assert f"| {part['val_mse']:.3g} (1 of 2 seeds) |" in md
+    with (tmp_path / "rep" / "scores-target3600.csv").open() as f:
+        csv_rows = {r["model"]: r for r in csv.DictReader(f)}
+    assert csv_rows["dt"]["val_mse"] == csv_rows["dt"]["val_mse_ci95"] == "" and csv_rows["dt"]["val_seeds"] == "0"
+    assert float(csv_rows["dt"]["mean"]) == pytest.approx(blank["mean"])
 
 
 def test_runs_differing_in_config_are_not_averaged_and_the_report_says_why(runs, tmp_path):

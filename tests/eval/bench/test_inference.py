@@ -8,7 +8,8 @@ import pytest
 
 from primal_dt import runtime
 
-STREAM_PATHS = ("stream", "onnx", "torchscript")
+STREAM_PATHS = ("stream", "stream_bf16", "onnx", "torchscript")
+EXACT_PATHS = ("stream", "onnx", "torchscript")
 
 
 def exported_available() -> bool:
@@ -25,7 +26,7 @@ def exported_available() -> bool:
 def check_latency_entry(e: dict, K: int, B: int, hf: bool) -> None:
     ms = e["ms"]
     assert (e["K"], e["batch"]) == (K, B)
-    expected = {"stream", "recompute"} | ({"hf_recompute"} if hf else set())
+    expected = {"stream", "stream_bf16", "recompute"} | ({"hf_recompute", "hf_recompute_bf16"} if hf else set())
     if exported_available():
         expected |= {"onnx", "torchscript"}
     assert set(ms) == expected and all(v > 0 for v in ms.values())
@@ -34,10 +35,15 @@ def check_latency_entry(e: dict, K: int, B: int, hf: bool) -> None:
         slow, fast = name.split("/")
         assert math.isclose(value, ms[slow] / ms[fast], rel_tol=1e-9), name
     streams = {p: ms[p] for p in STREAM_PATHS if p in ms}
+    exact = {p: v for p, v in streams.items() if p in EXACT_PATHS}
     assert e["best_stream"] == min(streams, key=streams.get)
+    assert e["best_exact"] == min(exact, key=exact.get)
     assert {f"recompute/{p}" for p in streams} <= set(e["ratios"])
     if hf:
         assert math.isclose(e["hf_over_best"], ms["hf_recompute"] / min(streams.values()), rel_tol=1e-9)
+        assert math.isclose(e["hf_over_best_exact"], ms["hf_recompute"] / min(exact.values()), rel_tol=1e-9)
+    # bf16 is not exact, so the bench measures how far its actions are from fp32's: a few 1e-3 at most
+    assert 0 < e["bf16_max_da"] < 5e-2
 
 
 @pytest.mark.slow
@@ -86,6 +92,7 @@ def test_bench_reports_every_engine_section_and_ratio(tmp_path, tiny_dt, dt_chec
     # the targets block restates the figures above
     by_what = {t["what"]: t for t in rep["targets"]}
     assert any(t["value"] == ev["speedup"] for t in by_what.values())
+    assert {t["what"] for t in rep["targets"] if ", exact (" in t["what"]}, "no target on the exact paths"
     for line in ("HF recompute / best stream path", "sequential recompute loop / vectorised stream"):
         assert line in p.stdout
 
@@ -102,7 +109,8 @@ def test_evaluation_only_and_latency_only_runs(tmp_path, tiny_dt, dt_checkpoint_
     assert set(rep["evaluation"]["vectorized_by_layout_s"]) == {"lanes=2 process"}
     out = tmp_path / "b.json"
     p = run_cli("eval.bench.inference", f"checkpoint={ck}", "sizes=", "batches=2", "contexts=3", "ts=2", "calls=1",
-                "rounds=1", "hf=false", "exported=false", "thread_table=false", "episodes=0", f"json={out}")
+                "rounds=1", "hf=false", "exported=false", "bf16=false", "thread_table=false", "episodes=0",
+                f"json={out}")
     assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads(out.read_text())
     assert rep["sizes"] == ["16x2"] and "evaluation" not in rep  # no sizes: the checkpoint's own

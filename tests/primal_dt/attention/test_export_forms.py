@@ -130,6 +130,37 @@ def test_a_zeroed_row_restarts_like_a_fresh_sequence(case):
     torch.testing.assert_close(got[1, t_reset:][real], fresh[0][real], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("last_only", [False, True], ids=["all-tokens", "last-only"])
+@pytest.mark.parametrize("case", ["softmax", "softmax-w4", "softmax-w1"])
+def test_the_softmax_export_ring_takes_any_chunking(case, last_only):
+    """The export ring is sized for chunks of three tokens and each row keeps its own phase: shorter chunks
+    write it at other phases (rows then sit at different phases in one batch, here after a restart), and
+    longer ones go in pieces; every chunking streams what the stream form streams."""
+    a = make(case)
+    form = a.export_form(window=ENGINE_WINDOW)
+    x, mask = dt_like(seed=5)
+    sizes = [1, 2, 3, 5, 1, 3, 7, 2, 3, 3]  # T = 30 tokens: the rings (9, 6, 3 slots) wrap at every offset
+    restart_at, row = 6, 2  # after chunks of 1, 2, 3 tokens: row 2 starts over at phase 0, the others at 6
+    with torch.no_grad():
+        st, state, ref, got, t = a.init_stream(B, window=ENGINE_WINDOW, chunk=CHUNK), form.init(B), [], [], 0
+        for n in sizes:
+            if t == restart_at:
+                rows = torch.arange(B) == row
+                a.reset_rows(st, rows)
+                state = tuple(torch.where(rows.view(-1, *[1] * (s.dim() - 1)), torch.zeros_like(s), s) for s in state)
+            xs, ms = x[:, t:t + n], mask[:, t:t + n]
+            y, st = a.stream_step(xs, st, ms, last_only)
+            ref.append(y)
+            y, state = form(xs, state, ms, last_only)
+            got.append(y)
+            t += n
+    if last_only:
+        torch.testing.assert_close(torch.cat(got, 1), torch.cat(ref, 1), atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(torch.cat(got, 1)[mask], torch.cat(ref, 1)[mask], atol=1e-5, rtol=1e-5)
+    assert state[3].tolist() == [30 % form.slots, 30 % form.slots, (30 - restart_at) % form.slots]
+
+
 def test_export_form_takes_any_batch():
     a = make("primal-w5")
     form = a.export_form()
