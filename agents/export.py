@@ -42,9 +42,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import sys
-import tempfile
 import warnings
 import dataclasses
 from dataclasses import dataclass
@@ -53,6 +51,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from primal_dt import checkpoint as ck_io
 from primal_dt import runtime
 from primal_dt.attention.state import StateSpec
 
@@ -264,17 +263,8 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
     meta = metadata(step, ck, None if path is None else sha256_file(path),
                     ck.origin if path is None else str(path), format)
     data = (_onnx_bytes if format == "onnx" else _torchscript_bytes)(step, meta)
-    with runtime.writing(out, f"exported {format} policy"):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    return out
+    ck_io.remove_stale_temps(out.parent, names=(out.name,))  # a killed export's temporary file
+    return ck_io.write_atomic(out, data, f"exported {format} policy")
 
 
 def _example(step: StreamStep, batch: int = 2):

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 import envs
 from primal_dt import checkpoint as ck_io
-from primal_dt import runtime, train_config
+from primal_dt import lock, runtime, train_config
 from primal_dt.monitor import EpisodeBar, RunMonitor, run_dir
 from primal_dt.runtime import Dist, SetupError, WriteError
 from primal_dt.train_config import Built, TrainConfig
@@ -264,7 +264,8 @@ def next_batch(run: Run, reach: int | None) -> dict:
 # -- the run directory --------------------------------------------------------------------------------
 def open_run_dir(run: Run) -> None:
     """Give a new run its directory (rank 0 creates it exclusively, the others learn its name), or
-    check a resumed run's is writable; then remove temporary files that killed checkpoint writes
+    check a resumed run's is writable; rank 0 holds it (``lock``: a second process resuming the same
+    run is refused, naming this one); then remove temporary files that killed checkpoint writes
     left behind (in a resumed run's directory, or its siblings' for a new run), so they do not pile
     up. Before any training step, so an unwritable ``out`` costs nothing."""
     cfg, d = run.cfg, run.dist
@@ -273,10 +274,13 @@ def open_run_dir(run: Run) -> None:
         if d.world > 1:
             torch.distributed.broadcast_object_list(name, src=0)
         run.out = Path(name[0])
+        if d.main:
+            lock.hold(run.out)
         stale = ck_io.remove_stale_temps(*run.out.parent.iterdir()) if d.main else []
     else:
         if d.main:
             runtime.check_writable(run.out, "run directory")
+            lock.hold(run.out)
         stale = ck_io.remove_stale_temps(run.out, own=True) if d.main else []
     if stale:
         print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint writes: "
@@ -305,6 +309,8 @@ def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
     except WriteError as err:
         raise WriteError(f"{err}. Nothing else was lost: {kept(run)}; make room (or fix the permissions) and "
                          f"continue with: python -m primal_dt.train resume={run.out}") from err
+    finally:
+        lock.release(run.out)
 
 
 def _train(run: Run, evaluator: Evaluator) -> dict:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import glob
-import json
+import io
 import math
 import statistics
 import sys
@@ -36,9 +36,11 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agents import dt_checkpoint
-from primal_dt import presets, train_config
+from agents import dt_checkpoint, training_log
+from primal_dt import checkpoint as ck_io
+from primal_dt import presets, runtime, train_config
 from primal_dt.cli import option
+from primal_dt.monitor import save_figure
 
 # Options that do not change what a run learns (or only how it is launched and logged).
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
@@ -102,10 +104,9 @@ def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
 
 
 def load_run(d: Path) -> Run:
-    try:
-        summary = json.loads((d / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{d / 'summary.json'} could not be read ({err}); was the run's directory edited?") from err
+    """The run in ``d``; a ValueError naming the file and what is wrong with it (the summary is checked
+    against the schema training writes it with, ``training_log.check_summary``)."""
+    summary = training_log.read_summary(d / "summary.json")
     if not summary.get("final"):
         raise ValueError(f"{d}: the run finished without a final evaluation (eval.final_episodes=0); "
                          "nothing to report")
@@ -113,10 +114,11 @@ def load_run(d: Path) -> Run:
     curves = {}
     for tag, pts in (ck.training.history if ck.training else {}).items():
         if tag.startswith("eval/normalized/"):
-            curves[tag.rsplit("/", 1)[1]] = sorted((int(s), float(v)) for s, v in pts)
+            curves[tag.rsplit("/", 1)[1]] = sorted((int(s), float(v)) for s, v in pts if math.isfinite(v))
     for tag, r in summary["final"].items():  # the final evaluation ends each curve
         pts = [p for p in curves.get(tag, []) if p[0] < summary["steps"]]
-        curves[tag] = pts + [(int(summary["steps"]), float(r["normalized_mean"]))]
+        end = [(summary["steps"], float(r["normalized_mean"]))] if math.isfinite(r["normalized_mean"]) else []
+        curves[tag] = pts + end
     try:  # through the config's reader: options added since the run was written take their defaults
         config = dataclasses.asdict(train_config.from_dict(ck.config))
     except ValueError:
@@ -166,14 +168,16 @@ def stats(values: list[float]) -> dict:
 
 
 def score_rows(groups: list[Group], target: str) -> list[dict]:
+    """One row per group with a finite score for ``target``; NaN and inf scores (and MSEs) are left out
+    of the averages (``nonfinite`` lists them for the report to flag)."""
     rows = []
     for g in groups:
         vals = [r.final[target]["normalized_mean"] for r in g.runs if target in r.final]
-        if not vals:
+        if not any(map(math.isfinite, vals)):
             continue
-        s = stats(vals)
+        s = stats([v for v in vals if math.isfinite(v)])
         base = g.model.split(" (")[0]
-        mses = [r.val_mse for r in g.runs if target in r.final and r.val_mse is not None]
+        mses = [r.val_mse for r in g.runs if target in r.final and r.val_mse is not None and math.isfinite(r.val_mse)]
         v = stats(mses) if mses else {"mean": None, "std": None, "ci95": None, "n": 0}
         rows.append({"dataset": g.env, "model": g.model, "seeds": s["n"],
                      "steps": "/".join(str(x) for x in sorted({r.steps for r in g.runs})),
@@ -216,10 +220,12 @@ CSV_COLUMNS = ["dataset", "model", "seeds", "steps", "mean", "std", "ci95", "pap
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    text = io.StringIO(newline="")
+    w = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    ck_io.write_atomic(path, text.getvalue(), "report's score table")
+
 
 
 def _band(runs: list[Run], target: str):
@@ -256,9 +262,10 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
             ax.legend(fontsize=8)
     fig.suptitle("Evaluation during training: mean and +- 1 std over seeds")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    try:
+        return save_figure(fig, path, "report's learning curves")
+    finally:
+        plt.close(fig)
 
 
 def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
@@ -290,36 +297,61 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    try:
+        return save_figure(fig, path, "report's bar chart")
+    finally:
+        plt.close(fig)
+
+
+def nonfinite(runs: list[Run]) -> list[str]:
+    """A note for each NaN or inf score or validation MSE: such runs are left out of that average, never
+    counted as numbers."""
+    notes = [f"{r.path}: final score for {t} is {v['normalized_mean']}, not averaged"
+             for r in runs for t, v in r.final.items() if not math.isfinite(v["normalized_mean"])]
+    return notes + [f"{r.path}: validation MSE is {r.val_mse}, not averaged"
+                    for r in runs if r.val_mse is not None and not math.isfinite(r.val_mse)]
 
 
 def report(patterns: list[str], out: str | Path = "report") -> dict:
-    """Write the tables and plots for the runs matched by ``patterns``; returns what was written."""
+    """Write the tables and plots for the runs matched by ``patterns``; returns what was written. A run
+    whose files cannot be read or are not what training writes is left out with a line naming the file
+    and what is wrong; a file that cannot be written is one ``WriteError`` (no partial file is left)."""
     finished, unfinished = find_runs(patterns)
     if not finished:
         raise ValueError(f"no finished run (a directory with summary.json) under {', '.join(patterns)}"
                          + (f"; {len(unfinished)} unfinished: resume them first" if unfinished else ""))
-    runs = [load_run(d) for d in finished]
+    runs, skipped = [], []
+    for d in finished:
+        try:
+            runs.append(load_run(d))
+        except (ValueError, FileNotFoundError) as err:
+            print(f"skipped: {err}", file=sys.stderr, flush=True)
+            skipped.append(str(err))
+    if not runs:
+        raise ValueError(f"none of the {len(finished)} finished run(s) could be reported (see the lines above)")
     groups, notes = group_runs(runs)
+    notes += nonfinite(runs)
     targets = sorted({t for r in runs for t in r.final}, key=lambda t: -float(t.removeprefix("target")))
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    with runtime.writing(out, "report directory (nothing was written)"):
+        out.mkdir(parents=True, exist_ok=True)
     rows = {t: score_rows(groups, t) for t in targets}
+    if not any(rows.values()):
+        raise ValueError("no run has a finite final score: " + "; ".join(notes))
     md = [f"# Report: {len(runs)} runs in {len(groups)} groups", ""]
     md += [f"- note: {n}" for n in notes]
     md += [f"- left out (unfinished, no summary.json): {d}" for d in unfinished]
+    md += [f"- left out (unreadable): {e}" for e in skipped]
     for t in targets:
         md += ["", markdown(rows[t], t)]
         write_csv(rows[t], out / f"scores-{t}.csv")
     md += ["", "![learning curves](curves.png)", "", "![final scores](scores.png)", ""]
-    (out / "scores.md").write_text("\n".join(md))
+    ck_io.write_atomic(out / "scores.md", "\n".join(md), "report's tables")
     curves = plot_curves(groups, targets, out / "curves.png")
-    bars = plot_bars(rows, out / "scores.png")
+    bars = plot_bars({t: r for t, r in rows.items() if r}, out / "scores.png")
     return {"markdown": out / "scores.md", "csv": [out / f"scores-{t}.csv" for t in targets], "curves": curves,
             "bars": bars, "groups": len(groups), "runs": len(runs), "unfinished": [str(d) for d in unfinished],
-            "notes": notes, "rows": rows}
+            "skipped": skipped, "notes": notes, "rows": rows}
 
 
 @dataclass
@@ -342,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
                 epilog="\n\n".join(paragraphs[2:]))
     try:
         res = report(list(cfg.runs), cfg.out)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, runtime.WriteError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(Path(res["markdown"]).read_text())

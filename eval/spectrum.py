@@ -32,7 +32,9 @@ import torch
 from torch import nn
 
 from primal_dt.blocks import Stack
+from primal_dt.checkpoint import write_atomic
 from primal_dt.cli import option
+from primal_dt.monitor import save_figure
 from primal_dt.runtime import AT_LEAST_1, SEED
 
 
@@ -160,17 +162,16 @@ def plot(report: SpectrumReport, path: str | Path | None = None):
     ax2.legend(fontsize=7)
     fig.tight_layout()
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=120)
+        save_figure(fig, path, "spectrum plot", dpi=120)
     return fig
 
 
 def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True) -> dict[str, Path]:
-    """PNG + JSON under out_dir, and TensorBoard events there (via RunMonitor)."""
+    """PNG + JSON under out_dir, and TensorBoard events there (via RunMonitor); a failed write is one
+    ``WriteError`` naming the file, and no partial file is left."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     fig = plot(report, out / "spectrum.png")
-    (out / "spectrum.json").write_text(json.dumps(asdict(report), indent=1))
+    write_atomic(out / "spectrum.json", json.dumps(asdict(report), indent=1), "spectrum's values")
     if tensorboard:
         from primal_dt.monitor import RunMonitor
 

@@ -9,7 +9,9 @@ run as given. The sweep's own options (``SweepConfig``, listed by ``--help``): `
 ``threads`` (per run), ``print`` (``commands`` | ``parallel`` | ``slurm``: one command per run for a
 scheduler instead of running them) and ``report``.
 
-A second call is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
+One sweep at a time holds ``out`` (a second is refused, naming the first's pid), and its runs die
+with it: however the sweep ends (Ctrl-C, ``kill``, a SIGKILL of the sweep alone), no run goes on
+training beside the next call. A second call is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
 configuration) holds a finished run of at least the asked steps is skipped; one that was killed, or
 asked for fewer steps, is resumed (``resume=``, exact); the rest start. Every run's options are
 checked before the first one starts, so a typo fails in a second, not after hours. At the end the
@@ -18,8 +20,10 @@ finished runs go through ``eval.report``.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -28,7 +32,7 @@ from pathlib import Path
 
 from agents import dt_checkpoint
 from agents.training_log import model_label
-from primal_dt import cli, runtime, train_config
+from primal_dt import checkpoint, cli, lock, runtime, train_config
 from primal_dt.cli import find_value
 
 from . import report as report_mod
@@ -161,10 +165,9 @@ def _match_existing(job: Job, cfg, out: Path) -> None:
 def scheduler_script(jobs: list[Job], fmt: str, threads: int, out: Path) -> str:
     """One command per run for a cluster scheduler, written to ``<out>/sweep-commands.txt``."""
     todo = [j for j in jobs if j.action != "skip"]
-    out.mkdir(parents=True, exist_ok=True)
     cmds = out / "sweep-commands.txt"
     lines = [" ".join(shlex.quote(c) for c in (["python"] + j.command(threads)[1:])) for j in todo]
-    cmds.write_text("\n".join(lines) + ("\n" if lines else ""))
+    checkpoint.write_atomic(cmds, "\n".join(lines) + ("\n" if lines else ""), "sweep's commands")
     if fmt == "commands":
         return "\n".join(lines)
     if fmt == "parallel":
@@ -186,10 +189,29 @@ def cores() -> int:
         return os.cpu_count() or 1
 
 
-def execute(jobs: list[Job], parallel: int, threads: int, logs: Path) -> list[Job]:
-    """Run the jobs as local processes, ``parallel`` at a time; returns those that failed."""
+def _die_with(parent: int):
+    """For ``Popen(preexec_fn=...)``: the child gets SIGTERM (training's clean interrupt) when ``parent``
+    dies, a SIGKILL of it included (Linux's ``PR_SET_PDEATHSIG``), and ends at once if ``parent`` is
+    already gone. Elsewhere nothing: the held ``out`` still keeps a second sweep away from live runs."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def preexec():
+        prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
+
+
+def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int | None = None) -> list[Job]:
+    """Run the jobs as local processes, ``parallel`` at a time; returns those that failed. ``held``: the
+    lock of ``out`` (``lock.hold``), handed to each run so ``out`` stays held while any of them lives."""
     todo = [j for j in jobs if j.action != "skip"]
-    logs.mkdir(parents=True, exist_ok=True)
+    with runtime.writing(logs, "directory of the runs' logs (nothing was started)"):
+        logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
     failed, finished = [], 0
@@ -199,8 +221,10 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path) -> list[Jo
             while todo and len(running) < parallel:
                 j = todo.pop(0)
                 log = logs / f"{j.env}-{j.label}-seed{j.seed}.log"
-                fh = log.open("a")
-                p = subprocess.Popen(j.command(threads), stdout=fh, stderr=subprocess.STDOUT, env=env)
+                with runtime.writing(log, f"log of {j.name} (it was not started)"):
+                    fh = log.open("a")
+                p = subprocess.Popen(j.command(threads), stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_die_with(os.getpid()), pass_fds=() if held is None else (held,))
                 print(f"[sweep] {j.action} {j.name} (log {log})", flush=True)
                 running.append((j, p, time.time(), fh))
             time.sleep(1.0)
@@ -228,6 +252,15 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path) -> list[Jo
 
 
 def run(argv: list[str]) -> dict:
+    out = Path(split_args(argv)[0].out)
+    held = lock.hold(out, "sweep's output")  # before planning: a second sweep must not plan the same runs
+    try:
+        return _run(argv, held)
+    finally:
+        lock.release(out)
+
+
+def _run(argv: list[str], held: int) -> dict:
     sweep, jobs = plan(argv)
     out, threads = Path(sweep.out), sweep.threads
     parallel = sweep.jobs or max(1, cores() // threads)
@@ -238,7 +271,7 @@ def run(argv: list[str]) -> dict:
     if sweep.print:
         print(scheduler_script(jobs, sweep.print, threads, out))
         return {"jobs": jobs, "printed": True}
-    failed = execute(jobs, parallel, threads, out / "sweep-logs")
+    failed = execute(jobs, parallel, threads, out / "sweep-logs", held)
     _, jobs = plan(argv)  # where each run now lives (new runs named their directories themselves)
     finished_dirs = [str(j.run_dir) for j in jobs if j.action == "skip"]
     result = {"jobs": jobs, "failed": failed}
@@ -255,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         run(argv)
-    except (ValueError, FileNotFoundError, RuntimeError) as err:
+    except (ValueError, FileNotFoundError, RuntimeError, runtime.WriteError) as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         sys.exit(130)

@@ -13,15 +13,16 @@ Three promises:
 - **Atomic**: the file is serialised in memory, written to a temporary file beside it
   (``.<name>.<pid>@<host>-<random>.tmp``) and renamed over the old one, so a crash, a kill or a full
   disk leaves the previous checkpoint as it was. A write that fails is one ``runtime.WriteError``
-  naming the file.
+  naming the file. Every other file the package writes (exported policies, reports, plots) goes
+  through the same ``write_atomic``.
 - **No code runs on load**: files are read with ``torch.load(weights_only=True)``, whose unpickler
   builds tensors and plain data only. A pickle that names anything else (a function to call, a
   class to build) is refused before any of it runs. The only other objects allowed are exactly
   the numpy ones release 0.1 stored (numpy's global random state, UEA class names as numpy
   strings), so its files still load.
 - **No stale temporaries**: a writer killed mid-write leaves its temporary file behind;
-  ``remove_stale_temps`` deletes those whose writer is gone, and the trainers call it when a run
-  starts or resumes.
+  ``remove_stale_temps`` deletes those whose writer is gone, and the trainers (and exports) call it
+  when they next write to the same place.
 """
 
 from __future__ import annotations
@@ -50,17 +51,24 @@ def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
 
     Serialising first (in memory) means a write that fails (disk full, a file-size limit, no
     permission) is an ordinary ``OSError`` of the file, turned into one ``runtime.WriteError``,
-    rather than torch's internal zip-writer error; the temporary file is removed and the previous
-    file at ``path`` is untouched."""
-    path = Path(path)
+    rather than torch's internal zip-writer error."""
     buf = io.BytesIO()
     torch.save(obj, buf)
+    return write_atomic(path, buf.getbuffer(), what)
+
+
+def write_atomic(path: str | Path, data: bytes | str, what: str) -> Path:
+    """Write ``data`` to ``path`` through a temporary file beside it renamed over the old one, so a
+    failure leaves the previous file (or none) and no partial one; the package's files (checkpoints,
+    exported policies, reports, plots) all go through here. A failure is one ``runtime.WriteError``
+    naming ``path`` and ``what`` it should have held; the temporary file is removed."""
+    path = Path(path)
     with runtime.writing(path, what):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(buf.getbuffer())
+                f.write(data.encode() if isinstance(data, str) else data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
@@ -90,7 +98,7 @@ def _writer_alive(pid: int, host: str) -> bool:
 
 def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] = ("last.pt", "best.pt"),
                        own: bool = False) -> list[Path]:
-    """Delete temporary files of interrupted checkpoint writes of ``names`` in ``directories``,
+    """Delete temporary files of interrupted writes (``write_atomic``) of ``names`` in ``directories``,
     where their writer (this machine, its pid in the name) is gone; returns what was removed.
 
     ``own``: the caller owns these directories (it is resuming that run), so temporaries of an older

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 
-from . import checkpoint, runtime
+from . import checkpoint, lock, runtime
 from .classifier_training import KIND, Trainer, fit
 from .classify_config import build_config, check_config, resumed_config
 from .cli import find_value
@@ -61,9 +61,11 @@ def run(argv: list[str]) -> dict:
     if ck is not None:
         out = path.parent
         runtime.check_writable(out, "run directory")
+        lock.hold(out)  # one process per run: a second resume is refused, naming the first
         stale = checkpoint.remove_stale_temps(out, own=True)
     else:
         out = run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
+        lock.hold(out)
         stale = checkpoint.remove_stale_temps(*out.parent.iterdir())
     if stale:
         print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint writes: "
@@ -75,6 +77,8 @@ def run(argv: list[str]) -> dict:
         kept = f"{last} (the last evaluation round's) is intact" if last.exists() else "no checkpoint had been written"
         raise WriteError(f"{err}. Nothing else was lost: {kept}; make room (or fix the permissions) and continue "
                          f"with: python -m primal_dt.classify resume={out}") from err
+    finally:
+        lock.release(out)
 
 
 def main(argv: list[str] | None = None) -> None:

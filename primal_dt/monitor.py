@@ -40,6 +40,19 @@ def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
         raise runtime.WriteError(f"{err}; nothing was written. Choose a writable out= (now {root})") from err
 
 
+def save_figure(fig, path: str | Path, what: str, dpi: int = 110) -> Path:
+    """A matplotlib figure as a PNG at ``path``, drawn in memory and written atomically
+    (``checkpoint.write_atomic``): a failed write is one ``WriteError`` naming the file and ``what`` it
+    held, and leaves no partial PNG."""
+    import io
+
+    from .checkpoint import write_atomic
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return write_atomic(path, buf.getvalue(), what)
+
+
 def _quiet_event_writer_thread() -> None:
     """TensorBoard's event-file writer thread hands a failed write to the thread that logs next
     (where ``RunMonitor`` makes it a ``WriteError``), but first prints it as a thread traceback;
@@ -174,14 +187,10 @@ class RunMonitor:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        path = Path(path)
         try:
-            with runtime.writing(path, "plot"):
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fig.savefig(path, dpi=100)
+            return save_figure(fig, path, "plot", dpi=100)
         finally:
             plt.close(fig)
-        return path
 
     def flush(self) -> None:
         """Put every logged event on disk (before a checkpoint, so a killed run's curves reach it)."""
