@@ -39,6 +39,86 @@ INPUTS = ("observation", "reward", "reset", "target")
 """the step's inputs before the state tensors (``state.<name>``); outputs: ``action``, ``next_state.<name>``"""
 STATE_IN, STATE_OUT = "state.", "next_state."
 _DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "bool": np.bool_}
+_ONNX_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "int64": "tensor(int64)", "bool": "tensor(bool)"}
+
+
+def check_artefact(session, text: str | None, where: str) -> dict:
+    """The metadata document ``text`` of the ONNX model ``where`` (opened as ``session``), parsed and
+    checked: its fields (types and ranges) and the graph's inputs and outputs (names, shapes, dtypes)
+    against it. A file that fails is one ``ValueError`` naming it and the field, at load, rather than a
+    raw onnxruntime error at the first ``act`` (or actions from a graph the metadata does not describe)."""
+    if text is None:
+        raise ValueError(f"{where} is an ONNX model without primal-dt policy metadata; export one with "
+                         "python -m agents.export")
+    try:
+        meta = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{where}: its policy metadata ({METADATA_KEY}) is not valid JSON ({err})") from None
+
+    def bad(field: str, want: str, got) -> ValueError:
+        return ValueError(f"{where}: policy metadata field {field} must be {want}, got {json.dumps(got)[:60]}")
+
+    def integer(v, low: int) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+    def finite(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: its policy metadata must be a JSON object, got {text[:60]}")
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{where} is not a primal-dt stream policy (its metadata says format "
+                         f"{meta.get('format')!r}); export one with python -m agents.export")
+    if not integer(meta.get("schema"), 1):
+        raise bad("schema", "an integer >= 1", meta.get("schema"))
+    if meta["schema"] > SCHEMA:
+        raise ValueError(f"{where} was exported by a newer primal-dt (policy schema {meta['schema']}, this "
+                         f"runtime reads <= {SCHEMA}); use the onnx_policy.py of that release")
+    for field in ("obs_dim", "act_dim"):
+        if not integer(meta.get(field), 1):
+            raise bad(field, "an integer >= 1", meta.get(field))
+    targets = meta.get("targets")
+    if not (isinstance(targets, list) and targets and all(map(finite, targets))):
+        raise bad("targets", "a non-empty list of finite numbers", targets)
+    if not (finite(meta.get("reward_scale")) and meta["reward_scale"] > 0):
+        raise bad("reward_scale", "a finite number > 0", meta.get("reward_scale"))
+    state = meta.get("state")
+    if not isinstance(state, list):
+        raise bad("state", "a list of state tensors {name, shape, dtype}", state)
+    names = set()
+    for i, spec in enumerate(state):
+        if not isinstance(spec, dict):
+            raise bad(f"state[{i}]", "an object {name, shape, dtype}", spec)
+        if not isinstance(spec.get("name"), str) or not spec["name"] or spec["name"] in names:
+            raise bad(f"state[{i}].name", "a non-empty string naming one state tensor", spec.get("name"))
+        names.add(spec["name"])
+        shape = spec.get("shape")
+        if not (isinstance(shape, list) and shape and all(integer(d, 0) for d in shape[1:])):
+            raise bad(f"state[{i}].shape", "a list [batch, sizes >= 0 ...]", shape)
+        if spec.get("dtype") not in _DTYPES:
+            raise bad(f"state[{i}].dtype", f"one of {', '.join(_DTYPES)}", spec.get("dtype"))
+    # the graph, against the metadata: (dtype, shape without the batch) per input and output
+    want_in = {"observation": ("float32", [meta["obs_dim"]]), "reward": ("float32", []), "reset": ("bool", []),
+               "target": ("float32", [])} | {STATE_IN + s["name"]: (s["dtype"], s["shape"][1:]) for s in state}
+    want_out = {"action": ("float32", [meta["act_dim"]])} | {
+        STATE_OUT + s["name"]: (s["dtype"], s["shape"][1:]) for s in state}
+    for kind, args, want in (("input", session.get_inputs(), want_in), ("output", session.get_outputs(), want_out)):
+        have = {a.name: a for a in args}
+        # an input the graph never reads is pruned by the exporter; every output must be there
+        needed = set(want) if kind == "output" else {"observation"}
+        extra, missing = sorted(set(have) - set(want)), sorted(needed - set(have))
+        if extra or missing:
+            raise ValueError(f"{where}: the graph's {kind}s do not match its metadata (unexpected: "
+                             f"{', '.join(extra) or 'none'}; missing: {', '.join(missing) or 'none'}); it was "
+                             "exported for another policy, or its metadata was edited")
+        for name, a in have.items():
+            dtype, dims = want[name]
+            graph = list(a.shape)
+            if a.type != _ONNX_TYPES[dtype] or len(graph) != 1 + len(dims) or any(
+                    isinstance(g, int) and g != w for g, w in zip(graph[1:], dims)):
+                raise ValueError(f"{where}: graph {kind} {name} is {a.type} {graph}, but the metadata says "
+                                 f"{_ONNX_TYPES[dtype]} [batch{''.join(f', {w}' for w in dims)}]")
+    return meta
 
 
 class GraphPolicy:
@@ -200,11 +280,9 @@ class OnnxPolicy(GraphPolicy):
             self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own types for unreadable or foreign files
             raise ValueError(f"{path} is not a readable ONNX model: {err}") from err
-        meta = self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY)
-        if meta is None:
-            raise ValueError(f"{path} is an ONNX model without primal-dt policy metadata; export one with "
-                             "python -m agents.export")
-        super().__init__(json.loads(meta), str(path))
+        meta = check_artefact(self.session, self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY),
+                              str(path))
+        super().__init__(meta, str(path))
         self._ort_value = ort.OrtValue.ortvalue_from_numpy
         present = {i.name for i in self.session.get_inputs()}  # an input the graph never reads is not one
         self._feed = [(i, n) for i, n in enumerate(self.input_names()) if n in present]

@@ -12,9 +12,13 @@ import shutil
 import subprocess
 import sys
 
+import json
+
 import numpy as np
 import onnx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import agents.onnx_policy as onnx_policy
@@ -234,3 +238,87 @@ def test_files_that_are_not_policies_are_clear_errors(tmp_path):
         OnnxPolicy(tmp_path / "plain.onnx", threads=0)
     with pytest.raises(ValueError, match="is not a readable TorchScript file"):
         TorchScriptPolicy(junk)
+
+
+# -- the artefact is checked at load --------------------------------------------------------------------------
+def with_metadata(src, dest, change) -> str:
+    """A copy of the ONNX file ``src`` at ``dest`` whose policy metadata is ``change(metadata)`` (a dict
+    to store as JSON, or a string stored as it is)."""
+    model = onnx.load(src)
+    entry = next(p for p in model.metadata_props if p.key == onnx_policy.METADATA_KEY)
+    meta = change(json.loads(entry.value))
+    entry.value = meta if isinstance(meta, str) else json.dumps(meta)
+    onnx.save(model, dest)
+    return str(dest)
+
+
+def edit(**fields):
+    return lambda m: {**m, **fields}
+
+
+@pytest.mark.parametrize("change, message", [
+    (edit(reward_scale=0), r"field reward_scale must be a finite number > 0, got 0"),
+    (edit(targets="abc"), r'field targets must be a non-empty list of finite numbers, got "abc"'),
+    (edit(targets=[]), r"field targets must be a non-empty list"),
+    (edit(obs_dim=17), r"graph input observation is tensor\(float\) \['batch', 11\], but the metadata says "
+                       r"tensor\(float\) \[batch, 17\]"),
+    (edit(act_dim=2), r"graph output action is .* the metadata says tensor\(float\) \[batch, 2\]"),
+    (edit(act_dim="3"), r'field act_dim must be an integer >= 1, got "3"'),
+    (edit(obs_dim=True), r"field obs_dim must be an integer >= 1, got true"),
+    (lambda m: {**m, "state": m["state"][:-1]}, r"the graph's inputs do not match its metadata \(unexpected: state\."),
+    (lambda m: {**m, "state": [{**m["state"][0], "shape": ["batch", 7]}] + m["state"][1:]},
+     r"graph input state\.t is tensor\(int64\) \['batch'\], but the metadata says tensor\(int64\) \[batch, 7\]"),
+    (lambda m: {**m, "state": [{**m["state"][0], "dtype": "float32"}] + m["state"][1:]},
+     r"graph input state\.t is tensor\(int64\)"),
+    (lambda m: {**m, "state": [{**m["state"][0], "dtype": "complex"}] + m["state"][1:]},
+     r"field state\[0\]\.dtype must be one of"),
+    (lambda m: {k: v for k, v in m.items() if k != "state"}, r"field state must be a list"),
+    (lambda m: {k: v for k, v in m.items() if k != "obs_dim"}, r"field obs_dim must be an integer >= 1, got null"),
+    (edit(schema=99), r"exported by a newer primal-dt"),
+    (edit(format="other"), r"is not a primal-dt stream policy"),
+    (lambda m: "{not json", r"policy metadata \(primal_dt\.policy\) is not valid JSON"),
+    (lambda m: "null", r"policy metadata must be a JSON object, got null"),
+    (lambda m: "[1, 2]", r"policy metadata must be a JSON object"),
+])
+def test_metadata_that_does_not_describe_the_graph_is_refused_at_load(exported, tmp_path, change, message):
+    path = with_metadata(exported[1], tmp_path / "crafted.onnx", change)
+    with pytest.raises(ValueError, match=message) as err:
+        OnnxPolicy(path)
+    assert str(err.value).startswith(path)
+
+
+def test_a_foreign_graph_with_copied_metadata_is_refused(exported, tiny_dt, dt_checkpoint_file, tmp_path):
+    """Another policy's graph (a pure primal stack: other state tensors) under this one's metadata."""
+    other = export_policy(dt_checkpoint_file(tmp_path, tiny_dt("primalformer-dt", K=4)), "onnx", tmp_path / "o.onnx")
+    meta = onnx.load(exported[1]).metadata_props
+    path = with_metadata(other, tmp_path / "foreign.onnx",
+                         lambda _: next(p.value for p in meta if p.key == onnx_policy.METADATA_KEY))
+    with pytest.raises(ValueError, match=r"foreign\.onnx: the graph's inputs do not match its metadata"):
+        OnnxPolicy(path)
+
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats(allow_nan=True)
+                    | st.text(max_size=4), lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c,
+                                                                                                 max_size=3), max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.dictionaries(st.sampled_from(["format", "schema", "obs_dim", "act_dim", "targets", "reward_scale",
+                                              "state", "K"]), JSON, min_size=1, max_size=3),
+       drop=st.sets(st.sampled_from(["obs_dim", "act_dim", "targets", "reward_scale", "state"]), max_size=2))
+def test_any_metadata_loads_a_working_policy_or_is_one_named_error(exported, edits, drop):
+    """Whatever the metadata holds, ``check_artefact`` returns a document the policy runs with, or
+    raises one ValueError naming the file."""
+    policy = OnnxPolicy(exported[1])
+    meta = {k: v for k, v in {**policy.metadata, **edits}.items() if k not in drop}
+    text = json.dumps(meta)
+    try:
+        checked = onnx_policy.check_artefact(policy.session, text, "crafted.onnx")
+    except ValueError as err:
+        assert str(err).startswith("crafted.onnx")
+        return
+    p = onnx_policy.GraphPolicy(checked, "crafted.onnx")
+    assert p.obs_dim == 11 and p.act_dim == 3 and all(np.isfinite(p.targets))
+    assert checked["reward_scale"] > 0
+    policy.reset(2, target=p.targets[0])
+    assert np.isfinite(policy.act(np.zeros((2, 11)))).all()
