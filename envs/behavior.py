@@ -5,13 +5,19 @@ buffer of one SAC run; this module produces exactly those ingredients, resumably
 killed multi-hour run continues where it stopped.
 
 Layout of ``workdir`` (every file written atomically, temp + rename):
-  sac_step0010000.zip ...   policy checkpoints (stable-baselines3 format)
-  replay.pkl                replay buffer as of the newest checkpoint (append-only while
-                            training, so its first N transitions are the buffer "up to step N")
+  sac_step0010000.pt ...    SAC checkpoints: the networks' and optimizers' tensors and the step
+                            counters, plain data read with ``torch.load(weights_only=True)``
+  replay.npz                replay buffer as of the newest checkpoint, as arrays (read with
+                            ``allow_pickle=False``; append-only while training, so its first N
+                            transitions are the buffer "up to step N")
   evals.json                [{step, return_mean, return_std, stoch_return_mean, episodes}, ...]
   meta.json                 env id, seed, total steps requested
   train.lock                pid of the process training here ("free" once it stops), so that
                             two trainers never share a directory
+
+Nothing here unpickles: stable-baselines3's own files (``.zip`` models, ``replay.pkl``) are pickles,
+which run whatever code they name when loaded, so a directory holding only those is refused with
+the way to convert them (``OLD_FORMAT``) in the user's own trusted environment.
 
 stable-baselines3 is an optional extra (``pip install primal-dt[collect]``).
 """
@@ -26,7 +32,13 @@ from pathlib import Path
 
 import numpy as np
 
-CKPT_RE = re.compile(r"sac_step(\d+)\.zip$")
+CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
+REPLAY = "replay.npz"
+REPLAY_ARRAYS = ("observations", "next_observations", "actions", "rewards", "dones", "timeouts")
+OLD_FORMAT = ("{what} is in stable-baselines3's pickle format, which can run any code when loaded, so "
+              "primal-dt does not read it. If you made it yourself and trust it, convert the directory once "
+              "in your own environment: python -c \"from envs.behavior import convert_sb3; "
+              "convert_sb3('{workdir}')\" (this unpickles it); otherwise delete it and train again")
 
 
 def _require_sb3():
@@ -79,13 +91,92 @@ def _acquire_lock(workdir: Path) -> Path:
 
 
 def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of every policy checkpoint in ``workdir``, oldest first."""
+    """(step, path) of every policy checkpoint in ``workdir``, oldest first; a directory of
+    stable-baselines3 pickles only (an older release's, or someone else's) is a ValueError saying how
+    to convert it."""
+    workdir = Path(workdir)
+    old = sorted(workdir.glob("sac_step*.zip"))
+    if old and not list(workdir.glob("sac_step*.pt")):
+        raise ValueError(OLD_FORMAT.format(what=f"{old[0]} (and every sac_step*.zip in {workdir})", workdir=workdir))
     out = []
-    for p in Path(workdir).glob("sac_step*.zip"):
+    for p in workdir.glob("sac_step*.pt"):
         m = CKPT_RE.search(p.name)
         if m:
             out.append((int(m.group(1)), p))
     return sorted(out)
+
+
+def save_checkpoint(model, path: Path) -> None:
+    """The SAC model's tensors (networks, optimizers, entropy coefficient) and step counters, as plain
+    data: what resuming training and rolling the policy out need, without a pickle."""
+    import torch
+
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save({"params": model.get_parameters(), "log_ent_coef": model.log_ent_coef.detach().clone(),
+                "num_timesteps": int(model.num_timesteps), "n_updates": int(model._n_updates)}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint of ``save_checkpoint``, read with ``weights_only=True`` (torch's warnings about
+    pickles silenced, so only this refusal prints); anything else is a ValueError naming the file."""
+    import pickle
+    import warnings
+
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as err:
+        raise ValueError(f"{path} is not a primal-dt behaviour checkpoint (plain tensors only; "
+                         f"{type(err).__name__}: {str(err).splitlines()[0][:200]})") from err
+    if not (isinstance(ck, dict) and isinstance(ck.get("params"), dict) and "policy" in ck["params"]):
+        raise ValueError(f"{path} is not a primal-dt behaviour checkpoint (expected params.policy)")
+    return ck
+
+
+def save_replay(model, path: Path) -> None:
+    """The replay buffer as arrays (``REPLAY_ARRAYS``, ``pos``, ``full``) in an ``.npz``."""
+    rb = model.replay_buffer
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, pos=rb.pos, full=rb.full, **{k: getattr(rb, k) for k in REPLAY_ARRAYS})
+    os.replace(tmp, path)
+
+
+def load_replay(path: str | Path) -> dict[str, np.ndarray]:
+    """The arrays of ``save_replay``'s file (``allow_pickle=False``: an object array is refused);
+    ``replay.pkl`` (stable-baselines3's pickle) is a ValueError saying how to convert it."""
+    path = Path(path)
+    if not path.exists() and path.with_name("replay.pkl").exists():
+        raise ValueError(OLD_FORMAT.format(what=path.with_name("replay.pkl"), workdir=path.parent))
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in (*REPLAY_ARRAYS, "pos", "full")}
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{path} is not a replay buffer of arrays ({err})") from err
+
+
+def convert_sb3(workdir: str | Path) -> list[Path]:
+    """Write ``save_checkpoint`` / ``save_replay`` files beside a directory's stable-baselines3 files
+    (``sac_step*.zip``, ``replay.pkl``); returns what it wrote. It UNPICKLES them, which runs any code
+    they name: for files you made and trust, called by you; primal-dt never calls it."""
+    _require_sb3()
+    from stable_baselines3 import SAC
+
+    workdir, written, model = Path(workdir), [], None
+    for z in sorted(workdir.glob("sac_step*.zip")):
+        model = SAC.load(z, device="cpu")
+        model.num_timesteps = int(re.search(r"(\d+)", z.stem).group(1))
+        save_checkpoint(model, z.with_suffix(".pt"))
+        written.append(z.with_suffix(".pt"))
+    if model is not None and (workdir / "replay.pkl").exists():
+        model.load_replay_buffer(workdir / "replay.pkl")
+        save_replay(model, workdir / REPLAY)
+        written.append(workdir / REPLAY)
+    return written
 
 
 def read_evals(workdir: str | Path) -> list[dict]:
@@ -164,15 +255,21 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
 
     env = make_sim(cfg.env_id)
     ckpts = list_checkpoints(workdir)
+    model = SAC("MlpPolicy", env, buffer_size=cfg.total_steps, seed=cfg.seed, device="cpu", verbose=0)
+    step0 = 0
     if ckpts:
         step0, path = ckpts[-1]
-        model = SAC.load(path, env=env, device="cpu")
-        if (workdir / "replay.pkl").exists():
-            model.load_replay_buffer(workdir / "replay.pkl")
+        ck = load_checkpoint(path)
+        model.set_parameters(ck["params"], exact_match=True, device="cpu")
+        model.log_ent_coef.data.copy_(ck["log_ent_coef"])
+        model.num_timesteps, model._n_updates = ck["num_timesteps"], ck["n_updates"]
+        if (workdir / REPLAY).exists() or (workdir / "replay.pkl").exists():
+            replay, rb = load_replay(workdir / REPLAY), model.replay_buffer
+            n = min(len(replay["rewards"]), rb.buffer_size)
+            for k in REPLAY_ARRAYS:
+                getattr(rb, k)[:n] = replay[k][:n]
+            rb.pos, rb.full = min(int(replay["pos"]), n) % rb.buffer_size, bool(replay["full"]) and n == rb.buffer_size
         print(f"[behavior] resuming {cfg.env_id} SAC from {path.name} (step {step0})", flush=True)
-    else:
-        step0 = 0
-        model = SAC("MlpPolicy", env, buffer_size=cfg.total_steps, seed=cfg.seed, device="cpu", verbose=0)
     evals = [e for e in read_evals(workdir) if e["step"] <= step0]
 
     bar = None
@@ -190,12 +287,8 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
             if t % cfg.checkpoint_every == 0:
                 det = evaluate_policy(self.model, cfg.env_id, cfg.eval_episodes, 10_000 + t, True)
                 sto = evaluate_policy(self.model, cfg.env_id, cfg.eval_episodes, 20_000 + t, False)
-                tmp = workdir / f"sac_step{t:07d}.tmp.zip"
-                self.model.save(tmp)
-                os.replace(tmp, workdir / f"sac_step{t:07d}.zip")
-                rtmp = workdir / "replay.tmp.pkl"
-                self.model.save_replay_buffer(rtmp)
-                os.replace(rtmp, workdir / "replay.pkl")
+                save_checkpoint(self.model, workdir / f"sac_step{t:07d}.pt")
+                save_replay(self.model, workdir / REPLAY)
                 evals.append({"step": t, "return_mean": float(det.mean()), "return_std": float(det.std()),
                               "stoch_return_mean": float(sto.mean()), "episodes": cfg.eval_episodes})
                 _atomic_json(workdir / "evals.json", evals)

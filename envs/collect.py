@@ -15,6 +15,8 @@
    replica source finds) and a Minari dataset (``primal-dt/<env>/<level>-v0``), both atomically,
    with seeds, policy steps/returns and the D4RL reference scores in their metadata.
 
+No file is unpickled: policies are read as plain tensors and the replay buffer as arrays
+(``envs.behavior``'s formats); stable-baselines3's own pickles are refused with how to convert them.
 stable-baselines3 is an optional extra (``pip install 'primal-dt[collect]'``).
 """
 
@@ -154,25 +156,31 @@ def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, pat
 
 # --- rolling out a checkpoint -----------------------------------------------------------------
 class SACPolicy:
-    """A saved SB3 SAC actor as a batched numpy policy whose exploration noise is supplied by the
-    caller: action = tanh(mean + std * eps), rescaled to the action space (SB3's sampling)."""
+    """A SAC actor saved by ``behavior.save_checkpoint`` (plain tensors, read without unpickling) as a
+    batched numpy policy whose exploration noise is supplied by the caller: action = tanh(mean + std *
+    eps), rescaled to the action space (stable-baselines3's sampling, its MLP actor: ReLU hidden
+    layers, then the mean and the log std clipped to [-20, 2])."""
 
     def __init__(self, path: str | Path, action_space):
-        behavior._require_sb3()
         import torch
-        from stable_baselines3 import SAC
 
         self.torch = torch
-        self.model = SAC.load(path, device="cpu")
+        weights = behavior.load_checkpoint(path)["params"]["policy"]
+        hidden = sorted({int(k.split(".")[2]) for k in weights if k.startswith("actor.latent_pi.")})
+        self.layers = [(weights[f"actor.latent_pi.{i}.weight"], weights[f"actor.latent_pi.{i}.bias"]) for i in hidden]
+        self.mu = (weights["actor.mu.weight"], weights["actor.mu.bias"])
+        self.log_std = (weights["actor.log_std.weight"], weights["actor.log_std.bias"])
         self.low, self.high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
 
     def __call__(self, obs: np.ndarray, eps: np.ndarray | None) -> np.ndarray:
-        torch = self.torch
-        with torch.no_grad():
-            mean, log_std, _ = self.model.actor.get_action_dist_params(torch.as_tensor(obs, dtype=torch.float32))
-            u = mean.double().numpy()
+        F = self.torch.nn.functional
+        with self.torch.no_grad():
+            h = self.torch.as_tensor(obs, dtype=self.torch.float32)
+            for w, b in self.layers:
+                h = F.relu(F.linear(h, w, b))
+            u = F.linear(h, *self.mu).double().numpy()
             if eps is not None:
-                u = u + np.exp(log_std.double().numpy()) * eps
+                u = u + np.exp(F.linear(h, *self.log_std).clamp(-20, 2).double().numpy()) * eps
         a = np.tanh(u)
         return self.low + 0.5 * (a + 1.0) * (self.high - self.low)
 
@@ -266,18 +274,16 @@ def collect_rollouts(ckpt: Path, gym_id: str, gym_kwargs: dict, act_dim: int, st
 
 # --- the replay buffer ------------------------------------------------------------------------
 def replay_episodes(replay_path: Path, upto: int, action_space=None) -> list[dict]:
-    """Episodes of the SB3 replay buffer's first ``upto`` transitions (the buffer as it was when
-    that checkpoint was taken; the buffer is append-only). A trailing unfinished episode is
-    dropped. Actions are mapped back from SB3's [-1, 1] scaling to the action space."""
-    behavior._require_sb3()
-    from stable_baselines3.common.save_util import load_from_pkl
-
-    rb = load_from_pkl(replay_path)
-    n = min(int(upto), rb.buffer_size if rb.full else rb.pos)
-    obs, nxt = rb.observations[:n, 0], rb.next_observations[:n, 0]
-    act, rew = rb.actions[:n, 0].astype(np.float64), rb.rewards[:n, 0]
-    done = rb.dones[:n, 0].astype(bool)
-    timeout = rb.timeouts[:n, 0].astype(bool) if rb.handle_timeout_termination else np.zeros(n, bool)
+    """Episodes of the replay buffer's (``behavior.save_replay``'s arrays) first ``upto`` transitions
+    (the buffer as it was when that checkpoint was taken; the buffer is append-only). A trailing
+    unfinished episode is dropped. Actions are mapped back from SAC's [-1, 1] scaling to the action
+    space."""
+    rb = behavior.load_replay(replay_path)
+    n = min(int(upto), len(rb["rewards"]) if rb["full"] else int(rb["pos"]))
+    obs, nxt = rb["observations"][:n, 0], rb["next_observations"][:n, 0]
+    act, rew = rb["actions"][:n, 0].astype(np.float64), rb["rewards"][:n, 0]
+    done = rb["dones"][:n, 0].astype(bool)
+    timeout = rb["timeouts"][:n, 0].astype(bool)
     if action_space is not None:
         low, high = action_space.low, action_space.high
         act = low + 0.5 * (act + 1.0) * (high - low)
@@ -430,7 +436,7 @@ def run(cfg: CollectConfig) -> dict:
         from envs.vector import make_sim
 
         env0 = make_sim(gym_id, **gym_kwargs)
-        eps = replay_episodes(workdir / "replay.pkl", medium["step"], env0.action_space)
+        eps = replay_episodes(workdir / behavior.REPLAY, medium["step"], env0.action_space)
         env0.close()
         parts["replay"] = (medium, eps)
     episodes = [ep for _, eps in parts.values() for ep in eps]
@@ -482,7 +488,11 @@ def parse(argv: list[str] | None = None) -> CollectConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    return run(parse(argv))
+    cfg = parse(argv)
+    try:
+        return run(cfg)
+    except ValueError as err:  # a file that is not what it should be (behavior's formats): one line
+        raise SystemExit(f"error: {err}") from err
 
 
 if __name__ == "__main__":

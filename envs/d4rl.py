@@ -164,7 +164,8 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
             )
         if found.startswith(f"attribute {PROVENANCE_ATTR}"):
             gym_id = env_id  # a file made by envs.collect says which simulator version it used
-    starts, lengths, terminal, keep = split_on_ends(data["terminals"], data["timeouts"], where)
+    starts, lengths, terminal, keep = split_on_ends(data["terminals"], data["timeouts"], where, max_episode_steps,
+                                                    name or gym_id or "the task")
     return Trajectories(
         observations=data["observations"][:keep],
         actions=data["actions"][:keep], rewards=data["rewards"][:keep],

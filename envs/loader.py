@@ -94,7 +94,7 @@ def _from_replica(spec: EnvSpec) -> Trajectories:
         if spec.level == "medium-expert":
             paths = [d / replica_file(spec.family, lv) for lv in ("medium", "expert")]
             if all(p.exists() for p in paths):
-                sub = [d4rl_io.read_d4rl(p, spec.name, spec.gym_id) for p in paths]
+                sub = [d4rl_io.read_d4rl(p, spec.name, spec.gym_id, spec.max_episode_steps) for p in paths]
                 return Trajectories.concat(sub, name=spec.name, gym_id=spec.gym_id,
                                            source="replica:" + "+".join(map(str, paths)),
                                            metadata=sub[0].metadata)

@@ -258,9 +258,14 @@ class Trajectories:
         )
 
 
-def split_on_ends(terminals: np.ndarray, timeouts: np.ndarray, where: str):
+def split_on_ends(terminals: np.ndarray, timeouts: np.ndarray, where: str, limit: int | None = None,
+                  task: str = "the task"):
     """D4RL convention: an episode ends at a step flagged terminal or timeout (that step belongs
     to the episode); steps after the last end are an unfinished fragment and are dropped.
+
+    ``limit``: the task's step limit per episode (``task`` names it). An episode, or a dropped fragment,
+    longer than that cannot be real: the flags are wrong (terminals lost in a conversion would merge
+    every fallen episode into the next timeout's), and training on them would be silently wrong.
 
     Returns (starts, lengths, terminal flag per episode, number of steps kept).
     """
@@ -280,4 +285,15 @@ def split_on_ends(terminals: np.ndarray, timeouts: np.ndarray, where: str):
         )
     starts = np.concatenate([[0], ends[:-1]])
     lengths = ends - starts
+    if limit is not None:
+        spans = np.append(lengths, n - ends[-1])  # the last: the fragment after the last end
+        if spans.max() > limit:
+            i = int(np.flatnonzero(spans > limit)[0])
+            what = f"episode {i} (steps {starts[i]} to {ends[i] - 1})" if i < len(lengths) else \
+                "the unfinished fragment after the last episode end"
+            raise DatasetError(
+                f"{where}: {what} is {spans[i]} steps long, more than {task}'s limit of {limit} steps per episode, "
+                f"so its end flags cannot be right ({int(terminals.sum())} terminals and {int(timeouts.sum())} "
+                f"timeouts in {n} steps). Check the file's terminals and timeouts arrays: terminals all zero "
+                "mean they were lost when the file was converted")
     return starts, lengths, terminals[ends - 1], int(ends[-1])

@@ -33,6 +33,7 @@ import pickle
 import re
 import socket
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -146,8 +147,9 @@ def load(path: str | Path, expect_kind: str | None = None) -> dict:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
-    try:
-        with torch.serialization.safe_globals(_numpy_globals()):
+    try:  # torch warns about a foreign pickle before refusing it: only the refusal below should print
+        with torch.serialization.safe_globals(_numpy_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise ValueError(f"checkpoint {path} was not loaded: {_refusal(path, err)}") from err
@@ -167,7 +169,8 @@ def _refusal(path: Path, err: Exception) -> str:
     """Why a file was refused: the objects it would have built (read statically, without running
     them), and what to do."""
     try:
-        with torch.serialization.safe_globals(_numpy_globals()):
+        with torch.serialization.safe_globals(_numpy_globals()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception:  # not a zip checkpoint at all: say what the unpickler said
         names = []

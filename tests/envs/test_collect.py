@@ -3,11 +3,12 @@ D4RL and Minari files that the loader reads back."""
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from envs import load_dataset
+from envs import behavior, load_dataset
 from envs.collect import (
     CollectConfig,
     collect_rollouts,
@@ -76,9 +77,9 @@ def sac_workdir(tmp_path):
     env = make_sim("Hopper-v4")
     model = sb3.SAC("MlpPolicy", env, learning_starts=10_000, buffer_size=1000, seed=0, device="cpu")
     model.learn(300)
-    model.save(wd / "sac_step0000100.zip")
-    model.save(wd / "sac_step0000300.zip")
-    model.save_replay_buffer(wd / "replay.pkl")
+    behavior.save_checkpoint(model, wd / "sac_step0000100.pt")
+    behavior.save_checkpoint(model, wd / "sac_step0000300.pt")
+    behavior.save_replay(model, wd / "replay.npz")
     (wd / "evals.json").write_text(json.dumps([
         {"step": 100, "return_mean": 1000.0, "stoch_return_mean": 1050.0, "episodes": 1},
         {"step": 300, "return_mean": 3000.0, "stoch_return_mean": 3100.0, "episodes": 1}]))
@@ -88,7 +89,7 @@ def sac_workdir(tmp_path):
 
 def test_rollouts_resume_from_shards(sac_workdir, tmp_path):
     wd, _ = sac_workdir
-    kw = dict(ckpt=wd / "sac_step0000100.zip", gym_id="Hopper-v4", gym_kwargs={}, act_dim=3, steps=40,
+    kw = dict(ckpt=wd / "sac_step0000100.pt", gym_id="Hopper-v4", gym_kwargs={}, act_dim=3, steps=40,
               seed0=11, num_envs=2, progress=False)
     first = collect_rollouts(cache=tmp_path / "c1", **kw)
     shards = sorted((tmp_path / "c1").glob("shard_*.npz"))
@@ -103,7 +104,7 @@ def test_rollouts_resume_from_shards(sac_workdir, tmp_path):
 
 def test_replay_buffer_up_to_a_step(sac_workdir):
     wd, model = sac_workdir
-    eps = replay_episodes(wd / "replay.pkl", upto=200, action_space=model.action_space)
+    eps = replay_episodes(wd / "replay.npz", upto=200, action_space=model.action_space)
     rb = model.replay_buffer
     n = sum(len(e["rewards"]) for e in eps)
     assert 0 < n <= 200 and rb.dones[n - 1, 0] and not rb.dones[n:200, 0].any()  # fragment dropped
@@ -157,7 +158,7 @@ def test_train_behavior_then_collect(tmp_path, data_dirs):
     cfg = dict(env="hopper", level="medium", workdir=str(wd), train_steps=400, checkpoint_every=200,
                steps=50, num_envs=2, progress=False)
     prov = run(CollectConfig(**cfg))
-    assert sorted(p.name for p in wd.glob("sac_step*.zip")) == ["sac_step0000200.zip", "sac_step0000400.zip"]
+    assert sorted(p.name for p in wd.glob("sac_step*.pt")) == ["sac_step0000200.pt", "sac_step0000400.pt"]
     assert [e["step"] for e in json.loads((wd / "evals.json").read_text())] == [200, 400]
     assert (wd / "train.lock").read_text() == "free"  # released
     with pytest.warns(UserWarning):
@@ -177,3 +178,75 @@ def test_every_numeric_option_is_valid_or_named(fuzz_options):
             "num_envs", "threads")
     floats = ("medium_fraction", "medium_return", "medium_tolerance")
     fuzz_options(validate, {**{k: "int" for k in ints}, **{k: "float" for k in floats}}, examples=80)
+
+
+def test_the_saved_actor_acts_as_stable_baselines3s(sac_workdir):
+    """Rolling out reads the plain-tensor checkpoint, never SB3's pickle, and acts as SB3's actor."""
+    import torch
+
+    from envs.collect import SACPolicy
+
+    wd, model = sac_workdir
+    policy = SACPolicy(wd / "sac_step0000300.pt", model.action_space)
+    obs = np.random.default_rng(0).normal(size=(4, 11))
+    eps = np.random.default_rng(1).normal(size=(4, 3))
+    with torch.no_grad():
+        mean, log_std, _ = model.actor.get_action_dist_params(torch.as_tensor(obs, dtype=torch.float32))
+    low, high = model.action_space.low, model.action_space.high
+    for e, u in ((None, mean.double().numpy()), (eps, mean.double().numpy() + np.exp(log_std.double().numpy()) * eps)):
+        np.testing.assert_allclose(policy(obs, e), low + 0.5 * (np.tanh(u) + 1) * (high - low), rtol=1e-6, atol=1e-7)
+
+
+PAYLOAD = "__import__('pathlib').Path({marker!r}).write_text('ran')"
+
+
+class Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (eval, (PAYLOAD.format(marker=str(self.marker)),))
+
+
+def collect_cli(wd, *extra):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "envs.collect", "env=hopper", f"workdir={wd}", "train=false",
+                           "progress=false", "steps=10", "num_envs=1", *extra], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[2])
+
+
+def test_pickled_files_are_refused_and_never_run(tmp_path):
+    """stable-baselines3's formats (a .zip model, replay.pkl) and crafted checkpoints or replay arrays
+    holding a pickle payload: refused with one line, the payload never runs (its marker file never
+    appears), and torch's own warnings about the pickle are not printed."""
+    import pickle
+    import zipfile
+
+    import torch
+
+    marker = tmp_path / "payload-ran"
+    old = tmp_path / "old"
+    old.mkdir()
+    with zipfile.ZipFile(old / "sac_step0000100.zip", "w") as z:  # SB3's layout: pickles inside
+        z.writestr("data", json.dumps({"policy_class": {":serialized:": pickle.dumps(Payload(marker)).hex()}}))
+    (old / "replay.pkl").write_bytes(pickle.dumps(Payload(marker)))
+    p = collect_cli(old)
+    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "sac_step0000100.zip" in p.stderr and "pickle format" in p.stderr and "convert_sb3" in p.stderr
+
+    crafted = tmp_path / "crafted"
+    crafted.mkdir()
+    torch.save({"params": {"policy": Payload(marker)}}, crafted / "sac_step0000100.pt")
+    (crafted / "evals.json").write_text(json.dumps([{"step": 100, "return_mean": 1.0, "stoch_return_mean": 1.0}]))
+    p = collect_cli(crafted)
+    assert p.returncode == 1 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "sac_step0000100.pt is not a primal-dt behaviour checkpoint" in p.stderr
+
+    with pytest.raises(ValueError, match="replay.pkl is in stable-baselines3's pickle format"):
+        replay_episodes(old / "replay.npz", 10)
+    np.savez(crafted / "replay.npz", observations=np.array([Payload(marker)], dtype=object))
+    with pytest.raises(ValueError, match="replay.npz is not a replay buffer of arrays"):
+        replay_episodes(crafted / "replay.npz", 10)
+    assert not marker.exists()

@@ -295,3 +295,33 @@ def test_randomly_broken_files_load_correctly_or_fail_clearly_and_stay_unchanged
 @pytest.mark.slow
 def test_many_randomly_broken_files(tmp_path, hopper_arrays):
     _check_broken_files(tmp_path, hopper_arrays, examples=3000)
+
+
+def steps(n, terminals=(), timeouts=()):
+    """A D4RL file's arrays of ``n`` steps with those flags set."""
+    t, u = np.zeros(n, bool), np.zeros(n, bool)
+    t[list(terminals)], u[list(timeouts)] = True, True
+    g = np.random.default_rng(0)
+    return {"observations": g.normal(size=(n, 11)), "actions": g.uniform(-1, 1, (n, 3)), "rewards": np.ones(n),
+            "terminals": t, "timeouts": u}
+
+
+def test_episodes_longer_than_the_tasks_limit_are_an_error_naming_the_file(tmp_path, write_h5):
+    """Terminals lost in a conversion (all zero, timeouts intact) merge every fallen episode into the next
+    timeout's: the episodes exceed Hopper's 1000 steps, and the file is refused at load instead of being
+    trained on (or having most of its steps dropped as a "fragment")."""
+    ends = np.cumsum(np.random.default_rng(1).integers(50, 400, 40)) - 1  # many short falls ...
+    n = int(ends[-1]) + 1
+    real = steps(n, terminals=ends[:-1], timeouts=ends[-1:])
+    assert read_d4rl(write_h5(tmp_path / "ok.hdf5", **real), "hopper-medium", "Hopper-v4").num_steps == n
+    lost = dict(real, terminals=np.zeros(n, bool), timeouts=np.isin(np.arange(n), ends[9::10]))  # ... now 4 long
+    path = write_h5(tmp_path / "lost.hdf5", **lost)
+    with pytest.raises(DatasetError, match=rf"^{path}: episode 0 \(steps 0 to {ends[9]}\) is {ends[9] + 1} steps "
+                                           r"long, more than hopper-medium's limit of 1000 .*0 terminals and 4 "
+                                           r"timeouts.*terminals all zero"):
+        read_d4rl(path, "hopper-medium", "Hopper-v4")
+    tail = write_h5(tmp_path / "tail.hdf5", **steps(3000, timeouts=[999]))  # 2000 steps after the last end
+    with pytest.raises(DatasetError, match="the unfinished fragment after the last episode end is 2000 steps long"):
+        read_d4rl(tail, "hopper-medium", "Hopper-v4")
+    with pytest.raises(DatasetError, match="lost.hdf5: episode 0"):  # through the loader, with the registry's limit
+        load_dataset("hopper-medium", source=f"d4rl:{path}", verbose=False)
