@@ -252,8 +252,8 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int 
 
 
 def run(argv: list[str]) -> dict:
-    out = Path(split_args(argv)[0].out)
-    held = lock.hold(out, "sweep's output")  # before planning: a second sweep must not plan the same runs
+    out = Path(plan(argv)[0].out)  # every option checked before anything is written
+    held = lock.hold(out, "sweep's output")  # then planned again under the lock: no two sweeps plan the same runs
     try:
         return _run(argv, held)
     finally:

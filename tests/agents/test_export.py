@@ -452,3 +452,11 @@ def test_the_exported_step_is_the_same_function_at_any_batch(trained):
             b, *single = step(obs[2:], rew[2:], reset[2:], target[2:], *single)
         torch.testing.assert_close(a[2:], b, atol=1e-6, rtol=0)
     assert state[0].tolist() == [8, 3, 8]  # timesteps: row 1 restarted at t = 5
+
+
+def test_a_killed_exports_temporary_file_is_swept_at_the_next_export_there(trained, killed_checkpoint_write,
+                                                                           tmp_path):
+    out = tmp_path / "p.onnx"
+    stale = killed_checkpoint_write(out)  # the same atomic writer, killed before its rename
+    export_policy(trained["dt"], "onnx", out)
+    assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["p.onnx"]

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import matplotlib.image as mpimg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from eval import report
 from primal_dt.train import run as train
@@ -174,3 +176,113 @@ def test_command_line_and_clear_errors(runs, tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 2 and "error: unknown option 'colour'" in p.stderr  # the parser's usage error
     assert p.stderr.startswith("usage: python -m eval.report")
+
+
+# -- summaries that are not what training writes ----------------------------------------------------------------
+def with_summary(run_dir: Path, dest: Path, text: str) -> Path:
+    """A copy of a real run whose summary.json holds ``text``."""
+    shutil.copytree(run_dir, dest)
+    (dest / "summary.json").write_text(text)
+    return dest
+
+
+def edited(summary: dict, **changes) -> str:
+    return json.dumps({k: v for k, v in {**summary, **changes}.items() if v is not ...})
+
+
+BAD = {  # name: (summary.json text from a real one, what the line says)
+    "no-env": (lambda s: edited(s, env=...), "no 'env'"),
+    "final-list": (lambda s: edited(s, final=[1, 2]), "final must be an object of target -> scores, or null, got a list"),
+    "string-score": (lambda s: edited(s, final={"target3600": {**s["final"]["target3600"], "normalized_mean": "high"}}),
+                     "final.target3600.normalized_mean must be a number, got a string"),
+    "null": (lambda s: "null", "the file must be a JSON object (a run's summary), got null"),
+    "list": (lambda s: "[1, 2]", "the file must be a JSON object (a run's summary), got a list"),
+    "seed-string": (lambda s: edited(s, seed="0"), "seed must be an integer, got a string"),
+    "invalid-json": (lambda s: '{"env": "hopper', "cannot be read: not valid JSON"),
+}
+
+
+def test_bad_summaries_are_skipped_with_a_line_naming_them(runs, tmp_path):
+    _, summaries, _ = runs
+    good = summaries[("dt", 0)]
+    base = json.loads((Path(good["run_dir"]) / "summary.json").read_text())
+    root = tmp_path / "runs"
+    for name, (text, _) in BAD.items():
+        with_summary(Path(good["run_dir"]), root / name, text(base))
+    shutil.copytree(good["run_dir"], root / "good")
+    p = subprocess.run([sys.executable, "-m", "eval.report", str(root), f"out={tmp_path / 'rep'}"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == len(BAD)
+    for name, (_, why) in BAD.items():
+        line = next(x for x in lines if f"{root / name / 'summary.json'}" in x)
+        assert line.startswith("skipped: ") and why in line, line
+    assert "# Report: 1 runs in 1 groups" in p.stdout and p.stdout.count("left out (unreadable)") == len(BAD)
+
+
+def test_nan_and_inf_scores_are_flagged_not_averaged(runs, tmp_path):
+    _, summaries, _ = runs
+    root = tmp_path / "runs"
+    for seed, score in ((0, float("nan")), (1, float("inf"))):
+        s = summaries[("primal+dt", seed)]
+        d = shutil.copytree(s["run_dir"], root / f"s{seed}")
+        broken = json.loads((d / "summary.json").read_text())
+        broken["final"]["target3600"]["normalized_mean"] = score
+        (d / "summary.json").write_text(json.dumps(broken))
+    ok = shutil.copytree(summaries[("primal+dt", 0)]["run_dir"], root / "ok")
+    res = report.report([str(root)], tmp_path / "rep")
+    (row,) = res["rows"]["target3600"]
+    assert row["seeds"] == 1 and row["mean"] == summaries[("primal+dt", 0)]["final"]["target3600"]["normalized_mean"]
+    assert any(f"{root / 's0'}: final score for target3600 is nan, not averaged" in n for n in res["notes"])
+    assert any(f"{root / 's1'}: final score for target3600 is inf, not averaged" in n for n in res["notes"])
+    assert "not averaged" in Path(res["markdown"]).read_text() and ok.exists()
+    assert {r["seeds"] for r in res["rows"]["target1800"]} == {3}  # the other target's scores are all finite
+
+
+SCALARS = st.none() | st.booleans() | st.integers(-5, 10**9) | st.floats(allow_nan=True) | st.text(max_size=5)
+JSON = st.recursive(SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=12), c, max_size=3),
+                    max_leaves=8)
+FIELDS = ["env", "model", "seed", "steps", "final", "validation"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.dictionaries(st.sampled_from(FIELDS), JSON, max_size=3), drop=st.sets(st.sampled_from(FIELDS), max_size=2),
+       scores=st.dictionaries(st.sampled_from(["normalized_mean", "return_mean", "length_mean"]), JSON, max_size=2),
+       whole=st.none() | JSON)
+def test_any_summary_is_reported_or_is_one_named_error(runs, tmp_path_factory, edits, drop, scores, whole):
+    """Whatever summary.json holds, a run is either read into numbers the report can average (or flag), or
+    refused with a ValueError naming the file."""
+    _, summaries, _ = runs
+    d = tmp_path_factory.getbasetemp() / "property-run"
+    if not d.exists():
+        shutil.copytree(summaries[("dt", 0)]["run_dir"], d)
+    base = dict(summaries[("dt", 0)])
+    base["final"] = {"target3600": {**base["final"]["target3600"], **scores}}
+    text = json.dumps(whole if whole is not None else {k: v for k, v in {**base, **edits}.items() if k not in drop})
+    (d / "summary.json").write_text(text)
+    try:
+        r = report.load_run(d)
+    except ValueError as err:
+        assert str(d) in str(err)
+        return
+    assert isinstance(r.env, str) and isinstance(r.seed, int) and isinstance(r.steps, int)
+    for scores_ in r.final.values():
+        assert isinstance(scores_["normalized_mean"], (int, float)) and not isinstance(scores_["normalized_mean"], bool)
+    assert r.val_mse is None or isinstance(r.val_mse, float)
+    report.score_rows(report.group_runs([r])[0], "target3600")  # numbers, or left out when NaN/inf
+
+
+# -- writes that fail -------------------------------------------------------------------------------------------
+def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(runs, tmp_path, run_cli,
+                                                                             one_line_error):
+    root, _, _ = runs
+    out = tmp_path / "rep"
+    p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={out}", file_size=20_000)
+    one_line_error(p, f"could not write the report's learning curves {out / 'curves.png'}: file too large")
+    assert (out / "scores.md").exists() and not (out / "curves.png").exists()
+    assert not list(out.glob(".*.tmp"))  # no half-written file either
+    (tmp_path / "file").write_text("x")
+    p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={tmp_path / 'file' / 'rep'}")
+    one_line_error(p, f"could not write the report directory (nothing was written) {tmp_path / 'file' / 'rep'}: "
+                      "a part of the path is a file")

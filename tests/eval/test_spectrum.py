@@ -210,3 +210,15 @@ def test_dt_spectrum_cli_end_to_end_and_foreign_data_is_refused(trained_dt, tmp_
     with pytest.raises(SystemExit, match=f"error: checkpoint {path} was trained on {trained_dt[1]} .*but the data "
                                          f"read now from {other} differs"):
         main([f"checkpoint={path}", f"out={tmp_path / 'spec2'}", "n=8", f"data_source={other}"])
+
+
+def test_a_spectrum_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(trained_dt, tmp_path, run_cli,
+                                                                                  one_line_error):
+    path, _ = trained_dt
+    out = tmp_path / "spec"
+    p = run_cli("eval.spectrum", f"checkpoint={path}", f"out={out}", "n=8", "tensorboard=false", file_size=10_000)
+    one_line_error(p, f"could not write the spectrum plot {out / 'spectrum.png'}: file too large")
+    assert not out.exists() or not list(out.iterdir())
+    (tmp_path / "file").write_text("x")
+    p = run_cli("eval.spectrum", f"checkpoint={path}", f"out={tmp_path / 'file' / 'spec'}", "n=8", "tensorboard=false")
+    one_line_error(p, f"{tmp_path / 'file' / 'spec' / 'spectrum.png'}: a part of the path is a file")

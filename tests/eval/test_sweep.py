@@ -118,3 +118,53 @@ def test_the_sweep_reads_its_options_with_the_grammar_of_every_command(capsys, t
     with pytest.raises(SystemExit) as exit_:
         split_args(["seeds=0,x"])
     assert exit_.value.code == 2 and "seeds: element 2 of 2, 'x', is not an integer" in capsys.readouterr().err
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped has ended)."""
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_one_sweep_per_out_and_its_runs_die_with_it(hopper_file, tmp_path):
+    """A second sweep on the same ``out`` starts nothing and names the first's pid; a SIGKILL of the
+    sweep alone (not its process group) ends its training run too, and the next call resumes that run,
+    the only one."""
+    out = tmp_path / "sweep"
+    args = [sys.executable, "-m", "eval.sweep", *TINY, f"data_source=d4rl:{hopper_file}", f"out={out}", "model=dt",
+            "seeds=0", "checkpoint_every=10"]
+    first = subprocess.Popen([*args, "steps=100000"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and not list(out.glob("hopper-medium/dt/*/last.pt")):
+            time.sleep(0.2)
+        (d,) = run_dirs(out)
+        trainer = int((d / ".lock").read_text())
+        assert alive(trainer) and trainer != first.pid
+        second = subprocess.run([*args, "steps=100000"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 1 and "Traceback" not in second.stderr
+        assert f"error: the sweep's output {out.resolve()} is in use by process {first.pid}" in second.stderr
+        assert "[sweep]" not in second.stdout and run_dirs(out) == [d]
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    deadline = time.time() + 60
+    while time.time() < deadline and alive(trainer):
+        time.sleep(0.1)
+    assert not alive(trainer), "the sweep's training run outlived it"
+    step = dt_checkpoint.load(d).step
+    p = subprocess.run([*args, f"steps={step + 2}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "1 to resume" in p.stdout and run_dirs(out) == [d] and dt_checkpoint.load(d).step == step + 2
+
+
+def test_logs_that_cannot_be_written_are_one_line_before_any_run(hopper_file, tmp_path, one_line_error):
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "sweep-logs").write_text("a file in the way")
+    p = sweep(hopper_file, out, "model=dt", "steps=4", check=False)
+    one_line_error(p, f"could not write the directory of the runs' logs (nothing was started) {out / 'sweep-logs'}: "
+                      "a file is in the way of a directory")
+    assert run_dirs(out) == []

@@ -329,3 +329,30 @@ def test_every_numeric_option_is_valid_or_named_before_training(hopper_file, tmp
     fuzz_options(lambda argv: training.prepare(train_config.build(argv)), {**sizes, **numbers, "eval.targets": "floats"},
                  base=tiny_train.args(hopper_file, tmp_path / "out"), examples=80)
     assert not (tmp_path / "out").exists()
+
+
+# -- one process per run directory ----------------------------------------------------------------------
+def test_a_run_is_resumed_by_one_process_at_a_time_and_a_killed_one_blocks_nothing(hopper_file, tmp_path, run_cli,
+                                                                                   one_line_error, tiny_train):
+    """Two ``resume=RUN`` at once: the second is refused with the first's pid before it trains or writes;
+    after a SIGKILL of the first (no clean-up of any kind) the run resumes at once."""
+    d = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=4", "checkpoint_every=2", *tiny_train.QUIET))["run_dir"])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    first = subprocess.Popen([sys.executable, "-m", "primal_dt.train", f"resume={d}", "steps=100000",
+                              "progress=false", "threads=1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and first.poll() is None and (d / ".lock").read_text().strip() != str(first.pid):
+            time.sleep(0.05)
+        assert first.poll() is None
+        events = sorted(d.glob("events.out.tfevents.*"))
+        second = run_cli("primal_dt.train", f"resume={d}", "steps=100000", "progress=false")
+        one_line_error(second, f"the run directory {d} is in use by process {first.pid}")
+        assert "resuming" not in second.stdout and sorted(d.glob("events.out.tfevents.*")) == events
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    step = dt_checkpoint.load(d).step
+    again = run([f"resume={d}", f"steps={step + 2}", "progress=false", "threads=1"])
+    assert again["steps"] == step + 2 and (d / ".lock").read_text().strip() == str(os.getpid())
