@@ -179,7 +179,8 @@ def check_summary(summary, where: str) -> dict:
     which field is wrong and how. Scores may be NaN or inf (JSON as Python writes it): a reader
     decides what to do with them."""
     def bad(field: str, want: str, got) -> ValueError:
-        return ValueError(f"{where}: {field} must be {want}, got {_kind(got)} ({json.dumps(got)[:60]})")
+        shown = "" if got is None else f" ({json.dumps(got)[:60]})"
+        return ValueError(f"{where}: {field} must be {want}, got {_kind(got)}{shown}")
 
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)

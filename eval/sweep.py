@@ -11,8 +11,8 @@ scheduler instead of running them) and ``report``.
 
 One sweep at a time holds ``out`` (a second is refused, naming the first's pid), and its runs die
 with it: however the sweep ends (Ctrl-C, ``kill``, a SIGKILL of the sweep alone), no run goes on
-training beside the next call. A second call is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
-configuration) holds a finished run of at least the asked steps is skipped; one that was killed, or
+training beside the next call. A second call is cheap and safe: a run whose directory
+(``<out>/<env>/<model>/*-seed<k>``, same configuration) holds a finished run of at least the asked steps is skipped; one that was killed, or
 asked for fewer steps, is resumed (``resume=``, exact); the rest start. Every run's options are
 checked before the first one starts, so a typo fails in a second, not after hours. At the end the
 finished runs go through ``eval.report``.
