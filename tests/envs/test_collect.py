@@ -164,6 +164,15 @@ def test_train_behavior_then_collect(tmp_path, data_dirs):
     with pytest.warns(UserWarning):
         ds = load_dataset("hopper-medium", source="replica", verbose=False)
     assert ds.num_steps == prov["steps"] >= 50
+    # training resumes from the plain-tensor checkpoint and the replay arrays (no pickle involved)
+    before = behavior.load_replay(wd / "replay.npz")
+    behavior.train_behavior(wd, behavior.BehaviorConfig(env_id="Hopper-v4", total_steps=600, checkpoint_every=200),
+                            progress=False)
+    ck = behavior.load_checkpoint(wd / "sac_step0000600.pt")
+    assert ck["num_timesteps"] == 600 and ck["n_updates"] > behavior.load_checkpoint(wd / "sac_step0000400.pt")["n_updates"]
+    replay, n = behavior.load_replay(wd / "replay.npz"), int(before["pos"])
+    assert int(replay["pos"]) > n > 300  # the buffer went on from where it was ...
+    np.testing.assert_array_equal(replay["observations"][:n], before["observations"][:n])  # ... and kept its past
 
 
 def test_every_numeric_option_is_valid_or_named(fuzz_options):

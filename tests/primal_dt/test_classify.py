@@ -1,8 +1,11 @@
 """``python -m primal_dt.classify`` end to end: real data, real TensorBoard files, clear errors."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -142,3 +145,23 @@ def test_validation_ties_go_to_lower_loss(tmp_path):
         evaluation_round(tr, SimpleNamespace(test=data.test, val=data.val), tmp_path)
         steps.append(tr.best["step"])
     assert steps == [1, 2, 2]
+
+
+def test_a_run_is_resumed_by_one_process_at_a_time(tmp_path):
+    base = ["task=uea/JapaneseVowels-fast", "model=transformer", "data.max_train=16", "data.max_val=9",
+            "data.max_test=10", "train.batch_size=8", f"out={tmp_path}", *TINY]
+    d = Path(run([*base, "train.epochs=1"])["run_dir"])
+    root = Path(__file__).resolve().parents[2]
+    first = subprocess.Popen([sys.executable, "-m", "primal_dt.classify", f"resume={d}", "train.epochs=100000",
+                              "progress=false"], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and first.poll() is None and (d / ".lock").read_text().strip() != str(first.pid):
+            time.sleep(0.05)
+        with pytest.raises(SetupError, match=f"the run directory {d} is in use by process {first.pid}"):
+            run([f"resume={d}", "train.epochs=3", "progress=false"])
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert run([f"resume={d}", "train.epochs=3", "progress=false"])["run_dir"] == str(d)  # the kill freed it
