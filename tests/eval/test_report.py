@@ -286,3 +286,8 @@ def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(
     p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={tmp_path / 'file' / 'rep'}")
     one_line_error(p, f"could not write the report directory (nothing was written) {tmp_path / 'file' / 'rep'}: "
                       "a part of the path is a file")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={locked / 'rep'}",
+                honour_permissions=True)
+    one_line_error(p, f"could not write the report directory (nothing was written) {locked / 'rep'}: permission denied")
