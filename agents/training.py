@@ -265,9 +265,9 @@ def next_batch(run: Run, reach: int | None) -> dict:
 def open_run_dir(run: Run) -> None:
     """Give a new run its directory (rank 0 creates it exclusively, the others learn its name), or
     check a resumed run's is writable; rank 0 holds it (``lock``: a second process resuming the same
-    run is refused, naming this one); then remove temporary files that killed checkpoint writes
-    left behind (in a resumed run's directory, or its siblings' for a new run), so they do not pile
-    up. Before any training step, so an unwritable ``out`` costs nothing."""
+    run is refused, naming this one); then remove temporary files that killed writes (checkpoints,
+    summaries, plots) left behind (in a resumed run's directory, or its siblings' for a new run), so
+    they do not pile up. Before any training step, so an unwritable ``out`` costs nothing."""
     cfg, d = run.cfg, run.dist
     if run.out is None:
         name = [str(run_dir(cfg.out, cfg.env, training_log.model_label(cfg), seed=cfg.seed)) if d.main else None]
@@ -283,7 +283,7 @@ def open_run_dir(run: Run) -> None:
             lock.hold(run.out)
         stale = ck_io.remove_stale_temps(run.out, own=True) if d.main else []
     if stale:
-        print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint writes: "
+        print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
               f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
 
 

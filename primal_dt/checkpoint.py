@@ -97,13 +97,14 @@ def _writer_alive(pid: int, host: str) -> bool:
     return True
 
 
-def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] = ("last.pt", "best.pt"),
+def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None = None,
                        own: bool = False) -> list[Path]:
-    """Delete temporary files of interrupted writes (``write_atomic``) of ``names`` in ``directories``,
-    where their writer (this machine, its pid in the name) is gone; returns what was removed.
+    """Delete temporary files of interrupted writes (``write_atomic``) in ``directories`` (of the files
+    ``names`` only, if given) whose writer (this machine, its pid in the name) is gone; returns what
+    was removed.
 
-    ``own``: the caller owns these directories (it is resuming that run), so temporaries of an older
-    release, whose names carry no writer, are removed too."""
+    ``own``: the caller owns these directories (it is resuming that run), so checkpoint temporaries of
+    an older release, whose names carry no writer, are removed too."""
     removed = []
     for d in directories:
         d = Path(d)
@@ -111,9 +112,9 @@ def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] = ("last
             continue
         for p in d.glob(".*.tmp"):
             m = _TEMP.match(p.name)
-            if not m or m["name"] not in names:
+            if not m or (names is not None and m["name"] not in names):
                 continue
-            if m["pid"] is None and not own:
+            if m["pid"] is None and not (own and m["name"] in ("last.pt", "best.pt")):
                 continue
             if m["pid"] is not None and _writer_alive(int(m["pid"]), m["host"]):
                 continue

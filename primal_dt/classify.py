@@ -68,7 +68,7 @@ def run(argv: list[str]) -> dict:
         lock.hold(out)
         stale = checkpoint.remove_stale_temps(*out.parent.iterdir())
     if stale:
-        print(f"removed {len(stale)} temporary file(s) of interrupted checkpoint writes: "
+        print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
               f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
     try:
         return fit(trainer, data, out, source, resumed=ck is not None)

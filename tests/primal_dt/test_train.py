@@ -260,10 +260,11 @@ def test_an_unwritable_out_is_one_line_before_any_training(hopper_file, tmp_path
 def test_temporaries_of_killed_checkpoint_writes_are_removed_at_resume_and_at_the_next_start(
         hopper_file, tmp_path, killed_checkpoint_write, capsys, tiny_train):
     d = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=2", *tiny_train.QUIET))["run_dir"])
-    stale = killed_checkpoint_write(d / "last.pt")
+    stale, summary = killed_checkpoint_write(d / "last.pt"), killed_checkpoint_write(d / "summary.json")
     run([f"resume={d}", "steps=3", "progress=false"])
-    assert not stale.exists() and f"removed 1 temporary file(s) of interrupted checkpoint writes: {stale}" in \
-        capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert not stale.exists() and not summary.exists() and "removed 2 temporary file(s) of interrupted writes: " in err
+    assert str(stale) in err and str(summary) in err
     stale = killed_checkpoint_write(d / "last.pt")
     other = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=1", *tiny_train.QUIET))["run_dir"])  # a new run beside it
     assert other != d and not stale.exists() and dt_checkpoint.load(d).step == 3
