@@ -230,7 +230,7 @@ def _save_shard(path: Path, episodes: list[dict]) -> None:
 
 
 def _load_shard(path: Path) -> list[dict]:
-    z = np.load(path)
+    z = np.load(path, allow_pickle=False)
     out, o, s = [], 0, 0
     for n, seed in zip(z["lengths"].tolist(), z["seeds"].tolist()):
         out.append({"observations": z["observations"][o:o + n + 1], "actions": z["actions"][s:s + n],

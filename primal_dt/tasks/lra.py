@@ -145,6 +145,25 @@ def _pixel_split(pixels: np.ndarray, labels) -> Split:
     return Split(x, torch.ones_like(x, dtype=torch.bool), torch.as_tensor(np.asarray(labels), dtype=torch.long))
 
 
+class _ArraysOnly(pickle.Unpickler):
+    """An unpickler that builds numpy arrays and plain data only: CIFAR-10's python batches are pickles,
+    and a file that names anything else (a function to call) is refused before any of it runs."""
+
+    ALLOWED = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+               ("numpy", "ndarray"), ("numpy", "dtype")}
+
+    def find_class(self, module, name):
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a CIFAR-10 batch never holds")
+        if name != "_reconstruct":
+            return getattr(np, name)
+        try:
+            from numpy._core.multiarray import _reconstruct
+        except ImportError:  # numpy 1.x
+            from numpy.core.multiarray import _reconstruct
+        return _reconstruct
+
+
 def load_image(path: str, val_fraction: float = 0.1, split_seed: int = 0) -> TaskData:
     root = _need_dir(path, "LRA Image", "the cifar-10-batches-py folder (data_batch_1..5, test_batch)")
 
@@ -154,8 +173,11 @@ def load_image(path: str, val_fraction: float = 0.1, split_seed: int = 0) -> Tas
             f = root / n
             if not f.exists():
                 raise FileNotFoundError(f"LRA Image: missing CIFAR-10 batch {f}")
-            with open(f, "rb") as fh:
-                d = pickle.load(fh, encoding="bytes")
+            try:
+                with open(f, "rb") as fh:
+                    d = _ArraysOnly(fh, encoding="bytes").load()
+            except pickle.UnpicklingError as err:
+                raise ValueError(f"{f} was not loaded: {err}; delete it and download CIFAR-10 again") from None
             try:
                 xs.append(np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
                 ys += list(d[b"labels"])

@@ -71,6 +71,24 @@ def test_image_cifar_batches(tmp_path):
     assert torch.equal(d.test.x.long(), torch.from_numpy(g))
 
 
+class _Payload:
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (eval, (f"__import__('pathlib').Path({self.marker!r}).write_text('ran')",))
+
+
+def test_a_cifar_batch_holding_a_pickle_payload_is_refused_and_never_run(tmp_path):
+    marker = tmp_path / "ran"
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        with open(tmp_path / name, "wb") as f:
+            pickle.dump({b"data": _Payload(marker), b"labels": [0]}, f)
+    with pytest.raises(ValueError, match=r"data_batch_1 was not loaded: it names builtins\.eval"):
+        load_task(DataConfig(kind="image", path=str(tmp_path), val_fraction=0.1))
+    assert not marker.exists()
+
+
 def test_pathfinder_release_layout(tmp_path):
     from PIL import Image
 
