@@ -126,7 +126,7 @@ class Agent(Policy):
         self._any_first = bool(self.first.any())
 
     def _step(self, obs, reward):
-        s = (torch.as_tensor(obs, dtype=torch.float32).to(self.device) - self.mean) / self.std
+        s = (torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32)).to(self.device) - self.mean) / self.std
         if reward is not None:
             r = torch.from_numpy(reward).to(self.device)
             self.rtg -= torch.where(self.first, 0.0, r / self.reward_scale)

@@ -133,7 +133,8 @@ class Policy:
             if r.shape != (self.batch,):
                 raise ValueError(f"reward must have shape [batch={self.batch}], got {r.shape}")
         action = self._step(o, r)
-        if not math.isfinite(action.sum()):  # a scalar: no array allocated on the steps that pass
+        flat = action.reshape(-1)
+        if not math.isfinite(flat.dot(flat)):  # one BLAS call, no temporary array, on the steps that pass
             rows = np.flatnonzero(~np.isfinite(action).all(1)).tolist()
             raise FloatingPointError(f"the policy's actions are not finite in rows {rows}: check their observations "
                                      "and rewards (NaN or inf?); a cosformer layer also gives NaN once an episode "

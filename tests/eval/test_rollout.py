@@ -125,6 +125,26 @@ def test_finished_rows_leave_the_batch_and_idle_simulators_are_not_stepped(ckpt)
     assert res["act_rows"][min(lengths)] == 3 - sum(n == min(lengths) for n in lengths)
 
 
+def test_the_episode_loop_drives_any_runtime_of_the_acting_api(ckpt, tmp_path):
+    """The evaluators' loop takes any policy with the shared API: the exported ONNX runtime plays the
+    torch agent's episodes (its actions agree to 1e-5), restarts and departing rows included."""
+    from agents.export import export_policy
+    from agents.onnx_policy import OnnxPolicy
+
+    jobs = [(3600.0, e) for e in range(3)] + [(1800.0, 0)]
+    out = {}
+    for name, policy in (("agent", load_agent(ckpt, engine="stream")),
+                         ("onnx", OnnxPolicy(export_policy(ckpt, "onnx", tmp_path / "policy.onnx")))):
+        venv = rollout.vector_env("hopper-medium", 3)
+        try:
+            out[name] = rollout.run_episodes(policy, venv, jobs, seed=5, max_steps=MAX)
+        finally:
+            venv.close()
+    assert out["onnx"]["lengths"] == out["agent"]["lengths"] and out["onnx"]["act_rows"] == out["agent"]["act_rows"]
+    assert min(out["agent"]["act_rows"]) < 3, "rows left the batch"
+    np.testing.assert_allclose(out["onnx"]["returns"], out["agent"]["returns"], rtol=1e-4)
+
+
 def test_simulator_process_steps_like_the_vector_env_and_reports_failures():
     """A lane's simulators in a subprocess give what the same SyncVectorEnv gives in-process; a
     simulator that cannot be built is the same clear error as in-process, and close() leaves no
