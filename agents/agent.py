@@ -30,18 +30,19 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from primal_dt import runtime
 from primal_dt.attention.precision import check_precision, native_bf16
 
-from . import dt_checkpoint
+from . import dt_checkpoint, threads
+from .onnx_policy import Policy
 from .recompute import RecomputeEngine
 from .stream import StreamEngine
 
 ENGINES = ("stream", "recompute")
 
 
-class Agent:
-    """``model`` acting for B rows with the bookkeeping it was trained with.
+class Agent(Policy):
+    """``model`` acting for B rows with the bookkeeping it was trained with (the shared acting API,
+    its checks and targets: ``agents.onnx_policy.Policy``).
 
     ``state_mean`` / ``state_std`` / ``reward_scale`` (returns-to-go are divided by it) and the
     default ``target`` (raw return, one or one per row) are required: they belong to the dataset
@@ -75,11 +76,12 @@ class Agent:
         #: matmul precision of the stream step (primal_dt/attention/precision.py): fp32 exact, bf16 faster
         self.precision = precision
         cfg = model.cfg
-        self.state_dim, self.act_dim = cfg.state_dim, cfg.act_dim
+        self.obs_dim = self.state_dim = cfg.state_dim
+        self.act_dim = cfg.act_dim
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         if self.device.type == "cpu":  # steps reallocate the same large buffers: keep them mapped (page faults)
-            runtime.keep_freed_memory()
+            threads.keep_freed_memory()
         mean = torch.as_tensor(np.asarray(state_mean, dtype=np.float32), device=self.device)
         std = torch.as_tensor(np.asarray(state_std, dtype=np.float32), device=self.device)
         if mean.shape != (self.state_dim,) or std.shape != (self.state_dim,):
@@ -90,94 +92,43 @@ class Agent:
             raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
         self.reward_scale = float(reward_scale)
         self.default_target = target
-        self.batch = 0
         self.engine = None
 
-    # -- episode bookkeeping ------------------------------------------------------------------
-    def _targets(self, target, n: int) -> torch.Tensor:
-        t = self.default_target if target is None else target
-        arr = np.asarray(t, dtype=np.float64).reshape(-1)
-        if arr.size == 1:
-            arr = np.full(n, arr[0])
-        if arr.size != n:
-            raise ValueError(f"target must be a number or {n} numbers (one per restarted row), got {arr.size}")
-        return torch.as_tensor(arr / self.reward_scale, dtype=torch.float32, device=self.device)
+    # -- the rows' state (the shared API is Policy's) -------------------------------------------------
+    def _scaled(self, targets: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(targets / self.reward_scale, dtype=torch.float32, device=self.device)
 
-    def reset(self, batch: int, target: float | Sequence[float] | None = None) -> None:
-        """Start ``batch`` new episodes (rows); ``target`` is the return to aim for, one or per row."""
-        if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
-            raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
-        B = self.batch = int(batch)
+    def _start(self, B, targets):
         if self.engine_name == "stream":
             self.engine = StreamEngine(self.model, B, self.precision)
         else:
             self.engine = RecomputeEngine(self.model, B, self.context)
-        self.rtg = self._targets(target, B)
+        self.rtg = self._scaled(targets)
         self.t = torch.zeros(B, dtype=torch.long, device=self.device)
         self.prev_action = torch.zeros(B, self.act_dim, dtype=self.dtype, device=self.device)
         self.first = torch.ones(B, dtype=torch.bool, device=self.device)
         self._any_first = True
 
-    def reset_done(self, done, target: float | Sequence[float] | None = None) -> None:
-        """Restart the rows where ``done`` ([B] bool) is True; other rows keep their state.
-        ``target``: the new episodes' return target (one, or one per restarted row)."""
-        self._require_reset()
-        d = np.asarray(done.cpu() if isinstance(done, torch.Tensor) else done)
-        if d.shape != (self.batch,):
-            raise ValueError(f"done must have shape [batch={self.batch}], got {d.shape}")
-        d = d.astype(bool)
-        n = int(d.sum())
-        if n == 0:
-            return
-        rows = torch.as_tensor(d, device=self.device)
+    def _restart(self, rows, targets):
+        rows = torch.as_tensor(rows, device=self.device)
         self.engine.reset_rows(rows)
-        self.rtg[rows] = self._targets(target, n)
+        self.rtg[rows] = self._scaled(targets)
         self.t[rows] = 0
         self.prev_action[rows] = 0
         self.first[rows] = True
         self._any_first = True
 
-    def keep_rows(self, keep) -> None:
-        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order; the
-        others are dropped (the batch shrinks: an evaluator whose episodes are done stops paying
-        for them). At least one row must remain."""
-        self._require_reset()
-        k = np.asarray(keep.cpu() if isinstance(keep, torch.Tensor) else keep)
-        if k.shape != (self.batch,):
-            raise ValueError(f"keep must have shape [batch={self.batch}], got {k.shape}")
-        k = k.astype(bool)
-        if not k.any():
-            raise ValueError("keep_rows would drop every row; call agent.reset(batch) to start over")
-        if k.all():
-            return
-        rows = torch.as_tensor(k, device=self.device)
+    def _keep(self, rows):
+        rows = torch.as_tensor(rows, device=self.device)
         self.engine.keep_rows(rows)
         self.rtg, self.t, self.prev_action = self.rtg[rows], self.t[rows], self.prev_action[rows]
         self.first = self.first[rows]
         self._any_first = bool(self.first.any())
-        self.batch = int(k.sum())
 
-    def _require_reset(self):
-        if self.engine is None:
-            raise RuntimeError("call agent.reset(batch) before agent.act / agent.reset_done")
-
-    # -- acting -----------------------------------------------------------------------------------
-    def _obs(self, obs) -> torch.Tensor:
-        o = torch.as_tensor(np.asarray(obs, dtype=np.float32) if not isinstance(obs, torch.Tensor) else obs)
-        if o.shape != (self.batch, self.state_dim):
-            raise ValueError(f"obs must have shape [batch={self.batch}, state_dim={self.state_dim}], "
-                             f"got {tuple(o.shape)}")
-        return (o.to(self.device, torch.float32) - self.mean) / self.std
-
-    def act_tensor(self, obs, reward=None) -> torch.Tensor:
-        """As ``act`` but returns a tensor on the model's device."""
-        self._require_reset()
-        s = self._obs(obs)
+    def _step(self, obs, reward):
+        s = (torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32)).to(self.device) - self.mean) / self.std
         if reward is not None:
-            r = torch.as_tensor(np.asarray(reward, dtype=np.float32) if not isinstance(reward, torch.Tensor)
-                                else reward).to(self.device, torch.float32)
-            if r.shape != (self.batch,):
-                raise ValueError(f"reward must have shape [batch={self.batch}], got {tuple(r.shape)}")
+            r = torch.from_numpy(reward).to(self.device)
             self.rtg -= torch.where(self.first, 0.0, r / self.reward_scale)
         first = self.first if self._any_first else None
         action = self.engine.step(self.rtg, s.to(self.dtype), self.prev_action, self.t, first)
@@ -186,12 +137,7 @@ class Agent:
         if self._any_first:
             self.first.zero_()
             self._any_first = False
-        return action
-
-    def act(self, obs, reward=None) -> np.ndarray:
-        """One action per row ([B, act_dim] float32 numpy) for observations ``obs`` [B, state_dim];
-        ``reward`` [B] is the reward of the previous step (None at the first step)."""
-        return self.act_tensor(obs, reward).float().cpu().numpy()
+        return action.float().cpu().numpy()
 
     @property
     def timesteps(self) -> np.ndarray:

@@ -26,7 +26,7 @@ Metadata travels inside the artefact (ONNX ``metadata_props`` / TorchScript extr
 shapes with the batch axis, dtypes, initial values), the stream semantics in words, the package
 version and the SHA-256 of the source checkpoint file. Runtimes with the ``Agent`` API:
 ``agents.onnx_policy.OnnxPolicy`` (numpy + onnxruntime only, one file to copy) and
-``TorchScriptPolicy`` here.
+``agents.torchscript_policy.TorchScriptPolicy``.
 
 ONNX goes through torch's TorchScript-based exporter (``torch.onnx.export(dynamo=False)``): it needs
 only the ``onnx`` package (the dynamo exporter would add onnxscript) and exports traces with a dynamic
@@ -64,7 +64,6 @@ from .onnx_policy import (
     SCHEMA,
     STATE_IN,
     STATE_OUT,
-    GraphPolicy,
 )
 from .stream import CHUNK, softmax_stream_window
 
@@ -411,38 +410,6 @@ def read_metadata(path: str | Path) -> dict:
     return json.loads(text)
 
 
-# -- running the TorchScript artefact ---------------------------------------------------------------
-class TorchScriptPolicy(GraphPolicy):
-    """An exported TorchScript policy with the ``Agent`` API (``agents.onnx_policy`` documents it).
-    ``threads``: torch's intra-op threads, set for the whole process (None: left as they are)."""
-
-    def __init__(self, path, threads: int | None = None):
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"policy {path} does not exist (export one with python -m agents.export "
-                                    "checkpoint=RUN format=torchscript out=PATH)")
-        key = METADATA_KEY + ".json"
-        extra = {key: ""}
-        try:
-            self.module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
-        except RuntimeError as err:
-            raise ValueError(f"{path} is not a readable TorchScript file: {err}") from err
-        if not extra[key]:
-            raise ValueError(f"{path} is a TorchScript file without primal-dt policy metadata; export one with "
-                             "python -m agents.export format=torchscript")
-        super().__init__(json.loads(extra[key]), str(path))
-        if threads is not None:
-            runtime.check_number("threads", threads, runtime.AT_LEAST_1)
-            torch.set_num_threads(int(threads))
-
-    def _run(self, inputs):
-        with torch.inference_mode():
-            out = self.module(*(torch.from_numpy(a) for a in inputs))
-        arrays = [o.numpy() for o in out]
-        arrays[0] = arrays[0].copy()  # action and next_state.prev_action are one tensor in the graph
-        return arrays
-
-
 # -- command line ----------------------------------------------------------------------------------------
 @dataclass
 class ExportConfig:
@@ -478,7 +445,7 @@ def run(argv: list[str]) -> Path:
     print(f"exported {meta['checkpoint']} ({'/'.join(meta['layers'])}, obs {meta['obs_dim']} -> act "
           f"{meta['act_dim']}) as {cfg.format}: {out} ({out.stat().st_size / 1e6:.2f} MB, {len(meta['state'])} state "
           "tensors, any batch)")
-    runner = "onnx_policy.OnnxPolicy" if cfg.format == "onnx" else "agents.export.TorchScriptPolicy"
+    runner = "onnx_policy.OnnxPolicy" if cfg.format == "onnx" else "agents.torchscript_policy.TorchScriptPolicy"
     print(f"run it with {runner}({str(out)!r}): reset(batch), act(obs, reward), reset_done(done)")
     return out
 

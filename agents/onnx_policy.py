@@ -13,20 +13,21 @@ used on its own (it imports nothing but numpy, onnxruntime and the standard libr
         obs, reward, term, trunc, _ = venv.step(action)
         policy.reset_done(term | trunc)         # restart only the finished rows
 
-The API is ``agents.Agent``'s (``reset``, ``act``, ``reset_done``, ``keep_rows``), and so are the
-actions: the graph is the stream engine's step with the agent's bookkeeping inside (state
+The API is every runtime's (``Policy``, defined here so that this file stands alone: ``reset``,
+``act``, ``reset_done``, ``keep_rows``; ``agents.Agent`` implements it too), and so are the actions: the graph is the stream engine's step with the agent's bookkeeping inside (state
 normalisation, return-to-go, timesteps) and every layer's recurrent state as explicit inputs and
 outputs. This class only keeps those state tensors between calls, raises the reset flags of
 restarted rows (the graph zeroes their state) and checks what the caller passes. ``metadata``
 (``policy.metadata``) is the JSON document stored in the model under ``METADATA_KEY``: dimensions,
 targets, reward scale, state layout, stream semantics, package version and the source checkpoint's
-SHA-256. ``agents.export.TorchScriptPolicy`` runs the TorchScript artefact with the same bookkeeping
-(``GraphPolicy``).
+SHA-256. ``agents.torchscript_policy.TorchScriptPolicy`` runs the TorchScript artefact with the same
+bookkeeping (``GraphPolicy``).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -121,67 +122,58 @@ def check_artefact(session, text: str | None, where: str) -> dict:
     return meta
 
 
-class GraphPolicy:
-    """The ``Agent`` API around an exported step graph: everything but running the graph (``_run``)."""
+class Policy:
+    """The acting API every runtime of a Decision-Transformer policy implements: ``agents.Agent`` (torch),
+    ``OnnxPolicy`` and ``agents.torchscript_policy.TorchScriptPolicy``. B rows (episodes) act at once,
+    each restarted (``reset_done``) or dropped (``keep_rows``) on its own; this class owns the row
+    count, the targets and every check on what a caller passes, so the runtimes agree on them.
 
-    def __init__(self, metadata: dict, where: str):
-        if metadata.get("format") != FORMAT:
-            raise ValueError(f"{where} is not a primal-dt stream policy (its metadata says format "
-                             f"{metadata.get('format')!r}); export one with python -m agents.export")
-        if int(metadata.get("schema", 0)) > SCHEMA:
-            raise ValueError(f"{where} was exported by a newer primal-dt (policy schema {metadata['schema']}, this "
-                             f"runtime reads <= {SCHEMA}); use the onnx_policy.py of that release")
-        self.metadata = metadata
-        self.where = where
-        self.obs_dim, self.act_dim = int(metadata["obs_dim"]), int(metadata["act_dim"])
-        self.targets = tuple(float(t) for t in metadata["targets"])
-        self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]
-        self.batch = 0
-        self._state: list[np.ndarray] = []
+    A runtime sets ``obs_dim``, ``act_dim`` and ``default_target`` (a raw return, one or per row) and
+    fills four hooks: ``_start(B, targets)`` (new rows), ``_restart(rows, targets)`` (rows restart
+    at their next step), ``_keep(rows)`` (the other rows leave) and ``_step(obs, reward) -> action``.
+    It lives in this file, numpy only, because this file must run copied out of the package."""
+
+    obs_dim: int
+    act_dim: int
+    default_target: float | list[float]
+    batch: int = 0
 
     # -- episode bookkeeping ------------------------------------------------------------------------
-    def _target(self, target, n: int) -> np.ndarray:
-        t = self.targets[0] if target is None else target
-        arr = np.asarray(t, dtype=np.float64).reshape(-1)
+    def _targets(self, target, n: int) -> np.ndarray:
+        """``target`` (None: the default) as ``n`` raw returns (float64)."""
+        arr = np.asarray(self.default_target if target is None else target, dtype=np.float64).reshape(-1)
         if arr.size == 1:
             arr = np.full(n, arr[0])
         if arr.size != n or not np.isfinite(arr).all():
             raise ValueError(f"target must be a finite number or {n} finite numbers (one per restarted row), got "
                              f"{target!r}")
-        return arr.astype(np.float32)
+        return arr
 
     def reset(self, batch: int, target=None) -> None:
-        """Start ``batch`` new episodes (rows); ``target`` is the return to aim for, one or per row
-        (default: the checkpoint's first, ``metadata["targets"][0]``)."""
+        """Start ``batch`` new episodes (rows); ``target`` is the return to aim for, one or per row."""
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
-        self.batch = B = int(batch)
-        self._target_rows = self._target(target, B)
-        self._reset = np.ones(B, dtype=np.bool_)
-        self._state = [np.zeros((B, *shape), dtype=dtype) for _, shape, dtype in self.state_layout]
-        self._rows_changed()
+        targets = self._targets(target, int(batch))
+        self.batch = int(batch)
+        self._start(self.batch, targets)
 
     def reset_done(self, done, target=None) -> None:
-        """Restart the rows where ``done`` ([B] bool) is True at the next ``act``; the others go on."""
+        """Restart the rows where ``done`` ([B] bool) is True; the others go on. ``target``: the new
+        episodes' return target (one, or one per restarted row)."""
         d = self._rows(done, "done")
         if d.any():
-            self._reset |= d
-            self._target_rows[d] = self._target(target, int(d.sum()))
+            self._restart(d, self._targets(target, int(d.sum())))
 
     def keep_rows(self, keep) -> None:
-        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order (the batch
-        shrinks). At least one row must remain."""
+        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order; the others
+        leave (the batch shrinks: an evaluator whose episodes are done stops paying for them). At
+        least one row must remain."""
         k = self._rows(keep, "keep")
         if not k.any():
             raise ValueError("keep_rows would drop every row; call reset(batch) to start over")
-        self._state = [s[k] for s in self._state]
-        self._reset, self._target_rows = self._reset[k], self._target_rows[k]
-        self.batch = int(k.sum())
-        self._rows_changed()
-
-    def _rows_changed(self) -> None:
-        """Hook: ``reset`` or ``keep_rows`` replaced the row arrays (``_state``, ``_reset``,
-        ``_target_rows``); ``reset_done`` and ``act`` only ever write into them in place."""
+        if not k.all():
+            self.batch = int(k.sum())
+            self._keep(k)
 
     def _rows(self, flags, what: str) -> np.ndarray:
         self._require_reset()
@@ -209,8 +201,10 @@ class GraphPolicy:
         return o
 
     def act(self, obs, reward=None) -> np.ndarray:
-        """One action per row ([B, act_dim] float32) for observations ``obs`` [B, obs_dim]; ``reward``
-        [B] is the reward of the previous step (None at the first; ignored for rows that restart)."""
+        """One action per row ([B, act_dim] float32, the caller's to keep) for observations ``obs``
+        [B, obs_dim]; ``reward`` [B] is the reward of the previous step (None at the first; ignored
+        for rows at their episode's first step, so the reward that ended an episode never leaks into
+        the next one)."""
         self._require_reset()
         o = self._observation(obs)
         r = None
@@ -219,20 +213,79 @@ class GraphPolicy:
             if r.shape != (self.batch,):
                 raise ValueError(f"reward must have shape [batch={self.batch}], got {r.shape}")
         action = self._step(o, r)
-        self._reset.fill(False)
-        if not np.isfinite(action).all():
+        flat = action.reshape(-1)
+        if not math.isfinite(flat.dot(flat)):  # one BLAS call, no temporary array, on the steps that pass
             rows = np.flatnonzero(~np.isfinite(action).all(1)).tolist()
             raise FloatingPointError(f"the policy's actions are not finite in rows {rows}: check their observations "
                                      "and rewards (NaN or inf?); a cosformer layer also gives NaN once an episode "
                                      "passes its max_len tokens (restart the row with reset_done)")
         return action
 
+    # -- what a runtime fills in --------------------------------------------------------------------
+    def _start(self, batch: int, targets: np.ndarray) -> None:
+        """``batch`` new rows aiming at ``targets`` (raw returns, float64)."""
+        raise NotImplementedError
+
+    def _restart(self, rows: np.ndarray, targets: np.ndarray) -> None:
+        """The rows where ``rows`` is True start new episodes aiming at ``targets`` (one per such row)."""
+        raise NotImplementedError
+
+    def _keep(self, rows: np.ndarray) -> None:
+        """Keep only the rows where ``rows`` is True (some, not all), in their order (``batch`` is
+        already their count)."""
+        raise NotImplementedError
+
     def _step(self, obs: np.ndarray, reward: np.ndarray | None) -> np.ndarray:
-        """One graph call on checked ``obs`` [B, obs_dim] (any float dtype) and ``reward`` [B] float32
-        or None (zeros); advances ``_state`` and returns the action, an array the caller owns."""
+        """Advance every row one step on checked ``obs`` [B, obs_dim] (any float dtype) and ``reward``
+        [B] float32 or None; the action [B, act_dim] float32, an array the caller owns."""
+        raise NotImplementedError
+
+
+class GraphPolicy(Policy):
+    """``Policy`` around an exported step graph: the graph does the bookkeeping (normalisation,
+    return-to-go, timesteps) and zeroes the state of rows flagged ``reset``; this class keeps the
+    state tensors between calls, raises the flags of restarted rows and passes each row's target.
+    Runtimes fill ``_run`` (one graph call)."""
+
+    def __init__(self, metadata: dict, where: str):
+        if metadata.get("format") != FORMAT:
+            raise ValueError(f"{where} is not a primal-dt stream policy (its metadata says format "
+                             f"{metadata.get('format')!r}); export one with python -m agents.export")
+        if int(metadata.get("schema", 0)) > SCHEMA:
+            raise ValueError(f"{where} was exported by a newer primal-dt (policy schema {metadata['schema']}, this "
+                             f"runtime reads <= {SCHEMA}); use the onnx_policy.py of that release")
+        self.metadata = metadata
+        self.where = where
+        self.obs_dim, self.act_dim = int(metadata["obs_dim"]), int(metadata["act_dim"])
+        self.targets = tuple(float(t) for t in metadata["targets"])
+        self.default_target = self.targets[0]
+        self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]
+        self._state: list[np.ndarray] = []
+
+    def _start(self, batch, targets):
+        self._target_rows = targets.astype(np.float32)
+        self._reset = np.ones(batch, dtype=np.bool_)
+        self._state = [np.zeros((batch, *shape), dtype=dtype) for _, shape, dtype in self.state_layout]
+        self._rows_changed()
+
+    def _restart(self, rows, targets):
+        self._reset |= rows
+        self._target_rows[rows] = targets
+
+    def _keep(self, rows):
+        self._state = [s[rows] for s in self._state]
+        self._reset, self._target_rows = self._reset[rows], self._target_rows[rows]
+        self._rows_changed()
+
+    def _rows_changed(self) -> None:
+        """Hook: ``reset`` or ``keep_rows`` replaced the row arrays (``_state``, ``_reset``,
+        ``_target_rows``); ``reset_done`` and ``act`` only ever write into them in place."""
+
+    def _step(self, obs, reward):
         r = np.zeros(self.batch, dtype=np.float32) if reward is None else reward
         o = np.ascontiguousarray(obs, dtype=np.float32)
         action, *self._state = self._run([o, r, self._reset, self._target_rows, *self._state])
+        self._reset.fill(False)
         return action
 
     def input_names(self) -> list[str]:
@@ -314,6 +367,7 @@ class OnnxPolicy(GraphPolicy):
         else:
             np.copyto(self._reward, reward)
         self.session.run_with_iobinding(self._bindings[self._parity][0])
+        self._reset.fill(False)
         self._parity ^= 1
         self._state = self._states[self._parity]
         return self._action.copy()

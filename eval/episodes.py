@@ -131,31 +131,56 @@ class _Lane:
 
 def run_lane(agent, venv, jobs, seed: int, max_steps: int, returns, lengths,
              on_episode: Callable[[int], None] | None = None) -> dict:
-    """One lane's act-then-step loop until its jobs run out (what a lane process runs,
-    ``eval.simulators``): jobs from ``jobs.take(step, n)`` (see ``Jobs``), outcomes written to
-    ``returns[job]`` / ``lengths[job]``. Returns the lane's "act_s", "act_rows" and "env_steps" as
-    ``run_episodes`` does."""
-    lane = _Lane(agent, venv)
-    lane.start(jobs, seed)
+    """One lane's loop until its jobs run out (what a lane process runs, ``eval.simulators``): jobs from
+    ``jobs.take(step, n)`` (see ``Jobs``), outcomes written to ``returns[job]`` / ``lengths[job]``.
+    Returns the lane's "act_s", "act_rows" and "env_steps" as ``run_episodes`` does."""
+    return _loop([_Lane(agent, venv)], jobs, seed, max_steps, returns, lengths, on_episode)
+
+
+def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths, on_episode, submit=None) -> dict:
+    """The act-then-step loop, once for every evaluator: each lane's agent acts for its running rows,
+    its simulators step (``submit(lane, action)``: the step's result, or a function that waits for
+    it; default: step here), and the step's outcome restarts or drops rows (``_Lane.finish``). With
+    several lanes a lane's step is taken in only after the next lane has acted, so the simulators of
+    one lane run while the other lane's agent computes."""
+    for lane in lanes:
+        lane.start(jobs, seed)
     act_s: list[float] = []
     act_rows: list[int] = []
     env_steps = 0
-    while len(lane.running):
-        t0 = time.perf_counter()
-        action = agent.act(lane.obs, lane.reward)
-        act_s.append(time.perf_counter() - t0)
-        act_rows.append(len(lane.running))
-        env_steps += len(lane.running)
-        ended = lane.finish(step_rows(venv, lane.running, action), jobs, seed, returns, lengths, max_steps)
+    pending = None  # (lane, its step's result or a function returning it): a lane whose simulators are stepping
+
+    def finish(p):
+        lane, result = p
+        ended = lane.finish(result() if callable(result) else result, jobs, seed, returns, lengths, max_steps)
         if ended and on_episode is not None:
             on_episode(ended)
+
+    while any(len(lane.running) for lane in lanes):
+        for lane in lanes:
+            if pending is not None and pending[0] is lane:
+                finish(pending)
+                pending = None
+            if not len(lane.running):
+                continue
+            t0 = time.perf_counter()
+            action = lane.agent.act(lane.obs, lane.reward)
+            act_s.append(time.perf_counter() - t0)
+            act_rows.append(len(lane.running))
+            env_steps += len(lane.running)
+            if pending is not None:  # the previous lane's simulators ran while this lane acted
+                finish(pending)
+            pending = (lane, step_rows(lane.venv, lane.running, action) if submit is None else submit(lane, action))
+    if pending is not None:
+        finish(pending)
     return {"act_s": act_s, "act_rows": act_rows, "env_steps": env_steps}
 
 
 def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, max_steps: int,
                  on_episode: Callable[[int], None] | None = None, host: bool = True) -> dict:
     """Run every (target, episode index) job to its end; ``agents`` / ``venvs``: one each, or one
-    per lane (vector envs with autoreset DISABLED).
+    per lane (vector envs with autoreset DISABLED). Any object with the ``agents.onnx_policy.Policy``
+    API acts (a torch agent, an exported runtime).
 
     ``on_episode(n)`` is called each time ``n`` >= 1 episodes have just ended, so the calls add up
     to ``len(jobs)``: progress counted in episodes, the unit the caller asked for, since an
@@ -170,60 +195,27 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
     venvs = list(venvs) if isinstance(venvs, (list, tuple)) else [venvs]
     if len(agents) != len(venvs) or not agents:
         raise ValueError(f"one agent per vector env: got {len(agents)} agents for {len(venvs)} vector envs")
-    if host and all(hasattr(v, "step_rows_async") for v in venvs):  # lane processes: host the agents there
+    in_process = all(hasattr(v, "step_rows_async") for v in venvs)
+    if host and in_process:  # lane processes: host the agents there
         from eval import simulators
 
         blobs = [simulators.hostable(a) for a in agents]
         if all(b is not None for b in blobs):
             return simulators.run_hosted(blobs, venvs, jobs, seed, max_steps, on_episode)
-    queue = Jobs(jobs)
-    lanes = [_Lane(a, v) for a, v in zip(agents, venvs)]
-    for lane in lanes:
-        lane.start(queue, seed)
     returns = np.zeros(len(jobs))
     lengths = np.zeros(len(jobs), dtype=np.int64)
-    act_s: list[float] = []
-    act_rows: list[int] = []
-    env_steps = 0
-    in_process = all(hasattr(v, "step_rows_async") for v in venvs)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="simulators") if len(lanes) > 1 and not in_process else None
-    pending = None  # (lane, a function returning its step): a lane whose simulators are stepping
+    pool = ThreadPoolExecutor(1, thread_name_prefix="simulators") if len(venvs) > 1 and not in_process else None
 
     def submit(lane, action):
         if in_process:  # eval.simulators: the lane's own process steps while we go on
             lane.venv.step_rows_async(lane.running, action)
             return lane.venv.step_rows_wait
-        if pool is not None:
-            return pool.submit(step_rows, lane.venv, lane.running, action).result
-        out = step_rows(lane.venv, lane.running, action)
-        return lambda: out
-
-    def finish(p):
-        lane, result = p
-        ended = lane.finish(result(), queue, seed, returns, lengths, max_steps)
-        if ended and on_episode is not None:
-            on_episode(ended)
+        return pool.submit(step_rows, lane.venv, lane.running, action).result
 
     try:
-        while any(len(lane.running) for lane in lanes):
-            for lane in lanes:
-                if pending is not None and pending[0] is lane:
-                    finish(pending)
-                    pending = None
-                if not len(lane.running):
-                    continue
-                t0 = time.perf_counter()
-                action = lane.agent.act(lane.obs, lane.reward)
-                act_s.append(time.perf_counter() - t0)
-                act_rows.append(len(lane.running))
-                env_steps += len(lane.running)
-                if pending is not None:  # the previous lane's simulators ran while this lane acted
-                    finish(pending)
-                pending = (lane, submit(lane, action))
-        if pending is not None:
-            finish(pending)
+        out = _loop([_Lane(a, v) for a, v in zip(agents, venvs)], Jobs(jobs), seed, max_steps, returns, lengths,
+                    on_episode, submit if in_process or pool is not None else None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
-    return {"returns": returns.tolist(), "lengths": lengths.tolist(), "act_s": act_s, "act_rows": act_rows,
-            "env_steps": env_steps}
+    return {"returns": returns.tolist(), "lengths": lengths.tolist(), **out}

@@ -37,20 +37,22 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from agents.threads import inference_threads, lane_threads
 from eval.episodes import run_episodes
 from primal_dt import runtime
-from primal_dt.attention.precision import check_precision
 from primal_dt.cli import option
 from primal_dt.train_config import RolloutOptions, TrainConfig
 from primal_dt.monitor import EpisodeBar
 
 
 # -- simulators ------------------------------------------------------------------------------------
-def _vector_env(name: str, num_envs: int, asynchronous: bool, gym_id: str | None, make_vector_env=None):
+def vector_env(name: str, num_envs: int, asynchronous: bool = False, gym_id: str | None = None):
+    """``num_envs`` simulators of ``name`` as the episode loop wants them: a vector env with autoreset
+    disabled (the loop resets each finished simulator itself)."""
     from gymnasium.vector import AutoresetMode
 
-    if make_vector_env is None:
-        from envs import make_vector_env
+    from envs import make_vector_env
+
     return make_vector_env(name, num_envs, None, asynchronous, gym_id=gym_id, autoreset_mode=AutoresetMode.DISABLED)
 
 
@@ -88,63 +90,47 @@ def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int] | None =
 
 
 # -- the trainer's entry point ------------------------------------------------------------------------
-def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *, state_mean=None, state_std=None,
-             reward_scale: float | None = None, num_envs: int = RolloutOptions.num_envs, max_steps: int | None = None,
-             gym_id: str | None = None, make_vector_env: Callable | None = None,
-             on_episode: Callable[[int], None] | None = None, engine: str = RolloutOptions.engine,
-             asynchronous: bool = False, lanes: int = 0, lane_workers: str = "process",
-             details: dict | None = None, precision: str = "fp32") -> dict:
+def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutOptions(), *, data=None,
+             on_episode: Callable[[int], None] | None = None, details: dict | None = None) -> dict:
     """Roll out ``episodes`` episodes per target; {target: {"returns", "lengths", "normalized",
     "return_mean", "return_std", "normalized_mean", "normalized_std", "length_mean", ...}}.
-    Episode e uses reset seed ``seed + e`` for every target, so targets share initial states. ``model``
-    is a DecisionTransformer, with ``state_mean``, ``state_std`` and ``reward_scale`` (returns-to-go are
-    divided by it) required, or a checkpoint (path, run directory, dict or ``DTCheckpoint``), whose
-    statistics, reward scale and simulator (``gym_id``) fill whichever of these is not given.
-    ``lanes``: vector envs the ``num_envs``
-    simulators are split into, stepped while the next lane's agent acts (``eval.episodes``; 0: two
-    for synchronous simulators, one for subprocesses). ``details``, when given, receives the agent
-    latency and wall time. ``on_episode(n)``: called as ``n`` episodes end (progress; the calls add up to
-    ``episodes * len(targets)``). ``lane_workers``: where a synchronous lane's simulators step while the other
-    lane acts: "process" (one subprocess per lane, ``eval.simulators``) or "thread" (used anyway with a
-    custom ``make_vector_env``). ``precision``: the stream engine's matmul precision (``agents.Agent``:
-    fp32 exact, bf16 faster and approximate). The model's training mode is restored afterwards."""
+
+    ``model``: a DecisionTransformer with ``data``, the ``agents.DataInfo`` of its training data (the
+    simulator, statistics, reward scale and default targets the agent must repeat), or a checkpoint
+    (path, run directory, dict or ``DTCheckpoint``), whose own ``DataInfo`` is used unless ``data``
+    is given. ``options`` says how (``RolloutOptions``, training's ``eval.*`` and ``eval.rollout``'s
+    shared options): targets (empty: ``data.eval_targets``), simulators, step cap, engine and
+    precision, lanes (vector envs the simulators are split into, stepped while the next lane's agent
+    acts: ``eval.episodes``) and where they step. Episode e uses reset seed ``seed + e`` for every
+    target, so targets share initial states. ``on_episode(n)``: called as ``n`` episodes end
+    (progress; the calls add up to ``episodes * len(targets)``). ``details``, when given, receives
+    the agent latency, wall time and layout. The model's training mode is restored afterwards."""
+    import envs
     from agents import dt_checkpoint
     from agents.agent import Agent
 
     if episodes < 1:
         raise ValueError(f"episodes must be >= 1, got {episodes}")
-    if not targets:
-        raise ValueError("targets is empty: give at least one return-to-go target")
-    if not all(math.isfinite(float(t)) for t in targets):
-        raise ValueError(f"targets must be finite returns, got {list(targets)}")
-    if max_steps is not None and max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1 (or None: the env's limit), got {max_steps}")
+    options.check()
     if not isinstance(model, torch.nn.Module):
         ck = dt_checkpoint.load(model)
-        state_mean = ck.data.state_mean if state_mean is None else state_mean
-        state_std = ck.data.state_std if state_std is None else state_std
-        reward_scale = ck.data.reward_scale if reward_scale is None else reward_scale
-        gym_id = ck.data.gym_id if gym_id is None else gym_id
+        data = ck.data if data is None else data
         model = ck.build_model()
-    missing = [k for k, v in (("state_mean", state_mean), ("state_std", state_std), ("reward_scale", reward_scale))
-               if v is None]
-    if missing:
-        raise ValueError(f"{', '.join(missing)} required when evaluating a model (a checkpoint carries them): pass "
-                         "the training data's statistics and the run's reward_scale")
-    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 0:
-        raise ValueError(f"lanes must be an integer >= 0 (0: automatic), got {lanes!r}")
-    if lane_workers not in ("process", "thread"):
-        raise ValueError(f"lane_workers must be 'process' or 'thread', got {lane_workers!r}")
+    if data is None:
+        raise ValueError("data (the training data's DataInfo: statistics, reward_scale, env) is required when "
+                         "evaluating a model; a checkpoint carries it")
+    spec = envs.get_spec(data.env)
+    targets = options.targets or data.eval_targets
     jobs = [(float(t), e) for t in targets for e in range(episodes)]
     was_training = model.training
     model.eval()
-    n = max(1, min(int(num_envs), len(jobs)))
-    n_lanes = min(n, lanes or (1 if asynchronous else 2))
-    in_process = n_lanes > 1 and not asynchronous and lane_workers == "process" and make_vector_env is None
+    n = max(1, min(options.num_envs, len(jobs)))
+    n_lanes = min(n, options.lanes or (1 if options.asynchronous else 2))
+    in_process = n_lanes > 1 and not options.asynchronous and options.lane_workers == "process"
     widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
-        agents = [Agent(model, state_mean=state_mean, state_std=state_std, reward_scale=reward_scale,
-                        target=float(targets[0]), engine=engine, precision=precision) for _ in widths]
+        agents = [Agent(model, state_mean=data.state_mean, state_std=data.state_std, reward_scale=data.reward_scale,
+                        target=float(targets[0]), engine=options.engine, precision=options.precision) for _ in widths]
         venvs = []
         t0 = time.perf_counter()
         try:
@@ -152,10 +138,11 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
                 if in_process:
                     from eval.simulators import SimulatorProcess
 
-                    venvs.append(SimulatorProcess(spec.name, w, gym_id, threads=runtime.lane_threads(engine, w, n_lanes)))
+                    venvs.append(SimulatorProcess(spec.name, w, data.gym_id,
+                                                  threads=lane_threads(options.engine, w, n_lanes)))
                 else:
-                    venvs.append(_vector_env(spec.name, w, asynchronous, gym_id, make_vector_env))
-            res = run_episodes(agents, venvs, jobs, seed, max_steps or spec.max_episode_steps, on_episode)
+                    venvs.append(vector_env(spec.name, w, options.asynchronous, data.gym_id))
+            res = run_episodes(agents, venvs, jobs, seed, options.max_steps or spec.max_episode_steps, on_episode)
         finally:
             for v in venvs:
                 v.close()
@@ -165,28 +152,22 @@ def evaluate(model, spec, targets: Sequence[float], episodes: int, seed: int, *,
     if details is not None:
         details.update({"latency": latency(res["act_s"], widths[0], res["act_rows"]), "wall_s": wall,
                         "env_steps": res["env_steps"], "num_envs": n, "lanes": n_lanes,
-                        "lane_workers": "process" if in_process else "thread" if n_lanes > 1 else "none", "engine": engine,
-                        "asynchronous": asynchronous})
+                        "lane_workers": "process" if in_process else "thread" if n_lanes > 1 else "none",
+                        "engine": options.engine, "asynchronous": options.asynchronous})
     return summarize(spec, targets, jobs, res)
 
 
 # -- command line ---------------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class RolloutConfig(RolloutOptions):
-    """Options of ``python -m eval.rollout``. ``targets``, ``num_envs``, ``max_steps`` and ``engine`` are
-    training's ``eval.*`` options (``RolloutOptions``: one home, so the same names, types and defaults;
+    """Options of ``python -m eval.rollout``. Those of ``RolloutOptions`` (targets, simulators, engine,
+    precision, lanes) are training's ``eval.*`` options (``RolloutOptions``: one home, so the same names, types and defaults;
     ``eval.targets=...`` is accepted here too, so an option copied from a training command works)."""
 
     checkpoint: str = option(metavar="PATH")
     """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
     episodes: int = 100
     """episodes per target"""
-    asynchronous: bool = False
-    """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
-    lanes: int = 0
-    """vector envs the simulators are split into, one stepping while the next one's agent acts (0: 2 sync, 1 async)"""
-    lane_workers: str = "process"
-    """where a synchronous lane steps while the other acts: process (one subprocess per lane) | thread"""
     seed: int = 0
     """episode e uses reset seed seed + e"""
     out: str = ""
@@ -203,13 +184,10 @@ class RolloutConfig(RolloutOptions):
     video: bool = False
     """also record one episode (MuJoCo off-screen rendering) as a GIF and into TensorBoard"""
     threads: int = 0
-    """torch CPU threads (0: chosen for the engine and batch by primal_dt.runtime.inference_threads: one on a
+    """torch CPU threads (0: chosen for the engine and batch by agents.threads.inference_threads: one on a
     machine of 2-3 cores or for small batches, else half the cores)"""
     device: str = TrainConfig.device
     """auto | cpu | cuda | cuda:N (auto: CUDA when present), as in training"""
-    precision: str = "fp32"
-    """engine=stream only: fp32 (exact) | bf16 (weight matmuls in bfloat16: about 2x faster at 50-100 rows on CPUs
-    with AVX512-BF16/AMX, actions within a few 1e-3 of fp32's)"""
     progress: bool = True
     """show a progress bar"""
 
@@ -219,8 +197,7 @@ ALIASES = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
 PROG = "python -m eval.rollout"
 DESCRIPTION = "Roll out a Decision-Transformer checkpoint in its simulator, many episodes at once."
 
-NUMBERS = {"episodes": runtime.AT_LEAST_1, "lanes": runtime.AT_LEAST_0, "seed": runtime.SEED,
-           "threads": runtime.THREADS}
+NUMBERS = {"episodes": runtime.AT_LEAST_1, "seed": runtime.SEED, "threads": runtime.THREADS}
 """What the other numeric options accept (the shared ones: ``RolloutOptions.check``); checked before the
 checkpoint is read."""
 
@@ -228,12 +205,6 @@ checkpoint is read."""
 def check(cfg: RolloutConfig) -> tuple[float, ...]:
     """Every option, before anything is loaded or simulated; returns the targets given (may be ())."""
     cfg.check()
-    check_precision(cfg.precision)
-    if cfg.precision != "fp32" and cfg.engine != "stream":
-        raise ValueError(f"precision={cfg.precision} applies to engine=stream only (recompute runs the model in its "
-                         "own dtype); add engine=stream or drop precision=")
-    if cfg.lane_workers not in ("process", "thread"):
-        raise ValueError(f"lane_workers must be process or thread, got {cfg.lane_workers!r}")
     runtime.check_numbers(cfg, NUMBERS)
     runtime.check_device(cfg.device)
     if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
@@ -268,7 +239,7 @@ def run(argv: list[str]) -> dict:
         device = runtime.pick_device(cfg.device)
         model = ck.build_model(device)
     info = ck.data
-    runtime.set_threads(cfg.threads or runtime.inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
+    runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = given or info.eval_targets
     out = report_path(cfg, path)
     written = False
@@ -292,11 +263,8 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
     details: dict = {}
     try:
         with runtime.setup_errors():  # e.g. a simulator the checkpoint names that cannot be built
-            res = evaluate(model, spec, targets, cfg.episodes, cfg.seed, state_mean=info.state_mean,
-                           state_std=info.state_std, reward_scale=info.reward_scale, num_envs=cfg.num_envs,
-                           max_steps=cfg.max_steps or None, gym_id=info.gym_id, engine=cfg.engine,
-                           asynchronous=cfg.asynchronous, lanes=cfg.lanes, lane_workers=cfg.lane_workers,
-                           on_episode=bar.update if bar else None, details=details, precision=cfg.precision)
+            res = evaluate(model, cfg.episodes, cfg.seed, cfg, data=info, on_episode=bar.update if bar else None,
+                           details=details)
     finally:
         if bar is not None:
             bar.close()

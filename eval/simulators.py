@@ -21,7 +21,7 @@ Two ways to use a lane process:
   model, or an agent that cannot be pickled) and the process only steps the simulators while the
   other lane's agent acts.
 
-Threads: a hosted agent runs with the lane's ``threads`` (``primal_dt.runtime.lane_threads``: the
+Threads: a hosted agent runs with the lane's ``threads`` (``agents.threads.lane_threads``: the
 lane's share of the cores, so lanes never oversubscribe the machine). A process that will run more
 than one torch thread starts from a clean interpreter (the ``forkserver`` method): GNU OpenMP, torch's
 thread pool on Linux, hangs in a forked child whose parent had already run a parallel region, while a
@@ -75,11 +75,11 @@ def _host(conn, venv, agent_bytes: bytes, seed: int, max_steps: int, threads: in
     """The hosted lane loop (in the lane process): this lane's episodes, jobs taken from the evaluator."""
     import torch
 
+    from agents.threads import keep_freed_memory
     from eval.episodes import run_lane
-    from primal_dt import runtime
 
     torch.set_num_threads(max(1, int(threads)))
-    runtime.keep_freed_memory()
+    keep_freed_memory()
     agent = pickle.loads(agent_bytes)
     returns, lengths = {}, {}
     out = run_lane(agent, venv, _JobsFromEvaluator(conn), seed, max_steps, returns, lengths,
@@ -123,17 +123,17 @@ def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
 
 class SimulatorProcess:
     """``num_envs`` simulators of ``name`` (a SyncVectorEnv) in a subprocess; ``threads``: torch threads of
-    an agent hosted in it (default: ``primal_dt.runtime.lane_threads`` for a stream agent acting for
+    an agent hosted in it (default: ``agents.threads.lane_threads`` for a stream agent acting for
     ``num_envs`` rows in one of two lanes, the evaluator's default layout)."""
 
     def __init__(self, name: str, num_envs: int, gym_id: str | None = None, threads: int | None = None):
+        from agents.threads import lane_threads
         from envs import check_mujoco_gl
-        from primal_dt import runtime
 
         check_mujoco_gl()  # here, one clear line; in a forkserver child, a bare EOFError (it preloads mujoco)
 
         self.num_envs = int(num_envs)
-        self.threads = runtime.lane_threads("stream", self.num_envs, 2) if threads is None else max(1, int(threads))
+        self.threads = lane_threads("stream", self.num_envs, 2) if threads is None else max(1, int(threads))
         methods = mp.get_all_start_methods()
         if self.threads > 1 and "forkserver" in methods:  # see the module docstring: OpenMP and fork
             ctx = mp.get_context("forkserver")

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
+import gymnasium as gym
 
 from envs.gl import INSTALL
 from envs.gl import OFFSCREEN as BACKENDS  # tried in this order when MUJOCO_GL is unset
@@ -90,11 +90,12 @@ def record_episode(model, spec, stats: dict, target: float, engine: str, seed: i
     os.environ.setdefault("PYOPENGL_PLATFORM", msg)
     from agents.agent import Agent
     from envs import make_env
+    from eval.episodes import run_episodes
 
     try:  # the probe rendered, but a context can still fail here (another GL library already loaded)
         env = make_env(spec.name, None, gym_id=gym_id, render_mode="rgb_array", width=size, height=size)
-        obs, _ = env.reset(seed=seed)
-        frames = [env.render()]
+        env.reset(seed=seed)
+        env.render()
     except Exception as err:  # noqa: BLE001 - any rendering failure: say it, keep the rollout's results
         message = f"no video: rendering with MUJOCO_GL={msg} failed ({type(err).__name__}: {err}); {_UNAFFECTED}."
         print(message, file=sys.stderr)
@@ -104,20 +105,36 @@ def record_episode(model, spec, stats: dict, target: float, engine: str, seed: i
     fps = 1.0 / (every * dt)
     agent = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
                   reward_scale=stats["reward_scale"], target=target, engine=engine)
-    agent.reset(1)
-    ret, reward = 0.0, None
-    for t in range(max_steps or spec.max_episode_steps):
-        a = agent.act(obs[None], reward)[0]
-        obs, r, term, trunc, _ = env.step(a)
-        ret += float(r)
-        reward = np.array([r], dtype=np.float32)
-        if t % every == every - 1:
-            frames.append(env.render())
-        if term or trunc:
-            break
-    env.close()
+    filmed = Frames(env, every)
+    venv = gym.vector.SyncVectorEnv([lambda: filmed], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    try:  # the evaluators' loop on one simulator: episode 0 starts from reset seed ``seed``
+        res = run_episodes(agent, venv, [(float(target), 0)], seed, max_steps or spec.max_episode_steps)
+    finally:
+        venv.close()
+    frames = filmed.frames
     return {**_write(frames, fps, Path(out_dir), engine, tensorboard, step), "frames": len(frames),
-            "fps": fps, "return": ret, "length": t + 1, "backend": msg}
+            "fps": fps, "return": res["returns"][0], "length": res["lengths"][0], "backend": msg}
+
+
+class Frames(gym.Wrapper):
+    """A simulator that keeps a rendered frame after each reset and after every ``every``-th step
+    (the frames of its last episode): what the episode loop steps when a video is recorded."""
+
+    def __init__(self, env, every: int):
+        super().__init__(env)
+        self.every, self.frames, self.steps = every, [], 0
+
+    def reset(self, **kwargs):
+        out = self.env.reset(**kwargs)
+        self.frames, self.steps = [self.env.render()], 0
+        return out
+
+    def step(self, action):
+        out = self.env.step(action)
+        self.steps += 1
+        if self.steps % self.every == 0:
+            self.frames.append(self.env.render())
+        return out
 
 
 def _write(frames, fps: float, out_dir: Path, engine: str, tensorboard: bool, step: int) -> dict:

@@ -32,13 +32,9 @@ def rollout(model, data: DataInfo, episodes: int, seed: int, settings: EvalConfi
     """The trainer's simulator evaluation: ``episodes`` episodes per target of ``data.targets`` on
     vectorised simulators, with the run's data statistics and return-to-go scale; ``on_episode(n)``
     as ``n`` episodes end."""
-    import envs
     from eval.rollout import evaluate
 
-    return evaluate(model, envs.get_spec(data.env), data.targets, episodes, seed, state_mean=data.state_mean,
-                    state_std=data.state_std, reward_scale=data.reward_scale, num_envs=settings.num_envs,
-                    max_steps=settings.max_steps or None, engine=settings.engine, on_episode=on_episode,
-                    gym_id=data.gym_id)
+    return evaluate(model, episodes, seed, settings, data=data, on_episode=on_episode)
 
 
 def _line(results: dict) -> str:

@@ -25,34 +25,23 @@ def make_agent(model, info, engine: str, context: int | None = None, precision: 
 
 
 def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> dict:
-    """The reference protocol: one episode at a time, batch-1 recompute agent; wall time, returns,
-    steps, and the time spent acting and stepping the simulator."""
-    from envs import make_env
+    """The reference protocol: one episode at a time (the evaluators' loop on one simulator), batch-1
+    recompute agent; wall time, returns, steps, the time spent acting, and the rest ("env_s": stepping
+    the simulator, and the loop's own bookkeeping)."""
+    from eval.episodes import run_episodes
+    from eval.rollout import vector_env
 
     ag = make_agent(model, info, "recompute")
-    env = make_env(spec.name, None, gym_id=gym_id)
-    rets, steps, act_s, env_s = [], 0, 0.0, 0.0
-    t0 = time.perf_counter()
-    for e in range(n):
-        obs, _ = env.reset(seed=seed + e)
-        ag.reset(1)
-        total, reward = 0.0, None
-        for _ in range(max_steps):
-            t1 = time.perf_counter()
-            a = ag.act(obs[None], reward)[0]
-            t2 = time.perf_counter()
-            obs, r, term, trunc, _ = env.step(a)
-            env_s += time.perf_counter() - t2
-            act_s += t2 - t1
-            steps += 1
-            total += float(r)
-            reward = np.array([r], np.float32)
-            if term or trunc:
-                break
-        rets.append(total)
-    wall = time.perf_counter() - t0
-    env.close()
-    return {"wall_s": wall, "returns": rets, "steps": steps, "act_s": act_s, "env_s": env_s}
+    venv = vector_env(spec.name, 1, gym_id=gym_id)
+    try:
+        t0 = time.perf_counter()
+        res = run_episodes(ag, venv, [(info.eval_targets[0], e) for e in range(n)], seed, max_steps)
+        wall = time.perf_counter() - t0
+    finally:
+        venv.close()
+    act_s = sum(res["act_s"])
+    return {"wall_s": wall, "returns": res["returns"], "steps": res["env_steps"], "act_s": act_s,
+            "env_s": wall - act_s}
 
 
 def simulator_costs(spec, gym_id=None, steps: int = 200, seed: int = 0) -> dict:
@@ -164,6 +153,7 @@ def evaluation_section(model, info, bc) -> dict:
     vs the sequential recompute loop, in one run; ratios printed."""
     import envs
     from eval.rollout import evaluate
+    from primal_dt.train_config import RolloutOptions
 
     spec = envs.get_spec(info.env)
     target = info.eval_targets[0]
@@ -182,9 +172,8 @@ def evaluation_section(model, info, bc) -> dict:
             print(f"  vectorised stream, {name}: {vec[name]:.2f} s (agent acting {lat[name]['total_act_s']:.2f} s "
                   f"in all)", flush=True)
             continue
-        r = evaluate(model, spec, (target,), bc.episodes, bc.seed, state_mean=info.state_mean,
-                     state_std=info.state_std, reward_scale=info.reward_scale, num_envs=bc.episodes,
-                     max_steps=bc.max_steps, gym_id=info.gym_id, engine="stream", details=d, **kw)
+        options = RolloutOptions(targets=(target,), num_envs=bc.episodes, max_steps=bc.max_steps, engine="stream", **kw)
+        r = evaluate(model, bc.episodes, bc.seed, options, data=info, details=d)
         vec[name] = time.perf_counter() - t0
         lat[name] = d["latency"]
         if res is None:

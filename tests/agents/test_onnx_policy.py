@@ -3,7 +3,8 @@
 It must work copied out of the package, in a process where torch cannot be imported; act as the
 PyTorch stream agent does through restarts and departing rows; and turn a caller's mistake (wrong
 observation shape, dtype or batch, a file that is not a policy) into a clear error. The same checks
-hold for ``agents.export.TorchScriptPolicy``, which shares its bookkeeping (``GraphPolicy``)."""
+hold for ``agents.torchscript_policy.TorchScriptPolicy`` and the torch ``agents.Agent``, which share its
+bookkeeping (``Policy``)."""
 
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 import agents.onnx_policy as onnx_policy
-from agents.export import TorchScriptPolicy, export_policy
+from agents import load_agent
+from agents.export import export_policy
 from agents.onnx_policy import OnnxPolicy
+from agents.torchscript_policy import TorchScriptPolicy
 
 BLOCKER = '''\
 import sys
@@ -48,7 +51,9 @@ def exported(tiny_dt, dt_checkpoint_file, tmp_path_factory):
     return model, export_policy(ck, "onnx", d / "policy.onnx"), export_policy(ck, "torchscript", d / "policy.pt")
 
 
-RUNTIMES = {"onnx": lambda e: OnnxPolicy(e[1]), "torchscript": lambda e: TorchScriptPolicy(e[2])}
+GRAPHS = {"onnx": lambda e: OnnxPolicy(e[1]), "torchscript": lambda e: TorchScriptPolicy(e[2])}
+RUNTIMES = {**GRAPHS, "agent": lambda e: load_agent(e[1].parent)}
+"""every implementation of the acting API (``agents.onnx_policy.Policy``): its checks are one code"""
 
 
 def play(policy, obs, rew, events):
@@ -111,14 +116,14 @@ print("ran", policy.metadata["layers"])
     np.testing.assert_allclose(np.load(lib / "actions.npy"), np.stack(expected), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("runtime", list(RUNTIMES))
+@pytest.mark.parametrize("runtime", list(GRAPHS))
 def test_restarts_and_departing_rows_as_the_agent(runtime, exported, make_agent, rollout_inputs):
     model = exported[0]
     obs, rew = rollout_inputs(T=24, B=4)
     events = {6: ("reset_done", np.array([True, False, False, True])), 11: ("keep_rows", np.array([1, 0, 1, 1], bool)),
               15: ("reset_done", np.array([False, True, False])), 19: ("keep_rows", np.array([0, 1, 1], bool))}
     ref = play(make_agent(model, "stream"), obs, rew, events)
-    got = play(RUNTIMES[runtime](exported), obs, rew, events)
+    got = play(GRAPHS[runtime](exported), obs, rew, events)
     assert [a.shape for a in got] == [a.shape for a in ref] and got[-1].shape == (2, 3)
     for a, b in zip(got, ref):
         assert a.dtype == np.float32

@@ -35,7 +35,7 @@ def test_a_hosted_lane_runs_the_same_episodes_as_an_agent_acting_here(tiny_dt, h
     the agent acts in the lane's process, here beside a lane process, or here on a plain vector env."""
     model = tiny_dt("primal+dt", K=5)
     hosted, agents = run(model, hopper_stats, [SimulatorProcess("hopper-medium", 3)])
-    here, _ = run(model, hopper_stats, [rollout._vector_env("hopper-medium", 3, False, None)])
+    here, _ = run(model, hopper_stats, [rollout.vector_env("hopper-medium", 3, False, None)])
     stepped, _ = run(model, hopper_stats, [SimulatorProcess("hopper-medium", 3)], host=False)
     assert "hosted_s" in hosted and "hosted_s" not in here and "hosted_s" not in stepped
     assert agents[0].engine is None, "the evaluator's own agent never acted: the lane's copy did"
@@ -63,7 +63,7 @@ def test_hosted_lanes_share_one_queue_in_a_timing_free_order(tiny_dt, hopper_sta
     up, each lane reports its thread count."""
     model = tiny_dt("primal+dt", K=5)
     mean, std = hopper_stats
-    here, _ = run(model, hopper_stats, [rollout._vector_env("hopper-medium", 2, False, None) for _ in range(2)])
+    here, _ = run(model, hopper_stats, [rollout.vector_env("hopper-medium", 2, False, None) for _ in range(2)])
     for slow_lane in (0, 1):
         agents = [SlowAgent(model, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0)
                   for _ in range(2)]

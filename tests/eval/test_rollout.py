@@ -9,9 +9,10 @@ import pytest
 import torch
 
 import envs
-from agents import load_agent
+from agents import DataInfo, load_agent
 from eval import rollout
 from eval.video import record_episode, rendering_available
+from primal_dt.train_config import RolloutOptions
 
 SPEC = envs.get_spec("hopper-medium")
 MAX = 40
@@ -22,10 +23,9 @@ def ckpt(tmp_path_factory, tiny_dt, dt_checkpoint_file):
     return dt_checkpoint_file(tmp_path_factory.mktemp("ck"), tiny_dt("primal+dt", K=5))
 
 
-def run(ckpt, **kw):
-    args = dict(episodes=3, seed=5, num_envs=4, max_steps=MAX, engine="stream")
-    args.update(kw)
-    return rollout.evaluate(str(ckpt), SPEC, (3600.0, 1800.0), args.pop("episodes"), args.pop("seed"), **args)
+def run(ckpt, episodes=3, seed=5, details=None, **kw):
+    options = RolloutOptions(**{"targets": (3600.0, 1800.0), "num_envs": 4, "max_steps": MAX, "engine": "stream", **kw})
+    return rollout.evaluate(str(ckpt), episodes, seed, options, details=details)
 
 
 def sequential(ckpt, target, episodes, seed, engine="stream", max_steps=MAX):
@@ -90,23 +90,21 @@ def test_a_checkpoint_brings_its_bookkeeping_a_bare_model_needs_it_given(tmp_pat
     m = tiny_dt("primal+dt", K=5)
     path = dt_checkpoint_file(tmp_path, m, reward_scale=500.0)
     mean, std = hopper_stats
-    kw = dict(num_envs=2, max_steps=15, lanes=1)
-    from_ck = rollout.evaluate(path, SPEC, (3600.0,), 2, 5, **kw)
-    given = rollout.evaluate(m, SPEC, (3600.0,), 2, 5, state_mean=mean, state_std=std, reward_scale=500.0, **kw)
-    papers = rollout.evaluate(m, SPEC, (3600.0,), 2, 5, state_mean=mean, state_std=std, reward_scale=1000.0, **kw)
+    options = RolloutOptions(targets=(3600.0,), num_envs=2, max_steps=15, lanes=1)
+    from_ck = rollout.evaluate(path, 2, 5, options)
+    given = rollout.evaluate(m, 2, 5, options, data=DataInfo("hopper-medium", mean, std, reward_scale=500.0))
+    papers = rollout.evaluate(m, 2, 5, options, data=DataInfo("hopper-medium", mean, std, reward_scale=1000.0))
     assert from_ck == given
     assert papers[3600.0]["returns"] != given[3600.0]["returns"]  # the scale reaches the model
-    with pytest.raises(ValueError, match="reward_scale required when evaluating a model"):
-        rollout.evaluate(m, SPEC, (3600.0,), 1, 0, state_mean=mean, state_std=std)
-    with pytest.raises(ValueError, match="state_mean, state_std, reward_scale required"):
-        rollout.evaluate(m, SPEC, (3600.0,), 1, 0)
+    with pytest.raises(ValueError, match="data .* is required when evaluating a model; a checkpoint carries it"):
+        rollout.evaluate(m, 1, 0, options)
 
 
 def test_finished_rows_leave_the_batch_and_idle_simulators_are_not_stepped(ckpt):
     """With more simulators than episodes left, rows whose episode ended leave the agent's batch
     and their simulators are no longer stepped; results equal the one-at-a-time protocol."""
     agent = load_agent(ckpt, engine="stream", target=3600.0)
-    venv = rollout._vector_env("hopper-medium", 4, False, None)
+    venv = rollout.vector_env("hopper-medium", 4, False, None)
     stepped = [0] * 4
     for i, e in enumerate(venv.envs):
         def counted(a, _step=e.step, i=i):
@@ -127,6 +125,26 @@ def test_finished_rows_leave_the_batch_and_idle_simulators_are_not_stepped(ckpt)
     assert res["act_rows"][min(lengths)] == 3 - sum(n == min(lengths) for n in lengths)
 
 
+def test_the_episode_loop_drives_any_runtime_of_the_acting_api(ckpt, tmp_path):
+    """The evaluators' loop takes any policy with the shared API: the exported ONNX runtime plays the
+    torch agent's episodes (its actions agree to 1e-5), restarts and departing rows included."""
+    from agents.export import export_policy
+    from agents.onnx_policy import OnnxPolicy
+
+    jobs = [(3600.0, e) for e in range(3)] + [(1800.0, 0)]
+    out = {}
+    for name, policy in (("agent", load_agent(ckpt, engine="stream")),
+                         ("onnx", OnnxPolicy(export_policy(ckpt, "onnx", tmp_path / "policy.onnx")))):
+        venv = rollout.vector_env("hopper-medium", 3)
+        try:
+            out[name] = rollout.run_episodes(policy, venv, jobs, seed=5, max_steps=MAX)
+        finally:
+            venv.close()
+    assert out["onnx"]["lengths"] == out["agent"]["lengths"] and out["onnx"]["act_rows"] == out["agent"]["act_rows"]
+    assert min(out["agent"]["act_rows"]) < 3, "rows left the batch"
+    np.testing.assert_allclose(out["onnx"]["returns"], out["agent"]["returns"], rtol=1e-4)
+
+
 def test_simulator_process_steps_like_the_vector_env_and_reports_failures():
     """A lane's simulators in a subprocess give what the same SyncVectorEnv gives in-process; a
     simulator that cannot be built is the same clear error as in-process, and close() leaves no
@@ -135,7 +153,7 @@ def test_simulator_process_steps_like_the_vector_env_and_reports_failures():
     from eval.simulators import SimulatorProcess
 
     proc = SimulatorProcess("hopper-medium", 3)
-    local = rollout._vector_env("hopper-medium", 3, False, None)
+    local = rollout.vector_env("hopper-medium", 3, False, None)
     try:
         a, _ = proc.reset(seed=[1, 2, 3])
         b, _ = local.reset(seed=[1, 2, 3])

@@ -32,7 +32,7 @@ def test_run_episodes_reports_each_episode_as_it_ends(tiny_dt, hopper_stats):
     by the step cap: the reports add up to the jobs, and each comes when its episodes have ended."""
     model = tiny_dt("primal+dt", K=5)
     mean, std = hopper_stats
-    venvs = [rollout._vector_env("hopper-medium", 2, False, None) for _ in range(2)]
+    venvs = [rollout.vector_env("hopper-medium", 2, False, None) for _ in range(2)]
     agents = [Agent(model, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0) for _ in venvs]
     jobs = [(t, e) for t in (3600.0, 1800.0) for e in range(4)]
     reports, steps_at = [], []

@@ -1,12 +1,15 @@
 """The vectorised evaluator (recompute engine) against the papers' one-episode-at-a-time loop in real Hopper."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 import envs
-from agents import DecisionTransformer, DTConfig
+from agents import DataInfo, DecisionTransformer, DTConfig
 from eval.rollout import evaluate
+from primal_dt.train_config import RolloutOptions
 
 K = 4
 
@@ -46,14 +49,12 @@ def naive_episode(model, seed, target, mean, std, scale, max_steps):
 
 
 def test_matches_a_plain_rollout_and_is_deterministic():
-    spec = envs.get_spec("hopper-medium")
     mean, std = torch.linspace(-0.5, 0.5, 11), torch.linspace(0.5, 2.0, 11)
-    kw = dict(state_mean=mean.numpy(), state_std=std.numpy(), reward_scale=1000.0, max_steps=40, num_envs=4,
-              engine="recompute")
-    targets = [3600, -3600]
+    data = DataInfo("hopper-medium", mean.numpy(), std.numpy(), reward_scale=1000.0)
+    options = RolloutOptions(targets=(3600, -3600), max_steps=40, num_envs=4, engine="recompute")
     for seed in range(10):  # the first initialisation whose episodes end at different steps
         model = tiny_model(seed)
-        res = evaluate(model, spec, targets, episodes=3, seed=11, **kw)
+        res = evaluate(model, 3, 11, options, data=data)
         lengths = [n for r in res.values() for n in r["lengths"]]
         if len(set(lengths)) > 1 and max(lengths) > K:
             break
@@ -66,8 +67,8 @@ def test_matches_a_plain_rollout_and_is_deterministic():
             assert r["lengths"][e] == n
             assert r["returns"][e] == pytest.approx(ret, rel=1e-5)
         np.testing.assert_allclose(r["normalized"], envs.normalized_score("hopper-medium", r["returns"]))
-    assert evaluate(model, spec, targets, episodes=3, seed=11, **kw) == res  # deterministic
-    again = evaluate(model, spec, targets, episodes=3, seed=11, **{**kw, "num_envs": 6})
+    assert evaluate(model, 3, 11, options, data=data) == res  # deterministic
+    again = evaluate(model, 3, 11, dataclasses.replace(options, num_envs=6), data=data)
     for t in res:  # other batching: the same episodes up to float rounding
         assert again[t]["lengths"] == res[t]["lengths"]
         np.testing.assert_allclose(again[t]["returns"], res[t]["returns"], rtol=1e-4)

@@ -282,8 +282,7 @@ def test_training_evaluation_and_rollout_share_names_types_defaults_and_docs():
     for name in shared:
         assert dataclasses.astuple(t[f"eval.{name}"])[1:] == dataclasses.astuple(r[name])[1:], name
     assert t["device"].default == r["device"].default and t["threads"].default == r["threads"].default
-    params = inspect.signature(evaluate).parameters  # the library call defaults to the same
-    assert params["num_envs"].default == r["num_envs"].default and params["engine"].default == r["engine"].default
+    assert inspect.signature(evaluate).parameters["options"].default == RolloutOptions()  # the library call too
     # the defaults the issue settled: the papers' protocol, 50 simulators (never more than episodes), auto device
     assert (r["engine"].default, r["num_envs"].default, r["device"].default) == ("recompute", 50, "auto")
     # one name per thing: training's spelling works in the rollout command too

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from primal_dt import runtime
+from agents.threads import inference_threads
+from primal_dt.attention.precision import native_bf16
 
 STREAM_PATHS = ("stream", "stream_bf16", "onnx", "torchscript")
 EXACT_PATHS = ("stream", "onnx", "torchscript")
@@ -52,7 +53,8 @@ def test_bench_reports_every_engine_section_and_ratio(tmp_path, tiny_dt, dt_chec
     ck = dt_checkpoint_file(tmp_path, tiny_dt("primal+dt", K=4, d_model=16, n_heads=2))
     out = tmp_path / "bench.json"
     p = run_cli("eval.bench.inference", f"checkpoint={ck}", "sizes=16x2,8x1", "batches=1,3", "contexts=4,6", "ts=2,3",
-                "calls=2", "rounds=1", "episodes=3", "seq_episodes=2", "max_steps=20", f"json={out}")
+                "calls=2", "rounds=1", "episodes=3", "seq_episodes=2", "max_steps=20", "bf16_emulated=true",
+                f"json={out}")
     assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads(out.read_text())
     # latency: both sizes (the checkpoint's and a random one), every K and batch, every engine
@@ -73,7 +75,7 @@ def test_bench_reports_every_engine_section_and_ratio(tmp_path, tiny_dt, dt_chec
         assert set(th[cond]) == {f"{e}_B{B}" for e in engines for B in (1, 100)}
         for key, row in th[cond].items():
             engine, B = key.rsplit("_B", 1)
-            assert row["policy_threads"] == runtime.inference_threads(engine, int(B))
+            assert row["policy_threads"] == inference_threads(engine, int(B))
             assert {"default", "1", "2", "policy"} <= set(row)
             assert math.isclose(row["policy_over_1"], row["policy"] / row["1"], rel_tol=1e-9)
             assert math.isclose(row["default_over_1"], row["default"] / row["1"], rel_tol=1e-9)
@@ -89,12 +91,8 @@ def test_bench_reports_every_engine_section_and_ratio(tmp_path, tiny_dt, dt_chec
     sim = where["simulator_step"]
     assert sim["env_step_ms"] > 0 and math.isclose(sim["physics_share"], sim["physics_ms"] / sim["env_step_ms"])
     assert ev["env_steps"] == round(ev["stream_mean_length"] * 3)
-    # the targets block restates the figures above
-    by_what = {t["what"]: t for t in rep["targets"]}
-    assert any(t["value"] == ev["speedup"] for t in by_what.values())
-    assert {t["what"] for t in rep["targets"] if ", exact (" in t["what"]}, "no target on the exact paths"
-    for line in ("HF recompute / best stream path", "sequential recompute loop / vectorised stream"):
-        assert line in p.stdout
+    # the bench measures, it does not grade
+    assert "targets" not in rep and "goal" not in p.stdout and rep["bf16_skipped"] is None
 
 
 @pytest.mark.slow
@@ -109,13 +107,17 @@ def test_evaluation_only_and_latency_only_runs(tmp_path, tiny_dt, dt_checkpoint_
     assert set(rep["evaluation"]["vectorized_by_layout_s"]) == {"lanes=2 process"}
     out = tmp_path / "b.json"
     p = run_cli("eval.bench.inference", f"checkpoint={ck}", "sizes=", "batches=2", "contexts=3", "ts=2", "calls=1",
-                "rounds=1", "hf=false", "exported=false", "bf16=false", "thread_table=false", "episodes=0",
-                f"json={out}")
+                "rounds=1", "hf=false", "exported=false", "thread_table=false", "episodes=0", f"json={out}")
     assert p.returncode == 0, p.stderr[-3000:]
     rep = json.loads(out.read_text())
     assert rep["sizes"] == ["16x2"] and "evaluation" not in rep  # no sizes: the checkpoint's own
-    assert set(rep["latency"]["16x2"]["K3_B2"]["ms"]) == {"stream", "recompute"}
     assert "skipping the onnx runtime: exported=false" in p.stdout
+    # bf16 by default: where it would be emulated it is skipped, and the run says so
+    native = native_bf16("cpu")
+    assert set(rep["latency"]["16x2"]["K3_B2"]["ms"]) == {"stream", "recompute"} | ({"stream_bf16"} if native else set())
+    assert (rep["bf16_skipped"] is None) == native
+    assert native or "skipping the bf16 paths (stream_bf16, hf_recompute_bf16): this CPU has no native bfloat16" \
+        " matmuls (AVX512-BF16 or AMX): they would be emulated" in p.stdout
 
 
 def test_every_numeric_option_is_valid_or_named(fuzz_options):

@@ -1,29 +1,29 @@
-"""The inference thread policy (``primal_dt.runtime.inference_threads`` / ``lane_threads``) and the
+"""The inference thread policy (``agents.threads.inference_threads`` / ``lane_threads``) and the
 allocator setting inference processes use (``keep_freed_memory``)."""
 
 import os
 
 import pytest
 
-from primal_dt import runtime
+from agents import threads
 
 ENGINES = ("stream", "recompute", "onnx", "torchscript")
 
 
 def test_usable_cores_are_the_affinity_mask():
-    assert runtime.usable_cores() == len(os.sched_getaffinity(0))
+    assert threads.usable_cores() == len(os.sched_getaffinity(0))
 
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("cores", [1, 2, 3, 4, 16, 64])
 def test_never_more_than_half_the_cores_and_one_for_small_batches(engine, cores):
-    assert runtime.inference_threads(engine, 1, cores) == 1  # per-operator overhead: threads do not divide it
+    assert threads.inference_threads(engine, 1, cores) == 1  # per-operator overhead: threads do not divide it
     for batch in (1, 4, 32, 100, 1000):
-        n = runtime.inference_threads(engine, batch, cores)
+        n = threads.inference_threads(engine, batch, cores)
         assert 1 <= n <= max(1, cores // 2)
         if cores <= 3:
             assert n == 1  # a 2-core machine with one other busy process: more threads collapse
-    big = runtime.inference_threads(engine, 1000, cores)
+    big = threads.inference_threads(engine, 1000, cores)
     assert big == max(1, cores // 2)
 
 
@@ -32,10 +32,10 @@ def test_never_more_than_half_the_cores_and_one_for_small_batches(engine, cores)
 def test_lanes_together_never_oversubscribe_the_cores(cores, lanes):
     for engine in ENGINES:
         for batch in (1, 50, 500):
-            n = runtime.lane_threads(engine, batch, lanes, cores)
+            n = threads.lane_threads(engine, batch, lanes, cores)
             assert n >= 1
             assert n * lanes <= max(cores, lanes)  # at least one thread each, else the lanes' share
-            if batch >= runtime.BIG_BATCH[engine]:
+            if batch >= threads.BIG_BATCH[engine]:
                 assert n == max(1, cores // lanes)
             else:
                 assert n == 1
@@ -43,7 +43,7 @@ def test_lanes_together_never_oversubscribe_the_cores(cores, lanes):
 
 def test_an_unknown_engine_is_named():
     with pytest.raises(ValueError, match="unknown inference engine 'strem'"):
-        runtime.inference_threads("strem", 1)
+        threads.inference_threads("strem", 1)
 
 
 def test_keep_freed_memory_stops_the_page_faults_of_repeated_big_buffers(run_code):
@@ -52,7 +52,7 @@ def test_keep_freed_memory_stops_the_page_faults_of_repeated_big_buffers(run_cod
     pages in anew; once inference memory is kept, reuse costs no page fault."""
     code = """
 import resource, sys, torch
-from primal_dt import runtime
+from agents import threads
 def step():
     bufs = [torch.ones(1 << 19) for _ in range(8)]  # 8 x 2 MB alive together, then all freed
     return sum(b[0] for b in bufs)
@@ -64,8 +64,8 @@ def faults():
         step()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
 before = faults()
-applied = runtime.keep_freed_memory()
-print(before, faults(), applied, runtime.keep_freed_memory())
+applied = threads.keep_freed_memory()
+print(before, faults(), applied, threads.keep_freed_memory())
 """
     p = run_code(code)
     assert p.returncode == 0, p.stderr[-3000:]

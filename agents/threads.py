@@ -1,0 +1,78 @@
+"""How many CPU threads an inference process runs, and the allocator setting it runs with: the thread
+policy of the agents' runtimes (torch agents, exported runtimes), for the evaluators and benchmarks
+that host them. Threads are chosen for the engine and the batch, since a small batch's step is
+per-operator overhead that threads do not divide, and lanes side by side share the cores."""
+
+from __future__ import annotations
+
+import os
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset),
+    not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+INFERENCE_ENGINES = ("stream", "recompute", "onnx", "torchscript")
+BIG_BATCH = {"stream": 32, "onnx": 32, "torchscript": 32, "recompute": 8}
+"""rows from which an engine's step is arithmetic (large matmuls) rather than per-operator overhead:
+below it no thread count helps (eval.bench.inference measures it); recompute runs 3K tokens per row, so
+its matmuls are large sooner."""
+
+
+def inference_threads(engine: str, batch: int, cores: int | None = None) -> int:
+    """CPU threads for one inference process acting for ``batch`` rows with ``engine`` (stream |
+    recompute | onnx | torchscript), on ``cores`` cores (default: ``usable_cores()``). What
+    ``threads=0`` means for the evaluators and ``eval.rollout``.
+
+    Never more than half the cores, and one on a machine of 2 or 3: a multi-threaded step waits at
+    every operator for its slowest thread, so one competing busy process (a simulator, another run)
+    on a thread's core makes it collapse (eval.bench.inference's threads section measures it). Small
+    batches get one thread on any machine: their step is per-operator overhead, which threads do not
+    divide."""
+    if engine not in INFERENCE_ENGINES:
+        raise ValueError(f"unknown inference engine {engine!r}; choose one of {', '.join(INFERENCE_ENGINES)}")
+    cores = usable_cores() if cores is None else max(1, int(cores))
+    if batch < BIG_BATCH[engine]:
+        return 1
+    return max(1, cores // 2)
+
+
+def lane_threads(engine: str, batch: int, lanes: int, cores: int | None = None) -> int:
+    """Threads for each of ``lanes`` processes acting side by side (evaluation lanes, each stepping its own
+    simulators between its agent's steps): one for small batches (as ``inference_threads``), else the
+    lane's share of the cores, ``cores // lanes`` (at least 1), so the lanes together never
+    oversubscribe the machine."""
+    if inference_threads(engine, batch, cores) == 1 and batch < BIG_BATCH[engine]:
+        return 1
+    cores = usable_cores() if cores is None else max(1, int(cores))
+    return max(1, cores // max(1, int(lanes)))
+
+
+_ALLOCATOR_TUNED = False
+
+
+def keep_freed_memory() -> bool:
+    """Make this process's C allocator (glibc) keep freed memory for reuse instead of returning it to the
+    system. An inference step allocates and frees the same large buffers every step (a [batch x 3, 4D]
+    MLP activation is 1.2 MB at batch 100, width 256); by default glibc maps such blocks fresh and unmaps
+    them on free, so each step pays page faults on them again. For processes that run inference (agents
+    on the CPU, evaluation lanes, benchmarks); a no-op where glibc's ``mallopt`` is absent. Returns
+    whether it applied."""
+    global _ALLOCATOR_TUNED
+    if _ALLOCATOR_TUNED:
+        return True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+    _ALLOCATOR_TUNED = bool(mallopt(M_MMAP_THRESHOLD, 64 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
+    return _ALLOCATOR_TUNED
