@@ -34,7 +34,8 @@ from primal_dt import runtime
 from primal_dt.attention.precision import check_precision, native_bf16
 
 from . import dt_checkpoint
-from .recompute import RecomputeEngine
+from .decision_transformer import DTStep
+from .recompute import RecomputeEngine, check_recomputable
 from .stream import StreamEngine
 
 ENGINES = ("stream", "recompute")
@@ -60,15 +61,13 @@ class Agent:
             raise ValueError(f"precision={precision!r} applies to engine='stream' only; recompute runs in the model's "
                              "dtype (precision='fp32')")
         if engine == "stream":
-            from .stream import check_streamable
-
-            check_streamable(model)  # fail at construction, not at the first step
-            StreamEngine(model.eval(), 1, precision)  # same: the layers' precision support
+            #: the one step function the stream engine runs (built here: its checks fail at construction)
+            self.step_fn = DTStep(model.eval(), state_mean, state_std, reward_scale, precision=precision, inplace=True)
             if precision == "bf16" and not native_bf16(next(model.parameters()).device):
                 warnings.warn("precision='bf16': this CPU has no native bfloat16 matmuls (AVX512-BF16 or AMX), so "
                               "they are emulated and likely slower than fp32; use precision='fp32'", stacklevel=2)
         else:
-            RecomputeEngine(model.eval(), 1, context)  # same: its checks (causal layers, context)
+            check_recomputable(model, context)
         self.model = model.eval()
         self.engine_name = engine
         self.context = context
@@ -95,24 +94,26 @@ class Agent:
 
     # -- episode bookkeeping ------------------------------------------------------------------
     def _targets(self, target, n: int) -> torch.Tensor:
+        """Raw returns to aim for, one per row."""
         t = self.default_target if target is None else target
         arr = np.asarray(t, dtype=np.float64).reshape(-1)
         if arr.size == 1:
             arr = np.full(n, arr[0])
         if arr.size != n:
             raise ValueError(f"target must be a number or {n} numbers (one per restarted row), got {arr.size}")
-        return torch.as_tensor(arr / self.reward_scale, dtype=torch.float32, device=self.device)
+        return torch.as_tensor(arr, dtype=torch.float32, device=self.device)
 
     def reset(self, batch: int, target: float | Sequence[float] | None = None) -> None:
         """Start ``batch`` new episodes (rows); ``target`` is the return to aim for, one or per row."""
         if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
             raise ValueError(f"batch must be an integer >= 1, got {batch!r}")
         B = self.batch = int(batch)
+        targets = self._targets(target, B)
         if self.engine_name == "stream":
-            self.engine = StreamEngine(self.model, B, self.precision)
+            self.engine = StreamEngine(self.step_fn, B, targets)
         else:
             self.engine = RecomputeEngine(self.model, B, self.context)
-        self.rtg = self._targets(target, B)
+        self.rtg = targets / self.reward_scale
         self.t = torch.zeros(B, dtype=torch.long, device=self.device)
         self.prev_action = torch.zeros(B, self.act_dim, dtype=self.dtype, device=self.device)
         self.first = torch.ones(B, dtype=torch.bool, device=self.device)
@@ -130,8 +131,12 @@ class Agent:
         if n == 0:
             return
         rows = torch.as_tensor(d, device=self.device)
-        self.engine.reset_rows(rows)
-        self.rtg[rows] = self._targets(target, n)
+        targets = self._targets(target, n)
+        if self.engine_name == "stream":
+            self.engine.reset_rows(rows, targets)
+        else:
+            self.engine.reset_rows(rows)
+        self.rtg[rows] = targets / self.reward_scale
         self.t[rows] = 0
         self.prev_action[rows] = 0
         self.first[rows] = True
@@ -167,20 +172,25 @@ class Agent:
         if o.shape != (self.batch, self.state_dim):
             raise ValueError(f"obs must have shape [batch={self.batch}, state_dim={self.state_dim}], "
                              f"got {tuple(o.shape)}")
-        return (o.to(self.device, torch.float32) - self.mean) / self.std
+        return o.to(self.device, torch.float32)
 
     def act_tensor(self, obs, reward=None) -> torch.Tensor:
         """As ``act`` but returns a tensor on the model's device."""
         self._require_reset()
-        s = self._obs(obs)
+        o = self._obs(obs)
+        r = None
         if reward is not None:
             r = torch.as_tensor(np.asarray(reward, dtype=np.float32) if not isinstance(reward, torch.Tensor)
                                 else reward).to(self.device, torch.float32)
             if r.shape != (self.batch,):
                 raise ValueError(f"reward must have shape [batch={self.batch}], got {tuple(r.shape)}")
             self.rtg -= torch.where(self.first, 0.0, r / self.reward_scale)
-        first = self.first if self._any_first else None
-        action = self.engine.step(self.rtg, s.to(self.dtype), self.prev_action, self.t, first)
+        if self.engine_name == "stream":  # the step does its own normalisation and return-to-go
+            action = self.engine.act(o, r)
+        else:
+            first = self.first if self._any_first else None
+            s = ((o - self.mean) / self.std).to(self.dtype)
+            action = self.engine.step(self.rtg, s, self.prev_action, self.t, first)
         self.prev_action = action.clone()
         self.t += 1
         if self._any_first:

@@ -8,21 +8,28 @@ from __future__ import annotations
 import torch
 
 
+def check_recomputable(model, context: int | None = None) -> int:
+    """The context (steps shown to the model) this engine would use, or a ValueError saying why the model
+    cannot act with it (a bidirectional layer would see the future)."""
+    bad = [f"layer {i} ({spec.attention})" for i, (spec, b) in enumerate(zip(model.stack.specs, model.stack.blocks))
+           if not b.attn.causal]
+    if not model.stack.causal or bad:
+        raise ValueError(f"engine='recompute' needs a causal model (an action must not see the future); "
+                         f"{', '.join(bad) or 'the stack'} is bidirectional. Train with causal mechanisms")
+    K = int(context or model.cfg.K)
+    if K < 1:
+        raise ValueError(f"context must be >= 1, got {context}")
+    return K
+
+
 class RecomputeEngine:
     def __init__(self, model, batch: int, context: int | None = None):
         """``context``: steps shown to the model (default: its training context K). A context at
         least the episode length gives "recompute with the full history"."""
         if model.training:
             raise ValueError("RecomputeEngine needs the model in eval mode (model.eval())")
-        bad = [f"layer {i} ({spec.attention})" for i, (spec, b) in enumerate(zip(model.stack.specs, model.stack.blocks))
-               if not b.attn.causal]
-        if not model.stack.causal or bad:
-            raise ValueError(f"engine='recompute' needs a causal model (an action must not see the future); "
-                             f"{', '.join(bad) or 'the stack'} is bidirectional. Train with causal mechanisms")
         self.model = model
-        self.K = int(context or model.cfg.K)
-        if self.K < 1:
-            raise ValueError(f"context must be >= 1, got {context}")
+        self.K = check_recomputable(model, context)
         p = next(model.parameters())
         B, K, cfg = int(batch), self.K, model.cfg
         self.S = torch.zeros(B, K, cfg.state_dim, device=p.device, dtype=p.dtype)
@@ -48,8 +55,9 @@ class RecomputeEngine:
 
     @torch.inference_mode()
     def step(self, rtg, states, prev_actions, timesteps, first):
-        """Same arguments as StreamEngine.step; ``prev_actions`` are written as the previous step's
-        action (the engine also remembers what it returned)."""
+        """One env step for every row: rtg [B] (scaled), states [B, state_dim] (normalised),
+        prev_actions [B, act_dim] (a_{t-1}, written as the previous step's action), timesteps [B] long,
+        first [B] bool (rows at t = 0) or None. Returns actions [B, act_dim]."""
         full = self.length == self.K
         if bool(full.any()):  # drop the oldest step of full rows
             for buf in (self.S, self.A, self.R, self.T):
