@@ -27,19 +27,21 @@ version and the SHA-256 of the source checkpoint file. Runtimes with the ``Agent
 ``agents.onnx_policy.OnnxPolicy`` (numpy + onnxruntime only, one file to copy) and
 ``TorchScriptPolicy`` here.
 
-ONNX goes through torch's TorchScript-based exporter (``torch.onnx.export(dynamo=False)``): it needs
-only the ``onnx`` package (the dynamo exporter would add onnxscript) and exports traces with a dynamic
-batch axis. TorchScript traces ``DTStep`` whole; the ONNX model is two traces, ``DTStep.restart``
-inside an ``If`` on "any row restarts" and ``DTStep.advance``, so that steps where no row restarts
-skip the restart's operators (``_onnx_model``). A layer without a fixed-size recurrent
+ONNX goes through torch's supported exporter, ``torch.export`` (``torch.onnx.export(dynamo=True)``,
+which needs the ``onnxscript`` package: the ``export`` extra), with a dynamic batch axis; TorchScript
+traces ``DTStep`` whole. The ONNX model is two exported graphs, ``DTStep.restart`` inside an ``If`` on
+"any row restarts" and ``DTStep.advance``, so that steps where no row restarts skip the restart's
+operators (``_onnx_model``). A layer without a fixed-size recurrent
 state (kernel-*, svr-*: caches of every token), a non-causal layer, or a post-norm block cannot be
 exported: a ValueError names the layer's index and kind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import logging
 import json
 import os
 import sys
@@ -68,8 +70,8 @@ from .onnx_policy import (
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
 """format -> the artefact's default file name (next to the checkpoint)"""
-OPSET = 17
-"""ONNX opset: LayerNormalization is one operator from 17 on"""
+OPSET = 18
+"""ONNX opset: LayerNormalization is one operator from 17 on; torch.export's exporter writes 18 and up"""
 _BATCH = "batch"
 
 
@@ -84,8 +86,7 @@ def stream_step(model, data: DataInfo) -> DTStep:
              for i, (spec, form) in enumerate(zip(model.stack.specs, step.layers.forms)) if form.grows]
     if grows:
         raise ValueError("this model's stream step cannot be exported: " + "; ".join(grows) + ". Exportable layers "
-                         "have a fixed-size recurrent state: softmax, primal, linear, performer, cosformer, kerformer, "
-                         "flowformer")
+                         "have a fixed-size recurrent state (softmax, primal, the linear-attention family)")
     return step
 
 
@@ -228,18 +229,29 @@ class _Method(nn.Module):
 
 def _traced_onnx(step: DTStep, method: str, example: tuple, inputs: list[str], states: list[str],
                  outputs: list[str]):
-    """``step.<method>`` traced to an ONNX ModelProto with these input names (``inputs`` then
-    ``states``) and output names, batch axis dynamic."""
-    import onnx
+    """``step.<method>`` exported through ``torch.export`` to an ONNX ModelProto with these input names
+    (``inputs`` then ``states``) and output names, batch axis dynamic."""
+    batch = torch.export.Dim(_BATCH)
+    with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
+        warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
+        program = torch.onnx.export(_Method(step, method), example, dynamo=True, input_names=[*inputs, *states],
+                                    output_names=outputs, dynamic_shapes=(tuple({0: batch} for _ in example),),
+                                    opset_version=OPSET, verbose=False)
+    return program.model_proto
 
-    inputs = [*inputs, *states]
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes are not about the user's input
-        torch.onnx.export(_Method(step, method), example, buf, dynamo=False, input_names=inputs,
-                          output_names=outputs, dynamic_axes={n: {0: _BATCH} for n in inputs + outputs},
-                          opset_version=OPSET, do_constant_folding=True)
-    return onnx.load_from_string(buf.getvalue())
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """torch.export's exporter prints its progress and logs optional operator sets it skips; keep the
+    command line's output to what it writes."""
+    log = logging.getLogger("torch.onnx")
+    level, out = log.level, io.StringIO()
+    log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(out):
+            yield
+    finally:
+        log.setLevel(level)
 
 
 RESTARTED = "restarted."
@@ -405,8 +417,9 @@ def run(argv: list[str]) -> Path:
         if cfg.format == "onnx":
             try:
                 import onnx  # noqa: F401
+                import onnxscript  # noqa: F401  (torch.export's ONNX exporter)
             except ImportError as err:
-                raise ValueError("format=onnx needs the onnx package: pip install 'primal-dt[export]'") from err
+                raise ValueError(f"format=onnx needs the {err.name} package: pip install 'primal-dt[export]'") from err
         out = export_policy(cfg.checkpoint, cfg.format, cfg.out or None, overwrite=cfg.overwrite)
     meta = read_metadata(out)
     print(f"exported {meta['checkpoint']} ({'/'.join(meta['layers'])}, obs {meta['obs_dim']} -> act "

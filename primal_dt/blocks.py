@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import build_attention
+from .attention import available, build_attention, get_class
 from .attention.base import restart_rows
 from .attention.precision import check_precision, weight
 
@@ -133,9 +133,11 @@ class Stack(nn.Module):
             except ValueError as err:
                 bad.append(f"layer {i} ({spec.attention}): {err}")
         if bad:
+            ok = [n for n in available() if get_class(n).supports_step and get_class(n).supports_causal
+                  and precision in get_class(n).stream_precisions]
             raise ValueError("streaming needs every layer to have a causal recurrent form in a pre-norm block; "
-                             + "; ".join(bad) + ". Use engine='recompute', or train a model whose layers stream "
-                             "(softmax, primal, linear, performer, cosformer, ...)")
+                             + "; ".join(bad) + f". Use engine='recompute', or train a model whose layers stream at "
+                             f"precision={precision!r} ({', '.join(ok)})")
         return StackRecurrent(self, forms, precision)
 
 

@@ -113,7 +113,7 @@ class Attention(nn.Module):
         """A ValueError when this mechanism's recurrent form cannot run ``precision``."""
         if check_precision(precision) not in self.stream_precisions:
             raise ValueError(f"{type(self).__name__} streams in {' or '.join(self.stream_precisions)} only, not "
-                             f"precision={precision!r}; bf16 covers softmax and primal layers (and every block's MLP)")
+                             f"precision={precision!r}")
 
     def adopt_stream_window(self, window: int | None) -> None:
         """Make ``forward`` compute what ``recurrent(window=window)`` streams (in place; for a copy of a

@@ -16,7 +16,6 @@ the layers that cannot be exported."""
 from __future__ import annotations
 
 import hashlib
-import io
 import warnings
 from importlib.metadata import version
 from pathlib import Path
@@ -31,6 +30,7 @@ import torch
 from agents import dt_checkpoint, load_agent
 from agents.export import (
     FORMATS,
+    OPSET,
     SEMANTICS,
     TorchScriptPolicy,
     export_policy,
@@ -301,13 +301,14 @@ def test_the_onnx_graph_gives_the_bits_of_one_trace_of_the_whole_step(name, trai
     inputs = ["observation", "reward", "reset", "target", *("state." + n for n in states)]
     outputs = ["action", *("next_state." + n for n in states)]
     example = graph_inputs(meta, 2, np.random.default_rng(0), np.zeros(2, bool))
-    buf = io.BytesIO()
+    batch = torch.export.Dim("batch")
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tracer's notes
-        torch.onnx.export(step, tuple(torch.from_numpy(example[n]) for n in inputs), buf, dynamo=False,
-                          input_names=inputs, output_names=outputs, opset_version=17, do_constant_folding=True,
-                          dynamic_axes={n: {0: "batch"} for n in inputs + outputs})
-    whole, exported = onnx_session(onnx.load_from_string(buf.getvalue())), onnx_session(artefacts[name][0])
+        warnings.simplefilter("ignore")  # the exporter's notes
+        whole = torch.onnx.export(step, tuple(torch.from_numpy(example[n]) for n in inputs), dynamo=True,
+                                  input_names=inputs, output_names=outputs, opset_version=OPSET, verbose=False,
+                                  dynamic_shapes=(*({0: batch} for _ in range(4)),
+                                                  tuple({0: batch} for _ in states))).model_proto
+    whole, exported = onnx_session(whole), onnx_session(artefacts[name][0])
     g = np.random.default_rng(1)
     feed = graph_inputs(meta, 4, g, np.ones(4, bool))
     for t in range(12):
