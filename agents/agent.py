@@ -132,10 +132,7 @@ class Agent:
             return
         rows = torch.as_tensor(d, device=self.device)
         targets = self._targets(target, n)
-        if self.engine_name == "stream":
-            self.engine.reset_rows(rows, targets)
-        else:
-            self.engine.reset_rows(rows)
+        self.engine.reset_rows(rows, targets)
         self.rtg[rows] = targets / self.reward_scale
         self.t[rows] = 0
         self.prev_action[rows] = 0
@@ -184,13 +181,13 @@ class Agent:
                                 else reward).to(self.device, torch.float32)
             if r.shape != (self.batch,):
                 raise ValueError(f"reward must have shape [batch={self.batch}], got {tuple(r.shape)}")
+        if self.engine_name == "stream":  # the step does the bookkeeping: normalisation, return-to-go, timesteps
+            return self.engine.act(o, r)
+        if r is not None:
             self.rtg -= torch.where(self.first, 0.0, r / self.reward_scale)
-        if self.engine_name == "stream":  # the step does its own normalisation and return-to-go
-            action = self.engine.act(o, r)
-        else:
-            first = self.first if self._any_first else None
-            s = ((o - self.mean) / self.std).to(self.dtype)
-            action = self.engine.step(self.rtg, s, self.prev_action, self.t, first)
+        first = self.first if self._any_first else None
+        s = ((o - self.mean) / self.std).to(self.dtype)
+        action = self.engine.step(self.rtg, s, self.prev_action, self.t, first)
         self.prev_action = action.clone()
         self.t += 1
         if self._any_first:
@@ -205,12 +202,13 @@ class Agent:
 
     @property
     def timesteps(self) -> np.ndarray:
-        return self.t.cpu().numpy().copy()
+        return (self.engine.timesteps if self.engine_name == "stream" else self.t).cpu().numpy().copy()
 
     @property
     def returns_to_go(self) -> np.ndarray:
         """Current R_t per row, unscaled (raw return units)."""
-        return (self.rtg.double() * self.reward_scale).cpu().numpy()
+        rtg = self.engine.returns_to_go if self.engine_name == "stream" else self.rtg
+        return (rtg.double() * self.reward_scale).cpu().numpy()
 
 
 def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[float] | None = None,

@@ -41,7 +41,9 @@ class RecomputeEngine:
         self._pos = torch.arange(K, device=p.device)
 
     @torch.inference_mode()
-    def reset_rows(self, rows: torch.Tensor) -> None:
+    def reset_rows(self, rows: torch.Tensor, target=None) -> None:
+        """Restart the rows where ``rows`` ([B] bool) is True (``target``: read by the caller, whose
+        returns-to-go this engine is given at every step)."""
         self.length[rows] = 0
         for buf in (self.S, self.A, self.R, self.T):
             buf[rows] = 0

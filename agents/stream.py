@@ -59,9 +59,11 @@ class StreamEngine:
 
     @property
     def timesteps(self) -> torch.Tensor:
+        """t per row: steps taken in the row's episode."""
         return self.state[0]
 
     @property
     def returns_to_go(self) -> torch.Tensor:
-        """R_t per row, scaled (as the model reads it)."""
-        return self.state[1]
+        """R_t per row, scaled (as the model reads it): the target at a row's first step."""
+        t, rtg = self.state[:2]
+        return torch.where(t == 0, self.target / self.fn.reward_scale, rtg)

@@ -46,7 +46,7 @@ class FlowAttention(Attention):
         self.eps = float(eps)
         self.qkv = torch.nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = torch.nn.Linear(d_model, d_model, bias=bias)
-        self._prefix = PrefixState(None)
+        self._prefix = PrefixState()
         self._kv = LinearState()
 
     def _qkv(self, x):

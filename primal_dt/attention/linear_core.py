@@ -70,7 +70,7 @@ class LinearState:
     """Recurrent S/z for causal linear attention: running sums of fk v^T (with z as a last column)."""
 
     def __init__(self):
-        self.prefix = PrefixState(None)
+        self.prefix = PrefixState()
 
     def init(self, batch: int, n_heads: int, m: int, dv: int, device=None, dtype=torch.float32) -> State:
         return self.prefix.init(batch, (n_heads, m, dv + 1), device=device, dtype=dtype)

@@ -146,55 +146,22 @@ class SoftmaxAttention(Attention):
         return SoftmaxRecurrent(self, w, check_int("chunk", chunk, low=1), precision, inplace)
 
 
-def scatter_nd(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    """A copy of ``data`` with ``updates`` written at the index tuples ``index`` [..., k]: tuple n names
-    ``data[n]``, a sub-tensor over data's remaining dims, which ``updates`` [..., *those dims] fills.
-
-    In an ONNX export, one ScatterND operator, whose each tuple copies one contiguous run (a slot's d_head
-    values): torch.scatter's export, ScatterElements, walks every value with its own index instead, 0.59 vs
-    0.14 ms on a 6 MB key ring at batch 100 (onnxruntime, one thread; Concat + Slice took 0.27, an Identity
-    0.15). Elsewhere (eager, TorchScript's trace) a clone and an index_put."""
-    return (_ScatterND.apply if torch.onnx.is_in_onnx_export() else _written)(data, index, updates)
-
-
-def _written(data, index, updates):
-    out = data.clone()
-    out[index.unbind(-1)] = updates
-    return out
-
-
-class _ScatterND(torch.autograd.Function):
-    """``scatter_nd`` as the ONNX exporter's one ScatterND node (``symbolic``)."""
-
-    @staticmethod
-    def forward(ctx, data, index, updates):
-        return _written(data, index, updates)
-
-    @staticmethod
-    def symbolic(g, data, index, updates):
-        return g.op("ScatterND", data, index, updates)
-
-
 TABLE_LIMIT = 1 << 20
 """largest R * R * C (ring slots squared times chunk length) whose ring layout is tabulated for every phase"""
 
 
 class RingTables(NamedTuple):
     """``SoftmaxRecurrent``'s ring layout for a chunk of C tokens, one row per ring phase p (the slot of the
-    chunk's first token); R slots, H heads, Cq queries (C, or 1 with ``last_only``)."""
+    chunk's first token); R slots, H heads, Cq queries (C, or 1 with ``last_only``). Two tensors, so that
+    picking the rows' phases costs two gathers."""
 
-    at: torch.Tensor
-    """[N, C] the slots the chunk's tokens go to"""
-    tuples: torch.Tensor
-    """[N, H, C, 3] the same as (0, head, slot) index tuples into the [B, H, R, d] key/value ring"""
-    band: torch.Tensor
-    """[N, 1, Cq, R] query i may see slot j (if valid): slot j's token is 0 .. w - 1 positions before i's"""
-    own: torch.Tensor
-    """[N, 1, Cq, R] query i's own slot, seen even when i is padding, so that no softmax row is empty"""
-    next: torch.Tensor
-    """[N] the phase after the chunk"""
-    row: torch.Tensor
-    """[3] (1, 0, 0): a row number times it is the row's part of an index tuple"""
+    slots: torch.Tensor
+    """[N, C + 1 + H C] int64: the slots the chunk's tokens go to ([:, :C]), the phase after the chunk
+    ([:, C]), and the rows of a [H R, d] view of one row's key or value ring its (head, token) pairs are
+    written to ([:, C + 1:], head-major: h R + slot)"""
+    masks: torch.Tensor
+    """[N, 2, 1, Cq, R] bool: [:, 0] query i may see slot j (if valid): slot j's token is 0 .. w - 1 positions
+    before i's; [:, 1] query i's own slot, seen even when i is padding, so that no softmax row is empty"""
 
 
 class SoftmaxRecurrent(Recurrent):
@@ -203,7 +170,7 @@ class SoftmaxRecurrent(Recurrent):
     next token goes to (its tokens so far mod R, so bounded; zero at a fresh or restarted row).
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice;
-    here the chunk's keys and values are scattered into their slots (``scatter_nd``: one copy, the least
+    here the chunk's keys and values are scattered into their slots (``write``: one copy, the least
     a graph whose state comes back new can do) and the attention reads the ring in slot order. At batch
     100 those copies are what the cache costs beyond the attention's own reads, so the torch stream
     engine, which owns its state and never reads an old one again, builds the form with ``inplace=True``:
@@ -236,14 +203,13 @@ class SoftmaxRecurrent(Recurrent):
         before it."""
         R, w, H, dev = self.slots, self.window, self.attn.n_heads, pos.device
         at = (pos.view(-1, 1) + torch.arange(C, device=dev)) % R  # [N, C]
-        head = torch.arange(H, device=dev).view(1, H, 1).expand(at.shape[0], H, C)
-        tuples = torch.stack([torch.zeros_like(head), head, at.unsqueeze(1).expand_as(head)], -1)
+        rows = (torch.arange(H, device=dev).view(1, H, 1) * R + at.unsqueeze(1)).flatten(1)  # [N, H C]
         age = (pos.view(-1, 1) + (C - 1) - torch.arange(R, device=dev)) % R  # [N, R]
         dist = age.unsqueeze(1) - (C - 1 - torch.arange(C, device=dev)).view(1, C, 1)  # query i's position - slot j's
         if last_only:
             dist = dist[:, -1:]
-        return RingTables(at, tuples, ((dist >= 0) & (dist < w)).unsqueeze(1), (dist == 0).unsqueeze(1), (pos + C) % R,
-                          torch.tensor([1, 0, 0], device=dev))
+        masks = torch.stack([(dist >= 0) & (dist < w), dist == 0], 1).unsqueeze(2)
+        return RingTables(torch.cat([at, ((pos + C) % R).view(-1, 1), rows], 1), masks)
 
     def rows(self, pos: torch.Tensor, C: int, last_only: bool) -> RingTables:
         """``layout`` at the rows' phases: rows of a table over every phase, computed once, when it is small
@@ -253,8 +219,28 @@ class SoftmaxRecurrent(Recurrent):
         key = (C, last_only, pos.device)
         if key not in self._tables:
             self._tables[key] = self.layout(torch.arange(self.slots, device=pos.device), C, last_only)
-        t = self._tables[key]
-        return RingTables(*(c.index_select(0, pos) for c in t[:5]), t.row)
+        return RingTables(*(t.index_select(0, pos) for t in self._tables[key]))
+
+    def row_numbers(self, batch, device) -> torch.Tensor:
+        """[B, 1]: 0 .. B - 1. Kept per batch size in eager code; traced (a graph takes any batch), computed
+        from the mask's shape, not x's: the mask is every layer's, so onnxruntime computes them once."""
+        if torch.jit.is_tracing() or not isinstance(batch, int):
+            return torch.arange(batch, device=device).view(-1, 1)
+        key = ("rows", batch, device)
+        if key not in self._tables:
+            self._tables[key] = torch.arange(batch, device=device).view(-1, 1)
+        return self._tables[key]
+
+    def write(self, ring: torch.Tensor, index: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        """``ring`` [B, H, R, d] with ``new`` [B, H, C, d] written at rows ``index`` [B, H C] of its [B H R, d]
+        view: into ``ring`` itself with ``inplace``, else into a copy (an exported graph's one ScatterND,
+        whose each index copies one contiguous run of d values)."""
+        d = static(ring.shape[-1])
+        index, new = index.reshape(-1), new.reshape(-1, d)
+        if self.inplace:
+            ring.view(-1, d).index_copy_(0, index, new)
+            return ring
+        return torch.index_put(ring.reshape(-1, d), (index,), new).view(ring.shape)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
@@ -264,22 +250,16 @@ class SoftmaxRecurrent(Recurrent):
         K, V, valid, pos = state
         H, d = a.n_heads, a.d_head  # one transpose, then a split: fewer graph nodes than a 5-d permute, 3 selects
         q, k, v = linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
-        t = self.rows(pos, C, last_only)
+        slots, masks = self.rows(pos, C, last_only)
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
-        # (row, head, slot) tuples; row numbers from the mask's shape, not x's: the mask is every layer's, so
-        # onnxruntime computes them once
-        index = t.tuples + torch.arange(real.shape[0], device=x.device).view(-1, 1, 1, 1) * t.row
-        k, v = k.to(K.dtype), v.to(V.dtype)  # (a bf16 ring: rounded here, once)
-        if self.inplace:
-            K.index_put_(index.unbind(-1), k)
-            V.index_put_(index.unbind(-1), v)
-            valid.scatter_(1, t.at, real)
-        else:
-            K, V = scatter_nd(K, index, k), scatter_nd(V, index, v)
-            valid = valid.scatter(1, t.at, real)  # (B x C flags: ScatterElements is fine)
+        index = slots[:, C + 1:] + self.row_numbers(real.shape[0], x.device) * (H * self.slots)
+        K = self.write(K, index, k.to(K.dtype))  # (a bf16 ring: each key and value rounded here, once)
+        V = self.write(V, index, v.to(V.dtype))
+        at = slots[:, :C]
+        valid = valid.scatter_(1, at, real) if self.inplace else valid.scatter(1, at, real)
         if last_only:
             q = q[:, :, -1:]
-        allowed = (t.band & valid.view(-1, 1, 1, self.slots)) | t.own
+        allowed = (masks[:, 0] & valid.view(-1, 1, 1, self.slots)) | masks[:, 1]
         y = ring_attention(q, K, V, allowed)
         y = linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
-        return y, (K, V, valid, t.next)
+        return y, (K, V, valid, slots[:, C])
