@@ -158,7 +158,7 @@ class RingTables(NamedTuple):
     slots: torch.Tensor
     """[N, C + 1 + H C] int64: the slots the chunk's tokens go to ([:, :C]), the phase after the chunk
     ([:, C]), and the rows of a [H R, d] view of one row's key or value ring its (head, token) pairs are
-    written to ([:, C + 1:], head-major: h R + slot)"""
+    written to ([:, C + 1:], head-major: h R + slot; the in-place write's index)"""
     masks: torch.Tensor
     """[N, 2, 1, Cq, R] bool: [:, 0] query i may see slot j (if valid): slot j's token is 0 .. w - 1 positions
     before i's; [:, 1] query i's own slot, seen even when i is padding, so that no softmax row is empty"""
@@ -196,6 +196,8 @@ class SoftmaxRecurrent(Recurrent):
         self.wqkv, self.bqkv = weight(attn.qkv.weight, precision), weight(attn.qkv.bias, "fp32")
         self.wp, self.bp = weight(attn.proj.weight, precision), weight(attn.proj.bias, "fp32")
         self._tables: dict[tuple, RingTables] = {}
+        for last_only in (False, True):  # (built here, so that a traced graph holds them as constants)
+            self.rows(torch.zeros(1, dtype=torch.int64), chunk, last_only)
 
     def layout(self, pos: torch.Tensor, C: int, last_only: bool) -> RingTables:
         """Where a chunk of C tokens goes and what its queries may see, for rows at ring phases ``pos`` [N]:
@@ -231,16 +233,18 @@ class SoftmaxRecurrent(Recurrent):
             self._tables[key] = torch.arange(batch, device=device).view(-1, 1)
         return self._tables[key]
 
-    def write(self, ring: torch.Tensor, index: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-        """``ring`` [B, H, R, d] with ``new`` [B, H, C, d] written at rows ``index`` [B, H C] of its [B H R, d]
-        view: into ``ring`` itself with ``inplace``, else into a copy (an exported graph's one ScatterND,
-        whose each index copies one contiguous run of d values)."""
-        d = static(ring.shape[-1])
-        index, new = index.reshape(-1), new.reshape(-1, d)
+    def write(self, ring: torch.Tensor, rows: torch.Tensor, at: torch.Tensor, heads: torch.Tensor,
+              new: torch.Tensor) -> torch.Tensor:
+        """``ring`` [B, H, R, d] with ``new`` [B, H, C, d] written at the slots ``at`` [B, C] of rows ``rows``
+        [B, 1]. ``inplace``: into ``ring`` itself, at rows ``heads`` [B, H C] (the layout's) of each row's
+        [H R, d] view. Else into a copy, indexed by (row, head, slot): an exported graph's one ScatterND on
+        the ring as it is, whose each index copies one contiguous run of d values."""
+        H, R, d = (static(n) for n in ring.shape[1:])
         if self.inplace:
-            ring.view(-1, d).index_copy_(0, index, new)
+            ring.view(-1, d).index_copy_(0, (heads + rows * (H * R)).reshape(-1), new.reshape(-1, d))
             return ring
-        return torch.index_put(ring.reshape(-1, d), (index,), new).view(ring.shape)
+        head = torch.arange(H, device=ring.device).view(1, H, 1)
+        return torch.index_put(ring, (rows.view(-1, 1, 1), head, at.unsqueeze(1)), new)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
@@ -252,10 +256,9 @@ class SoftmaxRecurrent(Recurrent):
         q, k, v = linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
         slots, masks = self.rows(pos, C, last_only)
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
-        index = slots[:, C + 1:] + self.row_numbers(real.shape[0], x.device) * (H * self.slots)
-        K = self.write(K, index, k.to(K.dtype))  # (a bf16 ring: each key and value rounded here, once)
-        V = self.write(V, index, v.to(V.dtype))
-        at = slots[:, :C]
+        rows, at, heads = self.row_numbers(real.shape[0], x.device), slots[:, :C], slots[:, C + 1:]
+        K = self.write(K, rows, at, heads, k.to(K.dtype))  # (a bf16 ring: each key and value rounded here, once)
+        V = self.write(V, rows, at, heads, v.to(V.dtype))
         valid = valid.scatter_(1, at, real) if self.inplace else valid.scatter(1, at, real)
         if last_only:
             q = q[:, :, -1:]
