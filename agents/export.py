@@ -107,7 +107,7 @@ restart (reset) or leave (drop their rows of every state tensor) independently. 
 (the stream engine's semantics, agents/stream.py): primal without a window, running means of q and k over the \
 whole episode; primal or softmax with window=w, the last w tokens; softmax without a window, the last 3K-1 \
 tokens; the linear family (linear, performer, cosformer, kerformer, flowformer), prefix sums over the episode. \
-A cosformer layer returns NaN for a row once its episode passes max_len tokens (the stream engine raises)."""
+A cosformer layer returns NaN for a row once its episode passes max_len tokens."""
 
 
 def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:

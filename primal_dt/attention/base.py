@@ -13,8 +13,8 @@
   (agents.stream) runs it, and TorchScript / ONNX trace it (agents.export): there is no other form.
 
 A recurrent state is a tuple of per-row tensors, batch first, that start at zero: a row restarts by
-going back to zero (``Recurrent.reset_rows``) and leaves the batch by being sliced out
-(``Recurrent.select_rows``), so nothing a row holds can leak into another. A form keeps nothing on
+going back to zero (``restart_rows``) and leaves the batch by being sliced out
+(``select_rows``), so nothing a row holds can leak into another. A form keeps nothing on
 the Python side between calls (no clocks, no per-phase tables that change), since a traced graph is
 replayed at every step. A mechanism whose state is a cache of every token (kernel-*, svr-*: it grows
 with the sequence) streams in torch but has no fixed-size graph state (``Recurrent.grows``).
