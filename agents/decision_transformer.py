@@ -304,7 +304,7 @@ class DTStep(nn.Module):
         x = m.embed_step(rtg, s, prev, t)
         real = t >= 0  # (all True, without a shape computed at every step)
         mask = torch.stack((~first, real, real), 1)  # at t = 0 the action slot is padding
-        y, layers = self.layers(x, state[3:], mask, last_only=True)
+        y, layers = self.layers.forward(x, state[3:], mask, last_only=True)
         action = m.predict_action(y[:, -1])
         return (action, t + 1, rtg, action, *layers)
 

@@ -84,7 +84,7 @@ class Block(nn.Module):
         bfloat16 between the two matmuls."""
         ln1, ln2 = self.ln1, self.ln2
         h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
-        a, state = form(h, state, mask, last_only)
+        a, state = form.forward(h, state, mask, last_only)  # (forward: no module-call overhead, per layer per step)
         x = (x[:, -1:] if last_only else x) + a
         act = self.mlp[1]
         h = F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)

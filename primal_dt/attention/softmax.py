@@ -37,7 +37,7 @@ SDPA_BELOW = 64
 """batch x heads below which the eager ring attention calls SDPA (see ``ring_attention``)"""
 
 
-def ring_attention(q, K, V, allowed):
+def ring_attention(q, K, V, allowed, eager: bool = False):
     """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys.
 
     Each (row, head) is a [C, d] x [d, cap] product, so the work is B H tiny matmuls that read the
@@ -45,10 +45,9 @@ def ring_attention(q, K, V, allowed):
     1.47 ms there at batch 100, 4 heads, 3 queries, 61 slots; two batched matmuls around a masked
     softmax took 1.00 ms (one thread; 0.77 vs 0.49 ms for the top layer's single query). Below
     ``SDPA_BELOW`` rows x heads SDPA's lower per-call cost wins (0.014 vs 0.019 ms at batch 1). Every
-    query sees at least its own slot, so no row of the softmax is empty. A traced graph always takes
-    the matmuls: its batch is not known, and SDPA's exported form guards fully masked rows (IsNaN,
-    Where), which cannot occur here."""
-    eager = not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())
+    query sees at least its own slot, so no row of the softmax is empty. Only ``eager`` code (the stream
+    engine's, which no graph traces) picks SDPA: a graph's batch is not known, and SDPA's exported form
+    guards fully masked rows (IsNaN, Where), which cannot occur here."""
     if eager and K.dtype == q.dtype and q.shape[0] * q.shape[1] < SDPA_BELOW:
         return F.scaled_dot_product_attention(q, K, V, attn_mask=allowed)
     # a bfloat16 cache (precision="bf16"): bf16 products, scores and softmax in q's dtype (no-ops otherwise)
@@ -170,11 +169,12 @@ class SoftmaxRecurrent(Recurrent):
     next token goes to (its tokens so far mod R, so bounded; zero at a fresh or restarted row).
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice;
-    here the chunk's keys and values are scattered into their slots (``write``: one copy, the least
+    here the chunk's keys and values are scattered into their slots (one copy, the least
     a graph whose state comes back new can do) and the attention reads the ring in slot order. At batch
     100 those copies are what the cache costs beyond the attention's own reads, so the torch stream
-    engine, which owns its state and never reads an old one again, builds the form with ``inplace=True``:
-    the same function writing into the given ring, no copy (tests check both give the same outputs).
+    engine, which owns its state and never reads an old one again (and which no graph traces), builds the
+    form with ``inplace=True``: the same function writing into the given ring, no copy, and SDPA for few
+    rows (``ring_attention``); tests check both give the same outputs.
 
     What a query may see depends only on the row's phase and the chunk length, so the slots written, the
     position part of the mask and the next phase are rows of constant tables (``rows``) gathered by
@@ -221,7 +221,8 @@ class SoftmaxRecurrent(Recurrent):
         key = (C, last_only, pos.device)
         if key not in self._tables:
             self._tables[key] = self.layout(torch.arange(self.slots, device=pos.device), C, last_only)
-        return RingTables(*(t.index_select(0, pos) for t in self._tables[key]))
+        slots, masks = self._tables[key]
+        return slots.index_select(0, pos), masks.index_select(0, pos)
 
     def row_numbers(self, batch, device) -> torch.Tensor:
         """[B, 1]: 0 .. B - 1. Kept per batch size in eager code; traced (a graph takes any batch), computed
@@ -233,19 +234,6 @@ class SoftmaxRecurrent(Recurrent):
             self._tables[key] = torch.arange(batch, device=device).view(-1, 1)
         return self._tables[key]
 
-    def write(self, ring: torch.Tensor, rows: torch.Tensor, at: torch.Tensor, heads: torch.Tensor,
-              new: torch.Tensor) -> torch.Tensor:
-        """``ring`` [B, H, R, d] with ``new`` [B, H, C, d] written at the slots ``at`` [B, C] of rows ``rows``
-        [B, 1]. ``inplace``: into ``ring`` itself, at rows ``heads`` [B, H C] (the layout's) of each row's
-        [H R, d] view. Else into a copy, indexed by (row, head, slot): an exported graph's one ScatterND on
-        the ring as it is, whose each index copies one contiguous run of d values."""
-        H, R, d = (static(n) for n in ring.shape[1:])
-        if self.inplace:
-            ring.view(-1, d).index_copy_(0, (heads + rows * (H * R)).reshape(-1), new.reshape(-1, d))
-            return ring
-        head = torch.arange(H, device=ring.device).view(1, H, 1)
-        return torch.index_put(ring, (rows.view(-1, 1, 1), head, at.unsqueeze(1)), new)
-
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
         C = static(x.shape[1])  # (static: constants in a traced graph, batch aside)
@@ -256,13 +244,20 @@ class SoftmaxRecurrent(Recurrent):
         q, k, v = linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
         slots, masks = self.rows(pos, C, last_only)
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
-        rows, at, heads = self.row_numbers(real.shape[0], x.device), slots[:, :C], slots[:, C + 1:]
-        K = self.write(K, rows, at, heads, k.to(K.dtype))  # (a bf16 ring: each key and value rounded here, once)
-        V = self.write(V, rows, at, heads, v.to(V.dtype))
-        valid = valid.scatter_(1, at, real) if self.inplace else valid.scatter(1, at, real)
+        rows, at = self.row_numbers(real.shape[0], x.device), slots[:, :C]
+        k, v = k.to(K.dtype), v.to(V.dtype)  # (a bf16 ring: each key and value rounded here, once)
+        if self.inplace:  # into the given ring: rows of its [B H R, d] view (the layout's, row offsets added)
+            index = (slots[:, C + 1:] + rows * (H * self.slots)).view(-1)
+            K.view(-1, d).index_copy_(0, index, k.reshape(-1, d))
+            V.view(-1, d).index_copy_(0, index, v.reshape(-1, d))
+            valid.scatter_(1, at, real)
+        else:  # into a copy, by (row, head, slot): an exported graph's one ScatterND on the ring as it is
+            index = (rows.view(-1, 1, 1), torch.arange(H, device=x.device).view(1, H, 1), at.unsqueeze(1))
+            K, V = torch.index_put(K, index, k), torch.index_put(V, index, v)
+            valid = valid.scatter(1, at, real)
         if last_only:
             q = q[:, :, -1:]
         allowed = (masks[:, 0] & valid.view(-1, 1, 1, self.slots)) | masks[:, 1]
-        y = ring_attention(q, K, V, allowed)
+        y = ring_attention(q, K, V, allowed, eager=self.inplace)
         y = linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
         return y, (K, V, valid, slots[:, C])

@@ -208,14 +208,15 @@ def test_the_form_is_pure_and_its_state_has_the_declared_layout(case):
 
 @pytest.mark.parametrize("case", ["softmax", "softmax-w4", "softmax-w1"])
 def test_in_place_writes_give_the_pure_forms_outputs(case):
-    """``inplace=True`` (the stream engine's) writes the ring it is given instead of a copy; same outputs."""
+    """``inplace=True`` (the stream engine's) writes the ring it is given instead of a copy; same outputs (to
+    rounding: at few rows the in-place form, never traced, attends through SDPA)."""
     a = make(case)
     x, mask = dt_like(seed=6)
     sizes = [1, 2, 3, 5, 1, 3, 7, 2, 3, 3]
     with torch.no_grad():
         pure, _ = run(recurrent(a), x, mask, sizes=sizes, resets={6: torch.tensor([False, False, True])})
         inplace, _ = run(recurrent(a, inplace=True), x, mask, sizes=sizes, resets={6: torch.tensor([False, False, True])})
-    torch.testing.assert_close(inplace[mask], pure[mask], atol=0, rtol=0)
+    torch.testing.assert_close(inplace[mask], pure[mask], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("last_only", [False, True], ids=["all-tokens", "last-only"])
