@@ -33,8 +33,9 @@ import torch
 from primal_dt.attention.precision import check_precision, native_bf16
 
 from . import dt_checkpoint, threads
+from .decision_transformer import DTStep
 from .onnx_policy import Policy
-from .recompute import RecomputeEngine
+from .recompute import RecomputeEngine, check_recomputable
 from .stream import StreamEngine
 
 ENGINES = ("stream", "recompute")
@@ -61,15 +62,13 @@ class Agent(Policy):
             raise ValueError(f"precision={precision!r} applies to engine='stream' only; recompute runs in the model's "
                              "dtype (precision='fp32')")
         if engine == "stream":
-            from .stream import check_streamable
-
-            check_streamable(model)  # fail at construction, not at the first step
-            StreamEngine(model.eval(), 1, precision)  # same: the layers' precision support
+            #: the one step function the stream engine runs (built here: its checks fail at construction)
+            self.step_fn = DTStep(model.eval(), state_mean, state_std, reward_scale, precision=precision, inplace=True)
             if precision == "bf16" and not native_bf16(next(model.parameters()).device):
                 warnings.warn("precision='bf16': this CPU has no native bfloat16 matmuls (AVX512-BF16 or AMX), so "
                               "they are emulated and likely slower than fp32; use precision='fp32'", stacklevel=2)
         else:
-            RecomputeEngine(model.eval(), 1, context)  # same: its checks (causal layers, context)
+            check_recomputable(model, context)
         self.model = model.eval()
         self.engine_name = engine
         self.context = context
@@ -94,59 +93,35 @@ class Agent(Policy):
         self.default_target = target
         self.engine = None
 
-    # -- the rows' state (the shared API is Policy's) -------------------------------------------------
-    def _scaled(self, targets: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(targets / self.reward_scale, dtype=torch.float32, device=self.device)
-
+    # -- the rows' state (the shared API is Policy's; each engine keeps its rows' bookkeeping) ----------
     def _start(self, B, targets):
+        targets = torch.as_tensor(targets, dtype=torch.float32, device=self.device)
         if self.engine_name == "stream":
-            self.engine = StreamEngine(self.model, B, self.precision)
+            self.engine = StreamEngine(self.step_fn, B, targets)
         else:
-            self.engine = RecomputeEngine(self.model, B, self.context)
-        self.rtg = self._scaled(targets)
-        self.t = torch.zeros(B, dtype=torch.long, device=self.device)
-        self.prev_action = torch.zeros(B, self.act_dim, dtype=self.dtype, device=self.device)
-        self.first = torch.ones(B, dtype=torch.bool, device=self.device)
-        self._any_first = True
+            self.engine = RecomputeEngine(self.model, B, targets, mean=self.mean, std=self.std,
+                                          reward_scale=self.reward_scale, context=self.context)
 
     def _restart(self, rows, targets):
-        rows = torch.as_tensor(rows, device=self.device)
-        self.engine.reset_rows(rows)
-        self.rtg[rows] = self._scaled(targets)
-        self.t[rows] = 0
-        self.prev_action[rows] = 0
-        self.first[rows] = True
-        self._any_first = True
+        self.engine.reset_rows(torch.as_tensor(rows, device=self.device),
+                               torch.as_tensor(targets, dtype=torch.float32, device=self.device))
 
     def _keep(self, rows):
-        rows = torch.as_tensor(rows, device=self.device)
-        self.engine.keep_rows(rows)
-        self.rtg, self.t, self.prev_action = self.rtg[rows], self.t[rows], self.prev_action[rows]
-        self.first = self.first[rows]
-        self._any_first = bool(self.first.any())
+        self.engine.keep_rows(torch.as_tensor(rows, device=self.device))
 
     def _step(self, obs, reward):
-        s = (torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32)).to(self.device) - self.mean) / self.std
-        if reward is not None:
-            r = torch.from_numpy(reward).to(self.device)
-            self.rtg -= torch.where(self.first, 0.0, r / self.reward_scale)
-        first = self.first if self._any_first else None
-        action = self.engine.step(self.rtg, s.to(self.dtype), self.prev_action, self.t, first)
-        self.prev_action = action.clone()
-        self.t += 1
-        if self._any_first:
-            self.first.zero_()
-            self._any_first = False
-        return action.float().cpu().numpy()
+        o = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32)).to(self.device)
+        r = None if reward is None else torch.from_numpy(reward).to(self.device)
+        return self.engine.act(o, r).float().cpu().numpy()
 
     @property
     def timesteps(self) -> np.ndarray:
-        return self.t.cpu().numpy().copy()
+        return self.engine.timesteps.cpu().numpy().copy()
 
     @property
     def returns_to_go(self) -> np.ndarray:
         """Current R_t per row, unscaled (raw return units)."""
-        return (self.rtg.double() * self.reward_scale).cpu().numpy()
+        return (self.engine.returns_to_go.double() * self.reward_scale).cpu().numpy()
 
 
 def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[float] | None = None,

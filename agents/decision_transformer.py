@@ -15,17 +15,45 @@ Read top to bottom:
    R_t and s_t but not a_t.
 5. ``loss``: masked action MSE + eta * KSVD regulariser of the primal layers.
 
-The streaming agent (``agents.stream``) uses the same pieces one environment step at a time:
-``embed_step`` builds the step's chunk (a_{t-1}, R_t, s_t), each token with its own step's
-timestep embedding; the stack's stream form (``stack.init_stream`` / ``stack.stream_step``)
-consumes it, ``stack.reset_rows`` / ``stack.select_rows`` restart or drop finished episodes, and
-``predict_action`` reads the state token's output (tests/agents pin that streaming reproduces
-``forward`` over the same tokens; the recompute protocol, which re-reads only the last K steps,
-is ``agents.recompute``).
+6. ``DTStep``: the one function that advances B rows by one environment step on explicit state, what
+   the torch stream engine (``agents.stream``) runs and ``agents.export`` traces into ONNX / TorchScript
+   (the recompute protocol, which re-reads the last K steps, calls ``forward``: ``agents.recompute``).
+
+The stream (``DTStep``). Every environment step feeds ONE chunk of three tokens through the stack,
+
+    (a_{t-1}, R_t, s_t)          (at t = 0 the action slot is padding: masked, invisible),
+
+each token with its own step's timestep embedding (a_{t-1} carries t - 1), so over an episode the
+stream receives exactly ``embed``'s token sequence, cut into chunks one token later; only the state
+token s_t's top-layer output reaches the action head, and at the top layer the other two tokens only
+update the layer's state. Rows (episodes) advance in lock step but restart independently: a row's
+state going back to zero is a fresh episode. What a streamed token sees, per layer kind (the *stream
+semantics*):
+
+- ``primal`` without a window: the running means of q and k over every real token of the episode
+  so far (O(H d) state). This is exactly ``forward`` over the whole episode.
+- ``primal`` / ``softmax`` with ``window=w``: the last w token positions (its own included), exactly
+  as ``forward`` over the whole episode computes it (a ring of w slots for primal, of w + 2 key/value
+  slots for softmax).
+- ``softmax`` without a window: a rolling key/value cache, treated as ``window = 3K - 1`` tokens
+  (``softmax_stream_window``). At the top layer the state token s_t then attends to exactly the
+  tokens the recompute engine shows it (R, s, a of the K - 1 previous steps, then R_t, s_t); lower
+  layers' outputs inside that window were themselves computed from their own windows, so the
+  receptive field reaches further back than recompute's K steps.
+- linear-attention family (linear, performer, cosformer, kerformer, flowformer): their own
+  recurrent state (prefix sums over the whole episode, constant size), i.e. ``forward`` over the
+  episode. A cosformer layer gives NaN for a row once its episode passes ``max_len`` tokens.
+- ``kernel-*`` and ``svr-*``: their recurrent state is a cache of every real token of the episode
+  (it grows with the episode, and so does a step's cost; no exported graph), i.e. ``forward``.
+
+So for every model, stream == ``streamed_model_equivalent(model).forward`` over the episode so far
+(the copy whose unwindowed softmax layers get ``window = 3K - 1``); ``agents.stream_training`` trains
+models whose training segments see the same thing.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -33,6 +61,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from primal_dt.attention.base import restart_rows
+from primal_dt.attention.state import StateSpec
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
 from primal_dt.layouts import layout
@@ -135,18 +165,14 @@ class DecisionTransformer(nn.Module):
         B, T, D = s.shape
         return torch.stack((r, s, a), dim=2).reshape(B, TOKENS_PER_STEP * T, D)
 
-    def embed_step(self, rtg, states, prev_actions, timesteps, first):
-        """The chunk one environment step adds to a stream: tokens [B, 3, D] = (a_{t-1}, R_t, s_t) and
-        their mask [B, 3] (or None).
+    def embed_step(self, rtg, states, prev_actions, timesteps) -> torch.Tensor:
+        """The chunk one environment step adds to a stream: tokens [B, 3, D] = (a_{t-1}, R_t, s_t).
 
         rtg [B] (scaled), states [B, state_dim] (normalised), prev_actions [B, act_dim], timesteps [B]
-        long (t), first [B] bool (rows at t = 0), or None when no row is at t = 0. The action token
-        comes first because a_{t-1} is only known now; it carries timestep t - 1, R_t and s_t carry t.
-        Over an episode the stream thus receives exactly ``embed``'s token sequence (R_0, s_0, a_0,
-        R_1, ...), cut into chunks one token later. Where ``first``, the action slot is padding
-        (masked: invisible to every layer).
-        Computes what ``embed_tokens`` computes for those tokens, with the embeddings' weights called
-        functionally and one LayerNorm over the stacked three, because it runs every environment step.
+        long (t). The action token comes first because a_{t-1} is only known now; it carries timestep
+        t - 1, R_t and s_t carry t. Computes what ``embed_tokens`` computes for those tokens, with the
+        embeddings' weights called functionally and one LayerNorm over the stacked three, because it
+        runs every environment step.
         """
         tt = torch.stack((timesteps - 1, timesteps, timesteps), 1).clamp_(0, self.cfg.max_timestep - 1)
         time = F.embedding(tt, self.embed_timestep.weight)
@@ -154,12 +180,7 @@ class DecisionTransformer(nn.Module):
         r = torch.addcmul(self.embed_return.bias, rtg.unsqueeze(-1), self.embed_return.weight.squeeze(-1))
         s = F.linear(states, self.embed_state.weight, self.embed_state.bias)
         ln = self.embed_ln
-        x = F.layer_norm(torch.stack((a, r, s), 1).add_(time), ln.normalized_shape, ln.weight, ln.bias, ln.eps)
-        if first is None:
-            return x, None
-        mask = torch.ones(x.shape[0], TOKENS_PER_STEP, dtype=torch.bool, device=x.device)
-        mask[:, 0] = ~first
-        return x, mask
+        return F.layer_norm(torch.stack((a, r, s), 1).add_(time), ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
     # -- 2. the stack and the head ------------------------------------------------------------------
     def predict_action(self, hidden_at_state_tokens: torch.Tensor) -> torch.Tensor:
@@ -198,6 +219,94 @@ class DecisionTransformer(nn.Module):
     @property
     def layer_names(self) -> list[str]:
         return [s.attention for s in self.stack.specs]
+
+
+# -- 4. one environment step on explicit state (the stream) ----------------------------------------
+def softmax_stream_window(model) -> int:
+    """The window a softmax layer built without one streams over: 3K - 1 tokens (module docstring)."""
+    return max(1, 3 * model.cfg.K - 1)
+
+
+def streamed_model_equivalent(model):
+    """A copy of ``model`` whose full-sequence ``forward`` equals what ``DTStep`` computes: every layer
+    adopts the window the step streams it with (unwindowed softmax: 3K - 1 tokens)."""
+    twin = copy.deepcopy(model).eval()
+    for b in twin.stack.blocks:
+        b.attn.adopt_stream_window(softmax_stream_window(model))
+    return twin
+
+
+class DTStep(nn.Module):
+    """One environment step for B rows as one pure function of tensors (module docstring, "The stream"):
+
+        forward(observation [B, obs_dim] raw, reward [B] (the previous step's), reset [B] bool (the row
+                starts a new episode now), target [B] (raw return), *state) -> (action [B, act_dim], *state)
+
+    ``state``: ``specs``, ``t`` (timestep), ``rtg`` (the scaled return-to-go), ``prev_action``, then
+    every layer's recurrent state (``layer<i>.<name>``); all zero at a fresh row. Inside: rows flagged
+    ``reset`` get a zero state (``restart``); a row whose timestep is 0 is at its episode's first step,
+    where R = target / reward_scale and the reward is ignored (so the reward that ended an episode never
+    leaks into the next), afterwards R -= reward / reward_scale; observations are normalised with the
+    dataset's mean / std; the chunk (a_{t-1}, R_t, s_t) goes through the embedding, every layer's
+    recurrent form and the action head.
+
+    Built from a model in eval mode; a snapshot of the weights its layers fuse (build a new one after
+    the weights change). ``precision`` / ``inplace``: as ``Attention.recurrent``'s."""
+
+    def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
+                 precision: str = "fp32", inplace: bool = False):
+        super().__init__()
+        if model.training:
+            raise ValueError("DTStep needs the model in eval mode (model.eval())")
+        cfg = model.cfg
+        p = next(model.parameters())
+        mean = torch.as_tensor(state_mean, dtype=torch.float32, device=p.device)
+        std = torch.as_tensor(state_std, dtype=torch.float32, device=p.device)
+        if mean.shape != (cfg.state_dim,) or std.shape != (cfg.state_dim,):
+            raise ValueError(f"state_mean / state_std must have shape [{cfg.state_dim}], got "
+                             f"{tuple(mean.shape)} / {tuple(std.shape)}")
+        if not reward_scale > 0:
+            raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
+        self.model = model
+        self.layers = model.stack.recurrent(window=softmax_stream_window(model), chunk=TOKENS_PER_STEP,
+                                            precision=precision, inplace=inplace)
+        self.register_buffer("mean", mean)
+        self.register_buffer("std", std)
+        self.reward_scale = float(reward_scale)
+        self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
+                      StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layers.specs]
+        #: the state tensors a restart zeroes (the others are ``masked_by`` one of these: StateSpec)
+        self.zeroed = [i for i, s in enumerate(self.specs) if not s.masked_by]
+        self.eval()
+
+    def init(self, batch: int) -> tuple[torch.Tensor, ...]:
+        """A fresh state for ``batch`` rows (zeros)."""
+        return tuple(s.zeros(batch, self.mean.device) for s in self.specs)
+
+    def forward(self, observation, reward, reset, target, *state):
+        state = list(state)
+        for i, s in zip(self.zeroed, self.restart(reset, *(state[i] for i in self.zeroed))):
+            state[i] = s
+        return self.advance(observation, reward, target, *state)
+
+    def restart(self, reset, *state) -> tuple[torch.Tensor, ...]:
+        """The given state tensors (the ``zeroed`` ones, in order) with the rows flagged ``reset`` [B]
+        zeroed: their episodes start now."""
+        return restart_rows([self.specs[i] for i in self.zeroed], state, reset)
+
+    def advance(self, observation, reward, target, *state):
+        """The step on a state whose restarted rows are already zero (``forward`` without ``reset``)."""
+        t, rtg, prev = state[:3]
+        first = t == 0
+        rtg = torch.where(first, target / self.reward_scale, rtg - reward / self.reward_scale)
+        m = self.model
+        s = ((observation - self.mean) / self.std).to(prev.dtype)
+        x = m.embed_step(rtg, s, prev, t)
+        real = t >= 0  # (all True, without a shape computed at every step)
+        mask = torch.stack((~first, real, real), 1)  # at t = 0 the action slot is padding
+        y, layers = self.layers.forward(x, state[3:], mask, last_only=True)
+        action = m.predict_action(y[:, -1])
+        return (action, t + 1, rtg, action, *layers)
 
 
 def dt_loss(net, batch: dict, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:

@@ -4,7 +4,7 @@
     python -m agents.export checkpoint=runs/.../last.pt format=torchscript
 
 The artefact is ``agents.Agent(engine="stream")``'s whole ``act`` as one pure function, its
-recurrent state explicit input and output, any batch (``StreamStep``):
+recurrent state explicit input and output, any batch (``DTStep``):
 
     (observation [B, obs_dim] float32 raw, reward [B] float32 (the previous step's), reset [B] bool
      (the row starts a new episode this step), target [B] float32 (raw return), state.<name> ...)
@@ -14,10 +14,9 @@ Inside: rows flagged ``reset`` get a zero state (every state tensor starts at ze
 a flag, a softmax ring's keys and values, are hidden by their zeroed flags instead); a row whose
 timestep is 0 is at its episode's first step, where R = target / reward_scale and the reward is
 ignored, afterwards R -= reward / reward_scale; observations are normalised with the checkpoint's
-mean / std; the chunk (a_{t-1}, R_t, s_t) goes through the embedding, every block around its
-mechanism's export form (primal_dt/attention: ``export_form``, tested equal to the stream form) and
-the action head. The arithmetic is the agent's and the stream engine's, so actions agree to 1e-5
-(tests/agents/test_export.py, whole Hopper episodes). Rows do not interact: caches keep positions
+mean / std; the chunk (a_{t-1}, R_t, s_t) goes through the embedding, every layer's recurrent form
+and the action head. It is the model's one step function, the one the stream engine runs, so actions
+agree to 1e-5 (tests/agents/test_export.py, whole Hopper episodes). Rows do not interact: caches keep positions
 in their order or in a per-row phase (no shared clock), so rows may start, restart and leave
 independently.
 
@@ -28,23 +27,24 @@ version and the SHA-256 of the source checkpoint file. Runtimes with the ``Agent
 ``agents.onnx_policy.OnnxPolicy`` (numpy + onnxruntime only, one file to copy) and
 ``agents.torchscript_policy.TorchScriptPolicy``.
 
-ONNX goes through torch's TorchScript-based exporter (``torch.onnx.export(dynamo=False)``): it needs
-only the ``onnx`` package (the dynamo exporter would add onnxscript) and exports traces with a dynamic
-batch axis. TorchScript traces ``StreamStep`` whole; the ONNX model is two traces, ``StreamStep.restart``
-inside an ``If`` on "any row restarts" and ``StreamStep.advance``, so that steps where no row restarts
-skip the restart's operators (``_onnx_model``). A layer without a fixed-size recurrent
+ONNX goes through torch's supported exporter, ``torch.export`` (``torch.onnx.export(dynamo=True)``,
+which needs the ``onnxscript`` package: the ``export`` extra), with a dynamic batch axis; TorchScript
+traces ``DTStep`` whole. The ONNX model is two exported graphs, ``DTStep.restart`` inside an ``If`` on
+"any row restarts" and ``DTStep.advance``, so that steps where no row restarts skip the restart's
+operators (``_onnx_model``). A layer without a fixed-size recurrent
 state (kernel-*, svr-*: caches of every token), a non-causal layer, or a post-norm block cannot be
 exported: a ValueError names the layer's index and kind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import logging
 import json
 import sys
 import warnings
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,9 +53,9 @@ from torch import nn
 
 from primal_dt import checkpoint as ck_io
 from primal_dt import runtime
-from primal_dt.attention.state import StateSpec
 
 from . import dt_checkpoint
+from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
 from .onnx_policy import (
     FORMAT,
@@ -65,102 +65,27 @@ from .onnx_policy import (
     STATE_IN,
     STATE_OUT,
 )
-from .stream import CHUNK, softmax_stream_window
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
 """format -> the artefact's default file name (next to the checkpoint)"""
-OPSET = 17
-"""ONNX opset: LayerNormalization is one operator from 17 on"""
+OPSET = 18
+"""ONNX opset: LayerNormalization is one operator from 17 on; torch.export's exporter writes 18 and up"""
 _BATCH = "batch"
 
 
 # -- the step as one module ---------------------------------------------------------------------------
-def export_forms(model) -> list[nn.Module]:
-    """Every block's export form (``Attention.export_form``), softmax layers without a window over the
-    stream engine's 3K - 1; a ValueError naming every layer (index and kind) that has none."""
-    bad, forms = [], []
-    for i, (spec, b) in enumerate(zip(model.stack.specs, model.stack.blocks)):
-        if b.norm != "pre":
-            bad.append(f"layer {i} ({spec.attention}): a post-norm block (the stream step is pre-norm, as the "
-                       "Decision Transformer's)")
-            continue
-        try:
-            forms.append(b.attn.export_form(window=softmax_stream_window(model), chunk=CHUNK))
-        except ValueError as err:
-            bad.append(f"layer {i} ({spec.attention}): {err}")
-    if bad:
-        raise ValueError("this model's stream step cannot be exported: " + "; ".join(bad) + ". Exportable layers "
-                         "have a fixed-size recurrent state: softmax, primal, linear, performer, cosformer, kerformer, "
-                         "flowformer")
-    return forms
-
-
-class StreamStep(nn.Module):
-    """``Agent.act`` with the stream engine as one pure function of tensors (see the module docstring).
-
-    ``specs``: the state tensors after the four inputs, in order: ``t`` (timestep), ``rtg`` (the
-    scaled return-to-go), ``prev_action``, then ``layer<i>.<name>`` per layer (its export form's).
-    Built from a model in eval mode; a snapshot of the weights it fuses."""
-
-    def __init__(self, model, data: DataInfo):
-        super().__init__()
-        model = model.eval()
-        cfg = model.cfg
-        if data.state_mean.shape != (cfg.state_dim,):
-            raise ValueError(f"state_mean has {data.state_mean.size} entries, the model observes {cfg.state_dim}")
-        self.forms = nn.ModuleList(export_forms(model))
-        self.model = model
-        p = next(model.parameters())
-        self.register_buffer("mean", torch.as_tensor(data.state_mean, dtype=torch.float32))
-        self.register_buffer("std", torch.as_tensor(data.state_std, dtype=torch.float32))
-        self.reward_scale = float(data.reward_scale)
-        self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
-                      StateSpec("prev_action", (cfg.act_dim,), p.dtype)]
-        self.specs += [dataclasses.replace(s, name=f"layer{i}.{s.name}",
-                                           masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
-                       for i, f in enumerate(self.forms) for s in f.specs]
-        #: the state tensors a restart zeroes (the others are ``masked_by`` one of these: StateSpec)
-        self.zeroed = [i for i, s in enumerate(self.specs) if not s.masked_by]
-        self.eval()
-
-    def init(self, batch: int) -> tuple[torch.Tensor, ...]:
-        return tuple(s.zeros(batch) for s in self.specs)
-
-    def forward(self, observation, reward, reset, target, *state):
-        state = list(state)
-        for i, s in zip(self.zeroed, self.restart(reset, *(state[i] for i in self.zeroed))):
-            state[i] = s
-        return self.advance(observation, reward, target, *state)
-
-    @staticmethod
-    def restart(reset, *state) -> tuple[torch.Tensor, ...]:
-        """The given state tensors with the rows flagged ``reset`` [B] zeroed (their episodes start now).
-        ``forward`` passes the ``zeroed`` ones: a tensor ``masked_by`` a flag is hidden by its zeroed flag."""
-        def zeroed(s):  # onnxruntime has no Where for bool tensors: flags are cleared with And
-            r = reset.view(-1, *[1] * (s.dim() - 1))
-            return s & ~r if s.dtype == torch.bool else torch.where(r, 0, s)
-
-        return tuple(zeroed(s) for s in state)
-
-    def advance(self, observation, reward, target, *state):
-        """The step on a state whose restarted rows are already zero (``forward`` without ``reset``)."""
-        t, rtg, prev = state[:3]
-        first = t == 0
-        # the agent's arithmetic: R_0 = target / scale, then R -= reward / scale (rewards at t = 0 ignored)
-        rtg = torch.where(first, target / self.reward_scale, rtg - reward / self.reward_scale)
-        m = self.model
-        s = ((observation - self.mean) / self.std).to(prev.dtype)
-        x, _ = m.embed_step(rtg, s, prev, t, None)
-        real = t >= 0  # (all True, without a shape computed at every step)
-        mask = torch.stack((~first, real, real), 1)  # at t = 0 the action slot is padding
-        new, at, top = [], 3, len(self.forms) - 1
-        for i, (block, form) in enumerate(zip(m.stack.blocks, self.forms)):
-            n = len(form.specs)
-            x, st = block.stream_step(x, tuple(state[at:at + n]), mask, i == top, form=form)
-            new += st
-            at += n
-        action = m.predict_action(m.stack.ln_f(x)[:, -1])
-        return (action, t + 1, rtg, action, *new)
+def stream_step(model, data: DataInfo) -> DTStep:
+    """The model's one step function (``DTStep``) with the dataset's bookkeeping, as a graph holds it
+    (pure: every state comes back new); a ValueError naming every layer (index and kind) whose state
+    cannot be a graph's."""
+    step = DTStep(model.eval(), data.state_mean, data.state_std, data.reward_scale)
+    grows = [f"layer {i} ({spec.attention}): its recurrent state is a cache of every token of the sequence (it "
+             "grows with the episode), which a graph with fixed-size state tensors cannot hold"
+             for i, (spec, form) in enumerate(zip(model.stack.specs, step.layers.forms)) if form.grows]
+    if grows:
+        raise ValueError("this model's stream step cannot be exported: " + "; ".join(grows) + ". Exportable layers "
+                         "have a fixed-size recurrent state (softmax, primal, the linear-attention family)")
+    return step
 
 
 # -- metadata -------------------------------------------------------------------------------------------
@@ -180,10 +105,10 @@ restart (reset) or leave (drop their rows of every state tensor) independently. 
 (the stream engine's semantics, agents/stream.py): primal without a window, running means of q and k over the \
 whole episode; primal or softmax with window=w, the last w tokens; softmax without a window, the last 3K-1 \
 tokens; the linear family (linear, performer, cosformer, kerformer, flowformer), prefix sums over the episode. \
-A cosformer layer returns NaN for a row once its episode passes max_len tokens (the stream engine raises)."""
+A cosformer layer returns NaN for a row once its episode passes max_len tokens."""
 
 
-def metadata(step: StreamStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
+def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
     """The JSON document stored in the artefact (read back by ``GraphPolicy``)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -258,7 +183,7 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
         raise ValueError(f"out={out} is a directory; give a file path, e.g. {out / FORMATS[format]}")
     if out.exists() and not overwrite:
         raise ValueError(f"out={out} exists; choose another path, or pass overwrite=true to replace it")
-    step = StreamStep(ck.build_model("cpu"), ck.data)
+    step = stream_step(ck.build_model("cpu"), ck.data)
     meta = metadata(step, ck, None if path is None else sha256_file(path),
                     ck.origin if path is None else str(path), format)
     data = (_onnx_bytes if format == "onnx" else _torchscript_bytes)(step, meta)
@@ -266,7 +191,7 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
     return ck_io.write_atomic(out, data, f"exported {format} policy")
 
 
-def _example(step: StreamStep, batch: int = 2):
+def _example(step: DTStep, batch: int = 2):
     """Inputs to trace with: two rows, one at its first step and one further on."""
     cfg = step.model.cfg
     obs = torch.randn(batch, cfg.state_dim)
@@ -275,15 +200,15 @@ def _example(step: StreamStep, batch: int = 2):
     return (obs, torch.zeros(batch), torch.zeros(batch, dtype=torch.bool), torch.full((batch,), 1000.0), *state)
 
 
-def _names(step: StreamStep) -> tuple[list[str], list[str]]:
+def _names(step: DTStep) -> tuple[list[str], list[str]]:
     return ([*INPUTS, *(STATE_IN + s.name for s in step.specs)],
             ["action", *(STATE_OUT + s.name for s in step.specs)])
 
 
 class _Method(nn.Module):
-    """One method of a ``StreamStep`` as a module's forward (what ``torch.onnx.export`` traces)."""
+    """One method of a ``DTStep`` as a module's forward (what ``torch.onnx.export`` traces)."""
 
-    def __init__(self, step: StreamStep, method: str):
+    def __init__(self, step: DTStep, method: str):
         super().__init__()
         self.step, self.method = step, method
 
@@ -291,33 +216,44 @@ class _Method(nn.Module):
         return getattr(self.step, self.method)(*args)
 
 
-def _traced_onnx(step: StreamStep, method: str, example: tuple, inputs: list[str], states: list[str],
+def _traced_onnx(step: DTStep, method: str, example: tuple, inputs: list[str], states: list[str],
                  outputs: list[str]):
-    """``step.<method>`` traced to an ONNX ModelProto with these input names (``inputs`` then
-    ``states``) and output names, batch axis dynamic."""
-    import onnx
+    """``step.<method>`` exported through ``torch.export`` to an ONNX ModelProto with these input names
+    (``inputs`` then ``states``) and output names, batch axis dynamic."""
+    batch = torch.export.Dim(_BATCH)
+    with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
+        warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
+        program = torch.onnx.export(_Method(step, method), example, dynamo=True, input_names=[*inputs, *states],
+                                    output_names=outputs, dynamic_shapes=(tuple({0: batch} for _ in example),),
+                                    opset_version=OPSET, verbose=False)
+    return program.model_proto
 
-    inputs = [*inputs, *states]
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes are not about the user's input
-        torch.onnx.export(_Method(step, method), example, buf, dynamo=False, input_names=inputs,
-                          output_names=outputs, dynamic_axes={n: {0: _BATCH} for n in inputs + outputs},
-                          opset_version=OPSET, do_constant_folding=True)
-    return onnx.load_from_string(buf.getvalue())
+
+@contextlib.contextmanager
+def _quiet_exporter():
+    """torch.export's exporter prints its progress and logs optional operator sets it skips; keep the
+    command line's output to what it writes."""
+    log = logging.getLogger("torch.onnx")
+    level, out = log.level, io.StringIO()
+    log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(out):
+            yield
+    finally:
+        log.setLevel(level)
 
 
 RESTARTED = "restarted."
-"""prefix of the core graph's state inputs: the state after the restart (``StreamStep.restart``)"""
+"""prefix of the core graph's state inputs: the state after the restart (``DTStep.restart``)"""
 
 
-def _onnx_model(step: StreamStep):
-    """``StreamStep.forward`` as one ONNX model whose restart runs only at steps where a row restarts.
+def _onnx_model(step: DTStep):
+    """``DTStep.forward`` as one ONNX model whose restart runs only at steps where a row restarts.
 
     At batch 1 onnxruntime's cost is mostly per operator, and the restart is one operator per state
     tensor (``Where``, among onnxruntime's slowest: about a tenth of the whole step) that only a
-    row's first step needs. So the model is ``If(any(reset))`` (then: ``StreamStep.restart``; else:
-    the state as given), and ``StreamStep.advance`` on the If's outputs. The branch and the core are
+    row's first step needs. So the model is ``If(any(reset))`` (then: ``DTStep.restart``; else:
+    the state as given), and ``DTStep.advance`` on the If's outputs. The branch and the core are
     the PyTorch functions' own traces, so the arithmetic is ``forward``'s. Only the ``zeroed`` state
     goes through the If: its else-branch copies what it passes on, and a softmax layer's key/value ring
     (6 MB per tensor at width 256, batch 100, K = 20), which its zeroed validity flags hide after a
@@ -370,7 +306,7 @@ def _onnx_model(step: StreamStep):
                              functions=[*core.functions, *restart.functions])
 
 
-def _onnx_bytes(step: StreamStep, meta: dict) -> bytes:
+def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
     import onnx
 
     model = _onnx_model(step)
@@ -381,7 +317,7 @@ def _onnx_bytes(step: StreamStep, meta: dict) -> bytes:
     return model.SerializeToString()
 
 
-def _torchscript_bytes(step: StreamStep, meta: dict) -> bytes:
+def _torchscript_bytes(step: DTStep, meta: dict) -> bytes:
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # torch.jit's deprecation and tracer notes are not about the user's input
@@ -438,8 +374,9 @@ def run(argv: list[str]) -> Path:
         if cfg.format == "onnx":
             try:
                 import onnx  # noqa: F401
+                import onnxscript  # noqa: F401  (torch.export's ONNX exporter)
             except ImportError as err:
-                raise ValueError("format=onnx needs the onnx package: pip install 'primal-dt[export]'") from err
+                raise ValueError(f"format=onnx needs the {err.name} package: pip install 'primal-dt[export]'") from err
         out = export_policy(cfg.checkpoint, cfg.format, cfg.out or None, overwrite=cfg.overwrite)
     meta = read_metadata(out)
     print(f"exported {meta['checkpoint']} ({'/'.join(meta['layers'])}, obs {meta['obs_dim']} -> act "

@@ -8,23 +8,36 @@ from __future__ import annotations
 import torch
 
 
+def check_recomputable(model, context: int | None = None) -> int:
+    """The context (steps shown to the model) this engine would use, or a ValueError saying why the model
+    cannot act with it (a bidirectional layer would see the future)."""
+    bad = [f"layer {i} ({spec.attention})" for i, (spec, b) in enumerate(zip(model.stack.specs, model.stack.blocks))
+           if not b.attn.causal]
+    if not model.stack.causal or bad:
+        raise ValueError(f"engine='recompute' needs a causal model (an action must not see the future); "
+                         f"{', '.join(bad) or 'the stack'} is bidirectional. Train with causal mechanisms")
+    K = int(context or model.cfg.K)
+    if K < 1:
+        raise ValueError(f"context must be >= 1, got {context}")
+    return K
+
+
 class RecomputeEngine:
-    def __init__(self, model, batch: int, context: int | None = None):
+    """The model acting for ``batch`` rows aiming at ``target`` ([B] raw returns), with the same
+    bookkeeping as the stream step (``agents.decision_transformer.DTStep``): observations normalised
+    with ``mean`` / ``std``, returns-to-go divided by ``reward_scale``, timesteps from 0 per row."""
+
+    def __init__(self, model, batch: int, target: torch.Tensor, *, mean: torch.Tensor, std: torch.Tensor,
+                 reward_scale: float, context: int | None = None):
         """``context``: steps shown to the model (default: its training context K). A context at
         least the episode length gives "recompute with the full history"."""
         if model.training:
             raise ValueError("RecomputeEngine needs the model in eval mode (model.eval())")
-        bad = [f"layer {i} ({spec.attention})" for i, (spec, b) in enumerate(zip(model.stack.specs, model.stack.blocks))
-               if not b.attn.causal]
-        if not model.stack.causal or bad:
-            raise ValueError(f"engine='recompute' needs a causal model (an action must not see the future); "
-                             f"{', '.join(bad) or 'the stack'} is bidirectional. Train with causal mechanisms")
         self.model = model
-        self.K = int(context or model.cfg.K)
-        if self.K < 1:
-            raise ValueError(f"context must be >= 1, got {context}")
+        self.K = check_recomputable(model, context)
         p = next(model.parameters())
         B, K, cfg = int(batch), self.K, model.cfg
+        self.mean, self.std, self.reward_scale = mean, std, float(reward_scale)
         self.S = torch.zeros(B, K, cfg.state_dim, device=p.device, dtype=p.dtype)
         self.A = torch.zeros(B, K, cfg.act_dim, device=p.device, dtype=p.dtype)
         self.R = torch.zeros(B, K, 1, device=p.device, dtype=p.dtype)
@@ -32,12 +45,23 @@ class RecomputeEngine:
         self.length = torch.zeros(B, dtype=torch.long, device=p.device)  # steps held per row (<= K)
         self._rows = torch.arange(B, device=p.device)
         self._pos = torch.arange(K, device=p.device)
+        self.rtg = torch.as_tensor(target, dtype=torch.float32, device=p.device).reshape(B) / self.reward_scale
+        self.t = torch.zeros(B, dtype=torch.long, device=p.device)
+        self.prev_action = torch.zeros(B, cfg.act_dim, dtype=p.dtype, device=p.device)
+        self.first = torch.ones(B, dtype=torch.bool, device=p.device)
+        self._any_first = True
 
     @torch.inference_mode()
-    def reset_rows(self, rows: torch.Tensor) -> None:
+    def reset_rows(self, rows: torch.Tensor, target: torch.Tensor) -> None:
+        """Restart the rows where ``rows`` ([B] bool) is True, aiming at ``target`` (one per such row)."""
         self.length[rows] = 0
         for buf in (self.S, self.A, self.R, self.T):
             buf[rows] = 0
+        self.rtg[rows] = target / self.reward_scale
+        self.t[rows] = 0
+        self.prev_action[rows] = 0
+        self.first[rows] = True
+        self._any_first = True
 
     @torch.inference_mode()
     def keep_rows(self, keep: torch.Tensor) -> None:
@@ -45,11 +69,41 @@ class RecomputeEngine:
         self.S, self.A, self.R, self.T = self.S[keep], self.A[keep], self.R[keep], self.T[keep]
         self.length = self.length[keep]
         self._rows = torch.arange(self.length.shape[0], device=self.length.device)
+        self.rtg, self.t, self.prev_action = self.rtg[keep], self.t[keep], self.prev_action[keep]
+        self.first = self.first[keep]
+        self._any_first = bool(self.first.any())
+
+    @torch.inference_mode()
+    def act(self, observation: torch.Tensor, reward: torch.Tensor | None) -> torch.Tensor:
+        """Actions [B, act_dim] for raw observations [B, obs_dim] float32 and the previous step's
+        rewards [B] float32 (None: zeros; ignored at a row's first step)."""
+        if reward is not None:
+            self.rtg -= torch.where(self.first, 0.0, reward / self.reward_scale)
+        first = self.first if self._any_first else None
+        s = ((observation - self.mean) / self.std).to(self.S.dtype)
+        action = self.step(self.rtg, s, self.prev_action, self.t, first)
+        self.prev_action = action.clone()
+        self.t += 1
+        if self._any_first:
+            self.first.zero_()
+            self._any_first = False
+        return action
+
+    @property
+    def timesteps(self) -> torch.Tensor:
+        """t per row: steps taken in the row's episode."""
+        return self.t
+
+    @property
+    def returns_to_go(self) -> torch.Tensor:
+        """R_t per row, scaled (as the model reads it)."""
+        return self.rtg
 
     @torch.inference_mode()
     def step(self, rtg, states, prev_actions, timesteps, first):
-        """Same arguments as StreamEngine.step; ``prev_actions`` are written as the previous step's
-        action (the engine also remembers what it returned)."""
+        """One env step for every row: rtg [B] (scaled), states [B, state_dim] (normalised),
+        prev_actions [B, act_dim] (a_{t-1}, written as the previous step's action), timesteps [B] long,
+        first [B] bool (rows at t = 0) or None. Returns actions [B, act_dim]."""
         full = self.length == self.K
         if bool(full.any()):  # drop the oldest step of full rows
             for buf in (self.S, self.A, self.R, self.T):

@@ -29,17 +29,22 @@ import math
 
 import torch
 
+from primal_dt.attention import available, get_class
+
 from .decision_transformer import STATE_TOKEN, TOKENS_PER_STEP, DTConfig
 
-WINDOWED = ("softmax", "primal")
+
+def windowed() -> list[str]:
+    """The registered mechanisms that take a ``window`` option (softmax, primal, ...)."""
+    return [n for n in available() if get_class(n).supports_window]
 
 
 def stream_exact_options(window: int, options: dict | None = None) -> dict:
-    """Mechanism options with ``window`` (tokens) set for softmax and primal layers."""
+    """Mechanism options with ``window`` (tokens) set for every mechanism that takes one."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"window must be an integer >= 1 (tokens), got {window!r}")
     out = {k: dict(v) for k, v in (options or {}).items()}
-    for name in WINDOWED:
+    for name in windowed():
         out.setdefault(name, {})["window"] = window
     return out
 
@@ -57,10 +62,10 @@ def layer_windows(cfg_or_model) -> list[int]:
     out = []
     for i, spec in enumerate(cfg.layer_specs()):
         w = spec.options.get("window")
-        if spec.attention not in WINDOWED or w is None:
+        if not get_class(spec.attention).supports_window or w is None:
             raise ValueError(f"stream-exact training needs every layer windowed; layer {i} ({spec.attention}) has no "
-                             f"window. Use softmax/primal layers with options {{'softmax': {{'window': W}}, "
-                             f"'primal': {{'window': W}}}} (stream_exact_config)")
+                             f"window. Use layers that take one ({', '.join(windowed())}) with options "
+                             f"{{'softmax': {{'window': W}}, 'primal': {{'window': W}}}} (stream_exact_config)")
         out.append(int(w))
     return out
 

@@ -2,19 +2,17 @@
 
 A stack is a list of ``LayerSpec``s, so "PrimalFormer" (every layer primal) and "Primal.+X"
 (backbone X, last layer primal) are configurations (see layouts.py), not code. The stack runs
-in parallel (``forward``) or recurrently (``init_state`` / ``step``), the latter threading each
-layer's attention state; blocks are otherwise token-wise, so the two agree whenever every
-mechanism's ``step`` agrees with its ``forward``.
-
-For inference engines the stack also streams (``init_stream`` / ``stream_step``): each block runs
-its mechanism's stream form (attention/base.py) inside the pre-norm residual, and with
-``last_only`` the top block carries only the chunk's last token through its residual and MLP (the
-other tokens only advance the top layer's attention state). Stream steps apply no dropout: they
-are the eval-mode computation.
+in parallel (``forward``, the training form) or recurrently (``recurrent`` -> ``StackRecurrent``):
+each pre-norm block around its mechanism's recurrent form (attention/base.py), threading the layers'
+states as one tuple. Blocks are otherwise token-wise, so the two agree whenever every mechanism's
+recurrent form agrees with its ``forward``. With ``last_only`` the top block carries only the chunk's
+last token through its residual and MLP (the other tokens only advance the top layer's attention
+state). The recurrent form applies no dropout: it is the eval-mode computation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -22,10 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import build_attention
-from .attention.base import Attention
+from .attention import available, build_attention, get_class
+from .attention.base import restart_rows
 from .attention.precision import check_precision, weight
-from .attention.state import State
 
 
 @dataclass
@@ -35,8 +32,6 @@ class LayerSpec:
 
 
 _ACTIVATIONS = {"gelu": nn.GELU, "relu": nn.ReLU}
-MLP_KEY = "block.mlp"
-"""shared entry of a layer's stream state: the block's MLP weights in a reduced precision (Block.init_stream)"""
 
 
 class Block(nn.Module):
@@ -70,52 +65,34 @@ class Block(nn.Module):
     def forward(self, x, mask=None):
         return self._residual(x, lambda h: self.attn(h, mask))
 
-    def step(self, x, state, mask=None):
-        return self._residual(x, lambda h: self.attn.step(h, state, mask))
+    def mlp_weights(self, precision: str):
+        """The MLP's (up weight, up bias, down weight, down bias) as ``recurrent_step`` reads them: the
+        parameters themselves in fp32 (detached), snapshots in a reduced ``precision``."""
+        up, down = self.mlp[0], self.mlp[2]
+        return (weight(up.weight, precision), weight(up.bias, precision), weight(down.weight, precision),
+                weight(down.bias, "fp32"))
 
-    def init_stream(self, batch: int, *, device=None, dtype=None, window: int | None = None,
-                    chunk: int = 1, precision: str = "fp32") -> State:
-        """The attention's stream state (Attention.init_stream); pre-norm blocks only. With a
-        ``precision`` other than fp32 the state also carries the block's MLP weights in that precision
-        (shared entry ``MLP_KEY``): one object per layer holds every snapshot its stream step reads."""
-        if self.norm != "pre":
-            raise ValueError("Block.stream_step supports pre-norm blocks (the Decision Transformer's); this block "
-                             "is post-norm: use init_state / step")
-        state = self.attn.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk,
-                                      precision=precision)
-        if precision != "fp32":
-            up, down = self.mlp[0], self.mlp[2]
-            state.shared[MLP_KEY] = (weight(up.weight, precision), weight(up.bias, precision),
-                                     weight(down.weight, precision), weight(down.bias, "fp32"))
-        return state
-
-    def stream_step(self, x, state, mask=None, last_only: bool = False, form: Callable | None = None):
-        """Pre-norm residual around the attention's stream form: x [B, C, D] -> (y, state) with y
+    def recurrent_step(self, x, form, state, mask, last_only: bool, mlp):
+        """Pre-norm residual around the attention's recurrent ``form``: x [B, C, D] -> (y, state) with y
         [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes
-        through the residual and the MLP). No dropout (eval-mode computation). ``form`` replaces the
-        attention's ``stream_step`` (same signature): agents.export passes the mechanism's export form,
-        so the exported graph and the stream engine share this one residual.
+        through the residual and the MLP). No dropout (eval-mode computation). ``mlp``: ``mlp_weights``.
 
         This runs once per layer per environment step, where a step at batch 1 costs per operator,
         not per flop, and at batch 100 fresh [B*C, 4D] buffers cost page faults: so the layer norms
-        and the MLP are called functionally (five module calls fewer), and the MLP's activation and
-        the second residual are applied in place on the MLP's own fresh outputs. With a bf16 snapshot
-        (``init_stream(precision="bf16")``) the hidden layer stays in bfloat16 between the two matmuls."""
+        and the MLP are called functionally, and the MLP's activation and the second residual are
+        applied in place on the MLP's own fresh outputs. With bf16 weights the hidden layer stays in
+        bfloat16 between the two matmuls."""
         ln1, ln2 = self.ln1, self.ln2
         h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
-        mlp = state.shared.get(MLP_KEY) if form is None else None  # (export forms: fp32 module weights)
-        a, state = (form or self.attn.stream_step)(h, state, mask, last_only)
+        a, state = form.forward(h, state, mask, last_only)  # (forward: no module-call overhead, per layer per step)
         x = (x[:, -1:] if last_only else x) + a
         act = self.mlp[1]
         h = F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
-        if mlp is None:
-            up, down = self.mlp[0], self.mlp[2]
-            u = F.linear(h, up.weight, up.bias)
-            u = u.relu_() if isinstance(act, nn.ReLU) else act(u)
-            return F.linear(u, down.weight, down.bias).add_(x), state
         w1, b1, w2, b2 = mlp
         u = F.linear(h.to(w1.dtype), w1, b1)
         u = u.relu_() if isinstance(act, nn.ReLU) else act(u)
+        if w2.dtype == x.dtype:
+            return F.linear(u, w2, b2).add_(x), state
         return F.linear(u, w2).to(x.dtype).add_(b2).add_(x), state
 
 
@@ -134,10 +111,6 @@ class Stack(nn.Module):
         )
         self.ln_f = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
-    @property
-    def supports_step(self) -> bool:
-        return all(b.attn.causal and b.attn.supports_step for b in self.blocks)
-
     def forward(self, x, mask=None):
         """x [B, T, D] -> (y [B, T, D], list of per-layer aux dicts)."""
         auxes = []
@@ -146,61 +119,61 @@ class Stack(nn.Module):
             auxes.append(aux)
         return self.ln_f(x), auxes
 
-    def _require_step(self) -> None:
-        if not self.supports_step:
-            bad = [s.attention for s, b in zip(self.specs, self.blocks) if not b.attn.supports_step]
-            raise ValueError(f"recurrent stepping needs a causal stack of mechanisms with a recurrent form; "
-                             f"causal={self.causal}, without one: {bad}")
-
-    def init_state(self, batch: int, device=None, dtype=None) -> list:
-        self._require_step()
-        return [b.attn.init_state(batch, device=device, dtype=dtype) for b in self.blocks]
-
-    def step(self, x, states: list, mask=None):
-        """Consume chunk x [B, C, D]; returns (y [B, C, D], new states)."""
-        new = []
-        for b, st in zip(self.blocks, states):
-            x, st = b.step(x, st, mask)
-            new.append(st)
-        return self.ln_f(x), new
-
-    def init_stream(self, batch: int, *, device=None, dtype=None, window: int | None = None,
-                    chunk: int = 1, precision: str = "fp32") -> list:
-        """Per-block stream states (Block.init_stream; ``window`` / ``chunk`` / ``precision`` as in
-        Attention.init_stream). A layer whose mechanism cannot stream ``precision`` is a ValueError
-        naming it, before any state is built."""
-        self._require_step()
+    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32",
+                  inplace: bool = False) -> StackRecurrent:
+        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments). A
+        ValueError names every layer (index and kind) that has none, before any state is built."""
         check_precision(precision)
-        bad = [f"layer {i} ({s.attention})" for i, (s, b) in enumerate(zip(self.specs, self.blocks))
-               if precision not in b.attn.stream_precisions]
+        bad, forms = [], []
+        for i, (spec, b) in enumerate(zip(self.specs, self.blocks)):
+            try:
+                if b.norm != "pre":
+                    raise ValueError("a post-norm block (the recurrent step is pre-norm, as the Decision Transformer's)")
+                forms.append(b.attn.recurrent(window=window, chunk=chunk, precision=precision, inplace=inplace))
+            except ValueError as err:
+                bad.append(f"layer {i} ({spec.attention}): {err}")
         if bad:
-            raise ValueError(f"precision={precision!r} needs every attention layer to support it; {', '.join(bad)} "
-                             f"streams in fp32 only. bf16 covers softmax and primal layers: use precision='fp32' "
-                             "for this model")
-        return [b.init_stream(batch, device=device, dtype=dtype, window=window, chunk=chunk, precision=precision)
-                for b in self.blocks]
+            ok = [n for n in available() if get_class(n).supports_step and get_class(n).supports_causal
+                  and precision in get_class(n).stream_precisions]
+            raise ValueError("streaming needs every layer to have a causal recurrent form in a pre-norm block; "
+                             + "; ".join(bad) + f". Use engine='recompute', or train a model whose layers stream at "
+                             f"precision={precision!r} ({', '.join(ok)})")
+        return StackRecurrent(self, forms, precision)
 
-    def stream_step(self, x, states: list, mask=None, last_only: bool = False):
-        """Consume chunk x [B, C, D] through every block's stream form; returns (y, new states) with y
-        [B, C, D], or [B, 1, D] when ``last_only`` (lower blocks still pass every token on: the chunk's
-        tokens feed the upper layers' states)."""
-        new, top = [], len(self.blocks) - 1
-        for i, (b, st) in enumerate(zip(self.blocks, states)):
-            x, st = b.stream_step(x, st, mask, last_only and i == top)
-            new.append(st)
-        ln = self.ln_f
+
+class StackRecurrent(nn.Module):
+    """A stack's recurrent form: ``forward(x [B, C, D], state, mask, last_only) -> (y, state)`` with the
+    final norm applied, y [B, C, D] or [B, 1, D] when ``last_only`` (lower blocks still pass every token
+    on: the chunk's tokens feed the upper layers' states). ``state``: every layer's state tensors in
+    order, laid out by ``specs`` (``layer<i>.<name>``)."""
+
+    def __init__(self, stack: Stack, forms, precision: str):
+        super().__init__()
+        self.stack = stack
+        self.forms = nn.ModuleList(forms)
+        self.mlps = [b.mlp_weights(precision) for b in stack.blocks]
+        self.specs = [dataclasses.replace(s, name=f"layer{i}.{s.name}", masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
+                      for i, f in enumerate(forms) for s in f.specs]
+        self.sizes = [len(f.specs) for f in forms]
+
+    @property
+    def grows(self) -> bool:
+        return any(f.grows for f in self.forms)
+
+    def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
+        return tuple(s.zeros(batch, device) for s in self.specs)
+
+    def reset_rows(self, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``state`` with the rows flagged in ``rows`` ([B] bool) restarted (base.restart_rows)."""
+        return restart_rows(self.specs, state, rows)
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        new, at, top = [], 0, len(self.forms) - 1
+        for i, (block, form, mlp, n) in enumerate(zip(self.stack.blocks, self.forms, self.mlps, self.sizes)):
+            x, st = block.recurrent_step(x, form, tuple(state[at:at + n]), mask, last_only and i == top, mlp)
+            new += st
+            at += n
+        ln = self.stack.ln_f
         if isinstance(ln, nn.LayerNorm):  # (functional: one module call fewer per step)
-            return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps), new
-        return ln(x), new
-
-    @staticmethod
-    def reset_rows(states: list, rows: torch.Tensor) -> list:
-        """Restart the rows where ``rows`` ([B] bool) is True in every layer's state (in place)."""
-        for st in states:
-            Attention.reset_rows(st, rows)
-        return states
-
-    @staticmethod
-    def select_rows(states: list, keep: torch.Tensor) -> list:
-        """Every layer's state for the rows where ``keep`` ([B] bool) is True, in order."""
-        return [Attention.select_rows(st, keep) for st in states]
+            return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps), tuple(new)
+        return ln(x), tuple(new)

@@ -113,9 +113,9 @@ def act_costs(model, info, batch: int, calls: int = 20) -> dict:
     obs = np.random.default_rng(0).normal(size=(batch, model.cfg.state_dim))
     rew = np.ones(batch)
     ag.act(obs)
-    s = torch.as_tensor(obs, dtype=torch.float32)
+    s, r = torch.as_tensor(obs, dtype=torch.float32), torch.ones(batch)
     def step():
-        return ag.engine.step(ag.rtg, s, ag.prev_action, ag.t, None)
+        return ag.engine.act(s, r)
 
     out = {}
     for name, f in (("act_ms", lambda: ag.act(obs, rew)), ("engine_step_ms", step)) * 2:  # second round counts

@@ -10,19 +10,19 @@ Positions i count real tokens only (1-based), so padding on either side shifts n
 M: bidirectional, the sequence's number of real tokens (|i - j| < M, all weights positive);
 causal, the fixed ``max_len`` option (the reference uses the padded input length, which would
 let the future length leak into the past and cannot be streamed). Causal positions beyond
-``max_len`` would get negative weights, so they raise a ValueError; a traced graph cannot raise, so
-the export form (``export_form``) returns NaN outputs for the rows past ``max_len`` instead.
+``max_len`` would get negative weights: the parallel form raises a ValueError; the recurrent form,
+which a graph traces and a graph cannot raise, returns NaN outputs for the rows past ``max_len``
+instead (until they restart).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 
-from .base import StepExport, check_int
+from .base import check_int
 from .linear_core import FeatureMapAttention
 from .registry import register
 from .state import State
@@ -42,9 +42,8 @@ class CosformerAttention(FeatureMapAttention):
     def init_feature_state(self, batch, device=None, dtype=None):
         return State(rows={"count": torch.zeros(batch, device=device, dtype=torch.long)})
 
-    def features(self, q, k, mask, fstate, check: bool = True):
-        """(phi(q), phi(k), fstate); ``check=False`` skips the ``max_len`` error (CosformerExport marks
-        those rows NaN instead, since a graph cannot raise)."""
+    def features(self, q, k, mask, fstate):
+        """(phi(q), phi(k), fstate); past ``max_len`` the parallel form raises (``step`` marks NaN)."""
         B, H, T, _ = q.shape
         m = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
         pos = torch.cumsum(m.long(), dim=1)  # 1-based index among real tokens
@@ -52,7 +51,7 @@ class CosformerAttention(FeatureMapAttention):
             pos = pos + fstate["count"][:, None]
             fstate = State(rows={"count": pos[:, -1].clone()})
         if self.causal:
-            if check and T and int(pos.max()) > self.max_len:
+            if fstate is None and T and int(pos.max()) > self.max_len:
                 raise ValueError(f"cosformer: position {int(pos.max())} exceeds max_len={self.max_len}; the causal "
                                  "re-weighting cos(pi/2 (i-j)/max_len) needs i - j < max_len, so build it with a "
                                  "larger max_len")
@@ -68,18 +67,9 @@ class CosformerAttention(FeatureMapAttention):
 
         return phi(q), phi(k), fstate
 
-    def export_form(self, *, window=None, chunk=1):
-        self._require_step()
-        return CosformerExport(self)
-
-
-class CosformerExport(StepExport):
-    """The recurrent step (base.StepExport), with the ``max_len`` check a graph can carry: rows whose
-    position passed ``max_len`` get NaN outputs (and so NaN actions) instead of silently negative
-    re-weighting, until they restart."""
-
-    def step(self, x, state, mask):
-        a = self.attn
-        y, new = a._recurrent(x, state, mask, functools.partial(a.features, check=False))
-        beyond = new["feat"]["count"] > a.max_len
+    def step(self, x, state, mask=None):
+        """The linear family's step, with the ``max_len`` check a graph can carry: rows whose position
+        passed ``max_len`` get NaN outputs (and so NaN actions) instead of negative re-weighting."""
+        y, new = super().step(x, state, mask)
+        beyond = new["feat"]["count"] > self.max_len
         return torch.where(beyond[:, None, None], torch.full_like(y, float("nan")), y), new

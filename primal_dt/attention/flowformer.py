@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Attention, StepExport, check_int, zero_padding
+from .base import Attention, check_int, zero_padding
 from .linear_core import LinearState, linear_attention
 from .prefix import PrefixState, prefix_sums
 from .registry import register
@@ -46,7 +46,7 @@ class FlowAttention(Attention):
         self.eps = float(eps)
         self.qkv = torch.nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = torch.nn.Linear(d_model, d_model, bias=bias)
-        self._prefix = PrefixState(None)
+        self._prefix = PrefixState()
         self._kv = LinearState()
 
     def _qkv(self, x):
@@ -119,8 +119,3 @@ class FlowAttention(Attention):
         st = dict(state.rows)
         y = self._causal(fq, fk, v, mask, st)
         return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows=st)
-
-    def export_form(self, *, window=None, chunk=1):
-        """The recurrent ``step`` itself (base.StepExport): pure, with four fixed-size running sums and S/z."""
-        self._require_step()
-        return StepExport(self)

@@ -53,7 +53,7 @@ class KerformerAttention(FeatureMapAttention):
         self.se_reduction = check_int("se_reduction", se_reduction, low=1)
         hidden = max(1, d_model // se_reduction)
         self.se_gate = None if se == "none" else nn.Sequential(nn.Linear(d_model, hidden), nn.Linear(hidden, d_model))
-        self._squeeze = PrefixState(None)
+        self._squeeze = PrefixState()
 
     def init_feature_state(self, batch, device=None, dtype=None):
         if self.se != "channel":

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, StepExport, check_int, zero_padding
+from .base import Attention, check_int, zero_padding
 from .prefix import PrefixState
 from .state import State
 
@@ -70,7 +70,7 @@ class LinearState:
     """Recurrent S/z for causal linear attention: running sums of fk v^T (with z as a last column)."""
 
     def __init__(self):
-        self.prefix = PrefixState(None)
+        self.prefix = PrefixState()
 
     def init(self, batch: int, n_heads: int, m: int, dv: int, device=None, dtype=torch.float32) -> State:
         return self.prefix.init(batch, (n_heads, m, dv + 1), device=device, dtype=dtype)
@@ -134,21 +134,10 @@ class FeatureMapAttention(Attention):
     def step(self, x, state, mask=None):
         self._require_step()
         self.check_input(x, mask)
-        return self._recurrent(x, state, mask, self.features)
-
-    def _recurrent(self, x, state, mask, features):
-        """The recurrent step with ``features`` as the feature map (``self.features``, or an export
-        form's variant of it)."""
         q, k, v = self._qkv(x)
-        fq, fk, feat = features(q, k, mask, state["feat"])
+        fq, fk, feat = self.features(q, k, mask, state["feat"])
         y, kv = self._kv.step(fq, fk, v, mask, state["kv"], self.eps)
         return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows={"kv": kv, "feat": feat})
-
-    def export_form(self, *, window=None, chunk=1):
-        """The recurrent ``step`` itself (base.StepExport): it is pure and its state (S/z and the feature
-        map's statistics) has a fixed size. ``window`` does not apply."""
-        self._require_step()
-        return StepExport(self)
 
     @torch.no_grad()
     def attention_matrix(self, x, mask=None) -> torch.Tensor:

@@ -15,20 +15,17 @@ Forms:
   block h), We in R^{(s*rank_multi) x s} of which the first n rows are used.
 - causal: q_i, k_i are replaced by their running means over the real prefix before phi (the
   reference code divides by the position and so counts padding; we count real tokens only).
-  Recurrent form: running sums + count, O(H * d_head) per sequence. With ``window``, means over
-  the last ``window`` positions; the recurrent form keeps a ring buffer of window - 1 tokens.
+  With ``window``, means over the last ``window`` positions.
 
-Stream form (``init_stream`` / ``stream_step``, what agents.stream runs; causal, data-independent):
-the same features, fused for inference. phi normalises, so the running sum gives the features of
-the running mean and the count is skipped; ``proj(merge(Wo [We^T phi(q); Wr^T phi(k)]))`` is linear
-in the normalised sums, one [D, 2D] matrix (composed in float64) plus a bias. With ``last_only``
-and no window, only the chunk's total enters the state, so q|k is projected once for the summed
-chunk (sum_i m_i (W h_i + b) = W sum_i m_i h_i + (sum_i m_i) b). With a window: a ring of the last
-``window`` positions' q|k, written in place, and their sum kept in float64 (it is updated by adding
-and subtracting, so it must not drift); chunks longer than the window go through in pieces.
-
-Export form (``export_form``, ``PrimalExport``): the same fused arithmetic as a pure function of its
-state tensors, the ring kept oldest-first so that positions need no clock.
+Recurrent form (``recurrent``, ``PrimalRecurrent``; causal, data-independent): running sums of q|k,
+O(H * d_head) per sequence, fused for inference. phi normalises, so the running sum gives the
+features of the running mean and the count is skipped; ``proj(merge(Wo [We^T phi(q); Wr^T phi(k)]))``
+is linear in the normalised sums, one [D, 2D] matrix (composed in float64) plus a bias. With
+``last_only`` and no window, only the chunk's total enters the state, so q|k is projected once for
+the summed chunk (sum_i m_i (W h_i + b) = W sum_i m_i h_i + (sum_i m_i) b). With a window: a ring of
+the last ``window`` positions' q|k, oldest first (positions are implicit in the order: no clock), and
+their sum kept in float64 (it is updated by adding and subtracting, so it must not drift); chunks
+longer than the window go through in pieces.
 """
 
 from __future__ import annotations
@@ -40,11 +37,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, ExportForm, check_int, check_window, static, stream_in_pieces, zero_padding
-from .prefix import PrefixState, prefix_means
+from .base import Attention, Recurrent, check_int, check_window, static, stream_in_pieces, zero_padding
+from .prefix import prefix_means
 from .precision import linear, weight
 from .registry import register
-from .state import State, StateSpec
+from .state import StateSpec
 
 
 def cosine_features(z: torch.Tensor) -> torch.Tensor:
@@ -118,7 +115,6 @@ class PrimalAttention(Attention):
         with torch.no_grad():
             for w in self.W:
                 nn.init.orthogonal_(w)
-        self._prefix = PrefixState(self.window)
 
     @property
     def We(self) -> torch.Tensor:
@@ -194,38 +190,13 @@ class PrimalAttention(Attention):
             kmat = kmat * (mask[:, None, :, None] & mask[:, None, None, :]).to(kmat.dtype)
         return kmat
 
-    # -- recurrent form: running sums ----------------------------------------------------------
-    def init_state(self, batch, device=None, dtype=None):
-        self._require_step()
-        dtype = dtype or self.qk.weight.dtype
-        return self._prefix.init(batch, (2, self.n_heads, self.d_head), device=device, dtype=dtype)
-
-    def step(self, x, state, mask=None):
-        self._require_step()
-        self.check_input(x, mask)
-        sums, counts, state = self._prefix.step(self._qk(x), mask, state)
-        # the count only rescales, and phi normalises; clamping keeps never-seen rows at 0, not NaN
-        y, _ = self._scores_and_output(sums / counts.clamp(min=1)[..., None, None, None], self.W, mask)
-        return y, state
-
-    # -- stream form: fused running sums -------------------------------------------------------
-    def init_stream(self, batch, *, device=None, dtype=None, window=None, chunk=1, precision="fp32"):
-        """Fused stream state (see the module docstring). ``window`` and ``chunk`` do not apply: the
-        state is O(H d_head) without this layer's own window, a ring of that window with it. The
-        state holds the fused weights, a snapshot: build a new stream after the weights change
-        (``precision="bf16"``: the two matmul weights in bfloat16, sums and biases in ``dtype``)."""
+    # -- recurrent form: fused running sums ----------------------------------------------------------
+    def recurrent(self, *, window=None, chunk=1, precision="fp32", inplace=False):
+        """``PrimalRecurrent`` (``window`` and ``chunk`` do not apply: the state is O(H d_head) without this
+        layer's own window, a ring of that window with it)."""
         self._require_fusable()
         self.check_stream_precision(precision)
-        dtype = dtype or self.qk.weight.dtype
-        D = self.d_model
-        M, bias = self._fused_readout(dtype)
-        shared = {"wqk": weight(self.qk.weight, precision), "bqk": weight(self.qk.bias, "fp32"),
-                  "M": weight(M, precision), "bias": bias}
-        if self.window is None:
-            return State(rows={"sum": torch.zeros(batch, 2 * D, device=device, dtype=dtype)}, shared=shared)
-        shared["pos"] = 0  # the rows' common clock: ring slot of the next token
-        return State(rows={"ring": torch.zeros(batch, self.window, 2 * D, device=device, dtype=dtype),
-                           "S": torch.zeros(batch, 2 * D, device=device, dtype=torch.float64)}, shared=shared)
+        return PrimalRecurrent(self, precision)
 
     def _require_fusable(self) -> None:
         if self.data_dependent:
@@ -253,79 +224,19 @@ class PrimalAttention(Attention):
                 bias += P @ self.Wo.bias.double().repeat(H)
         return M.to(dtype), bias.to(dtype)
 
-    def stream_step(self, x, state, mask=None, last_only=False):
-        """One chunk through the fused form, state updated in place. Outputs at padding positions are
-        unspecified (padding never enters the sums). Unchecked arguments: the hot path of the stream
-        engine (``step`` checks)."""
-        sh = state.shared
-        m = None if mask is None else mask.to(x.dtype)
-        if self.window is None:
-            return self._stream_sums(x, state.rows["sum"], sh, m, last_only), state
-        if x.shape[1] > self.window:  # the ring holds `window` new positions at a time
-            return stream_in_pieces(self.stream_step, x, state, mask, last_only, self.window)
-        return self._stream_ring(x, state.rows, sh, m, last_only), state
-
-    def _stream_readout(self, sums, sh):
-        """Running sums of q|k [B, T, 2D] -> outputs [B, T, D]: normalise per head, one fused matmul."""
-        T = static(sums.shape[1])  # every size but the batch a constant, also when traced for export
-        f = F.normalize(sums.view(-1, T, 2 * self.n_heads, self.d_head), dim=-1, eps=1e-12)
-        return linear(f.view(-1, T, 2 * self.d_model), sh["M"], sh["bias"])
-
-    def _stream_sums(self, h, total, sh, m, last_only: bool):
-        B, C, _ = h.shape
-        if last_only:  # only the chunk's total enters the state and only the last token is read out
-            if m is None:
-                hs, n = h.sum(1, keepdim=True), float(C)
-            else:
-                hs, n = torch.bmm(m.unsqueeze(1), h), m.sum(1).view(B, 1, 1)
-            qk = linear(hs, sh["wqk"])
-            if sh["bqk"] is not None:
-                qk = qk + n * sh["bqk"]
-            total.add_(qk[:, 0])
-            return self._stream_readout(total.view(B, 1, -1), sh)
-        qk = linear(h, sh["wqk"], sh["bqk"])
-        if m is not None:
-            qk = qk * m.unsqueeze(-1)
-        sums = torch.cumsum(qk, 1).add_(total.unsqueeze(1))
-        total.copy_(sums[:, -1])
-        return self._stream_readout(sums, sh)
-
-    def _stream_ring(self, h, rows, sh, m, last_only: bool):
-        C = h.shape[1]
-        ring, S, p0, cap = rows["ring"], rows["S"], sh["pos"], self.window
-        qk = linear(h, sh["wqk"], sh["bqk"])
-        if m is not None:
-            qk = qk * m.unsqueeze(-1)
-        slots = [(p0 + i) % cap for i in range(C)]
-        wrap = slots[-1] - slots[0] != C - 1
-        idx = torch.tensor(slots, device=h.device) if wrap else slice(slots[0], slots[-1] + 1)
-        old = ring[:, idx]  # the positions leaving the window, oldest first
-        sums64 = torch.cumsum((qk - old).double(), 1).add_(S.unsqueeze(1))
-        S.copy_(sums64[:, -1])
-        ring[:, idx] = qk
-        sh["pos"] = p0 + C
-        sums = sums64.to(qk.dtype)
-        return self._stream_readout(sums[:, -1:] if last_only else sums, sh)
-
-    # -- export form: the fused form, pure ---------------------------------------------------------
-    def export_form(self, *, window=None, chunk=1):
-        """``PrimalExport`` (``window`` does not apply, as in ``init_stream``)."""
-        self._require_fusable()
-        return PrimalExport(self)
-
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, s={self.s}, causal={self.causal}, "
                 f"data_dependent={self.data_dependent}, window={self.window}")
 
 
-class PrimalExport(ExportForm):
-    """The fused stream form as a pure function (base.ExportForm): state ``sum`` [2D], the running sum
-    of q|k over the row's real tokens; with the layer's ``window``, ``ring`` [window, 2D] (the last
-    window positions' q|k, oldest first: positions are implicit in the order, so no clock) and ``S``
-    [2D] float64, their sum, updated by adding the chunk and subtracting what leaves the window, as
-    the stream form does. Fused weights are a snapshot taken here."""
+class PrimalRecurrent(Recurrent):
+    """The fused recurrent form (see the module docstring): state ``sum`` [2D], the running sum of q|k
+    over the row's real tokens; with the layer's ``window``, ``ring`` [window, 2D] (the last window
+    positions' q|k, oldest first) and ``S`` [2D] float64, their sum, updated by adding the chunk and
+    subtracting what leaves the window. Fused weights are a snapshot taken here (``precision="bf16"``:
+    the two matmul weights in bfloat16; sums and biases stay in the model's dtype)."""
 
-    def __init__(self, attn: PrimalAttention):
+    def __init__(self, attn: PrimalAttention, precision: str = "fp32"):
         dtype, D = attn.qk.weight.dtype, attn.d_model
         if attn.window is None:
             specs = [StateSpec("sum", (2 * D,), dtype)]
@@ -334,38 +245,44 @@ class PrimalExport(ExportForm):
         super().__init__(specs)
         self.attn = attn
         M, bias = attn._fused_readout(dtype)
-        self.register_buffer("M", M)
+        self.register_buffer("M", weight(M, precision))
         self.register_buffer("bias", bias)
+        self.wqk, self.bqk = weight(attn.qk.weight, precision), weight(attn.qk.bias, "fp32")
+
+    def readout(self, sums):
+        """Running sums of q|k [B, T, 2D] -> outputs [B, T, D]: normalise per head, one fused matmul."""
+        a, T = self.attn, static(sums.shape[1])  # every size but the batch a constant, also when traced
+        f = F.normalize(sums.view(-1, T, 2 * a.n_heads, a.d_head), dim=-1, eps=1e-12)
+        return linear(f.view(-1, T, 2 * a.d_model), self.M, self.bias)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
         C = static(x.shape[1])
-        sh = {"M": self.M, "bias": self.bias}
         m = None if mask is None else mask.to(x.dtype)
         if a.window is None:
             (total,) = state
-            if last_only:  # only the chunk's total enters the state (see PrimalAttention._stream_sums)
+            if last_only:  # only the chunk's total enters the state and only the last token is read out
                 if m is None:
                     hs, n = x.sum(1, keepdim=True), float(C)
                 else:
                     hs, n = torch.bmm(m.unsqueeze(1), x), m.sum(1).view(-1, 1, 1)
-                qk = F.linear(hs, a.qk.weight)
-                if a.qk.bias is not None:
-                    qk = qk + n * a.qk.bias
+                qk = linear(hs, self.wqk)
+                if self.bqk is not None:
+                    qk = qk + n * self.bqk
                 total = total + qk[:, 0]
-                return a._stream_readout(total.unsqueeze(1), sh), (total,)
-            qk = F.linear(x, a.qk.weight, a.qk.bias)
+                return self.readout(total.unsqueeze(1)), (total,)
+            qk = linear(x, self.wqk, self.bqk)
             if m is not None:
                 qk = qk * m.unsqueeze(-1)
             sums = torch.cumsum(qk, 1) + total.unsqueeze(1)
-            return a._stream_readout(sums, sh), (sums[:, -1],)
+            return self.readout(sums), (sums[:, -1],)
         if C > a.window:  # the ring holds `window` new positions at a time
             return stream_in_pieces(self, x, state, mask, last_only, a.window)
         ring, S = state
-        qk = F.linear(x, a.qk.weight, a.qk.bias)
+        qk = linear(x, self.wqk, self.bqk)
         if m is not None:
             qk = qk * m.unsqueeze(-1)
         sums64 = torch.cumsum((qk - ring[:, :C]).double(), 1) + S.unsqueeze(1)  # ring[:, :C]: leaving the window
         sums = sums64.to(qk.dtype)
-        y = a._stream_readout(sums[:, -1:] if last_only else sums, sh)
+        y = self.readout(sums[:, -1:] if last_only else sums)
         return y, (torch.cat([ring[:, C:], qk], 1), sums64[:, -1])

@@ -1,25 +1,14 @@
-"""The recurrent state of an attention mechanism, with its per-row part declared.
+"""The per-row recurrent state of an attention mechanism, declared once.
 
 A stream runs B sequences (rows) in lock step, and they end at different times: a finished row must
-restart (``reset_rows``) or leave the batch (``select_rows``) without touching the others. What
-belongs to a row cannot be guessed from shapes: a value common to the batch may happen to have B
-rows (a fused [D, 2D] weight when B == D, a table of B positions), and zeroing or slicing it would
-silently corrupt every row. So each mechanism declares the split when it builds its state:
+restart or leave the batch without touching the others. So a recurrent form's state holds per-row
+tensors only (batch first), each described by a ``StateSpec``, and starts at zero: a row restarts by
+going back to zero and leaves by being sliced out (base.restart_rows, base.select_rows). A graph's
+inputs and outputs are named tensors, which is why the state is a flat tuple laid out by its specs.
 
-- ``rows``: per-sequence entries, each a batch-first tensor [B, ...] or a nested ``State`` (a
-  mechanism built from parts, e.g. the linear family's S/z next to its feature map's statistics,
-  nests their states, and each part's own declaration applies to it);
-- ``shared``: everything common to the batch (clocks of the lock-stepped rows, precomputed tables,
-  fused weights, Python numbers). Never zeroed, never sliced.
-
-Entries are read as ``state[key]`` (a key names one entry, in ``rows`` or in ``shared``). Steps
-return a state: a new one (recurrent ``step`` forms) or the same one updated in place (the
-preallocated stream forms), so callers always continue with the returned state.
-
-Export forms (base.ExportForm, what agents.export puts in a graph) carry their state as a flat tuple
-of tensors instead, each described by a ``StateSpec``: a graph's inputs and outputs are named
-tensors, not nested objects. ``State.flat`` / ``State.refill`` convert between the two for a state
-whose entries are all per row.
+``State`` is how a mechanism built from parts writes its step (the linear family: S/z next to its
+feature map's statistics, each part's tensors nested under a name); ``State.flat`` / ``State.refill``
+convert it to and from the flat tuple (base.StepRecurrent).
 """
 
 from __future__ import annotations
@@ -31,10 +20,10 @@ import torch
 
 @dataclass(frozen=True)
 class StateSpec:
-    """One tensor of an export form's state: its ``name``, its ``shape`` per row (the batch axis, first,
-    is left out because a graph takes any batch) and ``dtype``. Every entry starts at zero, and a
-    restarted row goes back to zero (as ``State.reset_rows`` does), so no initial value is stored; an
-    entry ``masked_by`` a flag only needs its flag to go back to zero."""
+    """One tensor of a recurrent state: its ``name``, its ``shape`` per row (the batch axis, first, is
+    left out because a graph takes any batch; a 0 marks an axis that grows with the sequence) and
+    ``dtype``. Every entry starts at zero, and a restarted row goes back to zero, so no initial value is
+    stored; an entry ``masked_by`` a flag only needs its flag to go back to zero."""
 
     name: str
     shape: tuple[int, ...]
@@ -49,48 +38,28 @@ class StateSpec:
 
 
 class State:
-    """Per-row entries (``rows``) and batch-wide ones (``shared``) of one mechanism's recurrent state."""
+    """Named per-row tensors [B, ...] (or nested ``State``s) of one mechanism's recurrent step."""
 
-    def __init__(self, rows: dict | None = None, shared: dict | None = None):
+    def __init__(self, rows: dict | None = None):
         rows = {} if rows is None else dict(rows)
-        shared = {} if shared is None else dict(shared)
         for key, v in rows.items():
             if not (isinstance(v, State) or (isinstance(v, torch.Tensor) and v.dim() >= 1)):
                 what = f"a {v.dim()}-d tensor" if isinstance(v, torch.Tensor) else type(v).__name__
                 raise ValueError(f"State: per-row entry {key!r} must be a batch-first tensor [batch, ...] or a "
-                                 f"nested State, got {what}; put values common to the batch in shared=")
-        both = rows.keys() & shared.keys()
-        if both:
-            raise ValueError(f"State: {sorted(both)} declared both per-row and shared; an entry is one or the other")
-        self.rows, self.shared = rows, shared
+                                 f"nested State, got {what}")
+        self.rows = rows
 
     def __getitem__(self, key: str):
         if key in self.rows:
             return self.rows[key]
-        if key in self.shared:
-            return self.shared[key]
-        raise KeyError(f"state has no entry {key!r}; per-row: {sorted(self.rows)}, shared: {sorted(self.shared)}")
+        raise KeyError(f"state has no entry {key!r}; entries: {sorted(self.rows)}")
 
     def __repr__(self) -> str:
         rows = ", ".join(f"{k}={tuple(v.shape) if isinstance(v, torch.Tensor) else v!r}" for k, v in self.rows.items())
-        return f"State(rows=({rows}), shared={sorted(self.shared)})"
-
-    @staticmethod
-    def _check(op: str, sel, key: str | None = None, v: torch.Tensor | None = None) -> None:
-        if key is None:
-            if not (isinstance(sel, torch.Tensor) and sel.dim() == 1 and sel.dtype == torch.bool):
-                what = (f"{sel.dtype} tensor of shape {tuple(sel.shape)}" if isinstance(sel, torch.Tensor)
-                        else type(sel).__name__)
-                raise ValueError(f"State.{op}: expected a [batch] bool tensor (True = selected row), got {what}")
-        elif v.shape[0] != sel.shape[0]:
-            raise ValueError(f"State.{op}: per-row entry {key!r} has {v.shape[0]} rows but the selection has "
-                             f"{sel.shape[0]}; pass one flag per row of the batch the state was built for")
+        return f"State({rows})"
 
     def flat(self, prefix: str = "") -> list[tuple[str, torch.Tensor]]:
-        """The per-row tensors depth first, as (dotted name, tensor): "kv.sum", "feat.count", ...
-        A state with shared entries has no flat form (a graph input is a batch of rows)."""
-        if self.shared:
-            raise ValueError(f"State.flat: shared entries {sorted(self.shared)} have no per-row flat form")
+        """The tensors depth first, as (dotted name, tensor): "kv.sum", "feat.count", ..."""
         out = []
         for key, v in self.rows.items():
             out += v.flat(f"{prefix}{key}.") if isinstance(v, State) else [(prefix + key, v)]
@@ -98,7 +67,7 @@ class State:
 
     def refill(self, tensors) -> State:
         """A state of this one's structure (nested states included, empty ones too) holding ``tensors``
-        in ``flat`` order: how an export form turns a graph's state inputs back into its step's state."""
+        in ``flat`` order: how a recurrent form turns its tuple state back into its step's state."""
         it = iter(tensors)
 
         def build(st: State) -> State:
@@ -108,29 +77,3 @@ class State:
         if next(it, None) is not None:
             raise ValueError(f"State.refill: more tensors than the {len(self.flat())} entries of this state")
         return out
-
-    def reset_rows(self, rows: torch.Tensor) -> State:
-        """Restart the rows where ``rows`` ([B] bool) is True, in place: their per-row entries become
-        zero (False for flags), as in a fresh state; shared entries and other rows are untouched."""
-        self._check("reset_rows", rows)
-        for key, v in self.rows.items():
-            if isinstance(v, State):
-                v.reset_rows(rows)
-            else:
-                self._check("reset_rows", rows, key, v)
-                v[rows] = 0
-        return self
-
-    def select_rows(self, keep: torch.Tensor) -> State:
-        """A new state holding the rows where ``keep`` ([B] bool) is True, in order (a smaller batch:
-        finished episodes leave without costing their rows' compute). Shared entries are carried
-        over as they are (the new state's own dict, so its clocks advance independently)."""
-        self._check("select_rows", keep)
-        rows = {}
-        for key, v in self.rows.items():
-            if isinstance(v, State):
-                rows[key] = v.select_rows(keep)
-            else:
-                self._check("select_rows", keep, key, v)
-                rows[key] = v[keep]
-        return State(rows, self.shared)

@@ -135,16 +135,17 @@ def test_layouts_and_explicit_layers():
 
 @pytest.mark.parametrize("layout", ["dt", "primal+dt"])
 def test_streaming_pieces_reproduce_forward(layout):
-    """What the streaming agent does: one env step's tokens per stack.step, head on the state token."""
+    """One env step's tokens at a time through the stack's recurrent form, head on the state token."""
     m = tiny(layout)
     b = batch(B=2)
     full = predict(m, b)
-    states = m.stack.init_state(2)
+    form = m.stack.recurrent(window=3 * K, chunk=3)  # the whole segment in the window: forward's attention
+    states = form.init(2)
     with torch.no_grad():
         for t in range(K):
             sl = slice(t, t + 1)
             x = m.embed(b["rtg"][:, sl], b["states"][:, sl], b["actions"][:, sl], b["timesteps"][:, sl])
-            h, states = m.stack.step(x, states)
+            h, states = form(x, states)
             torch.testing.assert_close(m.predict_action(h[:, 1]), full[:, t], atol=1e-5, rtol=0)
 
 

@@ -16,7 +16,6 @@ the layers that cannot be exported."""
 from __future__ import annotations
 
 import hashlib
-import io
 import warnings
 from importlib.metadata import version
 from pathlib import Path
@@ -31,12 +30,12 @@ import torch
 from agents import dt_checkpoint, load_agent
 from agents.export import (
     FORMATS,
+    OPSET,
     SEMANTICS,
-    StreamStep,
-    export_forms,
     export_policy,
     main,
     read_metadata,
+    stream_step,
 )
 from agents.onnx_policy import METADATA_KEY, OnnxPolicy
 from agents.torchscript_policy import TorchScriptPolicy
@@ -294,21 +293,22 @@ def meta_flag(meta, name: str) -> str:
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_onnx_graph_gives_the_bits_of_one_trace_of_the_whole_step(name, trained, artefacts):
     """The exported model (restart in an If, two traces) computes what a single trace of
-    ``StreamStep.forward`` computes on onnxruntime, to the bit, at steps with and without restarts."""
+    ``DTStep.forward`` computes on onnxruntime, to the bit, at steps with and without restarts."""
     ck = dt_checkpoint.load(trained[name])
-    step = StreamStep(ck.build_model(), ck.data)
+    step = stream_step(ck.build_model(), ck.data)
     meta = read_metadata(artefacts[name][0])
     states = [s["name"] for s in meta["state"]]
     inputs = ["observation", "reward", "reset", "target", *("state." + n for n in states)]
     outputs = ["action", *("next_state." + n for n in states)]
     example = graph_inputs(meta, 2, np.random.default_rng(0), np.zeros(2, bool))
-    buf = io.BytesIO()
+    batch = torch.export.Dim("batch")
     with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the tracer's notes
-        torch.onnx.export(step, tuple(torch.from_numpy(example[n]) for n in inputs), buf, dynamo=False,
-                          input_names=inputs, output_names=outputs, opset_version=17, do_constant_folding=True,
-                          dynamic_axes={n: {0: "batch"} for n in inputs + outputs})
-    whole, exported = onnx_session(onnx.load_from_string(buf.getvalue())), onnx_session(artefacts[name][0])
+        warnings.simplefilter("ignore")  # the exporter's notes
+        whole = torch.onnx.export(step, tuple(torch.from_numpy(example[n]) for n in inputs), dynamo=True,
+                                  input_names=inputs, output_names=outputs, opset_version=OPSET, verbose=False,
+                                  dynamic_shapes=(*({0: batch} for _ in range(4)),
+                                                  tuple({0: batch} for _ in states))).model_proto
+    whole, exported = onnx_session(whole), onnx_session(artefacts[name][0])
     g = np.random.default_rng(1)
     feed = graph_inputs(meta, 4, g, np.ones(4, bool))
     for t in range(12):
@@ -335,7 +335,7 @@ def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
     assert meta["targets"] == list(ck.data.eval_targets) and meta["default_target"] == ck.data.eval_targets[0]
     assert meta["reward_scale"] == ck.data.reward_scale and meta["layers"] == ["softmax", "softmax", "primal"]
     assert meta["semantics"] == SEMANTICS and "reset" in meta["semantics"]
-    step = StreamStep(ck.build_model(), ck.data)
+    step = stream_step(ck.build_model(), ck.data)
     assert [s["name"] for s in meta["state"]] == [s.name for s in step.specs]
     assert meta["state"][:3] == [
         {"name": "t", "shape": ["batch"], "dtype": "int64", "initial": 0, "what": "timestep of the row's episode"},
@@ -383,7 +383,7 @@ def test_a_post_norm_block_is_named(tiny_dt):
     model = tiny_dt("primal+dt")
     model.stack.blocks[2].norm = "post"
     with pytest.raises(ValueError, match=r"layer 2 \(primal\): a post-norm block"):
-        export_forms(model)
+        stream_step(model, dt_checkpoint.DataInfo("hopper-medium", np.zeros(11), np.ones(11), 1000.0))
 
 
 # -- the command line ---------------------------------------------------------------------------------------
@@ -437,10 +437,10 @@ def test_overwrite_replaces_an_earlier_export(trained, tmp_path):
 
 
 def test_the_exported_step_is_the_same_function_at_any_batch(trained):
-    """StreamStep in PyTorch (what both formats trace): rows are independent, so a row computed alone
+    """The model's step (DTStep) in PyTorch (what both formats trace): rows are independent, so a row computed alone
     equals the same row inside a batch, and reset rows equal fresh ones."""
     ck = dt_checkpoint.load(trained["windowed"])
-    step = StreamStep(ck.build_model(), ck.data)
+    step = stream_step(ck.build_model(), ck.data)
     g = torch.Generator().manual_seed(0)
     state, single = step.init(3), step.init(1)
     for t in range(8):

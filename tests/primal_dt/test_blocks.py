@@ -31,20 +31,20 @@ def test_layouts():
 
 
 @pytest.mark.parametrize("model", ["dt", "primal+dt", "primalformer-dt"])
-@pytest.mark.parametrize("norm", ["pre", "post"])
 @pytest.mark.parametrize("chunk", [1, 3, 5])
-def test_stack_step_equals_forward(model, norm, chunk):
-    s = make(model, norm)
+def test_stack_recurrent_form_equals_forward(model, chunk):
+    s = make(model)
     x = torch.randn(2, 15, D)
     mask = torch.ones(2, 15, dtype=torch.bool)
     mask[0, 11:] = False  # right padding
     mask[1, :4] = False  # left padding
-    ref, _ = s(x, mask)
-    st = s.init_state(2)
-    outs = []
-    for t in range(0, 15, chunk):
-        y, st = s.step(x[:, t:t + chunk], st, mask[:, t:t + chunk])
-        outs.append(y)
+    with torch.no_grad():
+        ref, _ = s(x, mask)
+        form = s.recurrent(window=15, chunk=chunk)  # a window as long as the sequence: unbounded attention
+        st, outs = form.init(2), []
+        for t in range(0, 15, chunk):
+            y, st = form(x[:, t:t + chunk], st, mask[:, t:t + chunk])
+            outs.append(y)
     got = torch.cat(outs, 1)
     torch.testing.assert_close(got[mask], ref[mask], atol=1e-5, rtol=1e-5)
 
@@ -64,10 +64,10 @@ def test_stack_stream_equals_forward(model, last_only):
         b.attn.adopt_stream_window(8)
     with torch.no_grad():
         ref, _ = twin(x, mask)
-        st = s.init_stream(2, window=8, chunk=3)
-        outs = []
+        form = s.recurrent(window=8, chunk=3)
+        st, outs = form.init(2), []
         for t in range(0, 18, 3):
-            y, st = s.stream_step(x[:, t:t + 3], st, mask[:, t:t + 3] if t == 0 else None, last_only)
+            y, st = form(x[:, t:t + 3], st, mask[:, t:t + 3] if t == 0 else None, last_only)
             outs.append(y)
     got = torch.cat(outs, 1)
     if last_only:
@@ -77,8 +77,8 @@ def test_stack_stream_equals_forward(model, last_only):
 
 
 def test_post_norm_stack_does_not_stream():
-    with pytest.raises(ValueError, match=r"supports pre-norm blocks.*post-norm: use init_state / step"):
-        make("primal+dt", norm="post").init_stream(1, window=8)
+    with pytest.raises(ValueError, match=r"layer 0 \(softmax\): a post-norm block"):
+        make("primal+dt", norm="post").recurrent(window=8)
 
 
 @pytest.mark.parametrize("model", ["dt", "primal+dt", "primalformer-dt"])
@@ -107,5 +107,5 @@ def test_bad_stack_arguments():
         Stack(D, H, [])
     with pytest.raises(ValueError, match="norm must be"):
         Stack(D, H, ["softmax"], norm="mid")
-    with pytest.raises(ValueError, match="recurrent stepping needs a causal stack"):
-        Stack(D, H, [LayerSpec("softmax")], causal=False).init_state(1)
+    with pytest.raises(ValueError, match=r"layer 0 \(softmax\): .*no recurrent form when causal=False"):
+        Stack(D, H, [LayerSpec("softmax")], causal=False).recurrent(window=8)

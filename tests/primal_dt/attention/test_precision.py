@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from primal_dt.attention.precision import PRECISIONS, check_precision, linear, weight
-from primal_dt.blocks import MLP_KEY, Stack
+from primal_dt.blocks import Stack
 
 
 def test_linear_is_plain_f_linear_when_dtypes_agree():
@@ -53,29 +53,26 @@ def stack(layers, d=32, heads=2, seed=0):
 
 def test_bf16_snapshots_the_matmul_weights_and_keeps_accumulating_states_in_the_model_dtype():
     s = stack(["softmax", "primal"])
-    fp32 = s.init_stream(2, window=8, chunk=3)
-    assert all(MLP_KEY not in st.shared for st in fp32)
-    states = s.init_stream(2, window=8, chunk=3, precision="bf16")
-    soft, primal = states
-    assert soft["k"].dtype == soft["v"].dtype == torch.bfloat16  # a cache: values rounded once, never summed
-    assert soft["wqkv"].dtype == soft["wp"].dtype == torch.bfloat16 and soft["bqkv"].dtype == torch.float32
-    assert primal["sum"].dtype == torch.float32  # running sums: float32 (a bf16 sum would stop moving)
-    assert primal["wqk"].dtype == primal["M"].dtype == torch.bfloat16 and primal["bias"].dtype == torch.float32
-    for st, block in zip(states, s.blocks):
-        w1, b1, w2, b2 = st.shared[MLP_KEY]
+    fp32 = s.recurrent(window=8, chunk=3)
+    assert all(w.dtype == torch.float32 for mlp in fp32.mlps for w in mlp)
+    form = s.recurrent(window=8, chunk=3, precision="bf16")
+    soft, primal = form.forms
+    k, v, valid, pos = soft.specs
+    assert k.dtype == v.dtype == torch.bfloat16  # a cache: values rounded once, never summed
+    assert soft.wqkv.dtype == soft.wp.dtype == torch.bfloat16 and soft.bqkv.dtype == torch.float32
+    assert primal.specs[0].dtype == torch.float32  # running sums: float32 (a bf16 sum would stop moving)
+    assert primal.wqk.dtype == primal.M.dtype == torch.bfloat16 and primal.bias.dtype == torch.float32
+    for (w1, b1, w2, b2), block in zip(form.mlps, s.blocks):
         assert w1.dtype == w2.dtype == torch.bfloat16 and b2.dtype == torch.float32
         assert torch.equal(w1, block.mlp[0].weight.detach().bfloat16())
 
 
 def test_a_layer_without_a_bf16_form_is_named():
     s = stack(["softmax", "performer"])
-    with pytest.raises(ValueError, match=r"precision='bf16' needs every attention layer to support it; layer 1 "
-                                         r"\(performer\) streams in fp32 only"):
-        s.init_stream(1, window=8, chunk=3, precision="bf16")
+    with pytest.raises(ValueError, match=r"layer 1 \(performer\): PerformerAttention streams in fp32 only"):
+        s.recurrent(window=8, chunk=3, precision="bf16")
     with pytest.raises(ValueError, match="precision must be one of"):
-        s.init_stream(1, window=8, chunk=3, precision="half")
-    with pytest.raises(ValueError, match="streams in fp32 only"):  # the mechanism itself refuses too
-        s.blocks[1].attn.init_stream(1, precision="bf16")
+        s.recurrent(window=8, chunk=3, precision="half")
 
 
 @pytest.mark.parametrize("layers", [["softmax", "softmax", "primal"], ["primal", "primal"],
@@ -89,20 +86,21 @@ def test_bf16_stream_tracks_the_exact_stream_over_a_long_sequence(layers):
 
     specs = [LayerSpec(x["attention"], x["options"]) if isinstance(x, dict) else x for x in layers]
     s = stack(specs, d=64, heads=4)
-    exact, half = (s.init_stream(3, window=11, chunk=3, precision=p) for p in ("fp32", "bf16"))
+    exact, half = (s.recurrent(window=11, chunk=3, precision=p) for p in ("fp32", "bf16"))
+    st32, st16 = exact.init(3), half.init(3)
     g = torch.Generator().manual_seed(1)
     errors = []
     with torch.inference_mode():
         for t in range(600):
             x = torch.randn(3, 3, 64, generator=g)
-            y32, exact = s.stream_step(x, exact, last_only=True)
-            y16, half = s.stream_step(x, half, last_only=True)
+            y32, st32 = exact(x, st32, last_only=True)
+            y16, st16 = half(x, st16, last_only=True)
             assert y16.dtype == torch.float32
             errors.append(float((y32 - y16).abs().max()))
     first, last = max(errors[:50]), max(errors[-50:])
     assert 0 < first < 0.1 and last < 0.1
     assert last < 3 * first + 0.02  # no drift over the sequence
-    for st32, st16 in zip(exact, half):
-        if "sum" in st32.rows:  # an unwindowed primal layer: 1800 tokens summed
-            rel = (st32["sum"] - st16["sum"]).norm() / st32["sum"].norm()
+    for spec, a32, a16 in zip(exact.specs, st32, st16):
+        if spec.name.endswith(".sum"):  # an unwindowed primal layer: 1800 tokens summed
+            rel = (a32 - a16).norm() / a32.norm()
             assert rel < 1e-2, rel

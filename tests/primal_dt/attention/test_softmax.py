@@ -66,10 +66,11 @@ def test_materialized_equals_fused(causal):
 
 def test_windowed_cache_stays_bounded():
     a = build_attention("softmax", D, H, causal=True, window=4).eval()
-    st = a.init_state(2)
+    form = a.recurrent()  # one-token chunks: a ring of the window's 4 slots
+    st = form.init(2)
     for _ in range(20):
-        _, st = a.step(torch.randn(2, 1, D), st)
-    assert st["k"].shape[2] == 3 and st["pos"] == 20
+        _, st = form(torch.randn(2, 1, D), st)
+    assert st[0].shape[2] == 4 and st[3].tolist() == [0, 0]  # (20 tokens: the phase is back at slot 0)
 
 
 def test_bad_window():
