@@ -32,7 +32,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -40,7 +40,6 @@ import torch
 from eval.episodes import run_episodes
 from primal_dt import runtime
 from primal_dt.attention.precision import check_precision
-from primal_dt.cli import option
 from primal_dt.train_config import RolloutOptions, TrainConfig
 from primal_dt.monitor import EpisodeBar
 
@@ -177,7 +176,7 @@ class RolloutConfig(RolloutOptions):
     training's ``eval.*`` options (``RolloutOptions``: one home, so the same names, types and defaults;
     ``eval.targets=...`` is accepted here too, so an option copied from a training command works)."""
 
-    checkpoint: str = option(metavar="PATH")
+    checkpoint: str
     """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
     episodes: int = 100
     """episodes per target"""
@@ -185,8 +184,8 @@ class RolloutConfig(RolloutOptions):
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
     """vector envs the simulators are split into, one stepping while the next one's agent acts (0: 2 sync, 1 async)"""
-    lane_workers: str = "process"
-    """where a synchronous lane steps while the other acts: process (one subprocess per lane) | thread"""
+    lane_workers: Literal["process", "thread"] = "process"
+    """where a synchronous lane steps while the other acts: process (one subprocess per lane) or thread"""
     seed: int = 0
     """episode e uses reset seed seed + e"""
     out: str = ""
@@ -214,7 +213,7 @@ class RolloutConfig(RolloutOptions):
     """show a progress bar"""
 
 
-ALIASES = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
+SHORTHANDS = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
 """training's spelling of the shared options (``eval.targets=3600,1800``) works here too"""
 PROG = "python -m eval.rollout"
 DESCRIPTION = "Roll out a Decision-Transformer checkpoint in its simulator, many episodes at once."
@@ -232,8 +231,6 @@ def check(cfg: RolloutConfig) -> tuple[float, ...]:
     if cfg.precision != "fp32" and cfg.engine != "stream":
         raise ValueError(f"precision={cfg.precision} applies to engine=stream only (recompute runs the model in its "
                          "own dtype); add engine=stream or drop precision=")
-    if cfg.lane_workers not in ("process", "thread"):
-        raise ValueError(f"lane_workers must be process or thread, got {cfg.lane_workers!r}")
     runtime.check_numbers(cfg, NUMBERS)
     runtime.check_device(cfg.device)
     if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
@@ -257,7 +254,7 @@ def run(argv: list[str]) -> dict:
     from agents import dt_checkpoint
     from primal_dt.cli import parse
 
-    cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, aliases=ALIASES)
+    cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=SHORTHANDS)
     with runtime.setup_errors(KeyError):
         given = check(cfg)
         path = dt_checkpoint.resolve(cfg.checkpoint)
