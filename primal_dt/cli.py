@@ -69,8 +69,8 @@ def options(cls: type, prefix: str = "") -> dict[str, tuple[str, dataclasses.Fie
 def rewrite(cls: type, argv: Sequence[str], shorthands: dict[str, str] | None = None,
             strict: bool = True) -> tuple[list[str], list[str]]:
     """(``argv`` as tyro reads it, the dotted names it sets in order). An unknown ``key=value`` becomes
-    ``--key value`` when ``strict`` (tyro then names the options it resembles), else passes unchanged
-    to the command that hands it on."""
+    ``--key value`` when ``strict`` (tyro then names the options it resembles), else ``--key=value`` for
+    the command that hands it on."""
     known, short = options(cls), shorthands or {}
     out: list[str] = []
     given: list[str] = []
@@ -88,8 +88,8 @@ def rewrite(cls: type, argv: Sequence[str], shorthands: dict[str, str] | None = 
         elif current and current[0] != "bool" and not word.startswith("--"):
             out += _values(*current, word)
             current = current if current[0] == "list" else None
-        elif strict and eq and _KEY.match(key.removeprefix("--")):
-            out += [f"--{name}", value]
+        elif eq and _KEY.match(key.removeprefix("--")):  # (an option word, so that no list takes it in)
+            out += [f"--{name}", value] if strict else [f"--{key.removeprefix('--')}={value}"]
             current = None
         else:
             out.append(word)

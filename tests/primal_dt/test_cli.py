@@ -124,7 +124,7 @@ def test_the_default_instance_stands_where_nothing_is_given():
 
 def test_a_command_that_hands_on_what_it_does_not_know():
     c, rest = cli.parse(Demo, ["name=a", "lr=3", "--steps", "5", "--flag"], known=True)
-    assert (c.name, c.flag, rest) == ("a", True, ["lr=3", "--steps", "5"])
+    assert (c.name, c.flag, rest) == ("a", True, ["--lr=3", "--steps", "5"])
 
 
 @pytest.mark.parametrize("argv, shown", [(["nmae=y"], "--name"), (["--flag=maybe"], "maybe"),
