@@ -29,13 +29,17 @@ import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
 import numpy as np
 
 from envs import behavior
+from primal_dt.cli import fail
 from envs.registry import FAMILIES, get_spec
 
-COLLECT_LEVELS = ("medium", "expert", "medium-replay", "medium-expert")
+Level = Literal["medium", "expert", "medium-replay", "medium-expert"]
+"""random: D4RL's file; the collector trains a policy"""
+COLLECT_LEVELS = get_args(Level)
 
 
 @dataclass
@@ -44,9 +48,9 @@ class CollectConfig:
 
     env: str = "hopper"
     """hopper | halfcheetah | walker2d | ant"""
-    level: str = "medium"
-    """medium | expert | medium-replay | medium-expert"""
-    sim: str = "v4"
+    level: Level = "medium"
+    """the dataset's level"""
+    sim: Literal["v4", "v5"] = "v4"
     """simulator version: v4 (D4RL's models, the default for env names) or v5 (Minari's)"""
     workdir: str | None = None
     """SAC run directory (none: runs/behavior/<GymId>-seed<seed>)"""
@@ -343,12 +347,9 @@ def check(cfg: CollectConfig) -> None:
     are written out here rather than with ``primal_dt.runtime``'s)."""
     def need(ok: bool, msg: str) -> None:
         if not ok:
-            raise SystemExit(f"error: {msg}")
+            fail(msg)
 
     need(cfg.env in FAMILIES, f"env must be one of {sorted(FAMILIES)}, got {cfg.env!r}")
-    need(cfg.level in COLLECT_LEVELS, f"level must be one of {COLLECT_LEVELS}, got {cfg.level!r} "
-                                      "(random: use D4RL's file; the collector trains a policy)")
-    need(cfg.sim in ("v4", "v5"), f"sim must be v4 or v5, got {cfg.sim!r}")
     finite = lambda x: isinstance(x, (int, float)) and math.isfinite(x)  # noqa: E731
     for key, low in (("train_steps", 1), ("checkpoint_every", 1), ("steps", 1), ("num_envs", 1), ("threads", 1),
                      ("seed", 0), ("rollout_seed", 0), ("medium_step", 0), ("expert_step", 0)):
@@ -383,22 +384,22 @@ def run(cfg: CollectConfig) -> dict:
     d4rl_path = out_dir / replica_file(cfg.env, cfg.level)
     minari_id = f"{COLLECTED_NAMESPACE}/{cfg.env}/{cfg.level}-v0"
     if not cfg.overwrite and cfg.write_d4rl and d4rl_path.exists():
-        raise SystemExit(f"error: {d4rl_path} exists; pass overwrite=true to replace it")
+        fail(f"{d4rl_path} exists; pass overwrite=true to replace it")
     if not cfg.overwrite and cfg.write_minari and has_local(minari_id):
-        raise SystemExit(f"error: Minari dataset {minari_id} exists under {minari_root()}; pass overwrite=true")
+        fail(f"Minari dataset {minari_id} exists under {minari_root()}; pass overwrite=true")
 
     # 1. behaviour policy
     meta = workdir / "meta.json"
     if meta.exists() and json.loads(meta.read_text())["env_id"] != gym_id:
-        raise SystemExit(f"error: {workdir} trains {json.loads(meta.read_text())['env_id']}, not {gym_id}")
+        fail(f"{workdir} trains {json.loads(meta.read_text())['env_id']}, not {gym_id}")
     have = max([s for s, _ in behavior.list_checkpoints(workdir)], default=0)
     if cfg.train and have < cfg.train_steps:
         pid, age = behavior.training_pid(workdir), _live_run_age(workdir)
         if pid is not None:
-            raise SystemExit(f"error: {workdir} is being trained by process {pid}; run again when it is "
+            fail(f"{workdir} is being trained by process {pid}; run again when it is "
                              f"done, or pass train=false to use its {have}-step checkpoints now")
         if age is not None and not cfg.force_train:
-            raise SystemExit(f"error: {workdir} looks like it is being trained (unfinished, newest checkpoint "
+            fail(f"{workdir} looks like it is being trained (unfinished, newest checkpoint "
                              f"{age:.0f} s old, no lock file: an older trainer); pass train=false to use "
                              f"its {have}-step checkpoints now, or force_train=true if no trainer runs")
         print(f"[collect] training SAC on {gym_id} in {workdir} up to {cfg.train_steps} steps "

@@ -35,12 +35,13 @@ import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 from agents import dt_checkpoint, training_log
 from primal_dt import checkpoint as ck_io
 from primal_dt import presets, runtime, train_config
-from primal_dt.cli import option
 from primal_dt.monitor import save_figure
+import tyro
 
 # Options that do not change what a run learns (or only how it is launched and logged).
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
@@ -358,25 +359,27 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
 class ReportConfig:
     """Options of ``python -m eval.report``."""
 
-    runs: tuple[str, ...] = option(positional=True, metavar="RUN_OR_DIR_OR_GLOB")
+    runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUNS")]
     """run directories, directories holding runs (searched recursively), or globs of either"""
     out: str = "report"
     """where scores.md, scores-<target>.csv, curves.png and scores.png go"""
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m eval.report``: 0 when written; a malformed command line ends with the usage (exit
-    status 2), runs that cannot be reported with one ``error:`` line (exit status 1)."""
-    from primal_dt.cli import parse
+    """``python -m eval.report``: 0 when written; runs that cannot be reported end as every mistake
+    does (``cli.fail``)."""
+    from primal_dt.cli import fail, parse
 
     paragraphs = __doc__.split("\n\n")
-    cfg = parse(ReportConfig, argv, prog="python -m eval.report", description=paragraphs[0],
-                epilog="\n\n".join(paragraphs[2:]))
+    cfg = parse(ReportConfig, argv, prog="python -m eval.report",
+                description="\n\n".join(paragraphs[:1] + paragraphs[2:]))
     try:
         res = report(list(cfg.runs), cfg.out)
-    except (ValueError, FileNotFoundError, runtime.WriteError) as err:
+    except runtime.WriteError as err:  # the run failed, not the input: exit 1
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except (ValueError, FileNotFoundError) as err:
+        fail(str(err))
     print(Path(res["markdown"]).read_text())
     print(f"wrote {res['markdown']}, {', '.join(map(str, res['csv']))}, {res['curves']}, {res['bars']}")
     return 0

@@ -32,7 +32,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -40,7 +40,6 @@ import torch
 from agents.threads import inference_threads, lane_threads
 from eval.episodes import run_episodes
 from primal_dt import runtime
-from primal_dt.cli import option
 from primal_dt.train_config import RolloutOptions, TrainConfig
 from primal_dt.monitor import EpisodeBar
 
@@ -164,7 +163,7 @@ class RolloutConfig(RolloutOptions):
     precision, lanes) are training's ``eval.*`` options (``RolloutOptions``: one home, so the same names, types and defaults;
     ``eval.targets=...`` is accepted here too, so an option copied from a training command works)."""
 
-    checkpoint: str = option(metavar="PATH")
+    checkpoint: str
     """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
     episodes: int = 100
     """episodes per target"""
@@ -192,7 +191,7 @@ class RolloutConfig(RolloutOptions):
     """show a progress bar"""
 
 
-ALIASES = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
+SHORTHANDS = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
 """training's spelling of the shared options (``eval.targets=3600,1800``) works here too"""
 PROG = "python -m eval.rollout"
 DESCRIPTION = "Roll out a Decision-Transformer checkpoint in its simulator, many episodes at once."
@@ -228,7 +227,7 @@ def run(argv: list[str]) -> dict:
     from agents import dt_checkpoint
     from primal_dt.cli import parse
 
-    cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, aliases=ALIASES)
+    cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=SHORTHANDS)
     with runtime.setup_errors(KeyError):
         given = check(cfg)
         path = dt_checkpoint.resolve(cfg.checkpoint)

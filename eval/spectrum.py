@@ -33,7 +33,6 @@ from torch import nn
 
 from primal_dt.blocks import Stack
 from primal_dt.checkpoint import write_atomic
-from primal_dt.cli import option
 from primal_dt.monitor import save_figure
 from primal_dt.runtime import AT_LEAST_1, SEED
 
@@ -251,7 +250,7 @@ def dt_segments(ck, n: int, seed: int, data_source: str | None = None, where: st
 class SpectrumConfig:
     """Options of ``python -m eval.spectrum``."""
 
-    checkpoint: str = option(metavar="PATH")
+    checkpoint: str
     """a checkpoint of primal_dt.train (kind dt) or primal_dt.classify"""
     out: str = ""
     """where spectrum.png, spectrum.json and TensorBoard events go ('' : <checkpoint's directory>/spectrum)"""
@@ -269,8 +268,7 @@ NUMBERS = {"n": AT_LEAST_1, "seed": SEED}
 
 
 def options(argv: list[str]) -> SpectrumConfig:
-    """The command line, every value checked (a ValueError naming the option; the parser's usage error
-    and exit status 2 for a malformed one)."""
+    """The command line, every value checked (a ValueError naming the option)."""
     from primal_dt import runtime
     from primal_dt.cli import parse
 

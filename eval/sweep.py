@@ -33,7 +33,6 @@ from pathlib import Path
 from agents import dt_checkpoint
 from agents.training_log import model_label
 from primal_dt import checkpoint, cli, lock, runtime, train_config
-from primal_dt.cli import find_value
 
 from . import report as report_mod
 
@@ -88,17 +87,18 @@ class SweepConfig:
 
 ALIASES = {"attention": "model", "model.name": "model", "seed": "seeds"}
 """training's spellings of the axes (``attention=linear``, ``seed=3``) name the same axis"""
-PARSER = cli.Parser(SweepConfig, prog="python -m eval.sweep", description=__doc__.split("\n\n")[0],
-                    aliases=ALIASES, rest="each run: training's options (python -m primal_dt.train --help)")
+PROG = "python -m eval.sweep"
+DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other option is each run's: training's (python -m primal_dt.train "
+               "--help).")
 
 
 def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
     """(sweep options, options passed to every run), the sweep's options checked."""
-    sweep, rest = PARSER.parse_known(argv)
-    if find_value(rest, "resume") is not None:
+    sweep, rest = cli.parse(SweepConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=ALIASES, known=True)
+    if "resume" in cli.given(train_config.TrainConfig, rest):
         raise ValueError("resume= is per run; a sweep resumes its killed runs by itself when called again")
     for key in ("env", "model", "seeds"):
-        if not getattr(sweep, key) and key in PARSER.given(argv):
+        if not getattr(sweep, key) and key in cli.given(SweepConfig, argv, ALIASES):
             raise ValueError(f"{key}= needs at least one value")
     runtime.check_numbers(sweep, {"seeds": runtime.SEED, "jobs": runtime.AT_LEAST_0})
     if sweep.threads < 1:
@@ -288,7 +288,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         run(argv)
-    except (ValueError, FileNotFoundError, RuntimeError, runtime.WriteError) as err:
+    except (ValueError, FileNotFoundError) as err:
+        cli.fail(str(err))
+    except (RuntimeError, runtime.WriteError) as err:  # runs or writes that failed: not a mistake in the input
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         sys.exit(130)

@@ -29,8 +29,8 @@ import sys
 
 from . import checkpoint, lock, runtime
 from .classifier_training import KIND, Trainer, fit
-from .classify_config import build_config, check_config, resumed_config
-from .cli import find_value
+from .classify_config import PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, resumed_config
+from . import cli
 from .monitor import run_dir
 from .runtime import SetupError, WriteError
 from .tasks import load_task
@@ -42,7 +42,7 @@ def run(argv: list[str]) -> dict:
     """Train as the command line ``argv`` says; returns the summary. Bad input: SetupError, before
     anything is written."""
     with runtime.setup_errors(RuntimeError):  # RuntimeError: a task's missing optional dependency
-        resume = find_value(argv, "resume")
+        resume = cli.peek(ClassifyConfig, argv, SHORTHANDS, PROG).resume
         if resume:
             path = runtime.resume_checkpoint(resume)
             ck = checkpoint.load(path, expect_kind=KIND)

@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
+from typing import Literal
 
 from . import presets
-from .cli import expand_shorthands, find_value, parse
+from . import cli
 from .runtime import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SEED, THREADS, check_device, check_numbers,
                       check_size)
 from .runtime import attention_options as parse_attention_options
@@ -47,12 +48,12 @@ class ArchConfig:
     """MLP hidden width"""
     dropout: float = 0.1
     """dropout of embeddings, attention outputs and MLPs"""
-    norm: str = "pre"
-    """pre | post (layer norm placement)"""
-    activation: str = "gelu"
-    """MLP activation: relu | gelu"""
-    head: str = "auto"
-    """auto (flatten for UEA, pair for Retrieval, mean otherwise) | flatten | mean | pair"""
+    norm: Literal["pre", "post"] = "pre"
+    """layer norm placement"""
+    activation: Literal["relu", "gelu"] = "gelu"
+    """MLP activation"""
+    head: Literal["auto", "flatten", "mean", "pair"] = "auto"
+    """auto: flatten for UEA, pair for Retrieval, mean otherwise"""
 
 
 @dataclass
@@ -81,22 +82,22 @@ class TrainConfig:
     """examples per optimizer step"""
     eval_batch_size: int = 0
     """0: same as batch_size"""
-    optimizer: str = "adamw"
-    """adamw | adam | radam"""
+    optimizer: Literal["adamw", "adam", "radam"] = "adamw"
+    """the optimizer"""
     lr: float = 1e-4
     """learning rate (peak, for onecycle-linear)"""
     weight_decay: float = 0.0
     """decoupled weight decay (adamw) or L2 (adam, radam)"""
-    schedule: str = "constant"
-    """constant | onecycle-linear (linear warm-up over `warmup` steps, then linear decay to 0)"""
+    schedule: Literal["constant", "onecycle-linear"] = "constant"
+    """onecycle-linear: linear warm-up over `warmup` steps, then linear decay to 0"""
     warmup: int = 0
     """warm-up steps of onecycle-linear"""
     grad_clip: float = 0.0
     """max gradient norm (0: off)"""
     eval_every: int = 0
     """evaluate every this many steps (0: once per epoch)"""
-    selection: str = "val"
-    """val | test | last (see primal_dt.classify's docstring)"""
+    selection: Literal["val", "test", "last"] = "val"
+    """which accuracy is reported (see primal_dt.classify's docstring)"""
 
 
 @dataclass
@@ -142,25 +143,24 @@ def load_task_preset(task: str) -> dict:
     return presets.load_preset(group, name)
 
 
-def build_config(argv: list[str]) -> tuple[ClassifyConfig, str]:
-    """(config, preset source line) from the command line, applying preset layers in order."""
-    argv = expand_shorthands(argv, SHORTHANDS)
-    cfg = ClassifyConfig()
-    task = find_value(argv, "task") or cfg.task
-    values = load_task_preset(task)
+def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str]:
+    """(config, preset source line) from the command line, applying preset layers in order (``prog``:
+    the command whose line it is, named in its errors)."""
+    first = cli.peek(ClassifyConfig, argv, SHORTHANDS, prog)
+    values = load_task_preset(first.task)
     by_model = values.pop("by_model", {}) or {}
-    cfg = presets.apply_preset(cfg, {**values, "task": task}, where=f"preset {task}")
-    model = find_value(argv, "model") or cfg.model
+    cfg = presets.apply_preset(ClassifyConfig(), {**values, "task": first.task}, where=f"preset {first.task}")
+    model = first.model if "model" in cli.given(ClassifyConfig, argv, SHORTHANDS) else cfg.model
     if model in by_model:
-        cfg = presets.apply_preset(cfg, by_model[model], where=f"preset {task} by_model.{model}")
-    cfg = parse(ClassifyConfig, argv, default=cfg, prog=PROG, description=DESCRIPTION)
+        cfg = presets.apply_preset(cfg, by_model[model], where=f"preset {first.task} by_model.{model}")
+    cfg = cli.parse(ClassifyConfig, argv, default=cfg, prog=prog, description=DESCRIPTION, shorthands=SHORTHANDS)
     return cfg, str(values.get("source", "(no source line)"))
 
 
 def resumed_config(argv: list[str], saved: dict) -> ClassifyConfig:
     """A resumed run's config: the checkpoint's (``saved``), with the command line on top."""
-    return parse(ClassifyConfig, expand_shorthands(argv, SHORTHANDS), default=config_from_dict(saved), prog=PROG,
-                 description=DESCRIPTION)
+    return cli.parse(ClassifyConfig, argv, default=config_from_dict(saved), prog=PROG, description=DESCRIPTION,
+                     shorthands=SHORTHANDS)
 
 
 def config_from_dict(d: dict) -> ClassifyConfig:
@@ -203,18 +203,6 @@ def check_config(cfg: ClassifyConfig) -> None:
                f"arch.layers={a.layers}", "activation values in one training step")
     if (t.epochs > 0) == (t.steps > 0):
         raise ValueError(f"set exactly one of train.epochs / train.steps > 0 (got epochs={t.epochs}, steps={t.steps})")
-    if t.selection not in SELECTIONS:
-        raise ValueError(f"train.selection must be one of {', '.join(SELECTIONS)}, got {t.selection!r}")
-    if t.optimizer not in ("adamw", "adam", "radam"):
-        raise ValueError(f"train.optimizer must be adamw, adam or radam, got {t.optimizer!r}")
-    if t.schedule not in ("constant", "onecycle-linear"):
-        raise ValueError(f"train.schedule must be constant or onecycle-linear, got {t.schedule!r}")
-    if cfg.arch.norm not in ("pre", "post"):
-        raise ValueError(f"arch.norm must be pre or post, got {cfg.arch.norm!r}")
-    if cfg.arch.activation not in ("relu", "gelu"):
-        raise ValueError(f"arch.activation must be relu or gelu, got {cfg.arch.activation!r}")
-    if cfg.arch.head not in ("auto", "flatten", "mean", "pair"):
-        raise ValueError(f"arch.head must be auto, flatten, mean or pair, got {cfg.arch.head!r}")
     check_device(cfg.device)
     attention_options(cfg)
     cfg.data.check()

@@ -27,12 +27,15 @@ import torch
 import torch.distributed as dist
 import yaml
 
+from .cli import fail
+
 
 # -- failing on bad input --------------------------------------------------------------------------
 class SetupError(ValueError):
     """Bad input found before any work starts: unknown env / task / model, bad values, a missing or
-    foreign checkpoint. The user's input is at fault, not the code, so entry points print it as one
-    line (``error: ...``, exit status 1) instead of a traceback that would bury the message."""
+    foreign checkpoint. The user's input is at fault, not the code, so entry points end as for a mistake
+    tyro finds (``cli.fail``: one ``error: ...`` line, exit status 2), not with a traceback that would
+    bury the message."""
 
 
 @contextmanager
@@ -82,14 +85,16 @@ def writing(path: str | Path, what: str):
 
 def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
          expected: tuple[type[BaseException], ...] = ()):
-    """Run an entry point's ``run(argv)`` and return what it returns; ``SetupError``, ``WriteError``
-    and the ``expected`` failures (e.g. a diverged training run) become ``error: <message>`` and exit
-    status 1. Ctrl-C exits with 130 after the trainer has said how to continue; the process group is
-    always left cleanly."""
+    """Run an entry point's ``run(argv)`` and return what it returns. A ``SetupError`` (bad input) ends
+    as ``cli.fail``; ``WriteError`` and the ``expected`` failures (e.g. a diverged training run) are
+    failures of the run, not of its input: ``error: <message>`` and exit status 1. Ctrl-C exits with
+    130 after the trainer has said how to continue; the process group is always left cleanly."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return run(argv)
-    except (SetupError, WriteError, *expected) as err:
+    except SetupError as err:
+        fail(str(err))
+    except (WriteError, *expected) as err:
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         sys.exit(130)
@@ -179,15 +184,15 @@ def check_size(values: float, options: str, what: str = "parameters") -> None:
                          f"than the {MAX_VALUES:.3g} this accepts; lower them")
 
 
-def check_parsed(parser, args, rules: Mapping[str, Range]) -> None:
-    """``check_number`` for the options of a benchmark's command line (``parser``: its
-    ``primal_dt.cli.Parser``; ``rules`` keyed by flag, as the user writes it: ``--batch``, ``-K``); a bad
-    value ends as every parse error does (the usage and one error line, exit status 2). List options (``--lengths 256,1024``) are checked element-wise."""
+def check_parsed(args, rules: Mapping[str, Range]) -> None:
+    """``check_number`` for the options of a benchmark's command line (``rules`` keyed by flag, as the
+    user writes it: ``--batch``, ``--K``); a bad value ends as ``cli.fail``. List options
+    (``--lengths 256 1024``) are checked element-wise."""
     try:
         for flag, rule in rules.items():
             check_number(flag, getattr(args, flag.lstrip("-").replace("-", "_")), rule)
     except ValueError as err:
-        parser.error(str(err))
+        fail(str(err))
 
 
 # -- processes (DDP) -------------------------------------------------------------------------------

@@ -15,11 +15,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
+from typing import Literal, get_args
 
 from . import presets
 from .attention import available, get_class
 from .attention.precision import check_precision
-from .cli import Parser, expand_shorthands, find_value
+from . import cli
 from .layouts import canonical
 from .runtime import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SEED, THREADS, Range, check_device,
                       check_numbers, check_size)
@@ -46,12 +47,15 @@ class ModelConfig:
     """Primal-Attention projection directions per head (primal layers only)"""
     dropout: float = 0.1
     """dropout of embeddings, attention outputs and MLPs"""
-    activation: str = "relu"
-    """MLP activation: relu | gelu"""
+    activation: Literal["relu", "gelu"] = "relu"
+    """MLP activation"""
     mlp_ratio: float = 4.0
     """MLP hidden width / d_model"""
     attention_options: str = ""
     """YAML mapping mechanism -> constructor options, e.g. '{softmax: {window: 30}}'"""
+
+
+Engine = Literal["recompute", "stream"]
 
 
 @dataclass
@@ -65,7 +69,7 @@ class RolloutOptions:
     """simulators run side by side (rows of vector envs); never more than the episodes to run"""
     max_steps: int = 0
     """cap on episode length (0: the env's limit, 1000)"""
-    engine: str = "recompute"
+    engine: Engine = "recompute"
     """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step"""
     precision: str = "fp32"
     """engine=stream only: fp32 (exact) | bf16 (weight matmuls in bfloat16: about 2x faster at 50-100 rows on CPUs
@@ -74,14 +78,12 @@ class RolloutOptions:
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
     """vector envs the simulators are split into, one stepping while the next one's agent acts (0: 2 sync, 1 async)"""
-    lane_workers: str = "process"
+    lane_workers: Literal["process", "thread"] = "process"
     """where a synchronous lane steps while the other acts: process (one subprocess per lane) | thread"""
 
     def check(self, prefix: str = "") -> None:
         """Raise ValueError naming the option (``prefix``: where these options sit, e.g. "eval.")."""
         check_numbers(self, ROLLOUT_NUMBERS, prefix)
-        if self.engine not in ENGINES:
-            raise ValueError(f"{prefix}engine must be {' or '.join(ENGINES)}, got {self.engine!r}")
         try:
             check_precision(self.precision)
         except ValueError as err:
@@ -89,11 +91,9 @@ class RolloutOptions:
         if self.precision != "fp32" and self.engine != "stream":
             raise ValueError(f"{prefix}precision={self.precision} applies to {prefix}engine=stream only (recompute "
                              f"runs the model in its own dtype); add {prefix}engine=stream or drop {prefix}precision=")
-        if self.lane_workers not in ("process", "thread"):
-            raise ValueError(f"{prefix}lane_workers must be process or thread, got {self.lane_workers!r}")
 
 
-ENGINES = ("recompute", "stream")
+ENGINES = get_args(Engine)
 ROLLOUT_NUMBERS = {"targets": Range(-1e12, 1e12), "num_envs": AT_LEAST_1, "max_steps": AT_LEAST_0,
                    "lanes": AT_LEAST_0}
 """Returns-to-go reach the model as float32 ``target / reward_scale``, hence the bound on targets."""
@@ -193,16 +193,9 @@ SHORTHANDS = {"model": "model.name", "attention": "model.name"}
 """``model=NAME`` and ``attention=NAME`` are short for ``model.name=NAME``."""
 
 
-def normalize_argv(argv: list[str]) -> list[str]:
-    """Expand the ``model=NAME`` / ``attention=NAME`` shorthands (also as --model NAME)."""
-    return expand_shorthands(argv, SHORTHANDS)
-
-
 def build(argv: list[str]) -> Built:
-    argv = normalize_argv(list(argv))
-    cfg = TrainConfig()
-    env = find_value(argv, "env") or cfg.env
-    name = find_value(argv, "preset") or ""
+    first = cli.peek(TrainConfig, argv, SHORTHANDS, PROG)
+    cfg, env, name = TrainConfig(), first.env, first.preset
     available_presets = presets.list_presets(GROUP)
     if not name and env in available_presets:
         name = env
@@ -212,14 +205,13 @@ def build(argv: list[str]) -> Built:
         source = str(values.get("source", "(the preset has no source line)"))
         cfg = presets.apply_preset(cfg, values, where=f"preset {name}")
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
-    parser = Parser(TrainConfig, default=cfg, prog=PROG, description=_DESCRIPTION)
-    cfg = parser.parse(argv)
+    cfg = cli.parse(TrainConfig, argv, default=cfg, prog=PROG, description=_DESCRIPTION, shorthands=SHORTHANDS)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
     prov = {k: "default" for k in flat(dataclasses.asdict(TrainConfig()))}
     for k in flat({k: v for k, v in values.items() if k not in presets.META_KEYS}):
         prov[k] = f"preset {name}"
-    for k in parser.given(argv):
+    for k in cli.given(TrainConfig, argv, SHORTHANDS):
         prov[k] = "command line"
     return Built(cfg, name or None, source, prov)
 
@@ -327,7 +319,6 @@ def check(cfg: TrainConfig) -> None:
     check_size(cfg.batch_size * cfg.K * 3 * m.d_model * layers * 8,
                f"batch_size={cfg.batch_size}, K={cfg.K}, model.d_model={m.d_model} and model.n_layers={layers}",
                "activation values in one training step")
-    need(m.activation in ("relu", "gelu"), f"model.activation must be relu or gelu, got {m.activation!r}")
     e.check("eval.")
     need(cfg.data_source in ("auto", "d4rl", "minari", "replica") or cfg.data_source.startswith(("d4rl:", "minari:")),
          f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got {cfg.data_source!r}")

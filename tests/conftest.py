@@ -198,10 +198,11 @@ def run_code():
 
 @pytest.fixture(scope="session")
 def one_line_error():
-    """one_line_error(proc, *fragments): the process failed with exit status 1 and one ``error:`` line
-    holding every fragment, and no traceback; returns that line."""
-    def check(proc, *fragments):
-        assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    """one_line_error(proc, *fragments, status=2): the process failed with exit status ``status`` (2: bad
+    input, 1: a failed run, e.g. a write) and one ``error:`` line holding every fragment, and no traceback;
+    returns that line."""
+    def check(proc, *fragments, status=2):
+        assert proc.returncode == status, (proc.returncode, proc.stderr[-3000:])
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         lines = [x for x in proc.stderr.splitlines() if x.startswith("error:")]
         assert len(lines) == 1, proc.stderr[-3000:]

@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -183,10 +183,10 @@ def ratios(rows: list[dict], baseline: str, target: str) -> list[dict]:
     return out
 
 
-NUMBERS = {f"--{k}": runtime.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step-width",
-                                                 "step-heads", "step-repeat", "repeat")}
-NUMBERS.update({"--threads": runtime.THREADS, "--budget-s": runtime.POSITIVE, "--timeout": runtime.POSITIVE,
-                "--mem-limit-gb": runtime.POSITIVE})
+NUMBERS = {f"--{k}": runtime.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
+                                                 "step_heads", "step_repeat", "repeat")}
+NUMBERS.update({"--threads": runtime.THREADS, "--budget_s": runtime.POSITIVE, "--timeout": runtime.POSITIVE,
+                "--mem_limit_gb": runtime.POSITIVE})
 """What every numeric option accepts, checked before any configuration runs."""
 
 
@@ -202,11 +202,11 @@ class AttentionBenchConfig:
     """layer width in part 1"""
     heads: int = 2
     """heads in part 1"""
-    mechanisms: tuple[str, ...] = cli.option(tuple(DEFAULT_MECHANISMS), spaced=True)
+    mechanisms: tuple[str, ...] = field(default=tuple(DEFAULT_MECHANISMS), metadata=cli.SPACED)
     """bidirectional specs, e.g. --mechanisms softmax primal:s=20,data_dependent=true linear"""
-    causal_mechanisms: tuple[str, ...] = cli.option(tuple(CAUSAL_MECHANISMS), spaced=True)
+    causal_mechanisms: tuple[str, ...] = field(default=tuple(CAUSAL_MECHANISMS), metadata=cli.SPACED)
     """causal specs timed in part 1"""
-    step_mechanisms: tuple[str, ...] = cli.option(("softmax", "primal:s=20"), spaced=True)
+    step_mechanisms: tuple[str, ...] = field(default=("softmax", "primal:s=20"), metadata=cli.SPACED)
     """recurrent specs timed in part 2"""
     contexts: tuple[int, ...] = (10, 100, 1000, 10000)
     """prefilled tokens before the timed steps of part 2"""
@@ -234,17 +234,16 @@ class AttentionBenchConfig:
     """skip part 2"""
     json: str | None = None
     """also write the results here"""
-    child: str = cli.option("", hidden=True)
-    """a configuration to run in this process (what the benchmark gives its children)"""
+    child: str = ""
+    """internal: a configuration to run in this process (what the benchmark gives its children)"""
 
 
 def parse_args(argv=None) -> AttentionBenchConfig:
-    """The command line, every numeric option checked (the parser's usage error and exit status 2 otherwise)."""
-    p = cli.Parser(AttentionBenchConfig, prog="python -m eval.bench.attention", description=__doc__.split("\n\n")[0],
-                   flags=True)
-    args = p.parse(argv)
+    """The command line, every numeric option checked (``cli.fail`` otherwise)."""
+    args = cli.parse(AttentionBenchConfig, argv, prog="python -m eval.bench.attention",
+                     description=__doc__.split("\n\n")[0])
     if not args.child:
-        runtime.check_parsed(p, args, NUMBERS)
+        runtime.check_parsed(args, NUMBERS)
     return args
 
 

@@ -12,7 +12,6 @@ its seconds per 1K steps, and the ratio to the first model.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,17 +32,18 @@ class ClassifyBenchConfig:
     """layouts (or attention mechanisms) to train and compare, the first one the reference"""
 
 
-PARSER = cli.Parser(ClassifyBenchConfig, prog="python -m eval.bench.classify", description=__doc__.split("\n\n")[0],
-                    rest="every model's training: primal_dt.classify's options (python -m primal_dt.classify --help)")
+PROG = "python -m eval.bench.classify"
+DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other option is every model's training's: primal_dt.classify's "
+               "(python -m primal_dt.classify --help).")
 
 
 def main(argv: list[str] | None = None) -> dict:
-    bench, argv = PARSER.parse_known(sys.argv[1:] if argv is None else list(argv))
+    bench, argv = cli.parse(ClassifyBenchConfig, argv, prog=PROG, description=DESCRIPTION, known=True)
     models = list(bench.models)
     with runtime.setup_errors(RuntimeError):  # bad input: SetupError, printed as one line by runtime.main
         if not models:
             raise ValueError("models= names no model; e.g. models=transformer,primalformer")
-        cfgs = [build_config(argv + [f"model={m}"])[0] for m in models]
+        cfgs = [build_config(argv + [f"model={m}"], PROG)[0] for m in models]
         for c in cfgs:
             check_config(c)
         device = runtime.pick_device(cfgs[0].device)

@@ -149,19 +149,17 @@ class DataBenchConfig:
     """also write the results here"""
 
 
-def parse_args(argv=None) -> tuple[cli.Parser, DataBenchConfig]:
-    """(parser, options), every numeric option checked (the parser's usage error and exit status 2 otherwise)."""
-    p = cli.Parser(DataBenchConfig, prog="python -m eval.bench.data", description=__doc__.split("\n\n")[0],
-                   flags=True)
-    a = p.parse(argv)
-    runtime.check_parsed(p, a, {"--batch": runtime.AT_LEAST_1, "-K": runtime.AT_LEAST_1,
-                                "--reward-scale": runtime.POSITIVE, "--repeat": runtime.AT_LEAST_1,
-                                "--threads": runtime.THREADS})
-    return p, a
+def parse_args(argv=None) -> DataBenchConfig:
+    """The options, every numeric one checked (``cli.fail`` otherwise)."""
+    a = cli.parse(DataBenchConfig, argv, prog="python -m eval.bench.data", description=__doc__.split("\n\n")[0])
+    runtime.check_parsed(a, {"--batch": runtime.AT_LEAST_1, "--K": runtime.AT_LEAST_1,
+                             "--reward_scale": runtime.POSITIVE, "--repeat": runtime.AT_LEAST_1,
+                             "--threads": runtime.THREADS})
+    return a
 
 
 def main(argv=None):
-    p, a = parse_args(argv)
+    a = parse_args(argv)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
 
@@ -171,7 +169,7 @@ def main(argv=None):
     try:
         ds = load_dataset(a.dataset, verbose=True) if a.dataset else synthetic()
     except (KeyError, ValueError, FileNotFoundError) as err:  # an unknown name, a broken or missing file
-        p.error(f"--dataset {a.dataset}: {err.args[0] if isinstance(err, KeyError) else err}")
+        cli.fail(f"--dataset {a.dataset}: {err.args[0] if isinstance(err, KeyError) else err}")
     load_s = time.perf_counter() - t
     print(f"data: {ds.source}, {len(ds)} trajectories, {ds.num_steps:,} steps (built in {load_s:.2f} s); "
           f"batch {a.batch} x K={a.K}, {a.threads} thread(s)")

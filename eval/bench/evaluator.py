@@ -1,7 +1,8 @@
 """The evaluation part of ``python -m eval.bench.inference``: wall time of ``episodes`` Hopper episodes with
 the vectorised stream evaluator (``eval.rollout.evaluate``) vs the sequential one-episode-at-a-time
 recompute loop (the reference implementations' protocol), same checkpoint, same seeds, same run, and
-where each one's wall time goes.
+where each one's wall time goes. ``python -m eval.bench.evaluator`` runs this section alone (with
+``eval.bench.inference``'s options).
 
 Where the time goes is measured, not assumed: the agent's time is every ``act`` call's (the
 evaluator's own record); the simulators' is the environment step measured three ways on one
@@ -217,3 +218,11 @@ def evaluation_section(model, info, bc) -> dict:
           + "".join(f"; {k}: {v:.1f}x" for k, v in out["speedup_by_layout"].items() if k != "lanes=2 process"),
           flush=True)
     return out
+
+
+if __name__ == "__main__":  # this section alone: eval.bench.inference with its other sections off
+    import sys
+
+    from eval.bench.inference import main
+
+    main(["latency=false", "thread_table=false", *sys.argv[1:]])

@@ -212,8 +212,8 @@ def hf_model(cfg, K: int, dtype=torch.float32):
         from transformers import DecisionTransformerConfig, DecisionTransformerModel
         from transformers.utils import logging as hf_logging
     except ImportError as err:
-        raise SystemExit("error: the HuggingFace baseline needs `transformers` (a benchmark-only extra): "
-                         "pip install 'primal-dt[bench]' (keeps torch as it is), or run with hf=false") from err
+        raise runtime.SetupError("the HuggingFace baseline needs `transformers` (a benchmark-only extra): "
+                                 "pip install 'primal-dt[bench]' (keeps torch as it is), or run with hf=false") from err
     hf_logging.set_verbosity_error()
     c = DecisionTransformerConfig(state_dim=cfg.state_dim, act_dim=cfg.act_dim, hidden_size=cfg.d_model,
                                   n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=int(cfg.mlp_ratio * cfg.d_model),
@@ -552,7 +552,7 @@ def run(argv: list[str]) -> dict:
 
 
 def main(argv=None) -> dict:
-    """``python -m eval.bench.inference``: bad options or checkpoints end with one ``error:`` line."""
+    """``python -m eval.bench.inference``: bad options or checkpoints end as every entry point's (runtime.main)."""
     return runtime.main(run, sys.argv[1:] if argv is None else argv)
 
 

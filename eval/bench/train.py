@@ -23,6 +23,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
+from typing import Literal
 from pathlib import Path
 
 import torch
@@ -158,7 +159,7 @@ def report(r: dict) -> str:
 class TrainBenchConfig:
     """Options of ``python -m eval.bench.train``."""
 
-    sizes: tuple[str, ...] = tuple(SIZES)
+    sizes: tuple[Literal["paper", "original"], ...] = tuple(SIZES)
     """model sizes to time: paper (width 256, 4 heads, 3 layers, the Primal-Attention paper's) | original (width
     128, 1 head, 3 layers, the original DT's)"""
     batch: int = 64
@@ -180,16 +181,12 @@ class TrainBenchConfig:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[str], bool]:
-    """(options, sizes, with HuggingFace): every option checked (the parser's usage error and exit status 2
-    otherwise)."""
-    p = cli.Parser(TrainBenchConfig, prog="python -m eval.bench.train", description=__doc__.split("\n\n")[0],
-                   flags=True)
-    args = p.parse(argv)
+    """(options, sizes, with HuggingFace): every option checked (``cli.fail`` otherwise)."""
+    args = cli.parse(TrainBenchConfig, argv, prog="python -m eval.bench.train", description=__doc__.split("\n\n")[0])
     sizes = list(args.sizes)
-    bad = [s for s in sizes if s not in SIZES]
-    if bad or not sizes:
-        p.error(f"--sizes must be among {list(SIZES)} (got {','.join(sizes)!r})")
-    runtime.check_parsed(p, args, {"--batch": runtime.AT_LEAST_1, "--K": runtime.AT_LEAST_1,
+    if not sizes:
+        cli.fail(f"--sizes names no size; give some of {', '.join(SIZES)}")
+    runtime.check_parsed(args, {"--batch": runtime.AT_LEAST_1, "--K": runtime.AT_LEAST_1,
                                    "--steps": runtime.AT_LEAST_1, "--rounds": runtime.AT_LEAST_1,
                                    "--warmup": runtime.AT_LEAST_0, "--threads": runtime.THREADS})
     with_hf = not args.no_hf
@@ -197,7 +194,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[st
         try:
             import transformers  # noqa: F401
         except ImportError:
-            p.error("transformers is not installed: pip install 'primal-dt[bench]' (or pass --no-hf)")
+            cli.fail("transformers is not installed: pip install 'primal-dt[bench]' (or pass --no-hf)")
     return args, sizes, with_hf
 
 

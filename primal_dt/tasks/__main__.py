@@ -4,6 +4,7 @@ not re-import the module the package has already loaded."""
 
 import sys
 
+from ..cli import fail
 from .listops import main as listops_main
 
 TOOLS = {"listops": (listops_main, "write ListOps TSV files in the LRA release format")}
@@ -18,9 +19,8 @@ def main(argv: list[str]) -> None:
         print(f"{USAGE}\n\n{__doc__.split(chr(10) * 2)[0]}\n\ntools (python -m primal_dt.tasks TOOL --help: its "
               f"options):\n{tools}")
     else:
-        sys.stderr.write(f"{USAGE}\npython -m primal_dt.tasks: error: name a tool: {', '.join(TOOLS)}"
-                         + (f" (got {argv[0]!r})" if argv else "") + "\n")
-        raise SystemExit(2)
+        fail(f"name a tool: {', '.join(TOOLS)}" + (f" (got {argv[0]!r})" if argv else "")
+             + "; python -m primal_dt.tasks --help lists them")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import random
-import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -201,14 +200,17 @@ class GenerateArgs:
     """generator settings (spec.n_train=... or n_train=...; defaults: the LRA release)"""
 
 
-def main(argv=None) -> None:
-    from ..cli import parse
+SHORTHANDS = {f.name: f"spec.{f.name}" for f in fields(ListOpsSpec)}
+"""``n_train=...`` is ``spec.n_train=...``"""
 
-    short = {f.name: f"spec.{f.name}" for f in fields(ListOpsSpec)}  # ``n_train=...`` is ``spec.n_train=...``
+
+def main(argv=None) -> None:
+    from ..cli import fail, parse
+
     args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
-                 aliases=short)
+                 shorthands=SHORTHANDS)
     try:
         out = write_dataset(args.spec, args.out)
     except (ValueError, RuntimeError) as err:
-        sys.exit(f"error: {err}")
+        fail(str(err))
     print(f"wrote {out}/basic_{{train,val,test}}.tsv ({args.spec.n_train}/{args.spec.n_val}/{args.spec.n_test})")

@@ -202,14 +202,11 @@ def test_cli_clear_errors(ckpt, tmp_path, foreign_checkpoint_file, capsys):
         rollout.main([f"checkpoint={wrong}", "progress=false"])
     with pytest.raises(SystemExit, match="does not exist"):
         rollout.main([f"checkpoint={tmp_path / 'nope.pt'}", "progress=false"])
-    with pytest.raises(SystemExit, match="engine must be recompute or stream, got 'fast'"):
-        rollout.main([f"checkpoint={ckpt}", "engine=fast", "progress=false"])
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as exit_:  # the parser's usage error: which element, and how lists are written
-        rollout.main([f"checkpoint={ckpt}", "targets=3600,high", "progress=false"])
-    assert exit_.value.code == 2
-    assert "error: targets: element 2 of 2, 'high', is not a number; lists are written targets=3600,1800" in \
-        capsys.readouterr().err
+    for bad, says in (("engine=fast", "'fast'"), ("targets=3600,high", "--targets")):  # tyro's errors
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_:
+            rollout.main([f"checkpoint={ckpt}", bad, "progress=false"])
+        assert exit_.value.code == 2 and says in capsys.readouterr().err
 
 
 def test_video_unavailable_backend_gives_a_clear_message(ckpt, tmp_path, tiny_dt, hopper_stats):
@@ -252,16 +249,16 @@ def test_cli_refuses_a_crafted_checkpoint_and_its_payload_never_runs(tmp_path, c
     ("num_envs=-1", "num_envs must be >= 1, got -1"),
     ("seed=-3", r"seed must be in [0, 4294967296), got -3"),
     ("lanes=-1", "lanes must be >= 0, got -1"),
-    ("lane_workers=fork", "lane_workers must be process or thread"),
+    ("lane_workers=fork", "'fork'"),  # tyro's message: the names it accepts
     ("device=gpu", "device must be auto, cpu, cuda or cuda:N"),
     ("precision=fp16", "precision must be one of fp32, bf16, got 'fp16'"),
     ("precision=bf16", "precision=bf16 applies to engine=stream only"),  # the default engine is recompute
 ])
-def test_cli_checks_every_option_before_reading_the_checkpoint(tmp_path, bad, message):
+def test_cli_checks_every_option_before_reading_the_checkpoint(tmp_path, bad, message, capsys):
     """The checkpoint does not even exist: the option is refused first, before any simulation."""
     with pytest.raises(SystemExit) as exit_:
         rollout.main([f"checkpoint={tmp_path / 'absent.pt'}", bad, "progress=false"])
-    assert exit_.value.code.startswith("error: ") and message in exit_.value.code
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_every_numeric_option_is_valid_or_named(fuzz_options, tmp_path):

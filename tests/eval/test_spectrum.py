@@ -103,14 +103,12 @@ def test_model_without_stack_is_a_clear_error():
 
 
 def test_cli_usage_and_missing_checkpoint(capsys):
-    for argv, msg in (([], "error: checkpoint is required: give checkpoint=PATH"),
-                      (["checkpoint=x.pt", "bogus=1"], "error: unknown option 'bogus'"),
-                      (["checkpoint=x.pt", "n=many"], "error: n: 'many' is not an integer"),
-                      (["checkpoint=x.pt", "tensorboard=maybe"], "error: tensorboard: 'maybe' is not true or false")):
-        with pytest.raises(SystemExit) as exit_:
+    for argv, msg in (([], "--checkpoint"), (["checkpoint=x.pt", "bogus=1"], "--bogus"),
+                      (["checkpoint=x.pt", "n=many"], "many"), (["checkpoint=x.pt", "tensorboard=maybe"], "maybe")):
+        with pytest.raises(SystemExit) as exit_:  # tyro's errors
             main(argv)
         err = capsys.readouterr().err
-        assert exit_.value.code == 2 and err.startswith("usage: python -m eval.spectrum") and msg in err, err
+        assert exit_.value.code == 2 and msg in err and "Traceback" not in err, err
     with pytest.raises(SystemExit, match="error: checkpoint /nonexistent/ckpt.pt does not exist"):
         main(["checkpoint=/nonexistent/ckpt.pt"])
     for bad, msg in (("n=0", "n must be >= 1, got 0"), ("seed=-1", r"seed must be in \[0, 4294967296\), got -1")):

@@ -29,7 +29,7 @@ def test_setup_errors_turn_bad_input_into_setup_error_and_keep_the_message():
         raise KeyError("x")
 
 
-def test_main_prints_one_line_and_exits_1_for_expected_failures(capsys):
+def test_main_prints_one_line_exit_2_for_bad_input_and_1_for_a_failed_run(capsys):
     class Diverged(RuntimeError):
         pass
 
@@ -39,10 +39,12 @@ def test_main_prints_one_line_and_exits_1_for_expected_failures(capsys):
     def diverges(argv):
         raise Diverged("training diverged at step 3")
 
-    for run, msg in ((bad_input, "error: unknown option in ['a=1']"), (diverges, "error: training diverged at step 3")):
-        with pytest.raises(SystemExit) as exit_:
-            runtime.main(run, ["a=1"], expected=(Diverged,))
-        assert exit_.value.code == msg  # sys.exit(str): printed to stderr, exit status 1
+    with pytest.raises(SystemExit) as exit_:
+        runtime.main(bad_input, ["a=1"])
+    assert exit_.value.code == 2 and capsys.readouterr().err == "error: unknown option in ['a=1']\n"
+    with pytest.raises(SystemExit) as exit_:
+        runtime.main(diverges, ["a=1"], expected=(Diverged,))
+    assert exit_.value.code == "error: training diverged at step 3"  # sys.exit(str): printed, exit status 1
 
     def interrupted(argv):
         raise KeyboardInterrupt
@@ -66,7 +68,7 @@ def test_entry_points_exit_with_one_line_not_a_traceback(tmp_path, module, argv,
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     p = subprocess.run([sys.executable, "-m", module, *argv, f"out={tmp_path}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=120, check=False)
-    assert p.returncode == 1 and message in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert not any(tmp_path.iterdir())
 
 
