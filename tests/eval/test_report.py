@@ -278,15 +278,15 @@ def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(
     root, _, _ = runs
     out = tmp_path / "rep"
     p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={out}", file_size=20_000)
-    one_line_error(p, f"could not write the report's learning curves {out / 'curves.png'}: file too large")
+    one_line_error(p, f"could not write the report's learning curves {out / 'curves.png'}: file too large", status=1)
     assert (out / "scores.md").exists() and not (out / "curves.png").exists()
     assert not list(out.glob(".*.tmp"))  # no half-written file either
     (tmp_path / "file").write_text("x")
     p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={tmp_path / 'file' / 'rep'}")
     one_line_error(p, f"could not write the report directory (nothing was written) {tmp_path / 'file' / 'rep'}: "
-                      "a part of the path is a file")
+                      "a part of the path is a file", status=1)
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
     p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={locked / 'rep'}",
                 honour_permissions=True)
-    one_line_error(p, f"could not write the report directory (nothing was written) {locked / 'rep'}: permission denied")
+    one_line_error(p, f"could not write the report directory (nothing was written) {locked / 'rep'}: permission denied", status=1)

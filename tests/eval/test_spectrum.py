@@ -215,8 +215,8 @@ def test_a_spectrum_that_cannot_be_written_is_one_line_and_leaves_no_partial_fil
     path, _ = trained_dt
     out = tmp_path / "spec"
     p = run_cli("eval.spectrum", f"checkpoint={path}", f"out={out}", "n=8", "tensorboard=false", file_size=10_000)
-    one_line_error(p, f"could not write the spectrum plot {out / 'spectrum.png'}: file too large")
+    one_line_error(p, f"could not write the spectrum plot {out / 'spectrum.png'}: file too large", status=1)
     assert not out.exists() or not list(out.iterdir())
     (tmp_path / "file").write_text("x")
     p = run_cli("eval.spectrum", f"checkpoint={path}", f"out={tmp_path / 'file' / 'spec'}", "n=8", "tensorboard=false")
-    one_line_error(p, f"{tmp_path / 'file' / 'spec' / 'spectrum.png'}: a part of the path is a file")
+    one_line_error(p, f"{tmp_path / 'file' / 'spec' / 'spectrum.png'}: a part of the path is a file", status=1)

@@ -144,7 +144,7 @@ def test_one_sweep_per_out_and_its_runs_die_with_it(hopper_file, tmp_path):
         trainer = int((d / ".lock").read_text())
         assert alive(trainer) and trainer != first.pid
         second = subprocess.run([*args, "steps=100000"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert second.returncode == 1 and "Traceback" not in second.stderr
+        assert second.returncode == 2 and "Traceback" not in second.stderr  # the package's own refusal
         assert f"error: the sweep's output {out.resolve()} is in use by process {first.pid}" in second.stderr
         assert "[sweep]" not in second.stdout and run_dirs(out) == [d]
     finally:
@@ -166,5 +166,5 @@ def test_logs_that_cannot_be_written_are_one_line_before_any_run(hopper_file, tm
     (out / "sweep-logs").write_text("a file in the way")
     p = sweep(hopper_file, out, "model=dt", "steps=4", check=False)
     one_line_error(p, f"could not write the directory of the runs' logs (nothing was started) {out / 'sweep-logs'}: "
-                      "a file is in the way of a directory")
+                      "a file is in the way of a directory", status=1)
     assert run_dirs(out) == []
