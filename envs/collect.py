@@ -493,7 +493,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         return run(cfg)
     except ValueError as err:  # a file that is not what it should be (behavior's formats): one line
-        raise SystemExit(f"error: {err}") from err
+        fail(str(err))
 
 
 if __name__ == "__main__":

@@ -244,7 +244,7 @@ def test_pickled_files_are_refused_and_never_run(tmp_path):
         z.writestr("data", json.dumps({"policy_class": {":serialized:": pickle.dumps(Payload(marker)).hex()}}))
     (old / "replay.pkl").write_bytes(pickle.dumps(Payload(marker)))
     p = collect_cli(old)
-    assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     assert "sac_step0000100.zip" in p.stderr and "pickle format" in p.stderr and "convert_sb3" in p.stderr
 
     crafted = tmp_path / "crafted"
@@ -252,7 +252,7 @@ def test_pickled_files_are_refused_and_never_run(tmp_path):
     torch.save({"params": {"policy": Payload(marker)}}, crafted / "sac_step0000100.pt")
     (crafted / "evals.json").write_text(json.dumps([{"step": 100, "return_mean": 1.0, "stoch_return_mean": 1.0}]))
     p = collect_cli(crafted)
-    assert p.returncode == 1 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "sac_step0000100.pt is not a primal-dt behaviour checkpoint" in p.stderr
 
     with pytest.raises(ValueError, match="replay.pkl is in stable-baselines3's pickle format"):
