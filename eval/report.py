@@ -40,6 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import envs
 from agents import dt_checkpoint, training_log
 from primal_dt import checkpoint as ck_io
 from primal_dt import presets, runtime, train_config
@@ -179,10 +180,12 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
 
 
 def paper_scores(env: str) -> dict:
-    """model -> the paper's normalized score, from the dataset preset's ``paper:`` mapping."""
+    """model -> the paper's normalized score, from the dataset preset's ``paper:`` mapping (a Minari
+    id's: its D4RL task's, which the table marks as measured on D4RL data)."""
     try:
-        return dict(presets.load_preset("dt", env).get("paper") or {})
-    except ValueError:
+        spec = envs.get_spec(env)
+        return dict(presets.load_preset("dt", f"{spec.family}-{spec.level}").get("paper") or {})
+    except (KeyError, ValueError):
         return {}
 
 

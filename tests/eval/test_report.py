@@ -332,3 +332,53 @@ def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(
     p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={locked / 'rep'}",
                 honour_permissions=True)
     one_line_error(p, f"could not write the report directory (nothing was written) {locked / 'rep'}: permission denied")
+
+
+def hopper_v5_episodes(n=16, max_steps=60, seed=0):
+    """Episodes of a noisy open-loop policy in Hopper-v5, in Minari's layout (T+1 observations)."""
+    import gymnasium as gym
+    import numpy as np
+
+    env, rng, out = gym.make("Hopper-v5"), np.random.default_rng(seed), []
+    for e in range(n):
+        obs, _ = env.reset(seed=seed + e)
+        bias, cols = rng.uniform(-0.5, 0.5, 3), {"observations": [obs], "actions": [], "rewards": [],
+                                                "terminations": [], "truncations": []}
+        for t in range(max_steps):
+            act = np.clip(bias + 0.3 * rng.standard_normal(3), -1, 1).astype(np.float32)
+            obs, rew, term, trunc, _ = env.step(act)
+            trunc = trunc or (not term and t == max_steps - 1)
+            for k, v in zip(("observations", "actions", "rewards", "terminations", "truncations"),
+                            (obs, act, rew, term, trunc)):
+                cols[k].append(v)
+            if term or trunc:
+                break
+        out.append({k: np.asarray(v) for k, v in cols.items()} | {"seed": seed + e})
+    env.close()
+    return out
+
+
+def test_a_minari_dataset_id_trains_rolls_out_and_is_reported_as_minari(tmp_path, monkeypatch):
+    """env=mujoco/hopper/medium-v0 with a local Minari dataset (written here with minari's own writer):
+    trained and evaluated in Hopper-v5, rolled out from its checkpoint, normalized with the dataset's
+    reference scores, and reported under its data source with no unmarked paper number."""
+    from envs import get_spec
+    from envs.minari_source import write_minari
+    from eval.rollout import run as rollout
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("PRIMAL_DT_OFFLINE", "1")
+    write_minari("mujoco/hopper/medium-v0", hopper_v5_episodes(), "Hopper-v5", ref_min_score=-20.0, ref_max_score=3980.0)
+    summary = tiny_run(None, tmp_path / "runs", "env=mujoco/hopper/medium-v0", "model=dt", "seed=0")
+    assert summary["data_source"] == "minari:mujoco/hopper/medium-v0" and summary["env"] == "mujoco/hopper/medium-v0"
+    final = summary["final"]["target3600"]
+    assert final["normalized_mean"] == pytest.approx(100 * (final["return_mean"] + 20.0) / 4000.0)
+    rolled = rollout([f"checkpoint={summary['run_dir']}", "episodes=2", "max_steps=15", "num_envs=2", "progress=false"])
+    assert rolled["gym_id"] == "Hopper-v5" and rolled["reference_scores"]["expert"] == 3980.0
+    assert "Minari dataset's metadata" in rolled["reference_scores"]["source"]
+    assert get_spec("mujoco/hopper/medium-v0").ref_max == 3980.0
+    res = report.report([summary["run_dir"]], tmp_path / "rep")
+    (row,) = res["rows"]["target3600"]
+    assert row["dataset"] == "mujoco/hopper/medium-v0" and row["data"] == "Minari mujoco/hopper/medium-v0"
+    md = Path(res["markdown"]).read_text()
+    assert "(on D4RL data, not Minari mujoco/hopper/medium-v0)" in md  # hopper-medium's paper number, marked
