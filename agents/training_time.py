@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from primal_dt import train_config
+from primal_dt import presets, train_config
 
 if TYPE_CHECKING:
     from .training import Run
@@ -255,14 +255,27 @@ def _value(v) -> str:
     return repr(v) if isinstance(v, float) else str(v)
 
 
-def command(run: Run, options: dict) -> str:
+def cpu_recipe(run: Run) -> str | None:
+    """The CPU preset of the run's dataset (``configs/dt/<env>-cpu.yaml``) for a new run on a CPU that is
+    not already using it; None otherwise."""
+    name = f"{run.cfg.env}-cpu"
+    if run.device.type != "cpu" or run.cfg.resume or run.cfg.preset == name:
+        return None
+    return name if name in presets.list_presets(train_config.GROUP) else None
+
+
+def command(run: Run, options: dict, preset: str | None = None) -> str:
     """The command that ran this run, with ``options`` in place of its own values: the options the
     user gave (on the command line) are kept, defaults and the preset's stay implicit (a resumed run's
-    are ``resume=`` and the run-time options given with it)."""
+    are ``resume=`` and the run-time options given with it). With ``preset``, the options that preset
+    sets are left to it."""
     launcher = (f"torchrun --nproc_per_node {run.dist.world} -m primal_dt.train" if run.dist.world > 1
                 else "python -m primal_dt.train")
     values = train_config.flat(dataclasses.asdict(run.cfg))
-    given = {k: values[k] for k, where in run.built.provenance.items() if where == "command line" and k in values}
+    recipe = train_config.flat({k: v for k, v in presets.load_preset(train_config.GROUP, preset).items()
+                                if k not in presets.META_KEYS}) if preset else {}
+    given = {k: values[k] for k, where in run.built.provenance.items()
+             if where == "command line" and k in values and k not in recipe}
     given.update(options)
     return " ".join([launcher, *(shlex.quote(f"{k}={_value(v)}") for k, v in given.items())])
 
@@ -288,7 +301,12 @@ def projection(run: Run, c: Costs, start: int) -> str:
         parts.append(f"validation {duration(val_s)}")
     lines = [f"time on {where}, measured over {run.step - start - SKIP} steps: " + ", ".join(parts)
              + f"; about {duration(total)} in all"]
-    if total > LONG_S:
+    cpu = cpu_recipe(run)
+    if total > LONG_S and cpu:
+        lines.append(f"note: this recipe takes about {duration(total)} on this device, hours, not minutes. The "
+                     f"CPU recipe for {cfg.env} (configs/dt/{cpu}.yaml, chosen to learn in one run of at most "
+                     f"{BUDGET_S / 60:.0f} minutes on one core) is:\n  {command(run, {'preset': cpu}, cpu)}")
+    elif total > LONG_S:
         fit = budget(run, c)
         if cfg.resume:  # a resumed run can change its steps only: it stops after the budget's worth more
             fit = {"steps": start + fit["steps"]}

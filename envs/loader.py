@@ -147,6 +147,8 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
         return _report(ds, spec, verbose, [], clip_actions)
     if source not in SOURCES:
         raise ValueError(f"source must be one of {SOURCES} or 'd4rl:PATH' / 'minari:ID', got {source!r}")
+    if spec.is_minari_id:
+        return _minari_id(spec, source, download, verbose, clip_actions)
     steps = {
         "d4rl": [lambda: _from_d4rl(spec)],
         "minari": [lambda: _from_minari(spec, download)],
@@ -170,6 +172,22 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
         f"or a Minari dataset in {minari_source.minari_root()} ($MINARI_DATASETS_PATH), or generate a "
         f"replica: python -m envs.collect env={spec.family} level={spec.level}"
     )
+
+
+def _minari_id(spec: EnvSpec, source: str, download: bool, verbose: bool, clip_actions: bool) -> Trajectories:
+    """A Minari dataset named by its id: Minari (local, then a download) is its only source."""
+    if source not in ("auto", "minari"):
+        raise DatasetError(f"env={spec.name} names a Minari dataset; source={source!r} cannot provide it "
+                           "(use source auto or minari, or a D4RL name such as "
+                           f"{spec.family}-{spec.level} for D4RL files and replicas)")
+    try:
+        ds = _from_minari(spec, download)
+    except DatasetNotFound as exc:
+        raise DatasetNotFound(
+            f"no dataset for {spec.name}: {exc}. To fix: `minari download {spec.name}` on a connected machine and "
+            f"copy it into {minari_source.minari_root()} ($MINARI_DATASETS_PATH)"
+            + ("" if download else ", or allow the download (unset PRIMAL_DT_OFFLINE)")) from exc
+    return _report(ds, get_spec(spec.name), verbose, [], clip_actions)  # its metadata's scores, now it is local
 
 
 def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: bool = True) -> None:
@@ -210,4 +228,6 @@ def _report(ds: Trajectories, spec: EnvSpec, verbose: bool, notes: list[str], cl
               file=sys.stderr, flush=True)
     if verbose:
         print(f"[envs] {spec.name}: source {ds.source} -- {ds.summary()}", flush=True)
+        print(f"[envs] {spec.name}: normalized scores use random {spec.ref_min:g} and expert {spec.ref_max:g} "
+              f"returns, from {spec.ref_source}", flush=True)
     return ds

@@ -3,6 +3,9 @@
 One table keeps every fact about a (family, level) pair so that loaders, the collector, the
 trainer and the evaluator cannot disagree about which simulator version goes with which data:
 D4RL data came from the v3-era MuJoCo models that Gymnasium keeps as v4, Minari's from v5.
+Minari dataset ids (``mujoco/hopper/medium-v0``) name a dataset too: its simulator is the v5 one,
+and its normalizing scores are the dataset's own (Minari records ``ref_min_score`` /
+``ref_max_score`` in its metadata) or, when it records none, D4RL's, and the spec says which.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ LEVELS = ("random", "medium", "medium-replay", "medium-expert", "expert")
 # Minari publishes only simple / medium / expert for the MuJoCo locomotion tasks; "simple" is a
 # weak trained policy, not D4RL's random one, so random and medium-replay have no Minari source.
 _MINARI_LEVELS = {"medium": ("medium",), "expert": ("expert",), "medium-expert": ("medium", "expert")}
+MINARI_ID = re.compile(r"mujoco/(?P<family>[a-z0-9]+)/(?P<level>simple|medium|expert)-v(?P<version>\d+)")
+"""the Minari MuJoCo dataset ids accepted as names (Minari's levels: simple, medium, expert)"""
+D4RL_REFERENCE = "D4RL's random and expert returns (Fu et al. 2020, v2 datasets)"
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,12 @@ class EnvSpec:
     gym_kwargs: tuple[tuple[str, object], ...] = ()  # extra gym.make kwargs for gym_id
     act_low: float = -1.0  # the simulator's action box, the same in v4 and v5 for every family here
     act_high: float = 1.0  # (the loader refuses data outside it; tests compare it with Gymnasium's)
+    ref_source: str = D4RL_REFERENCE  # where ref_min / ref_max come from
+
+    @property
+    def is_minari_id(self) -> bool:
+        """The name is a Minari dataset id: Minari is its only source, v5 its simulator."""
+        return self.name == self.minari_id and "/" in self.name
 
     @property
     def d4rl_file(self) -> str:
@@ -96,6 +108,36 @@ def _build() -> dict[str, EnvSpec]:
 REGISTRY: dict[str, EnvSpec] = _build()
 
 
+def minari_reference_scores(dataset_id: str) -> tuple[float, float, str] | None:
+    """(ref_min_score, ref_max_score, where) from a local Minari dataset's metadata; None when the
+    dataset is not local or records no numbers."""
+    import json
+
+    from envs.minari_source import local_path
+
+    path = local_path(dataset_id) / "data" / "metadata.json"
+    try:
+        meta = json.loads(path.read_text())
+        lo, hi = float(meta["ref_min_score"]), float(meta["ref_max_score"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (lo, hi, f"the Minari dataset's metadata (ref_min_score, ref_max_score in {path})") if hi > lo else None
+
+
+def _minari_spec(dataset_id: str) -> EnvSpec:
+    m = MINARI_ID.fullmatch(dataset_id)
+    fam = m["family"]
+    if fam not in FAMILIES:
+        raise KeyError(f"unknown Minari dataset {dataset_id!r}: the MuJoCo families here are {sorted(FAMILIES)}")
+    f, sim = FAMILIES[fam], f"{FAMILIES[fam].sim}-v5"
+    ref_min, ref_max, ref_source = minari_reference_scores(dataset_id) or (
+        f.ref_min, f.ref_max, f"{D4RL_REFERENCE}: {dataset_id} is not local or its metadata records no "
+        "ref_min_score / ref_max_score")
+    return EnvSpec(name=dataset_id, family=fam, level=m["level"], gym_id=sim, minari_id=dataset_id,
+                   obs_dim=f.minari_obs_dim, act_dim=f.act_dim, ref_min=ref_min, ref_max=ref_max, targets=f.targets,
+                   minari_gym_id=sim, minari_obs_dim=f.minari_obs_dim, minari_ids=(dataset_id,), ref_source=ref_source)
+
+
 def sim_kwargs_for(gym_id: str) -> dict:
     """gym.make kwargs that give a simulator the observation layout of our datasets (only
     Ant-v4 needs any: D4RL kept its contact forces)."""
@@ -121,7 +163,9 @@ def list_names() -> list[str]:
 
 
 def get_spec(name: str) -> EnvSpec:
-    """Spec of a dataset name; unknown names raise KeyError listing the valid ones."""
+    """Spec of a dataset name or Minari MuJoCo dataset id; unknown names raise KeyError listing the valid ones."""
+    if MINARI_ID.fullmatch(str(name).strip()):
+        return _minari_spec(str(name).strip())
     key = str(name).strip().lower().replace("_", "-")
     if key.endswith("-v2"):  # accept D4RL-style "hopper-medium-v2"
         key = key[:-3]
@@ -131,12 +175,14 @@ def get_spec(name: str) -> EnvSpec:
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise KeyError(
         f"unknown dataset name {name!r}.{hint} Valid names are <family>-<level> with family in "
-        f"{sorted(FAMILIES)} and level in {list(LEVELS)}: {', '.join(list_names())}"
+        f"{sorted(FAMILIES)} and level in {list(LEVELS)}: {', '.join(list_names())}; or a Minari MuJoCo dataset "
+        "id, mujoco/<family>/<simple|medium|expert>-v<N> (e.g. mujoco/hopper/medium-v0)"
     )
 
 
 def normalized_score(name: str, returns):
-    """D4RL normalized score, 100 * (R - random) / (expert - random); float in, float out."""
+    """Normalized score, 100 * (R - random) / (expert - random) with the spec's reference scores
+    (``ref_source`` says whose); float in, float out."""
     spec = get_spec(name)
     r = np.asarray(returns, dtype=np.float64)
     out = 100.0 * (r - spec.ref_min) / (spec.ref_max - spec.ref_min)

@@ -12,14 +12,18 @@ separate groups, and the report says in what they differ, so a table never avera
 with a 100k-step one.
 
 Per return-to-go target, ``out`` receives:
-- ``scores.md`` / ``scores-<target>.csv``: final normalized score per group: mean, standard deviation
-  and 95 % confidence interval over seeds (Student's t), number of seeds, steps, the paper's
-  number where the dataset's preset names one (``paper:`` in configs/dt/<env>.yaml), and beside them
+- ``scores.md`` / ``scores-<target>.csv``: per group, the final and the best-during-training normalized
+  score (CORL's "last" and "best": best is each run's highest evaluation, the final one included),
+  each a mean and 95 % confidence interval over seeds (Student's t); the number of seeds, steps and
+  evaluation episodes (final / each evaluation during training); the data the runs trained on (a D4RL
+  file, a replica, a Minari dataset: runs on different data are never averaged together); the paper's
+  number where the dataset's preset names one (``paper:`` in configs/dt/<env>.yaml), marked as
+  measured on D4RL data when the row's data is not D4RL's; and beside them
   the final validation action MSE on held-out episodes (``summary.json["validation"]``), mean and
   interval over the seeds that recorded one: runs from before validation existed, or trained with
   ``val_fraction=0``, leave the cell blank (or are counted out: "2 of 3 seeds");
-- ``curves.png``: normalized score during training, mean and a +- one standard deviation band over
-  seeds, one panel per target and dataset;
+- ``curves.png``: normalized score during training, mean and a 95 % confidence band over seeds, one
+  panel per target and dataset;
 - ``scores.png``: a bar per group with its 95 % confidence interval, the paper's value marked.
 """
 
@@ -37,15 +41,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
+import envs
 from agents import dt_checkpoint, training_log
 from primal_dt import checkpoint as ck_io
 from primal_dt import presets, runtime, train_config
 from primal_dt.monitor import save_figure
 import tyro
 
-# Options that do not change what a run learns (or only how it is launched and logged).
+# Options that do not change what a run learns (or only how it is launched and logged). ``data_source``
+# is how the data was looked for (a path differs between machines); the data found keys the group instead.
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
-                   "checkpoint_minutes", "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs"}
+                   "checkpoint_minutes", "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs",
+                   "data_source"}
 
 # Student's t quantile t_{0.975, df} for df = 1..30; beyond, the normal 1.96 is within 2 %.
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -69,6 +76,8 @@ class Run:
     """target tag -> {"normalized_mean": ...} (the run's final evaluation)"""
     curves: dict
     """target tag -> [(step, normalized score), ...] during training, final evaluation last"""
+    data: str = "unknown"
+    """the kind of data trained on, from ``summary.json["data_source"]`` (``data_kind``)"""
     val_mse: float | None = None
     """the final held-out action MSE (``summary.json["validation"]["action_mse"]``); None when the run
     recorded none (written before validation existed, or val_fraction=0)"""
@@ -78,6 +87,7 @@ class Run:
 class Group:
     env: str
     model: str
+    data: str
     key: tuple
     runs: list = field(default_factory=list)
 
@@ -104,6 +114,24 @@ def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
     return finished, unfinished
 
 
+def data_kind(source) -> str:
+    """What a run's ``data_source`` is, in the report's words: ``D4RL``, ``replica`` or ``Minari <id>``."""
+    source = str(source or "")
+    if source.startswith("d4rl:"):
+        return "D4RL"
+    if source.startswith("replica:"):
+        return "replica"
+    if source.startswith("minari:"):
+        return "Minari " + source[len("minari:"):]
+    return "unknown"
+
+
+def best(curve: list) -> float:
+    """The best evaluation of a run (CORL's "best" column); NaN when none is finite."""
+    vals = [v for _, v in curve if math.isfinite(v)]
+    return max(vals) if vals else float("nan")
+
+
 def load_run(d: Path) -> Run:
     """The run in ``d``; a ValueError naming the file and what is wrong with it (the summary is checked
     against the schema training writes it with, ``training_log.check_summary``)."""
@@ -126,7 +154,7 @@ def load_run(d: Path) -> Run:
         config = ck.config
     val = (summary.get("validation") or {}).get("action_mse")
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
-               summary["final"], curves, None if val is None else float(val))
+               summary["final"], curves, data_kind(summary.get("data_source")), None if val is None else float(val))
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
@@ -135,15 +163,15 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
     for r in runs:
         cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in train_config.flat(r.config).items()
                if k not in RUNTIME_OPTIONS}
-        key = (r.env, r.model, tuple(sorted((k, str(v)) for k, v in cfg.items())))
-        groups.setdefault(key, Group(r.env, r.model, key)).runs.append(r)
+        key = (r.env, r.model, tuple(sorted((k, str(v)) for k, v in cfg.items())), r.data)
+        groups.setdefault(key, Group(r.env, r.model, r.data, key)).runs.append(r)
     notes = []
     by_pair = defaultdict(list)
     for g in groups.values():
         by_pair[(g.env, g.model)].append(g)
     for (env, model), gs in by_pair.items():
         if len(gs) > 1:
-            keys = [dict(g.key[2]) for g in gs]
+            keys = [dict(g.key[2]) | {"data": g.data} for g in gs]
             differ = sorted(k for k in set().union(*keys) if len({kk.get(k) for kk in keys}) > 1)
             notes.append(f"{env} {model}: {len(gs)} groups not averaged together; they differ in "
                          + ", ".join(f"{k} ({' vs '.join(sorted({str(kk.get(k)) for kk in keys}))})" for k in differ))
@@ -153,10 +181,12 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
 
 
 def paper_scores(env: str) -> dict:
-    """model -> the paper's normalized score, from the dataset preset's ``paper:`` mapping."""
+    """model -> the paper's normalized score, from the dataset preset's ``paper:`` mapping (a Minari
+    id's: its D4RL task's, which the table marks as measured on D4RL data)."""
     try:
-        return dict(presets.load_preset("dt", env).get("paper") or {})
-    except ValueError:
+        spec = envs.get_spec(env)
+        return dict(presets.load_preset("dt", f"{spec.family}-{spec.level}").get("paper") or {})
+    except (KeyError, ValueError):
         return {}
 
 
@@ -168,21 +198,30 @@ def stats(values: list[float]) -> dict:
     return {"mean": mean, "std": std, "ci95": half, "n": n}
 
 
+def _joined(values) -> str:
+    return "/".join(str(x) for x in sorted(set(values)))
+
+
 def score_rows(groups: list[Group], target: str) -> list[dict]:
     """One row per group with a finite score for ``target``; NaN and inf scores (and MSEs) are left out
     of the averages (``nonfinite`` lists them for the report to flag)."""
     rows = []
     for g in groups:
-        vals = [r.final[target]["normalized_mean"] for r in g.runs if target in r.final]
+        runs = [r for r in g.runs if target in r.final]
+        vals = [r.final[target]["normalized_mean"] for r in runs]
         if not any(map(math.isfinite, vals)):
             continue
         s = stats([v for v in vals if math.isfinite(v)])
+        b = stats([x for x in (best(r.curves.get(target, [])) for r in runs) if math.isfinite(x)])
         base = g.model.split(" (")[0]
-        mses = [r.val_mse for r in g.runs if target in r.final and r.val_mse is not None and math.isfinite(r.val_mse)]
+        mses = [r.val_mse for r in runs if r.val_mse is not None and math.isfinite(r.val_mse)]
         v = stats(mses) if mses else {"mean": None, "std": None, "ci95": None, "n": 0}
-        rows.append({"dataset": g.env, "model": g.model, "seeds": s["n"],
-                     "steps": "/".join(str(x) for x in sorted({r.steps for r in g.runs})),
+        rows.append({"dataset": g.env, "data": g.data, "model": g.model, "seeds": s["n"],
+                     "steps": _joined(r.steps for r in g.runs),
+                     "episodes": _joined(r.final[target].get("episodes", "?") for r in runs),
+                     "eval_episodes": _joined((r.config.get("eval") or {}).get("episodes", "?") for r in runs),
                      "mean": s["mean"], "std": s["std"], "ci95": s["ci95"],
+                     "best": b["mean"], "best_std": b["std"], "best_ci95": b["ci95"],
                      "paper": paper_scores(g.env).get(base),
                      "val_mse": v["mean"], "val_mse_std": v["std"], "val_mse_ci95": v["ci95"], "val_seeds": v["n"],
                      "runs": [str(r.path) for r in g.runs]})
@@ -203,21 +242,36 @@ def val_cell(r: dict) -> str:
     return cell + (f" ({r['val_seeds']} of {r['seeds']} seeds)" if r["val_seeds"] < r["seeds"] else "")
 
 
+def score_cell(mean: float, ci95: float, seeds: int) -> str:
+    """``71.3 +- 4.2`` (mean, 95 % interval over seeds), or ``71.3 (1 seed)``."""
+    return f"{_fmt(mean)} +- {_fmt(ci95)}" if seeds > 1 else f"{_fmt(mean)} (1 seed)"
+
+
+def paper_cell(r: dict) -> str:
+    """The paper's number; when the row's data is not D4RL's, the cell says the paper's is on D4RL data,
+    so a replica or Minari result is never read as a reproduction of it."""
+    if r["paper"] is None:
+        return ""
+    return _fmt(r["paper"]) + ("" if r["data"] == "D4RL" else f" (on D4RL data, not {r['data']})")
+
+
 def markdown(rows: list[dict], target: str) -> str:
-    lines = [f"### Final normalized score, target {target.removeprefix('target')}", "",
-             "| dataset | model | seeds | steps | mean | std | 95% CI | paper | val action MSE |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"### Normalized score, target {target.removeprefix('target')}", "",
+             "final: the last evaluation; best: each run's best evaluation during training (final included); "
+             "both mean +- 95% CI over seeds. episodes: in the final evaluation / in each one during training.", "",
+             "| dataset | data | model | seeds | steps | episodes | final | best | paper | val action MSE |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        ci = f"+- {_fmt(r['ci95'])}" if r["seeds"] > 1 else "(1 seed)"
-        lines.append(f"| {r['dataset']} | {r['model']} | {r['seeds']} | {r['steps']} | {_fmt(r['mean'])} | "
-                     f"{_fmt(r['std'])} | {ci} | {_fmt(r['paper'])} | {val_cell(r)} |")
+        lines.append(f"| {r['dataset']} | {r['data']} | {r['model']} | {r['seeds']} | {r['steps']} | "
+                     f"{r['episodes']} / {r['eval_episodes']} | {score_cell(r['mean'], r['ci95'], r['seeds'])} | "
+                     f"{score_cell(r['best'], r['best_ci95'], r['seeds'])} | {paper_cell(r)} | {val_cell(r)} |")
     return "\n".join(lines)
 
 
-CSV_COLUMNS = ["dataset", "model", "seeds", "steps", "mean", "std", "ci95", "paper", "val_mse", "val_mse_std",
-               "val_mse_ci95", "val_seeds"]
-"""``scores-<target>.csv``: the score's columns, then the validation MSE's (blank where no run has one;
-``val_seeds``: how many of the group's seeds recorded one)"""
+CSV_COLUMNS = ["dataset", "data", "model", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
+               "best", "best_std", "best_ci95", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds"]
+"""``scores-<target>.csv``: the final and best scores' columns, then the validation MSE's (blank where no
+run has one; ``val_seeds``: how many of the group's seeds recorded one)"""
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -230,12 +284,12 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def _band(runs: list[Run], target: str):
-    """Steps evaluated by every run of the group, with the mean and std of their scores there."""
+    """Steps evaluated by every run of the group, with the mean of their scores there and the half-width
+    of its 95 % interval over seeds (0 for one seed)."""
     per_run = [dict(r.curves.get(target, [])) for r in runs]
     steps = sorted(set.intersection(*[set(p) for p in per_run])) if per_run else []
-    mean = [statistics.fmean(p[s] for p in per_run) for s in steps]
-    std = [statistics.stdev([p[s] for p in per_run]) if len(per_run) > 1 else 0.0 for s in steps]
-    return steps, mean, std
+    at = [stats([p[s] for p in per_run]) for s in steps]
+    return steps, [a["mean"] for a in at], [a["ci95"] if a["n"] > 1 else 0.0 for a in at]
 
 
 def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
@@ -245,23 +299,25 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     envs = sorted({g.env for g in groups})
-    fig, axes = plt.subplots(len(envs), len(targets), figsize=(5.5 * len(targets), 3.8 * len(envs)), squeeze=False)
+    fig, axes = plt.subplots(len(envs), len(targets), figsize=(6.5 * len(targets), 4.6 * len(envs)), squeeze=False)
     for i, env in enumerate(envs):
         for j, target in enumerate(targets):
             ax = axes[i][j]
             for g in (g for g in groups if g.env == env):
-                steps, mean, std = _band(g.runs, target)
+                steps, mean, half = _band(g.runs, target)
                 if not steps:
                     continue
-                line, = ax.plot(steps, mean, marker="o", ms=3, label=f"{g.model} ({len(g.runs)} seeds)")
-                ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)],
-                                color=line.get_color(), alpha=0.2)
-            ax.set_title(f"{env}, target {target.removeprefix('target')}")
+                n = len(g.runs)
+                line, = ax.plot(steps, mean, marker="o", ms=3, lw=2,
+                                label=f"{g.model}, {g.data} data, {n} seed{'s' * (n > 1)}")
+                ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
+                                color=line.get_color(), alpha=0.2, lw=0)
+            ax.set_title(f"{env}, target {target.removeprefix('target')}", fontsize=11)
             ax.set_xlabel("training step")
             ax.set_ylabel("normalized score")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.suptitle("Evaluation during training: mean and +- 1 std over seeds")
+            ax.legend(fontsize=9, loc="upper left", framealpha=0.85)
+    fig.suptitle("Evaluation during training: mean over seeds, shaded 95% confidence interval")
     fig.tight_layout()
     try:
         return save_figure(fig, path, "report's learning curves")
@@ -280,7 +336,7 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
     fig, axes = plt.subplots(1, len(targets), figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2), squeeze=False)
     for ax, target in zip(axes[0], targets):
         rows = rows_by_target[target]
-        labels = [f"{r['dataset']}\n{r['model']}" for r in rows]
+        labels = [f"{r['dataset']}\n{r['model']}\n{r['data']}" for r in rows]
         x = range(len(rows))
         err = [0 if math.isnan(r["ci95"]) else r["ci95"] for r in rows]
         ax.bar(x, [r["mean"] for r in rows], yerr=err, capsize=5, color="tab:blue", alpha=0.8,
@@ -288,7 +344,7 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
         papers = [(i, r["paper"]) for i, r in enumerate(rows) if r["paper"] is not None]
         if papers:
             ax.scatter([i for i, _ in papers], [p for _, p in papers], marker="_", s=600, color="tab:red",
-                       zorder=3, label="paper (its budget)")
+                       zorder=3, label="paper (D4RL data, its budget)")
         for i, r in enumerate(rows):  # inside the bar's foot, clear of the interval's whiskers
             ax.annotate(f"{r['mean']:.1f}\nn={r['seeds']}", (i, 0), ha="center", va="bottom", fontsize=8,
                         color="white", xytext=(0, 4), textcoords="offset points")

@@ -276,6 +276,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
               "env_steps": details["env_steps"],
               "env_steps_per_s": details["env_steps"] / max(details["wall_s"], 1e-9),
               "agent_latency": details["latency"],
+              "reference_scores": {"random": spec.ref_min, "expert": spec.ref_max, "source": spec.ref_source},
               "targets": {_tag(t): r for t, r in res.items()}}
     if cfg.video:
         from eval.video import record_episode

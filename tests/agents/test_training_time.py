@@ -41,7 +41,8 @@ def start(argv):
 
 
 def test_a_recipe_of_hours_says_so_and_prints_a_budget_command_that_fits(hopper_file, tmp_path):
-    argv = args(hopper_file, tmp_path, "steps=10000000", "warmup_steps=1000000", "eval.every=1000000",
+    """A dataset without a CPU recipe (hopper-expert: any hopper file serves it) gets its own recipe, shorter."""
+    argv = args(hopper_file, tmp_path, "env=hopper-expert", "steps=10000000", "warmup_steps=1000000", "eval.every=1000000",
                 "eval.episodes=1", "eval.final_episodes=2", "eval.max_steps=10", "eval.num_envs=2",
                 "checkpoint_every=500000", "seed=7", "model.dropout=0.2", "lr=0.0005")
     proc = start(argv)
@@ -73,6 +74,25 @@ def test_a_recipe_of_hours_says_so_and_prints_a_budget_command_that_fits(hopper_
     assert theirs["warmup_steps"] == round(steps / 10) and theirs["checkpoint_every"] == round(steps / 20)
     assert (steps - 1) // theirs["eval.every"] == 9  # as many evaluations as the recipe, at a scaled cadence
     assert "interrupted at step" in out and "nothing to resume" in out  # stopped before any checkpoint
+
+
+def test_a_recipe_of_hours_on_a_cpu_is_offered_the_datasets_cpu_recipe(hopper_file, tmp_path):
+    """Where configs/dt/<env>-cpu.yaml exists, the note offers it (the user's other options kept, the ones it
+    sets left to it) instead of a scaled-down paper recipe; a run already on it gets the budget command."""
+    argv = args(hopper_file, tmp_path, "steps=100000", "eval.every=10000", "seed=3", "model=dt")
+    run = training.prepare(train_config.build(argv))
+    c = training_time.Costs(step_s=0.5, act_s={50: 0.01}, targets=2, episode_steps=1000, num_envs=50)
+    text = training_time.projection(run, c, 0)
+    assert "note: this recipe takes about" in text and "hours, not minutes" in text
+    assert "CPU recipe for hopper-medium (configs/dt/hopper-medium-cpu.yaml" in text
+    offered = shlex.split(text.splitlines()[-1].strip())
+    assert offered[:3] == ["python", "-m", "primal_dt.train"] and "preset=hopper-medium-cpu" in offered
+    theirs = train_config.build(offered[3:])
+    assert theirs.preset == "hopper-medium-cpu" and theirs.provenance["steps"] == "preset hopper-medium-cpu"
+    assert (theirs.cfg.seed, theirs.cfg.model.name, theirs.cfg.threads) == (3, "dt", 1)
+    assert theirs.cfg.data_source == f"d4rl:{hopper_file}" and theirs.cfg.model.d_model == 128
+    on_it = training.prepare(train_config.build(offered[3:] + ["steps=100000"]))
+    assert "preset=hopper-medium-cpu" not in training_time.projection(on_it, c, 0).splitlines()[-1]
 
 
 def test_a_short_recipe_gets_its_projection_and_no_warning(hopper_file, tmp_path, capsys):

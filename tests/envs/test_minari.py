@@ -91,3 +91,38 @@ def test_download_fails_fast_and_clearly_offline(data_dirs, monkeypatch):
     msg = str(e.value)
     assert "mujoco/hopper/medium-v0" in msg and ("unreachable" in msg or "huggingface_hub" in msg)
     assert _reachable("127.0.0.1", 9, timeout=2.0) is not None
+
+
+# -- Minari dataset ids as names (env=mujoco/hopper/medium-v0) -------------------------------------------------
+def test_minari_id_is_a_name_with_the_v5_simulator_and_the_datasets_reference_scores(data_dirs):
+    from envs import get_spec, normalized_score
+
+    write_minari("mujoco/hopper/medium-v0", _episodes(), "Hopper-v5", ref_min_score=-10.0, ref_max_score=3990.0)
+    spec = get_spec("mujoco/hopper/medium-v0")
+    assert (spec.family, spec.level, spec.gym_id, spec.obs_dim) == ("hopper", "medium", "Hopper-v5", 11)
+    assert (spec.ref_min, spec.ref_max) == (-10.0, 3990.0) and "Minari dataset's metadata" in spec.ref_source
+    assert normalized_score("mujoco/hopper/medium-v0", 1990.0) == pytest.approx(50.0)
+    ds = load_dataset("mujoco/hopper/medium-v0", verbose=False)  # auto: Minari is its only source
+    assert ds.source == "minari:mujoco/hopper/medium-v0" and ds.gym_id == "Hopper-v5" and ds.lengths.tolist() == [3, 2]
+    # a dataset that records no reference scores: D4RL's, and the spec says so
+    write_minari("mujoco/walker2d/expert-v0", _episodes(obs_dim=17, act_dim=6), "Walker2d-v5")
+    walker = get_spec("mujoco/walker2d/expert-v0")
+    assert (walker.ref_min, walker.ref_max) == (get_spec("walker2d-expert").ref_min, get_spec("walker2d-expert").ref_max)
+    assert walker.ref_source.startswith("D4RL's") and "records no ref_min_score" in walker.ref_source
+    assert get_spec("hopper-medium").ref_source.startswith("D4RL's")
+
+
+def test_unknown_or_unavailable_minari_ids_are_clear_errors(data_dirs):
+    from envs import get_spec
+
+    with pytest.raises(KeyError, match="unknown Minari dataset 'mujoco/humanoid/medium-v0'.*hopper"):
+        get_spec("mujoco/humanoid/medium-v0")
+    with pytest.raises(KeyError, match=r"mujoco/<family>/<simple\|medium\|expert>-v<N>"):
+        get_spec("mujoco/hopper/medium-replay-v0")
+    with pytest.raises(DatasetNotFound) as e:  # not local, offline: where to put it and how to get it
+        load_dataset("mujoco/hopper/expert-v0", verbose=False)
+    msg = str(e.value)
+    assert "no local mujoco/hopper/expert-v0" in msg and "minari download mujoco/hopper/expert-v0" in msg
+    assert str(minari_root()) in msg and "PRIMAL_DT_OFFLINE" in msg
+    with pytest.raises(DatasetError, match="names a Minari dataset; source='replica' cannot provide it"):
+        load_dataset("mujoco/hopper/medium-v0", source="replica", verbose=False)

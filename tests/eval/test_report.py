@@ -26,7 +26,8 @@ TINY = ["preset=smoke", "progress=false", "tensorboard=false", "threads=1", "mod
 
 
 def tiny_run(hopper_file, out, *extra):
-    return train([*TINY, f"data_source=d4rl:{hopper_file}", f"out={out}", *extra])
+    source = [f"data_source=d4rl:{hopper_file}"] if hopper_file else []
+    return train([*TINY, *source, f"out={out}", *extra])
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +88,10 @@ def test_validation_mse_is_beside_the_scores_as_mean_and_t_interval_over_seeds(r
         assert csv_rows["primal+dt"]["val_seeds"] == "2"
         # the markdown row: the scores' cells, then the validation cell
         line = next(x for x in md.split(f"target {target.removeprefix('target')}")[1].splitlines()
-                    if x.startswith("| hopper-medium | primal+dt |"))
+                    if x.startswith("| hopper-medium | D4RL | primal+dt |"))
         cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[4] == f"{row['mean']:.1f}" and cells[8] == f"{mean:.3g} +- {row['val_mse_ci95']:.2g}"
+        assert cells[6] == f"{row['mean']:.1f} +- {row['ci95']:.1f}"
+        assert cells[9] == f"{mean:.3g} +- {row['val_mse_ci95']:.2g}"
     assert md.count("| paper | val action MSE |") == 2
 
 
@@ -123,12 +125,49 @@ def test_runs_without_validation_leave_the_cell_blank_or_are_counted_out(runs, t
     assert part["seeds"] == 2 and part["val_seeds"] == 1 and mixed.exists()
     assert part["val_mse"] == summaries[("primal+dt", 1)]["validation"]["action_mse"]
     md = Path(res["markdown"]).read_text()
-    assert "| dt | 2 | 6 |" in md and next(x for x in md.splitlines() if "| dt | 2 |" in x).endswith("|  |")
+    assert "| D4RL | dt | 2 | 6 |" in md and next(x for x in md.splitlines() if "| dt | 2 |" in x).endswith("|  |")
     assert f"| {part['val_mse']:.3g} (1 of 2 seeds) |" in md
     with (tmp_path / "rep" / "scores-target3600.csv").open() as f:
         csv_rows = {r["model"]: r for r in csv.DictReader(f)}
     assert csv_rows["dt"]["val_mse"] == csv_rows["dt"]["val_mse_ci95"] == "" and csv_rows["dt"]["val_seeds"] == "0"
     assert float(csv_rows["dt"]["mean"]) == pytest.approx(blank["mean"])
+
+
+def test_best_during_training_and_episode_counts_come_from_the_runs_logged_evaluations(runs, tmp_path):
+    """CORL's "best": each run's highest evaluation (the periodic ones the checkpoint logged, and the
+    final one), averaged over seeds; the episode counts are those of the final and periodic evaluations."""
+    _, summaries, _ = runs
+    res = report.report([summaries[("primal+dt", s)]["run_dir"] for s in (0, 1)], tmp_path / "rep")
+    for target in ("target3600", "target1800"):
+        (row,) = res["rows"][target]
+        bests = []
+        for s in (0, 1):
+            run = report.load_run(Path(summaries[("primal+dt", s)]["run_dir"]))
+            logged = [v for _, v in run.curves[target]]
+            assert len(logged) == 2 and logged[-1] == summaries[("primal+dt", s)]["final"][target]["normalized_mean"]
+            bests.append(max(logged))
+        assert row["best"] == pytest.approx(statistics.fmean(bests)) and row["best"] >= row["mean"]
+        assert row["best_ci95"] == pytest.approx(12.706 * statistics.stdev(bests) / math.sqrt(2), rel=1e-3)
+        assert row["episodes"] == "2" and row["eval_episodes"] == "1"  # eval.final_episodes=2, eval.episodes=1
+    md = Path(res["markdown"]).read_text()
+    assert "| 2 / 1 |" in md and f"| {row['best']:.1f} +- {row['best_ci95']:.1f} |" in md
+
+
+def test_replica_data_is_its_own_group_and_never_beside_a_paper_number_unmarked(runs, tmp_path):
+    """A run on the bundled replica is reported under its data source, apart from the D4RL-file runs,
+    and its paper cell says the paper's number is on D4RL data."""
+    root, summaries, _ = runs
+    replica = tiny_run(None, tmp_path / "replica", "model=primal+dt", "seed=0", "data_source=replica")
+    assert replica["data_source"].startswith("replica:")
+    res = report.report([summaries[("primal+dt", 0)]["run_dir"], replica["run_dir"]], tmp_path / "rep")
+    rows = {r["data"]: r for r in res["rows"]["target3600"]}
+    assert set(rows) == {"D4RL", "replica"} and rows["replica"]["seeds"] == rows["D4RL"]["seeds"] == 1
+    assert rows["replica"]["model"] == "primal+dt (data=replica)" and "data (D4RL vs replica)" in res["notes"][0]
+    md = Path(res["markdown"]).read_text()
+    assert "| 74.5 (on D4RL data, not replica) |" in md
+    d4rl_line = next(x for x in md.splitlines() if x.startswith("| hopper-medium | D4RL |"))
+    assert "| 74.5 |" in d4rl_line
+    assert report.data_kind("minari:mujoco/hopper/medium-v0") == "Minari mujoco/hopper/medium-v0"
 
 
 def test_runs_differing_in_config_are_not_averaged_and_the_report_says_why(runs, tmp_path):
@@ -153,9 +192,11 @@ def test_plots_are_written_and_readable(runs, tmp_path):
         assert img.std() > 0.01  # not a blank canvas
     # the curve of each group has the periodic evaluation (step 3) and the final one (step 6)
     loaded = [report.load_run(Path(d)) for d in res["rows"]["target3600"][0]["runs"]]
-    steps, mean, std = report._band(loaded, "target3600")
-    assert steps == [3, 6] and len(mean) == len(std) == 2
-    assert mean[1] == pytest.approx(statistics.fmean(r.final["target3600"]["normalized_mean"] for r in loaded))
+    steps, mean, half = report._band(loaded, "target3600")
+    assert steps == [3, 6] and len(mean) == len(half) == 2
+    finals = [r.final["target3600"]["normalized_mean"] for r in loaded]
+    assert mean[1] == pytest.approx(statistics.fmean(finals))
+    assert half[1] == pytest.approx(12.706 * statistics.stdev(finals) / math.sqrt(2), rel=1e-3)  # 95 % band
 
 
 def test_command_line_and_clear_errors(runs, tmp_path):
@@ -163,7 +204,7 @@ def test_command_line_and_clear_errors(runs, tmp_path):
     p = subprocess.run([sys.executable, "-m", "eval.report", str(root / "hopper-medium" / "*"), f"out={tmp_path}"],
                        cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert "| hopper-medium | primal+dt | 2 | 6 |" in p.stdout
+    assert "| hopper-medium | D4RL | primal+dt | 2 | 6 |" in p.stdout
     assert (tmp_path / "scores.md").exists() and (tmp_path / "curves.png").exists()
     p = subprocess.run([sys.executable, "-m", "eval.report", str(tmp_path / "nothing-here")], cwd=ROOT,
                        capture_output=True, text=True)
@@ -290,3 +331,53 @@ def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(
     p = run_cli("eval.report", str(root / "hopper-medium" / "primal+dt"), f"out={locked / 'rep'}",
                 honour_permissions=True)
     one_line_error(p, f"could not write the report directory (nothing was written) {locked / 'rep'}: permission denied", status=1)
+
+
+def hopper_v5_episodes(n=16, max_steps=60, seed=0):
+    """Episodes of a noisy open-loop policy in Hopper-v5, in Minari's layout (T+1 observations)."""
+    import gymnasium as gym
+    import numpy as np
+
+    env, rng, out = gym.make("Hopper-v5"), np.random.default_rng(seed), []
+    for e in range(n):
+        obs, _ = env.reset(seed=seed + e)
+        bias, cols = rng.uniform(-0.5, 0.5, 3), {"observations": [obs], "actions": [], "rewards": [],
+                                                "terminations": [], "truncations": []}
+        for t in range(max_steps):
+            act = np.clip(bias + 0.3 * rng.standard_normal(3), -1, 1).astype(np.float32)
+            obs, rew, term, trunc, _ = env.step(act)
+            trunc = trunc or (not term and t == max_steps - 1)
+            for k, v in zip(("observations", "actions", "rewards", "terminations", "truncations"),
+                            (obs, act, rew, term, trunc)):
+                cols[k].append(v)
+            if term or trunc:
+                break
+        out.append({k: np.asarray(v) for k, v in cols.items()} | {"seed": seed + e})
+    env.close()
+    return out
+
+
+def test_a_minari_dataset_id_trains_rolls_out_and_is_reported_as_minari(tmp_path, monkeypatch):
+    """env=mujoco/hopper/medium-v0 with a local Minari dataset (written here with minari's own writer):
+    trained and evaluated in Hopper-v5, rolled out from its checkpoint, normalized with the dataset's
+    reference scores, and reported under its data source with no unmarked paper number."""
+    from envs import get_spec
+    from envs.minari_source import write_minari
+    from eval.rollout import run as rollout
+
+    monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path / "minari"))
+    monkeypatch.setenv("PRIMAL_DT_OFFLINE", "1")
+    write_minari("mujoco/hopper/medium-v0", hopper_v5_episodes(), "Hopper-v5", ref_min_score=-20.0, ref_max_score=3980.0)
+    summary = tiny_run(None, tmp_path / "runs", "env=mujoco/hopper/medium-v0", "model=dt", "seed=0")
+    assert summary["data_source"] == "minari:mujoco/hopper/medium-v0" and summary["env"] == "mujoco/hopper/medium-v0"
+    final = summary["final"]["target3600"]
+    assert final["normalized_mean"] == pytest.approx(100 * (final["return_mean"] + 20.0) / 4000.0)
+    rolled = rollout([f"checkpoint={summary['run_dir']}", "episodes=2", "max_steps=15", "num_envs=2", "progress=false"])
+    assert rolled["gym_id"] == "Hopper-v5" and rolled["reference_scores"]["expert"] == 3980.0
+    assert "Minari dataset's metadata" in rolled["reference_scores"]["source"]
+    assert get_spec("mujoco/hopper/medium-v0").ref_max == 3980.0
+    res = report.report([summary["run_dir"]], tmp_path / "rep")
+    (row,) = res["rows"]["target3600"]
+    assert row["dataset"] == "mujoco/hopper/medium-v0" and row["data"] == "Minari mujoco/hopper/medium-v0"
+    md = Path(res["markdown"]).read_text()
+    assert "(on D4RL data, not Minari mujoco/hopper/medium-v0)" in md  # hopper-medium's paper number, marked
