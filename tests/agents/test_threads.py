@@ -47,20 +47,22 @@ def test_an_unknown_engine_is_named():
 
 
 def test_keep_freed_memory_stops_the_page_faults_of_repeated_big_buffers(run_code):
-    """A real process that, like an inference step, holds a few MB of buffers at once and frees them all:
-    with glibc's defaults the freed top of the heap goes back to the system and the next step faults its
-    pages in anew; once inference memory is kept, reuse costs no page fault."""
+    """A real process that, like an inference step, allocates a big buffer and frees it every step. The
+    buffer (40 MB) is above the 32 MB ceiling of glibc's adaptive mmap threshold, so with glibc's defaults
+    it is mapped fresh and unmapped on free every time, and each step faults its pages in anew; once
+    inference memory is kept, reuse costs no page fault. (Smaller buffers are not a reliable probe: glibc
+    raises its threshold after the first free, and whether the heap top is trimmed depends on what else
+    the process allocated.)"""
     code = """
 import resource, sys, torch
 from agents import threads
 def step():
-    bufs = [torch.ones(1 << 19) for _ in range(8)]  # 8 x 2 MB alive together, then all freed
-    return sum(b[0] for b in bufs)
+    return torch.ones(10 << 20)[0]
 def faults():
-    for _ in range(5):
+    for _ in range(3):
         step()
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(50):
+    for _ in range(20):
         step()
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
 before = faults()
@@ -72,5 +74,7 @@ print(before, faults(), applied, threads.keep_freed_memory())
     before, after, applied, again = p.stdout.split()
     if applied != "True":
         pytest.skip("no glibc mallopt here")
-    assert int(before) >= 50 * 100  # each 4 MB buffer faulted in anew (1024 pages)
-    assert int(after) < 50 and again == "True"
+    if int(before) < 20 * 20:  # 10,240 pages a step with 4 KB pages, at least 20 with huge pages
+        pytest.skip(f"this process's allocator keeps freed memory already ({before} faults in 20 steps): "
+                    "MALLOC_* settings or a preloaded allocator")
+    assert int(after) < 20 and again == "True"
