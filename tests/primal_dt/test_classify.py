@@ -81,7 +81,7 @@ def test_preset_layers_and_command_line_precedence():
     cfg, source = build_config(["task=uea/JapaneseVowels", "model=primalformer", "primal.eta=0.3"])
     assert (cfg.arch.d_model, cfg.arch.norm, cfg.train.optimizer) == (512, "post", "radam")
     assert (cfg.primal.s, cfg.primal.rank_multi, cfg.primal.eta) == (40, 5, 0.3)
-    assert "REFERENCE.md" in source
+    assert "Primal-Attention" in source
     assert build_config(["attention=linear"])[0].model == "linear"  # the shorthand primal_dt.train has too
 
 
