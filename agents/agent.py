@@ -18,8 +18,8 @@ The agent owns the bookkeeping the model was trained with:
 
 Engines (same checkpoint): ``stream`` (agents.stream: recurrent per-layer states, constant cost per
 step) and ``recompute`` (agents.recompute: the model on the last K steps, the papers' protocol).
-``precision="bf16"`` (stream only) runs the stack's weight matmuls in bfloat16: about 2x faster at
-large batches on CPUs with AVX512-BF16 or AMX, actions within a few 1e-3 of fp32's, not exact.
+``precision="bf16"`` (stream only) runs the stack's weight matmuls in bfloat16: faster at large
+batches on CPUs with AVX512-BF16 or AMX, but not exact (the README's Precision paragraph).
 """
 
 from __future__ import annotations

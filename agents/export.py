@@ -258,9 +258,8 @@ def _onnx_model(step: DTStep):
     the PyTorch functions' own traces, so the arithmetic is ``forward``'s. Only the ``zeroed`` state
     goes through the If: its else-branch copies what it passes on, and a softmax layer's key/value ring
     (6 MB per tensor at width 256, batch 100, K = 20), which its zeroed validity flags hide after a
-    restart, goes straight to the core instead (measured at 256x4, batch 100: 11.2 -> 9.8 ms at K = 20,
-    33 -> 26 ms at K = 100). The If's outputs declare
-    their element type only: with the batch axis named there too, onnxruntime fuses the embedding's
+    restart, goes straight to the core instead, which saves copying it every step. The If's outputs
+    declare their element type only: with the batch axis named there too, onnxruntime fuses the embedding's
     Add and LayerNorm (SkipLayerNormalization), which rounds differently (5e-8) and is no faster;
     without, it optimises the core as it did the single trace, and the actions are the same bits."""
     from onnx import TensorProto, helper

@@ -10,11 +10,11 @@ The stream engine computes, at every step, ``model.forward`` over the whole epis
    (timestep 0: there is nothing earlier to miss).
 
 Then every counted prediction equals the stream engine's prediction at that step bit for bit up to
-float rounding (tests/stream/test_stream_training.py), so the trained objective is the deployed
+float rounding (tests/agents/test_stream_training.py), so the trained objective is the deployed
 policy. Segments must be long enough for some steps to count: K >= ``min_segment_steps`` (counted
 steps per segment = K - first counted index).
 
-Usage (the trainer's hook, see the closing note of issue 5):
+Usage (what the trainer does with ``stream_window``):
 
     cfg = stream_exact_config(cfg, window=60)                 # DTConfig with every layer windowed
     reach = receptive_field(cfg)

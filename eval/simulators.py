@@ -12,9 +12,9 @@ Two ways to use a lane process:
 - *hosted* (``run_hosted``, what ``eval.episodes.run_episodes`` does with a CPU agent): the lane's agent
   is sent to the process once and the whole act-then-step loop runs there, so the lanes act *and*
   simulate in parallel, one core each, and no observation or action crosses a process boundary.
-  Measured on 2 cores, 100 Hopper episodes of a paper-size checkpoint: the agent was 70% of the CPU
-  time (7.0 s of acting vs 2.9 s of simulating); with the agents in the evaluator one core acted for
-  both lanes while the other mostly waited (7.5 s wall), with the agents in their lanes 6.2 s. The lanes take jobs from the evaluator's
+  Acting costs more CPU time than simulating, so with the agents in the evaluator one core would act
+  for both lanes while the other mostly waits (the README's inference benchmark has the figures). The
+  lanes take jobs from the evaluator's
   queue over the pipe, in the order in-process lanes would (so results do not depend on timing),
   report ended episodes as they end (progress) and send their results at the end.
 - *stepped* (``step_rows_async`` / ``step_rows_wait``): the agent stays in the evaluator (a CUDA

@@ -1,4 +1,4 @@
-"""The KSVD regulariser of Primal-Attention (REFERENCE.md section 1).
+"""The KSVD regulariser of Primal-Attention (Chen et al. 2023, Primal-Attention, Sec. 4).
 
 Per primal layer and per sequence, over its real tokens only (padding excluded):
     E  = 1/(2 H L) sum_{h, t real, k} Lambda_{h,k}^2 e_{h,t,k}^2      (R likewise with r)
@@ -19,7 +19,7 @@ proof), never a per-sample W_{e|X}: in the data-dependent form the primal featur
 f(X) phi(q_i) (the n sampled rows of X against phi(q_i)) and We, Wr in R^{n x s} act on them, so the
 KSVD, and its stationary point, are in We, Wr. A sequence with fewer real tokens than s * rank_multi
 samples fewer rows n_b, and its trace covers the n_b rows it used, so padding never changes J.
-tests/attention/test_ksvd.py builds the stationary
+tests/primal_dt/test_ksvd.py builds the stationary
 point of both forms from the SVD of the induced kernel and checks J = 0 there.
 """
 

@@ -1,4 +1,4 @@
-"""Dependencies point one way (DESIGN.md, "Layout"): attention <- primal_dt <- agents <- eval, and
+"""Dependencies point one way (the README's "Where things live"): attention <- primal_dt <- agents <- eval, and
 envs is independent of models. Every import in the tree (top level or inside a function, absolute
 or relative) is read with ``ast`` and checked against that order; entry points, which sit on top
 and only wire, are excepted by name."""
@@ -20,7 +20,7 @@ MODELS = tuple(RANKS)  # what envs may not import: it is independent of models (
 ENTRY_POINTS = ("primal_dt.train", "primal_dt.classify")
 TOP = "eval"
 
-# The one option grammar (DESIGN.md: what entry points share lives once) serves envs' entry points too
+# The one option grammar (what entry points share lives once) serves envs' entry points too
 # (envs.collect, envs.behavior). envs may import it only while it imports nothing from the project: then
 # envs still depends on no model code. Any other envs -> primal_dt import stays a violation.
 ENVS_MAY_IMPORT = ("primal_dt.cli",)

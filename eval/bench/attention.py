@@ -7,7 +7,7 @@
 
 Part 1 times forward+backward of one attention layer and measures its peak memory, each
 configuration in a fresh child process (peak RSS above the process's RSS before the first call;
-this CPU has no allocator counter that torch exposes). Softmax appears twice, as DESIGN.md asks:
+this CPU has no allocator counter that torch exposes). Softmax appears twice:
 fused SDPA (O(N) memory) and the canonical materialised attention (O(N^2)), the baseline the
 papers compared against. Ratios are against both, measured in the same run.
 

@@ -1,4 +1,4 @@
-"""The one contract every attention mechanism honours (see DESIGN.md, "The attention core").
+"""The one contract every attention mechanism honours (the README's "The attention core").
 
 - ``forward(x, mask=None) -> (y, aux)``: ``x`` [B, T, D], ``mask`` [B, T] bool, True = real token.
   Padding never influences a real token's output; outputs at padding positions are zero.

@@ -3,7 +3,7 @@
 At batch 100 a stream step is bound by arithmetic: its matmuls run near the CPU's float32 peak, and
 the step already does the fewest multiply-adds its model allows. What is left is cheaper arithmetic:
 on CPUs with AVX512-BF16 or AMX (and on CUDA GPUs), bfloat16 matmuls run several times faster than
-float32 ones (measured on this project's 2-core EPYC: 94 vs 450 GFLOP/s on one thread).
+float32 ones.
 
 ``bf16`` applies to the matmuls of the stream forms that opt in (``stream_precisions`` of a
 mechanism; the block's MLP). Their weights are snapshotted in bfloat16, each input is rounded to
@@ -14,8 +14,7 @@ ring every step, so its size is what that attention costs (scores and softmax st
 dtype). Everything that accumulates stays in the model's dtype: the residual stream, layer norms,
 the running sums of primal and linear layers (a float32 sum of 1000 tokens stays exact where a
 bfloat16 one would stop moving), the embeddings and the action head. So rounding errors do not build
-up over an episode: each step's actions differ from fp32's by a bounded amount (measured on a trained
-paper-size Hopper policy: about 7e-4 mean, 3.4e-3 max |da| over whole episodes; the tests keep a
+up over an episode: each step's actions differ from fp32's by a bounded amount (the tests keep a
 bound on it), but they are not bit-exact, which is why fp32 stays the default.
 """
 

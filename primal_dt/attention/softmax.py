@@ -41,10 +41,9 @@ def ring_attention(q, K, V, allowed, eager: bool = False):
     """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys.
 
     Each (row, head) is a [C, d] x [d, cap] product, so the work is B H tiny matmuls that read the
-    whole cache: memory-bound. SDPA's CPU kernel (flash attention, built for long query blocks) spent
-    1.47 ms there at batch 100, 4 heads, 3 queries, 61 slots; two batched matmuls around a masked
-    softmax took 1.00 ms (one thread; 0.77 vs 0.49 ms for the top layer's single query). Below
-    ``SDPA_BELOW`` rows x heads SDPA's lower per-call cost wins (0.014 vs 0.019 ms at batch 1). Every
+    whole cache: memory-bound. SDPA's CPU kernel (flash attention, built for long query blocks) is
+    slower there at large batches than two batched matmuls around a masked softmax; below
+    ``SDPA_BELOW`` rows x heads SDPA's lower per-call cost wins. Every
     query sees at least its own slot, so no row of the softmax is empty. Only ``eager`` code (the stream
     engine's, which no graph traces) picks SDPA: a graph's batch is not known, and SDPA's exported form
     guards fully masked rows (IsNaN, Where), which cannot occur here."""

@@ -1,4 +1,4 @@
-"""The attention contract (DESIGN.md), checked for every registered mechanism and direction.
+"""The attention contract (primal_dt/attention/base.py), checked for every registered mechanism and direction.
 
 Per mechanism: padding never influences real tokens (either side) and padding outputs are zero;
 causal outputs ignore the future; gradients pass gradcheck; bad input gets a ValueError naming the

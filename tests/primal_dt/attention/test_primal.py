@@ -1,4 +1,4 @@
-"""Primal-Attention against a naive reference written from the paper's formulas (REFERENCE.md 1)."""
+"""Primal-Attention against a naive reference written from the paper's formulas (Chen et al. 2023, Primal-Attention)."""
 
 import pytest
 import torch

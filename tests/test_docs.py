@@ -1,0 +1,37 @@
+"""The repository's text cites nothing a reader of the repository cannot open: no notes kept outside
+it (the team's design and reference files) and no machine-dated figures in presets, whose ``source``
+every run prints. Facts a preset takes from a paper name the paper."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTSIDE = ("DESIGN" + ".md", "REFERENCE" + ".md")  # spelt apart so this file does not match itself
+SUFFIXES = {".py", ".yaml", ".md", ".toml", ".cfg", ".txt"}
+
+
+def tracked_text_files():
+    for path in ROOT.rglob("*"):
+        rel = path.relative_to(ROOT)
+        if path.is_file() and path.suffix in SUFFIXES and not any(p.startswith(".") or p in ("runs", "data")
+                                                                   for p in rel.parts[:-1]):
+            yield rel, path
+
+
+def test_no_file_cites_notes_outside_the_repository():
+    cited = [f"{rel}:{i}" for rel, path in tracked_text_files() if rel != Path(__file__).relative_to(ROOT)
+             for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+             if any(name in line for name in OUTSIDE)]
+    assert cited == []
+
+
+def test_preset_sources_carry_no_dated_machine_figures():
+    dated = re.compile(r"\b20\d\d-\d\d-\d\d\b|\b\d+-core\b|this machine|\bEPYC\b")
+    presets = sorted((ROOT / "configs").rglob("*.yaml"))
+    assert len(presets) >= 40
+    bad = [str(p.relative_to(ROOT)) for p in presets if dated.search(str(yaml.safe_load(p.read_text()).get("source", "")))]
+    assert bad == []
