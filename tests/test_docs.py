@@ -35,3 +35,23 @@ def test_preset_sources_carry_no_dated_machine_figures():
     assert len(presets) >= 40
     bad = [str(p.relative_to(ROOT)) for p in presets if dated.search(str(yaml.safe_load(p.read_text()).get("source", "")))]
     assert bad == []
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_links_to_its_own_sections_resolve():
+    text = (ROOT / "README.md").read_text()
+    text = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # headings only outside code blocks
+    anchors = {slug(h) for h in re.findall(r"^#{1,6} (.+)$", text, flags=re.M)}
+    links = set(re.findall(r"\]\(#([^)]+)\)", text))
+    assert links and links <= anchors, sorted(links - anchors)
+
+
+def test_readme_opens_with_the_newcomers_path_then_its_contents():
+    """Setup, first run, main command and tests come before the reference part, so a newcomer reads
+    them first; the contents list opens the reference."""
+    headings = re.findall(r"^## (.+)$", (ROOT / "README.md").read_text(), flags=re.M)
+    assert headings[:6] == ["Setup", "First run", "Main command", "Tests", "Where results are", "Contents"]
