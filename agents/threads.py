@@ -5,17 +5,7 @@ per-operator overhead that threads do not divide, and lanes side by side share t
 
 from __future__ import annotations
 
-import os
-
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset),
-    not the machine's count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
+from primal_dt.runtime import usable_cores
 
 INFERENCE_ENGINES = ("stream", "recompute", "onnx", "torchscript")
 BIG_BATCH = {"stream": 32, "onnx": 32, "torchscript": 32, "recompute": 8}

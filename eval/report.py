@@ -42,7 +42,8 @@ from pathlib import Path
 from typing import Annotated
 
 import envs
-from agents import dt_checkpoint, training_log
+from agents import dt_checkpoint
+from agents.summary import read_summary
 from primal_dt import checkpoint as ck_io
 from primal_dt import presets, runtime, train_config
 from primal_dt.monitor import save_figure
@@ -134,8 +135,8 @@ def best(curve: list) -> float:
 
 def load_run(d: Path) -> Run:
     """The run in ``d``; a ValueError naming the file and what is wrong with it (the summary is checked
-    against the schema training writes it with, ``training_log.check_summary``)."""
-    summary = training_log.read_summary(d / "summary.json")
+    against the schema training writes it with, ``agents.summary.check_summary``)."""
+    summary = read_summary(d / "summary.json")
     if not summary.get("final"):
         raise ValueError(f"{d}: the run finished without a final evaluation (eval.final_episodes=0); "
                          "nothing to report")

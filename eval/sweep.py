@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import dt_checkpoint
-from agents.training_log import model_label
 from primal_dt import checkpoint, cli, lock, runtime, train_config
 
 from . import report as report_mod
@@ -125,7 +124,7 @@ def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
                 except SystemExit as err:  # the option parser has printed what it could not read
                     raise ValueError(f"run {env} {model} seed {seed}: training does not accept the options shown "
                                      "above (python -m primal_dt.train --help lists them)") from err
-                job = Job(env, model, seed, run_argv, model_label(built.cfg), built.cfg.steps)
+                job = Job(env, model, seed, run_argv, train_config.model_label(built.cfg), built.cfg.steps)
                 _match_existing(job, built.cfg, out)
                 jobs.append(job)
     return sweep, jobs

@@ -32,6 +32,7 @@ import os
 import pickle
 import re
 import socket
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -127,6 +128,31 @@ def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None =
 
 
 # -- reading ---------------------------------------------------------------------------------------
+# -- finding ---------------------------------------------------------------------------------------
+def find(path: str | Path, filename: str, option: str) -> Path:
+    """The checkpoint ``option=path`` means: a file as given; a run directory's ``filename``; or, for a
+    directory above runs (``runs/hopper-medium/primal+dt``), the newest ``filename`` under it (the
+    most recently written), said on stderr, so a recipe never picks a run that holds none (a run
+    still in its first minute, one that failed). A ``FileNotFoundError`` saying what to give otherwise."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if not p.is_dir():
+        raise FileNotFoundError(f"{option}={path}: no checkpoint at {p}; give a run directory (with its {filename}), "
+                                "a directory of runs, or a checkpoint file")
+    if (p / filename).is_file():
+        return p / filename
+    found = [f for f in p.rglob(filename) if f.is_file()]
+    if not found:
+        raise FileNotFoundError(f"{option}={path}: no checkpoint at {p / filename}, nor in any run under it; give a "
+                                f"run directory (with its {filename}), a directory of runs, or a checkpoint file (a run "
+                                "writes its first checkpoint after its first minute or checkpoint_every steps)")
+    newest = max(found, key=lambda f: (f.stat().st_mtime, str(f)))
+    print(f"{option}={path}: using the newest run with a {filename} under it, {newest.parent}", file=sys.stderr,
+          flush=True)
+    return newest
+
+
 def _numpy_globals() -> list:
     """Exactly the numpy objects release 0.1 pickled, under the module names numpy 1.x and 2.x give
     them: a uint32 array (the keys of ``np.random.get_state()`` in a DT checkpoint's random streams)

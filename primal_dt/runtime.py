@@ -142,7 +142,7 @@ FRACTION = Range(0, 1, high_open=True)
 SEED = Range(0, 2**32, high_open=True)
 """what every seeded generator (torch, numpy, Gymnasium's reset) accepts"""
 THREADS = Range(0, 4096)
-"""torch CPU threads (0: torch's default); torch overflows far above any machine's core count"""
+"""torch CPU threads (0: ``set_threads`` chooses); torch overflows far above any machine's core count"""
 
 
 def check_number(option: str, value, rule: Range) -> None:
@@ -273,11 +273,33 @@ def pick_device(name: str, d: Dist = Dist()) -> torch.device:
     return torch.device("cpu")
 
 
-def set_threads(threads: int) -> None:
-    """torch's CPU threads (0: torch's default). On 2 cores a second busy process makes
-    multi-threaded small ops collapse, so runs that share a machine ask for 1."""
-    if threads > 0:
-        torch.set_num_threads(threads)
+SMALL_CPU = 4
+"""usable cores up to which ``threads=0`` means one torch thread per process"""
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset),
+    not the machine's count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def set_threads(threads: int, d: Dist = Dist()) -> int:
+    """Set torch's CPU threads and return them: ``threads``, or for 0 (the default) one per process
+    on a small CPU (at most ``SMALL_CPU`` usable cores), where a second busy process (a simulator,
+    another run) makes multi-threaded small operations collapse, and elsewhere the process's share
+    of the cores (divided among the processes of a DDP run on this machine)."""
+    if threads <= 0:
+        cores = usable_cores()
+        threads = 1 if cores <= SMALL_CPU else max(1, cores // max(1, _local_world(d)))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def _local_world(d: Dist) -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", d.world))
 
 
 def seed_torch(seed: int) -> None:
@@ -289,15 +311,15 @@ def seed_torch(seed: int) -> None:
 
 # -- where a resumed run lives ---------------------------------------------------------------------
 def resume_checkpoint(path: str, filename: str = "last.pt") -> Path:
-    """``resume=PATH`` names a checkpoint file or a run directory (meaning its ``filename``); the
-    resumed run continues in that file's directory. A clear error when there is none."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / filename
-    if not p.is_file():
-        raise SetupError(f"resume={path}: no checkpoint at {p}; give a run directory (with its {filename}) or "
-                         "a checkpoint file")
-    return p
+    """``resume=PATH`` names a checkpoint file, a run directory (meaning its ``filename``) or a directory
+    of runs (meaning the newest run holding one: ``checkpoint.find``); the resumed run continues in
+    that file's directory. A clear error when there is none."""
+    from .checkpoint import find
+
+    try:
+        return find(path, filename, "resume")
+    except FileNotFoundError as err:
+        raise SetupError(str(err)) from err
 
 
 # -- claiming a new output ------------------------------------------------------------------------

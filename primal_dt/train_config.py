@@ -276,6 +276,11 @@ def describe(b: Built) -> str:
     return "\n".join(lines)
 
 
+def model_label(cfg: TrainConfig) -> str:
+    """The model's name in run directories, logs and summaries: the layout, or the explicit layers joined by '-'."""
+    return cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
+
+
 # -- checks -------------------------------------------------------------------------------------------
 def attention_options(m: ModelConfig) -> dict:
     """Per-mechanism constructor options: ``model.attention_options``, with ``model.s`` for primal layers."""

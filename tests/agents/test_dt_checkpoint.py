@@ -92,7 +92,7 @@ def release_0_1(model, hopper_stats):
 
 def test_release_0_1_checkpoints_still_load(tmp_path, tiny_dt, hopper_stats):
     """Read with weights_only=True, numpy's random state included (the only numpy objects allowed)."""
-    from agents.training_checkpoint import set_numpy_state
+    from agents.dt_checkpoint import set_numpy_state
 
     m = tiny_dt()
     d = release_0_1(m, hopper_stats)
@@ -119,9 +119,9 @@ def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_ch
     with pytest.raises(ValueError, match=r"no-data\.pt lacks data, data\.env, .*not written by primal_dt\.train"):
         schema.load(path)
     (tmp_path / "empty-run").mkdir()
-    with pytest.raises(FileNotFoundError, match="empty-run is a directory without a last.pt"):
+    with pytest.raises(FileNotFoundError, match=r"empty-run: no checkpoint at .*empty-run/last\.pt, nor in any run under"):
         schema.load(tmp_path / "empty-run")
-    with pytest.raises(FileNotFoundError, match=r"checkpoint .*nope\.pt does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint=.*nope\.pt: no checkpoint at .*nope\.pt; give a run"):
         schema.load(tmp_path / "nope.pt")
     newer = {**dt_checkpoint(m).to_dict(), "schema": schema.SCHEMA_VERSION + 1}
     with pytest.raises(ValueError, match="written by a newer primal-dt"):

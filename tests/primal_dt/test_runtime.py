@@ -84,8 +84,24 @@ def test_resume_checkpoint_takes_a_file_or_its_run_directory(tmp_path):
         runtime.resume_checkpoint(str(tmp_path / "missing"))
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(SetupError, match=r"no checkpoint at .*empty/last.pt; give a run directory"):
+    with pytest.raises(SetupError, match=r"no checkpoint at .*empty/last.pt, nor in any run under it; give a run"):
         runtime.resume_checkpoint(str(empty))
+
+
+def test_a_directory_of_runs_means_its_newest_run_that_holds_a_checkpoint(tmp_path, capsys):
+    """What ``ls -d runs/.../*/ | tail -n 1`` got wrong: the last run listed may hold no checkpoint yet."""
+    root = tmp_path / "runs" / "hopper-medium" / "dt"
+    old, new, empty = (root / n for n in ("20260101-000000-seed0", "20260102-000000-seed1", "20260103-000000-seed0"))
+    for d in (old, new, empty):
+        d.mkdir(parents=True)
+    (old / "last.pt").write_bytes(b"x")
+    (new / "last.pt").write_bytes(b"x")
+    os.utime(old / "last.pt", (1_000_000, 1_000_000))
+    assert runtime.resume_checkpoint(str(tmp_path / "runs")) == new / "last.pt"
+    assert f"resume={tmp_path / 'runs'}: using the newest run with a last.pt under it, {new}" in capsys.readouterr().err
+    os.utime(new / "last.pt", (500_000, 500_000))
+    assert runtime.resume_checkpoint(str(root)) == old / "last.pt"
+    assert runtime.resume_checkpoint(str(empty.parent.parent)) == old / "last.pt"
 
 
 # -- attention_options ---------------------------------------------------------------------------------
