@@ -220,7 +220,7 @@ def resolve(path: str | Path, option: str = "checkpoint") -> Path:
 
 def save(ck: DTCheckpoint, path: str | Path) -> Path:
     """Write ``ck`` atomically (a crash or a full disk never leaves a torn file; a failed write is a
-    ``primal_dt.runtime.WriteError`` naming the file and the step it would have held)."""
+    ``primal_dt.errors.WriteError`` naming the file and the step it would have held)."""
     return ck_io.save_atomic(ck.to_dict(), path, what=f"checkpoint (step {ck.step})")
 
 

@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from primal_dt import runtime
+from primal_dt import errors
 
 SUMMARY_FIELDS = {"env": str, "model": str, "seed": int, "steps": int}
 """the fields every summary names, with their JSON types; ``final`` and ``validation`` follow, each an
@@ -74,5 +74,5 @@ def read_summary(path) -> dict:
     try:
         return check_summary(json.loads(Path(path).read_text()), str(path))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        why = runtime.why(err) if isinstance(err, OSError) else f"not valid JSON ({err})"
+        why = errors.why(err) if isinstance(err, OSError) else f"not valid JSON ({err})"
         raise ValueError(f"{path} cannot be read: {why}") from err

@@ -6,8 +6,10 @@ per-operator overhead that threads do not divide, and lanes side by side share t
 from __future__ import annotations
 
 from primal_dt.runtime import usable_cores
+from primal_dt.train_config import ENGINES
 
-INFERENCE_ENGINES = ("stream", "recompute", "onnx", "torchscript")
+INFERENCE_ENGINES = (*ENGINES, "onnx", "torchscript")
+"""the torch engines and the exported runtimes"""
 BIG_BATCH = {"stream": 32, "onnx": 32, "torchscript": 32, "recompute": 8}
 """rows from which an engine's step is arithmetic (large matmuls) rather than per-operator overhead:
 below it no thread count helps (eval.bench.inference measures it); recompute runs 3K tokens per row, so

@@ -42,9 +42,10 @@ import yaml
 
 import envs
 from primal_dt import checkpoint as ck_io
-from primal_dt import lock, presets, runtime, train_config
+from primal_dt import distributed, errors, lock, outputs, presets, runtime, train_config
 from primal_dt.monitor import EpisodeBar, RunMonitor, run_dir
-from primal_dt.runtime import Dist, SetupError, WriteError
+from primal_dt.distributed import Dist
+from primal_dt.errors import SetupError, WriteError
 from primal_dt.train_config import Built, TrainConfig, model_label
 
 from . import dt_checkpoint, stream_training
@@ -107,14 +108,14 @@ class Run:
 def prepare(built: Built, d: Dist | None = None) -> Run:
     """Config (resumed or new), data, model and optimizer; bad input raises ``SetupError`` before a
     file is written. The order of random draws is part of the contract: same seed, same run."""
-    with runtime.setup_errors():
+    with errors.setup_errors():
         built, resume = resumed_config(built)
         cfg = built.cfg
         train_config.check(cfg)
         spec = env_spec(cfg.env)
         if cfg.eval.every > 0 or cfg.eval.final_episodes > 0:  # evaluation will build simulators: fail now, not at it
             envs.check_mujoco_gl()
-        d = d or runtime.init_distributed(cfg.device)
+        d = d or distributed.init_distributed(cfg.device)
         if cfg.batch_size % d.world:
             raise SetupError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
         device = runtime.pick_device(cfg.device, d)
@@ -157,7 +158,7 @@ def resumed_config(built: Built) -> tuple[Built, tuple[Path, DTCheckpoint] | Non
     checkpoint); otherwise the config as built and None."""
     if not built.cfg.resume:
         return built, None
-    path = runtime.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
+    path = ck_io.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
     ck = dt_checkpoint.load(path)
     if ck.training is None:
         raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so it "
@@ -202,8 +203,8 @@ def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
     """The network ``cfg`` describes, for data with these dimensions (stream-exact: every layer windowed)."""
     m = cfg.model
     mc = DTConfig(state_dim=state_dim, act_dim=act_dim, K=cfg.K, d_model=m.d_model, n_heads=m.n_heads,
-                  n_layers=m.n_layers, layout=m.name, layers=train_config.layer_names(m),
-                  options=train_config.attention_options(m), dropout=m.dropout, activation=m.activation,
+                  n_layers=m.n_layers, layout=m.name, layers=m.layer_names(),
+                  options=m.options(), dropout=m.dropout, activation=m.activation,
                   mlp_ratio=m.mlp_ratio, max_timestep=cfg.max_timestep)
     if cfg.stream_window:
         mc = stream_training.stream_exact_config(mc, cfg.stream_window)
@@ -223,8 +224,9 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
     except ValueError as err:
         m = cfg.model
         raise ValueError(f"model options (model.name={m.name}, model.layers={m.layers or '-'}, "
-                         f"model.d_model={m.d_model}, model.n_heads={m.n_heads}, model.s={m.s}, model.attention_options="
-                         f"{m.attention_options or '-'}, K={cfg.K}, stream_window={cfg.stream_window}): {err}") from err
+                         f"model.d_model={m.d_model}, model.n_heads={m.n_heads}, model.s={m.s}, "
+                         f"model.attention_options={m.attention_options or '-'}, K={cfg.K}, "
+                         f"stream_window={cfg.stream_window}): {err}") from err
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
@@ -313,7 +315,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     val = validate(run, mon, final=True) if run.validation is not None else None
     d.barrier()
     summary = finish(run, mon, final, val)
-    runtime.check_replicas(run.model, d)
+    distributed.check_replicas(run.model, d)
     return summary
 
 
@@ -371,7 +373,7 @@ def open_run_dir(run: Run) -> None:
         stale = ck_io.remove_stale_temps(*run.out.parent.iterdir()) if d.main else []
     else:
         if d.main:
-            runtime.check_writable(run.out, "run directory")
+            outputs.check_writable(run.out, "run directory")
             lock.hold(run.out)
         stale = ck_io.remove_stale_temps(run.out, own=True) if d.main else []
     if stale:

@@ -45,7 +45,7 @@ import envs
 from agents import dt_checkpoint
 from agents.summary import read_summary
 from primal_dt import checkpoint as ck_io
-from primal_dt import presets, runtime, train_config
+from primal_dt import errors, presets, train_config
 from primal_dt.monitor import save_figure
 import tyro
 
@@ -391,7 +391,7 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     notes += nonfinite(runs)
     targets = sorted({t for r in runs for t in r.final}, key=lambda t: -float(t.removeprefix("target")))
     out = Path(out)
-    with runtime.writing(out, "report directory (nothing was written)"):
+    with errors.writing(out, "report directory (nothing was written)"):
         out.mkdir(parents=True, exist_ok=True)
     rows = {t: score_rows(groups, t) for t in targets}
     if not any(rows.values()):
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                 description="\n\n".join(paragraphs[:1] + paragraphs[2:]))
     try:
         res = report(list(cfg.runs), cfg.out)
-    except runtime.WriteError as err:  # the run failed, not the input: exit 1
+    except errors.WriteError as err:  # the run failed, not the input: exit 1
         print(f"error: {err}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError) as err:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from agents.decision_transformer import DecisionTransformer, DTConfig
 from agents.training import train_step
-from primal_dt import cli, runtime
+from primal_dt import cli, options
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
 OURS = ("dt", "primal+dt", "primalformer-dt")
@@ -186,9 +186,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[st
     sizes = list(args.sizes)
     if not sizes:
         cli.fail(f"--sizes names no size; give some of {', '.join(SIZES)}")
-    runtime.check_parsed(args, {"--batch": runtime.AT_LEAST_1, "--K": runtime.AT_LEAST_1,
-                                   "--steps": runtime.AT_LEAST_1, "--rounds": runtime.AT_LEAST_1,
-                                   "--warmup": runtime.AT_LEAST_0, "--threads": runtime.THREADS})
+    options.check_parsed(args, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
+                                   "--steps": options.AT_LEAST_1, "--rounds": options.AT_LEAST_1,
+                                   "--warmup": options.AT_LEAST_0, "--threads": options.THREADS})
     with_hf = not args.no_hf
     if with_hf:
         try:
