@@ -793,7 +793,7 @@ def projection(run: Run, step_s: float, start: int, measured: int) -> str:
     steps = min(left, nice(BUDGET_S / step_s))
     scale = {"steps": steps, "warmup_steps": cfg.warmup_steps, "eval.every": cfg.eval.every,
              "checkpoint_every": cfg.checkpoint_every}
-    fit = {k: (v if k == "steps" else round(v * steps / left)) for k, v in scale.items() if v or k == "steps"}
+    fit = {k: (v if k == "steps" else max(1, round(v * steps / left))) for k, v in scale.items() if v}
     if cfg.resume:  # a resumed run can change its steps only: it stops after the budget's worth more
         fit = {"steps": start + steps}
     lines[-1] += (f" To see results in about {BUDGET_S / 60:.0f} minutes of training here, run it shorter (same "
