@@ -201,11 +201,8 @@ def env_spec(name: str) -> envs.EnvSpec:
 
 def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
     """The network ``cfg`` describes, for data with these dimensions (stream-exact: every layer windowed)."""
-    m = cfg.model
-    mc = DTConfig(state_dim=state_dim, act_dim=act_dim, K=cfg.K, d_model=m.d_model, n_heads=m.n_heads,
-                  n_layers=m.n_layers, layout=m.name, layers=m.layer_names(),
-                  options=m.options(), dropout=m.dropout, activation=m.activation,
-                  mlp_ratio=m.mlp_ratio, max_timestep=cfg.max_timestep)
+    mc = DTConfig(**dataclasses.asdict(cfg.model), state_dim=state_dim, act_dim=act_dim, K=cfg.K,
+                  max_timestep=cfg.max_timestep)
     if cfg.stream_window:
         mc = stream_training.stream_exact_config(mc, cfg.stream_window)
         need = stream_training.min_segment_steps(mc)

@@ -30,7 +30,9 @@ GROUP = "dt"
 
 @dataclass
 class ModelConfig:
-    """The Decision Transformer: its layout (attention per layer) and sizes."""
+    """The Decision Transformer: its layout (attention per layer) and sizes, as the user writes them
+    (``model.*``); the network is built from exactly this (``agents.DTConfig`` adds the data's
+    dimensions), so each check of these fields is here, once."""
 
     name: str = "primal+dt"
     """layout: dt | primal+dt | primalformer-dt | primal+<mechanism> | any attention mechanism"""
@@ -63,6 +65,9 @@ class ModelConfig:
 
     def check(self) -> None:
         """Raise ValueError naming the option (``model.*``), its value and what is allowed."""
+        for name in ("d_model", "n_heads", "n_layers", "s"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise ValueError(f"model.{name} must be an integer, got {getattr(self, name)!r}")
         check_numbers(self, {"d_model": AT_LEAST_1, "n_heads": AT_LEAST_1, "n_layers": AT_LEAST_1, "s": AT_LEAST_1,
                              "dropout": FRACTION, "mlp_ratio": POSITIVE}, prefix="model.")
         if self.d_model % self.n_heads:

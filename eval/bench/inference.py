@@ -166,8 +166,8 @@ def random_model(info, width: int, heads: int, layout: str, seed: int):
     spec = envs.get_spec(info.env)
     torch.manual_seed(seed)
     s = min(64, width // heads)
-    return DecisionTransformer(DTConfig(spec.obs_dim, spec.act_dim, K=20, d_model=width, n_heads=heads, n_layers=3,
-                                        layout=layout, options={"primal": {"s": s}}, dropout=0.0)).eval()
+    return DecisionTransformer(DTConfig(state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=width, n_heads=heads,
+                                        n_layers=3, name=layout, s=s, dropout=0.0)).eval()
 
 
 def build_models(bc: BenchConfig):

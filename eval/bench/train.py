@@ -57,8 +57,8 @@ def batches(n: int, batch: int, K: int, seed: int = 0) -> list[dict]:
 
 class Ours:
     def __init__(self, layout: str, size: dict, K: int):
-        cfg = DTConfig(STATE_DIM, ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
-                       n_layers=size["n_layers"], layout=layout, options={"primal": {"s": size["s"]}}, dropout=0.1)
+        cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
+                       n_layers=size["n_layers"], name=layout, s=size["s"], dropout=0.1)
         self.model = DecisionTransformer(cfg).train()
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
