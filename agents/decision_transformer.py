@@ -96,6 +96,7 @@ class DTConfig(ModelConfig):
         return layout(self.name, self.n_layers, options)
 
     def check(self) -> None:
+        """The fields this config adds; then the model options' own checks (``ModelConfig.check``)."""
         for name in ("state_dim", "act_dim", "K", "max_timestep"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:

@@ -47,8 +47,6 @@ class Block(nn.Module):
         self.norm = norm
         self.attn = build_attention(spec.attention, d_model, n_heads, causal=causal, **spec.options)
         hidden = d_ff or int(mlp_ratio * d_model)
-        if hidden < 1:
-            raise ValueError(f"mlp_ratio={mlp_ratio} leaves no hidden units at d_model={d_model}")
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, hidden), _ACTIVATIONS[activation](),
                                  nn.Linear(hidden, d_model), nn.Dropout(dropout))
