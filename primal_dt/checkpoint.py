@@ -138,8 +138,8 @@ def find(path: str | Path, filename: str, option: str) -> Path:
     if p.is_file():
         return p
     if not p.is_dir():
-        raise FileNotFoundError(f"{option}={path}: no checkpoint at {p}; give a run directory (with its {filename}), "
-                                "a directory of runs, or a checkpoint file")
+        raise FileNotFoundError(f"{option}={path}: no checkpoint at {p}; it does not exist: give a run directory (with "
+                                f"its {filename}), a directory of runs, or a checkpoint file")
     if (p / filename).is_file():
         return p / filename
     found = [f for f in p.rglob(filename) if f.is_file()]

@@ -150,7 +150,7 @@ def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_ch
     (tmp_path / "empty-run").mkdir()
     with pytest.raises(FileNotFoundError, match=r"empty-run: no checkpoint at .*empty-run/last\.pt, nor in any run under"):
         schema.load(tmp_path / "empty-run")
-    with pytest.raises(FileNotFoundError, match=r"checkpoint=.*nope\.pt: no checkpoint at .*nope\.pt; give a run"):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint=.*nope\.pt: no checkpoint at .*nope\.pt; it does not exist: give a run"):
         schema.load(tmp_path / "nope.pt")
     newer = {**dt_checkpoint(m).to_dict(), "schema": schema.SCHEMA_VERSION + 1}
     with pytest.raises(ValueError, match="written by a newer primal-dt"):
