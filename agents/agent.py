@@ -31,14 +31,13 @@ import numpy as np
 import torch
 
 from primal_dt.attention.precision import check_precision, native_bf16
+from primal_dt.train_config import ENGINES
 
 from . import dt_checkpoint, threads
 from .decision_transformer import DTStep
 from .onnx_policy import Policy
 from .recompute import RecomputeEngine, check_recomputable
 from .stream import StreamEngine
-
-ENGINES = ("stream", "recompute")
 
 
 class Agent(Policy):

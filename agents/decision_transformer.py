@@ -2,9 +2,10 @@
 
 Read top to bottom:
 
-1. ``DTConfig``: sizes, the stack layout (``dt`` all softmax, ``primal+dt`` last layer primal,
-   ``primalformer-dt`` all primal, any registered mechanism, or an explicit per-layer list) and
-   per-mechanism options such as Primal-Attention's ``s``.
+1. ``DTConfig``: the model options as the user writes them (``ModelConfig``: sizes, the stack
+   layout, ``dt`` all softmax, ``primal+dt`` last layer primal, ``primalformer-dt`` all primal, any
+   registered mechanism, or an explicit per-layer list, and per-mechanism options such as
+   Primal-Attention's ``s``), plus the data's dimensions and the context length.
 2. ``embed_tokens``: return-to-go, state and action each get a linear embedding plus a learned
    timestep embedding, then a shared LayerNorm; ``embed`` interleaves them as
    (R_1, s_1, a_1, R_2, s_2, a_2, ...), 3K tokens.
@@ -55,69 +56,80 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass, field
+import inspect
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
+from primal_dt.attention import get_class
 from primal_dt.attention.base import restart_rows
 from primal_dt.attention.state import StateSpec
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
 from primal_dt.layouts import layout
+from primal_dt.train_config import ModelConfig
 
 TOKENS_PER_STEP = 3  # (return-to-go, state, action)
 STATE_TOKEN = 1  # offset of the state token within a step
 
 
-@dataclass
-class DTConfig:
+@dataclass(kw_only=True)
+class DTConfig(ModelConfig):
+    """The network: the model options exactly as the user writes them (``ModelConfig``, ``model.*`` on
+    the command line, every check of theirs in it), plus what the data and the run fix: the
+    dimensions, the context and the timestep range."""
+
     state_dim: int
     act_dim: int
     K: int = 20
     """context length in environment steps (3K tokens)"""
-    d_model: int = 256
-    n_heads: int = 4
-    n_layers: int = 3
-    layout: str = "primal+dt"
-    """dt | primal+dt | primalformer-dt | primal+<mechanism> | a mechanism name"""
-    layers: tuple[str, ...] = ()
-    """explicit mechanism per layer (overrides layout and n_layers when given)"""
-    options: dict = field(default_factory=dict)
-    """mechanism name -> constructor options, e.g. {"primal": {"s": 64}}"""
-    dropout: float = 0.1
-    activation: str = "relu"
-    mlp_ratio: float = 4.0
     max_timestep: int = 1000
     """size of the timestep embedding; timesteps are clipped to max_timestep - 1"""
 
     def layer_specs(self) -> list[LayerSpec]:
-        if self.layers:  # one single-layer layout per name: aliases (dt -> softmax) and checks apply
-            return [layout(name, 1, self.options)[0] for name in self.layers]
-        return layout(self.layout, self.n_layers, self.options)
+        options = self.options()
+        if self.layer_names():  # one single-layer layout per name: aliases (dt -> softmax) and checks apply
+            return [layout(name, 1, options)[0] for name in self.layer_names()]
+        return layout(self.name, self.n_layers, options)
 
     def check(self) -> None:
-        for name in ("state_dim", "act_dim", "K", "d_model", "n_heads", "n_layers", "max_timestep"):
+        """The fields this config adds; then the model options' own checks (``ModelConfig.check``)."""
+        for name in ("state_dim", "act_dim", "K", "max_timestep"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"model {name} must be an integer >= 1, got {v!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"model d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"model dropout must be in [0, 1), got {self.dropout}")
-        if not self.mlp_ratio > 0:
-            raise ValueError(f"model mlp_ratio must be > 0, got {self.mlp_ratio}")
+        super().check()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "DTConfig":
+        """Back from ``to_dict``, or from the form files written before this config was the user's
+        (``layout``, a list of ``layers``, an ``options`` dict), which build the same network."""
+        d = dict(d)
+        if not isinstance(d.get("layers", ""), str):
+            d["layers"] = ",".join(d["layers"])
+        if "layout" in d:
+            d.setdefault("name", d.pop("layout"))
+        if "options" in d:
+            opts = dict(d.pop("options") or {})
+            d["s"] = int(opts.get("primal", {}).get("s", _constructor_default("primal", "s")))
+            d["attention_options"] = yaml_mapping(opts) if opts else ""
         known = {f.name for f in dataclasses.fields(cls)}
-        d = {k: v for k, v in d.items() if k in known}
-        d["layers"] = tuple(d.get("layers", ()))
-        return cls(**d)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def yaml_mapping(options: dict) -> str:
+    """Mechanism options as ``attention_options`` text (one line of YAML flow style)."""
+    return yaml.safe_dump(options, default_flow_style=True, sort_keys=False, width=2**31).strip()
+
+
+def _constructor_default(mechanism: str, option: str):
+    return inspect.signature(get_class(mechanism).__init__).parameters[option].default
 
 
 def trailing_padding(mask: torch.Tensor | None) -> bool:

@@ -196,23 +196,31 @@ def _array(x) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
-def resolve(path: str | Path) -> Path:
-    """A checkpoint file, or a run directory meaning its last.pt; a clear error when neither exists."""
-    p = Path(path)
-    if p.is_dir():
-        if not (p / FILENAME).exists():
-            raise FileNotFoundError(f"{p} is a directory without a {FILENAME}: not a primal_dt.train run directory "
-                                    "(or its first checkpoint was not written yet)")
-        return p / FILENAME
-    if not p.exists():
-        raise FileNotFoundError(f"checkpoint {p} does not exist (give a .pt file written by primal_dt.train, or "
-                                "its run directory)")
-    return p
+def numpy_state() -> dict:
+    """numpy's global stream as tensors and plain data (what ``torch.load(weights_only=True)`` reads),
+    for ``TrainingState.rng``."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+            "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def set_numpy_state(state) -> None:
+    """Restore numpy's global stream from ``numpy_state`` (or the tuple release 0.1 files hold)."""
+    if isinstance(state, dict):
+        keys = state["keys"].numpy() if isinstance(state["keys"], torch.Tensor) else np.asarray(state["keys"])
+        state = (state["name"], keys.astype(np.uint32), state["pos"], state["has_gauss"], state["cached_gaussian"])
+    np.random.set_state(state)
+
+
+def resolve(path: str | Path, option: str = "checkpoint") -> Path:
+    """A checkpoint file, a run directory meaning its last.pt, or a directory of runs meaning the
+    newest run's (``primal_dt.checkpoint.find``); a FileNotFoundError saying what to give otherwise."""
+    return ck_io.find(path, FILENAME, option)
 
 
 def save(ck: DTCheckpoint, path: str | Path) -> Path:
     """Write ``ck`` atomically (a crash or a full disk never leaves a torn file; a failed write is a
-    ``primal_dt.runtime.WriteError`` naming the file and the step it would have held)."""
+    ``primal_dt.errors.WriteError`` naming the file and the step it would have held)."""
     return ck_io.save_atomic(ck.to_dict(), path, what=f"checkpoint (step {ck.step})")
 
 

@@ -53,7 +53,7 @@ import torch
 from torch import nn
 
 from primal_dt import checkpoint as ck_io
-from primal_dt import runtime
+from primal_dt import errors
 
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
@@ -366,7 +366,7 @@ def run(argv: list[str]) -> Path:
     cfg = parse(ExportConfig, argv, prog="python -m agents.export",
                 description="Export a Decision-Transformer checkpoint's stream step (the agent's whole act, recurrent "
                             "state as explicit inputs and outputs) as ONNX or TorchScript.")
-    with runtime.setup_errors():
+    with errors.setup_errors():
         if not cfg.checkpoint:
             raise ValueError("checkpoint=PATH is required (a last.pt written by primal_dt.train, or its run directory)")
         if cfg.format == "onnx":
@@ -386,8 +386,8 @@ def run(argv: list[str]) -> Path:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    """``python -m agents.export``: bad input and failed writes end as every entry point's (runtime.main)."""
-    return runtime.main(run, sys.argv[1:] if argv is None else argv)
+    """``python -m agents.export``: bad input and failed writes end as every entry point's (errors.main)."""
+    return errors.main(run, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

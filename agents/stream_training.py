@@ -31,7 +31,7 @@ import torch
 
 from primal_dt.attention import available, get_class
 
-from .decision_transformer import STATE_TOKEN, TOKENS_PER_STEP, DTConfig
+from .decision_transformer import STATE_TOKEN, TOKENS_PER_STEP, DTConfig, yaml_mapping
 
 
 def windowed() -> list[str]:
@@ -51,7 +51,7 @@ def stream_exact_options(window: int, options: dict | None = None) -> dict:
 
 def stream_exact_config(cfg: DTConfig, window: int) -> DTConfig:
     """``cfg`` with every attention layer windowed to ``window`` tokens (error if a layer cannot be)."""
-    new = dataclasses.replace(cfg, options=stream_exact_options(window, cfg.options))
+    new = dataclasses.replace(cfg, attention_options=yaml_mapping(stream_exact_options(window, cfg.options())))
     receptive_field(new)  # checks every layer
     return new
 

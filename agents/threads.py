@@ -5,19 +5,11 @@ per-operator overhead that threads do not divide, and lanes side by side share t
 
 from __future__ import annotations
 
-import os
+from primal_dt.runtime import usable_cores
+from primal_dt.train_config import ENGINES
 
-
-def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset),
-    not the machine's count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-INFERENCE_ENGINES = ("stream", "recompute", "onnx", "torchscript")
+INFERENCE_ENGINES = (*ENGINES, "onnx", "torchscript")
+"""the torch engines and the exported runtimes"""
 BIG_BATCH = {"stream": 32, "onnx": 32, "torchscript": 32, "recompute": 8}
 """rows from which an engine's step is arithmetic (large matmuls) rather than per-operator overhead:
 below it no thread count helps (eval.bench.inference measures it); recompute runs 3K tokens per row, so

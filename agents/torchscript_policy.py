@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from primal_dt import runtime
+from primal_dt import options
 
 from .onnx_policy import METADATA_KEY, GraphPolicy
 
@@ -33,7 +33,7 @@ class TorchScriptPolicy(GraphPolicy):
                              "python -m agents.export format=torchscript")
         super().__init__(json.loads(extra[key]), str(path))
         if threads is not None:
-            runtime.check_number("threads", threads, runtime.AT_LEAST_1)
+            options.check_number("threads", threads, options.AT_LEAST_1)
             torch.set_num_threads(int(threads))
 
     def _run(self, inputs):

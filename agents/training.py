@@ -2,25 +2,31 @@
 
     summary = train(train_config.build(argv), evaluator)
 
-It reads top to bottom: ``prepare`` (config, resume, data, model, optimizer: everything that can
-fail on bad input, before the first step and before anything is written), then ``train``: claim
-the run directory (created exclusively, so runs started together never share one), the loop
-(sample a batch, one optimisation step, log, evaluate, checkpoint), then the summary. Around it:
-``training_checkpoint`` (the DT checkpoint through ``agents.dt_checkpoint``, random streams, exact
-resume) and ``training_log`` (TensorBoard, progress, summary files).
+One file, read top to bottom, in the order a run happens:
+
+1. setup (``prepare``): config (resumed or new), data, model, optimizer; everything that can fail
+   on bad input fails here, as ``SetupError``, before anything is written;
+2. the loop (``train``): claim the run directory, then sample, step, log, evaluate, checkpoint;
+3. evaluation: in the simulator (``eval``'s code, handed in as an ``Evaluator`` because ``eval``
+   sits above ``agents``) and on held-out episodes (``agents.training_validation``);
+4. checkpoints: what a run puts into ``last.pt`` and takes back on resume (the file's schema is
+   ``agents.dt_checkpoint``'s), by steps and by wall time;
+5. logging: the announcement, TensorBoard, the progress bar, ``summary.json`` (``agents.summary``),
+   and how long the run will take, measured from its own steps and evaluations.
 
 A write that fails (disk full, a file-size limit, an unwritable directory) ends the run with one
 ``WriteError`` naming the file, what was not written, and the last checkpoint, which is intact.
-
-Rolling the model out in the simulator is ``eval``'s code, which sits above ``agents``; the entry
-point hands it in as an ``Evaluator``. Training is deterministic on CPU for a given seed and config,
-and a resumed run continues exactly where its checkpoint left it.
+Training is deterministic on CPU for a given seed and config, and a resumed run continues exactly
+where its checkpoint left it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import math
+import shlex
 import signal
 import sys
 import threading
@@ -32,17 +38,20 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+import yaml
 
 import envs
 from primal_dt import checkpoint as ck_io
-from primal_dt import lock, runtime, train_config
+from primal_dt import distributed, errors, lock, outputs, presets, runtime, train_config
 from primal_dt.monitor import EpisodeBar, RunMonitor, run_dir
-from primal_dt.runtime import Dist, SetupError, WriteError
-from primal_dt.train_config import Built, TrainConfig
+from primal_dt.distributed import Dist
+from primal_dt.errors import SetupError, WriteError
+from primal_dt.train_config import Built, TrainConfig, model_label
 
-from . import dt_checkpoint, stream_training, training_checkpoint, training_log, training_time
+from . import dt_checkpoint, stream_training
 from .decision_transformer import DecisionTransformer, DTConfig, dt_loss
-from .dt_checkpoint import DataInfo
+from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
+from .summary import check_summary
 from .training_validation import Validation
 
 
@@ -95,22 +104,22 @@ class Run:
     """logged evaluation curves, kept in the checkpoint so a resumed run draws them whole"""
 
 
-# -- prepare: everything that can fail on bad input -------------------------------------------------
+# == 1. setup: everything that can fail on bad input ================================================
 def prepare(built: Built, d: Dist | None = None) -> Run:
     """Config (resumed or new), data, model and optimizer; bad input raises ``SetupError`` before a
     file is written. The order of random draws is part of the contract: same seed, same run."""
-    with runtime.setup_errors():
+    with errors.setup_errors():
         built, resume = resumed_config(built)
         cfg = built.cfg
         train_config.check(cfg)
         spec = env_spec(cfg.env)
         if cfg.eval.every > 0 or cfg.eval.final_episodes > 0:  # evaluation will build simulators: fail now, not at it
             envs.check_mujoco_gl()
-        d = d or runtime.init_distributed(cfg.device)
+        d = d or distributed.init_distributed(cfg.device)
         if cfg.batch_size % d.world:
             raise SetupError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
         device = runtime.pick_device(cfg.device, d)
-        runtime.set_threads(cfg.threads)
+        runtime.set_threads(cfg.threads, d)
         runtime.seed_torch(cfg.seed)
         model = build_model(cfg, spec.obs_dim, spec.act_dim)  # bad options raise here
         data = envs.load_dataset(cfg.env, source=cfg.data_source, verbose=d.main, clip_actions=cfg.data_clip_actions)
@@ -140,16 +149,16 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
     run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d,
               validation)
     if resume is not None:
-        training_checkpoint.restore(run, resume[1])
+        restore(run, resume[1])
     return run
 
 
-def resumed_config(built: Built) -> tuple[Built, tuple[Path, dt_checkpoint.DTCheckpoint] | None]:
+def resumed_config(built: Built) -> tuple[Built, tuple[Path, DTCheckpoint] | None]:
     """With ``resume=``: the checkpoint's config plus the run-time options given now, and (path,
     checkpoint); otherwise the config as built and None."""
     if not built.cfg.resume:
         return built, None
-    path = runtime.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
+    path = ck_io.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
     ck = dt_checkpoint.load(path)
     if ck.training is None:
         raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so it "
@@ -159,7 +168,7 @@ def resumed_config(built: Built) -> tuple[Built, tuple[Path, dt_checkpoint.DTChe
     return train_config.resumed(built, saved, str(path)), (path, ck)
 
 
-def hold_out(cfg: TrainConfig, data: envs.Trajectories, resumed: dt_checkpoint.DTCheckpoint | None):
+def hold_out(cfg: TrainConfig, data: envs.Trajectories, resumed: DTCheckpoint | None):
     """(training episodes, held-out episodes) for ``val_fraction``, drawn by the run's seed; a resumed
     run recomputes its split and checks it against the one its checkpoint recorded."""
     if cfg.val_fraction == 0:
@@ -192,11 +201,8 @@ def env_spec(name: str) -> envs.EnvSpec:
 
 def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
     """The network ``cfg`` describes, for data with these dimensions (stream-exact: every layer windowed)."""
-    m = cfg.model
-    mc = DTConfig(state_dim=state_dim, act_dim=act_dim, K=cfg.K, d_model=m.d_model, n_heads=m.n_heads,
-                  n_layers=m.n_layers, layout=m.name, layers=train_config.layer_names(m),
-                  options=train_config.attention_options(m), dropout=m.dropout, activation=m.activation,
-                  mlp_ratio=m.mlp_ratio, max_timestep=cfg.max_timestep)
+    mc = DTConfig(**dataclasses.asdict(cfg.model), state_dim=state_dim, act_dim=act_dim, K=cfg.K,
+                  max_timestep=cfg.max_timestep)
     if cfg.stream_window:
         mc = stream_training.stream_exact_config(mc, cfg.stream_window)
         need = stream_training.min_segment_steps(mc)
@@ -215,8 +221,9 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
     except ValueError as err:
         m = cfg.model
         raise ValueError(f"model options (model.name={m.name}, model.layers={m.layers or '-'}, "
-                         f"model.d_model={m.d_model}, model.n_heads={m.n_heads}, model.s={m.s}, model.attention_options="
-                         f"{m.attention_options or '-'}, K={cfg.K}, stream_window={cfg.stream_window}): {err}") from err
+                         f"model.d_model={m.d_model}, model.n_heads={m.n_heads}, model.s={m.s}, "
+                         f"model.attention_options={m.attention_options or '-'}, K={cfg.K}, "
+                         f"stream_window={cfg.stream_window}): {err}") from err
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
@@ -227,7 +234,88 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
     return opt, sched
 
 
-# -- one step -----------------------------------------------------------------------------------------
+# == 2. the loop ========================================================================================
+def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
+    """Prepare, train to ``cfg.steps`` (evaluating and checkpointing on the way), evaluate at the
+    end; returns the summary (also in ``summary.json``)."""
+    run = prepare(built, d)
+    open_run_dir(run)
+    try:
+        return _train(run, evaluator)
+    except WriteError as err:
+        raise WriteError(f"{err}. Nothing else was lost: {kept(run)}; make room (or fix the permissions) and "
+                         f"continue with: python -m primal_dt.train resume={run.out}") from err
+    finally:
+        lock.release(run.out)
+
+
+def _train(run: Run, evaluator: Evaluator) -> dict:
+    cfg, d = run.cfg, run.dist
+    params = list(run.model.parameters())
+    net = run.model
+    if d.world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+    if d.main:
+        print(announcement(run), flush=True)
+    mon = open_monitor(run)
+    last_score, last_val = last_logged(mon)
+    reach = stream_training.receptive_field(run.model.cfg) if cfg.stream_window else None
+    speed = Throughput()
+    by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
+    clock = Clock(run)
+    try:
+        with _terminate_as_interrupt():
+            while run.step < cfg.steps:
+                logging = _due(run.step + 1, cfg.log_every)
+                batch = next_batch(run, reach)
+                t0 = time.perf_counter()
+                loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip, logging,
+                                             d.world)
+                dt = time.perf_counter() - t0  # train_step reads the loss back, so the device is synchronised
+                if not (math.isfinite(loss) and math.isfinite(gn)):
+                    diverged(run, mon, loss, gn, parts)
+                run.step += 1
+                run.train_time += dt
+                speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
+                if logging:
+                    log_step(run, mon, loss, gn, parts, speed.take())
+                if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
+                    t0 = time.perf_counter()
+                    if d.main:
+                        last_score = periodic_eval(run, mon, evaluator, clock)
+                        last_val = validate(run, mon, clock) if run.validation is not None else last_val
+                    d.barrier()
+                    clock.exclude(time.perf_counter() - t0)
+                if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
+                    save(run, mon)
+                    by_time.restart()
+                note = clock.tick()
+                if note:
+                    mon.print(note)
+                mon.progress(1, **postfix(loss, last_score, last_val, clock.eta()))
+    except KeyboardInterrupt as err:
+        why = f" by {err.args[0]}" if err.args else ""
+        if (run.out / dt_checkpoint.FILENAME).exists():
+            mon.print(f"interrupted{why} at step {run.step}; {kept(run)}; continue with: python -m primal_dt.train "
+                      f"resume={run.out}")
+        else:
+            mon.print(f"interrupted{why} at step {run.step}, before the first checkpoint (checkpoint_every="
+                      f"{cfg.checkpoint_every}, checkpoint_minutes={cfg.checkpoint_minutes:g}): nothing to resume")
+        mon.close()
+        raise
+    except WriteError:
+        with contextlib.suppress(WriteError):  # the disk may refuse the rest of the log too
+            mon.close()
+        raise
+    final = final_eval(run, mon, evaluator)
+    val = validate(run, mon, final=True) if run.validation is not None else None
+    d.barrier()
+    summary = finish(run, mon, final, val)
+    distributed.check_replicas(run.model, d)
+    return summary
+
+
 def train_step(net, params, opt, sched, batch: dict, eta: float, grad_clip: float, detail: bool = False,
                world: int = 1):
     """One optimisation step; returns (loss, grad norm, parts) without stepping on NaN/inf.
@@ -261,7 +349,10 @@ def next_batch(run: Run, reach: int | None) -> dict:
     return batch
 
 
-# -- the run directory --------------------------------------------------------------------------------
+def _due(step: int, every: int) -> bool:
+    return every > 0 and step % every == 0
+
+
 def open_run_dir(run: Run) -> None:
     """Give a new run its directory (rank 0 creates it exclusively, the others learn its name), or
     check a resumed run's is writable; rank 0 holds it (``lock``: a second process resuming the same
@@ -270,7 +361,7 @@ def open_run_dir(run: Run) -> None:
     they do not pile up. Before any training step, so an unwritable ``out`` costs nothing."""
     cfg, d = run.cfg, run.dist
     if run.out is None:
-        name = [str(run_dir(cfg.out, cfg.env, training_log.model_label(cfg), seed=cfg.seed)) if d.main else None]
+        name = [str(run_dir(cfg.out, cfg.env, model_label(cfg), seed=cfg.seed)) if d.main else None]
         if d.world > 1:
             torch.distributed.broadcast_object_list(name, src=0)
         run.out = Path(name[0])
@@ -279,105 +370,12 @@ def open_run_dir(run: Run) -> None:
         stale = ck_io.remove_stale_temps(*run.out.parent.iterdir()) if d.main else []
     else:
         if d.main:
-            runtime.check_writable(run.out, "run directory")
+            outputs.check_writable(run.out, "run directory")
             lock.hold(run.out)
         stale = ck_io.remove_stale_temps(run.out, own=True) if d.main else []
     if stale:
         print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
               f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
-
-
-def kept(run: Run) -> str:
-    """What survives a failure: the last checkpoint (never overwritten by a failed write) and how to go on."""
-    last = run.out / dt_checkpoint.FILENAME
-    if not last.exists():
-        return "no checkpoint had been written yet"
-    try:
-        return f"the last good checkpoint {last} (step {dt_checkpoint.load(last).step}) is intact"
-    except (ValueError, FileNotFoundError) as err:
-        return f"the last checkpoint {last} cannot be read ({err})"
-
-
-# -- the run ------------------------------------------------------------------------------------------
-def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
-    """Prepare, train to ``cfg.steps`` (evaluating and checkpointing on the way), evaluate at the
-    end; returns the summary (also in ``summary.json``)."""
-    run = prepare(built, d)
-    open_run_dir(run)
-    try:
-        return _train(run, evaluator)
-    except WriteError as err:
-        raise WriteError(f"{err}. Nothing else was lost: {kept(run)}; make room (or fix the permissions) and "
-                         f"continue with: python -m primal_dt.train resume={run.out}") from err
-    finally:
-        lock.release(run.out)
-
-
-def _train(run: Run, evaluator: Evaluator) -> dict:
-    cfg, d = run.cfg, run.dist
-    params = list(run.model.parameters())
-    net = run.model
-    if d.world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(
-            run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
-    if d.main:
-        print(training_log.announcement(run), flush=True)
-    mon = training_log.open_monitor(run)
-    last_score, last_val = training_log.last_eval(mon), training_log.last_validation(mon)
-    reach = stream_training.receptive_field(run.model.cfg) if cfg.stream_window else None
-    speed = training_log.Throughput()
-    clock = training_checkpoint.WallClock(cfg.checkpoint_minutes, run)
-    timer = training_time.Timer(run)
-    try:
-        with _terminate_as_interrupt():
-            while run.step < cfg.steps:
-                logging = _due(run.step + 1, cfg.log_every)
-                batch = next_batch(run, reach)
-                t0 = time.perf_counter()
-                loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip, logging,
-                                             d.world)
-                dt = time.perf_counter() - t0  # train_step reads the loss back, so the device is synchronised
-                if not (math.isfinite(loss) and math.isfinite(gn)):
-                    diverged(run, mon, loss, gn, parts)
-                run.step += 1
-                run.train_time += dt
-                speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
-                if logging:
-                    training_log.log_step(run, mon, loss, gn, parts, speed.take())
-                if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
-                    t0 = time.perf_counter()
-                    if d.main:
-                        last_score = periodic_eval(run, mon, evaluator, timer)
-                        last_val = validate(run, mon, timer) if run.validation is not None else last_val
-                    d.barrier()
-                    timer.exclude(time.perf_counter() - t0)
-                if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or clock.due(run.step):
-                    training_checkpoint.save(run, mon)
-                    clock.restart()
-                note = timer.tick()
-                if note:
-                    mon.print(note)
-                mon.progress(1, **training_log.postfix(loss, last_score, last_val, timer.eta()))
-    except KeyboardInterrupt as err:
-        why = f" by {err.args[0]}" if err.args else ""
-        if (run.out / dt_checkpoint.FILENAME).exists():
-            mon.print(f"interrupted{why} at step {run.step}; {kept(run)}; continue with: python -m primal_dt.train "
-                      f"resume={run.out}")
-        else:
-            mon.print(f"interrupted{why} at step {run.step}, before the first checkpoint (checkpoint_every="
-                      f"{cfg.checkpoint_every}, checkpoint_minutes={cfg.checkpoint_minutes:g}): nothing to resume")
-        mon.close()
-        raise
-    except WriteError:
-        with contextlib.suppress(WriteError):  # the disk may refuse the rest of the log too
-            mon.close()
-        raise
-    final = final_eval(run, mon, evaluator)
-    val = validate(run, mon, timer, final=True) if run.validation is not None else None
-    d.barrier()
-    summary = training_log.finish(run, mon, final, val)
-    runtime.check_replicas(run.model, d)
-    return summary
 
 
 @contextlib.contextmanager
@@ -399,10 +397,6 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _due(step: int, every: int) -> bool:
-    return every > 0 and step % every == 0
-
-
 def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
     """Stop with a message saying what diverged and what is kept; the step was not taken."""
     msg = (f"training diverged at step {run.step + 1}: loss={loss}, grad norm={gn}, action mse={float(parts['mse'])}, "
@@ -413,7 +407,7 @@ def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
     raise Diverged(msg)
 
 
-# -- evaluation in the simulator -----------------------------------------------------------------------
+# == 3. evaluation: in the simulator, and on held-out episodes ==========================================
 def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
     """Roll the current model out (``episodes`` per target), leaving the training RNG untouched; the
     bar counts episodes (episodes x targets), ending at 100 % with the evaluation."""
@@ -429,17 +423,17 @@ def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
             bar.close()
 
 
-def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator, timer: training_time.Timer | None = None) -> float:
+def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator, clock: Clock | None = None) -> float:
     """Evaluate every ``eval.every`` steps; returns the first target's normalized score (for the bar)."""
     t0 = time.perf_counter()
     res = evaluate(run, evaluator, run.cfg.eval.episodes, run.cfg.seed + 10_000)
     seconds = time.perf_counter() - t0
-    if timer is not None:
-        timer.evaluated(seconds, run.cfg.eval.episodes)
-    mon.scalars(training_log.eval_scalars(res), run.step)
+    if clock is not None:
+        clock.eval_s = seconds
+    mon.scalars(eval_scalars(res), run.step)
     mon.print(f"step {run.step}: eval ({run.cfg.eval.episodes} episodes/target, {seconds:.0f}s) "
               f"normalized {evaluator.line(res)}")
-    run.history = training_log.eval_history(mon)
+    run.history = eval_history(mon)
     return next(iter(res.values()))["normalized_mean"]
 
 
@@ -450,24 +444,401 @@ def final_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> dict | None:
         return None
     t0 = time.perf_counter()
     final = evaluate(run, evaluator, e.final_episodes, run.cfg.seed + 20_000)
-    mon.scalars(training_log.eval_scalars(final), run.step)
-    mon.scalars(training_log.eval_scalars(final, "eval_final"), run.step)
+    mon.scalars(eval_scalars(final), run.step)
+    mon.scalars(eval_scalars(final, "eval_final"), run.step)
     mon.print(f"final eval ({e.final_episodes} episodes/target, {time.perf_counter() - t0:.0f}s): "
               f"normalized {evaluator.line(final)}")
     return final
 
 
-# -- validation on held-out episodes ----------------------------------------------------------------
-def validate(run: Run, mon: RunMonitor, timer: training_time.Timer | None = None, final: bool = False) -> float:
+VAL_TAG = "val/action_mse"
+"""the held-out episodes' masked action MSE (``agents.training_validation``)"""
+
+
+def validate(run: Run, mon: RunMonitor, clock: Clock | None = None, final: bool = False) -> float:
     """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse`` at this step;
     every ``eval.every`` steps and at the end, with or without the simulator evaluation."""
     t0 = time.perf_counter()
     mse = run.validation.action_mse(run.model)
-    if timer is not None:
-        timer.validated(time.perf_counter() - t0)
-    mon.scalar(training_log.VAL_TAG, mse, run.step)
+    if clock is not None:
+        clock.val_s = time.perf_counter() - t0
+    mon.scalar(VAL_TAG, mse, run.step)
     v = run.validation
     mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
               f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} segments)")
-    run.history = training_log.eval_history(mon)
+    run.history = eval_history(mon)
     return mse
+
+
+# == 4. checkpoints =====================================================================================
+def save(run: Run, mon: RunMonitor) -> None:
+    """Write ``last.pt`` (rank 0, atomically) after putting the logged events on disk, so a resume
+    purges only what came after it. A collective: every process calls it (each sends its random
+    streams, which an exact resume restores per process)."""
+    mine = {"torch": torch.get_rng_state(), "numpy": dt_checkpoint.numpy_state(), "sampler": run.sampler.state_dict()}
+    if run.device.type == "cuda":
+        mine["cuda"] = torch.cuda.get_rng_state(run.device)
+    rngs = [mine]
+    if run.dist.world > 1:
+        rngs = [None] * run.dist.world
+        dist.all_gather_object(rngs, mine)
+    if run.dist.main:
+        run.history = eval_history(mon)
+        mon.flush()
+        state = TrainingState(optimizer=run.opt.state_dict(), scheduler=run.sched.state_dict(), rng=rngs,
+                              step=run.step, train_time=run.train_time, history=run.history)
+        ck = DTCheckpoint(model_config=run.model.cfg, model=run.model.state_dict(), data=run.info,
+                          config=dataclasses.asdict(run.cfg), training=state)
+        dt_checkpoint.save(ck, run.out / dt_checkpoint.FILENAME)
+    run.dist.barrier()
+
+
+def restore(run: Run, ck: DTCheckpoint) -> None:
+    """Continue exactly where the checkpoint stopped (per process: each rank gets its own streams).
+
+    With another number of processes than the run that wrote it, training continues but cannot
+    repeat the uninterrupted run bit for bit; the samplers are then reseeded per rank and step.
+    """
+    t = ck.training
+    run.model.load_state_dict(ck.model)
+    run.opt.load_state_dict(t.optimizer)
+    run.sched.load_state_dict(t.scheduler)
+    rngs, rank = t.rng, run.dist.rank
+    mine = rngs[rank] if len(rngs) == run.dist.world else rngs[0]
+    torch.set_rng_state(mine["torch"])
+    dt_checkpoint.set_numpy_state(mine["numpy"])
+    if "cuda" in mine and run.device.type == "cuda":
+        torch.cuda.set_rng_state(mine["cuda"], run.device)
+    if len(rngs) == run.dist.world:
+        run.sampler.load_state_dict(mine["sampler"])
+    else:
+        if run.dist.main:
+            print(f"note: the checkpoint was written by {len(rngs)} process(es), this run has {run.dist.world}; "
+                  "batches are reseeded, so results will differ from an uninterrupted run", flush=True)
+        fresh = np.random.default_rng([run.cfg.seed, rank, t.step]).bit_generator.state
+        run.sampler.load_state_dict({**mine["sampler"], "bit_generator": fresh})
+    run.step, run.train_time, run.history = t.step, t.train_time, t.history
+
+
+class CheckpointClock:
+    """Checkpoints by wall time as well as by steps, so a run stopped in its first minutes still
+    resumes: the first after a minute, then at doubling intervals up to ``checkpoint_minutes``, so
+    a stop loses at most about half the time run so far, and a long run writes every
+    ``checkpoint_minutes``. Checkpoints are exact at any step, so when they come does not change
+    what a resumed run computes.
+
+    Saving is a collective, so under DDP the processes must agree on the step: rank 0's clock
+    decides, and its decision is broadcast every ``SYNC_EVERY`` steps (one tiny collective, not one
+    per step). A single process reads its clock every step and never synchronises for it."""
+
+    SYNC_EVERY = 10
+    FIRST_S = 60.0
+
+    def __init__(self, minutes: float, d: Dist, device: torch.device):
+        self.cap, self.dist, self.device = 60.0 * minutes, d, device
+        self.interval = min(self.FIRST_S, self.cap)
+        self.restart()
+
+    def restart(self) -> None:
+        """Count from now (after any checkpoint was written); the next interval doubles."""
+        self.deadline = time.monotonic() + self.interval
+        self.interval = min(2 * self.interval, self.cap)
+
+    def due(self, step: int) -> bool:
+        if self.cap <= 0:
+            return False
+        late = time.monotonic() >= self.deadline
+        if self.dist.world == 1:
+            return late
+        if step % self.SYNC_EVERY:
+            return False
+        flag = torch.tensor([float(late and self.dist.main)], device=self.device)
+        dist.broadcast(flag, src=0)
+        return bool(flag.item())
+
+
+def kept(run: Run) -> str:
+    """What survives a failure: the last checkpoint (never overwritten by a failed write) and how to go on."""
+    last = run.out / dt_checkpoint.FILENAME
+    if not last.exists():
+        return "no checkpoint had been written yet"
+    try:
+        return f"the last good checkpoint {last} (step {dt_checkpoint.load(last).step}) is intact"
+    except (ValueError, FileNotFoundError) as err:
+        return f"the last checkpoint {last} cannot be read ({err})"
+
+
+# == 5. logging: what a run shows and leaves behind (rank 0 writes; other monitors are off) ============
+def announcement(run: Run) -> str:
+    """What the run is about to do: every option with its provenance, the data, the model, where it writes."""
+    cfg = run.cfg
+    n_params = sum(p.numel() for p in run.model.parameters())
+    return "\n".join([
+        train_config.describe(run.built),
+        f"data {cfg.env}: {len(run.data)} episodes, {run.data.num_steps:,} steps, source: {run.data.source} "
+        f"({run.info.fingerprint[:19]}); {held_out(run)}",
+        f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}"
+        + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
+        f"eval targets {list(run.info.targets)}; run directory {run.out}"
+        + (f"; resuming at step {run.step}" if run.step else ""),
+    ])
+
+
+def held_out(run: Run) -> str:
+    """The validation split in words."""
+    n = len(run.info.held_out)
+    if not n:
+        return "no episodes held out (val_fraction=0)"
+    steps = int(run.data.lengths[list(run.info.held_out)].sum())
+    return (f"{n} held out for validation ({steps:,} steps, val_fraction={run.cfg.val_fraction:g}, drawn by "
+            f"seed {run.cfg.seed}; statistics from the other {len(run.data) - n})")
+
+
+def open_monitor(run: Run) -> RunMonitor:
+    """The run's monitor, continuing a resumed run's curves (a killed predecessor's events after its
+    checkpoint are purged); a new run starts by recording its config and data source."""
+    cfg, d = run.cfg, run.dist
+    mon = RunMonitor(run.out, enabled=cfg.tensorboard and d.main, progress_total=cfg.steps,
+                     progress=cfg.progress and d.main, progress_desc=f"{cfg.env} {model_label(cfg)}",
+                     initial=min(run.step, cfg.steps), purge_step=run.step + 1 if run.step else None)
+    if mon.bar is not None:  # tqdm's own "remaining" knows nothing of evaluations: the postfix's eta does
+        mon.bar.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
+    for tag, pts in run.history.items():
+        mon.history[tag] = [tuple(p) for p in pts]
+    if d.main and run.step == 0:
+        mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
+        mon.text("config/provenance", "```\n" + train_config.describe(run.built) + "\n```")
+        mon.text("data/source", f"{run.data.source} ({cfg.env}, {len(run.data)} episodes, "
+                                f"{run.data.num_steps} steps, fingerprint {run.info.fingerprint}); {held_out(run)}")
+    return mon
+
+
+def eval_history(mon: RunMonitor) -> dict:
+    """The evaluation and validation curves logged so far (what the checkpoint keeps of the log)."""
+    return {k: v for k, v in mon.history.items() if k.startswith(("eval/", "val/"))}
+
+
+def last_logged(mon: RunMonitor) -> tuple[float | None, float | None]:
+    """The latest normalized score (the first target's) and validation MSE logged, for the progress bar."""
+    tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
+    val = mon.history.get(VAL_TAG)
+    return (mon.history[tags[0]][-1][1] if tags else None), (val[-1][1] if val else None)
+
+
+def postfix(loss: float, score: float | None, val: float | None, eta: str | None) -> dict:
+    """The progress bar's postfix: loss, the last normalized score, the last validation MSE, time left."""
+    out = {"loss": f"{loss:.4f}"}
+    if score is not None:
+        out["score"] = f"{score:.1f}"
+    if val is not None:
+        out["val_mse"] = f"{val:.4f}"
+    if eta is not None:
+        out["eta"] = eta
+    return out
+
+
+class Throughput:
+    """Seconds and tokens of the optimisation steps since the last logged step."""
+
+    def __init__(self):
+        self.seconds, self.steps, self.tokens = 0.0, 0, 0
+
+    def add(self, seconds: float, tokens: int) -> None:
+        self.seconds += seconds
+        self.steps += 1
+        self.tokens += tokens
+
+    def take(self) -> dict:
+        """Steps/s and tokens/s since the last call, and start counting again."""
+        t = max(self.seconds, 1e-9)
+        rates = {"throughput/steps_per_s": self.steps / t, "throughput/tokens_per_s": self.tokens / t}
+        self.seconds, self.steps, self.tokens = 0.0, 0, 0
+        return rates
+
+
+def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, rates: dict) -> None:
+    """Loss and its parts, learning rate, grad norm, throughput, KSVD J and Lambda per primal layer."""
+    vals = {"loss/total": loss, "loss/action_mse": float(parts["mse"]), "loss/ksvd": float(parts["ksvd"]),
+            "train/lr": run.sched.get_last_lr()[0], "train/grad_norm": gn, **rates}
+    vals.update({f"ksvd/J_{k.split('/')[1]}": float(v) for k, v in parts.items() if k.startswith("J/")})
+    for i, attn in run.model.primal_layers().items():
+        lam = attn.Lambda.detach()
+        vals.update({f"lambda/layer{i}_mean": float(lam.mean()), f"lambda/layer{i}_min": float(lam.min()),
+                     f"lambda/layer{i}_max": float(lam.max())})
+        mon.histogram(f"lambda/layer{i}", lam.cpu(), run.step)
+    mon.scalars(vals, run.step)
+
+
+def target_tag(t: float) -> str:
+    return f"target{int(t)}" if float(t).is_integer() else f"target{t:g}"
+
+
+def eval_scalars(results: dict, prefix: str = "eval") -> dict:
+    out = {}
+    for t, r in results.items():
+        tag = target_tag(t)
+        out[f"{prefix}/normalized/{tag}"] = r["normalized_mean"]
+        out[f"{prefix}/return/{tag}"] = r["return_mean"]
+        out[f"{prefix}/length/{tag}"] = r["length_mean"]
+    return out
+
+
+def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
+    """The run's summary; rank 0 also records hyper-parameters with the final scores and validation
+    MSE, draws ``eval_return.png`` and ``val_action_mse.png`` and writes ``summary.json``."""
+    cfg = run.cfg
+    summary = {
+        "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
+        "steps": run.step, "data_source": run.data.source, "train_s": round(run.train_time, 2),
+        "s_per_1k_steps": round(1000 * run.train_time / max(run.step, 1), 2), "processes": run.dist.world,
+        "final": ({target_tag(t): {k: r[k] for k in ("normalized_mean", "normalized_std", "return_mean",
+                                                      "return_std", "length_mean")} | {"episodes": len(r["returns"])}
+                   for t, r in final.items()} if final else None),
+        "validation": ({"action_mse": val, "episodes": run.validation.episodes, "segments": run.validation.segments,
+                        "val_fraction": cfg.val_fraction} if val is not None else None),  # which: the checkpoint's data
+        "run_dir": str(run.out),
+    }
+    if run.dist.main:
+        metrics = {f"normalized_{target_tag(t)}": r["normalized_mean"] for t, r in (final or {}).items()}
+        if val is not None:
+            metrics["val_action_mse"] = val
+        mon.hparams({"env": cfg.env, "model": model_label(cfg), "data_source": run.data.source,
+                     **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "resume", "out")}},
+                    metrics or {"steps": run.step})
+        tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
+        png = mon.plot(tags, run.out / "eval_return.png", title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}",
+                       ylabel="normalized return")
+        summary["plot"] = str(png) if png else None
+        png = mon.plot([VAL_TAG], run.out / "val_action_mse.png", ylabel="masked action MSE",
+                       title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}: held-out episodes")
+        summary["val_plot"] = str(png) if png else None
+        check_summary(summary, "the summary training wrote")
+        ck_io.write_atomic(run.out / "summary.json", json.dumps(summary, indent=2), "run summary")
+        mon.print(json.dumps(summary, indent=2))
+    mon.close()
+    return summary
+
+
+# -- how long the run takes: measured on this run, never assumed ------------------------------------------
+SKIP, MEASURE_STEPS, MEASURE_S = 5, 20, 30.0
+"""the first steps are slow (allocation, caches, kernel choice) and not timed; the pace is known after
+MEASURE_STEPS timed steps, or MEASURE_S seconds of at least 3"""
+LONG_S, BUDGET_S = 3600.0, 1800.0
+"""a run whose training alone takes more than LONG_S is told so, with a command that fits BUDGET_S"""
+
+
+class Clock:
+    """The run's pace (loop seconds per step after ``SKIP`` steps, evaluations excluded) and the last
+    simulator evaluation's and validation's own times: the projection and the bar's ETA use only
+    these, so they hold on whatever machine runs them."""
+
+    def __init__(self, run: Run):
+        self.run, self.start = run, run.step + SKIP
+        self.t0, self.excluded = None, 0.0
+        self.step_s = self.eval_s = self.val_s = None
+
+    def exclude(self, seconds: float) -> None:
+        self.excluded += seconds
+
+    def tick(self) -> str | None:
+        """After each step; returns the projection once, when the pace is first known (rank 0)."""
+        n, now = self.run.step - self.start, time.perf_counter()
+        if n == 0:
+            self.t0, self.excluded = now, 0.0
+        if self.t0 is None or n <= 0:
+            return None
+        seconds = now - self.t0 - self.excluded
+        first = self.step_s is None
+        if first and not (n >= MEASURE_STEPS or (n >= 3 and seconds >= MEASURE_S)):
+            return None
+        self.step_s = seconds / n
+        return projection(self.run, self.step_s, self.start - SKIP, n) if first and self.run.dist.main else None
+
+    def eta(self) -> str | None:
+        """Time left: the steps at the pace, the evaluations and validations still due at their last time."""
+        if self.step_s is None:
+            return None
+        cfg, e = self.run.cfg, self.run.cfg.eval
+        n = 0 if e.every <= 0 else (cfg.steps - 1) // e.every - self.run.step // e.every
+        left = (cfg.steps - self.run.step) * self.step_s + (n + 1) * (self.val_s or 0.0)
+        if self.eval_s is not None:  # the final evaluation runs its episodes in proportionally many rounds
+            rounds = lambda episodes: math.ceil(episodes * len(self.run.info.targets) / e.num_envs)  # noqa: E731
+            left += self.eval_s * (n + rounds(e.final_episodes) / rounds(e.episodes))
+        return duration(left)
+
+
+def projection(run: Run, step_s: float, start: int, measured: int) -> str:
+    """The training time from step ``start`` (where this process began the run) at the pace measured
+    over ``measured`` steps; for a recipe of hours, the plain warning and a command that fits
+    ``BUDGET_S``: the dataset's CPU recipe on a CPU, else the same options with the steps and their
+    cadences scaled."""
+    cfg, threads = run.cfg, torch.get_num_threads()
+    left = cfg.steps - start
+    where = f"{run.device}" + (f", {threads} thread{'s' * (threads > 1)}" if run.device.type == "cpu" else "")
+    lines = [f"time on {where}, measured over {measured} steps: {left:,} {'remaining ' if start else ''}steps x "
+             f"{step_s * 1e3:.1f} ms = {duration(left * step_s)} of training; evaluations and validations are "
+             "timed as they run (the progress bar's eta includes them)"]
+    if left * step_s <= LONG_S:
+        return lines[0]
+    lines.append(f"note: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes.")
+    cpu = f"{cfg.env}-cpu"
+    if run.device.type == "cpu" and not cfg.resume and cfg.preset != cpu and cpu in presets.list_presets(
+            train_config.GROUP):
+        lines[-1] += (f" The CPU recipe for {cfg.env} (configs/dt/{cpu}.yaml, chosen to learn in one run of at most "
+                      f"{BUDGET_S / 60:.0f} minutes on one core) is:\n  {command(run, {'preset': cpu}, cpu)}")
+        return "\n".join(lines)
+    steps = min(left, nice(BUDGET_S / step_s))
+    scale = {"steps": steps, "warmup_steps": cfg.warmup_steps, "eval.every": cfg.eval.every,
+             "checkpoint_every": cfg.checkpoint_every}
+    fit = {k: (v if k == "steps" else max(1, round(v * steps / left))) for k, v in scale.items() if v}
+    if cfg.resume:  # a resumed run can change its steps only: it stops after the budget's worth more
+        fit = {"steps": start + steps}
+    lines[-1] += (f" To see results in about {BUDGET_S / 60:.0f} minutes of training here, run it shorter (same "
+                  f"options, steps and cadences scaled):\n  {command(run, fit)}")
+    if cfg.checkpoint_minutes > 0:
+        lines.append(f"  This run writes last.pt by wall time (up to every {cfg.checkpoint_minutes:g} minutes): "
+                     f"stop it any time and continue with: python -m primal_dt.train resume={run.out}")
+    return "\n".join(lines)
+
+
+def duration(seconds: float) -> str:
+    """45s, 4m05s, 11h52m; <1s for what is more than nothing."""
+    s = round(max(seconds, 0.0))
+    if s == 0 and seconds > 0:
+        return "<1s"
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+
+
+def nice(x: float) -> int:
+    """``x`` rounded down to two significant digits (4237 -> 4200), at least 1."""
+    if x < 1:
+        return 1
+    p = 10 ** max(int(math.log10(x)) - 1, 0)
+    return max(1, int(x // p) * p)
+
+
+def command(run: Run, options: dict, preset: str | None = None) -> str:
+    """The command that ran this run, with ``options`` in place of its own values: the options the
+    user gave on the command line are kept, defaults and the preset's stay implicit; with ``preset``,
+    the options that preset sets are left to it."""
+    launcher = (f"torchrun --nproc_per_node {run.dist.world} -m primal_dt.train" if run.dist.world > 1
+                else "python -m primal_dt.train")
+    values = train_config.flat(dataclasses.asdict(run.cfg))
+    recipe = train_config.flat({k: v for k, v in presets.load_preset(train_config.GROUP, preset).items()
+                                if k not in presets.META_KEYS}) if preset else {}
+    given = {k: values[k] for k, where in run.built.provenance.items()
+             if where == "command line" and k in values and k not in recipe}
+    given.update(options)
+
+    def text(v) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (tuple, list)):
+            return ",".join(text(x) for x in v)
+        return repr(v) if isinstance(v, float) else str(v)
+
+    return " ".join([launcher, *(shlex.quote(f"{k}={text(v)}") for k, v in given.items())])

@@ -23,9 +23,9 @@ from . import stream_training
 from .dt_checkpoint import DataInfo
 
 MAX_SEGMENTS = 2048
-"""at most this many held-out segments per validation (hopper-medium's 5 % are ~50,000): a forward pass
-over 2048 segments costs what 10 training steps of batch 64 cost (measured 1.0x for the paper's model,
-K=20, one thread, 2026-11-23), so validating every ``eval.every`` steps is cheap beside training"""
+"""at most this many held-out segments per validation (a 5 % split of a D4RL dataset holds tens of
+thousands): a forward pass without gradients over them costs about what a few training steps cost, so
+validating every ``eval.every`` steps is cheap beside training (the trainer times it as it runs)"""
 CHUNK = 256
 """segments per forward pass"""
 _SAMPLE_STREAM = 0x7661  # keys the fixed sample's generator apart from the split's and the sampler's

@@ -344,7 +344,7 @@ def _live_run_age(workdir: Path) -> float | None:
 def check(cfg: CollectConfig) -> None:
     """Every option, before a policy is trained or a file touched: a bad one ends the command with
     one ``error:`` line naming it (``envs`` stands apart from the model packages, so these checks
-    are written out here rather than with ``primal_dt.runtime``'s)."""
+    are written out here rather than with ``primal_dt.options``)."""
     def need(ok: bool, msg: str) -> None:
         if not ok:
             fail(msg)

@@ -42,9 +42,10 @@ from pathlib import Path
 from typing import Annotated
 
 import envs
-from agents import dt_checkpoint, training_log
+from agents import dt_checkpoint
+from agents.summary import read_summary
 from primal_dt import checkpoint as ck_io
-from primal_dt import presets, runtime, train_config
+from primal_dt import errors, presets, train_config
 from primal_dt.monitor import save_figure
 import tyro
 
@@ -134,8 +135,8 @@ def best(curve: list) -> float:
 
 def load_run(d: Path) -> Run:
     """The run in ``d``; a ValueError naming the file and what is wrong with it (the summary is checked
-    against the schema training writes it with, ``training_log.check_summary``)."""
-    summary = training_log.read_summary(d / "summary.json")
+    against the schema training writes it with, ``agents.summary.check_summary``)."""
+    summary = read_summary(d / "summary.json")
     if not summary.get("final"):
         raise ValueError(f"{d}: the run finished without a final evaluation (eval.final_episodes=0); "
                          "nothing to report")
@@ -390,7 +391,7 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     notes += nonfinite(runs)
     targets = sorted({t for r in runs for t in r.final}, key=lambda t: -float(t.removeprefix("target")))
     out = Path(out)
-    with runtime.writing(out, "report directory (nothing was written)"):
+    with errors.writing(out, "report directory (nothing was written)"):
         out.mkdir(parents=True, exist_ok=True)
     rows = {t: score_rows(groups, t) for t in targets}
     if not any(rows.values()):
@@ -431,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
                 description="\n\n".join(paragraphs[:1] + paragraphs[2:]))
     try:
         res = report(list(cfg.runs), cfg.out)
-    except runtime.WriteError as err:  # the run failed, not the input: exit 1
+    except errors.WriteError as err:  # the run failed, not the input: exit 1
         print(f"error: {err}", file=sys.stderr)
         return 1
     except (ValueError, FileNotFoundError) as err:

@@ -39,7 +39,8 @@ import torch
 
 from agents.threads import inference_threads, lane_threads
 from eval.episodes import run_episodes
-from primal_dt import runtime
+from primal_dt import errors, outputs, runtime
+from primal_dt.options import AT_LEAST_1, SEED, THREADS, check_device, check_numbers
 from primal_dt.train_config import RolloutOptions, TrainConfig
 from primal_dt.monitor import EpisodeBar
 
@@ -196,7 +197,7 @@ SHORTHANDS = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOption
 PROG = "python -m eval.rollout"
 DESCRIPTION = "Roll out a Decision-Transformer checkpoint in its simulator, many episodes at once."
 
-NUMBERS = {"episodes": runtime.AT_LEAST_1, "seed": runtime.SEED, "threads": runtime.THREADS}
+NUMBERS = {"episodes": AT_LEAST_1, "seed": SEED, "threads": THREADS}
 """What the other numeric options accept (the shared ones: ``RolloutOptions.check``); checked before the
 checkpoint is read."""
 
@@ -204,8 +205,8 @@ checkpoint is read."""
 def check(cfg: RolloutConfig) -> tuple[float, ...]:
     """Every option, before anything is loaded or simulated; returns the targets given (may be ())."""
     cfg.check()
-    runtime.check_numbers(cfg, NUMBERS)
-    runtime.check_device(cfg.device)
+    check_numbers(cfg, NUMBERS)
+    check_device(cfg.device)
     if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
         raise ValueError(f"out={cfg.out} exists (an earlier report?); choose another path, or pass overwrite=true")
     return cfg.targets
@@ -217,7 +218,7 @@ def report_path(cfg: RolloutConfig, checkpoint: Path) -> Path:
     if cfg.out:
         return Path(cfg.out)
     name = cfg.engine if cfg.precision == "fp32" else f"{cfg.engine}-{cfg.precision}"
-    return runtime.new_path(runtime.numbered(checkpoint.parent / f"rollout-{name}.json"), runtime.create_file,
+    return outputs.new_path(outputs.numbered(checkpoint.parent / f"rollout-{name}.json"), outputs.create_file,
                             what="rollout report")
 
 
@@ -228,7 +229,7 @@ def run(argv: list[str]) -> dict:
     from primal_dt.cli import parse
 
     cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=SHORTHANDS)
-    with runtime.setup_errors(KeyError):
+    with errors.setup_errors(KeyError):
         given = check(cfg)
         path = dt_checkpoint.resolve(cfg.checkpoint)
         ck = dt_checkpoint.load(path)
@@ -244,7 +245,7 @@ def run(argv: list[str]) -> dict:
     written = False
     try:
         report = _rollout(cfg, path, ck, spec, model, targets)
-        with runtime.writing(out, "rollout report"):
+        with errors.writing(out, "rollout report"):
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(report, indent=2))
         written = True
@@ -261,7 +262,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
     bar = EpisodeBar(cfg.episodes * len(targets), f"{spec.name} {cfg.engine}") if cfg.progress else None
     details: dict = {}
     try:
-        with runtime.setup_errors():  # e.g. a simulator the checkpoint names that cannot be built
+        with errors.setup_errors():  # e.g. a simulator the checkpoint names that cannot be built
             res = evaluate(model, cfg.episodes, cfg.seed, cfg, data=info, on_episode=bar.update if bar else None,
                            details=details)
     finally:
@@ -289,7 +290,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     """``python -m eval.rollout``: bad input and failed writes end with one ``error:`` line."""
-    return runtime.main(run, argv)
+    return errors.main(run, argv)
 
 
 def _tag(t: float) -> str:

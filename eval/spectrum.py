@@ -34,7 +34,7 @@ from torch import nn
 from primal_dt.blocks import Stack
 from primal_dt.checkpoint import write_atomic
 from primal_dt.monitor import save_figure
-from primal_dt.runtime import AT_LEAST_1, SEED
+from primal_dt.options import AT_LEAST_1, SEED
 
 
 @dataclass
@@ -269,19 +269,19 @@ NUMBERS = {"n": AT_LEAST_1, "seed": SEED}
 
 def options(argv: list[str]) -> SpectrumConfig:
     """The command line, every value checked (a ValueError naming the option)."""
-    from primal_dt import runtime
     from primal_dt.cli import parse
+    from primal_dt.options import check_numbers
 
     cfg = parse(SpectrumConfig, argv, prog="python -m eval.spectrum", description=__doc__.split("\n\n")[0])
-    runtime.check_numbers(cfg, NUMBERS)
+    check_numbers(cfg, NUMBERS)
     return cfg
 
 
 def run(argv: list[str]) -> int:
     """What ``python -m eval.spectrum`` does; bad input is a ``SetupError`` before any work."""
-    from primal_dt import checkpoint, runtime
+    from primal_dt import checkpoint, errors
 
-    with runtime.setup_errors():
+    with errors.setup_errors():
         o = options(argv)
         path = Path(o.checkpoint)
         out = Path(o.out) if o.out else path.parent / "spectrum"
@@ -302,9 +302,9 @@ def run(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m eval.spectrum``: 0 when written; a malformed command line ends with the usage (exit
     status 2), bad values and unreadable files with one ``error:`` line."""
-    from primal_dt import runtime
+    from primal_dt import errors
 
-    return runtime.main(run, sys.argv[1:] if argv is None else argv)
+    return errors.main(run, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import dt_checkpoint
-from agents.training_log import model_label
-from primal_dt import checkpoint, cli, lock, runtime, train_config
+from primal_dt import checkpoint, cli, errors, lock, options, train_config
 
 from . import report as report_mod
 
@@ -100,7 +99,7 @@ def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
     for key in ("env", "model", "seeds"):
         if not getattr(sweep, key) and key in cli.given(SweepConfig, argv, ALIASES):
             raise ValueError(f"{key}= needs at least one value")
-    runtime.check_numbers(sweep, {"seeds": runtime.SEED, "jobs": runtime.AT_LEAST_0})
+    options.check_numbers(sweep, {"seeds": options.SEED, "jobs": options.AT_LEAST_0})
     if sweep.threads < 1:
         raise ValueError("threads must be >= 1 (torch threads per run)")
     if sweep.print and sweep.print not in PRINT_FORMATS:
@@ -125,7 +124,7 @@ def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
                 except SystemExit as err:  # the option parser has printed what it could not read
                     raise ValueError(f"run {env} {model} seed {seed}: training does not accept the options shown "
                                      "above (python -m primal_dt.train --help lists them)") from err
-                job = Job(env, model, seed, run_argv, model_label(built.cfg), built.cfg.steps)
+                job = Job(env, model, seed, run_argv, train_config.model_label(built.cfg), built.cfg.steps)
                 _match_existing(job, built.cfg, out)
                 jobs.append(job)
     return sweep, jobs
@@ -210,7 +209,7 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int 
     """Run the jobs as local processes, ``parallel`` at a time; returns those that failed. ``held``: the
     lock of ``out`` (``lock.hold``), handed to each run so ``out`` stays held while any of them lives."""
     todo = [j for j in jobs if j.action != "skip"]
-    with runtime.writing(logs, "directory of the runs' logs (nothing was started)"):
+    with errors.writing(logs, "directory of the runs' logs (nothing was started)"):
         logs.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     running: list[tuple[Job, subprocess.Popen, float, object]] = []
@@ -221,7 +220,7 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int 
             while todo and len(running) < parallel:
                 j = todo.pop(0)
                 log = logs / f"{j.env}-{j.label}-seed{j.seed}.log"
-                with runtime.writing(log, f"log of {j.name} (it was not started)"):
+                with errors.writing(log, f"log of {j.name} (it was not started)"):
                     fh = log.open("a")
                 p = subprocess.Popen(j.command(threads), stdout=fh, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=_die_with(os.getpid()), pass_fds=() if held is None else (held,))
@@ -290,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
         run(argv)
     except (ValueError, FileNotFoundError) as err:
         cli.fail(str(err))
-    except (RuntimeError, runtime.WriteError) as err:  # runs or writes that failed: not a mistake in the input
+    except (RuntimeError, errors.WriteError) as err:  # runs or writes that failed: not a mistake in the input
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         sys.exit(130)

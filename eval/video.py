@@ -139,11 +139,11 @@ class Frames(gym.Wrapper):
 
 def _write(frames, fps: float, out_dir: Path, engine: str, tensorboard: bool, step: int) -> dict:
     """The GIF file, and the same GIF in TensorBoard (one encoding)."""
-    from primal_dt import runtime
+    from primal_dt import errors, outputs
     from primal_dt.monitor import RunMonitor, encode_gif
 
     # a new name (episode-stream-2.gif, ...) rather than over an earlier recording
-    path = runtime.new_path(runtime.numbered(out_dir / f"episode-{engine}.gif"), runtime.create_file,
+    path = outputs.new_path(outputs.numbered(out_dir / f"episode-{engine}.gif"), outputs.create_file,
                             what="episode GIF")
     out = {"path": str(path)}
     if tensorboard:
@@ -155,6 +155,6 @@ def _write(frames, fps: float, out_dir: Path, engine: str, tensorboard: bool, st
         out["tensorboard"] = f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"
     else:
         data = encode_gif(frames, fps)
-    with runtime.writing(path, "episode GIF"):
+    with errors.writing(path, "episode GIF"):
         path.write_bytes(data)
     return out

@@ -12,7 +12,7 @@ This module only writes and reads files; the layout of a DT checkpoint is ``agen
 Three promises:
 - **Atomic**: the file is serialised in memory, written to a temporary file beside it
   (``.<name>.<pid>@<host>-<random>.tmp``) and renamed over the old one, so a crash, a kill or a full
-  disk leaves the previous checkpoint as it was. A write that fails is one ``runtime.WriteError``
+  disk leaves the previous checkpoint as it was. A write that fails is one ``errors.WriteError``
   naming the file. Every other file the package writes (exported policies, reports, plots) goes
   through the same ``write_atomic``.
 - **No code runs on load**: files are read with ``torch.load(weights_only=True)``, whose unpickler
@@ -32,6 +32,7 @@ import os
 import pickle
 import re
 import socket
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -39,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import runtime
+from . import errors
 
 
 # -- writing ---------------------------------------------------------------------------------------
@@ -51,7 +52,7 @@ def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
     """Write ``obj`` to ``path`` atomically; ``what`` ("checkpoint at step 40") names it in errors.
 
     Serialising first (in memory) means a write that fails (disk full, a file-size limit, no
-    permission) is an ordinary ``OSError`` of the file, turned into one ``runtime.WriteError``,
+    permission) is an ordinary ``OSError`` of the file, turned into one ``errors.WriteError``,
     rather than torch's internal zip-writer error."""
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -61,10 +62,10 @@ def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
 def write_atomic(path: str | Path, data: bytes | str, what: str) -> Path:
     """Write ``data`` to ``path`` through a temporary file beside it renamed over the old one, so a
     failure leaves the previous file (or none) and no partial one; the package's files (checkpoints,
-    exported policies, reports, plots) all go through here. A failure is one ``runtime.WriteError``
+    exported policies, reports, plots) all go through here. A failure is one ``errors.WriteError``
     naming ``path`` and ``what`` it should have held; the temporary file is removed."""
     path = Path(path)
-    with runtime.writing(path, what):
+    with errors.writing(path, what):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
         try:
@@ -127,6 +128,41 @@ def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None =
 
 
 # -- reading ---------------------------------------------------------------------------------------
+# -- finding ---------------------------------------------------------------------------------------
+def find(path: str | Path, filename: str, option: str) -> Path:
+    """The checkpoint ``option=path`` means: a file as given; a run directory's ``filename``; or, for a
+    directory above runs (``runs/hopper-medium/primal+dt``), the newest ``filename`` under it (the
+    most recently written), said on stderr, so a recipe never picks a run that holds none (a run
+    still in its first minute, one that failed). A ``FileNotFoundError`` saying what to give otherwise."""
+    p = Path(path)
+    if p.is_file():
+        return p
+    if not p.is_dir():
+        raise FileNotFoundError(f"{option}={path}: no checkpoint at {p}; it does not exist: give a run directory (with "
+                                f"its {filename}), a directory of runs, or a checkpoint file")
+    if (p / filename).is_file():
+        return p / filename
+    found = [f for f in p.rglob(filename) if f.is_file()]
+    if not found:
+        raise FileNotFoundError(f"{option}={path}: no checkpoint at {p / filename}, nor in any run under it; give "
+                                f"a run directory (with its {filename}), a directory of runs, or a checkpoint file (a "
+                                "run writes its first checkpoint after its first minute or checkpoint_every steps)")
+    newest = max(found, key=lambda f: (f.stat().st_mtime, str(f)))
+    print(f"{option}={path}: using the newest run with a {filename} under it, {newest.parent}", file=sys.stderr,
+          flush=True)
+    return newest
+
+
+def resume_checkpoint(path: str, filename: str = "last.pt") -> Path:
+    """``resume=PATH`` names a checkpoint file, a run directory (meaning its ``filename``) or a directory
+    of runs (meaning the newest run holding one: ``checkpoint.find``); the resumed run continues in
+    that file's directory. A clear error when there is none."""
+    try:
+        return find(path, filename, "resume")
+    except FileNotFoundError as err:
+        raise errors.SetupError(str(err)) from err
+
+
 def _numpy_globals() -> list:
     """Exactly the numpy objects release 0.1 pickled, under the module names numpy 1.x and 2.x give
     them: a uint32 array (the keys of ``np.random.get_state()`` in a DT checkpoint's random streams)
@@ -155,7 +191,7 @@ def load(path: str | Path, expect_kind: str | None = None) -> dict:
     except pickle.UnpicklingError as err:
         raise ValueError(f"checkpoint {path} was not loaded: {_refusal(path, err)}") from err
     except OSError as err:
-        raise ValueError(f"checkpoint {path} cannot be read: {runtime.why(err)}") from err
+        raise ValueError(f"checkpoint {path} cannot be read: {errors.why(err)}") from err
     except Exception as err:  # torch raises many kinds for a corrupt file
         raise ValueError(f"checkpoint {path} could not be read ({type(err).__name__}: {err}); "
                          "it may be truncated or not a primal-dt checkpoint") from err

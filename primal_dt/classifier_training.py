@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from . import checkpoint, runtime
+from . import checkpoint, errors, runtime
 from .classifier import SequenceClassifier, classification_loss
 from .classify_config import SELECTIONS, ClassifyConfig, attention_options, hparams
 from .layouts import layout
@@ -218,8 +218,8 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
         mon.print(f"interrupted at step {tr.step_no}; resume with: python -m primal_dt.classify resume={out}")
         mon.close()
         raise
-    except runtime.WriteError:
-        with contextlib.suppress(runtime.WriteError):  # the disk may refuse the rest of the log too
+    except errors.WriteError:
+        with contextlib.suppress(errors.WriteError):  # the disk may refuse the rest of the log too
             mon.close()
         raise
     return summarize(tr, data, out, source, mon, n_params, t_start)
@@ -247,7 +247,7 @@ def summarize(tr: Trainer, data: TaskData, out: Path, source: str, mon: RunMonit
     mon.plot(["acc/train", "acc/val", "acc/test"], out / "accuracy.png", title=f"{cfg.task} {cfg.model}",
              ylabel="accuracy")
     mon.close()
-    with runtime.writing(out / "summary.json", "run summary"):
+    with errors.writing(out / "summary.json", "run summary"):
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2), flush=True)
     return summary

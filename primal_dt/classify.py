@@ -19,20 +19,20 @@ Model selection (``train.selection``):
 A run directory holds TensorBoard events, best.pt / last.pt (atomic), accuracy.png, summary.json.
 
 This module only wires: configuration is ``classify_config.py``, the trainer
-``classifier_training.py``, and what every entry point shares (errors, device, threads, seeds,
-``resume=`` paths) ``runtime.py``.
+``classifier_training.py``, and what every entry point shares: ``errors`` (how a command fails),
+``options`` (value checks), ``runtime`` (device, threads, seeds), ``checkpoint`` (``resume=`` paths).
 """
 
 from __future__ import annotations
 
 import sys
 
-from . import checkpoint, lock, runtime
+from . import checkpoint, errors, lock, outputs, runtime
 from .classifier_training import KIND, Trainer, fit
 from .classify_config import PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, resumed_config
 from . import cli
 from .monitor import run_dir
-from .runtime import SetupError, WriteError
+from .errors import SetupError, WriteError
 from .tasks import load_task
 
 __all__ = ["SetupError", "main", "run"]
@@ -41,10 +41,10 @@ __all__ = ["SetupError", "main", "run"]
 def run(argv: list[str]) -> dict:
     """Train as the command line ``argv`` says; returns the summary. Bad input: SetupError, before
     anything is written."""
-    with runtime.setup_errors(RuntimeError):  # RuntimeError: a task's missing optional dependency
+    with errors.setup_errors(RuntimeError):  # RuntimeError: a task's missing optional dependency
         resume = cli.peek(ClassifyConfig, argv, SHORTHANDS, PROG).resume
         if resume:
-            path = runtime.resume_checkpoint(resume)
+            path = checkpoint.resume_checkpoint(resume)
             ck = checkpoint.load(path, expect_kind=KIND)
             cfg, source = resumed_config(argv, ck["config"]), f"resumed from {resume} at step {ck['step']}"
         else:
@@ -60,7 +60,7 @@ def run(argv: list[str]) -> dict:
             trainer.restore(ck)
     if ck is not None:
         out = path.parent
-        runtime.check_writable(out, "run directory")
+        outputs.check_writable(out, "run directory")
         lock.hold(out)  # one process per run: a second resume is refused, naming the first
         stale = checkpoint.remove_stale_temps(out, own=True)
     else:
@@ -82,7 +82,7 @@ def run(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    runtime.main(run, argv)
+    errors.main(run, argv)
 
 
 if __name__ == "__main__":

@@ -18,9 +18,8 @@ from typing import Literal
 
 from . import presets
 from . import cli
-from .runtime import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SEED, THREADS, check_device, check_numbers,
-                      check_size)
-from .runtime import attention_options as parse_attention_options
+from .options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, RunOptions, check_numbers, check_size
+from .options import attention_options as parse_attention_options
 from .tasks import DataConfig
 
 GROUPS = ("uea", "lra")
@@ -55,6 +54,13 @@ class ArchConfig:
     head: Literal["auto", "flatten", "mean", "pair"] = "auto"
     """auto: flatten for UEA, pair for Retrieval, mean otherwise"""
 
+    def check(self) -> None:
+        """Raise ValueError naming the option (``arch.*``), its value and what is allowed."""
+        check_numbers(self, {"d_model": AT_LEAST_1, "n_heads": AT_LEAST_1, "layers": AT_LEAST_1, "d_ff": AT_LEAST_1,
+                             "dropout": FRACTION}, prefix="arch.")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"arch.d_model={self.d_model} must be divisible by arch.n_heads={self.n_heads}")
+
 
 @dataclass
 class PrimalConfig:
@@ -71,8 +77,8 @@ class PrimalConfig:
 
 
 @dataclass
-class TrainConfig:
-    """Optimisation and model selection."""
+class OptimConfig:
+    """Optimisation and model selection (``train.*``)."""
 
     epochs: int = 0
     """passes over the training set (UEA); exactly one of epochs / steps must be > 0"""
@@ -101,31 +107,17 @@ class TrainConfig:
 
 
 @dataclass
-class ClassifyConfig:
+class ClassifyConfig(RunOptions):
     task: str = "uea/JapaneseVowels-fast"
     """preset name: uea/<Set>[-fast] or lra/<task>[-fast]"""
     model: str = "transformer"
     """transformer | primalformer | primal+trans | primal+<mechanism> | any attention mechanism"""
-    seed: int = 0
-    """seeds weight initialisation, dropout and batch order"""
     data: DataConfig = field(default_factory=DataConfig)
     arch: ArchConfig = field(default_factory=ArchConfig)
     primal: PrimalConfig = field(default_factory=PrimalConfig)
     attention_options: str = ""
     """YAML mapping mechanism -> options for non-primal layers, e.g. '{softmax: {window: 64}}'"""
-    train: TrainConfig = field(default_factory=TrainConfig)
-    out: str = "runs"
-    """root of run directories (runs/classify/<task>/<model>/<time>-seed<k>)"""
-    resume: str = ""
-    """a run directory (or its last.pt) to continue; its saved config is used"""
-    threads: int = 0
-    """torch threads (0: torch's default)"""
-    device: str = "auto"
-    """auto | cpu | cuda | cuda:N"""
-    progress: bool = True
-    """show a progress bar"""
-    tensorboard: bool = True
-    """write TensorBoard event files into the run directory"""
+    train: OptimConfig = field(default_factory=OptimConfig)
 
 
 # -- building a config ----------------------------------------------------------------------------
@@ -176,25 +168,21 @@ def attention_options(cfg: ClassifyConfig) -> dict:
 
 
 NUMBERS = {
-    "seed": SEED, "threads": THREADS,
-    "arch.d_model": AT_LEAST_1, "arch.n_heads": AT_LEAST_1, "arch.layers": AT_LEAST_1, "arch.d_ff": AT_LEAST_1,
-    "arch.dropout": FRACTION,
     "primal.s": AT_LEAST_1, "primal.eta": AT_LEAST_0, "primal.rank_multi": AT_LEAST_1,
     "train.epochs": AT_LEAST_0, "train.steps": AT_LEAST_0, "train.batch_size": AT_LEAST_1,
     "train.eval_batch_size": AT_LEAST_0, "train.lr": POSITIVE, "train.weight_decay": AT_LEAST_0,
     "train.warmup": AT_LEAST_0, "train.grad_clip": AT_LEAST_0, "train.eval_every": AT_LEAST_0,
 }
 """What every numeric option accepts (NaN and inf never); ``check_config`` applies it before any work
-(the ``data.*`` options are ``DataConfig.check``'s)."""
+(the ``arch.*``, ``data.*`` and run options are their dataclasses' own ``check``)."""
 
 
 def check_config(cfg: ClassifyConfig) -> None:
     """Raise ValueError naming the option, its value and what is allowed."""
-    t = cfg.train
+    t, a = cfg.train, cfg.arch
+    RunOptions.check(cfg)
+    a.check()
     check_numbers(cfg, NUMBERS)
-    a = cfg.arch
-    if a.d_model % a.n_heads:
-        raise ValueError(f"arch.d_model={a.d_model} must be divisible by arch.n_heads={a.n_heads}")
     check_size(a.layers * (4 * a.d_model ** 2 + 2 * a.d_model * a.d_ff) + cfg.data.max_len * a.d_model,
                f"arch.layers={a.layers}, arch.d_model={a.d_model}, arch.d_ff={a.d_ff} and "
                f"data.max_len={cfg.data.max_len}")
@@ -203,7 +191,6 @@ def check_config(cfg: ClassifyConfig) -> None:
                f"arch.layers={a.layers}", "activation values in one training step")
     if (t.epochs > 0) == (t.steps > 0):
         raise ValueError(f"set exactly one of train.epochs / train.steps > 0 (got epochs={t.epochs}, steps={t.steps})")
-    check_device(cfg.device)
     attention_options(cfg)
     cfg.data.check()
 

@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from .runtime import SetupError, writing
+from .errors import SetupError, writing
 
 FILENAME = ".lock"
 _held: dict[Path, int] = {}

@@ -3,7 +3,7 @@
 One ``RunMonitor`` per run directory. Scalars go to TensorBoard as they come and are also kept
 in memory so that curves people look at (eval return vs step, accuracy vs epoch) can be drawn to
 PNG at the end without re-reading event files. A write that fails (disk full, a file-size limit)
-is one ``runtime.WriteError`` naming the file, not TensorBoard's thread traceback.
+is one ``errors.WriteError`` naming the file, not TensorBoard's thread traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from . import runtime
+from . import errors, outputs
 
 
 def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
@@ -33,11 +33,11 @@ def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     names = itertools.chain([f"{stamp}-seed{seed}"], (f"{stamp}-{i}-seed{seed}" for i in itertools.count(1)))
     try:
-        with runtime.writing(base, "run directory"):
+        with errors.writing(base, "run directory"):
             base.mkdir(parents=True, exist_ok=True)
-        return runtime.new_path((base / n for n in names), Path.mkdir, what="run directory")
-    except runtime.WriteError as err:
-        raise runtime.WriteError(f"{err}; nothing was written. Choose a writable out= (now {root})") from err
+        return outputs.new_path((base / n for n in names), Path.mkdir, what="run directory")
+    except errors.WriteError as err:
+        raise errors.WriteError(f"{err}; nothing was written. Choose a writable out= (now {root})") from err
 
 
 def save_figure(fig, path: str | Path, what: str, dpi: int = 110) -> Path:
@@ -104,7 +104,7 @@ class RunMonitor:
 
     @contextmanager
     def _writing(self):
-        with runtime.writing(self.log_dir, "TensorBoard event file in"):
+        with errors.writing(self.log_dir, "TensorBoard event file in"):
             try:
                 yield
             except OSError:

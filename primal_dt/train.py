@@ -7,11 +7,11 @@
     torchrun --nproc_per_node 2 -m primal_dt.train env=hopper-medium      (DistributedDataParallel)
 
 Configuration and its checks live in ``train_config.py`` (``--help`` lists every option); the
-trainer is ``agents.training``; what every entry point shares (errors, devices, seeds, DDP,
-``resume=`` paths) is ``runtime.py``. This module only wires them, and hands the trainer the
+trainer is ``agents.training``; what every entry point shares is ``errors`` (how a command fails),
+``runtime`` (device, threads, seeds), ``distributed`` (DDP) and ``checkpoint`` (``resume=`` paths). This module only wires them, and hands the trainer the
 simulator evaluation (``eval.rollout``), which the trainer's package may not import. A run
 directory ``<out>/<env>/<model>/<time>-seed<k>/`` holds TensorBoard events, ``last.pt`` (written
-atomically every ``checkpoint_every`` steps and at the end), ``eval_return.png`` and
+atomically every ``checkpoint_every`` steps, by wall time and at the end), ``eval_return.png`` and
 ``summary.json``. Training is deterministic on CPU for a given seed and config, and a resumed run
 continues exactly where the checkpoint left it.
 """
@@ -21,8 +21,9 @@ from __future__ import annotations
 from agents.dt_checkpoint import DataInfo
 from agents.training import Diverged, Evaluator, train
 
-from . import runtime, train_config
-from .runtime import Dist, SetupError
+from . import errors, train_config
+from .distributed import Dist
+from .errors import SetupError
 from .train_config import EvalConfig
 
 __all__ = ["Diverged", "SetupError", "main", "rollout", "run"]
@@ -48,13 +49,13 @@ EVALUATOR = Evaluator(rollout=rollout, line=_line)
 
 def run(argv: list[str], d: Dist | None = None) -> dict:
     """Train as the command line ``argv`` says; returns the run's summary. Bad input: SetupError."""
-    with runtime.setup_errors():
+    with errors.setup_errors():
         built = train_config.build(argv)
     return train(built, EVALUATOR, d)
 
 
 def main(argv: list[str] | None = None) -> None:
-    runtime.main(run, argv, expected=(Diverged,))
+    errors.main(run, argv, expected=(Diverged,))
 
 
 if __name__ == "__main__":

@@ -22,16 +22,17 @@ from .attention import available, get_class
 from .attention.precision import check_precision
 from . import cli
 from .layouts import canonical
-from .runtime import (AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, SEED, THREADS, Range, check_device,
-                      check_numbers, check_size)
-from .runtime import attention_options as parse_attention_options
+from .options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
+from .options import attention_options as parse_attention_options
 
 GROUP = "dt"
 
 
 @dataclass
 class ModelConfig:
-    """The Decision Transformer: its layout (attention per layer) and sizes."""
+    """The Decision Transformer: its layout (attention per layer) and sizes, as the user writes them
+    (``model.*``); the network is built from exactly this (``agents.DTConfig`` adds the data's
+    dimensions), so each check of these fields is here, once."""
 
     name: str = "primal+dt"
     """layout: dt | primal+dt | primalformer-dt | primal+<mechanism> | any attention mechanism"""
@@ -53,6 +54,40 @@ class ModelConfig:
     """MLP hidden width / d_model"""
     attention_options: str = ""
     """YAML mapping mechanism -> constructor options, e.g. '{softmax: {window: 30}}'"""
+
+    def layer_names(self) -> tuple[str, ...]:
+        """The explicit per-layer mechanisms of ``layers`` (empty: the layout ``name`` decides)."""
+        return tuple(x.strip() for x in self.layers.split(",") if x.strip())
+
+    def options(self) -> dict:
+        """Per-mechanism constructor options: ``attention_options``, with ``s`` for primal layers."""
+        return parse_attention_options(self.attention_options, "model.attention_options", {"primal": {"s": self.s}})
+
+    def check(self) -> None:
+        """Raise ValueError naming the option (``model.*``), its value and what is allowed."""
+        for name in ("d_model", "n_heads", "n_layers", "s"):
+            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
+                raise ValueError(f"model.{name} must be an integer, got {getattr(self, name)!r}")
+        check_numbers(self, {"d_model": AT_LEAST_1, "n_heads": AT_LEAST_1, "n_layers": AT_LEAST_1, "s": AT_LEAST_1,
+                             "dropout": FRACTION, "mlp_ratio": POSITIVE}, prefix="model.")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
+        if int(self.mlp_ratio * self.d_model) < 1:
+            raise ValueError(f"model.mlp_ratio={self.mlp_ratio} leaves no hidden units at model.d_model="
+                             f"{self.d_model}; raise model.mlp_ratio")
+        mechanisms = available()
+        causal = [n for n in mechanisms if get_class(n).supports_causal]
+        for n in self.layer_names() or (self.name,):
+            base = canonical(n.removeprefix("primal+"))
+            if base not in mechanisms:
+                close = difflib.get_close_matches(n, ["dt", "primal+dt", "primalformer-dt", *mechanisms], n=3)
+                hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+                raise ValueError(f"unknown model {n!r}.{hint} Use dt, primal+dt, primalformer-dt, primal+<mechanism> "
+                                 f"or a mechanism: {', '.join(mechanisms)}")
+            if base not in causal:
+                raise ValueError(f"model {n!r}: {base} attention has no causal form, and a Decision Transformer must "
+                                 f"not see future steps; use one of {', '.join(causal)}")
+        self.options()
 
 
 Engine = Literal["recompute", "stream"]
@@ -94,6 +129,7 @@ class RolloutOptions:
 
 
 ENGINES = get_args(Engine)
+"""the torch engines an agent acts with (``agents.agent.Agent``): this list, and no other"""
 ROLLOUT_NUMBERS = {"targets": Range(-1e12, 1e12), "num_envs": AT_LEAST_1, "max_steps": AT_LEAST_0,
                    "lanes": AT_LEAST_0}
 """Returns-to-go reach the model as float32 ``target / reward_scale``, hence the bound on targets."""
@@ -112,14 +148,12 @@ class EvalConfig(RolloutOptions):
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(RunOptions):
     env: str = "hopper-medium"
     """dataset and simulator, D4RL naming: {hopper,halfcheetah,walker2d}-{medium,medium-replay,medium-expert,...}"""
     preset: str = ""
     """configs/dt/<preset>.yaml to start from ('' : the preset named like env, when there is one)"""
     model: ModelConfig = field(default_factory=ModelConfig)
-    seed: int = 0
-    """seeds weight initialisation, dropout, batch sampling and the evaluation episodes"""
     steps: int = 100_000
     """optimizer steps"""
     batch_size: int = 64
@@ -155,21 +189,10 @@ class TrainConfig:
     checkpoint_every: int = 10_000
     """write last.pt every this many steps (and always at the end)"""
     checkpoint_minutes: float = 10.0
-    """also write last.pt every this many minutes of wall time, so an interrupted run always resumes (0: off)"""
+    """also write last.pt by wall time: first after a minute, then at doubling intervals up to this many minutes,
+    so a run stopped after its first minute resumes (0: off)"""
     log_every: int = 100
     """TensorBoard scalars every this many steps"""
-    out: str = "runs"
-    """root of run directories: <out>/<env>/<model>/<time>-seed<k>/"""
-    resume: str = ""
-    """continue a run from a checkpoint file or run directory (its last.pt); the saved config is used"""
-    threads: int = 0
-    """torch CPU threads (0: torch's default)"""
-    device: str = "auto"
-    """auto | cpu | cuda | cuda:N"""
-    progress: bool = True
-    """show a progress bar"""
-    tensorboard: bool = True
-    """write TensorBoard event files into the run directory"""
 
 
 # What a resumed run may change (everything else comes from the checkpoint).
@@ -276,64 +299,39 @@ def describe(b: Built) -> str:
     return "\n".join(lines)
 
 
+def model_label(cfg: TrainConfig) -> str:
+    """The model's name in run directories, logs and summaries: the layout, or the explicit layers joined by '-'."""
+    return cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
+
+
 # -- checks -------------------------------------------------------------------------------------------
-def attention_options(m: ModelConfig) -> dict:
-    """Per-mechanism constructor options: ``model.attention_options``, with ``model.s`` for primal layers."""
-    return parse_attention_options(m.attention_options, "model.attention_options", {"primal": {"s": m.s}})
-
-
-def layer_names(m: ModelConfig) -> tuple[str, ...]:
-    return tuple(x.strip() for x in m.layers.split(",") if x.strip())
-
-
 NUMBERS = {
-    "seed": SEED, "steps": AT_LEAST_1, "batch_size": AT_LEAST_1, "K": AT_LEAST_1, "lr": POSITIVE,
+    "steps": AT_LEAST_1, "batch_size": AT_LEAST_1, "K": AT_LEAST_1, "lr": POSITIVE,
     "weight_decay": AT_LEAST_0, "warmup_steps": AT_LEAST_0, "grad_clip": AT_LEAST_0, "eta": AT_LEAST_0,
     "reward_scale": Range(1e-6, 1e12), "max_timestep": AT_LEAST_1, "stream_window": AT_LEAST_0,
     "checkpoint_every": AT_LEAST_0, "checkpoint_minutes": Range(0, 1e6), "val_fraction": FRACTION,
-    "log_every": AT_LEAST_0, "threads": THREADS,
-    "model.d_model": AT_LEAST_1, "model.n_heads": AT_LEAST_1, "model.n_layers": AT_LEAST_1, "model.s": AT_LEAST_1,
-    "model.dropout": Range(0, 1, high_open=True), "model.mlp_ratio": POSITIVE,
-    "eval.every": AT_LEAST_0, "eval.episodes": AT_LEAST_1, "eval.final_episodes": AT_LEAST_0,
-    **{f"eval.{k}": rule for k, rule in ROLLOUT_NUMBERS.items()},
+    "log_every": AT_LEAST_0, "eval.every": AT_LEAST_0, "eval.episodes": AT_LEAST_1, "eval.final_episodes": AT_LEAST_0,
 }
 """What every numeric option accepts (NaN and inf never); ``check`` applies it before any work.
 Returns-to-go reach the model as float32 ``target / reward_scale``, hence the bounds on both."""
 
 
 def check(cfg: TrainConfig) -> None:
-    """Raise ValueError naming the option, its value and what is allowed."""
-    def need(cond, msg):
-        if not cond:
-            raise ValueError(msg)
-
-    m, e = cfg.model, cfg.eval
+    """Raise ValueError naming the option, its value and what is allowed: each part's own checks
+    (run options, model, evaluation), then what spans parts (sizes no machine can build, data source)."""
+    m = cfg.model
+    RunOptions.check(cfg)
+    m.check()
     check_numbers(cfg, NUMBERS)
-    need(m.d_model % m.n_heads == 0, f"model.d_model={m.d_model} must be divisible by model.n_heads={m.n_heads}")
-    need(int(m.mlp_ratio * m.d_model) >= 1, f"model.mlp_ratio={m.mlp_ratio} leaves no hidden units at "
-                                            f"model.d_model={m.d_model}; raise model.mlp_ratio")
-    layers = len(layer_names(m)) or m.n_layers
+    cfg.eval.check("eval.")
+    layers = len(m.layer_names()) or m.n_layers
     check_size(layers * m.d_model ** 2 * (4 + 2 * m.mlp_ratio) + cfg.max_timestep * m.d_model,
                f"model.d_model={m.d_model}, model.n_layers={layers}, model.mlp_ratio={m.mlp_ratio} and "
                f"max_timestep={cfg.max_timestep}")
     check_size(cfg.batch_size * cfg.K * 3 * m.d_model * layers * 8,
                f"batch_size={cfg.batch_size}, K={cfg.K}, model.d_model={m.d_model} and model.n_layers={layers}",
                "activation values in one training step")
-    e.check("eval.")
-    need(cfg.data_source in ("auto", "d4rl", "minari", "replica") or cfg.data_source.startswith(("d4rl:", "minari:")),
-         f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got {cfg.data_source!r}")
-    check_device(cfg.device)
-    names = layer_names(m) or (m.name,)
-    mechanisms = available()
-    causal = [n for n in mechanisms if get_class(n).supports_causal]
-    for n in names:
-        base = canonical(n.removeprefix("primal+"))
-        if base not in mechanisms:
-            close = difflib.get_close_matches(n, ["dt", "primal+dt", "primalformer-dt", *mechanisms], n=3)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ValueError(f"unknown model {n!r}.{hint} Use dt, primal+dt, primalformer-dt, primal+<mechanism> "
-                             f"or a mechanism: {', '.join(mechanisms)}")
-        if base not in causal:
-            raise ValueError(f"model {n!r}: {base} attention has no causal form, and a Decision Transformer must not "
-                             f"see future steps; use one of {', '.join(causal)}")
-    attention_options(m)
+    if not (cfg.data_source in ("auto", "d4rl", "minari", "replica")
+            or cfg.data_source.startswith(("d4rl:", "minari:"))):
+        raise ValueError(f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got "
+                         f"{cfg.data_source!r}")

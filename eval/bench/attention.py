@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from primal_dt import cli, runtime
+from primal_dt import cli, options
 
 # The LRA setting of the Primal-Attention paper: PrimalFormer s=20, data-dependent projections.
 DEFAULT_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20,data_dependent=true"]
@@ -183,10 +183,10 @@ def ratios(rows: list[dict], baseline: str, target: str) -> list[dict]:
     return out
 
 
-NUMBERS = {f"--{k}": runtime.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
+NUMBERS = {f"--{k}": options.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
                                                  "step_heads", "step_repeat", "repeat")}
-NUMBERS.update({"--threads": runtime.THREADS, "--budget_s": runtime.POSITIVE, "--timeout": runtime.POSITIVE,
-                "--mem_limit_gb": runtime.POSITIVE})
+NUMBERS.update({"--threads": options.THREADS, "--budget_s": options.POSITIVE, "--timeout": options.POSITIVE,
+                "--mem_limit_gb": options.POSITIVE})
 """What every numeric option accepts, checked before any configuration runs."""
 
 
@@ -243,7 +243,7 @@ def parse_args(argv=None) -> AttentionBenchConfig:
     args = cli.parse(AttentionBenchConfig, argv, prog="python -m eval.bench.attention",
                      description=__doc__.split("\n\n")[0])
     if not args.child:
-        runtime.check_parsed(args, NUMBERS)
+        options.check_parsed(args, NUMBERS)
     return args
 
 

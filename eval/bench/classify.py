@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from primal_dt import cli, runtime
+from primal_dt import cli, errors, runtime
 from primal_dt.classifier_training import Trainer
 from primal_dt.classify_config import build_config, check_config
 from primal_dt.tasks import load_task
@@ -40,7 +40,7 @@ DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other option is every model's 
 def main(argv: list[str] | None = None) -> dict:
     bench, argv = cli.parse(ClassifyBenchConfig, argv, prog=PROG, description=DESCRIPTION, known=True)
     models = list(bench.models)
-    with runtime.setup_errors(RuntimeError):  # bad input: SetupError, printed as one line by runtime.main
+    with errors.setup_errors(RuntimeError):  # bad input: SetupError, printed as one line by errors.main
         if not models:
             raise ValueError("models= names no model; e.g. models=transformer,primalformer")
         cfgs = [build_config(argv + [f"model={m}"], PROG)[0] for m in models]
@@ -89,4 +89,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    runtime.main(main)
+    errors.main(main)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from primal_dt import cli, runtime
+from primal_dt import cli, options
 from primal_dt.train_config import TrainConfig
 
 
@@ -152,9 +152,9 @@ class DataBenchConfig:
 def parse_args(argv=None) -> DataBenchConfig:
     """The options, every numeric one checked (``cli.fail`` otherwise)."""
     a = cli.parse(DataBenchConfig, argv, prog="python -m eval.bench.data", description=__doc__.split("\n\n")[0])
-    runtime.check_parsed(a, {"--batch": runtime.AT_LEAST_1, "--K": runtime.AT_LEAST_1,
-                             "--reward_scale": runtime.POSITIVE, "--repeat": runtime.AT_LEAST_1,
-                             "--threads": runtime.THREADS})
+    options.check_parsed(a, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
+                             "--reward_scale": options.POSITIVE, "--repeat": options.AT_LEAST_1,
+                             "--threads": options.THREADS})
     return a
 
 

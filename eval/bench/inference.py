@@ -59,7 +59,7 @@ import torch
 
 from agents.threads import inference_threads, keep_freed_memory, usable_cores
 from eval.bench.evaluator import evaluation_section, make_agent
-from primal_dt import runtime
+from primal_dt import errors, options, runtime
 from primal_dt.attention.precision import native_bf16
 
 RANDOM_MODEL_ENV = "hopper-medium"
@@ -123,15 +123,15 @@ class BenchConfig:
     """seed of the random models and of the evaluation episodes"""
 
 
-NUMBERS = {"calls": runtime.AT_LEAST_1, "rounds": runtime.AT_LEAST_1, "episodes": runtime.AT_LEAST_0,
-           "seq_episodes": runtime.AT_LEAST_0, "max_steps": runtime.AT_LEAST_1, "threads": runtime.AT_LEAST_1,
-           "seed": runtime.SEED}
+NUMBERS = {"calls": options.AT_LEAST_1, "rounds": options.AT_LEAST_1, "episodes": options.AT_LEAST_0,
+           "seq_episodes": options.AT_LEAST_0, "max_steps": options.AT_LEAST_1, "threads": options.AT_LEAST_1,
+           "seed": options.SEED}
 
 
 def int_list(bc: BenchConfig, key: str) -> list[int]:
     """A list option (``batches=1,100``; the parser made it integers) checked: >= 1, at least one."""
     values = list(getattr(bc, key))
-    runtime.check_number(key, values or None, runtime.AT_LEAST_1)
+    options.check_number(key, values or None, options.AT_LEAST_1)
     if not values:
         raise ValueError(f"{key} must name at least one value, e.g. {key}=1,100")
     return values
@@ -150,7 +150,7 @@ def parse_size(text: str) -> tuple[int, int]:
 
 def check(bc: BenchConfig) -> None:
     """Every option, before a model is built or a simulator started."""
-    runtime.check_numbers(bc, NUMBERS)
+    options.check_numbers(bc, NUMBERS)
     for key in ("batches", "contexts", "ts"):
         int_list(bc, key)
     for s in bc.sizes:
@@ -166,8 +166,8 @@ def random_model(info, width: int, heads: int, layout: str, seed: int):
     spec = envs.get_spec(info.env)
     torch.manual_seed(seed)
     s = min(64, width // heads)
-    return DecisionTransformer(DTConfig(spec.obs_dim, spec.act_dim, K=20, d_model=width, n_heads=heads, n_layers=3,
-                                        layout=layout, options={"primal": {"s": s}}, dropout=0.0)).eval()
+    return DecisionTransformer(DTConfig(state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=width, n_heads=heads,
+                                        n_layers=3, name=layout, s=s, dropout=0.0)).eval()
 
 
 def build_models(bc: BenchConfig):
@@ -212,7 +212,7 @@ def hf_model(cfg, K: int, dtype=torch.float32):
         from transformers import DecisionTransformerConfig, DecisionTransformerModel
         from transformers.utils import logging as hf_logging
     except ImportError as err:
-        raise runtime.SetupError("the HuggingFace baseline needs `transformers` (a benchmark-only extra): "
+        raise errors.SetupError("the HuggingFace baseline needs `transformers` (a benchmark-only extra): "
                                  "pip install 'primal-dt[bench]' (keeps torch as it is), or run with hf=false") from err
     hf_logging.set_verbosity_error()
     c = DecisionTransformerConfig(state_dim=cfg.state_dim, act_dim=cfg.act_dim, hidden_size=cfg.d_model,
@@ -511,7 +511,7 @@ def run(argv: list[str]) -> dict:
 
     bc = parse(BenchConfig, argv, prog="python -m eval.bench.inference",
                description="Every way to run a DT policy side by side: latency, threads, evaluation wall time.")
-    with runtime.setup_errors():
+    with errors.setup_errors():
         check(bc)
         models, info, trained = build_models(bc)
     runtime.set_threads(bc.threads)
@@ -552,8 +552,8 @@ def run(argv: list[str]) -> dict:
 
 
 def main(argv=None) -> dict:
-    """``python -m eval.bench.inference``: bad options or checkpoints end as every entry point's (runtime.main)."""
-    return runtime.main(run, sys.argv[1:] if argv is None else argv)
+    """``python -m eval.bench.inference``: bad options or checkpoints end as every entry point's (errors.main)."""
+    return errors.main(run, sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

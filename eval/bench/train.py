@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from agents.decision_transformer import DecisionTransformer, DTConfig
 from agents.training import train_step
-from primal_dt import cli, runtime
+from primal_dt import cli, options
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
 OURS = ("dt", "primal+dt", "primalformer-dt")
@@ -57,8 +57,8 @@ def batches(n: int, batch: int, K: int, seed: int = 0) -> list[dict]:
 
 class Ours:
     def __init__(self, layout: str, size: dict, K: int):
-        cfg = DTConfig(STATE_DIM, ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
-                       n_layers=size["n_layers"], layout=layout, options={"primal": {"s": size["s"]}}, dropout=0.1)
+        cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
+                       n_layers=size["n_layers"], name=layout, s=size["s"], dropout=0.1)
         self.model = DecisionTransformer(cfg).train()
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
@@ -186,9 +186,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[st
     sizes = list(args.sizes)
     if not sizes:
         cli.fail(f"--sizes names no size; give some of {', '.join(SIZES)}")
-    runtime.check_parsed(args, {"--batch": runtime.AT_LEAST_1, "--K": runtime.AT_LEAST_1,
-                                   "--steps": runtime.AT_LEAST_1, "--rounds": runtime.AT_LEAST_1,
-                                   "--warmup": runtime.AT_LEAST_0, "--threads": runtime.THREADS})
+    options.check_parsed(args, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
+                                   "--steps": options.AT_LEAST_1, "--rounds": options.AT_LEAST_1,
+                                   "--warmup": options.AT_LEAST_0, "--threads": options.THREADS})
     with_hf = not args.no_hf
     if with_hf:
         try:

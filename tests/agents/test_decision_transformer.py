@@ -16,8 +16,10 @@ S_DIM, A_DIM, K = 11, 3, 6
 
 
 def tiny(layout="primal+dt", **kw) -> DecisionTransformer:
-    cfg = DTConfig(S_DIM, A_DIM, K=K, d_model=32, n_heads=2, n_layers=3, layout=layout,
-                   options={"primal": {"s": 8}}, dropout=0.0, **kw)
+    if "layers" in kw:
+        kw["layers"] = ",".join(kw["layers"])
+    cfg = DTConfig(state_dim=S_DIM, act_dim=A_DIM, K=K, d_model=32, n_heads=2, n_layers=3, name=layout, s=8,
+                   dropout=0.0, **kw)
     return DecisionTransformer(cfg).eval()
 
 
@@ -165,7 +167,7 @@ def test_checkpoint_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("kw, msg", [({"K": 0}, "K must be"), ({"n_heads": 3}, "divisible"),
-                                      ({"dropout": 1.0}, "dropout"), ({"layout": "nope"}, "unknown")])
+                                      ({"dropout": 1.0}, "dropout"), ({"name": "nope"}, "unknown")])
 def test_bad_model_config_is_rejected(kw, msg):
     base = dict(state_dim=S_DIM, act_dim=A_DIM, d_model=32, n_heads=2)
     with pytest.raises(ValueError, match=msg):

@@ -1,6 +1,8 @@
 """The DT checkpoint schema (agents.dt_checkpoint): one writer, one reader, files of release 0.1
 still read, and errors that say what is wrong with which file."""
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
@@ -8,6 +10,7 @@ import torch
 from agents import dt_checkpoint as schema
 from agents.dt_checkpoint import DTCheckpoint, TrainingState
 from primal_dt import checkpoint as ck_io
+from primal_dt.attention import get_class
 
 
 def inputs(model, seed=0):
@@ -73,16 +76,25 @@ def test_a_run_directory_means_its_last_pt(tmp_path, tiny_dt, dt_checkpoint_file
     assert schema.load(str(path)).data.targets == (1234.0,)
 
 
+def legacy_model_config(cfg) -> dict:
+    """``model_config`` as files wrote it before it was the user's model options: ``layout``, a list of
+    ``layers`` and a dict of per-mechanism ``options`` (primal's ``s`` among them)."""
+    keep = ("state_dim", "act_dim", "K", "d_model", "n_heads", "n_layers", "dropout", "activation", "mlp_ratio",
+            "max_timestep")
+    return {**{k: getattr(cfg, k) for k in keep}, "layout": cfg.name, "layers": list(cfg.layer_names()),
+            "options": cfg.options()}
+
+
 def release_0_1(model, hopper_stats):
     """A checkpoint dict as release 0.1's primal_dt.train wrote it: no ``schema`` key, K / max_timestep
-    repeated under ``data``, no dataset fingerprint, and numpy's global random state as numpy itself
-    returns it (a tuple holding a uint32 array)."""
+    repeated under ``data``, no dataset fingerprint, numpy's global random state as numpy itself
+    returns it (a tuple holding a uint32 array), and the model config in its old form."""
     mean, std = hopper_stats
     opt = torch.optim.AdamW(model.parameters())
     rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
            "sampler": {"bit_generator": np.random.default_rng(3).bit_generator.state, "K": model.cfg.K, "batch_size": 8}}
     return {"kind": "dt", "config": {"env": "hopper-medium", "K": model.cfg.K, "reward_scale": 1000.0},
-            "model_config": model.cfg.to_dict(), "model": model.state_dict(), "optimizer": opt.state_dict(),
+            "model_config": legacy_model_config(model.cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
             "scheduler": {}, "rng": [rng], "step": 40, "train_time": 2.0,
             "history": {},
             "data": {"env": "hopper-medium", "gym_id": "Hopper-v4", "source": "d4rl:/data/hopper_medium-v2.hdf5",
@@ -92,7 +104,7 @@ def release_0_1(model, hopper_stats):
 
 def test_release_0_1_checkpoints_still_load(tmp_path, tiny_dt, hopper_stats):
     """Read with weights_only=True, numpy's random state included (the only numpy objects allowed)."""
-    from agents.training_checkpoint import set_numpy_state
+    from agents.dt_checkpoint import set_numpy_state
 
     m = tiny_dt()
     d = release_0_1(m, hopper_stats)
@@ -110,6 +122,23 @@ def test_release_0_1_checkpoints_still_load(tmp_path, tiny_dt, hopper_stats):
     assert schema.load(path).to_dict()["schema"] == schema.SCHEMA_VERSION  # rewritten in today's layout
 
 
+def test_an_old_model_config_builds_the_same_network(tiny_dt):
+    """Every form ``model_config`` took: windows and per-layer lists included, and an options dict
+    without primal's ``s`` (the mechanism's own default then)."""
+    from agents import DecisionTransformer, DTConfig
+
+    for m in (tiny_dt(), tiny_dt("dt", options={"softmax": {"window": 4}}),
+              tiny_dt(layers=("softmax", "linear", "primal"), options={"primal": {"s": 6, "window": 5}})):
+        old = DTConfig.from_dict(legacy_model_config(m.cfg))
+        assert old.layer_specs() == m.cfg.layer_specs()
+        again = DecisionTransformer(old).eval()
+        again.load_state_dict(m.state_dict())
+        torch.testing.assert_close(outputs(again), outputs(m), atol=0, rtol=0)
+    no_s = {**legacy_model_config(tiny_dt().cfg), "options": {}}
+    default_s = inspect.signature(get_class("primal").__init__).parameters["s"].default
+    assert DTConfig.from_dict(no_s).layer_specs()[-1].options == {"s": default_s}
+
+
 def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_checkpoint_file):
     m = tiny_dt()
     with pytest.raises(ValueError, match=r"classifier\.pt holds a 'classifier' model, expected 'dt'"):
@@ -119,9 +148,9 @@ def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_ch
     with pytest.raises(ValueError, match=r"no-data\.pt lacks data, data\.env, .*not written by primal_dt\.train"):
         schema.load(path)
     (tmp_path / "empty-run").mkdir()
-    with pytest.raises(FileNotFoundError, match="empty-run is a directory without a last.pt"):
+    with pytest.raises(FileNotFoundError, match=r"empty-run: no checkpoint at .*empty-run/last\.pt, nor in any run under"):
         schema.load(tmp_path / "empty-run")
-    with pytest.raises(FileNotFoundError, match=r"checkpoint .*nope\.pt does not exist"):
+    with pytest.raises(FileNotFoundError, match=r"checkpoint=.*nope\.pt: no checkpoint at .*nope\.pt; it does not exist: give a run"):
         schema.load(tmp_path / "nope.pt")
     newer = {**dt_checkpoint(m).to_dict(), "schema": schema.SCHEMA_VERSION + 1}
     with pytest.raises(ValueError, match="written by a newer primal-dt"):

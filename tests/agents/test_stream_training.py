@@ -95,8 +95,8 @@ def test_loss_mask_keeps_exactly_the_steps_that_match_the_stream(tiny_dt):
 
 
 def test_stream_exact_config_refuses_layers_without_a_window():
-    cfg = DTConfig(11, 3, K=5, d_model=32, n_heads=2, layers=("softmax", "linear", "primal"),
-                   options={"primal": {"s": 8}}, dropout=0.0)
+    cfg = DTConfig(state_dim=11, act_dim=3, K=5, d_model=32, n_heads=2, layers="softmax,linear,primal", s=8,
+                   dropout=0.0)
     with pytest.raises(ValueError, match=r"layer 1 \(linear\) has no window"):
         stream_exact_config(cfg, 9)
     with pytest.raises(ValueError, match="window must be an integer"):

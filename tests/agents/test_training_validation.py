@@ -13,7 +13,7 @@ import torch
 import envs
 from agents import dt_checkpoint, training
 from primal_dt import train_config
-from primal_dt.runtime import SetupError
+from primal_dt.errors import SetupError
 from primal_dt.train import run as train_run
 
 

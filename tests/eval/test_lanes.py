@@ -126,7 +126,7 @@ from agents.decision_transformer import DecisionTransformer, DTConfig
 from eval.episodes import run_episodes
 from eval.simulators import SimulatorProcess
 import numpy as np
-m = DecisionTransformer(DTConfig(11, 3, K=4, d_model=16, n_heads=2, options={"primal": {"s": 4}}, dropout=0.0)).eval()
+m = DecisionTransformer(DTConfig(state_dim=11, act_dim=3, K=4, d_model=16, n_heads=2, s=4, dropout=0.0)).eval()
 agents = [Agent(m, state_mean=np.zeros(11), state_std=np.ones(11), reward_scale=1000.0, target=3600.0)]
 venvs = [SimulatorProcess("hopper-medium", 2, threads=2)]
 try:

@@ -16,8 +16,8 @@ K = 4
 
 def tiny_model(seed):
     torch.manual_seed(seed)
-    m = DecisionTransformer(DTConfig(11, 3, K=K, d_model=32, n_heads=2, n_layers=2, layout="primal+dt",
-                                     options={"primal": {"s": 8}}, dropout=0.0))
+    m = DecisionTransformer(DTConfig(state_dim=11, act_dim=3, K=K, d_model=32, n_heads=2, n_layers=2,
+                                     name="primal+dt", s=8, dropout=0.0))
     with torch.no_grad():  # large actions that depend on the target, so episodes end at different steps
         m.action_head[0].weight.mul_(8)
         m.embed_return.weight.mul_(300)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from primal_dt import checkpoint
-from primal_dt.runtime import WriteError
+from primal_dt.errors import WriteError
 
 
 def test_a_crafted_pickle_is_refused_and_never_runs(tmp_path, crafted_checkpoint):
@@ -57,10 +57,10 @@ def test_a_write_past_a_real_file_size_limit_is_one_clear_error_and_keeps_the_ol
     EFBIG, as on a full disk with ENOSPC)."""
     old = checkpoint.save_atomic({"model": torch.arange(10)}, tmp_path / "last.pt")
     before = old.read_bytes()
-    p = run_code("import sys, torch\nfrom primal_dt import checkpoint, runtime\n"
+    p = run_code("import sys, torch\nfrom primal_dt import checkpoint, errors\n"
                  f"try:\n    checkpoint.save_atomic({{'model': torch.zeros(2**19)}}, {str(old)!r}, "
                  "what='checkpoint (step 7)')\n"
-                 "except runtime.WriteError as e:\n    sys.exit(f'error: {e}')\n", file_size=512 * 1024)
+                 "except errors.WriteError as e:\n    sys.exit(f'error: {e}')\n", file_size=512 * 1024)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert p.stderr.strip() == (f"error: could not write the checkpoint (step 7) {old}: file too large (a file-size "
                                 "limit such as `ulimit -f` was reached)")

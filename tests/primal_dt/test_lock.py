@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from primal_dt import lock
-from primal_dt.runtime import SetupError
+from primal_dt.errors import SetupError
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = """

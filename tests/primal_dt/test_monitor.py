@@ -54,7 +54,7 @@ def test_run_directories_started_together_are_distinct_and_created(tmp_path):
 
 def test_an_unwritable_root_is_one_clear_error(tmp_path, run_code):
     from primal_dt.monitor import run_dir
-    from primal_dt.runtime import WriteError
+    from primal_dt.errors import WriteError
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(WriteError, match=r"could not write the run directory .*file/hopper-medium: a part of the "
@@ -70,7 +70,7 @@ def test_an_unwritable_root_is_one_clear_error(tmp_path, run_code):
 def test_tensorboard_past_a_real_file_size_limit_is_one_write_error(tmp_path, run_code):
     """TensorBoard writes its events in a thread; a write it cannot make reaches the logging code as
     one WriteError naming the directory, without the thread's traceback."""
-    p = run_code("import sys\nfrom primal_dt.monitor import RunMonitor\nfrom primal_dt.runtime import WriteError\n"
+    p = run_code("import sys\nfrom primal_dt.monitor import RunMonitor\nfrom primal_dt.errors import WriteError\n"
                  f"m = RunMonitor({str(tmp_path)!r}, progress=False)\n"
                  "try:\n    for i in range(5000):\n        m.scalar('x', i, i)\n        m.flush()\n"
                  "except WriteError as e:\n    m.close()\n    sys.exit(f'error: {e}')\n", file_size=4096)

@@ -1,5 +1,6 @@
-"""primal_dt.runtime, what every entry point shares: bad input as one line, resume paths, the
-attention_options grammar, devices, and the option shorthands of primal_dt.cli."""
+"""What every entry point shares (primal_dt.errors, options, distributed, outputs, runtime and the
+checkpoint finder): bad input as one line, resume paths, the attention_options grammar, devices, and
+the option shorthands of primal_dt.cli."""
 
 import argparse
 import os
@@ -10,22 +11,22 @@ from pathlib import Path
 import pytest
 import torch
 
-from primal_dt import runtime
-from primal_dt.runtime import SetupError
+from primal_dt import checkpoint, distributed, errors, options, outputs, runtime
+from primal_dt.errors import SetupError
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- errors --------------------------------------------------------------------------------------------
 def test_setup_errors_turn_bad_input_into_setup_error_and_keep_the_message():
-    with pytest.raises(SetupError, match="K must be >= 1") as err, runtime.setup_errors():
+    with pytest.raises(SetupError, match="K must be >= 1") as err, errors.setup_errors():
         raise ValueError("K must be >= 1, got 0")
     assert isinstance(err.value.__cause__, ValueError)
-    with pytest.raises(SetupError, match="no file"), runtime.setup_errors():
+    with pytest.raises(SetupError, match="no file"), errors.setup_errors():
         raise FileNotFoundError("no file at /x.hdf5")
-    with pytest.raises(SetupError, match="needs aeon"), runtime.setup_errors(RuntimeError):
+    with pytest.raises(SetupError, match="needs aeon"), errors.setup_errors(RuntimeError):
         raise RuntimeError("needs aeon")
-    with pytest.raises(KeyError), runtime.setup_errors():  # not bad input: a bug, which keeps its traceback
+    with pytest.raises(KeyError), errors.setup_errors():  # not bad input: a bug, which keeps its traceback
         raise KeyError("x")
 
 
@@ -40,24 +41,24 @@ def test_main_prints_one_line_exit_2_for_bad_input_and_1_for_a_failed_run(capsys
         raise Diverged("training diverged at step 3")
 
     with pytest.raises(SystemExit) as exit_:
-        runtime.main(bad_input, ["a=1"])
+        errors.main(bad_input, ["a=1"])
     assert exit_.value.code == 2 and capsys.readouterr().err == "error: unknown option in ['a=1']\n"
     with pytest.raises(SystemExit) as exit_:
-        runtime.main(diverges, ["a=1"], expected=(Diverged,))
+        errors.main(diverges, ["a=1"], expected=(Diverged,))
     assert exit_.value.code == "error: training diverged at step 3"  # sys.exit(str): printed, exit status 1
 
     def interrupted(argv):
         raise KeyboardInterrupt
 
     with pytest.raises(SystemExit) as exit_:
-        runtime.main(interrupted, [])
+        errors.main(interrupted, [])
     assert exit_.value.code == 130
 
     def bug(argv):
         raise ZeroDivisionError
 
     with pytest.raises(ZeroDivisionError):  # unexpected errors keep their traceback
-        runtime.main(bug, [])
+        errors.main(bug, [])
 
 
 @pytest.mark.parametrize("module, argv, message", [
@@ -78,23 +79,39 @@ def test_resume_checkpoint_takes_a_file_or_its_run_directory(tmp_path):
     run_dir.mkdir()
     (run_dir / "last.pt").write_bytes(b"x")
     (run_dir / "best.pt").write_bytes(b"x")
-    assert runtime.resume_checkpoint(str(run_dir)) == run_dir / "last.pt"
-    assert runtime.resume_checkpoint(str(run_dir / "best.pt")) == run_dir / "best.pt"
+    assert checkpoint.resume_checkpoint(str(run_dir)) == run_dir / "last.pt"
+    assert checkpoint.resume_checkpoint(str(run_dir / "best.pt")) == run_dir / "best.pt"
     with pytest.raises(SetupError, match=r"resume=.*missing: no checkpoint at .*missing"):
-        runtime.resume_checkpoint(str(tmp_path / "missing"))
+        checkpoint.resume_checkpoint(str(tmp_path / "missing"))
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(SetupError, match=r"no checkpoint at .*empty/last.pt; give a run directory"):
-        runtime.resume_checkpoint(str(empty))
+    with pytest.raises(SetupError, match=r"no checkpoint at .*empty/last.pt, nor in any run under it; give a run"):
+        checkpoint.resume_checkpoint(str(empty))
+
+
+def test_a_directory_of_runs_means_its_newest_run_that_holds_a_checkpoint(tmp_path, capsys):
+    """What ``ls -d runs/.../*/ | tail -n 1`` got wrong: the last run listed may hold no checkpoint yet."""
+    root = tmp_path / "runs" / "hopper-medium" / "dt"
+    old, new, empty = (root / n for n in ("20260101-000000-seed0", "20260102-000000-seed1", "20260103-000000-seed0"))
+    for d in (old, new, empty):
+        d.mkdir(parents=True)
+    (old / "last.pt").write_bytes(b"x")
+    (new / "last.pt").write_bytes(b"x")
+    os.utime(old / "last.pt", (1_000_000, 1_000_000))
+    assert checkpoint.resume_checkpoint(str(tmp_path / "runs")) == new / "last.pt"
+    assert f"resume={tmp_path / 'runs'}: using the newest run with a last.pt under it, {new}" in capsys.readouterr().err
+    os.utime(new / "last.pt", (500_000, 500_000))
+    assert checkpoint.resume_checkpoint(str(root)) == old / "last.pt"
+    assert checkpoint.resume_checkpoint(str(empty.parent.parent)) == old / "last.pt"
 
 
 # -- attention_options ---------------------------------------------------------------------------------
 def test_attention_options_parse_and_defaults_fill_only_what_is_unset():
-    opts = runtime.attention_options("{softmax: {window: 30}, primal: {s: 4}}", "model.attention_options",
+    opts = options.attention_options("{softmax: {window: 30}, primal: {s: 4}}", "model.attention_options",
                                      {"primal": {"s": 64, "window": 10}})
     assert opts == {"softmax": {"window": 30}, "primal": {"s": 4, "window": 10}}
-    assert runtime.attention_options("", defaults={"primal": {"s": 8}}) == {"primal": {"s": 8}}
-    assert runtime.attention_options("  ") == {}
+    assert options.attention_options("", defaults={"primal": {"s": 8}}) == {"primal": {"s": 8}}
+    assert options.attention_options("  ") == {}
 
 
 @pytest.mark.parametrize("text, message", [
@@ -105,17 +122,17 @@ def test_attention_options_parse_and_defaults_fill_only_what_is_unset():
 ])
 def test_attention_options_errors_name_the_option(text, message):
     with pytest.raises(ValueError) as err:
-        runtime.attention_options(text, "model.attention_options")
+        options.attention_options(text, "model.attention_options")
     assert message in str(err.value)
 
 
 # -- devices -------------------------------------------------------------------------------------------
 def test_device_names_are_checked_and_cpu_is_always_there():
     for ok in ("auto", "cpu", "cuda", "cuda:1"):
-        runtime.check_device(ok)
+        options.check_device(ok)
     for bad in ("gpu", "cuda:x", "cuda1", ""):
         with pytest.raises(ValueError, match="device must be auto, cpu, cuda or cuda:N"):
-            runtime.check_device(bad)
+            options.check_device(bad)
     assert runtime.pick_device("cpu") == torch.device("cpu")
     assert runtime.pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
     if not torch.cuda.is_available():
@@ -125,18 +142,18 @@ def test_device_names_are_checked_and_cpu_is_always_there():
 
 def test_one_process_without_torchrun(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    d = runtime.init_distributed("cpu")
+    d = distributed.init_distributed("cpu")
     assert (d.rank, d.world, d.main) == (0, 1, True)
     d.barrier()  # a no-op for one process
-    assert runtime.check_replicas(torch.nn.Linear(2, 2), d)
+    assert distributed.check_replicas(torch.nn.Linear(2, 2), d)
 
 
 # -- numeric options and failed writes -----------------------------------------------------------------
 def test_numbers_outside_their_range_name_the_option_nan_and_inf_never_pass():
     ok = {"K": 5, "lr": 1e-3, "dropout": 0.0, "targets": (3600.0, 1800.0), "step": None}
-    rules = {"K": runtime.AT_LEAST_1, "lr": runtime.POSITIVE, "dropout": runtime.FRACTION, "targets": runtime.ANY,
-             "step": runtime.AT_LEAST_0}
-    runtime.check_numbers(argparse.Namespace(**ok), rules)
+    rules = {"K": options.AT_LEAST_1, "lr": options.POSITIVE, "dropout": options.FRACTION, "targets": options.ANY,
+             "step": options.AT_LEAST_0}
+    options.check_numbers(argparse.Namespace(**ok), rules)
     for key, bad, message in (("K", 0, "K must be >= 1, got 0"), ("lr", float("nan"), "lr must be > 0, got nan"),
                               ("lr", float("inf"), "lr must be > 0, got inf"),
                               ("dropout", 1.0, r"dropout must be in \[0, 1\), got 1.0"),
@@ -144,30 +161,30 @@ def test_numbers_outside_their_range_name_the_option_nan_and_inf_never_pass():
                                                                   "3600.0, nan"),
                               ("K", True, "K must be >= 1, got True")):
         with pytest.raises(ValueError, match=message):
-            runtime.check_numbers(argparse.Namespace(**{**ok, key: bad}), rules)
-    assert str(runtime.SEED) == "in [0, 4294967296)" and str(runtime.Range(0, 1, low_open=True)) == "in (0, 1]"
+            options.check_numbers(argparse.Namespace(**{**ok, key: bad}), rules)
+    assert str(options.SEED) == "in [0, 4294967296)" and str(options.Range(0, 1, low_open=True)) == "in (0, 1]"
 
 
 def test_new_paths_are_claimed_exclusively_by_concurrent_claimants(tmp_path):
     """Twenty threads asking for the same name at once get twenty different paths, each created."""
     from concurrent.futures import ThreadPoolExecutor
 
-    claim = lambda _: runtime.new_path(runtime.numbered(tmp_path / "report.json"), runtime.create_file)  # noqa: E731
+    claim = lambda _: outputs.new_path(outputs.numbered(tmp_path / "report.json"), outputs.create_file)  # noqa: E731
     with ThreadPoolExecutor(20) as pool:
         got = list(pool.map(claim, range(20)))
     assert len(set(got)) == 20 and all(p.exists() for p in got)
     assert {p.name for p in got} == {"report.json", *(f"report-{i}.json" for i in range(2, 21))}
-    with pytest.raises(runtime.WriteError, match=r"could not write the report .*report.json/x: a part of the path"):
-        runtime.new_path(runtime.numbered(tmp_path / "report.json" / "x"), runtime.create_file, what="report")
+    with pytest.raises(errors.WriteError, match=r"could not write the report .*report.json/x: a part of the path"):
+        outputs.new_path(outputs.numbered(tmp_path / "report.json" / "x"), outputs.create_file, what="report")
 
 
 def test_a_failed_write_is_one_line(capsys):
     def full_disk(argv):
-        with runtime.writing("/data/last.pt", "checkpoint (step 40)"):
+        with errors.writing("/data/last.pt", "checkpoint (step 40)"):
             raise OSError(28, "No space left on device")
 
     with pytest.raises(SystemExit) as exit_:
-        runtime.main(full_disk, [])
+        errors.main(full_disk, [])
     assert exit_.value.code == "error: could not write the checkpoint (step 40) /data/last.pt: no space left on the " \
                                "device (disk full)"
-    assert runtime.main(lambda argv: {"ok": argv}, ["a"]) == {"ok": ["a"]}  # what run returns comes back
+    assert errors.main(lambda argv: {"ok": argv}, ["a"]) == {"ok": ["a"]}  # what run returns comes back

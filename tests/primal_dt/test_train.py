@@ -165,7 +165,7 @@ def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_p
     s = run(tiny_train.args(hopper_file, tmp_path, "steps=3", "stream_window=4", "eval.engine=stream", "eval.every=0",
                  "eval.final_episodes=1", "eval.max_steps=12", "eval.num_envs=2"))
     model = dt_checkpoint.load(s["run_dir"]).build_model()
-    assert model.cfg.options["softmax"]["window"] == 4 and model.cfg.options["primal"]["window"] == 4
+    assert model.cfg.options()["softmax"]["window"] == 4 and model.cfg.options()["primal"]["window"] == 4
     reach = receptive_field(model.cfg)
     assert reach == 6 and first_exact_step(reach) == 2
     assert s["final"]["target3600"]["episodes"] == 1

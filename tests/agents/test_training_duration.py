@@ -1,8 +1,9 @@
-"""Honest long runs (agents.training_time, ``checkpoint_minutes``): the trainer projects its duration
-from its measured pace, says plainly when the recipe takes hours here and prints a budget command
-that fits; checkpoints come by wall time too, so a run stopped before its first step checkpoint
-resumes exactly; the progress bar shows loss, last score, last validation MSE and time left. Real
-processes, real signals, real Hopper data, tiny models."""
+"""Honest long runs (``agents.training``'s clocks, ``checkpoint_minutes``): the trainer projects its
+duration from its own measured pace, says plainly when the recipe takes hours here and prints a
+command that fits; checkpoints come by wall time too (the first after a minute), so a run stopped
+before its first step checkpoint resumes exactly; the progress bar shows loss, last score, last
+validation MSE and time left, evaluations included at their measured time. Real processes, real
+signals, real Hopper data, tiny models."""
 
 import dataclasses
 import math
@@ -19,7 +20,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from agents import dt_checkpoint, training, training_time
+from agents import dt_checkpoint, training
 from primal_dt import train_config
 from primal_dt.train import run as train_run
 
@@ -58,10 +59,10 @@ def test_a_recipe_of_hours_says_so_and_prints_a_budget_command_that_fits(hopper_
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
     text = "\n".join(lines)
-    pace = re.search(r"^time on cpu, 1 thread, measured over (\d+) steps: 10,000,000 steps x ([\d.]+) ms = .*"
-                     r"about (\S+) in all$", text, re.MULTILINE)
+    pace = re.search(r"^time on cpu, 1 thread, measured over (\d+) steps: 10,000,000 steps x ([\d.]+) ms = (\S+) "
+                     r"of training; evaluations and validations are timed as they run", text, re.MULTILINE)
     assert pace, text[-3000:]
-    assert int(pace[1]) >= training_time.MEASURE_STEPS
+    assert int(pace[1]) >= training.MEASURE_STEPS
     step_s = float(pace[2]) / 1e3
     assert f"note: this recipe takes about {pace[3]} on this device, hours, not minutes" in text
     budget = shlex.split(lines[-1].strip())
@@ -70,7 +71,7 @@ def test_a_recipe_of_hours_says_so_and_prints_a_budget_command_that_fits(hopper_
                     for a in (argv, budget[3:]))
     assert {k: v for k, v in mine.items() if k not in SCALED} == {k: v for k, v in theirs.items() if k not in SCALED}
     steps = theirs["steps"]
-    assert 0.8 * training_time.BUDGET_S <= steps * step_s <= training_time.BUDGET_S  # fits, at the measured pace
+    assert 0.8 * training.BUDGET_S <= steps * step_s <= training.BUDGET_S  # fits, at the measured pace
     assert theirs["warmup_steps"] == round(steps / 10) and theirs["checkpoint_every"] == round(steps / 20)
     assert (steps - 1) // theirs["eval.every"] == 9  # as many evaluations as the recipe, at a scaled cadence
     assert "interrupted at step" in out and "nothing to resume" in out  # stopped before any checkpoint
@@ -81,8 +82,7 @@ def test_a_recipe_of_hours_on_a_cpu_is_offered_the_datasets_cpu_recipe(hopper_fi
     sets left to it) instead of a scaled-down paper recipe; a run already on it gets the budget command."""
     argv = args(hopper_file, tmp_path, "steps=100000", "eval.every=10000", "seed=3", "model=dt")
     run = training.prepare(train_config.build(argv))
-    c = training_time.Costs(step_s=0.5, act_s={50: 0.01}, targets=2, episode_steps=1000, num_envs=50)
-    text = training_time.projection(run, c, 0)
+    text = training.projection(run, 0.5, 0, 20)
     assert "note: this recipe takes about" in text and "hours, not minutes" in text
     assert "CPU recipe for hopper-medium (configs/dt/hopper-medium-cpu.yaml" in text
     offered = shlex.split(text.splitlines()[-1].strip())
@@ -92,41 +92,46 @@ def test_a_recipe_of_hours_on_a_cpu_is_offered_the_datasets_cpu_recipe(hopper_fi
     assert (theirs.cfg.seed, theirs.cfg.model.name, theirs.cfg.threads) == (3, "dt", 1)
     assert theirs.cfg.data_source == f"d4rl:{hopper_file}" and theirs.cfg.model.d_model == 128
     on_it = training.prepare(train_config.build(offered[3:] + ["steps=100000"]))
-    assert "preset=hopper-medium-cpu" not in training_time.projection(on_it, c, 0).splitlines()[-1]
+    assert "preset=hopper-medium-cpu" not in training.projection(on_it, 0.5, 0, 20).splitlines()[-1]
 
 
 def test_a_short_recipe_gets_its_projection_and_no_warning(hopper_file, tmp_path, capsys):
     train_run(args(hopper_file, tmp_path, "steps=40", *QUIET))
     out = capsys.readouterr().out
     (line,) = [x for x in out.splitlines() if x.startswith("time on cpu")]
-    assert re.search(r"measured over 20 steps: 40 steps x [\d.]+ ms = <?\d+s, validation <?\d+s; about <?\d+s in all", line)
+    assert re.search(r"measured over 20 steps: 40 steps x [\d.]+ ms = <?\d+s of training; evaluations", line)
     assert "note:" not in out
 
 
-def test_projection_and_budget_are_their_formulas(hopper_file, tmp_path):
+def test_the_time_left_is_the_measured_pace_and_the_measured_evaluations(hopper_file, tmp_path):
     run = training.prepare(train_config.build(args(
-        hopper_file, tmp_path, "steps=100000", "warmup_steps=10000", "eval.every=10000", "eval.episodes=10",
-        "eval.final_episodes=100", "eval.num_envs=20", "eval.max_steps=0", "checkpoint_every=10000")))
-    c = training_time.Costs(step_s=0.5, act_s={20: 0.008}, targets=2, episode_steps=1000, num_envs=20,
-                            validation_s=0.3)
-    start_s, step_20 = training_time.EVAL_START_S, 0.008 + 20 * training_time.SIM_STEP_S
-    assert c.rollout_s(10) == pytest.approx(start_s + 1 * 1000 * step_20)  # 20 jobs on 20 simulators: one round
-    assert c.rollout_s(100) == pytest.approx(start_s + 10 * 1000 * step_20)  # 200 jobs: ten rounds
-    assert c.rollout_s(3) == pytest.approx(start_s + 1000 * (0.008 + 6 * training_time.SIM_STEP_S))  # 6 simulators
-    run.step = 25_000  # periodic evaluations still due at 30k, ..., 90k
-    assert training_time.remaining_s(run, c) == pytest.approx(75_000 * 0.5 + 7 * (c.rollout_s(10) + 0.3)
-                                                              + c.rollout_s(100) + 0.3)
-    run.step = 0
-    fit = training_time.budget(run, c, budget_s=1800)
-    total = fit["steps"] * 0.5 + 9 * (c.rollout_s(10) + 0.3) + c.rollout_s(100) + 0.3
-    assert 0.9 * 1800 <= total <= 1800 and fit["steps"] == training_time.nice(fit["steps"])
-    assert fit == {"steps": fit["steps"], "warmup_steps": fit["steps"] // 10, "eval.every": fit["steps"] // 10,
-                   "checkpoint_every": fit["steps"] // 10}
-    slow = training_time.Costs(step_s=0.5, act_s={20: 0.1}, targets=2, episode_steps=1000, num_envs=20)
-    fit = training_time.budget(run, slow, budget_s=1800)  # evaluation would take 40 min: it gets half at most
-    evals = ((fit["steps"] - 1) // fit["eval.every"] if fit["eval.every"] else 0) * slow.rollout_s(10)
-    assert evals + slow.rollout_s(fit["eval.final_episodes"]) <= 900 and fit["eval.final_episodes"] < 100
-    assert [training_time.duration(s) for s in (0, 0.3, 45, 245, 42_720)] == ["0s", "<1s", "45s", "4m05s", "11h52m"]
+        hopper_file, tmp_path, "steps=100000", "eval.every=10000", "eval.episodes=10", "eval.final_episodes=100",
+        "eval.num_envs=20")))
+    clock = training.Clock(run)
+    assert clock.eta() is None  # nothing is claimed before the pace is measured
+    clock.step_s, clock.val_s = 0.5, 0.3
+    run.step = 25_000  # periodic evaluations still due at 30k, ..., 90k, then the final one
+    assert clock.eta() == training.duration(75_000 * 0.5 + 8 * 0.3)  # no simulator evaluation timed yet
+    clock.eval_s = 12.0  # 10 episodes x 2 targets on 20 simulators: one round; the final 100 x 2: ten rounds
+    assert clock.eta() == training.duration(75_000 * 0.5 + 8 * 0.3 + 12.0 * (7 + 10))
+    assert [training.duration(s) for s in (0, 0.3, 45, 245, 42_720)] == ["0s", "<1s", "45s", "4m05s", "11h52m"]
+    assert [training.nice(x) for x in (0.5, 7, 4237, 99_999)] == [1, 7, 4200, 99_000]
+
+
+def test_wall_time_checkpoints_start_after_a_minute_and_double_up_to_checkpoint_minutes():
+    clock = training.CheckpointClock(10, training.Dist(), torch.device("cpu"))
+    gaps = []
+    for _ in range(6):
+        before = time.monotonic()
+        gaps.append(round(clock.deadline - before))
+        clock.restart()
+    assert gaps == [60, 120, 240, 480, 600, 600]
+    assert not clock.due(1)
+    clock.deadline = time.monotonic()
+    assert clock.due(2)
+    off = training.CheckpointClock(0, training.Dist(), torch.device("cpu"))
+    off.deadline = 0
+    assert not off.due(3)
 
 
 def test_a_run_stopped_before_its_first_step_checkpoint_resumes_from_its_wall_time_one(hopper_file, tmp_path):

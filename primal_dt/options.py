@@ -1,0 +1,165 @@
+"""What option values every command accepts: numeric ranges (never NaN or inf), sizes no machine can
+build, device names, and the ``attention_options`` grammar. Entry points declare their rules next to
+their configs and call these before any work starts, so a bad value is one line naming the option."""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import yaml
+
+from .cli import fail
+
+
+@dataclass(frozen=True)
+class Range:
+    """What a numeric option accepts: finite numbers (never NaN or inf) between ``low`` and ``high``,
+    each bound included unless ``*_open``. Entry points declare one per option, next to their config,
+    and ``check_numbers`` applies them all before any work starts."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, x: float) -> bool:
+        if not math.isfinite(x):
+            return False
+        if self.low is not None and (x <= self.low if self.low_open else x < self.low):
+            return False
+        return self.high is None or (x < self.high if self.high_open else x <= self.high)
+
+    def __str__(self) -> str:
+        lo, hi = (None if x is None else (str(int(x)) if float(x).is_integer() else f"{x:g}")
+                  for x in (self.low, self.high))
+        if lo is not None and hi is not None:
+            return f"in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+        if lo is not None:
+            return f"{'>' if self.low_open else '>='} {lo}"
+        if hi is not None:
+            return f"{'<' if self.high_open else '<='} {hi}"
+        return "finite"
+
+
+ANY = Range()
+AT_LEAST_0 = Range(0)
+AT_LEAST_1 = Range(1)
+POSITIVE = Range(0, low_open=True)
+FRACTION = Range(0, 1, high_open=True)
+"""in [0, 1): dropout, a validation share"""
+SEED = Range(0, 2**32, high_open=True)
+"""what every seeded generator (torch, numpy, Gymnasium's reset) accepts"""
+THREADS = Range(0, 4096)
+"""torch CPU threads (0: ``set_threads`` chooses); torch overflows far above any machine's core count"""
+
+
+def check_number(option: str, value, rule: Range) -> None:
+    """Raise ValueError ``"<option> must be <rule>, got <value>"`` unless ``value`` is a number (or,
+    for a tuple option, numbers) within ``rule``; NaN and inf are outside every rule, None (an unset
+    optional option) passes."""
+    if value is None:
+        return
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) and rule.holds(float(v)) for v in values):
+        return
+    if isinstance(value, (tuple, list)):
+        raise ValueError(f"{option} must hold numbers that are {rule}, got {', '.join(map(str, values))}")
+    raise ValueError(f"{option} must be {rule}, got {value!r}" if rule != ANY
+                     else f"{option} must be a finite number, got {value!r}")
+
+
+def check_numbers(cfg, rules: Mapping[str, Range], prefix: str = "") -> None:
+    """``check_number`` for each option of ``cfg`` (a config dataclass; dotted names
+    reach nested configs) named in ``rules``, in order. ``prefix`` is where ``cfg`` sits in its
+    command line ("data.")."""
+    for name, rule in rules.items():
+        value = cfg
+        for part in name.split("."):
+            value = getattr(value, part)
+        check_number(prefix + name, value, rule)
+
+
+MAX_VALUES = 2**33
+"""about 34 GB of float32: more weights (or activations of one step) than that is a typo, not a model"""
+
+
+def check_size(values: float, options: str, what: str = "parameters") -> None:
+    """Refuse sizes no machine can build (d_model=10**9 would otherwise hang in allocation or fail
+    with the allocator's traceback). ``values``: how many float32 numbers the options ask for (``what``
+    they are); ``options`` names the options that set them, with their values."""
+    if values > MAX_VALUES:
+        raise ValueError(f"{options} need about {values:.3g} {what} ({4 * values / 2**30:.3g} GB of float32), more "
+                         f"than the {MAX_VALUES:.3g} this accepts; lower them")
+
+
+def check_parsed(args, rules: Mapping[str, Range]) -> None:
+    """``check_number`` for the options of a benchmark's command line (``rules`` keyed by flag, as the
+    user writes it: ``--batch``, ``--K``); a bad value ends as ``cli.fail``. List options
+    (``--lengths 256 1024``) are checked element-wise."""
+    try:
+        for flag, rule in rules.items():
+            check_number(flag, getattr(args, flag.lstrip("-").replace("-", "_")), rule)
+    except ValueError as err:
+        fail(str(err))
+
+
+def check_device(name: str, option: str = "device") -> None:
+    """Reject a misspelt device before anything runs (whether CUDA exists is ``pick_device``'s call)."""
+    if not (name in ("auto", "cpu") or name == "cuda" or (name.startswith("cuda:") and name[5:].isdigit())):
+        raise ValueError(f"{option} must be auto, cpu, cuda or cuda:N, got {name!r}")
+
+
+def attention_options(text: str, option: str = "attention_options",
+                      defaults: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Parse the command line's per-mechanism constructor options, a YAML mapping such as
+    ``{softmax: {window: 30}}``. ``defaults`` ({mechanism: {option: value}}) fill what the text
+    leaves out: options that have their own flags (``model.s``, ``primal.s``) reach the mechanism
+    this way, and an explicit entry in the text still wins. ``option`` names the flag in errors."""
+    from .attention import available
+
+    try:
+        opts = yaml.safe_load(text) if text.strip() else {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{option} is not valid YAML ({' '.join(str(err).split())}); write e.g. "
+                         f"{option}=\"{{softmax: {{window: 30}}}}\"") from err
+    if not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values()):
+        raise ValueError(f"{option} must be a YAML mapping of mechanism -> options, got {text!r}")
+    known = available()
+    for name in opts:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), known, n=3)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ValueError(f"{option}: unknown attention mechanism {name!r}.{hint} Known: {', '.join(known)}")
+    for name, values in (defaults or {}).items():
+        opts[name] = {**values, **opts.get(name, {})}
+    return opts
+
+
+@dataclass
+class RunOptions:
+    """The options every training command has (``primal_dt.train``, ``primal_dt.classify``): one
+    definition, so both spell, document, default and check them alike."""
+
+    seed: int = 0
+    """seeds everything random in the run: weight initialisation, dropout, batches (and evaluation episodes)"""
+    out: str = "runs"
+    """root of run directories (<out>/<dataset or task>/<model>/<time>-seed<k>/)"""
+    resume: str = ""
+    """continue a run: its checkpoint, its run directory, or a directory of runs (the newest holding a checkpoint);
+    the saved config is used"""
+    threads: int = 0
+    """torch CPU threads (0: one per process on a CPU of up to 4 cores, else the process's share of the cores)"""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N"""
+    progress: bool = True
+    """show a progress bar"""
+    tensorboard: bool = True
+    """write TensorBoard event files into the run directory"""
+
+    def check(self) -> None:
+        """Raise ValueError naming the option, its value and what is allowed."""
+        check_numbers(self, {"seed": SEED, "threads": THREADS})
+        check_device(self.device)

@@ -1,0 +1,57 @@
+"""Claiming a new output (a run directory, a report, an export) under a name no other process holds,
+and checking early that a directory can be written: two runs started in the same second must never
+share files, and an unwritable place should fail before an hour of work, not after."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from .errors import writing
+
+
+def new_path(candidates: Iterable[Path], create: Callable[[Path], None], what: str = "output") -> Path:
+    """The first of ``candidates`` that ``create`` makes, exclusively (``what`` names it in errors).
+
+    ``create`` must fail with ``FileExistsError`` when the path exists (``Path.mkdir()``,
+    ``create_file``): checking first and creating later lets two runs started in the same second
+    pick the same name, and one would overwrite the other's files. Other failures (no permission,
+    disk full) become ``WriteError``."""
+    for path in candidates:
+        with writing(path, what):
+            try:
+                create(path)
+            except FileExistsError:
+                continue
+        return path
+    raise ValueError("no candidate path left")
+
+
+def check_writable(directory: Path, what: str) -> None:
+    """A ``WriteError`` now, rather than after an hour of training, when files cannot be created in
+    ``directory`` (a resumed run's directory made read-only, or owned by another user)."""
+    import tempfile
+
+    with writing(directory, what):
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+
+
+def numbered(path: Path) -> Iterator[Path]:
+    """``path``, then ``<stem>-2<suffix>``, ``<stem>-3<suffix>``, ... (candidates for ``new_path``)."""
+    yield path
+    for i in itertools.count(2):
+        yield path.with_name(f"{path.stem}-{i}{path.suffix}")
+
+
+def create_file(path: Path) -> None:
+    """Create ``path`` empty, failing with ``FileExistsError`` if it exists (for ``new_path``)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError as err:  # a file where the directory should be: not "the name is taken"
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from err
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
