@@ -39,6 +39,7 @@ from agents.export import (
 )
 from agents.onnx_policy import METADATA_KEY, OnnxPolicy
 from agents.torchscript_policy import TorchScriptPolicy
+from primal_dt.attention.softmax import onnx_translations
 
 TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=3", "model.s=8",
         "K=5", "batch_size=8", "warmup_steps=5", "steps=20", "threads=1", "tensorboard=false", "eval.every=0",
@@ -306,7 +307,7 @@ def test_the_onnx_graph_gives_the_bits_of_one_trace_of_the_whole_step(name, trai
         warnings.simplefilter("ignore")  # the exporter's notes
         whole = torch.onnx.export(step, tuple(torch.from_numpy(example[n]) for n in inputs), dynamo=True,
                                   input_names=inputs, output_names=outputs, opset_version=OPSET, verbose=False,
-                                  dynamic_shapes=(*({0: batch} for _ in range(4)),
+                                  custom_translation_table=onnx_translations(), dynamic_shapes=(*({0: batch} for _ in range(4)),
                                                   tuple({0: batch} for _ in states))).model_proto
     whole, exported = onnx_session(whole), onnx_session(artefacts[name][0])
     g = np.random.default_rng(1)
