@@ -268,7 +268,6 @@ class SoftmaxRecurrent(Recurrent):
         K, V, valid, pos = state
         H, d = a.n_heads, a.d_head  # one transpose, then a split: fewer graph nodes than a 5-d permute, 3 selects
         q, k, v = linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
-        real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
         if K.dtype != k.dtype:  # (a bf16 ring: each key and value rounded here, once)
             k, v = k.to(K.dtype), v.to(V.dtype)
         if last_only:
@@ -278,9 +277,10 @@ class SoftmaxRecurrent(Recurrent):
             at, band, own, nxt = self.phase(p, C, last_only, x.device)
             K.index_copy_(2, at, k)
             V.index_copy_(2, at, v)
-            valid.index_copy_(1, at, real)
+            valid.index_fill_(1, at, True) if mask is None else valid.index_copy_(1, at, mask)
             new_pos = pos.fill_(nxt)
         else:
+            real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
             t = self.rows(pos, C, last_only)
             index = t.tuples + self.row_offsets(real.shape[0], x.device)
             if self.inplace:  # into the given ring
