@@ -277,7 +277,10 @@ class SoftmaxRecurrent(Recurrent):
             at, band, own, nxt = self.phase(p, C, last_only, x.device)
             K.index_copy_(2, at, k)
             V.index_copy_(2, at, v)
-            valid.index_fill_(1, at, True) if mask is None else valid.index_copy_(1, at, mask)
+            if mask is None:
+                valid.index_fill_(1, at, True)
+            else:
+                valid.index_copy_(1, at, mask)
             new_pos = pos.fill_(nxt)
         else:
             real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
