@@ -54,6 +54,7 @@ from torch import nn
 
 from primal_dt import checkpoint as ck_io
 from primal_dt import errors
+from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
@@ -226,7 +227,7 @@ def _traced_onnx(step: DTStep, method: str, example: tuple, inputs: list[str], s
         warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
         program = torch.onnx.export(_Method(step, method), example, dynamo=True, input_names=[*inputs, *states],
                                     output_names=outputs, dynamic_shapes=(tuple({0: batch} for _ in example),),
-                                    opset_version=OPSET, verbose=False)
+                                    opset_version=OPSET, verbose=False, custom_translation_table=onnx_translations())
     return program.model_proto
 
 
@@ -259,9 +260,8 @@ def _onnx_model(step: DTStep):
     goes through the If: its else-branch copies what it passes on, and a softmax layer's key/value ring
     (6 MB per tensor at width 256, batch 100, K = 20), which its zeroed validity flags hide after a
     restart, goes straight to the core instead, which saves copying it every step. The If's outputs
-    declare their element type only: with the batch axis named there too, onnxruntime fuses the embedding's
-    Add and LayerNorm (SkipLayerNormalization), which rounds differently (5e-8) and is no faster;
-    without, it optimises the core as it did the single trace, and the actions are the same bits."""
+    declare their element type only, so that onnxruntime optimises the core as it does a single trace
+    of the whole step: the actions are the same bits."""
     from onnx import TensorProto, helper
 
     inputs, outputs = _names(step)

@@ -40,6 +40,11 @@ INPUTS = ("observation", "reward", "reset", "target")
 """the step's inputs before the state tensors (``state.<name>``); outputs: ``action``, ``next_state.<name>``"""
 STATE_IN, STATE_OUT = "state.", "next_state."
 _DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "bool": np.bool_}
+DISABLED_FUSIONS = ["SkipLayerNormFusion"]
+"""onnxruntime graph fusions ``OnnxPolicy`` turns off: its CPU SkipLayerNormalization (a residual Add fused
+into the LayerNorm after it: the step's embedding and final norm) runs slower than the Add and the
+LayerNormalization it replaces at a stream step's few tokens per row (eval/bench/inference.py measures
+the step); without it the actions are the same to rounding (5e-8)"""
 _ONNX_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "int64": "tensor(int64)", "bool": "tensor(bool)"}
 
 
@@ -314,7 +319,7 @@ class OnnxPolicy(GraphPolicy):
     each step (the graph reads one and writes the other). At batch 1, where onnxruntime's per-call
     work is a large part of a step, this takes about a tenth off ``session.run`` with a dict of
     arrays (which wraps every input and allocates every output at each call); the results are the
-    same bits (tests/agents/test_onnx_policy.py)."""
+    same bits (tests/agents/test_onnx_policy.py). The session leaves out ``DISABLED_FUSIONS``."""
 
     def __init__(self, path, threads: int | None = None):
         import onnxruntime as ort
@@ -330,7 +335,8 @@ class OnnxPolicy(GraphPolicy):
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         try:
-            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            self.session = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"],
+                                                disabled_optimizers=DISABLED_FUSIONS)
         except Exception as err:  # onnxruntime raises its own types for unreadable or foreign files
             raise ValueError(f"{path} is not a readable ONNX model: {err}") from err
         meta = check_artefact(self.session, self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY),

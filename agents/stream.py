@@ -29,6 +29,8 @@ class StreamEngine:
         self.batch = int(batch)
         self.state = step.init(self.batch)
         self.target = torch.as_tensor(target, dtype=torch.float32, device=step.mean.device).reshape(self.batch)
+        #: every row is past its episode's first step (``DTStep.advance``'s ``started``)
+        self.started = False
 
     @torch.inference_mode()
     def reset_rows(self, rows: torch.Tensor, target: torch.Tensor) -> None:
@@ -38,6 +40,7 @@ class StreamEngine:
             state[i] = s
         self.state = tuple(state)
         self.target[rows] = target
+        self.started = False
 
     @torch.inference_mode()
     def keep_rows(self, keep: torch.Tensor) -> None:
@@ -52,9 +55,9 @@ class StreamEngine:
         rewards [B] float32 (None: zeros; ignored at a row's first step)."""
         if reward is None:
             reward = torch.zeros(self.batch, device=observation.device)
-        action, *state = self.fn.advance(observation, reward, self.target, *self.state)
+        action, *state = self.fn.advance(observation, reward, self.target, *self.state, started=self.started)
         state[2] = action.clone()  # prev_action: the caller may write into the returned action
-        self.state = tuple(state)
+        self.state, self.started = tuple(state), True
         return action
 
     @property

@@ -51,7 +51,7 @@ def ring_attention(q, K, V, allowed, eager: bool = False):
         return F.scaled_dot_product_attention(q, K, V, attn_mask=allowed)
     # a bfloat16 cache (precision="bf16"): bf16 products, scores and softmax in q's dtype (no-ops otherwise)
     scores = torch.matmul(q.to(K.dtype), K.transpose(-1, -2)).to(q.dtype)
-    scores = scores.mul_(q.shape[-1] ** -0.5).masked_fill_(~allowed, float("-inf"))
+    scores = torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), float("-inf"))  # (one Where; no Not)
     return torch.matmul(torch.softmax(scores, -1).to(V.dtype), V).to(q.dtype)
 
 
@@ -150,16 +150,20 @@ TABLE_LIMIT = 1 << 20
 
 class RingTables(NamedTuple):
     """``SoftmaxRecurrent``'s ring layout for a chunk of C tokens, one row per ring phase p (the slot of the
-    chunk's first token); R slots, H heads, Cq queries (C, or 1 with ``last_only``). Two tensors, so that
-    picking the rows' phases costs two gathers."""
+    chunk's first token); R slots, H heads, Cq queries (C, or 1 with ``last_only``). One tensor per use, so
+    that an exported graph picks each with one Gather and reads it as it is (no Slice, Split or Squeeze)."""
 
-    slots: torch.Tensor
-    """[N, C + 1 + H C] int64: the slots the chunk's tokens go to ([:, :C]), the phase after the chunk
-    ([:, C]), and the rows of a [H R, d] view of one row's key or value ring its (head, token) pairs are
-    written to ([:, C + 1:], head-major: h R + slot; the in-place write's index)"""
-    masks: torch.Tensor
-    """[N, 2, 1, Cq, R] bool: [:, 0] query i may see slot j (if valid): slot j's token is 0 .. w - 1 positions
-    before i's; [:, 1] query i's own slot, seen even when i is padding, so that no softmax row is empty"""
+    at: torch.Tensor
+    """[N, C] int64: the slots the chunk's tokens go to"""
+    next: torch.Tensor
+    """[N] int64: the phase after the chunk"""
+    tuples: torch.Tensor
+    """[N, H, C, 3] int64: the same as (0, head, slot) index tuples into a [B, H, R, d] ring (a row's number,
+    times (1, 0, 0), is added: ``scatter_nd``'s index)"""
+    band: torch.Tensor
+    """[N, 1, Cq, R] bool: query i may see slot j (if valid): slot j's token is 0 .. w - 1 positions before i's"""
+    own: torch.Tensor
+    """[N, 1, Cq, R] bool: query i's own slot, seen even when i is padding, so that no softmax row is empty"""
 
 
 class SoftmaxRecurrent(Recurrent):
@@ -168,7 +172,7 @@ class SoftmaxRecurrent(Recurrent):
     next token goes to (its tokens so far mod R, so bounded; zero at a fresh or restarted row).
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice;
-    here the chunk's keys and values are scattered into their slots (one copy, the least
+    here the chunk's keys and values are scattered into their slots (``scatter_nd``: one copy, the least
     a graph whose state comes back new can do) and the attention reads the ring in slot order. At batch
     100 those copies are what the cache costs beyond the attention's own reads, so the torch stream
     engine, which owns its state and never reads an old one again (and which no graph traces), builds the
@@ -177,8 +181,11 @@ class SoftmaxRecurrent(Recurrent):
 
     What a query may see depends only on the row's phase and the chunk length, so the slots written, the
     position part of the mask and the next phase are rows of constant tables (``rows``) gathered by
-    ``pos``: a few graph nodes per layer, and rows at any phases mix in one batch. ``chunk`` (the DT
-    step's three tokens) sizes the ring; shorter chunks use it as they are, longer ones go in pieces.
+    ``pos``: a few graph nodes per layer, and rows at any phases mix in one batch. A single row in eager
+    code (the stream engine at batch 1, where a step costs per operator) reads its phase as a number
+    instead and takes that phase's tables as they are (``phase``): no gathers, the keys and values
+    written with one ``index_copy_`` each. ``chunk`` (the DT step's three tokens) sizes the ring; shorter
+    chunks use it as they are, longer ones go in pieces.
 
     ``precision="bf16"``: bfloat16 snapshots of the projections and a bfloat16 ring (each key and value
     rounded once, when written, never accumulated into: at batch 100 reading the whole ring every step is
@@ -195,6 +202,7 @@ class SoftmaxRecurrent(Recurrent):
         self.wqkv, self.bqkv = weight(attn.qkv.weight, precision), weight(attn.qkv.bias, "fp32")
         self.wp, self.bp = weight(attn.proj.weight, precision), weight(attn.proj.bias, "fp32")
         self._tables: dict[tuple, RingTables] = {}
+        self._phases: dict[tuple, list] = {}
         for last_only in (False, True):  # (built here, so that a traced graph holds them as constants)
             self.rows(torch.zeros(1, dtype=torch.int64), chunk, last_only)
 
@@ -203,34 +211,52 @@ class SoftmaxRecurrent(Recurrent):
         after the write, slot j holds the latest token == j (mod R) up to the chunk's last, ``age`` tokens
         before it."""
         R, w, H, dev = self.slots, self.window, self.attn.n_heads, pos.device
+        N = pos.shape[0]
         at = (pos.view(-1, 1) + torch.arange(C, device=dev)) % R  # [N, C]
-        rows = (torch.arange(H, device=dev).view(1, H, 1) * R + at.unsqueeze(1)).flatten(1)  # [N, H C]
+        head = torch.arange(H, device=dev).view(1, H, 1).expand(N, H, C)
+        tuples = torch.stack([torch.zeros_like(head), head, at.view(N, 1, C).expand(N, H, C)], -1)
         age = (pos.view(-1, 1) + (C - 1) - torch.arange(R, device=dev)) % R  # [N, R]
         dist = age.unsqueeze(1) - (C - 1 - torch.arange(C, device=dev)).view(1, C, 1)  # query i's position - slot j's
         if last_only:
             dist = dist[:, -1:]
-        masks = torch.stack([(dist >= 0) & (dist < w), dist == 0], 1).unsqueeze(2)
-        return RingTables(torch.cat([at, ((pos + C) % R).view(-1, 1), rows], 1), masks)
+        band, own = ((dist >= 0) & (dist < w)).unsqueeze(1), (dist == 0).unsqueeze(1)
+        return RingTables(at, (pos + C) % R, tuples, band, own)
 
     def rows(self, pos: torch.Tensor, C: int, last_only: bool) -> RingTables:
         """``layout`` at the rows' phases: rows of a table over every phase, computed once, when it is small
         (a few graph nodes per layer: the DT's rings), else computed for the rows at hand (long caches)."""
         if self.slots ** 2 * C > TABLE_LIMIT:
             return self.layout(pos, C, last_only)
-        key = (C, last_only, pos.device)
-        if key not in self._tables:
-            self._tables[key] = self.layout(torch.arange(self.slots, device=pos.device), C, last_only)
-        slots, masks = self._tables[key]
-        return slots.index_select(0, pos), masks.index_select(0, pos)
+        return RingTables(*(t.index_select(0, pos) for t in self.table(C, last_only, pos.device)))
 
-    def row_numbers(self, batch, device) -> torch.Tensor:
-        """[B, 1]: 0 .. B - 1. Kept per batch size in eager code; traced (a graph takes any batch), computed
-        from the mask's shape, not x's: the mask is every layer's, so onnxruntime computes them once."""
+    def table(self, C: int, last_only: bool, device) -> RingTables:
+        """``layout`` for every phase (computed once per chunk length and device)."""
+        key = (C, last_only, device)
+        if key not in self._tables:
+            self._tables[key] = self.layout(torch.arange(self.slots, device=device), C, last_only)
+        return self._tables[key]
+
+    def phase(self, p: int, C: int, last_only: bool, device) -> tuple:
+        """(slots [C], band [1, 1, Cq, R], own, next phase) of ``table`` at phase ``p``, as views kept per phase
+        (the single-row eager path)."""
+        key = (C, last_only, device)
+        if key not in self._phases:
+            t = self.table(C, last_only, device)
+            self._phases[key] = [(t.at[i], t.band[i:i + 1], t.own[i:i + 1], int(t.next[i])) for i in range(self.slots)]
+        return self._phases[key][p]
+
+    def row_offsets(self, batch, device) -> torch.Tensor:
+        """[B, 1, 1, 3]: (b, 0, 0) for rows b = 0 .. B - 1, what turns ``tuples`` into a batch's index. Kept per
+        batch size in eager code; traced (a graph takes any batch), computed from the mask's shape, not x's:
+        the mask is every layer's, so onnxruntime computes them once."""
+        def offsets():
+            return torch.arange(batch, device=device).view(-1, 1, 1, 1) * torch.tensor([1, 0, 0], device=device)
+
         if torch.jit.is_tracing() or not isinstance(batch, int):
-            return torch.arange(batch, device=device).view(-1, 1)
+            return offsets()
         key = ("rows", batch, device)
         if key not in self._tables:
-            self._tables[key] = torch.arange(batch, device=device).view(-1, 1)
+            self._tables[key] = offsets()
         return self._tables[key]
 
     def forward(self, x, state, mask=None, last_only: bool = False):
@@ -241,22 +267,75 @@ class SoftmaxRecurrent(Recurrent):
         K, V, valid, pos = state
         H, d = a.n_heads, a.d_head  # one transpose, then a split: fewer graph nodes than a 5-d permute, 3 selects
         q, k, v = linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
-        slots, masks = self.rows(pos, C, last_only)
-        real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
-        rows, at = self.row_numbers(real.shape[0], x.device), slots[:, :C]
-        k, v = k.to(K.dtype), v.to(V.dtype)  # (a bf16 ring: each key and value rounded here, once)
-        if self.inplace:  # into the given ring: rows of its [B H R, d] view (the layout's, row offsets added)
-            index = (slots[:, C + 1:] + rows * (H * self.slots)).view(-1)
-            K.view(-1, d).index_copy_(0, index, k.reshape(-1, d))
-            V.view(-1, d).index_copy_(0, index, v.reshape(-1, d))
-            valid.scatter_(1, at, real)
-        else:  # into a copy, by (row, head, slot): an exported graph's one ScatterND on the ring as it is
-            index = (rows.view(-1, 1, 1), torch.arange(H, device=x.device).view(1, H, 1), at.unsqueeze(1))
-            K, V = torch.index_put(K, index, k), torch.index_put(V, index, v)
-            valid = valid.scatter(1, at, real)
+        if K.dtype != k.dtype:  # (a bf16 ring: each key and value rounded here, once)
+            k, v = k.to(K.dtype), v.to(V.dtype)
         if last_only:
             q = q[:, :, -1:]
-        allowed = (masks[:, 0] & valid.view(-1, 1, 1, self.slots)) | masks[:, 1]
+        if self.inplace and K.shape[0] == 1:  # one row, eager: its phase as a number, its tables as they are
+            p = int(pos)
+            at, band, own, nxt = self.phase(p, C, last_only, x.device)
+            K.index_copy_(2, at, k)
+            V.index_copy_(2, at, v)
+            if mask is None:
+                valid.index_fill_(1, at, True)
+            else:
+                valid.index_copy_(1, at, mask)
+            new_pos = pos.fill_(nxt)
+        else:
+            real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
+            t = self.rows(pos, C, last_only)
+            index = t.tuples + self.row_offsets(real.shape[0], x.device)
+            if self.inplace:  # into the given ring
+                K.index_put_(index.unbind(-1), k)
+                V.index_put_(index.unbind(-1), v)
+                valid.scatter_(1, t.at, real)
+            else:  # into a copy: an exported graph's one ScatterND on the ring as it is
+                K, V = scatter_nd(K, index, k), scatter_nd(V, index, v)
+                valid = valid.scatter(1, t.at, real)
+            band, own, new_pos = t.band, t.own, t.next
+        allowed = (band & valid.view(-1, 1, 1, self.slots)) | own
         y = ring_attention(q, K, V, allowed, eager=self.inplace)
         y = linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
-        return y, (K, V, valid, slots[:, C])
+        return y, (K, V, valid, new_pos)
+
+
+def scatter_nd(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+    """A copy of ``data`` with ``updates`` written at the index tuples ``index`` [..., k]: tuple n names
+    ``data[n]``, a sub-tensor over data's remaining dims, which ``updates`` [..., *those dims] fills.
+
+    In an ONNX export, one ScatterND operator (``_scatter_nd_op``, which agents.export translates so),
+    whose each tuple copies one contiguous run (a slot's d_head values); torch.export's own translation of
+    the same write as an indexed assignment broadcasts its three index tensors and the values first (a
+    dozen Shape, Max, Expand, Unsqueeze and Concat operators per write). Elsewhere (eager, TorchScript's
+    trace) a clone and an index_put."""
+    if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
+        return _scatter_nd_op(data, index, updates)
+    return _written(data, index, updates)
+
+
+def _written(data, index, updates):
+    out = data.clone()
+    out[index.unbind(-1)] = updates
+    return out
+
+
+@torch.library.custom_op("primal_dt::scatter_nd", mutates_args=())
+def _scatter_nd_op(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
+    """``scatter_nd`` as one operator that torch.export keeps whole (agents.export maps it to ScatterND)."""
+    return _written(data, index, updates)
+
+
+@_scatter_nd_op.register_fake
+def _(data, index, updates):
+    return torch.empty_like(data)
+
+
+def onnx_translations() -> dict:
+    """The ONNX operator of each of this package's own torch operators, for ``torch.onnx.export(dynamo=True,
+    custom_translation_table=...)`` (agents.export): ``scatter_nd`` is one ScatterND."""
+    from onnxscript import opset18 as op
+
+    def scatter_nd_onnx(data, index, updates):
+        return op.ScatterND(data, index, updates)
+
+    return {torch.ops.primal_dt.scatter_nd.default: scatter_nd_onnx}

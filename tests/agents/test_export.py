@@ -39,6 +39,7 @@ from agents.export import (
 )
 from agents.onnx_policy import METADATA_KEY, OnnxPolicy
 from agents.torchscript_policy import TorchScriptPolicy
+from primal_dt.attention.softmax import onnx_translations
 
 TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=3", "model.s=8",
         "K=5", "batch_size=8", "warmup_steps=5", "steps=20", "threads=1", "tensorboard=false", "eval.every=0",
@@ -306,7 +307,7 @@ def test_the_onnx_graph_gives_the_bits_of_one_trace_of_the_whole_step(name, trai
         warnings.simplefilter("ignore")  # the exporter's notes
         whole = torch.onnx.export(step, tuple(torch.from_numpy(example[n]) for n in inputs), dynamo=True,
                                   input_names=inputs, output_names=outputs, opset_version=OPSET, verbose=False,
-                                  dynamic_shapes=(*({0: batch} for _ in range(4)),
+                                  custom_translation_table=onnx_translations(), dynamic_shapes=(*({0: batch} for _ in range(4)),
                                                   tuple({0: batch} for _ in states))).model_proto
     whole, exported = onnx_session(whole), onnx_session(artefacts[name][0])
     g = np.random.default_rng(1)
@@ -461,3 +462,53 @@ def test_a_killed_exports_temporary_file_is_swept_at_the_next_export_there(train
     stale = killed_checkpoint_write(out)  # the same atomic writer, killed before its rename
     export_policy(trained["dt"], "onnx", out)
     assert not stale.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["p.onnx"]
+
+
+# -- load_agent(runtime="onnx") -------------------------------------------------------------------------------
+def test_the_onnx_runtime_agent_acts_as_the_torch_agent_from_an_export_cached_beside_the_checkpoint(
+        trained, tmp_path):
+    """``load_agent(runtime="onnx")`` exports the checkpoint once beside it (``policy.onnx``, reused while it
+    belongs to that file), checks it against torch and acts as the torch agent does, target included."""
+    import shutil
+
+    ck = tmp_path / "last.pt"
+    shutil.copy(Path(trained["primal+dt"]) / "last.pt", ck)
+    fast = load_agent(tmp_path, runtime="onnx", target=1800.0)
+    assert isinstance(fast, OnnxPolicy) and fast.default_target == 1800.0 and fast.info.env == "hopper-medium"
+    cached = tmp_path / "policy.onnx"
+    assert read_metadata(cached)["checkpoint_sha256"] == hashlib.sha256(ck.read_bytes()).hexdigest()
+    stamp = cached.stat().st_mtime_ns
+    again = load_agent(ck, runtime="onnx", target=1800.0)
+    assert cached.stat().st_mtime_ns == stamp  # reused, not exported again
+    ref = load_agent(ck, target=1800.0)
+    obs = np.random.default_rng(3).normal(size=(20, 3, 11)).astype(np.float32)
+    for p in (fast, again, ref):
+        p.reset(3)
+    reward = None
+    for t in range(20):
+        a = ref.act(obs[t], reward)
+        np.testing.assert_allclose(fast.act(obs[t], reward), a, atol=1e-5, rtol=0)
+        np.testing.assert_allclose(again.act(obs[t], reward), a, atol=1e-5, rtol=0)
+        reward = np.ones(3, np.float32)
+
+
+def test_the_onnx_runtime_leaves_another_checkpoints_policy_file_alone(trained, artefacts, tmp_path):
+    import shutil
+
+    shutil.copy(Path(trained["dt"]) / "last.pt", tmp_path / "last.pt")
+    other = tmp_path / "policy.onnx"
+    shutil.copy(artefacts["primal+dt"][0], other)  # exported from another checkpoint
+    before = other.read_bytes()
+    fast = load_agent(tmp_path, runtime="onnx")
+    assert other.read_bytes() == before and fast.metadata["layers"] == ["softmax"] * 3
+    assert fast.metadata["checkpoint_sha256"] == hashlib.sha256((tmp_path / "last.pt").read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"runtime": "tensorrt"}, "unknown runtime 'tensorrt'; choose one of torch, onnx"),
+    ({"runtime": "onnx", "engine": "recompute"}, "runtime='onnx' runs the exact stream step on the CPU"),
+    ({"runtime": "onnx", "precision": "bf16"}, "needs engine='stream', precision='fp32'"),
+])
+def test_onnx_runtime_errors(trained, kw, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_agent(trained["dt"], **kw)

@@ -134,3 +134,26 @@ def test_bf16_agent_checks_and_travels(trained_run):
     obs = np.random.default_rng(0).normal(size=(4, 11)).astype(np.float32)
     agent.reset(4), twin.reset(4)
     np.testing.assert_array_equal(agent.act(obs), twin.act(obs))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_a_started_step_gives_the_general_steps_actions_and_state(case, layout_cases, tiny_dt):
+    """``DTStep.advance(started=True)`` (the engine's steps after every row's first: no first-step cases, no
+    padding mask) gives what the general step gives on the same state; the engine asks for it only then."""
+    layout, opts = layout_cases[case]
+    m = tiny_dt(layout, K=4, options=opts)
+    S, rew, _, _, _ = episode(B=3)
+    eng = engine(m, 3)
+    assert not eng.started
+    for t in range(7):
+        eng.act(S[:, t], rew[:, t - 1] if t else None)
+        assert eng.started
+    pure = DTStep(m, torch.zeros(11), torch.ones(11), 10.0)  # (returns new states: both calls read the same one)
+    with torch.no_grad():
+        state = tuple(s.clone() for s in eng.state)
+        general = pure.advance(S[:, 7], rew[:, 6], eng.target, *state)
+        started = pure.advance(S[:, 7], rew[:, 6], eng.target, *state, started=True)
+    for a, b in zip(general, started):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    eng.reset_rows(torch.tensor([False, True, False]), torch.tensor([40.0]))
+    assert not eng.started  # a restarted row is at its first step again

@@ -221,6 +221,24 @@ def test_in_place_writes_give_the_pure_forms_outputs(case):
 
 @pytest.mark.parametrize("last_only", [False, True], ids=["all-tokens", "last-only"])
 @pytest.mark.parametrize("case", ["softmax", "softmax-w4", "softmax-w1"])
+def test_a_single_row_in_place_gives_the_pure_forms_outputs(case, last_only):
+    """One row, in place (the stream engine at batch 1: the row's phase read as a number, its tables used
+    as they are, no gathers) gives the pure batched form's outputs, row by row, through chunks of every
+    length and a restart (so past the ring's wrap at several phases)."""
+    a = make(case)
+    x, mask = dt_like(seed=7)
+    sizes = [1, 2, 3, 5, 1, 3, 7, 2, 3, 3]
+    with torch.no_grad():
+        pure, _ = run(recurrent(a), x, mask, sizes=sizes, last_only=last_only, resets={6: torch.tensor([False, True, True])})
+        for r in range(B):
+            one, _ = run(recurrent(a, inplace=True), x[r:r + 1], mask[r:r + 1], sizes=sizes, last_only=last_only,
+                         resets={6: torch.tensor([r > 0])})
+            real = mask[r, [t + n - 1 for t, n in zip(np.cumsum([0] + sizes[:-1]), sizes)]] if last_only else mask[r]
+            torch.testing.assert_close(one[0][real], pure[r][real], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("last_only", [False, True], ids=["all-tokens", "last-only"])
+@pytest.mark.parametrize("case", ["softmax", "softmax-w4", "softmax-w1"])
 def test_softmax_rows_at_different_ring_phases_mix_in_one_batch(case, last_only):
     """Each row keeps its own ring phase: shorter chunks write the ring at other phases, a restarted row
     starts over at phase 0 while the others go on, and longer chunks go in pieces."""
