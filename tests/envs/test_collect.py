@@ -5,6 +5,7 @@ import json
 import os
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
@@ -68,14 +69,12 @@ def test_rollouts_of_real_hopper_to_d4rl_and_back(tmp_path):
     np.testing.assert_allclose(ds.rtg[ds.starts[2]:], np.cumsum(r[::-1])[::-1], rtol=1e-5)
 
 
-@pytest.fixture
-def sac_workdir(tmp_path):
+def _sac_run(wd: Path, **sim_kwargs):
     """A behaviour-policy directory as envs.behavior lays it out, made without gradient steps:
     two (untrained) checkpoints, their evals and a replay buffer of 300 random-action steps."""
     sb3 = pytest.importorskip("stable_baselines3")
-    wd = tmp_path / "behavior"
     wd.mkdir()
-    env = make_sim("Hopper-v4")
+    env = make_sim("Hopper-v4", **sim_kwargs)
     model = sb3.SAC("MlpPolicy", env, learning_starts=10_000, buffer_size=1000, seed=0, device="cpu")
     model.learn(300)
     behavior.save_checkpoint(model, wd / "sac_step0000100.pt")
@@ -86,6 +85,11 @@ def sac_workdir(tmp_path):
         {"step": 300, "return_mean": 3000.0, "stoch_return_mean": 3100.0, "episodes": 1}]))
     (wd / "meta.json").write_text(json.dumps({"env_id": "Hopper-v4", "seed": 0, "total_steps": 300}))
     return wd, model
+
+
+@pytest.fixture
+def sac_workdir(tmp_path):
+    return _sac_run(tmp_path / "behavior")
 
 
 def test_rollouts_resume_from_shards(sac_workdir, tmp_path):
@@ -113,6 +117,36 @@ def test_replay_buffer_up_to_a_step(sac_workdir):
     np.testing.assert_array_equal(flat, rb.observations[:n, 0].astype(np.float32))
     last = len(eps[0]["rewards"]) - 1  # the final state comes from next_observations
     np.testing.assert_array_equal(eps[0]["observations"][-1], rb.next_observations[last, 0].astype(np.float32))
+
+
+def test_medium_replay_is_every_transition_up_to_the_medium_step_in_order(tmp_path, data_dirs):
+    """D4RL's medium-replay: every transition the behaviour policy's training saw until its medium
+    checkpoint, in the order it saw them, split into episodes where the simulator ended them (true
+    terminations as terminals, time-limit cuts as timeouts), the unfinished last one dropped. The SAC
+    run here has a 25-step time limit so that both kinds of ending occur."""
+    wd, model = _sac_run(tmp_path / "sac", max_episode_steps=25)
+    prov = run(CollectConfig(env="hopper", level="medium-replay", workdir=str(wd), train=False, medium_step=100,
+                             write_minari=False, next_observations=False, progress=False))
+    path = data_dirs["replicas"] / "hopper_medium_replay-replica.hdf5"
+    with h5py.File(path, "r") as f:  # D4RL's key layout, read with plain h5py
+        assert set(f) == {"observations", "actions", "rewards", "terminals", "timeouts"}
+        got = {k: f[k][()] for k in f}
+    rb = model.replay_buffer  # what SAC saw, in its order (SB3 marks time-limit cuts in .timeouts)
+    dones = np.flatnonzero(rb.dones[:100, 0])
+    n = int(dones[-1]) + 1  # up to step 100, the unfinished episode dropped
+    assert prov["policy_step"] == 100 and prov["steps"] == n == len(got["rewards"]) and n > 50
+    np.testing.assert_array_equal(got["observations"], rb.observations[:n, 0].astype(np.float32))
+    np.testing.assert_array_equal(got["actions"], rb.actions[:n, 0].astype(np.float32))  # Hopper's box is [-1, 1]
+    np.testing.assert_array_equal(got["rewards"], rb.rewards[:n, 0].astype(np.float32))
+    timeout = rb.timeouts[:n, 0].astype(bool)
+    np.testing.assert_array_equal(got["timeouts"], timeout)
+    np.testing.assert_array_equal(got["terminals"], rb.dones[:n, 0].astype(bool) & ~timeout)
+    assert got["timeouts"].any() and got["terminals"].any()
+    ds = read_d4rl(path, "hopper-medium-replay", "Hopper-v4")
+    assert len(ds) == prov["episodes"] == len(dones)
+    assert (ds.lengths[~ds.terminal] == 25).all() and (ds.lengths[ds.terminal] <= 25).all()  # cut only at the limit
+    starts = np.concatenate([[0], dones[:-1] + 1])
+    np.testing.assert_array_equal(ds.observations[ds.starts], rb.observations[starts, 0].astype(np.float32))
 
 
 def test_collect_command_writes_both_formats(sac_workdir, data_dirs, capsys):

@@ -46,6 +46,22 @@ def test_presets_have_a_source_and_valid_values(name):
         assert cfg.env == name and len(cfg.eval.targets) == 2
 
 
+@pytest.mark.parametrize("name", presets.list_presets("dt"))
+def test_every_dt_preset_loads_with_a_source(name):
+    cfg = build([f"preset={name}"]).cfg
+    check(cfg)
+    assert len(str(presets.load_preset("dt", name)["source"])) > 40
+
+
+def test_the_medium_replay_cpu_recipe_is_the_medium_one_on_other_data():
+    """hopper-medium-replay-cpu reuses the hopper-medium CPU recipe (and so its measured cost): every
+    option but the dataset is the same, so the two data regimes are compared under one recipe."""
+    medium, replay = (build([f"preset={n}"]) for n in ("hopper-medium-cpu", "hopper-medium-replay-cpu"))
+    assert (medium.cfg.env, replay.cfg.env) == ("hopper-medium", "hopper-medium-replay")
+    assert dataclasses.replace(replay.cfg, env="hopper-medium", preset="hopper-medium-cpu") == medium.cfg
+    assert "configs/dt/hopper-medium-cpu.yaml" in replay.source
+
+
 def test_help_lists_every_option_with_its_default():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "300"}  # one line per option: no wrapped defaults
     p = subprocess.run([sys.executable, "-m", "primal_dt.train", "--help"], cwd=ROOT, env=env, capture_output=True,
