@@ -38,7 +38,9 @@ def args(hopper_file, out, *extra):
 def start(argv):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PRIMAL_DT_OFFLINE": "1"}
     return subprocess.Popen([sys.executable, "-m", "primal_dt.train", *argv], cwd=ROOT, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # Ctrl-C as from a terminal,
+                            # even where pytest runs with SIGINT ignored (in a shell's background)
 
 
 def test_a_recipe_of_hours_says_so_and_prints_a_budget_command_that_fits(hopper_file, tmp_path):

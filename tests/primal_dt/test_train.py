@@ -89,11 +89,18 @@ def test_resume_after_kill_matches_uninterrupted_run(hopper_file, tmp_path, tiny
     assert tiny_train.scalars(resumed["run_dir"], "loss/total") == tiny_train.scalars(straight["run_dir"], "loss/total")
 
 
+def ctrl_c_enabled():
+    """A process started in the background of a non-interactive shell inherits SIGINT ignored, and Python then
+    never raises KeyboardInterrupt: give the trainer Ctrl-C as a terminal gives it, however pytest was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_says_how_to_continue_and_exits_130(hopper_file, tmp_path, tiny_train):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *tiny_train.args(hopper_file, tmp_path, "steps=100000",
                                                                              "checkpoint_every=5", *tiny_train.QUIET)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=ctrl_c_enabled)
     run_dirs = tmp_path / "hopper-medium" / "primal+dt"
     deadline = time.time() + 120
     while time.time() < deadline and not list(run_dirs.glob("*/last.pt")) and proc.poll() is None:
