@@ -107,7 +107,7 @@ class RolloutOptions:
     engine: Engine = "recompute"
     """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step"""
     precision: str = "fp32"
-    """engine=stream only: fp32 (exact) | bf16 (weight matmuls in bfloat16: about 2x faster at 50-100 rows on CPUs
+    """engine=stream only: fp32 (exact) | bf16 (weight matmuls in bfloat16: faster at many rows on CPUs
     with AVX512-BF16/AMX, actions within a few 1e-3 of fp32's)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
