@@ -61,7 +61,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
 from primal_dt.attention import get_class
@@ -69,6 +68,7 @@ from primal_dt.attention.base import restart_rows
 from primal_dt.attention.state import StateSpec
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
+from primal_dt.options import attention_words
 from primal_dt.layouts import layout
 from primal_dt.train_config import ModelConfig
 
@@ -118,14 +118,9 @@ class DTConfig(ModelConfig):
         if "options" in d:
             opts = dict(d.pop("options") or {})
             d["s"] = int(opts.get("primal", {}).get("s", _constructor_default("primal", "s")))
-            d["attention_options"] = yaml_mapping(opts) if opts else ""
+            d["attention_options"] = attention_words(opts)
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
-
-
-def yaml_mapping(options: dict) -> str:
-    """Mechanism options as ``attention_options`` text (one line of YAML flow style)."""
-    return yaml.safe_dump(options, default_flow_style=True, sort_keys=False, width=2**31).strip()
 
 
 def _constructor_default(mechanism: str, option: str):

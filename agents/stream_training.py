@@ -30,8 +30,9 @@ import math
 import torch
 
 from primal_dt.attention import available, get_class
+from primal_dt.options import attention_words
 
-from .decision_transformer import STATE_TOKEN, TOKENS_PER_STEP, DTConfig, yaml_mapping
+from .decision_transformer import STATE_TOKEN, TOKENS_PER_STEP, DTConfig
 
 
 def windowed() -> list[str]:
@@ -51,7 +52,7 @@ def stream_exact_options(window: int, options: dict | None = None) -> dict:
 
 def stream_exact_config(cfg: DTConfig, window: int) -> DTConfig:
     """``cfg`` with every attention layer windowed to ``window`` tokens (error if a layer cannot be)."""
-    new = dataclasses.replace(cfg, attention_options=yaml_mapping(stream_exact_options(window, cfg.options())))
+    new = dataclasses.replace(cfg, attention_options=attention_words(stream_exact_options(window, cfg.options())))
     receptive_field(new)  # checks every layer
     return new
 

@@ -222,7 +222,7 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
         m = cfg.model
         raise ValueError(f"model options (model.name={m.name}, model.layers={m.layers or '-'}, "
                          f"model.d_model={m.d_model}, model.n_heads={m.n_heads}, model.s={m.s}, "
-                         f"model.attention_options={m.attention_options or '-'}, K={cfg.K}, "
+                         f"model.attention_options={','.join(m.attention_options) or '-'}, K={cfg.K}, "
                          f"stream_window={cfg.stream_window}): {err}") from err
 
 

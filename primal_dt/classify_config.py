@@ -19,7 +19,7 @@ from typing import Literal
 from . import presets
 from . import cli
 from .options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, RunOptions, check_numbers, check_size
-from .options import attention_options as parse_attention_options
+from .options import attention_options as parse_attention_options, saved_attention_options
 from .tasks import DataConfig
 
 GROUPS = ("uea", "lra")
@@ -115,9 +115,13 @@ class ClassifyConfig(RunOptions):
     data: DataConfig = field(default_factory=DataConfig)
     arch: ArchConfig = field(default_factory=ArchConfig)
     primal: PrimalConfig = field(default_factory=PrimalConfig)
-    attention_options: str = ""
-    """YAML mapping mechanism -> options for non-primal layers, e.g. '{softmax: {window: 64}}'"""
+    attention_options: tuple[str, ...] = ()
+    """mechanism constructor options as mechanism.option=value, e.g. softmax.window=64,linear.chunk=32"""
     train: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self):
+        # configs saved before these words held YAML text ("{softmax: {window: 64}}")
+        self.attention_options = saved_attention_options(self.attention_options)
 
 
 # -- building a config ----------------------------------------------------------------------------

@@ -3,7 +3,7 @@ front that accepts the package's spellings.
 
 tyro parses, checks types and fixed sets of names (``Literal``), and prints ``--help`` from the field
 docstrings. The front only rewrites what tyro does not read itself: ``key=value`` (the main command's
-form) becomes ``--key=value``; a list written ``a,b`` becomes words (``--key a b`` is tyro's own);
+form) becomes ``--key=value``; a list written ``a,b`` (or ``[a,b]``) becomes words (``--key a b`` is tyro's own);
 ``true``/``false`` of a boolean become ``--key`` / ``--no_key``; ``none`` of an optional value becomes
 ``None``; a shorthand (``model=`` for ``model.name=``) becomes the option it stands for.
 
@@ -107,7 +107,8 @@ def _option(name: str, kind: str, f: dataclasses.Field, value: str) -> list[str]
 def _values(kind: str, f: dataclasses.Field, text: str) -> list[str]:
     """The words tyro reads for ``text``, a value (or, for a list, some elements) of an option."""
     if kind == "list":
-        return text.split() if f.metadata.get("cli") == "spaced" else [w for w in text.split(",") if w]
+        text = text[1:-1] if text[:1] + text[-1:] == "[]" else text  # [a,b], as YAML and Python write lists
+        return text.split() if f.metadata.get("cli") == "spaced" else [w.strip() for w in text.split(",") if w.strip()]
     return ["None" if kind == "optional" and text.lower() == "none" else text]
 
 

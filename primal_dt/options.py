@@ -1,12 +1,14 @@
 """What option values every command accepts: numeric ranges (never NaN or inf), sizes no machine can
-build, device names, and the ``attention_options`` grammar. Entry points declare their rules next to
+build, device names, and the mechanisms' ``attention_options`` words. Entry points declare their rules next to
 their configs and call these before any work starts, so a bad value is one line naming the option."""
 
 from __future__ import annotations
 
 import difflib
+import inspect
 import math
-from collections.abc import Mapping
+import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import yaml
@@ -112,30 +114,90 @@ def check_device(name: str, option: str = "device") -> None:
         raise ValueError(f"{option} must be auto, cpu, cuda or cuda:N, got {name!r}")
 
 
-def attention_options(text: str, option: str = "attention_options",
+def attention_options(words: Sequence[str] | str, option: str = "attention_options",
                       defaults: dict[str, dict] | None = None) -> dict[str, dict]:
-    """Parse the command line's per-mechanism constructor options, a YAML mapping such as
-    ``{softmax: {window: 30}}``. ``defaults`` ({mechanism: {option: value}}) fill what the text
-    leaves out: options that have their own flags (``model.s``, ``primal.s``) reach the mechanism
-    this way, and an explicit entry in the text still wins. ``option`` names the flag in errors."""
-    from .attention import available
+    """{mechanism: {option: value}} from the command line's ``mechanism.option=value`` words (the
+    command line's own ``key=value``, so no second grammar and no shell quoting), each value typed by
+    the mechanism constructor's annotation. ``defaults`` fill what the words leave out: options with
+    their own flags (``model.s``, ``primal.s``) reach the mechanism this way, and a word still wins.
+    ``option`` names the flag in errors. A string is the YAML text that configs saved before these
+    words held (``saved_attention_options``)."""
+    from .attention import available, get_class
 
-    try:
-        opts = yaml.safe_load(text) if text.strip() else {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"{option} is not valid YAML ({' '.join(str(err).split())}); write e.g. "
-                         f"{option}=\"{{softmax: {{window: 30}}}}\"") from err
-    if not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values()):
-        raise ValueError(f"{option} must be a YAML mapping of mechanism -> options, got {text!r}")
-    known = available()
-    for name in opts:
-        if name not in known:
-            close = difflib.get_close_matches(str(name), known, n=3)
+    words = saved_attention_options(words, option)
+    known, opts = available(), {}
+    for word in words:
+        key, eq, text = word.partition("=")
+        mechanism, dot, name = key.strip().rpartition(".")
+        if not (eq and dot and mechanism and name):
+            raise ValueError(f"{option}: {word!r} is not mechanism.option=value; write e.g. {option}=softmax.window=30")
+        if mechanism not in known:
+            close = difflib.get_close_matches(mechanism, known, n=3)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ValueError(f"{option}: unknown attention mechanism {name!r}.{hint} Known: {', '.join(known)}")
-    for name, values in (defaults or {}).items():
-        opts[name] = {**values, **opts.get(name, {})}
+            raise ValueError(f"{option}: unknown attention mechanism {mechanism!r}.{hint} Known: {', '.join(known)}")
+        accepted = _constructor_options(get_class(mechanism))
+        if name not in accepted:
+            close = difflib.get_close_matches(name, accepted, n=2)
+            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+            raise ValueError(f"{option}: attention {mechanism!r} does not accept option {name!r}.{hint} "
+                             f"Accepted: {', '.join(accepted)}")
+        opts.setdefault(mechanism, {})[name] = _typed(text.strip(), accepted[name], f"{option}: {key.strip()}")
+    for mechanism, values in (defaults or {}).items():
+        opts[mechanism] = {**values, **opts.get(mechanism, {})}
     return opts
+
+
+def attention_words(options: Mapping[str, Mapping]) -> tuple[str, ...]:
+    """``attention_options`` words for {mechanism: {option: value}}: what configs made in code hold."""
+    return tuple(f"{m}.{k}={'none' if v is None else v}" for m, values in options.items() for k, v in values.items())
+
+
+def saved_attention_options(value, option: str = "attention_options") -> tuple[str, ...]:
+    """The words of ``attention_options`` as a config or checkpoint holds it: words (a list from JSON),
+    or the YAML text ``{mechanism: {option: value}}`` that configs saved before the words held."""
+    if not isinstance(value, str):
+        return tuple(value)
+    try:
+        opts = yaml.safe_load(value) if value.strip() else {}
+    except yaml.YAMLError:
+        opts = None
+    if not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values()):
+        raise ValueError(f"{option} holds {value!r}, not mechanism.option=value words; write e.g. "
+                         f"{option}=softmax.window=30,primal.window=10")
+    return attention_words(opts)
+
+
+def _constructor_options(cls) -> dict[str, object]:
+    """{option: its annotation} of a mechanism's constructor (the arguments every mechanism shares left out)."""
+    hints = typing.get_type_hints(cls.__init__)
+    return {n: hints.get(n) for n in inspect.signature(cls.__init__).parameters
+            if n not in ("self", "d_model", "n_heads", "causal")}
+
+
+def _typed(text: str, annotation, where: str):
+    """``text`` as the annotation's type: int, float, bool (true/false), str, or ``X | None`` (none)."""
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        if text.lower() == "none":
+            return None
+        annotation = next(a for a in args if a is not type(None))
+    if annotation is bool:
+        if text.lower() not in ("true", "false"):
+            raise ValueError(f"{where} must be true or false, got {text!r}")
+        return text.lower() == "true"
+    if annotation in (int, float):
+        try:
+            return annotation(text)
+        except ValueError:
+            raise ValueError(f"{where} must be {'an integer' if annotation is int else 'a number'}, got {text!r}") \
+                from None
+    if annotation is None:  # unannotated: a number when it reads as one
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    return text
 
 
 @dataclass

@@ -95,7 +95,7 @@ def tiny_dt():
     """tiny_dt(layout="primal+dt", K=5, options=None, layers=(), seed=0, d_model=32, n_heads=2,
     n_layers=3): a small DecisionTransformer for hopper (eval mode, no dropout, seeded weights)."""
     from agents import DecisionTransformer, DTConfig
-    from agents.decision_transformer import yaml_mapping
+    from primal_dt.options import attention_words
 
     def make(layout="primal+dt", K=5, options=None, layers=(), seed=0, d_model=32, n_heads=2, n_layers=3):
         spec = _spec()
@@ -103,7 +103,7 @@ def tiny_dt():
         options = {"primal": {"s": 8}} if options is None else options
         cfg = DTConfig(state_dim=spec.obs_dim, act_dim=spec.act_dim, K=K, d_model=d_model, n_heads=n_heads,
                        n_layers=n_layers, name=layout, layers=",".join(layers),
-                       s=options.get("primal", {}).get("s", 8), attention_options=yaml_mapping(options) if options else "",
+                       s=options.get("primal", {}).get("s", 8), attention_options=attention_words(options),
                        dropout=0.0)
         return DecisionTransformer(cfg).eval()
 

@@ -101,10 +101,14 @@ def child(job: dict) -> dict:
     return {"ms": 1e3 * statistics.median(warm), "peak_mb": max(peak - base, 0.0)}
 
 
+CHILD = "import json, sys; from eval.bench.attention import child; print(json.dumps(child(json.load(sys.stdin))))"
+"""What a child process runs: the job comes on stdin, so the command line keeps only the user's options."""
+
+
 def run_child(job: dict, timeout: float) -> dict:
-    cmd = [sys.executable, "-m", "eval.bench.attention", "--child", json.dumps(job)]
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out = subprocess.run([sys.executable, "-c", CHILD], input=json.dumps(job), capture_output=True, text=True,
+                             timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"skipped": f"over {timeout:.0f}s"}
     if out.returncode != 0:
@@ -234,24 +238,18 @@ class AttentionBenchConfig:
     """skip part 2"""
     json: str | None = None
     """also write the results here"""
-    child: str = ""
-    """internal: a configuration to run in this process (what the benchmark gives its children)"""
 
 
 def parse_args(argv=None) -> AttentionBenchConfig:
     """The command line, every numeric option checked (``cli.fail`` otherwise)."""
     args = cli.parse(AttentionBenchConfig, argv, prog="python -m eval.bench.attention",
                      description=__doc__.split("\n\n")[0])
-    if not args.child:
-        options.check_parsed(args, NUMBERS)
+    options.check_parsed(args, NUMBERS)
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.child:
-        print(json.dumps(child(json.loads(args.child))))
-        return
     if args.all:
         args.mechanisms, args.causal_mechanisms, args.step_mechanisms = all_specs(max(args.lengths + args.contexts))
     print(f"torch {torch.__version__}, {args.threads} thread(s); layer width {args.width}, {args.heads} heads, "
@@ -274,7 +272,7 @@ def main(argv=None):
             print(f"  {spec:<34} {s[-1]['us'] / s[0]['us']:6.2f}x  ({s[0]['us']:.0f} -> {s[-1]['us']:.0f} us)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"config": {k: v for k, v in vars(args).items() if k != "child"}, "rows": rows,
+            json.dump({"config": vars(args), "rows": rows,
                        "ratios": summary}, f, indent=1)
         print(f"wrote {args.json}")
 

@@ -6,6 +6,7 @@ import inspect
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from agents import dt_checkpoint as schema
 from agents.dt_checkpoint import DTCheckpoint, TrainingState
@@ -123,8 +124,8 @@ def test_release_0_1_checkpoints_still_load(tmp_path, tiny_dt, hopper_stats):
 
 
 def test_an_old_model_config_builds_the_same_network(tiny_dt):
-    """Every form ``model_config`` took: windows and per-layer lists included, and an options dict
-    without primal's ``s`` (the mechanism's own default then)."""
+    """Every form ``model_config`` took: windows and per-layer lists included, an options dict
+    without primal's ``s`` (the mechanism's own default then), and ``attention_options`` as YAML text."""
     from agents import DecisionTransformer, DTConfig
 
     for m in (tiny_dt(), tiny_dt("dt", options={"softmax": {"window": 4}}),
@@ -134,6 +135,8 @@ def test_an_old_model_config_builds_the_same_network(tiny_dt):
         again = DecisionTransformer(old).eval()
         again.load_state_dict(m.state_dict())
         torch.testing.assert_close(outputs(again), outputs(m), atol=0, rtol=0)
+        yaml_text = {**m.cfg.to_dict(), "attention_options": yaml.safe_dump(m.cfg.options(), default_flow_style=True)}
+        assert DTConfig.from_dict(yaml_text).layer_specs() == m.cfg.layer_specs()  # the YAML text configs held
     no_s = {**legacy_model_config(tiny_dt().cfg), "options": {}}
     default_s = inspect.signature(get_class("primal").__init__).parameters["s"].default
     assert DTConfig.from_dict(no_s).layer_specs()[-1].options == {"s": default_s}

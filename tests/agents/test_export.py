@@ -48,7 +48,7 @@ MODELS = {
     "dt": ["model=dt"],
     "primal+dt": ["model=primal+dt"],
     "primalformer-dt": ["model=primalformer-dt"],
-    "windowed": ["model=primal+dt", "model.attention_options={primal: {window: 10}, softmax: {window: 7}}"],
+    "windowed": ["model=primal+dt", "model.attention_options=primal.window=10,softmax.window=7"],
     "performer": ["model=performer"],
 }
 """one trained model per kind of per-layer state: softmax ring cache, primal sums, windowed rings, linear family"""

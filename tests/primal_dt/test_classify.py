@@ -64,10 +64,10 @@ def test_paper_protocol_selects_on_test(tmp_path):
     (["train.steps=10"], "exactly one of train.epochs / train.steps"),
     (["data.kind=uae"], "did you mean 'uea'"),
     (["data.val_fraction=1.5"], "data.val_fraction must be in [0, 1)"),
-    (["attention_options=[1, 2]"], "attention_options must be a YAML mapping"),
+    (["attention_options=1,2"], "attention_options: '1' is not mechanism.option=value"),
     (["task=lra/listops"], "data.generate=true"),
     (["device=gpu"], "device must be auto, cpu, cuda or cuda:N"),
-    (["attention_options={softmx: {window: 3}}"], "unknown attention mechanism 'softmx'"),
+    (["attention_options=softmx.window=3"], "unknown attention mechanism 'softmx'"),
     (["resume=/nonexistent/run"], "resume=/nonexistent/run: no checkpoint at /nonexistent/run;"),
 ])
 def test_bad_input_fails_before_training(tmp_path, argv, message):

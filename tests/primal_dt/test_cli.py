@@ -102,6 +102,7 @@ def demo(*argv: str) -> Demo:
     ["--targets", "3600", "1800", "--flag", "--maybe", "none", "--inner.rate", "0.25", "--inner.ids", "4", "5"],
     ["--targets=3600,1800", "--flag=true", "--maybe=None", "--inner.rate=0.25", "--inner.ids=4,5"],
     ["--targets", "3600,1800", "--flag", "true", "rate=0.25", "--inner.ids", "4,5", "--maybe=none"],
+    ["targets=[3600,1800]", "flag=true", "maybe=none", "inner.rate=0.25", "inner.ids=[4, 5]"],
 ])
 def test_every_spelling_gives_the_same_config(argv):
     assert demo(*argv) == Demo("x", (3600.0, 1800.0), True, None, ("a:k=1,j=2",), Inner(0.25, (4, 5)))

@@ -1,5 +1,5 @@
 """What every entry point shares (primal_dt.errors, options, distributed, outputs, runtime and the
-checkpoint finder): bad input as one line, resume paths, the attention_options grammar, devices, and
+checkpoint finder): bad input as one line, resume paths, the attention_options words, devices, and
 the option shorthands of primal_dt.cli."""
 
 import argparse
@@ -106,23 +106,41 @@ def test_a_directory_of_runs_means_its_newest_run_that_holds_a_checkpoint(tmp_pa
 
 
 # -- attention_options ---------------------------------------------------------------------------------
-def test_attention_options_parse_and_defaults_fill_only_what_is_unset():
-    opts = options.attention_options("{softmax: {window: 30}, primal: {s: 4}}", "model.attention_options",
+def test_attention_options_words_are_typed_by_the_constructor_and_defaults_fill_only_what_is_unset():
+    opts = options.attention_options(("softmax.window=30", "primal.s=4", "primal.data_dependent=true",
+                                      "svr-bn.beta=0.25", "performer.n_features=none"), "model.attention_options",
                                      {"primal": {"s": 64, "window": 10}})
-    assert opts == {"softmax": {"window": 30}, "primal": {"s": 4, "window": 10}}
-    assert options.attention_options("", defaults={"primal": {"s": 8}}) == {"primal": {"s": 8}}
-    assert options.attention_options("  ") == {}
+    assert opts == {"softmax": {"window": 30}, "primal": {"s": 4, "data_dependent": True, "window": 10},
+                    "svr-bn": {"beta": 0.25}, "performer": {"n_features": None}}
+    assert type(opts["softmax"]["window"]) is int and type(opts["svr-bn"]["beta"]) is float
+    assert options.attention_options((), defaults={"primal": {"s": 8}}) == {"primal": {"s": 8}}
+    assert options.attention_options(()) == {}
 
 
-@pytest.mark.parametrize("text, message", [
-    ("[1, 2]", "model.attention_options must be a YAML mapping of mechanism -> options, got '[1, 2]'"),
-    ("{softmax: 3}", "must be a YAML mapping of mechanism -> options"),
-    ("{softmax: {window: 3}", "model.attention_options is not valid YAML"),
-    ("{softmx: {window: 3}}", "unknown attention mechanism 'softmx'. Did you mean 'softmax'"),
+def test_attention_words_round_trip_and_the_yaml_text_of_old_configs_converts():
+    opts = {"softmax": {"window": 7, "bias": False}, "performer": {"n_features": None}, "primal": {"s": 4}}
+    assert options.attention_options(options.attention_words(opts)) == opts
+    old = "{softmax: {window: 7, bias: false}, performer: {n_features: null}, primal: {s: 4}}"
+    assert options.attention_options(options.saved_attention_options(old)) == opts
+    assert options.saved_attention_options("") == () and options.saved_attention_options(["a.b=1"]) == ("a.b=1",)
+    with pytest.raises(ValueError, match="not mechanism.option=value words"):
+        options.saved_attention_options("[1, 2]")
+
+
+@pytest.mark.parametrize("words, message", [
+    (["softmax=3"], "model.attention_options: 'softmax=3' is not mechanism.option=value; write e.g. "
+                    "model.attention_options=softmax.window=30"),
+    (["softmax.window"], "is not mechanism.option=value"),
+    (["softmx.window=3"], "unknown attention mechanism 'softmx'. Did you mean 'softmax'"),
+    (["softmax.windw=3"], "attention 'softmax' does not accept option 'windw'. Did you mean 'window'? Accepted: "
+                          "window, dropout, bias, impl"),
+    (["softmax.window=3.5"], "model.attention_options: softmax.window must be an integer, got '3.5'"),
+    (["primal.data_dependent=yes"], "primal.data_dependent must be true or false, got 'yes'"),
+    (["svr-bn.beta=big"], "svr-bn.beta must be a number, got 'big'"),
 ])
-def test_attention_options_errors_name_the_option(text, message):
+def test_attention_options_errors_name_the_option(words, message):
     with pytest.raises(ValueError) as err:
-        options.attention_options(text, "model.attention_options")
+        options.attention_options(words, "model.attention_options")
     assert message in str(err.value)
 
 

@@ -135,9 +135,10 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path
     (["model.s=64"], "exceed d_model=32"),
     (["lr=-0.001"], "lr must be > 0"),
     (["eta=-0.1"], "eta must be >= 0"),
-    (["model.attention_options={softmax: {windw: 3}}"], "does not accept option"),
-    (["model.attention_options={softmx: {window: 3}}"], "unknown attention mechanism 'softmx'"),
-    (["model.attention_options=[1]"], "model.attention_options must be a YAML mapping"),
+    (["model.attention_options=softmax.windw=3"], "does not accept option 'windw'"),
+    (["model.attention_options=primal.window=4,softmx.window=3"], "unknown attention mechanism 'softmx'"),
+    (["model.attention_options={softmax: {window: 3}}"], "is not mechanism.option=value; write e.g. "
+                                                        "model.attention_options=softmax.window=30"),
     (["device=gpu"], "device must be auto, cpu, cuda or cuda:N"),
     (["data_source=d4rl:/nonexistent.hdf5"], "no file at"),
 
