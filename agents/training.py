@@ -781,11 +781,9 @@ def projection(run: Run, step_s: float, start: int, measured: int) -> str:
     if left * step_s <= LONG_S:
         return lines[0]
     lines.append(f"note: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes.")
-    cpu = f"{cfg.env}-cpu"
-    if run.device.type == "cpu" and not cfg.resume and cfg.preset != cpu and cpu in presets.list_presets(
-            train_config.GROUP):
-        lines[-1] += (f" The CPU recipe for {cfg.env} (configs/dt/{cpu}.yaml, chosen to learn in one run of at most "
-                      f"{BUDGET_S / 60:.0f} minutes on one core) is:\n  {command(run, {'preset': cpu}, cpu)}")
+    if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
+        lines[-1] += (f" The CPU recipe (configs/dt/recipes/cpu.yaml, chosen to learn in one run of at most "
+                      f"{BUDGET_S / 60:.0f} minutes on one core) is:\n  {command(run, {'recipe': 'cpu'}, 'cpu')}")
         return "\n".join(lines)
     steps = min(left, nice(BUDGET_S / step_s))
     scale = {"steps": steps, "warmup_steps": cfg.warmup_steps, "eval.every": cfg.eval.every,
@@ -821,17 +819,17 @@ def nice(x: float) -> int:
     return max(1, int(x // p) * p)
 
 
-def command(run: Run, options: dict, preset: str | None = None) -> str:
+def command(run: Run, options: dict, recipe: str | None = None) -> str:
     """The command that ran this run, with ``options`` in place of its own values: the options the
-    user gave on the command line are kept, defaults and the preset's stay implicit; with ``preset``,
-    the options that preset sets are left to it."""
+    user gave on the command line are kept, defaults and the preset's stay implicit; with ``recipe``,
+    the options that recipe sets are left to it."""
     launcher = (f"torchrun --nproc_per_node {run.dist.world} -m primal_dt.train" if run.dist.world > 1
                 else "python -m primal_dt.train")
     values = train_config.flat(dataclasses.asdict(run.cfg))
-    recipe = train_config.flat({k: v for k, v in presets.load_preset(train_config.GROUP, preset).items()
-                                if k not in presets.META_KEYS}) if preset else {}
+    laid = train_config.flat({k: v for k, v in train_config.load_recipe(recipe).items()
+                              if k not in presets.META_KEYS}) if recipe else {}
     given = {k: values[k] for k, where in run.built.provenance.items()
-             if where == "command line" and k in values and k not in recipe}
+             if where == "command line" and k in values and k not in laid}
     given.update(options)
 
     def text(v) -> str:

@@ -131,9 +131,10 @@ def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
 
 
 def _fixed(cfg: dict) -> dict:
-    """The options a resumed run cannot change: what identifies a run of the grid."""
+    """The options a resumed run cannot change: what identifies a run of the grid (by value: which preset
+    or recipe set them does not matter)."""
     return {k: v for k, v in train_config.flat(cfg).items() if k.split(".")[0] not in train_config.RESUMABLE
-            and k not in ("out", "preset")}
+            and k not in ("out", "preset", "recipe")}
 
 
 def _match_existing(job: Job, cfg, out: Path) -> None:

@@ -157,6 +157,9 @@ class TrainConfig(RunOptions):
     """dataset and simulator, D4RL naming: {hopper,halfcheetah,walker2d}-{medium,medium-replay,medium-expert,...}"""
     preset: str = ""
     """configs/dt/<preset>.yaml to start from ('' : the preset named like env, when there is one)"""
+    recipe: Literal["preset", "cpu"] = "preset"
+    """preset: the preset's settings as they are (a task's are the paper's) | cpu: configs/dt/recipes/cpu.yaml laid
+    over them, sized to learn in one run of at most 30 minutes on one CPU core (the task keeps its data and targets)"""
     model: ModelConfig = field(default_factory=ModelConfig)
     steps: int = 100_000
     """optimizer steps"""
@@ -211,9 +214,9 @@ class Built:
     preset: str | None
     """preset name used (None: no preset)"""
     source: str
-    """the preset's source line"""
+    """where the settings come from: the preset's source line, then the recipe's"""
     provenance: dict[str, str]
-    """dotted option -> 'default' | 'preset <name>' | 'command line'"""
+    """dotted option -> 'default' | 'preset <name>' | 'recipe <name>' | 'command line'"""
 
 
 SHORTHANDS = {"model": "model.name", "attention": "model.name"}
@@ -226,21 +229,29 @@ def build(argv: list[str]) -> Built:
     available_presets = presets.list_presets(GROUP)
     if not name and env in available_presets:
         name = env
-    values, source = {}, "(no preset: dataclass defaults)"
-    if name:
-        values = presets.load_preset(GROUP, name)  # unknown name: clear error with suggestions
-        source = str(values.get("source", "(the preset has no source line)"))
-        cfg = presets.apply_preset(cfg, values, where=f"preset {name}")
-        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
+    layers = [(f"preset {name}", presets.load_preset(GROUP, name))] if name else []  # unknown: error with suggestions
+    if first.recipe != "preset":
+        layers.append((f"recipe {first.recipe}", load_recipe(first.recipe)))
+    source = "; ".join(f"{where}: {values.get('source', '(no source line)')}" for where, values in layers) \
+        or "(no preset: dataclass defaults)"
+    for where, values in layers:
+        cfg = presets.apply_preset(cfg, values, where=where)
+    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
     cfg = cli.parse(TrainConfig, argv, default=cfg, prog=PROG, description=_DESCRIPTION, shorthands=SHORTHANDS)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
     prov = {k: "default" for k in flat(dataclasses.asdict(TrainConfig()))}
-    for k in flat({k: v for k, v in values.items() if k not in presets.META_KEYS}):
-        prov[k] = f"preset {name}"
+    for where, values in layers:
+        for k in flat({k: v for k, v in values.items() if k not in presets.META_KEYS}):
+            prov[k] = where
     for k in cli.given(TrainConfig, argv, SHORTHANDS):
         prov[k] = "command line"
     return Built(cfg, name or None, source, prov)
+
+
+def load_recipe(name: str) -> dict:
+    """A recipe: options laid over whichever preset a run starts from (configs/dt/recipes/<name>.yaml)."""
+    return presets.load_preset(f"{GROUP}/recipes", name)
 
 
 PROG = "python -m primal_dt.train"
@@ -297,7 +308,7 @@ def resumed(built: Built, saved: dict, where: str) -> Built:
 
 def describe(b: Built) -> str:
     """One line per option: value and where it came from."""
-    lines = [f"config (preset: {b.preset or 'none'}; source: {b.source})"]
+    lines = [f"config ({b.source})"]
     for k, v in flat(dataclasses.asdict(b.cfg)).items():
         lines.append(f"  {k:<24} = {v!r:<22} [{b.provenance.get(k, 'default')}]")
     return "\n".join(lines)

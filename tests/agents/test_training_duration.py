@@ -44,8 +44,8 @@ def start(argv):
 
 
 def test_a_recipe_of_hours_says_so_and_prints_a_budget_command_that_fits(hopper_file, tmp_path):
-    """A dataset without a CPU recipe (hopper-expert: any hopper file serves it) gets its own recipe, shorter."""
-    argv = args(hopper_file, tmp_path, "env=hopper-expert", "steps=10000000", "warmup_steps=1000000", "eval.every=1000000",
+    """A run already on the CPU recipe (its steps raised to hours) gets its own options, shorter."""
+    argv = args(hopper_file, tmp_path, "env=hopper-expert", "recipe=cpu", "steps=10000000", "warmup_steps=1000000", "eval.every=1000000",
                 "eval.episodes=1", "eval.final_episodes=2", "eval.max_steps=10", "eval.num_envs=2",
                 "checkpoint_every=500000", "seed=7", "model.dropout=0.2", "lr=0.0005")
     proc = start(argv)
@@ -79,22 +79,23 @@ def test_a_recipe_of_hours_says_so_and_prints_a_budget_command_that_fits(hopper_
     assert "interrupted at step" in out and "nothing to resume" in out  # stopped before any checkpoint
 
 
-def test_a_recipe_of_hours_on_a_cpu_is_offered_the_datasets_cpu_recipe(hopper_file, tmp_path):
-    """Where configs/dt/<env>-cpu.yaml exists, the note offers it (the user's other options kept, the ones it
-    sets left to it) instead of a scaled-down paper recipe; a run already on it gets the budget command."""
+def test_a_recipe_of_hours_on_a_cpu_is_offered_the_cpu_recipe(hopper_file, tmp_path):
+    """The note offers recipe=cpu (the user's other options kept, the ones the recipe sets left to it)
+    instead of a scaled-down paper recipe; a run already on it gets the budget command."""
     argv = args(hopper_file, tmp_path, "steps=100000", "eval.every=10000", "seed=3", "model=dt")
     run = training.prepare(train_config.build(argv))
     text = training.projection(run, 0.5, 0, 20)
     assert "note: this recipe takes about" in text and "hours, not minutes" in text
-    assert "CPU recipe for hopper-medium (configs/dt/hopper-medium-cpu.yaml" in text
+    assert "The CPU recipe (configs/dt/recipes/cpu.yaml" in text
     offered = shlex.split(text.splitlines()[-1].strip())
-    assert offered[:3] == ["python", "-m", "primal_dt.train"] and "preset=hopper-medium-cpu" in offered
+    assert offered[:3] == ["python", "-m", "primal_dt.train"] and "recipe=cpu" in offered
+    assert not any(w.startswith(("steps=", "eval.every=")) for w in offered)  # the recipe's own, left to it
     theirs = train_config.build(offered[3:])
-    assert theirs.preset == "hopper-medium-cpu" and theirs.provenance["steps"] == "preset hopper-medium-cpu"
+    assert theirs.cfg.recipe == "cpu" and theirs.provenance["steps"] == "recipe cpu"
     assert (theirs.cfg.seed, theirs.cfg.model.name, theirs.cfg.threads) == (3, "dt", 1)
     assert theirs.cfg.data_source == f"d4rl:{hopper_file}" and theirs.cfg.model.d_model == 128
     on_it = training.prepare(train_config.build(offered[3:] + ["steps=100000"]))
-    assert "preset=hopper-medium-cpu" not in training.projection(on_it, 0.5, 0, 20).splitlines()[-1]
+    assert "recipe=cpu" not in training.projection(on_it, 0.5, 0, 20).splitlines()[-1]
 
 
 def test_a_short_recipe_gets_its_projection_and_no_warning(hopper_file, tmp_path, capsys):

@@ -53,13 +53,23 @@ def test_every_dt_preset_loads_with_a_source(name):
     assert len(str(presets.load_preset("dt", name)["source"])) > 40
 
 
-def test_the_medium_replay_cpu_recipe_is_the_medium_one_on_other_data():
-    """hopper-medium-replay-cpu reuses the hopper-medium CPU recipe (and so its measured cost): every
-    option but the dataset is the same, so the two data regimes are compared under one recipe."""
-    medium, replay = (build([f"preset={n}"]) for n in ("hopper-medium-cpu", "hopper-medium-replay-cpu"))
-    assert (medium.cfg.env, replay.cfg.env) == ("hopper-medium", "hopper-medium-replay")
-    assert dataclasses.replace(replay.cfg, env="hopper-medium", preset="hopper-medium-cpu") == medium.cfg
-    assert "configs/dt/hopper-medium-cpu.yaml" in replay.source
+@pytest.mark.parametrize("name", PAPER)
+def test_the_cpu_recipe_lays_its_values_over_every_task_and_the_task_keeps_the_rest(name):
+    """recipe=cpu sets exactly what configs/dt/recipes/cpu.yaml holds; the data, targets, reward scale and
+    primal settings stay the task's; the command line still wins over both."""
+    task, cpu = build([f"env={name}"]), build([f"env={name}", "recipe=cpu", "seed=4"])
+    recipe = train_config.flat({k: v for k, v in train_config.load_recipe("cpu").items() if k != "source"})
+    flat_task, flat_cpu = (train_config.flat(dataclasses.asdict(b.cfg)) for b in (task, cpu))
+    for key, value in flat_cpu.items():
+        if key in recipe:
+            assert value == recipe[key] and cpu.provenance[key] == "recipe cpu", key
+        elif key not in ("recipe", "seed"):
+            assert value == flat_task[key], key
+    check(cpu.cfg)
+    assert cpu.cfg.env == name and cpu.cfg.eval.targets == task.cfg.eval.targets and cpu.cfg.seed == 4
+    assert "recipe cpu:" in cpu.source and "Decision Transformer" in cpu.source
+    assert build([f"env={name}", "recipe=cpu", "steps=500"]).cfg.steps == 500
+    assert "[recipe cpu]" in train_config.describe(cpu)
 
 
 def test_help_lists_every_option_with_its_default():
