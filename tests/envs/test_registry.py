@@ -1,5 +1,8 @@
 """Names, simulators and scores: the registry against Gymnasium and the D4RL convention."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -62,3 +65,15 @@ def test_family_of_reads_every_spelling_files_record():
                          ("HalfCheetah-v5", "halfcheetah"), ("half_cheetah", "halfcheetah"), ("Ant-v4", "ant"),
                          ("primal-dt/ant/medium-v0", "ant"), ("antmaze-umaze-v2", None), ("Humanoid-v4", None)):
         assert family_of(text) == family, text
+
+
+def test_the_readmes_table_of_reference_returns_is_the_registrys():
+    """The README states what every score is normalized with; it must be what the code uses."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    rows = re.findall(r"^\| (\w+) \| (\S+) \| (\S+) \| (\S+) \| (\S+) \| (\S+) / (\S+) \|$", text, flags=re.M)
+    assert [r[0] for r in rows] == ["hopper", "halfcheetah", "walker2d", "ant"]
+    for family, gym_id, low, high, minari_gym_id, t1, t2 in rows:
+        for level in ("medium", "medium-replay", "medium-expert"):
+            spec = get_spec(f"{family}-{level}")
+            assert (spec.gym_id, spec.minari_gym_id, spec.targets) == (gym_id, minari_gym_id, (float(t1), float(t2)))
+            assert (spec.ref_min, spec.ref_max) == (float(low), float(high))
