@@ -21,9 +21,11 @@ Per return-to-go target, ``out`` receives:
   measured on D4RL data when the row's data is not D4RL's; and beside them
   the final validation action MSE on held-out episodes (``summary.json["validation"]``), mean and
   interval over the seeds that recorded one: runs from before validation existed, or trained with
-  ``val_fraction=0``, leave the cell blank (or are counted out: "2 of 3 seeds");
+  ``val_fraction=0``, leave the cell blank (or are counted out: "2 of 3 seeds"); and the level a
+  model is measured against, the mean normalized return of the episodes the runs trained on ("data
+  episodes"), blank when that data cannot be read where the report runs;
 - ``curves.png``: normalized score during training, mean and a 95 % confidence band over seeds, one
-  panel per target and dataset;
+  panel per target and dataset, the data's episodes as a dashed line;
 - ``scores.png``: a bar per group with its 95 % confidence interval, the paper's value marked.
 """
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import glob
 import io
 import math
@@ -82,6 +85,8 @@ class Run:
     val_mse: float | None = None
     """the final held-out action MSE (``summary.json["validation"]["action_mse"]``); None when the run
     recorded none (written before validation existed, or val_fraction=0)"""
+    data_level: float | None = None
+    """mean normalized return of the episodes the run trained on (``data_level``)"""
 
 
 @dataclass
@@ -127,6 +132,23 @@ def data_kind(source) -> str:
     return "unknown"
 
 
+@functools.lru_cache(maxsize=None)
+def data_level(env: str, source: str) -> float | None:
+    """The mean normalized return of the episodes in the data a run trained on (``summary.json``'s
+    ``data_source``): the behaviour data's level, which a Decision Transformer has to beat to have
+    learned more than to imitate it. None when that data is not readable here (another machine's path,
+    a Minari dataset not downloaded, D4RL files joined with '+')."""
+    kind, _, where = str(source).partition(":")
+    kind = "d4rl" if kind == "replica" else kind  # a replica is a D4RL-format file
+    if kind not in ("d4rl", "minari") or not where or "+" in where:
+        return None
+    try:
+        ds = envs.load_dataset(env, source=f"{kind}:{where}", verbose=False, download=False, clip_actions=True)
+    except (envs.DatasetError, OSError, ValueError, KeyError):
+        return None
+    return statistics.fmean(envs.normalized_score(env, float(r)) for r in ds.returns)
+
+
 def best(curve: list) -> float:
     """The best evaluation of a run (CORL's "best" column); NaN when none is finite."""
     vals = [v for _, v in curve if math.isfinite(v)]
@@ -155,7 +177,8 @@ def load_run(d: Path) -> Run:
         config = ck.config
     val = (summary.get("validation") or {}).get("action_mse")
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
-               summary["final"], curves, data_kind(summary.get("data_source")), None if val is None else float(val))
+               summary["final"], curves, data_kind(summary.get("data_source")), None if val is None else float(val),
+               data_level(summary["env"], str(summary.get("data_source") or "")))
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
@@ -217,6 +240,7 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
         base = g.model.split(" (")[0]
         mses = [r.val_mse for r in runs if r.val_mse is not None and math.isfinite(r.val_mse)]
         v = stats(mses) if mses else {"mean": None, "std": None, "ci95": None, "n": 0}
+        levels = [r.data_level for r in g.runs if r.data_level is not None]
         rows.append({"dataset": g.env, "data": g.data, "model": g.model, "seeds": s["n"],
                      "steps": _joined(r.steps for r in g.runs),
                      "episodes": _joined(r.final[target].get("episodes", "?") for r in runs),
@@ -224,6 +248,7 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
                      "mean": s["mean"], "std": s["std"], "ci95": s["ci95"],
                      "best": b["mean"], "best_std": b["std"], "best_ci95": b["ci95"],
                      "paper": paper_scores(g.env).get(base),
+                     "data_level": statistics.fmean(levels) if levels else None,
                      "val_mse": v["mean"], "val_mse_std": v["std"], "val_mse_ci95": v["ci95"], "val_seeds": v["n"],
                      "runs": [str(r.path) for r in g.runs]})
     return rows
@@ -259,20 +284,23 @@ def paper_cell(r: dict) -> str:
 def markdown(rows: list[dict], target: str) -> str:
     lines = [f"### Normalized score, target {target.removeprefix('target')}", "",
              "final: the last evaluation; best: each run's best evaluation during training (final included); "
-             "both mean +- 95% CI over seeds. episodes: in the final evaluation / in each one during training.", "",
-             "| dataset | data | model | seeds | steps | episodes | final | best | paper | val action MSE |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "both mean +- 95% CI over seeds. episodes: in the final evaluation / in each one during training. "
+             "data episodes: the mean normalized return of the episodes trained on.", "",
+             "| dataset | data | model | seeds | steps | episodes | final | best | data episodes | paper | "
+             "val action MSE |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['dataset']} | {r['data']} | {r['model']} | {r['seeds']} | {r['steps']} | "
                      f"{r['episodes']} / {r['eval_episodes']} | {score_cell(r['mean'], r['ci95'], r['seeds'])} | "
-                     f"{score_cell(r['best'], r['best_ci95'], r['seeds'])} | {paper_cell(r)} | {val_cell(r)} |")
+                     f"{score_cell(r['best'], r['best_ci95'], r['seeds'])} | {_fmt(r['data_level'])} | "
+                     f"{paper_cell(r)} | {val_cell(r)} |")
     return "\n".join(lines)
 
 
 CSV_COLUMNS = ["dataset", "data", "model", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
-               "best", "best_std", "best_ci95", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds"]
-"""``scores-<target>.csv``: the final and best scores' columns, then the validation MSE's (blank where no
-run has one; ``val_seeds``: how many of the group's seeds recorded one)"""
+               "best", "best_std", "best_ci95", "data_level", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds"]
+"""``scores-<target>.csv``: the final and best scores' columns, the data's episodes (``data_level``), then the
+validation MSE's (blank where no run has one; ``val_seeds``: how many of the group's seeds recorded one)"""
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -313,6 +341,9 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
                                 label=f"{g.model}, {g.data} data, {n} seed{'s' * (n > 1)}")
                 ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
                                 color=line.get_color(), alpha=0.2, lw=0)
+            levels = {(g.data, g.runs[0].data_level) for g in groups if g.env == env and g.runs[0].data_level is not None}
+            for data, level in sorted(levels):
+                ax.axhline(level, color="0.35", ls="--", lw=1.2, label=f"{data} data's episodes: {level:.1f}")
             ax.set_title(f"{env}, target {target.removeprefix('target')}", fontsize=11)
             ax.set_xlabel("training step")
             ax.set_ylabel("normalized score")

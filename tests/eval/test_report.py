@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import h5py
 import matplotlib.image as mpimg
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,7 +93,7 @@ def test_validation_mse_is_beside_the_scores_as_mean_and_t_interval_over_seeds(r
                     if x.startswith("| hopper-medium | D4RL | primal+dt |"))
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[6] == f"{row['mean']:.1f} +- {row['ci95']:.1f}"
-        assert cells[9] == f"{mean:.3g} +- {row['val_mse_ci95']:.2g}"
+        assert cells[8] == f"{row['data_level']:.1f}" and cells[10] == f"{mean:.3g} +- {row['val_mse_ci95']:.2g}"
     assert md.count("| paper | val action MSE |") == 2
 
 
@@ -153,7 +155,7 @@ def test_best_during_training_and_episode_counts_come_from_the_runs_logged_evalu
     assert "| 2 / 1 |" in md and f"| {row['best']:.1f} +- {row['best_ci95']:.1f} |" in md
 
 
-def test_replica_data_is_its_own_group_and_never_beside_a_paper_number_unmarked(runs, tmp_path):
+def test_replica_data_is_its_own_group_and_never_beside_a_paper_number_unmarked(runs, tmp_path, hopper_file):
     """A run on the bundled replica is reported under its data source, apart from the D4RL-file runs,
     and its paper cell says the paper's number is on D4RL data."""
     root, summaries, _ = runs
@@ -168,6 +170,16 @@ def test_replica_data_is_its_own_group_and_never_beside_a_paper_number_unmarked(
     d4rl_line = next(x for x in md.splitlines() if x.startswith("| hopper-medium | D4RL |"))
     assert "| 74.5 |" in d4rl_line
     assert report.data_kind("minari:mujoco/hopper/medium-v0") == "Minari mujoco/hopper/medium-v0"
+    # the level each row is measured against: the mean normalized return of its own data's episodes,
+    # here recomputed from the files with h5py (episodes end at a terminal or a timeout)
+    for row, path in ((rows["replica"], replica["data_source"].removeprefix("replica:")), (rows["D4RL"], hopper_file)):
+        with h5py.File(path, "r") as f:
+            rewards, ends = f["rewards"][:], np.flatnonzero(f["terminals"][:] | f["timeouts"][:])
+        returns = [seg.sum() for seg in np.split(rewards, ends[:-1] + 1)]
+        expected = statistics.fmean(100 * (r + 20.272305) / (3234.3 + 20.272305) for r in returns)
+        assert row["data_level"] == pytest.approx(expected, rel=1e-6)
+        assert f"| {row['data_level']:.1f} |" in next(x for x in md.splitlines() if f"| {row['data']} |" in x)
+    assert report.data_level("hopper-medium", "d4rl:/nowhere/x.hdf5") is None  # not readable here: blank
 
 
 def test_runs_differing_in_config_are_not_averaged_and_the_report_says_why(runs, tmp_path):
