@@ -5,7 +5,6 @@ their configs and call these before any work starts, so a bad value is one line 
 from __future__ import annotations
 
 import difflib
-import inspect
 import math
 import typing
 from collections.abc import Mapping, Sequence
@@ -122,7 +121,8 @@ def attention_options(words: Sequence[str] | str, option: str = "attention_optio
     their own flags (``model.s``, ``primal.s``) reach the mechanism this way, and a word still wins.
     ``option`` names the flag in errors. A string is the YAML text that configs saved before these
     words held (``saved_attention_options``)."""
-    from .attention import available, get_class
+    from .attention import available
+    from .attention.registry import constructor_options
 
     words = saved_attention_options(words, option)
     known, opts = available(), {}
@@ -135,7 +135,7 @@ def attention_options(words: Sequence[str] | str, option: str = "attention_optio
             close = difflib.get_close_matches(mechanism, known, n=3)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
             raise ValueError(f"{option}: unknown attention mechanism {mechanism!r}.{hint} Known: {', '.join(known)}")
-        accepted = _constructor_options(get_class(mechanism))
+        accepted = constructor_options(mechanism)
         if name not in accepted:
             close = difflib.get_close_matches(name, accepted, n=2)
             hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -165,13 +165,6 @@ def saved_attention_options(value, option: str = "attention_options") -> tuple[s
         raise ValueError(f"{option} holds {value!r}, not mechanism.option=value words; write e.g. "
                          f"{option}=softmax.window=30,primal.window=10")
     return attention_words(opts)
-
-
-def _constructor_options(cls) -> dict[str, object]:
-    """{option: its annotation} of a mechanism's constructor (the arguments every mechanism shares left out)."""
-    hints = typing.get_type_hints(cls.__init__)
-    return {n: hints.get(n) for n in inspect.signature(cls.__init__).parameters
-            if n not in ("self", "d_model", "n_heads", "causal")}
 
 
 def _typed(text: str, annotation, where: str):

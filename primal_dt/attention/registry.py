@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import typing
 
 from .base import Attention
 
@@ -37,14 +38,26 @@ def get_class(name: str) -> type[Attention]:
     return _REGISTRY[name]
 
 
+SHARED = ("self", "d_model", "n_heads", "causal")
+"""constructor arguments every mechanism takes; the rest are its own options"""
+
+
+def constructor_options(name: str) -> dict[str, object]:
+    """{option: its type annotation (None if unannotated)} that mechanism ``name`` accepts beyond ``SHARED``:
+    what a config may set for it, read from its constructor so no list of options is kept by hand."""
+    init = get_class(name).__init__
+    hints = typing.get_type_hints(init)
+    return {n: hints.get(n) for n, p in inspect.signature(init).parameters.items()
+            if n not in SHARED and p.kind is not p.VAR_KEYWORD}
+
+
 def build_attention(name: str, d_model: int, n_heads: int, causal: bool = False, **options) -> Attention:
     """Instantiate mechanism ``name``; unknown options are reported with the accepted ones."""
     cls = get_class(name)
-    params = inspect.signature(cls.__init__).parameters
-    accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    bad = [k for k in options if k not in params and not accepts_any]
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
+    ok = list(constructor_options(name))
+    bad = [k for k in options if k not in ok and not accepts_any]
     if bad:
-        ok = [p for p in params if p not in ("self", "d_model", "n_heads", "causal")]
         raise ValueError(f"attention {name!r} does not accept option(s) {bad}; accepted: {ok}")
     return cls(d_model, n_heads, causal=causal, **options)
 
