@@ -1,4 +1,4 @@
-"""Dependencies point one way (the README's "Where things live"): attention <- primal_dt <- agents <- eval, and
+"""Dependencies point one way (docs/internals.md, "Where things live"): attention <- primal_dt <- agents <- eval, and
 envs is independent of models. Every import in the tree (top level or inside a function, absolute
 or relative) is read with ``ast`` and checked against that order; entry points, which sit on top
 and only wire, are excepted by name."""

@@ -1,5 +1,5 @@
 """The replicas shipped inside the package: present, readable offline, and described truthfully
-by their own provenance (what the README quotes)."""
+by their own provenance (what docs/data.md quotes)."""
 
 from pathlib import Path
 
@@ -16,7 +16,7 @@ BUNDLED_REPLAY = BUNDLED.with_name("hopper_medium_replay-replica.hdf5")
 
 
 def test_bundled_hopper_medium_replica():
-    assert BUNDLED.exists(), f"{BUNDLED} is missing: regenerate it with envs.collect (see README)"
+    assert BUNDLED.exists(), f"{BUNDLED} is missing: regenerate it with envs.collect (see docs/data.md)"
     assert BUNDLED.stat().st_size < 10e6
     ds = read_d4rl(BUNDLED, "hopper-medium", "Hopper-v4")
     prov = ds.metadata
@@ -31,7 +31,7 @@ def test_bundled_hopper_medium_replay_replica():
     """D4RL's medium-replay, from the behaviour run of the medium replica: every transition SAC saw up
     to the medium policy's step (the unfinished last episode aside), in training order, so its returns
     climb from a random policy's to the medium level."""
-    assert BUNDLED_REPLAY.exists(), f"{BUNDLED_REPLAY} is missing: regenerate it with envs.collect (see README)"
+    assert BUNDLED_REPLAY.exists(), f"{BUNDLED_REPLAY} is missing: regenerate it with envs.collect (see docs/data.md)"
     assert BUNDLED_REPLAY.stat().st_size < 10e6
     ds = read_d4rl(BUNDLED_REPLAY, "hopper-medium-replay", "Hopper-v4")
     prov, medium = ds.metadata, read_d4rl(BUNDLED, "hopper-medium", "Hopper-v4").metadata

@@ -67,9 +67,9 @@ def test_family_of_reads_every_spelling_files_record():
         assert family_of(text) == family, text
 
 
-def test_the_readmes_table_of_reference_returns_is_the_registrys():
-    """The README states what every score is normalized with; it must be what the code uses."""
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_docs_table_of_reference_returns_is_the_registrys():
+    """docs/data.md states what every score is normalized with; it must be what the code uses."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
     rows = re.findall(r"^\| (\w+) \| (\S+) \| (\S+) \| (\S+) \| (\S+) \| (\S+) / (\S+) \|$", text, flags=re.M)
     assert [r[0] for r in rows] == ["hopper", "halfcheetah", "walker2d", "ant"]
     for family, gym_id, low, high, minari_gym_id, t1, t2 in rows:
