@@ -43,6 +43,10 @@ RUNTIMES = ("torch", "onnx")
 """``load_agent``'s runtimes for the stream engine: the torch ``Agent``, or its export on onnxruntime"""
 
 
+class StreamNotTrainedWarning(UserWarning):
+    """``load_agent(engine="stream")`` of a checkpoint whose stream is not the policy it was trained as."""
+
+
 class Agent(Policy):
     """``model`` acting for B rows with the bookkeeping it was trained with (the shared acting API,
     its checks and targets: ``agents.onnx_policy.Policy``).
@@ -165,6 +169,10 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
                   reward_scale=info.reward_scale, target=info.eval_targets[0] if target is None else target,
                   engine=engine, context=context, precision=precision)
     agent.info = info
+    agent.fidelity = ck.fidelity(engine).record()
+    note = ck.fidelity(engine).note(ck.origin)
+    if note:
+        warnings.warn(note.removeprefix("note: "), StreamNotTrainedWarning, stacklevel=2)
     if runtime == "onnx":
         from .onnx_agent import onnx_agent
 

@@ -125,6 +125,13 @@ class DTCheckpoint:
     def step(self) -> int:
         return self.training.step if self.training is not None else 0
 
+    def fidelity(self, engine: str):
+        """Whether ``engine``'s actions are the policy this checkpoint was trained as (its run's
+        ``stream_window``: ``agents.stream_training.Fidelity``)."""
+        from .stream_training import fidelity
+
+        return fidelity(engine, self.config)
+
     def build_model(self, device: str | torch.device = "cpu") -> DecisionTransformer:
         """The trained network, on ``device``, in eval mode."""
         model = DecisionTransformer(self.model_config)

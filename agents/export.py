@@ -139,6 +139,8 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "semantics": SEMANTICS, "package_version": pkg, "torch_version": torch.__version__,
         "checkpoint": source, "checkpoint_sha256": sha256, "train_step": ck.step,
         "data_source": info.source, "data_fingerprint": info.fingerprint or None,
+        # whether this stream is the policy the checkpoint was trained as (agents.stream_training.Fidelity)
+        "stream_exact": ck.fidelity("stream").exact, "stream_window": ck.fidelity("stream").stream_window,
     }
 
 

@@ -88,6 +88,11 @@ def check_artefact(session, text: str | None, where: str) -> dict:
         raise bad("targets", "a non-empty list of finite numbers", targets)
     if not (finite(meta.get("reward_scale")) and meta["reward_scale"] > 0):
         raise bad("reward_scale", "a finite number > 0", meta.get("reward_scale"))
+    if not isinstance(meta.get("stream_exact"), bool):
+        raise bad("stream_exact", "true or false (whether the stream is the policy the checkpoint was trained as)",
+                  meta.get("stream_exact"))
+    if not integer(meta.get("stream_window"), 0):
+        raise bad("stream_window", "an integer >= 0", meta.get("stream_window"))
     state = meta.get("state")
     if not isinstance(state, list):
         raise bad("state", "a list of state tensors {name, shape, dtype}", state)
@@ -142,6 +147,9 @@ class Policy:
     act_dim: int
     default_target: float | list[float]
     batch: int = 0
+    fidelity: dict | None = None
+    """which policy this is: {"engine", "exact" (the policy the checkpoint was trained as), "stream_window"}
+    (``agents.stream_training.Fidelity``); None for an agent built from a bare model"""
 
     # -- episode bookkeeping ------------------------------------------------------------------------
     def _targets(self, target, n: int) -> np.ndarray:
@@ -264,6 +272,8 @@ class GraphPolicy(Policy):
         self.obs_dim, self.act_dim = int(metadata["obs_dim"]), int(metadata["act_dim"])
         self.targets = tuple(float(t) for t in metadata["targets"])
         self.default_target = self.targets[0]
+        self.fidelity = {"engine": "stream", "exact": bool(metadata.get("stream_exact")),
+                         "stream_window": int(metadata.get("stream_window") or 0)}
         self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]
         self._state: list[np.ndarray] = []
 

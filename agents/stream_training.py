@@ -20,12 +20,18 @@ Usage (what the trainer does with ``stream_window``):
     reach = receptive_field(cfg)
     batch["loss_mask"] = stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
     # dt_loss: action_mse(pred, batch["actions"], batch.get("loss_mask", batch["mask"]))
+
+Which policy an engine measures (``Fidelity``): recompute (the model on the last K steps) is always the
+policy training optimised; the stream is only when the run trained stream-exact. A checkpoint records
+this through its config's ``stream_window`` (0: trained on K-step segments), and every evaluation output
+carries ``Fidelity.record()`` so a score always says which policy it is of.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -102,3 +108,41 @@ def stream_exact_batch(batch: dict, cfg_or_model) -> dict:
     out = dict(batch)
     out["loss_mask"] = stream_exact_loss_mask(batch["timesteps"], batch.get("mask"), receptive_field(cfg_or_model))
     return out
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """Whether ``engine``'s actions are the policy a checkpoint was trained as.
+
+    The stream engine computes the model's forward over the whole episode so far; training on K-step
+    segments never showed the model that (a softmax layer's cache reaches past K steps through the
+    layers below, a primal layer's running means span the episode), so the stream of such a checkpoint
+    is a policy no loss ever measured. Recompute shows the model what training showed it."""
+
+    engine: str
+    stream_window: int
+    """the run's ``stream_window`` (tokens per layer; 0: trained on K-step segments)"""
+
+    @property
+    def exact(self) -> bool:
+        return self.engine == "recompute" or self.stream_window > 0
+
+    def record(self) -> dict:
+        """The fields every evaluation output carries (rollout reports, summaries, exported metadata)."""
+        return {"engine": self.engine, "exact": self.exact, "stream_window": self.stream_window}
+
+    def note(self, what: str = "this checkpoint") -> str | None:
+        """One line for a stream that is not the trained policy (None when it is)."""
+        if self.exact:
+            return None
+        return (f"note: {what} is trained on K-step segments (stream_window=0), so engine=stream (every layer over the whole "
+                "episode so far) is not the policy training optimises, and its scores are not that policy's; "
+                "engine=recompute is (the papers' protocol), and a run trained with stream_window=W streams "
+                "exactly (e.g. stream_window=10)")
+
+
+def fidelity(engine: str, config: dict) -> Fidelity:
+    """``engine``'s ``Fidelity`` for a checkpoint whose run config (a plain dict, as saved) is ``config``;
+    a checkpoint without one (not written by training) counts as trained on segments."""
+    w = config.get("stream_window") or 0
+    return Fidelity(engine, int(w) if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 0)

@@ -579,8 +579,9 @@ def announcement(run: Run) -> str:
         f"({run.info.fingerprint[:19]}); {held_out(run)}",
         f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}"
         + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
-        f"eval targets {list(run.info.targets)}; run directory {run.out}"
+        f"eval targets {list(run.info.targets)} by engine={cfg.eval.engine}; run directory {run.out}"
         + (f"; resuming at step {run.step}" if run.step else ""),
+        *filter(None, [stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).note("this run")]),
     ])
 
 
@@ -694,6 +695,8 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
         "final": ({target_tag(t): {k: r[k] for k in ("normalized_mean", "normalized_std", "return_mean",
                                                       "return_std", "length_mean")} | {"episodes": len(r["returns"])}
                    for t, r in final.items()} if final else None),
+        # which policy the final scores are of (agents.stream_training.Fidelity)
+        **(stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).record() if final else {}),
         "validation": ({"action_mse": val, "episodes": run.validation.episodes, "segments": run.validation.segments,
                         "val_fraction": cfg.val_fraction} if val is not None else None),  # which: the checkpoint's data
         "run_dir": str(run.out),

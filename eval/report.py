@@ -9,7 +9,10 @@ ones are listed and left out. Runs are grouped by dataset, model and the configu
 matters (everything in the run's saved config except seeds, paths and run-time options, see
 ``RUNTIME_OPTIONS``); runs that share a dataset and model but differ in anything else are kept in
 separate groups, and the report says in what they differ, so a table never averages a 4k-step run
-with a 100k-step one.
+with a 100k-step one. Scores are also kept apart by the engine that measured them: the run's own final
+evaluation (``eval.engine``) and every ``eval.rollout`` report of its final checkpoint (``rollout-*.json``
+in the run directory) are rows of their own, each naming its engine and whether that engine's policy is the
+one the checkpoint was trained as (``engine_label``).
 
 Per return-to-go target, ``out`` receives:
 - ``scores.md`` / ``scores-<target>.csv``: per group, the final and the best-during-training normalized
@@ -36,6 +39,7 @@ import dataclasses
 import functools
 import glob
 import io
+import json
 import math
 import statistics
 import sys
@@ -56,7 +60,9 @@ import tyro
 # is how the data was looked for (a path differs between machines); the data found keys the group instead.
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
                    "checkpoint_minutes", "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs",
-                   "data_source"}
+                   "data_source", "eval.engine", "eval.precision"}
+# The engine is not a run option here: every score row names the engine that measured it (``engine_label``),
+# the training's own final evaluation and each rollout report of the final checkpoint alike.
 
 # Student's t quantile t_{0.975, df} for df = 1..30; beyond, the normal 1.96 is within 2 %.
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -87,6 +93,8 @@ class Run:
     recorded none (written before validation existed, or val_fraction=0)"""
     data_level: float | None = None
     """mean normalized return of the episodes the run trained on (``data_level``)"""
+    engine: str = "recompute"
+    """the engine that measured ``final``, and whether it is the trained policy (``engine_label``)"""
 
 
 @dataclass
@@ -96,6 +104,7 @@ class Group:
     data: str
     key: tuple
     runs: list = field(default_factory=list)
+    engine: str = "recompute"
 
     @property
     def label(self) -> str:
@@ -155,6 +164,53 @@ def best(curve: list) -> float:
     return max(vals) if vals else float("nan")
 
 
+def engine_label(engine: str, exact: bool) -> str:
+    """How a table names the engine of a score: ``recompute``, ``stream (exact)`` when the stream is the
+    policy the checkpoint was trained as, ``stream (not trained)`` when it is not
+    (``agents.stream_training.Fidelity``): such scores are never averaged with the others."""
+    if engine == "recompute":
+        return engine
+    return f"{engine} ({'exact' if exact else 'not trained'})"
+
+
+ROLLOUT_BYTES = 1 << 20
+"""largest rollout report read (a real one is a few kB)"""
+
+
+def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
+    """The rollout reports (``rollout-*.json``, fp32) of ``run``'s final checkpoint, each as a run scored by
+    its engine, and a note for each report left out (another checkpoint, bf16, not a report)."""
+    from agents.stream_training import fidelity
+
+    out, notes = [], []
+    for p in sorted(run.path.glob("rollout-*.json")):
+        try:
+            with open(p, "rb") as f:
+                text = f.read(ROLLOUT_BYTES + 1)
+            if len(text) > ROLLOUT_BYTES:
+                raise ValueError(f"larger than {ROLLOUT_BYTES} bytes")
+            rep = json.loads(text)
+            engine, targets = rep["engine"], rep["targets"]
+            if engine not in train_config.ENGINES or not isinstance(targets, dict):
+                raise ValueError("no engine or targets")
+            if rep.get("train_step") != run.steps or rep.get("precision", "fp32") != "fp32":
+                notes.append(f"{p}: not the final checkpoint's fp32 evaluation, left out")
+                continue
+            final = {f"target{t}": {"normalized_mean": float(r["normalized_mean"]),
+                                    "episodes": int(rep["episodes_per_target"])} for t, r in targets.items()}
+            if not all(k.removeprefix("target").replace(".", "", 1).lstrip("-").isdigit() for k in final):
+                raise ValueError("a target is not a number")
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
+            notes.append(f"{p}: not a rollout report eval.report reads ({err}), left out")
+            continue
+        exact = fidelity(engine, run.config).exact
+        if engine_label(engine, exact) == run.engine:
+            notes.append(f"{p}: the run's own final evaluation is by this engine, left out")
+            continue
+        out.append(dataclasses.replace(run, final=final, curves={}, engine=engine_label(engine, exact)))
+    return out, notes
+
+
 def load_run(d: Path) -> Run:
     """The run in ``d``; a ValueError naming the file and what is wrong with it (the summary is checked
     against the schema training writes it with, ``agents.summary.check_summary``)."""
@@ -176,9 +232,12 @@ def load_run(d: Path) -> Run:
     except ValueError:
         config = ck.config
     val = (summary.get("validation") or {}).get("action_mse")
+    from agents.stream_training import fidelity
+
+    f = fidelity(str(summary.get("engine") or (config.get("eval") or {}).get("engine", "recompute")), config)
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
                summary["final"], curves, data_kind(summary.get("data_source")), None if val is None else float(val),
-               data_level(summary["env"], str(summary.get("data_source") or "")))
+               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f.engine, f.exact))
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
@@ -187,13 +246,13 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
     for r in runs:
         cfg = {k: tuple(v) if isinstance(v, list) else v for k, v in train_config.flat(r.config).items()
                if k not in RUNTIME_OPTIONS}
-        key = (r.env, r.model, tuple(sorted((k, str(v)) for k, v in cfg.items())), r.data)
-        groups.setdefault(key, Group(r.env, r.model, r.data, key)).runs.append(r)
+        key = (r.env, r.model, tuple(sorted((k, str(v)) for k, v in cfg.items())), r.data, r.engine)
+        groups.setdefault(key, Group(r.env, r.model, r.data, key, engine=r.engine)).runs.append(r)
     notes = []
     by_pair = defaultdict(list)
     for g in groups.values():
-        by_pair[(g.env, g.model)].append(g)
-    for (env, model), gs in by_pair.items():
+        by_pair[(g.env, g.model, g.engine)].append(g)
+    for (env, model, _), gs in by_pair.items():
         if len(gs) > 1:
             keys = [dict(g.key[2]) | {"data": g.data} for g in gs]
             differ = sorted(k for k in set().union(*keys) if len({kk.get(k) for kk in keys}) > 1)
@@ -201,7 +260,7 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
                          + ", ".join(f"{k} ({' vs '.join(sorted({str(kk.get(k)) for kk in keys}))})" for k in differ))
             for g, k in zip(gs, keys):  # name each group by what sets it apart
                 g.model = f"{model} ({', '.join(f'{d}={k.get(d)}' for d in differ)})"
-    return sorted(groups.values(), key=lambda g: (g.env, g.model)), notes
+    return sorted(groups.values(), key=lambda g: (g.env, g.model, g.engine)), notes
 
 
 def paper_scores(env: str) -> dict:
@@ -236,12 +295,13 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
         if not any(map(math.isfinite, vals)):
             continue
         s = stats([v for v in vals if math.isfinite(v)])
-        b = stats([x for x in (best(r.curves.get(target, [])) for r in runs) if math.isfinite(x)])
+        bests = [x for x in (best(r.curves.get(target, [])) for r in runs) if math.isfinite(x)]
+        b = stats(bests) if bests else {"mean": None, "std": None, "ci95": None, "n": 0}  # a rollout has no curve
         base = g.model.split(" (")[0]
         mses = [r.val_mse for r in runs if r.val_mse is not None and math.isfinite(r.val_mse)]
         v = stats(mses) if mses else {"mean": None, "std": None, "ci95": None, "n": 0}
         levels = [r.data_level for r in g.runs if r.data_level is not None]
-        rows.append({"dataset": g.env, "data": g.data, "model": g.model, "seeds": s["n"],
+        rows.append({"dataset": g.env, "data": g.data, "model": g.model, "engine": g.engine, "seeds": s["n"],
                      "steps": _joined(r.steps for r in g.runs),
                      "episodes": _joined(r.final[target].get("episodes", "?") for r in runs),
                      "eval_episodes": _joined((r.config.get("eval") or {}).get("episodes", "?") for r in runs),
@@ -286,18 +346,21 @@ def markdown(rows: list[dict], target: str) -> str:
              "final: the last evaluation; best: each run's best evaluation during training (final included); "
              "both mean +- 95% CI over seeds. episodes: in the final evaluation / in each one during training. "
              "data episodes: the mean normalized return of the episodes trained on.", "",
-             "| dataset | data | model | seeds | steps | episodes | final | best | data episodes | paper | "
+             "engine: what measured the final score; stream (not trained) is a policy training never optimised "
+             "(agents.stream_training.Fidelity).", "",
+             "| dataset | data | model | engine | seeds | steps | episodes | final | best | data episodes | paper | "
              "val action MSE |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['dataset']} | {r['data']} | {r['model']} | {r['seeds']} | {r['steps']} | "
+        best_cell = "" if r["best"] is None else score_cell(r["best"], r["best_ci95"], r["seeds"])
+        lines.append(f"| {r['dataset']} | {r['data']} | {r['model']} | {r['engine']} | {r['seeds']} | {r['steps']} | "
                      f"{r['episodes']} / {r['eval_episodes']} | {score_cell(r['mean'], r['ci95'], r['seeds'])} | "
-                     f"{score_cell(r['best'], r['best_ci95'], r['seeds'])} | {_fmt(r['data_level'])} | "
+                     f"{best_cell} | {_fmt(r['data_level'])} | "
                      f"{paper_cell(r)} | {val_cell(r)} |")
     return "\n".join(lines)
 
 
-CSV_COLUMNS = ["dataset", "data", "model", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
+CSV_COLUMNS = ["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
                "best", "best_std", "best_ci95", "data_level", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds"]
 """``scores-<target>.csv``: the final and best scores' columns, the data's episodes (``data_level``), then the
 validation MSE's (blank where no run has one; ``val_seeds``: how many of the group's seeds recorded one)"""
@@ -368,7 +431,7 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
     fig, axes = plt.subplots(1, len(targets), figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2), squeeze=False)
     for ax, target in zip(axes[0], targets):
         rows = rows_by_target[target]
-        labels = [f"{r['dataset']}\n{r['model']}\n{r['data']}" for r in rows]
+        labels = [f"{r['dataset']}\n{r['model']}\n{r['engine']}\n{r['data']}" for r in rows]
         x = range(len(rows))
         err = [0 if math.isnan(r["ci95"]) else r["ci95"] for r in rows]
         ax.bar(x, [r["mean"] for r in rows], yerr=err, capsize=5, color="tab:blue", alpha=0.8,
@@ -416,10 +479,15 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
         except (ValueError, FileNotFoundError) as err:
             print(f"skipped: {err}", file=sys.stderr, flush=True)
             skipped.append(str(err))
+    notes, trained = [], len(runs)
+    for r in list(runs):  # the final checkpoint's rollouts by other engines: rows of their own
+        extra, why = rollout_runs(r)
+        runs += extra
+        notes += why
     if not runs:
         raise ValueError(f"none of the {len(finished)} finished run(s) could be reported (see the lines above)")
-    groups, notes = group_runs(runs)
-    notes += nonfinite(runs)
+    groups, grouping = group_runs(runs)
+    notes += grouping + nonfinite(runs)
     targets = sorted({t for r in runs for t in r.final}, key=lambda t: -float(t.removeprefix("target")))
     out = Path(out)
     with errors.writing(out, "report directory (nothing was written)"):
@@ -427,7 +495,8 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     rows = {t: score_rows(groups, t) for t in targets}
     if not any(rows.values()):
         raise ValueError("no run has a finite final score: " + "; ".join(notes))
-    md = [f"# Report: {len(runs)} runs in {len(groups)} groups", ""]
+    more = f" ({len(runs) - trained} more evaluations by eval.rollout)" if len(runs) > trained else ""
+    md = [f"# Report: {trained} runs{more} in {len(groups)} groups", ""]
     md += [f"- note: {n}" for n in notes]
     md += [f"- left out (unfinished, no summary.json): {d}" for d in unfinished]
     md += [f"- left out (unreadable): {e}" for e in skipped]

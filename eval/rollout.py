@@ -242,6 +242,9 @@ def run(argv: list[str]) -> dict:
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = given or info.eval_targets
     out = report_path(cfg, path)
+    note = ck.fidelity(cfg.engine).note(f"checkpoint {path}")
+    if note:
+        print(note)
     written = False
     try:
         report = _rollout(cfg, path, ck, spec, model, targets)
@@ -269,7 +272,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
         if bar is not None:
             bar.close()
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
-              "engine": cfg.engine, "precision": cfg.precision, "episodes_per_target": cfg.episodes, "seed": cfg.seed,
+              **ck.fidelity(cfg.engine).record(), "precision": cfg.precision, "episodes_per_target": cfg.episodes, "seed": cfg.seed,
               "num_envs": details["num_envs"], "lanes": details["lanes"], "lane_workers": details["lane_workers"],
               "asynchronous": cfg.asynchronous, "max_steps": cfg.max_steps or spec.max_episode_steps,
               "model_layers": model.layer_names, "train_step": ck.step, "data_source": info.source,
@@ -305,7 +308,8 @@ def summary_line(results: dict) -> str:
 
 def summary_text(report: dict) -> str:
     precision = report.get("precision", "fp32")
-    lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']}"
+    policy = "the trained policy" if report.get("exact") else "NOT the trained policy"
+    lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']} ({policy})"
              f"{'' if precision == 'fp32' else ' precision=' + precision}, "
              f"{report['episodes_per_target']} episodes/target on {report['num_envs']} "
              f"{'async' if report['asynchronous'] else 'sync'} envs in {report.get('lanes', 1)} lane(s), "

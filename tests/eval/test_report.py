@@ -92,8 +92,8 @@ def test_validation_mse_is_beside_the_scores_as_mean_and_t_interval_over_seeds(r
         line = next(x for x in md.split(f"target {target.removeprefix('target')}")[1].splitlines()
                     if x.startswith("| hopper-medium | D4RL | primal+dt |"))
         cells = [c.strip() for c in line.strip("|").split("|")]
-        assert cells[6] == f"{row['mean']:.1f} +- {row['ci95']:.1f}"
-        assert cells[8] == f"{row['data_level']:.1f}" and cells[10] == f"{mean:.3g} +- {row['val_mse_ci95']:.2g}"
+        assert cells[3] == "stream (not trained)" and cells[7] == f"{row['mean']:.1f} +- {row['ci95']:.1f}"
+        assert cells[9] == f"{row['data_level']:.1f}" and cells[11] == f"{mean:.3g} +- {row['val_mse_ci95']:.2g}"
     assert md.count("| paper | val action MSE |") == 2
 
 
@@ -127,7 +127,7 @@ def test_runs_without_validation_leave_the_cell_blank_or_are_counted_out(runs, t
     assert part["seeds"] == 2 and part["val_seeds"] == 1 and mixed.exists()
     assert part["val_mse"] == summaries[("primal+dt", 1)]["validation"]["action_mse"]
     md = Path(res["markdown"]).read_text()
-    assert "| D4RL | dt | 2 | 6 |" in md and next(x for x in md.splitlines() if "| dt | 2 |" in x).endswith("|  |")
+    assert "| D4RL | dt | stream (not trained) | 2 | 6 |" in md and next(x for x in md.splitlines() if "| dt | stream (not trained) | 2 |" in x).endswith("|  |")
     assert f"| {part['val_mse']:.3g} (1 of 2 seeds) |" in md
     with (tmp_path / "rep" / "scores-target3600.csv").open() as f:
         csv_rows = {r["model"]: r for r in csv.DictReader(f)}
@@ -216,7 +216,7 @@ def test_command_line_and_clear_errors(runs, tmp_path):
     p = subprocess.run([sys.executable, "-m", "eval.report", str(root / "hopper-medium" / "*"), f"out={tmp_path}"],
                        cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
-    assert "| hopper-medium | D4RL | primal+dt | 2 | 6 |" in p.stdout
+    assert "| hopper-medium | D4RL | primal+dt | stream (not trained) | 2 | 6 |" in p.stdout
     assert (tmp_path / "scores.md").exists() and (tmp_path / "curves.png").exists()
     p = subprocess.run([sys.executable, "-m", "eval.report", str(tmp_path / "nothing-here")], cwd=ROOT,
                        capture_output=True, text=True)
@@ -389,7 +389,9 @@ def test_a_minari_dataset_id_trains_rolls_out_and_is_reported_as_minari(tmp_path
     assert "Minari dataset's metadata" in rolled["reference_scores"]["source"]
     assert get_spec("mujoco/hopper/medium-v0").ref_max == 3980.0
     res = report.report([summary["run_dir"]], tmp_path / "rep")
-    (row,) = res["rows"]["target3600"]
+    rows = res["rows"]["target3600"]  # the training's own final evaluation (stream) and the rollout's (recompute)
+    assert sorted(r["engine"] for r in rows) == ["recompute", "stream (not trained)"]
+    row = rows[0]
     assert row["dataset"] == "mujoco/hopper/medium-v0" and row["data"] == "Minari mujoco/hopper/medium-v0"
     md = Path(res["markdown"]).read_text()
     assert "(on D4RL data, not Minari mujoco/hopper/medium-v0)" in md  # hopper-medium's paper number, marked
