@@ -574,7 +574,7 @@ def announcement(run: Run) -> str:
     cfg = run.cfg
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
-        train_config.describe(run.built),
+        train_config.describe(run.built, full=cfg.print_config),
         f"data {cfg.env}: {len(run.data)} episodes, {run.data.num_steps:,} steps, source: {run.data.source} "
         f"({run.info.fingerprint[:19]}); {held_out(run)}",
         f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}"
@@ -608,7 +608,7 @@ def open_monitor(run: Run) -> RunMonitor:
         mon.history[tag] = [tuple(p) for p in pts]
     if d.main and run.step == 0:
         mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
-        mon.text("config/provenance", "```\n" + train_config.describe(run.built) + "\n```")
+        mon.text("config/provenance", "```\n" + train_config.describe(run.built, full=True) + "\n```")
         mon.text("data/source", f"{run.data.source} ({cfg.env}, {len(run.data)} episodes, "
                                 f"{run.data.num_steps} steps, fingerprint {run.info.fingerprint}); {held_out(run)}")
     return mon
@@ -716,8 +716,8 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
                        title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}: held-out episodes")
         summary["val_plot"] = str(png) if png else None
         check_summary(summary, "the summary training wrote")
-        ck_io.write_atomic(run.out / "summary.json", json.dumps(summary, indent=2), "run summary")
-        mon.print(json.dumps(summary, indent=2))
+        path = ck_io.write_atomic(run.out / "summary.json", json.dumps(summary, indent=2), "run summary")
+        mon.print(f"summary: {path}")
     mon.close()
     return summary
 

@@ -60,7 +60,7 @@ import tyro
 # is how the data was looked for (a path differs between machines); the data found keys the group instead.
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
                    "checkpoint_minutes", "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs",
-                   "data_source", "eval.engine", "eval.precision"}
+                   "data_source", "eval.engine", "eval.precision", "print_config"}
 # The engine is not a run option here: every score row names the engine that measured it (``engine_label``),
 # the training's own final evaluation and each rollout report of the final checkpoint alike.
 

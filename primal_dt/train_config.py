@@ -200,11 +200,13 @@ class TrainConfig(RunOptions):
     so a run stopped after its first minute resumes (0: off)"""
     log_every: int = 100
     """TensorBoard scalars every this many steps"""
+    print_config: bool = False
+    """print every option at the start (default: those that differ from the defaults; TensorBoard has all)"""
 
 
 # What a resumed run may change (everything else comes from the checkpoint).
 RESUMABLE = {"steps", "eval", "checkpoint_every", "checkpoint_minutes", "log_every", "threads", "device", "progress",
-             "tensorboard", "resume"}
+             "tensorboard", "resume", "print_config"}
 
 
 # -- building a config ------------------------------------------------------------------------------
@@ -306,11 +308,21 @@ def resumed(built: Built, saved: dict, where: str) -> Built:
     return Built(cfg, cfg.preset or None, f"resumed from {where}", prov)
 
 
-def describe(b: Built) -> str:
-    """One line per option: value and where it came from."""
-    lines = [f"config ({b.source})"]
-    for k, v in flat(dataclasses.asdict(b.cfg)).items():
-        lines.append(f"  {k:<24} = {v!r:<22} [{b.provenance.get(k, 'default')}]")
+def describe(b: Built, full: bool = False) -> str:
+    """The options one a line, each with where it came from: those given on the command line or whose value
+    differs from the defaults (``full``: every option, and the preset's and recipe's source lines). A resumed
+    run names its checkpoint once, in the first line, not on every option."""
+    defaults = flat(dataclasses.asdict(TrainConfig()))
+    values = flat(dataclasses.asdict(b.cfg))
+    shown = {k: v for k, v in values.items()
+             if full or b.provenance.get(k) == "command line" or v != defaults.get(k)}
+    origin = b.source if full or b.source.startswith(("resumed", "(no preset")) else "; ".join(
+        part.split(":")[0] for part in b.source.split("; "))
+    rest = "" if full else f"; the other {len(values) - len(shown)} at their defaults (print_config=true lists them)"
+    lines = [f"config ({origin}){rest}"]
+    for k, v in shown.items():
+        where = b.provenance.get(k, "default")
+        lines.append(f"  {k:<24} = {v!r:<22} [{'checkpoint' if where.startswith('checkpoint ') else where}]")
     return "\n".join(lines)
 
 

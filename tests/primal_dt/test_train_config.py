@@ -29,8 +29,16 @@ def test_issue_example_and_flag_spelling_agree():
     smoke = build(["preset=smoke", "eval.targets=3000"]).cfg
     assert smoke.steps == 300 and smoke.eval.targets == (3000.0,)
     assert build(["eval.targets=3600,1800"]).cfg.eval.targets == (3600.0, 1800.0)
-    text = train_config.describe(build(["preset=smoke", "seed=2"]))
-    assert "seed" in text and "[command line]" in text and "[preset smoke]" in text and "[default]" in text
+    built = build(["preset=smoke", "seed=2"])
+    full = train_config.describe(built, full=True)
+    assert "seed" in full and "[command line]" in full and "[preset smoke]" in full and "[default]" in full
+    assert "smoke test, not a paper setting" in full  # the preset's source line
+    short = train_config.describe(built)  # what a run prints: only what differs from the defaults, a line each
+    lines = short.splitlines()
+    assert lines[0].startswith("config (preset smoke); the other ") and "print_config=true" in lines[0]
+    assert "[default]" not in short and max(map(len, lines)) < 120
+    assert "  seed " in short and "  model.d_model " in short and "  eval.engine " not in short
+    assert len(lines) - 1 + int(lines[0].split("the other ")[1].split()[0]) == full.count("\n")
 
 
 @pytest.mark.parametrize("name", PAPER + ["smoke"])
@@ -73,7 +81,7 @@ def test_the_cpu_recipe_lays_its_values_over_every_task_and_the_task_keeps_the_r
 
 
 def test_help_lists_every_option_with_its_default():
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "300"}  # one line per option: no wrapped defaults
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "200"}  # one column, one line per option: no wrapped defaults
     p = subprocess.run([sys.executable, "-m", "primal_dt.train", "--help"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=120)
     assert p.returncode == 0, p.stderr
