@@ -109,10 +109,16 @@ def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
 
 def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
     """Every run of the grid, its options checked, and whether it starts, resumes or is done."""
+    import envs
+
     sweep, rest = split_args(argv)
     out = Path(sweep.out)
     jobs = []
     for env in sweep.env or (train_config.TrainConfig().env,):
+        try:  # a dataset name the package does not know fails here, not after the runs before it
+            envs.get_spec(env)
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"env={env}: {err.args[0] if err.args else err}") from err
         for model in sweep.model or (train_config.TrainConfig().model.name,):
             for seed in sweep.seeds:
                 run_argv = [f"env={env}", f"model={model}", f"seed={seed}", *rest, f"out={out}"]

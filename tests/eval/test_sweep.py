@@ -70,6 +70,7 @@ def test_scheduler_scripts_list_only_what_is_left(hopper_file, tmp_path):
     (["lrr=0.1"], "run hopper-medium dt seed 0"),
     (["seeds=0,-1"], r"seeds must hold numbers that are in \[0, 4294967296\), got 0, -1"),
     (["model=dt,nonsense"], "unknown model 'nonsense'"),
+    (["env=hopper-medium,abc"], "env=abc: unknown dataset name 'abc'"),  # the valid first run never starts
     (["print=pbs"], "print must be one of"),
     (["resume=somewhere"], "resume= is per run"),
     (["threads=0"], "threads must be >= 1"),
