@@ -23,6 +23,10 @@ import yaml
 
 from . import checkpoint, errors, runtime
 from .classifier import SequenceClassifier, classification_loss
+
+
+class Diverged(RuntimeError):
+    """The loss or gradient became NaN/inf: the run stops rather than report a model with NaN weights."""
 from .classify_config import SELECTIONS, ClassifyConfig, attention_options, hparams
 from .layouts import layout
 from .monitor import RunMonitor
@@ -114,8 +118,14 @@ class Trainer:
         loss, parts = classification_loss(out, y, self.cfg.primal.eta)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        if self.cfg.train.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.train.grad_clip)
+        clip = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else float("inf")
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if not (torch.isfinite(loss) and torch.isfinite(gn)):  # a NaN weight never reaches a checkpoint or a score
+            t = self.cfg.train
+            raise Diverged(f"training diverged at step {self.step_no + 1}: loss={loss.item()}, grad norm={gn.item()}; "
+                           f"the optimizer step was not taken and last.pt keeps the last evaluation round's weights "
+                           f"(if one was written). Try a lower train.lr (now {t.lr:g}) or train.grad_clip > 0 (now "
+                           f"{t.grad_clip:g})")
         self.opt.step()
         self.sched.step()
         if self.device.type == "cuda":  # the caller times the step: wait for the GPU to finish it

@@ -82,7 +82,9 @@ def run(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    errors.main(run, argv)
+    from .classifier_training import Diverged
+
+    errors.main(run, argv, expected=(Diverged,))
 
 
 if __name__ == "__main__":

@@ -91,6 +91,15 @@ def test_command_line_error_exit(tmp_path):
     assert r.returncode == 2 and "error: unknown task 'uea/Nope'" in r.stderr
 
 
+def test_a_diverging_run_stops_with_one_line_instead_of_reporting_nan_weights(tmp_path, run_cli):
+    r = run_cli("primal_dt.classify", "task=uea/JapaneseVowels-fast", "model=transformer", "train.lr=1e30",
+                "train.epochs=2", "data.max_train=16", "data.max_val=9", "data.max_test=9", f"out={tmp_path}", *TINY)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("error: training diverged at step ") and "train.lr (now 1e+30)" in line
+    assert not list(tmp_path.rglob("summary.json"))  # no accuracy reported for a NaN model
+
+
 def test_resume_extends_a_finished_run(tmp_path, killed_checkpoint_write, capsys):
     base = ["task=uea/JapaneseVowels-fast", "model=transformer", "data.max_train=16", "data.max_val=9",
             "data.max_test=10", "train.batch_size=8", f"out={tmp_path}", *TINY]
