@@ -23,7 +23,7 @@ from .attention.precision import check_precision
 from . import cli
 from .layouts import canonical
 from .options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
-from .options import attention_options as parse_attention_options, saved_attention_options
+from .options import as_words, attention_options as parse_attention_options
 
 GROUP = "dt"
 
@@ -56,8 +56,7 @@ class ModelConfig:
     """mechanism constructor options as mechanism.option=value, e.g. softmax.window=30,primal.window=10"""
 
     def __post_init__(self):
-        # configs saved before these words held YAML text ("{softmax: {window: 30}}"); a JSON list comes back a list
-        self.attention_options = saved_attention_options(self.attention_options, "model.attention_options")
+        self.attention_options = as_words(self.attention_options)
 
     def layer_names(self) -> tuple[str, ...]:
         """The explicit per-layer mechanisms of ``layers`` (empty: the layout ``name`` decides)."""
