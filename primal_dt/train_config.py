@@ -15,7 +15,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
+
+import tyro
+
+from envs import sources
 
 from . import presets
 from .attention import available, get_class
@@ -183,8 +187,8 @@ class TrainConfig(RunOptions):
     stream_window: int = 0
     """stream-exact training (0: off): window every layer to this many tokens and count only the steps
     the stream engine predicts identically (agents.stream_training); needs softmax/primal layers"""
-    data_source: str = "auto"
-    """where the dataset comes from: auto | d4rl | minari | replica | d4rl:PATH | minari:ID (see envs.load_dataset)"""
+    data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
+    """where the dataset comes from: auto, or a source of envs.sources (its prefix, or PREFIX:WHERE)"""
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
     how many values lie outside and their range)"""
@@ -345,7 +349,7 @@ def check(cfg: TrainConfig) -> None:
     check_size(cfg.batch_size * cfg.K * 3 * m.d_model * layers * 8,
                f"batch_size={cfg.batch_size}, K={cfg.K}, model.d_model={m.d_model} and model.n_layers={layers}",
                "activation values in one training step")
-    if not (cfg.data_source in ("auto", "d4rl", "minari", "replica")
-            or cfg.data_source.startswith(("d4rl:", "minari:"))):
-        raise ValueError(f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got "
-                         f"{cfg.data_source!r}")
+    try:
+        sources.check(cfg.data_source)
+    except ValueError as err:
+        raise ValueError(f"data_source: {err}") from err
