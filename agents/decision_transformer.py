@@ -56,19 +56,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from primal_dt.attention import get_class
 from primal_dt.attention.base import restart_rows
 from primal_dt.attention.state import StateSpec
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
-from primal_dt.options import attention_words
 from primal_dt.layouts import layout
 from primal_dt.train_config import ModelConfig
 
@@ -108,23 +105,8 @@ class DTConfig(ModelConfig):
 
     @classmethod
     def from_dict(cls, d: dict) -> "DTConfig":
-        """Back from ``to_dict``, or from the form files written before this config was the user's
-        (``layout``, a list of ``layers``, an ``options`` dict), which build the same network."""
-        d = dict(d)
-        if not isinstance(d.get("layers", ""), str):
-            d["layers"] = ",".join(d["layers"])
-        if "layout" in d:
-            d.setdefault("name", d.pop("layout"))
-        if "options" in d:
-            opts = dict(d.pop("options") or {})
-            d["s"] = int(opts.get("primal", {}).get("s", _constructor_default("primal", "s")))
-            d["attention_options"] = attention_words(opts)
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-
-def _constructor_default(mechanism: str, option: str):
-    return inspect.signature(get_class(mechanism).__init__).parameters[option].default
+        """Back from ``to_dict``; a missing or unknown field is a TypeError naming it."""
+        return cls(**d)
 
 
 def trailing_padding(mask: torch.Tensor | None) -> bool:

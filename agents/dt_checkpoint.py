@@ -6,7 +6,7 @@ layout is known in one place. On disk a checkpoint is a dict saved atomically by
 ``primal_dt.checkpoint`` (tensors and plain data):
 
     kind          "dt"
-    schema        SCHEMA_VERSION (absent in files of release 0.1, which read the same)
+    schema        SCHEMA_VERSION
     config        the run's TrainConfig as a plain dict (``primal_dt.train_config.from_dict``)
     model_config  DTConfig as a plain dict: what builds the network back
     model         the network's state_dict
@@ -27,7 +27,6 @@ differs is an error naming both sources.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,8 +61,8 @@ class DataInfo:
     source: str = ""
     """where the data came from (file path, Minari id, replica), as printed by envs.load_dataset"""
     fingerprint: str = ""
-    """content hash of the arrays trained on (``envs.Trajectories.fingerprint``); '' in checkpoints
-    written before it was recorded"""
+    """content hash of the arrays trained on (``envs.Trajectories.fingerprint``); '' only in checkpoints
+    made in code (``check_data`` refuses to vouch for data against those)"""
     held_out: tuple[int, ...] = ()
     """episodes of the dataset (indices in its order) held out of training for validation; the
     statistics above are those of the other episodes. () in checkpoints without a split"""
@@ -163,12 +162,13 @@ class DTCheckpoint:
             raise ValueError(f"{where} is not a primal-dt checkpoint (expected a dict, got {type(d).__name__})")
         if d.get("kind") != KIND:
             raise ValueError(f"{where} holds a {d.get('kind')!r} model, expected {KIND!r}")
-        schema = d.get("schema", 1)
-        if isinstance(schema, bool) or not isinstance(schema, int) or schema < 1:
-            raise ValueError(f"{where} has schema {schema!r}; expected an integer >= 1 (not a primal-dt checkpoint?)")
-        if schema > SCHEMA_VERSION:
-            raise ValueError(f"{where} was written by a newer primal-dt (checkpoint schema {d['schema']}, this "
-                             f"release reads <= {SCHEMA_VERSION}); upgrade primal-dt to read it")
+        schema = d.get("schema")
+        if type(schema) is not int or schema != SCHEMA_VERSION:
+            if type(schema) is int and schema > SCHEMA_VERSION:
+                raise ValueError(f"{where} was written by a newer primal-dt (checkpoint schema {schema}, this "
+                                 f"release reads {SCHEMA_VERSION}); upgrade primal-dt to read it")
+            raise ValueError(f"{where} has checkpoint schema {schema!r}, not {SCHEMA_VERSION}: it was not written by "
+                             "primal-dt's agents.dt_checkpoint.save")
         missing = [k for k in ("model_config", "model", "data") if k not in d]
         data = d.get("data") if isinstance(d.get("data"), dict) else {}
         missing += [f"data.{k}" for k in ("env", "state_mean", "state_std", "reward_scale") if k not in data]
@@ -186,8 +186,8 @@ class DTCheckpoint:
             raise ValueError(f"{where}: model_config is a {type(d['model_config']).__name__}, expected a dict")
         try:
             mc = DTConfig.from_dict(d["model_config"])
-        except TypeError as err:  # a required field (state_dim, act_dim) is missing
-            raise ValueError(f"{where}: model_config is incomplete ({err})") from err
+        except TypeError as err:  # a field missing (state_dim, act_dim) or unknown
+            raise ValueError(f"{where}: model_config is not a DTConfig ({err})") from err
         if info.state_mean.shape != (mc.state_dim,):
             raise ValueError(f"{where}: data.state_mean has {info.state_mean.size} entries but the model observes "
                              f"state_dim={mc.state_dim}")
@@ -211,12 +211,10 @@ def numpy_state() -> dict:
             "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
 
 
-def set_numpy_state(state) -> None:
-    """Restore numpy's global stream from ``numpy_state`` (or the tuple release 0.1 files hold)."""
-    if isinstance(state, dict):
-        keys = state["keys"].numpy() if isinstance(state["keys"], torch.Tensor) else np.asarray(state["keys"])
-        state = (state["name"], keys.astype(np.uint32), state["pos"], state["has_gauss"], state["cached_gaussian"])
-    np.random.set_state(state)
+def set_numpy_state(state: dict) -> None:
+    """Restore numpy's global stream from ``numpy_state``."""
+    keys = state["keys"].numpy().astype(np.uint32)
+    np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
 
 
 def resolve(path: str | Path, option: str = "checkpoint") -> Path:
@@ -236,25 +234,17 @@ def check_data(info: DataInfo, data, where: str = "checkpoint") -> None:
 
     The content fingerprint decides: a file replaced or changed under the same path (actions
     rescaled, episodes added) is an error naming both sources, while the same data moved to another
-    path passes. A checkpoint written before fingerprints were recorded gets a note, and only its
-    normalisation statistics are compared (those miss changed actions and rewards)."""
-    if info.fingerprint:
-        if data.fingerprint != info.fingerprint:
-            raise ValueError(
-                f"{where} was trained on {info.source or 'an unrecorded source'} (dataset fingerprint "
-                f"{info.fingerprint[:19]}), but the data read now from {data.source} differs (fingerprint "
-                f"{data.fingerprint[:19]}): the file was changed or replaced, or it is another dataset. Use the data "
-                "the run was trained on, or start a new run")
-        return
-    print(f"note: {where} records no dataset fingerprint (it was written before primal-dt recorded one); only "
-          "the normalisation statistics are compared, which miss changed actions or rewards", file=sys.stderr,
-          flush=True)
-    if info.held_out and max(info.held_out) < len(data):  # the statistics are the training episodes'
-        data = data.subset(np.setdiff1d(np.arange(len(data)), info.held_out))
-    if not (np.allclose(info.state_mean, data.state_mean, atol=1e-6)
-            and np.allclose(info.state_std, data.state_std, atol=1e-6)):
-        raise ValueError(f"{where} was trained on data with other normalisation statistics (source "
-                         f"{info.source or 'unrecorded'!r}, now {data.source!r}); use the data the run was trained on")
+    path passes. A checkpoint that records no fingerprint (made in code, not by training) cannot
+    vouch for any data and is an error."""
+    if not info.fingerprint:
+        raise ValueError(f"{where} records no dataset fingerprint (it was not written by primal_dt.train), so no data "
+                         "can be checked against it; train the model with primal_dt.train")
+    if data.fingerprint != info.fingerprint:
+        raise ValueError(
+            f"{where} was trained on {info.source or 'an unrecorded source'} (dataset fingerprint "
+            f"{info.fingerprint[:19]}), but the data read now from {data.source} differs (fingerprint "
+            f"{data.fingerprint[:19]}): the file was changed or replaced, or it is another dataset. Use the data "
+            "the run was trained on, or start a new run")
 
 
 def training_data(ck: DTCheckpoint, source: str | None = None, verbose: bool = True):

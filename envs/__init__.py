@@ -3,7 +3,8 @@ sampling, and (``envs.collect``) a collector for new datasets. Independent of th
 
 from envs.errors import DatasetError, DatasetNotFound
 from envs.gl import check_mujoco_gl
-from envs.loader import ReplicaWarning, load_dataset
+from envs.loader import load_dataset
+from envs.replica import ReplicaWarning
 from envs.registry import EnvSpec, get_spec, list_names, normalized_score
 from envs.sampler import SegmentSampler
 from envs.trajectories import Trajectories

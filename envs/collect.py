@@ -368,7 +368,7 @@ def check(cfg: CollectConfig) -> None:
 def run(cfg: CollectConfig) -> dict:
     """Do the whole collection; returns the provenance dict written with the data."""
     from envs import d4rl as d4rl_io
-    from envs.loader import replica_dirs, replica_file
+    from envs.replica import replica_dirs, replica_file
     from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, write_minari
 
     check(cfg)

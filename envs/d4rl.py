@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import warnings
+import sys
 from pathlib import Path
 
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
-from envs.registry import family_of
+from envs.hdf5_limits import check_declared_sizes
+from envs.registry import FAMILIES, EnvSpec, family_of
+from envs.sources import Request, register
 from envs.trajectories import Trajectories, split_on_ends
 
 REQUIRED_KEYS = ("observations", "actions", "rewards", "terminals")
@@ -86,11 +88,42 @@ def recorded_env(f, provenance: dict) -> tuple[str, str] | None:
     return None
 
 
+@register("d4rl", "PATH", "a D4RL HDF5 file (without PATH: <family>_<level>-v2.hdf5 in $D4RL_DATASET_DIR or "
+          "~/.d4rl/datasets)", label="D4RL")
+def read_source(req: Request) -> Trajectories:
+    spec = req.spec
+    if req.where:
+        return read_d4rl(req.where, spec.name, spec.gym_id, spec.max_episode_steps, req.verbose)
+    root = d4rl_dir()
+    ds = read_named(spec, lambda level: root / f"{spec.family}_{level.replace('-', '_')}-v2.hdf5", req.verbose)
+    if ds is None:
+        pair = " (nor both its medium and expert files)" if spec.level == "medium-expert" else ""
+        raise DatasetNotFound(f"no {root / spec.d4rl_file}{pair}; put the D4RL file there ($D4RL_DATASET_DIR)")
+    return ds
+
+
+def read_named(spec: EnvSpec, path_of, verbose: bool = True) -> Trajectories | None:
+    """The file ``path_of(level)`` of ``spec``'s level, or for medium-expert (which D4RL also ships as two
+    files) the medium and expert files joined; None when they are not there."""
+    paths = [path_of(spec.level)]
+    if not paths[0].exists():
+        paths = [path_of(lv) for lv in ("medium", "expert")] if spec.level == "medium-expert" else []
+        if not paths or not all(p.exists() for p in paths):
+            return None
+    sub = [read_d4rl(p, spec.name, spec.gym_id, spec.max_episode_steps, verbose) for p in paths]
+    if len(sub) == 1:
+        return sub[0]
+    return Trajectories.concat(sub, name=spec.name, gym_id=spec.gym_id, source="d4rl:" + "+".join(map(str, paths)),
+                               metadata=sub[0].metadata)
+
+
 def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = None,
-              max_episode_steps: int = 1000) -> Trajectories:
+              max_episode_steps: int = 1000, verbose: bool = True) -> Trajectories:
     """Episodes of a D4RL-format file, split on terminals or timeouts, float32.
 
-    ``name``/``gym_id`` switch on the check that dimensions match that simulator.
+    ``name``/``gym_id`` switch on the check that dimensions match that simulator. A file without
+    ``timeouts`` (D4RL v0) has its episodes cut at the simulator's limit, ``max_episode_steps``, and says
+    so (``verbose``).
     """
     import h5py
 
@@ -120,8 +153,10 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
                 f"{where}: missing key(s) {missing}; a D4RL Gym-MuJoCo file has "
                 f"{list(REQUIRED_KEYS) + ['timeouts']} (found {sorted(f.keys())})"
             )
-        data = {k: _read_array(f, k, where) for k in REQUIRED_KEYS}
         has_timeouts = "timeouts" in f
+        keys = REQUIRED_KEYS + (("timeouts",) if has_timeouts else ())
+        check_declared_sizes([f[k] for k in keys if hasattr(f[k], "shape")], path)
+        data = {k: _read_array(f, k, where) for k in REQUIRED_KEYS}
         if has_timeouts:
             data["timeouts"] = _read_array(f, "timeouts", where)
         provenance = {}
@@ -142,18 +177,7 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
     if n == 0:
         raise DatasetError(f"{where}: the dataset is empty (0 steps)")
     if not has_timeouts:
-        # D4RL v0 files had no timeouts; their episodes were cut every max_episode_steps steps.
-        warnings.warn(f"{where}: no 'timeouts' key; assuming episodes of at most "
-                      f"{max_episode_steps} steps (D4RL v0 convention)", stacklevel=2)
-        timeouts = np.zeros(n, dtype=bool)
-        step = 0
-        term = data["terminals"].astype(bool)
-        for i in range(n):
-            step += 1
-            if term[i] or step == max_episode_steps:
-                timeouts[i] = not term[i]
-                step = 0
-        data["timeouts"] = timeouts
+        data["timeouts"] = _cut_at_limit(data["terminals"], where, gym_id, max_episode_steps, verbose)
     if recorded is not None and gym_id:
         env_id, found = recorded
         if family_of(env_id) != family_of(gym_id):
@@ -172,6 +196,31 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         starts=starts, lengths=lengths, terminal=terminal, name=name, gym_id=gym_id,
         source=f"d4rl:{path}", metadata=provenance,
     )
+
+
+def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: int, verbose: bool) -> np.ndarray:
+    """Timeouts for a file that records none (D4RL v0): an episode also ends after ``limit`` steps
+    without a terminal. A file of a simulator whose episodes terminate (the hopper falls) that records no
+    terminal either has lost its episode ends: cutting at the limit would join episodes into ones whose
+    returns are several real ones', so it is refused."""
+    term = np.asarray(terminals).reshape(-1).astype(bool)
+    family = family_of(gym_id) if gym_id else None
+    if not term.any() and family is not None and FAMILIES[family].terminates:
+        raise DatasetError(
+            f"{where}: records no episode end at all (no 'timeouts' key, and none of its {len(term):,} terminals is "
+            f"set), but {gym_id}'s episodes end when the robot falls: its episode boundaries were lost (terminals "
+            "zeroed in a conversion?). Use a file with its terminals, or with a 'timeouts' key")
+    timeouts = np.zeros(len(term), dtype=bool)
+    step = 0
+    for i, t in enumerate(term.tolist()):
+        step += 1
+        if t or step == limit:
+            timeouts[i] = not t
+            step = 0
+    if verbose:
+        print(f"[envs] note: {where} has no 'timeouts' key: episodes end at a terminal or after {limit} steps "
+              f"(the simulator's limit), {int(timeouts.sum())} of them so", file=sys.stderr, flush=True)
+    return timeouts
 
 
 def trajectories_to_arrays(traj: Trajectories) -> dict[str, np.ndarray]:

@@ -1,9 +1,7 @@
-"""``load_dataset(name)``: find a dataset for a name, trying sources in a fixed order.
+"""``load_dataset(name)``: the data of a dataset name, from the source ``envs.sources`` resolves.
 
-Order: a local D4RL file, a local Minari dataset, a Minari download, then a replica (generated
-locally by ``envs.collect`` or bundled with the package). A source that has nothing moves the
-search on; a source that has something broken stops it with the reason, because quietly falling
-back to other data would make results incomparable. The chosen source is printed and stored in
+The sources and the order ``auto`` tries them in are ``envs.sources``'; this module runs the search
+and holds what every source's data must pass. The chosen source is printed and stored in
 ``ds.source`` so runs record what they trained on (``ds.fingerprint`` records its content).
 
 Whatever the source, actions must lie in the simulator's action box: data outside it (recorded
@@ -15,113 +13,19 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
-from pathlib import Path
 
-from envs import d4rl as d4rl_io
-from envs import minari_source
+from envs import sources
 from envs.errors import DatasetError, DatasetNotFound
 from envs.registry import EnvSpec, get_spec
 from envs.trajectories import Trajectories
 
-SOURCES = ("auto", "d4rl", "minari", "replica")
-BUNDLED_DIR = Path(__file__).parent / "replicas"
-
-
-class ReplicaWarning(UserWarning):
-    """Training data is a replica, not the published benchmark dataset."""
-
-
-def replica_dirs() -> list[Path]:
-    """Locally generated replicas first ($PRIMAL_DT_DATA_DIR or ~/.primal-dt/datasets), then the
-    ones shipped inside the package."""
-    local = Path(os.environ.get("PRIMAL_DT_DATA_DIR") or Path.home() / ".primal-dt" / "datasets")
-    return [local.expanduser(), BUNDLED_DIR]
-
-
-def replica_file(family: str, level: str) -> str:
-    return f"{family}_{level.replace('-', '_')}-replica.hdf5"
-
-
-def _with(ds: Trajectories, spec: EnvSpec, source: str) -> Trajectories:
-    ds.name, ds.source = spec.name, source
-    return ds
-
-
-def _from_d4rl(spec: EnvSpec) -> Trajectories:
-    root = d4rl_io.d4rl_dir()
-    path = root / spec.d4rl_file
-    if path.exists() or spec.level != "medium-expert":
-        if not path.exists():
-            raise DatasetNotFound(f"d4rl: no {path}")
-        return d4rl_io.read_d4rl(path, spec.name, spec.gym_id, spec.max_episode_steps)
-    parts = [get_spec(f"{spec.family}-{lv}") for lv in ("medium", "expert")]
-    paths = [root / p.d4rl_file for p in parts]
-    if not all(p.exists() for p in paths):
-        raise DatasetNotFound(f"d4rl: no {path} (nor both {paths[0].name} and {paths[1].name})")
-    sub = [d4rl_io.read_d4rl(p, spec.name, spec.gym_id, spec.max_episode_steps) for p in paths]
-    return Trajectories.concat(sub, name=spec.name, gym_id=spec.gym_id,
-                               source="d4rl:" + "+".join(map(str, paths)))
-
-
-def _from_minari(spec: EnvSpec, download: bool) -> Trajectories:
-    if not spec.minari_ids:
-        raise DatasetNotFound(f"minari: Minari publishes no {spec.level} dataset for {spec.family} "
-                              "(only medium, expert and their union)")
-    missing = [i for i in spec.minari_ids if not minari_source.has_local(i)]
-    if missing and not download:
-        raise DatasetNotFound(f"minari: no local {', '.join(missing)} under {minari_source.minari_root()}")
-    for i in missing:
-        try:
-            minari_source.download_minari(i)
-        except DatasetNotFound as exc:
-            raise DatasetNotFound(f"minari: no local {i} under {minari_source.minari_root()}; "
-                                  f"download failed: {exc}") from exc
-    sub = [minari_source.read_minari(i, spec.name, spec.minari_gym_id) for i in spec.minari_ids]
-    if len(sub) == 1:
-        return sub[0]
-    return Trajectories.concat(sub, name=spec.name, gym_id=sub[0].gym_id,
-                               source="minari:" + "+".join(spec.minari_ids))
-
-
-def _from_replica(spec: EnvSpec) -> Trajectories:
-    for d in replica_dirs():
-        path = d / replica_file(spec.family, spec.level)
-        if path.exists():
-            ds = d4rl_io.read_d4rl(path, spec.name, spec.gym_id, spec.max_episode_steps)
-            ds.source = f"replica:{path}"
-            return ds
-        if spec.level == "medium-expert":
-            paths = [d / replica_file(spec.family, lv) for lv in ("medium", "expert")]
-            if all(p.exists() for p in paths):
-                sub = [d4rl_io.read_d4rl(p, spec.name, spec.gym_id, spec.max_episode_steps) for p in paths]
-                return Trajectories.concat(sub, name=spec.name, gym_id=spec.gym_id,
-                                           source="replica:" + "+".join(map(str, paths)),
-                                           metadata=sub[0].metadata)
-    raise DatasetNotFound(
-        f"replica: no {replica_file(spec.family, spec.level)} in {', '.join(map(str, replica_dirs()))}"
-    )
-
-
-def _announce_replica(ds: Trajectories, spec: EnvSpec, verbose: bool) -> None:
-    prov = ds.metadata or {}
-    what = (f"policy step {prov.get('policy_step', '?')}, return {prov.get('policy_return', '?')}"
-            if prov else "unknown provenance")
-    msg = (f"{spec.name}: using a REPLICA ({ds.source}; {what}), NOT the published D4RL/Minari "
-           f"dataset. Scores are not comparable with papers. Put the D4RL file {spec.d4rl_file} in "
-           f"{d4rl_io.d4rl_dir()} or a Minari dataset in {minari_source.minari_root()} to use the real one.")
-    warnings.warn(msg, ReplicaWarning, stacklevel=4)  # points at the caller of load_dataset
-    if verbose:
-        bar = "!" * 100
-        print(f"{bar}\n!! WARNING: {msg}\n{bar}", file=sys.stderr, flush=True)
-
 
 def load_dataset(name: str, source: str = "auto", verbose: bool = True,
                  download: bool | None = None, clip_actions: bool = False) -> Trajectories:
-    """Trajectories for a dataset name such as ``hopper-medium``.
+    """Trajectories for a dataset name such as ``hopper-medium`` or a Minari dataset id.
 
-    source: "auto" (D4RL file, local Minari, Minari download, replica), "d4rl", "minari" (local,
-    then download), "replica", or an explicit "d4rl:/path/file.hdf5" / "minari:namespace/id-v0".
+    source: what ``envs.sources.help_text()`` lists: "auto" (every source in ``envs.sources.AUTO`` order),
+    a source's prefix ("d4rl": it finds the data of the name), or "PREFIX:WHERE" ("d4rl:/path/file.hdf5").
     download: allow the Minari download step (default: yes, unless $PRIMAL_DT_OFFLINE=1).
     clip_actions: clip actions outside the simulator's action box into it (default: such data is a
     ``DatasetError`` giving how many values lie outside and their range).
@@ -129,65 +33,25 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
     spec = get_spec(name)
     if download is None:
         download = os.environ.get("PRIMAL_DT_OFFLINE", "") not in ("1", "true", "yes")
-    if source.startswith("d4rl:"):
-        path = Path(source[5:]).expanduser()
-        if not path.exists():
-            raise DatasetError(f"no file at {path} (asked for by source={source!r})")
-        ds = _with(d4rl_io.read_d4rl(path, spec.name, spec.gym_id, spec.max_episode_steps), spec,
-                   f"d4rl:{path}")
-        return _report(ds, spec, verbose, [], clip_actions)
-    if source.startswith("minari:"):
-        dsid = source[7:]
-        if not minari_source.has_local(dsid):
-            if not download:
-                raise DatasetError(f"no local Minari dataset {dsid} under {minari_source.minari_root()}")
-            minari_source.download_minari(dsid)
-        # the family must match; dims are checked against the simulator the dataset records
-        ds = minari_source.read_minari(dsid, spec.name, spec.minari_gym_id)
-        return _report(ds, spec, verbose, [], clip_actions)
-    if source not in SOURCES:
-        raise ValueError(f"source must be one of {SOURCES} or 'd4rl:PATH' / 'minari:ID', got {source!r}")
-    if spec.is_minari_id:
-        return _minari_id(spec, source, download, verbose, clip_actions)
-    steps = {
-        "d4rl": [lambda: _from_d4rl(spec)],
-        "minari": [lambda: _from_minari(spec, download)],
-        "replica": [lambda: _from_replica(spec)],
-    }
-    order = steps["d4rl"] + steps["minari"] + steps["replica"] if source == "auto" else steps[source]
-    notes: list[str] = []
-    for attempt in order:
+    chosen, where = sources.parse(source)
+    if chosen is not None and where:  # a place named by the user: nothing there is an error, not a search
         try:
-            ds = attempt()
+            ds = sources.read(chosen, sources.Request(spec, where, download, verbose))
         except DatasetNotFound as exc:
-            notes.append(str(exc))
-            if verbose and source == "auto":
-                print(f"[envs] {spec.name}: {exc}", file=sys.stderr, flush=True)
+            raise DatasetError(f"{exc} (asked for by data_source={source!r})") from exc
+        return _report(ds, spec, verbose, [], clip_actions)
+    notes: list[str] = []
+    for prefix in ([chosen.prefix] if chosen else sources.order(spec)):
+        try:
+            ds = sources.read(sources.get(prefix), sources.Request(spec, "", download, verbose))
+        except DatasetNotFound as exc:
+            notes.append(f"{prefix}: {exc}")
+            if verbose and chosen is None:
+                print(f"[envs] {spec.name}: {prefix}: {exc}", file=sys.stderr, flush=True)
             continue
         ds.name = spec.name
         return _report(ds, spec, verbose, notes, clip_actions)
-    raise DatasetNotFound(
-        f"no dataset for {spec.name} (source={source!r}). Looked at:\n  - " + "\n  - ".join(notes)
-        + f"\nTo fix: put the D4RL file {spec.d4rl_file} in {d4rl_io.d4rl_dir()} ($D4RL_DATASET_DIR), "
-        f"or a Minari dataset in {minari_source.minari_root()} ($MINARI_DATASETS_PATH), or generate a "
-        f"replica: python -m envs.collect env={spec.family} level={spec.level}"
-    )
-
-
-def _minari_id(spec: EnvSpec, source: str, download: bool, verbose: bool, clip_actions: bool) -> Trajectories:
-    """A Minari dataset named by its id: Minari (local, then a download) is its only source."""
-    if source not in ("auto", "minari"):
-        raise DatasetError(f"env={spec.name} names a Minari dataset; source={source!r} cannot provide it "
-                           "(use source auto or minari, or a D4RL name such as "
-                           f"{spec.family}-{spec.level} for D4RL files and replicas)")
-    try:
-        ds = _from_minari(spec, download)
-    except DatasetNotFound as exc:
-        raise DatasetNotFound(
-            f"no dataset for {spec.name}: {exc}. To fix: `minari download {spec.name}` on a connected machine and "
-            f"copy it into {minari_source.minari_root()} ($MINARI_DATASETS_PATH)"
-            + ("" if download else ", or allow the download (unset PRIMAL_DT_OFFLINE)")) from exc
-    return _report(ds, get_spec(spec.name), verbose, [], clip_actions)  # its metadata's scores, now it is local
+    raise DatasetNotFound(f"no dataset for {spec.name} (data_source={source!r}). Looked at:\n  - " + "\n  - ".join(notes))
 
 
 def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: bool = True) -> None:
@@ -217,13 +81,13 @@ def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: 
 
 
 def _report(ds: Trajectories, spec: EnvSpec, verbose: bool, notes: list[str], clip_actions: bool) -> Trajectories:
+    if spec.is_minari_id:
+        spec = get_spec(spec.name)  # its metadata's scores, now it is local
     check_actions(ds, spec, clip_actions, verbose)
     ds.metadata = dict(ds.metadata or {})
     if notes:
         ds.metadata["searched"] = notes
-    if ds.source.startswith("replica:"):
-        _announce_replica(ds, spec, verbose)
-    elif ds.metadata.get("collector") and verbose:
+    if ds.metadata.get("collector") and verbose and not ds.source.startswith("replica:"):
         print(f"[envs] note: {ds.source} was made by envs.collect, not a published dataset",
               file=sys.stderr, flush=True)
     if verbose:

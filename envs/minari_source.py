@@ -21,7 +21,9 @@ from urllib.parse import urlparse
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
+from envs.hdf5_limits import check_declared_sizes
 from envs.registry import family_of
+from envs.sources import Request, register
 from envs.trajectories import Trajectories
 
 COLLECTED_NAMESPACE = "primal-dt"  # where envs.collect files its datasets
@@ -40,12 +42,61 @@ def has_local(dataset_id: str) -> bool:
     return (local_path(dataset_id) / "data").is_dir()
 
 
-def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = None) -> Trajectories:
-    """Episodes of a local Minari dataset; ``gym_id`` is the simulator it must come from."""
+def local_metadata(dataset_id: str) -> tuple[dict, Path]:
+    """(a local dataset's metadata.json, its path); ({}, path) when it is not local or not readable."""
+    path = local_path(dataset_id) / "data" / "metadata.json"
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}, path
+    return (meta if isinstance(meta, dict) else {}), path
+
+
+def recorded_simulator(dataset_id: str) -> tuple[str, int] | None:
+    """(simulator id, its episode step limit) a local dataset records in its env spec; None when it is
+    not local or records none (the limit: 1000 where it records none)."""
+    try:
+        env_spec = json.loads(local_metadata(dataset_id)[0]["env_spec"])
+        limit = env_spec.get("max_episode_steps") or 1000
+        return str(env_spec["id"]), int(limit)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+@register("minari", "ID", "a Minari dataset id, local (in $MINARI_DATASETS_PATH or ~/.minari/datasets) or downloaded "
+          "(without ID: Minari's dataset of the name)", label="Minari {where}")
+def read_source(req: Request) -> Trajectories:
+    spec = req.spec
+    ids = (req.where,) if req.where else spec.minari_ids
+    if not ids:
+        raise DatasetNotFound(f"Minari publishes no {spec.level} dataset for {spec.family} (only medium, expert and "
+                              "their union)")
+    for i in ids:
+        if not has_local(i):
+            if not req.download:
+                raise DatasetNotFound(f"no local {i} under {minari_root()}; `minari download {i}` on a connected "
+                                      f"machine and copy it there ($MINARI_DATASETS_PATH), or allow the download "
+                                      "(unset PRIMAL_DT_OFFLINE)")
+            download_minari(i)
+    # the family must match; dims are checked against the simulator the dataset records
+    sub = [read_minari(i, spec.name, spec.minari_gym_id, spec.max_episode_steps) for i in ids]
+    if len(sub) == 1:
+        return sub[0]
+    return Trajectories.concat(sub, name=spec.name, gym_id=sub[0].gym_id, source="minari:" + "+".join(ids))
+
+
+def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = None,
+                max_episode_steps: int = 1000) -> Trajectories:
+    """Episodes of a local Minari dataset; ``gym_id`` is the simulator it must come from.
+
+    Episode ends cannot vanish: the episode groups must be as many as the metadata counts, only the last
+    episode may lack an end flag (a collection stopped mid-episode), and none may be longer than the
+    simulator's step limit (the one the dataset records, else ``max_episode_steps``)."""
     path = local_path(dataset_id)
     where = f"Minari dataset {dataset_id} at {path}"
     if not has_local(dataset_id):
         raise DatasetNotFound(f"no local Minari dataset {dataset_id} under {minari_root()}")
+    _check_layout(dataset_id, where)
     import minari
 
     try:
@@ -55,6 +106,7 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
                            "folder and download or regenerate it") from exc
     env_spec = ds.spec.env_spec
     recorded = getattr(env_spec, "id", None)
+    limit = getattr(env_spec, "max_episode_steps", None) or max_episode_steps
     if gym_id is not None:
         if recorded is None:
             warnings.warn(f"{where} records no simulator; assuming {gym_id}", stacklevel=2)
@@ -65,17 +117,30 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
             )
     if not hasattr(ds.observation_space, "shape") or ds.observation_space.shape is None:
         raise DatasetError(f"{where}: observations of type {ds.observation_space} are not flat arrays")
-    episodes = []
+    episodes, unfinished, seen, last = [], [], 0, None
     try:
         for ep in ds.iterate_episodes():
+            seen, last = seen + 1, ep.id
             term, trunc = np.asarray(ep.terminations), np.asarray(ep.truncations)
+            if len(term) > limit:
+                raise DatasetError(f"{where}: episode {ep.id} is {len(term)} steps long, more than "
+                                   f"{recorded or gym_id}'s limit of {limit} steps per episode, so its end flags "
+                                   "cannot be right (episodes joined?). Regenerate or re-download it")
             if len(term) == 0 or not (term[-1] or trunc[-1]):
-                continue  # unfinished episode
+                unfinished.append(ep.id)
+                continue
             obs = np.asarray(ep.observations)
             episodes.append({"observations": obs[: len(term)], "actions": np.asarray(ep.actions),
                              "rewards": np.asarray(ep.rewards), "terminal": bool(term[-1])})
     except (OSError, KeyError, ValueError) as exc:
+        if isinstance(exc, DatasetError):
+            raise
         raise DatasetError(f"{where}: episodes cannot be read ({exc}); the files are corrupt") from exc
+    lost = [i for i in unfinished if i != last]
+    if lost:
+        raise DatasetError(f"{where}: {len(lost)} of its {seen} episodes (ids {_few(lost)}) end with neither a "
+                           "termination nor a truncation; only the last may be unfinished, so their episode ends were "
+                           "lost (flags zeroed?). Regenerate or re-download it")
     if not episodes:
         raise DatasetError(f"{where}: holds no complete episode ({ds.total_episodes} episodes, "
                            f"{ds.total_steps} steps)")
@@ -86,6 +151,34 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
         pass
     return Trajectories.from_episodes(episodes, name=name, gym_id=recorded or gym_id,
                                       source=f"minari:{dataset_id}", metadata=meta)
+
+
+def _few(ids: list) -> str:
+    return ", ".join(map(str, ids[:5])) + (", ..." if len(ids) > 5 else "")
+
+
+def _check_layout(dataset_id: str, where: str) -> None:
+    """Before minari reads anything: the episode groups are as many as the metadata counts (minari reads
+    only as many as it counts, so others would vanish silently), and no array declares an absurd size."""
+    import h5py
+
+    meta = local_metadata(dataset_id)[0]
+    files = sorted((local_path(dataset_id) / "data").glob("*.hdf5"))
+    for f_path in files:
+        try:
+            with h5py.File(f_path, "r") as f:
+                arrays = []
+                f.visititems(lambda _, obj: arrays.append(obj) if isinstance(obj, h5py.Dataset) else None)
+                check_declared_sizes(arrays, f_path)
+                groups = sum(1 for k in f if k.startswith("episode_"))
+        except OSError as exc:
+            raise DatasetError(f"{where}: {f_path.name} is not a readable HDF5 file ({exc}); delete the folder and "
+                               "download or regenerate it") from exc
+        counted = meta.get("total_episodes")
+        if isinstance(counted, int) and counted != groups and len(files) == 1:
+            raise DatasetError(f"{where}: its metadata counts {counted} episodes but {f_path.name} holds {groups} "
+                               "episode groups; the dataset is incomplete or its metadata wrong. Regenerate or "
+                               "re-download it")
 
 
 # --- download ---------------------------------------------------------------------------------

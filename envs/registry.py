@@ -21,8 +21,9 @@ LEVELS = ("random", "medium", "medium-replay", "medium-expert", "expert")
 # Minari publishes only simple / medium / expert for the MuJoCo locomotion tasks; "simple" is a
 # weak trained policy, not D4RL's random one, so random and medium-replay have no Minari source.
 _MINARI_LEVELS = {"medium": ("medium",), "expert": ("expert",), "medium-expert": ("medium", "expert")}
-MINARI_ID = re.compile(r"mujoco/(?P<family>[a-z0-9]+)/(?P<level>simple|medium|expert)-v(?P<version>\d+)")
-"""the Minari MuJoCo dataset ids accepted as names (Minari's levels: simple, medium, expert)"""
+MINARI_ID = re.compile(r"(?P<namespace>[\w.-]+(?:/[\w.-]+)*)/(?P<name>[\w.-]+)-v(?P<version>\d+)")
+"""a Minari dataset id (``mujoco/hopper/medium-v0``, ``primal-dt/hopper/medium-v0``): a name when its simulator
+(recorded in the local dataset, else the family its id names, in the v5 Minari uses) is a family here"""
 D4RL_REFERENCE = "D4RL's random and expert returns (Fu et al. 2020, v2 datasets)"
 
 
@@ -35,15 +36,16 @@ class _Family:
     ref_min: float  # D4RL random-policy score
     ref_max: float  # D4RL expert score
     targets: tuple[float, ...]  # return-to-go targets of the DT papers
+    terminates: bool  # episodes can end before the time limit (the robot falls); halfcheetah's never do
     v4_kwargs: tuple[tuple[str, object], ...] = ()
 
 
 FAMILIES: dict[str, _Family] = {
-    "hopper": _Family("Hopper", 11, 3, 11, -20.272305, 3234.3, (3600.0, 1800.0)),
-    "halfcheetah": _Family("HalfCheetah", 17, 6, 17, -280.178953, 12135.0, (12000.0, 6000.0)),
-    "walker2d": _Family("Walker2d", 17, 6, 17, 1.629008, 4592.3, (5000.0, 2500.0)),
+    "hopper": _Family("Hopper", 11, 3, 11, -20.272305, 3234.3, (3600.0, 1800.0), True),
+    "halfcheetah": _Family("HalfCheetah", 17, 6, 17, -280.178953, 12135.0, (12000.0, 6000.0), False),
+    "walker2d": _Family("Walker2d", 17, 6, 17, 1.629008, 4592.3, (5000.0, 2500.0), True),
     # D4RL's ant kept the 84 contact-force entries (obs 111); Gymnasium v4 drops them by default.
-    "ant": _Family("Ant", 111, 8, 105, -325.6, 3879.7, (6000.0, 3600.0),
+    "ant": _Family("Ant", 111, 8, 105, -325.6, 3879.7, (6000.0, 3600.0), True,
                    v4_kwargs=(("use_contact_forces", True),)),
 }
 
@@ -111,31 +113,36 @@ REGISTRY: dict[str, EnvSpec] = _build()
 def minari_reference_scores(dataset_id: str) -> tuple[float, float, str] | None:
     """(ref_min_score, ref_max_score, where) from a local Minari dataset's metadata; None when the
     dataset is not local or records no numbers."""
-    import json
+    from envs.minari_source import local_metadata
 
-    from envs.minari_source import local_path
-
-    path = local_path(dataset_id) / "data" / "metadata.json"
+    meta, path = local_metadata(dataset_id)
     try:
-        meta = json.loads(path.read_text())
         lo, hi = float(meta["ref_min_score"]), float(meta["ref_max_score"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     return (lo, hi, f"the Minari dataset's metadata (ref_min_score, ref_max_score in {path})") if hi > lo else None
 
 
 def _minari_spec(dataset_id: str) -> EnvSpec:
-    m = MINARI_ID.fullmatch(dataset_id)
-    fam = m["family"]
-    if fam not in FAMILIES:
-        raise KeyError(f"unknown Minari dataset {dataset_id!r}: the MuJoCo families here are {sorted(FAMILIES)}")
-    f, sim = FAMILIES[fam], f"{FAMILIES[fam].sim}-v5"
+    from envs.minari_source import recorded_simulator
+
+    recorded = recorded_simulator(dataset_id)
+    fam = family_of(recorded[0] if recorded else dataset_id)
+    sim, limit = recorded or (f"{FAMILIES[fam].sim}-v5" if fam else None, 1000)
+    supported = {f"{f.sim}-v{v}": name for name, f in FAMILIES.items() for v in (4, 5)}
+    if sim not in supported:
+        what = f"was recorded in {sim}" if recorded else "names no simulator family here (and is not local)"
+        raise KeyError(f"Minari dataset {dataset_id!r} {what}; the supported simulators are "
+                       f"{', '.join(supported)}")
+    f, v4 = FAMILIES[fam], sim.endswith("-v4")
     ref_min, ref_max, ref_source = minari_reference_scores(dataset_id) or (
         f.ref_min, f.ref_max, f"{D4RL_REFERENCE}: {dataset_id} is not local or its metadata records no "
         "ref_min_score / ref_max_score")
-    return EnvSpec(name=dataset_id, family=fam, level=m["level"], gym_id=sim, minari_id=dataset_id,
-                   obs_dim=f.minari_obs_dim, act_dim=f.act_dim, ref_min=ref_min, ref_max=ref_max, targets=f.targets,
-                   minari_gym_id=sim, minari_obs_dim=f.minari_obs_dim, minari_ids=(dataset_id,), ref_source=ref_source)
+    obs = f.obs_dim if v4 else f.minari_obs_dim
+    return EnvSpec(name=dataset_id, family=fam, level=MINARI_ID.fullmatch(dataset_id)["name"], gym_id=sim,
+                   minari_id=dataset_id, obs_dim=obs, act_dim=f.act_dim, ref_min=ref_min, ref_max=ref_max,
+                   targets=f.targets, max_episode_steps=limit, minari_gym_id=sim, minari_obs_dim=obs,
+                   minari_ids=(dataset_id,), gym_kwargs=f.v4_kwargs if v4 else (), ref_source=ref_source)
 
 
 def sim_kwargs_for(gym_id: str) -> dict:
@@ -175,8 +182,8 @@ def get_spec(name: str) -> EnvSpec:
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
     raise KeyError(
         f"unknown dataset name {name!r}.{hint} Valid names are <family>-<level> with family in "
-        f"{sorted(FAMILIES)} and level in {list(LEVELS)}: {', '.join(list_names())}; or a Minari MuJoCo dataset "
-        "id, mujoco/<family>/<simple|medium|expert>-v<N> (e.g. mujoco/hopper/medium-v0)"
+        f"{sorted(FAMILIES)} and level in {list(LEVELS)}: {', '.join(list_names())}; or a Minari dataset id of "
+        "one of these simulators, local or remote (e.g. mujoco/hopper/medium-v0)"
     )
 
 

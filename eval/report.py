@@ -42,6 +42,7 @@ import io
 import json
 import math
 import statistics
+import warnings
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ from pathlib import Path
 from typing import Annotated
 
 import envs
+from envs import sources
 from agents import dt_checkpoint
 from agents.summary import read_summary
 from primal_dt import checkpoint as ck_io
@@ -130,15 +132,9 @@ def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
 
 
 def data_kind(source) -> str:
-    """What a run's ``data_source`` is, in the report's words: ``D4RL``, ``replica`` or ``Minari <id>``."""
-    source = str(source or "")
-    if source.startswith("d4rl:"):
-        return "D4RL"
-    if source.startswith("replica:"):
-        return "replica"
-    if source.startswith("minari:"):
-        return "Minari " + source[len("minari:"):]
-    return "unknown"
+    """What a run's ``data_source`` is, in the report's words (``envs.sources.label``: ``D4RL``, ``replica``,
+    ``Minari <id>``)."""
+    return sources.label(str(source or ""))
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,13 +142,13 @@ def data_level(env: str, source: str) -> float | None:
     """The mean normalized return of the episodes in the data a run trained on (``summary.json``'s
     ``data_source``): the behaviour data's level, which a Decision Transformer has to beat to have
     learned more than to imitate it. None when that data is not readable here (another machine's path,
-    a Minari dataset not downloaded, D4RL files joined with '+')."""
-    kind, _, where = str(source).partition(":")
-    kind = "d4rl" if kind == "replica" else kind  # a replica is a D4RL-format file
-    if kind not in ("d4rl", "minari") or not where or "+" in where:
+    a Minari dataset not downloaded, files joined with '+')."""
+    if "+" in source or data_kind(source) == "unknown":
         return None
     try:
-        ds = envs.load_dataset(env, source=f"{kind}:{where}", verbose=False, download=False, clip_actions=True)
+        with warnings.catch_warnings():  # the report marks replica data itself
+            warnings.simplefilter("ignore", envs.ReplicaWarning)
+            ds = envs.load_dataset(env, source=source, verbose=False, download=False, clip_actions=True)
     except (envs.DatasetError, OSError, ValueError, KeyError):
         return None
     return statistics.fmean(envs.normalized_score(env, float(r)) for r in ds.returns)

@@ -17,9 +17,8 @@ Three promises:
   through the same ``write_atomic``.
 - **No code runs on load**: files are read with ``torch.load(weights_only=True)``, whose unpickler
   builds tensors and plain data only. A pickle that names anything else (a function to call, a
-  class to build) is refused before any of it runs. The only other objects allowed are exactly
-  the numpy ones release 0.1 stored (numpy's global random state, UEA class names as numpy
-  strings), so its files still load.
+  class to build) is refused before any of it runs; numpy objects too (the trainers store their
+  random states as tensors and plain data).
 - **No stale temporaries**: a writer killed mid-write leaves its temporary file behind;
   ``remove_stale_temps`` deletes those whose writer is gone, and the trainers (and exports) call it
   when they next write to the same place.
@@ -37,7 +36,6 @@ import tempfile
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import errors
@@ -163,21 +161,6 @@ def resume_checkpoint(path: str, filename: str = "last.pt") -> Path:
         raise errors.SetupError(str(err)) from err
 
 
-def _numpy_globals() -> list:
-    """Exactly the numpy objects release 0.1 pickled, under the module names numpy 1.x and 2.x give
-    them: a uint32 array (the keys of ``np.random.get_state()`` in a DT checkpoint's random streams)
-    and str scalars (UEA class names from aeon, in a classifier checkpoint). An array or scalar of
-    any other dtype (an object array could hold anything) is still refused."""
-    try:
-        from numpy._core.multiarray import _reconstruct, scalar
-    except ImportError:  # numpy 1.x
-        from numpy.core.multiarray import _reconstruct, scalar
-    out = []
-    for obj, name in ((_reconstruct, "_reconstruct"), (scalar, "scalar")):
-        out += [(obj, f"numpy.core.multiarray.{name}"), (obj, f"numpy._core.multiarray.{name}")]
-    return out + [np.ndarray, np.dtype, type(np.dtype(np.uint32)), type(np.dtype("U1"))]
-
-
 def load(path: str | Path, expect_kind: str | None = None) -> dict:
     """Read a checkpoint without running code (``weights_only=True``), with a clear error for a
     missing, unreadable, corrupt, foreign or unsafe file."""
@@ -185,7 +168,7 @@ def load(path: str | Path, expect_kind: str | None = None) -> dict:
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     try:  # torch warns about a foreign pickle before refusing it: only the refusal below should print
-        with torch.serialization.safe_globals(_numpy_globals()), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -206,7 +189,7 @@ def _refusal(path: Path, err: Exception) -> str:
     """Why a file was refused: the objects it would have built (read statically, without running
     them), and what to do."""
     try:
-        with torch.serialization.safe_globals(_numpy_globals()), warnings.catch_warnings():
+        with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
     except Exception:  # not a zip checkpoint at all: say what the unpickler said
@@ -216,6 +199,5 @@ def _refusal(path: Path, err: Exception) -> str:
     names = [n if isinstance(n, str) else next(x for x in n if x) for n in names]
     what = ", ".join(names) if names else "objects of unknown type"
     return (f"it holds pickled objects other than tensors and plain data ({what}), which could run code "
-            "when loaded. primal-dt never writes such files (its checkpoints, release 0.1's included, load "
-            "safely). If you made this file yourself and trust it, load it with torch.load(path, "
-            "weights_only=False) and save only its tensors and plain data; otherwise delete it")
+            "when loaded. primal-dt never writes such files. If you made this file yourself and trust it, load it "
+            "with torch.load(path, weights_only=False) and save only its tensors and plain data; otherwise delete it")

@@ -19,7 +19,7 @@ from typing import Literal
 from . import presets
 from . import cli
 from .options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, RunOptions, check_numbers, check_size
-from .options import attention_options as parse_attention_options, saved_attention_options
+from .options import as_words, attention_options as parse_attention_options
 from .tasks import DataConfig
 
 GROUPS = ("uea", "lra")
@@ -120,8 +120,7 @@ class ClassifyConfig(RunOptions):
     train: OptimConfig = field(default_factory=OptimConfig)
 
     def __post_init__(self):
-        # configs saved before these words held YAML text ("{softmax: {window: 64}}")
-        self.attention_options = saved_attention_options(self.attention_options)
+        self.attention_options = as_words(self.attention_options)
 
 
 # -- building a config ----------------------------------------------------------------------------

@@ -10,8 +10,6 @@ import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import yaml
-
 from .cli import fail
 
 
@@ -119,12 +117,11 @@ def attention_options(words: Sequence[str] | str, option: str = "attention_optio
     command line's own ``key=value``, so no second grammar and no shell quoting), each value typed by
     the mechanism constructor's annotation. ``defaults`` fill what the words leave out: options with
     their own flags (``model.s``, ``primal.s``) reach the mechanism this way, and a word still wins.
-    ``option`` names the flag in errors. A string is the YAML text that configs saved before these
-    words held (``saved_attention_options``)."""
+    ``option`` names the flag in errors."""
     from .attention import available
     from .attention.registry import constructor_options
 
-    words = saved_attention_options(words, option)
+    words = as_words(words)
     known, opts = available(), {}
     for word in words:
         key, eq, text = word.partition("=")
@@ -152,19 +149,10 @@ def attention_words(options: Mapping[str, Mapping]) -> tuple[str, ...]:
     return tuple(f"{m}.{k}={'none' if v is None else v}" for m, values in options.items() for k, v in values.items())
 
 
-def saved_attention_options(value, option: str = "attention_options") -> tuple[str, ...]:
-    """The words of ``attention_options`` as a config or checkpoint holds it: words (a list from JSON),
-    or the YAML text ``{mechanism: {option: value}}`` that configs saved before the words held."""
-    if not isinstance(value, str):
-        return tuple(value)
-    try:
-        opts = yaml.safe_load(value) if value.strip() else {}
-    except yaml.YAMLError:
-        opts = None
-    if not isinstance(opts, dict) or not all(isinstance(v, dict) for v in opts.values()):
-        raise ValueError(f"{option} holds {value!r}, not mechanism.option=value words; write e.g. "
-                         f"{option}=softmax.window=30,primal.window=10")
-    return attention_words(opts)
+def as_words(value: Sequence[str] | str) -> tuple[str, ...]:
+    """``attention_options`` in its one form, a tuple of words: a saved config's JSON gives a list, a
+    config made in code may hold a single word as a string."""
+    return tuple(w for w in ((value,) if isinstance(value, str) else value) if w.strip())
 
 
 def _typed(text: str, annotation, where: str):

@@ -15,7 +15,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
+
+import tyro
+
+from envs import sources
 
 from . import presets
 from .attention import available, get_class
@@ -23,7 +27,7 @@ from .attention.precision import check_precision
 from . import cli
 from .layouts import canonical
 from .options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
-from .options import attention_options as parse_attention_options, saved_attention_options
+from .options import as_words, attention_options as parse_attention_options
 
 GROUP = "dt"
 
@@ -56,8 +60,7 @@ class ModelConfig:
     """mechanism constructor options as mechanism.option=value, e.g. softmax.window=30,primal.window=10"""
 
     def __post_init__(self):
-        # configs saved before these words held YAML text ("{softmax: {window: 30}}"); a JSON list comes back a list
-        self.attention_options = saved_attention_options(self.attention_options, "model.attention_options")
+        self.attention_options = as_words(self.attention_options)
 
     def layer_names(self) -> tuple[str, ...]:
         """The explicit per-layer mechanisms of ``layers`` (empty: the layout ``name`` decides)."""
@@ -184,8 +187,8 @@ class TrainConfig(RunOptions):
     stream_window: int = 0
     """stream-exact training (0: off): window every layer to this many tokens and count only the steps
     the stream engine predicts identically (agents.stream_training); needs softmax/primal layers"""
-    data_source: str = "auto"
-    """where the dataset comes from: auto | d4rl | minari | replica | d4rl:PATH | minari:ID (see envs.load_dataset)"""
+    data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
+    """where the dataset comes from: auto, or a source of envs.sources (its prefix, or PREFIX:WHERE)"""
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
     how many values lie outside and their range)"""
@@ -358,7 +361,7 @@ def check(cfg: TrainConfig) -> None:
     check_size(cfg.batch_size * cfg.K * 3 * m.d_model * layers * 8,
                f"batch_size={cfg.batch_size}, K={cfg.K}, model.d_model={m.d_model} and model.n_layers={layers}",
                "activation values in one training step")
-    if not (cfg.data_source in ("auto", "d4rl", "minari", "replica")
-            or cfg.data_source.startswith(("d4rl:", "minari:"))):
-        raise ValueError(f"data_source must be auto, d4rl, minari, replica, d4rl:PATH or minari:ID, got "
-                         f"{cfg.data_source!r}")
+    try:
+        sources.check(cfg.data_source)
+    except ValueError as err:
+        raise ValueError(f"data_source: {err}") from err

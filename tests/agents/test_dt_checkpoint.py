@@ -1,17 +1,15 @@
-"""The DT checkpoint schema (agents.dt_checkpoint): one writer, one reader, files of release 0.1
-still read, and errors that say what is wrong with which file."""
+"""The DT checkpoint schema (agents.dt_checkpoint): one writer, one reader, and errors that say what is
+wrong with which file (another kind, another schema version, parts missing)."""
 
-import inspect
+import re
 
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from agents import dt_checkpoint as schema
 from agents.dt_checkpoint import DTCheckpoint, TrainingState
 from primal_dt import checkpoint as ck_io
-from primal_dt.attention import get_class
 
 
 def inputs(model, seed=0):
@@ -77,76 +75,11 @@ def test_a_run_directory_means_its_last_pt(tmp_path, tiny_dt, dt_checkpoint_file
     assert schema.load(str(path)).data.targets == (1234.0,)
 
 
-def legacy_model_config(cfg) -> dict:
-    """``model_config`` as files wrote it before it was the user's model options: ``layout``, a list of
-    ``layers`` and a dict of per-mechanism ``options`` (primal's ``s`` among them)."""
-    keep = ("state_dim", "act_dim", "K", "d_model", "n_heads", "n_layers", "dropout", "activation", "mlp_ratio",
-            "max_timestep")
-    return {**{k: getattr(cfg, k) for k in keep}, "layout": cfg.name, "layers": list(cfg.layer_names()),
-            "options": cfg.options()}
-
-
-def release_0_1(model, hopper_stats):
-    """A checkpoint dict as release 0.1's primal_dt.train wrote it: no ``schema`` key, K / max_timestep
-    repeated under ``data``, no dataset fingerprint, numpy's global random state as numpy itself
-    returns it (a tuple holding a uint32 array), and the model config in its old form."""
-    mean, std = hopper_stats
-    opt = torch.optim.AdamW(model.parameters())
-    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-           "sampler": {"bit_generator": np.random.default_rng(3).bit_generator.state, "K": model.cfg.K, "batch_size": 8}}
-    return {"kind": "dt", "config": {"env": "hopper-medium", "K": model.cfg.K, "reward_scale": 1000.0},
-            "model_config": legacy_model_config(model.cfg), "model": model.state_dict(), "optimizer": opt.state_dict(),
-            "scheduler": {}, "rng": [rng], "step": 40, "train_time": 2.0,
-            "history": {},
-            "data": {"env": "hopper-medium", "gym_id": "Hopper-v4", "source": "d4rl:/data/hopper_medium-v2.hdf5",
-                     "state_mean": torch.as_tensor(mean), "state_std": torch.as_tensor(std), "reward_scale": 1000.0,
-                     "targets": [3600.0, 1800.0], "K": model.cfg.K, "max_timestep": model.cfg.max_timestep}}
-
-
-def test_release_0_1_checkpoints_still_load(tmp_path, tiny_dt, hopper_stats):
-    """Read with weights_only=True, numpy's random state included (the only numpy objects allowed)."""
-    from agents.dt_checkpoint import set_numpy_state
-
-    m = tiny_dt()
-    d = release_0_1(m, hopper_stats)
-    path = ck_io.save_atomic(d, tmp_path / "last.pt")
-    for ck in (schema.load(d), schema.load(path)):
-        assert ck.data.fingerprint == ""  # none recorded: data checks fall back to the statistics, with a note
-        set_numpy_state(ck.training.rng[0]["numpy"])
-        assert np.random.get_state()[2] == d["rng"][0]["numpy"][2]
-        np.testing.assert_array_equal(np.random.get_state()[1], d["rng"][0]["numpy"][1])
-        assert ck.data.env == "hopper-medium" and ck.data.reward_scale == 1000.0
-        assert ck.data.targets == (3600.0, 1800.0) and ck.data.source == "d4rl:/data/hopper_medium-v2.hdf5"
-        np.testing.assert_array_equal(ck.data.state_mean, hopper_stats[0])
-        assert ck.step == 40 and ck.config["K"] == m.cfg.K and ck.model_config == m.cfg
-        torch.testing.assert_close(outputs(ck.build_model()), outputs(m), atol=0, rtol=0)
-    assert schema.load(path).to_dict()["schema"] == schema.SCHEMA_VERSION  # rewritten in today's layout
-
-
-def test_an_old_model_config_builds_the_same_network(tiny_dt):
-    """Every form ``model_config`` took: windows and per-layer lists included, an options dict
-    without primal's ``s`` (the mechanism's own default then), and ``attention_options`` as YAML text."""
-    from agents import DecisionTransformer, DTConfig
-
-    for m in (tiny_dt(), tiny_dt("dt", options={"softmax": {"window": 4}}),
-              tiny_dt(layers=("softmax", "linear", "primal"), options={"primal": {"s": 6, "window": 5}})):
-        old = DTConfig.from_dict(legacy_model_config(m.cfg))
-        assert old.layer_specs() == m.cfg.layer_specs()
-        again = DecisionTransformer(old).eval()
-        again.load_state_dict(m.state_dict())
-        torch.testing.assert_close(outputs(again), outputs(m), atol=0, rtol=0)
-        yaml_text = {**m.cfg.to_dict(), "attention_options": yaml.safe_dump(m.cfg.options(), default_flow_style=True)}
-        assert DTConfig.from_dict(yaml_text).layer_specs() == m.cfg.layer_specs()  # the YAML text configs held
-    no_s = {**legacy_model_config(tiny_dt().cfg), "options": {}}
-    default_s = inspect.signature(get_class("primal").__init__).parameters["s"].default
-    assert DTConfig.from_dict(no_s).layer_specs()[-1].options == {"s": default_s}
-
-
 def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_checkpoint_file):
     m = tiny_dt()
     with pytest.raises(ValueError, match=r"classifier\.pt holds a 'classifier' model, expected 'dt'"):
         schema.load(foreign_checkpoint_file(tmp_path))
-    no_data = {k: v for k, v in release_0_1(m, hopper_stats).items() if k != "data"}
+    no_data = {k: v for k, v in dt_checkpoint(m).to_dict().items() if k != "data"}
     path = ck_io.save_atomic(no_data, tmp_path / "no-data.pt")
     with pytest.raises(ValueError, match=r"no-data\.pt lacks data, data\.env, .*not written by primal_dt\.train"):
         schema.load(path)
@@ -158,6 +91,15 @@ def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_ch
     newer = {**dt_checkpoint(m).to_dict(), "schema": schema.SCHEMA_VERSION + 1}
     with pytest.raises(ValueError, match="written by a newer primal-dt"):
         schema.load(newer)
+    for schema_value in (None, 0, "1", True):  # absent or not today's: not a file this package wrote
+        other = {**dt_checkpoint(m).to_dict(), "schema": schema_value}
+        with pytest.raises(ValueError, match=rf"has checkpoint schema {re.escape(repr(schema_value))}, not "
+                                             rf"{schema.SCHEMA_VERSION}: it was not written by primal-dt"):
+            schema.load(ck_io.save_atomic(other, tmp_path / "other-schema.pt"))
+    renamed = dt_checkpoint(m).to_dict()
+    renamed["model_config"]["layout"] = renamed["model_config"].pop("name")  # a form no release wrote
+    with pytest.raises(ValueError, match="model_config is not a DTConfig .*layout"):
+        schema.load(renamed)
     other_dims = dt_checkpoint(m).to_dict()
     other_dims["data"]["state_mean"] = torch.zeros(17)
     other_dims["data"]["state_std"] = torch.ones(17)
@@ -175,7 +117,7 @@ def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_ch
 
 
 def test_the_dataset_fingerprint_is_kept_and_decides_what_data_fits(tmp_path, tiny_dt, hopper_stats, dt_checkpoint,
-                                                                     write_hopper_file, capsys):
+                                                                     write_hopper_file):
     from envs import load_dataset
 
     mine = load_dataset("hopper-medium", source=f"d4rl:{write_hopper_file(tmp_path / 'a-v2.hdf5')}", verbose=False)
@@ -189,9 +131,7 @@ def test_the_dataset_fingerprint_is_kept_and_decides_what_data_fits(tmp_path, ti
     with pytest.raises(ValueError, match=f"was trained on {mine.source} .*but the data read now from {other.source} "
                                          "differs"):
         schema.check_data(back.data, other, back.origin)
-    # a checkpoint from before fingerprints: a note, then the normalisation statistics decide
-    old = schema.DataInfo("hopper-medium", mine.state_mean, mine.state_std, 1000.0, source=mine.source)
-    schema.check_data(old, mine, "old.pt")
-    assert "old.pt records no dataset fingerprint" in capsys.readouterr().err
-    with pytest.raises(ValueError, match="old.pt was trained on data with other normalisation statistics"):
-        schema.check_data(old, other, "old.pt")
+    # a checkpoint that records no fingerprint (made in code) vouches for no data
+    unknown = schema.DataInfo("hopper-medium", mine.state_mean, mine.state_std, 1000.0, source=mine.source)
+    with pytest.raises(ValueError, match="made.pt records no dataset fingerprint"):
+        schema.check_data(unknown, mine, "made.pt")

@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def data_dirs(tmp_path, monkeypatch):
-    import envs.loader as loader
+    import envs.replica as replica
 
     dirs = {k: tmp_path / k for k in ("d4rl", "minari", "replicas", "bundled")}
     for d in dirs.values():
@@ -18,7 +18,7 @@ def data_dirs(tmp_path, monkeypatch):
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(dirs["minari"]))
     monkeypatch.setenv("PRIMAL_DT_DATA_DIR", str(dirs["replicas"]))
     monkeypatch.setenv("PRIMAL_DT_OFFLINE", "1")
-    monkeypatch.setattr(loader, "BUNDLED_DIR", dirs["bundled"])
+    monkeypatch.setattr(replica, "BUNDLED_DIR", dirs["bundled"])
     return dirs
 
 
@@ -53,3 +53,22 @@ def _toy_arrays(obs_dim=11, act_dim=3):
         "timeouts": np.array([0, 0, 0, 0, 1, 0, 0, 0], dtype=bool),
         "next_observations": obs + 0.05,
     }
+
+
+@pytest.fixture
+def collected_minari():
+    """collected_minari(dataset_id, sim="Hopper-v4", seeds=range(6)) -> Trajectories-ready id: a real local Minari
+    dataset of real simulator episodes, made as ``python -m envs.collect`` makes one (its rollout and writer),
+    under the test's Minari root (``data_dirs``), with a noisy zero policy."""
+    from envs.collect import rollout_episodes
+    from envs.minari_source import write_minari
+    from envs.vector import make_sim
+
+    def make(dataset_id, sim="Hopper-v4", seeds=range(6)):
+        act_dim = make_sim(sim).action_space.shape[0]
+        policy = lambda obs, eps: np.zeros((len(obs), act_dim)) + (0.3 * eps if eps is not None else 0.0)  # noqa: E731
+        eps = rollout_episodes(policy, lambda: make_sim(sim), seeds=list(seeds), act_dim=act_dim)
+        write_minari(dataset_id, eps, sim, metadata={"collector": "tests"})
+        return dataset_id
+
+    return make

@@ -9,7 +9,7 @@ import pytest
 import envs
 from envs import load_dataset, normalized_score
 from envs.d4rl import read_d4rl
-from envs.loader import ReplicaWarning
+from envs.replica import ReplicaWarning
 
 BUNDLED = Path(envs.__file__).parent / "replicas" / "hopper_medium-replica.hdf5"
 BUNDLED_REPLAY = BUNDLED.with_name("hopper_medium_replay-replica.hdf5")
@@ -52,9 +52,9 @@ def test_bundled_hopper_medium_replay_replica():
 def test_the_bundled_medium_replay_replica_is_what_training_loads(monkeypatch):
     """With no D4RL file and no Minari source (Minari publishes no medium-replay), ``env=hopper-medium-replay``
     trains on the bundled replica, with the replica warning."""
-    import envs.loader as loader
+    import envs.replica as replica
 
-    monkeypatch.setattr(loader, "BUNDLED_DIR", BUNDLED_REPLAY.parent)
+    monkeypatch.setattr(replica, "BUNDLED_DIR", BUNDLED_REPLAY.parent)
     with pytest.warns(ReplicaWarning, match="hopper-medium-replay: using a REPLICA"):
         ds = load_dataset("hopper-medium-replay", verbose=False)
     assert ds.source == f"replica:{BUNDLED_REPLAY}" and ds.num_steps == ds.metadata["steps"]

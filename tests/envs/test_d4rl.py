@@ -34,10 +34,12 @@ def test_split_on_terminals_and_timeouts_drops_fragment(tmp_path, write_h5, toy)
     np.testing.assert_allclose(ds.state_std, obs.std(0) + 1e-6, rtol=1e-6)
 
 
-def test_missing_timeouts_falls_back_to_episode_limit(tmp_path, write_h5, toy):
+def test_missing_timeouts_falls_back_to_episode_limit(tmp_path, write_h5, toy, capsys):
     toy = {k: v for k, v in toy.items() if k != "timeouts"}
-    with pytest.warns(UserWarning, match="no 'timeouts'"):
-        ds = read_d4rl(write_h5(tmp_path / "v0.hdf5", **toy), max_episode_steps=2)
+    ds = read_d4rl(write_h5(tmp_path / "v0.hdf5", **toy), max_episode_steps=2)
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"[envs] note: {tmp_path / 'v0.hdf5'} has no 'timeouts' key: episodes end at a terminal or after 2 "
+                   "steps (the simulator's limit), 3 of them so"]
     # terminal at 2 -> [0,1] cut by limit, [2] terminal; then [3,4], [5,6] cut, 7 dropped
     assert ds.lengths.tolist() == [2, 1, 2, 2] and ds.terminal.tolist() == [False, True, False, False]
 
@@ -67,7 +69,7 @@ def test_failed_write_keeps_the_old_file(tmp_path, write_h5, toy):
 def test_missing_file(tmp_path):
     with pytest.raises(DatasetNotFound, match="no D4RL file"):
         read_d4rl(tmp_path / "nope.hdf5")
-    with pytest.raises(DatasetError, match="no file at"):
+    with pytest.raises(DatasetError, match="no D4RL file at .*asked for by data_source="):
         load_dataset("hopper-medium", source=f"d4rl:{tmp_path / 'nope.hdf5'}", verbose=False)
 
 

@@ -77,7 +77,7 @@ def test_nothing_anywhere_says_where_it_looked_and_what_to_do(data_dirs):
 
 
 def test_bad_source_and_name(data_dirs):
-    with pytest.raises(ValueError, match="source must be one of"):
+    with pytest.raises(ValueError, match="data source 'web' is not one of auto, d4rl, minari, replica"):
         load_dataset("hopper-medium", source="web")
     with pytest.raises(KeyError, match="Did you mean"):
         load_dataset("hopper-meduim")

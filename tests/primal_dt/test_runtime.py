@@ -117,14 +117,11 @@ def test_attention_options_words_are_typed_by_the_constructor_and_defaults_fill_
     assert options.attention_options(()) == {}
 
 
-def test_attention_words_round_trip_and_the_yaml_text_of_old_configs_converts():
+def test_attention_words_round_trip():
     opts = {"softmax": {"window": 7, "bias": False}, "performer": {"n_features": None}, "primal": {"s": 4}}
     assert options.attention_options(options.attention_words(opts)) == opts
-    old = "{softmax: {window: 7, bias: false}, performer: {n_features: null}, primal: {s: 4}}"
-    assert options.attention_options(options.saved_attention_options(old)) == opts
-    assert options.saved_attention_options("") == () and options.saved_attention_options(["a.b=1"]) == ("a.b=1",)
-    with pytest.raises(ValueError, match="not mechanism.option=value words"):
-        options.saved_attention_options("[1, 2]")
+    assert options.as_words("") == () and options.as_words(["a.b=1"]) == ("a.b=1",)
+    assert options.as_words("softmax.window=3") == ("softmax.window=3",)
 
 
 @pytest.mark.parametrize("words, message", [
