@@ -43,6 +43,25 @@ class Range:
         return "finite"
 
 
+def check_output_file(path: str, option: str) -> None:
+    """A ValueError now, not after the whole run, when ``option`` (a file to write, e.g. a benchmark's
+    ``json=``) names a directory or a folder that does not exist or cannot be written."""
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{option}={path} is a directory; give a file name, e.g. {option}={p / 'bench.json'}")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ValueError(f"{option}={path}: the folder {parent} does not exist; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{option}={path}: the folder {parent} cannot be written")
+
+
+SECONDS = Range(0, 1e6, low_open=True)
+"""a duration in seconds: above 0, and at most about eleven days (larger overflows the timers it reaches)"""
+
 ANY = Range()
 AT_LEAST_0 = Range(0)
 AT_LEAST_1 = Range(1)

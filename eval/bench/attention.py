@@ -189,7 +189,7 @@ def ratios(rows: list[dict], baseline: str, target: str) -> list[dict]:
 
 NUMBERS = {f"--{k}": options.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
                                                  "step_heads", "step_repeat", "repeat")}
-NUMBERS.update({"--threads": options.THREADS, "--budget_s": options.POSITIVE, "--timeout": options.POSITIVE,
+NUMBERS.update({"--threads": options.AT_LEAST_1, "--budget_s": options.SECONDS, "--timeout": options.SECONDS,
                 "--mem_limit_gb": options.POSITIVE})
 """What every numeric option accepts, checked before any configuration runs."""
 
@@ -245,6 +245,11 @@ def parse_args(argv=None) -> AttentionBenchConfig:
     args = cli.parse(AttentionBenchConfig, argv, prog="python -m eval.bench.attention",
                      description=__doc__.split("\n\n")[0])
     options.check_parsed(args, NUMBERS)
+    if args.json:
+        try:
+            options.check_output_file(args.json, "--json")
+        except ValueError as err:
+            cli.fail(str(err))
     return args
 
 

@@ -155,6 +155,11 @@ def parse_args(argv=None) -> DataBenchConfig:
     options.check_parsed(a, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
                              "--reward_scale": options.POSITIVE, "--repeat": options.AT_LEAST_1,
                              "--threads": options.THREADS})
+    if a.json:
+        try:
+            options.check_output_file(a.json, "--json")
+        except ValueError as err:
+            cli.fail(str(err))
     return a
 
 

@@ -155,6 +155,8 @@ def check(bc: BenchConfig) -> None:
         int_list(bc, key)
     for s in bc.sizes:
         parse_size(s)
+    if bc.json:
+        options.check_output_file(bc.json, "json")
 
 
 # -- models -----------------------------------------------------------------------------------------

@@ -189,6 +189,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[st
     options.check_parsed(args, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
                                    "--steps": options.AT_LEAST_1, "--rounds": options.AT_LEAST_1,
                                    "--warmup": options.AT_LEAST_0, "--threads": options.THREADS})
+    if args.json:
+        try:
+            options.check_output_file(args.json, "--json")
+        except ValueError as err:
+            cli.fail(str(err))
     with_hf = not args.no_hf
     if with_hf:
         try:

@@ -1,0 +1,31 @@
+"""Every benchmark checks its options before it measures anything: an output file that cannot be written
+(a directory, a missing folder), a thread count or timeout it cannot use, is one error line at once, not
+a traceback or a hang after minutes of measuring."""
+
+import pytest
+
+BENCHES = ["eval.bench.attention", "eval.bench.data", "eval.bench.train", "eval.bench.inference"]
+
+
+def json_option(module):
+    return "json" if module == "eval.bench.inference" else "--json"
+
+
+@pytest.mark.parametrize("module", BENCHES)
+def test_an_output_file_that_cannot_be_written_is_refused_before_any_work(module, tmp_path, run_cli, one_line_error):
+    opt = json_option(module)
+    sep = "=" if not opt.startswith("--") else " "
+    for bad, why in ((tmp_path, "is a directory"), (tmp_path / "missing" / "b.json", "does not exist")):
+        args = [f"{opt}={bad}"] if sep == "=" else [opt, str(bad)]
+        p = run_cli(module, *args, timeout=60)
+        one_line_error(p, why)
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--threads", "0"], "--threads"),
+    (["--timeout", "1e30"], "--timeout"),
+    (["--budget_s", "inf"], "--budget_s"),
+])
+def test_the_attention_bench_refuses_numbers_it_cannot_use(args, fragment, run_cli, one_line_error):
+    one_line_error(run_cli("eval.bench.attention", *args, timeout=60), fragment)
