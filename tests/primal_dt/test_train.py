@@ -367,3 +367,16 @@ def test_a_run_is_resumed_by_one_process_at_a_time_and_a_killed_one_blocks_nothi
     step = dt_checkpoint.load(d).step
     again = run([f"resume={d}", f"steps={step + 2}", "progress=false", "threads=1"])
     assert again["steps"] == step + 2 and (d / ".lock").read_text().strip() == str(os.getpid())
+
+
+def test_a_resume_into_a_run_whose_lock_is_a_planted_link_leaves_its_target_untouched(hopper_file, tmp_path, run_cli,
+                                                                                       one_line_error, tiny_train):
+    d = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=2", *tiny_train.QUIET))["run_dir"])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (d / ".lock").unlink()
+    (d / ".lock").symlink_to(victim)
+    p = run_cli("primal_dt.train", f"resume={d}", "steps=4", "progress=false")
+    one_line_error(p, f"the lock file of the run directory, {d / '.lock'}, is a symbolic link (to {victim})",
+                   f"remove {d / '.lock'}")
+    assert victim.read_text() == "precious\n" and dt_checkpoint.load(d).step == 2
