@@ -110,14 +110,19 @@ tokens; the linear family (linear, performer, cosformer, kerformer, flowformer),
 A cosformer layer returns NaN for a row once its episode passes max_len tokens."""
 
 
-def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
-    """The JSON document stored in the artefact (read back by ``GraphPolicy``)."""
+def package_version() -> str:
+    """The installed primal-dt's version ("unknown" when run from a source tree that was never installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        pkg = version("primal-dt")
+        return version("primal-dt")
     except PackageNotFoundError:
-        pkg = "unknown"
+        return "unknown"
+
+
+def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
+    """The JSON document stored in the artefact (read back by ``GraphPolicy``)."""
+    pkg = package_version()
     cfg = ck.model_config
     info = ck.data
     kinds = step.model.layer_names
