@@ -395,7 +395,7 @@ def open_run_dir(run: Run) -> None:
             lock.hold(run.out)
         stale = ck_io.remove_stale_temps(*run.out.parent.iterdir()) if d.main else []
     else:  # a resumed run's directory is held since ``prepare``
-        stale = ck_io.remove_stale_temps(run.out, own=True) if d.main else []
+        stale = ck_io.remove_stale_temps(run.out) if d.main else []
     if stale:
         print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
               f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
