@@ -195,7 +195,11 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
                     ck.origin if path is None else str(path), format)
     data = (_onnx_bytes if format == "onnx" else _torchscript_bytes)(step, meta)
     ck_io.remove_stale_temps(out.parent, names=(out.name,))  # a killed export's temporary file
-    return ck_io.write_atomic(out, data, f"exported {format} policy")
+    try:  # without overwrite, refusing an existing file and writing are one step: of two exports, one wins
+        return ck_io.write_atomic(out, data, f"exported {format} policy", replace=overwrite)
+    except FileExistsError:
+        raise ValueError(f"out={out} exists (written while this export ran); choose another path, or pass "
+                         "overwrite=true to replace it") from None
 
 
 def _example(step: DTStep, batch: int = 2):

@@ -30,6 +30,7 @@ Three promises:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import io
 import os
@@ -59,12 +60,17 @@ def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
     return write_atomic(path, buf.getbuffer(), what)
 
 
-def write_atomic(path: str | Path, data: bytes | str, what: str) -> Path:
+def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: bool = True) -> Path:
     """Write ``data`` to ``path`` through a temporary file beside it renamed over the old one, so a
     failure leaves the previous file (or none) and no partial one; the package's files (checkpoints,
     exported policies, reports, plots) all go through here. A failure is one ``errors.WriteError``
-    naming ``path`` and ``what`` it should have held; the temporary file is removed."""
+    naming ``path`` and ``what`` it should have held; the temporary file is removed.
+
+    ``replace=False``: an existing ``path`` is a ``FileExistsError`` and is left as it was. The check and
+    the write are one step (the complete temporary is linked to ``path``, which fails if a file is
+    there), so of two writers only one can succeed, however their steps interleave."""
     path = Path(path)
+    exists = False
     with errors.writing(path, what):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = _locked_temp(path)
@@ -74,11 +80,20 @@ def write_atomic(path: str | Path, data: bytes | str, what: str) -> Path:
                 f.write(data.encode() if isinstance(data, str) else data)
                 f.flush()
                 os.fsync(f.fileno())
-                os.replace(tmp, path)  # still locked: no cleaner takes a temporary being renamed
+                if replace:
+                    os.replace(tmp, path)  # still locked: no cleaner takes a temporary being renamed
+                else:
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        exists = True
+                    os.unlink(tmp)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+    if exists:
+        raise FileExistsError(errno.EEXIST, f"{path} exists", str(path))
     return path
 
 

@@ -438,6 +438,44 @@ def test_overwrite_replaces_an_earlier_export(trained, tmp_path):
     assert not list(tmp_path.glob(".p.pt.*.tmp"))
 
 
+def test_two_exports_to_one_out_started_together_one_wins_and_the_other_is_refused(trained, tmp_path):
+    """Two ``python -m agents.export`` to the same new ``out``, as two real processes: both find ``out`` free
+    before they export, yet only one file is written and the other command is refused in one line."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.pt"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    argv = [sys.executable, "-m", "agents.export", f"checkpoint={trained['dt']}", "format=torchscript", f"out={out}"]
+    procs = [subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    done = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    assert sorted(code for code, _, _ in done) == [0, 2], done
+    (_, _, err), = [d for d in done if d[0] == 2]
+    assert f"error: out={out} exists" in err and "Traceback" not in err
+    assert read_metadata(out)["artefact"] == "torchscript" and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_an_out_written_between_the_check_and_the_write_is_kept(trained, tmp_path, monkeypatch):
+    """The interleaving that two exports can meet, made deterministic: ``out`` appears after the export found it
+    free and before it writes (the other export's write); it is kept, and this one is refused."""
+    from agents import export
+
+    out = tmp_path / "p.pt"
+    real = export.ck_io.remove_stale_temps
+
+    def other_export_finishes(*args, **kw):  # called after the check, just before the write
+        out.write_text("the other export")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(export.ck_io, "remove_stale_temps", other_export_finishes)
+    with pytest.raises(ValueError, match=f"out={out} exists"):
+        export_policy(trained["dt"], "torchscript", out)
+    assert out.read_text() == "the other export" and sorted(tmp_path.iterdir()) == [out]
+
+
 def test_the_exported_step_is_the_same_function_at_any_batch(trained):
     """The model's step (DTStep) in PyTorch (what both formats trace): rows are independent, so a row computed alone
     equals the same row inside a batch, and reset rows equal fresh ones."""
