@@ -143,7 +143,7 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
 
     ``runtime="onnx"`` (stream engine, fp32, CPU): the same stream step exported to ONNX and run by
     ``agents.onnx_policy.OnnxPolicy``, the fastest exact runtime on a CPU (several times faster at batch 1;
-    agents/onnx_agent.py: cached beside the checkpoint, checked against the torch agent to 1e-5 before it
+    agents/onnx_agent.py: cached in the user's cache directory, checked against the torch agent to 1e-5 before it
     is returned). It has the acting API (``reset``, ``act``, ``reset_done``, ``keep_rows``, ``info``), not
     the torch agent's model, engines and precisions; ``"torch"`` (default) is the ``Agent``.
 

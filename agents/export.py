@@ -110,14 +110,19 @@ tokens; the linear family (linear, performer, cosformer, kerformer, flowformer),
 A cosformer layer returns NaN for a row once its episode passes max_len tokens."""
 
 
-def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
-    """The JSON document stored in the artefact (read back by ``GraphPolicy``)."""
+def package_version() -> str:
+    """The installed primal-dt's version ("unknown" when run from a source tree that was never installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        pkg = version("primal-dt")
+        return version("primal-dt")
     except PackageNotFoundError:
-        pkg = "unknown"
+        return "unknown"
+
+
+def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
+    """The JSON document stored in the artefact (read back by ``GraphPolicy``)."""
+    pkg = package_version()
     cfg = ck.model_config
     info = ck.data
     kinds = step.model.layer_names
@@ -192,7 +197,11 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
                     ck.origin if path is None else str(path), format)
     data = (_onnx_bytes if format == "onnx" else _torchscript_bytes)(step, meta)
     ck_io.remove_stale_temps(out.parent, names=(out.name,))  # a killed export's temporary file
-    return ck_io.write_atomic(out, data, f"exported {format} policy")
+    try:  # without overwrite, refusing an existing file and writing are one step: of two exports, one wins
+        return ck_io.write_atomic(out, data, f"exported {format} policy", replace=overwrite)
+    except FileExistsError:
+        raise ValueError(f"out={out} exists (written while this export ran); choose another path, or pass "
+                         "overwrite=true to replace it") from None
 
 
 def _example(step: DTStep, batch: int = 2):

@@ -3,15 +3,23 @@
 The exported step is the same function as the torch stream engine's (``DTStep``), and on a CPU
 onnxruntime runs it several times faster at batch 1, where a step costs per operator and torch's
 per-operator dispatch dominates (eval/bench/inference.py measures both). So an agent that only needs
-to act can run the export: it is written once beside the checkpoint (``policy.onnx``, the exporter's
-default name, reused while its metadata's checkpoint hash matches the file), and before it is handed
-out it plays a few steps beside the torch stream agent on the same inputs, a restart included; actions
-that differ by more than ``EXACT`` (the exactness the tests hold the export to) are an error, not a
-silently different policy.
+to act can run the export, and before it is handed out it plays a few steps beside the torch stream
+agent on the same inputs, a restart included; actions that differ by more than ``EXACT`` (the
+exactness the tests hold the export to) are an error, not a silently different policy.
+
+The export is made once per checkpoint and kept in the user's own cache (``cache_dir``), never read
+from the run directory: a ``policy.onnx`` found beside a checkpoint says which checkpoint it came
+from only in its own metadata, which anyone who can write there can copy into a graph that computes
+something else (and a few checked steps cannot tell a graph that deviates later). The cache entry is
+named by the checkpoint file's SHA-256 and what made the graph (``export_key``), and this package
+records the graph's own SHA-256 beside it, checked before every reuse.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -35,41 +43,85 @@ def onnx_agent(checkpoint, ck, agent):
     except ImportError as err:
         raise ValueError(f"runtime='onnx' needs the {err.name} package: pip install 'primal-dt[export]' (or use "
                          "runtime='torch')") from err
-    if isinstance(checkpoint, (str, Path)):
-        path = cached_export(resolve(checkpoint))
-    else:
-        path = _export(ck)
-    policy = checked(OnnxPolicy(path), agent)
+    source = resolve(checkpoint) if isinstance(checkpoint, (str, Path)) else ck
+    path = cached_export(source) if isinstance(source, Path) else None
+    if path is not None:
+        policy = OnnxPolicy(path)
+    else:  # no cache (a checkpoint in memory, or no usable cache directory): a temporary file, gone once read
+        tmp = Path(tempfile.mkdtemp(prefix="primal-dt-policy-"))
+        try:
+            policy = OnnxPolicy(_export(source, tmp))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # onnxruntime holds the graph in memory
+    policy = checked(policy, agent)
     policy.default_target, policy.info = agent.default_target, agent.info
     return policy
 
 
-def _export(source) -> Path:
-    """``source`` exported to a fresh temporary directory."""
+def _export(source, directory: Path) -> Path:
+    """``source`` exported into ``directory``."""
     from .export import FORMATS, export_policy
 
-    return export_policy(source, "onnx", Path(tempfile.mkdtemp(prefix="primal-dt-policy-")) / FORMATS["onnx"])
+    return export_policy(source, "onnx", directory / FORMATS["onnx"], overwrite=True)
 
 
-def cached_export(path: Path) -> Path:
-    """The ONNX export of the checkpoint file ``path``: ``policy.onnx`` beside it when that file was
-    exported from this very file (its metadata's SHA-256), else a fresh export there (or, when a file of
-    that name belongs to another checkpoint or the directory is not writable, in a temporary directory)."""
-    from .export import FORMATS, export_policy, read_metadata, sha256_file
+def cache_dir() -> Path | None:
+    """Where exports are kept: ``$XDG_CACHE_HOME/primal-dt/onnx`` (``~/.cache/primal-dt/onnx``), created
+    readable by the user only; None when it cannot be made or is not a directory of the user's that only
+    the user can write (then nothing is cached)."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    d = base / "primal-dt" / "onnx"
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(d)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return None
+    return d
 
-    cached = path.parent / FORMATS["onnx"]
-    if cached.is_file():
+
+def export_key(checkpoint_sha256: str) -> str:
+    """The cache entry's name: the checkpoint file's SHA-256 and what turns it into a graph (the package's
+    release and policy schema, torch's version), so an upgrade exports again rather than reuse."""
+    import torch
+
+    from .export import package_version
+    from .onnx_policy import SCHEMA
+
+    made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"
+    return f"{checkpoint_sha256}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)}"
+
+
+def cached_export(path: Path) -> Path | None:
+    """The ONNX export of the checkpoint file ``path``, from the cache when this package wrote an entry for
+    that file's bytes and the graph still has the digest recorded beside it, else exported into the cache
+    now. None when there is no usable cache directory (``cache_dir``)."""
+    from primal_dt import checkpoint as ck_io
+
+    from .export import sha256_file
+
+    d = cache_dir()
+    if d is None:
+        return None
+    key = export_key(sha256_file(path))
+    graph, digest = d / f"{key}.onnx", d / f"{key}.onnx.sha256"
+    try:
+        if graph.is_file() and digest.read_text().strip() == sha256_file(graph):
+            return graph
+    except OSError:
+        pass  # no digest (an export killed before it was written): export again
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=d))
         try:
-            if read_metadata(cached).get("checkpoint_sha256") == sha256_file(path):
-                return cached
-        except (ValueError, OSError):
-            pass  # not a policy this package reads: left as it is
-    else:
-        try:
-            return export_policy(path, "onnx", cached)
-        except OSError:
-            pass
-    return _export(path)
+            fresh = _export(path, tmp)
+            ck_io.write_atomic(digest, sha256_file(fresh) + "\n", "digest of a cached ONNX export")
+            os.replace(fresh, graph)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        return None  # a full or read-only cache: export without keeping it
+    return graph
 
 
 def checked(policy, torch_agent, steps: int = 12, batch: int = 2, seed: int = 0):

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import shlex
 import signal
 import sys
@@ -107,9 +108,36 @@ class Run:
 # == 1. setup: everything that can fail on bad input ================================================
 def prepare(built: Built, d: Dist | None = None) -> Run:
     """Config (resumed or new), data, model and optimizer; bad input raises ``SetupError`` before a
-    file is written. The order of random draws is part of the contract: same seed, same run."""
+    file is written. The order of random draws is part of the contract: same seed, same run.
+
+    A resumed run's directory is held first (``lock``), before its checkpoint is read: a second
+    resume is refused before any expensive work, and no run continues from a checkpoint that the
+    process holding the directory is about to replace. Released again if preparing fails."""
     with errors.setup_errors():
-        built, resume = resumed_config(built)
+        path = hold_resumed(built, d)
+    try:
+        return _prepare(built, d, path)
+    except BaseException:
+        if path is not None:
+            lock.release(path.parent)
+        raise
+
+
+def hold_resumed(built: Built, d: Dist | None) -> Path | None:
+    """``resume=``'s checkpoint file, its run directory held by this process (rank 0: the process that
+    writes); None for a new run."""
+    if not built.cfg.resume:
+        return None
+    path = ck_io.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
+    if d.main if d is not None else int(os.environ.get("RANK", "0")) == 0:  # torchrun's rank, before joining
+        outputs.check_writable(path.parent, "run directory")
+        lock.hold(path.parent)
+    return path
+
+
+def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
+    with errors.setup_errors():
+        built, resume = resumed_config(built, path)
         cfg = built.cfg
         train_config.check(cfg)
         spec = env_spec(cfg.env)
@@ -153,12 +181,11 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
     return run
 
 
-def resumed_config(built: Built) -> tuple[Built, tuple[Path, DTCheckpoint] | None]:
-    """With ``resume=``: the checkpoint's config plus the run-time options given now, and (path,
-    checkpoint); otherwise the config as built and None."""
-    if not built.cfg.resume:
+def resumed_config(built: Built, path: Path | None) -> tuple[Built, tuple[Path, DTCheckpoint] | None]:
+    """With ``resume=`` (its checkpoint file ``path``): the checkpoint's config plus the run-time options
+    given now, and (path, checkpoint); otherwise the config as built and None."""
+    if path is None:
         return built, None
-    path = ck_io.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
     ck = dt_checkpoint.load(path)
     if ck.training is None:
         raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so it "
@@ -354,9 +381,8 @@ def _due(step: int, every: int) -> bool:
 
 
 def open_run_dir(run: Run) -> None:
-    """Give a new run its directory (rank 0 creates it exclusively, the others learn its name), or
-    check a resumed run's is writable; rank 0 holds it (``lock``: a second process resuming the same
-    run is refused, naming this one); then remove temporary files that killed writes (checkpoints,
+    """Give a new run its directory (rank 0 creates it exclusively, the others learn its name) and hold
+    it (``lock``; a resumed run's is held since ``prepare``); then remove temporary files that killed writes (checkpoints,
     summaries, plots) left behind (in a resumed run's directory, or its siblings' for a new run), so
     they do not pile up. Before any training step, so an unwritable ``out`` costs nothing."""
     cfg, d = run.cfg, run.dist
@@ -368,11 +394,8 @@ def open_run_dir(run: Run) -> None:
         if d.main:
             lock.hold(run.out)
         stale = ck_io.remove_stale_temps(*run.out.parent.iterdir()) if d.main else []
-    else:
-        if d.main:
-            outputs.check_writable(run.out, "run directory")
-            lock.hold(run.out)
-        stale = ck_io.remove_stale_temps(run.out, own=True) if d.main else []
+    else:  # a resumed run's directory is held since ``prepare``
+        stale = ck_io.remove_stale_temps(run.out) if d.main else []
     if stale:
         print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
               f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)

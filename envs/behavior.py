@@ -12,8 +12,9 @@ Layout of ``workdir`` (every file written atomically, temp + rename):
                             transitions are the buffer "up to step N")
   evals.json                [{step, return_mean, return_std, stoch_return_mean, episodes}, ...]
   meta.json                 env id, seed, total steps requested
-  train.lock                pid of the process training here ("free" once it stops), so that
-                            two trainers never share a directory
+  .lock                     held (``primal_dt.lock``, an OS file lock the kernel drops when the trainer
+                            exits in any way) by the process training here, so that two trainers never
+                            share a directory
 
 Nothing here unpickles: stable-baselines3's own files (``.zip`` models, ``replay.pkl``) are pickles,
 which run whatever code they name when loaded, so a directory holding only those is refused with
@@ -31,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from primal_dt import lock
 
 CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
 REPLAY = "replay.npz"
@@ -58,36 +61,12 @@ def _atomic_json(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-LOCK_NAME = "train.lock"
+LOCK_NAME = lock.FILENAME
 
 
-def training_pid(workdir: str | Path) -> int | None:
-    """Pid of a live process training in ``workdir`` (from its lock file), else None."""
-    lock = Path(workdir) / LOCK_NAME
-    try:
-        pid = int(lock.read_text().strip())
-    except (OSError, ValueError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None  # stale lock of a killed run
-    except PermissionError:
-        pass
-    return pid
-
-
-def _acquire_lock(workdir: Path) -> Path:
-    """One trainer per work directory: two would interleave checkpoints and replay buffers."""
-    lock = workdir / LOCK_NAME
-    pid = training_pid(workdir)
-    if pid is not None and pid != os.getpid():
-        raise RuntimeError(f"{workdir} is being trained by process {pid}; wait for it to finish "
-                           f"(or remove {lock} if that process is not a trainer)")
-    tmp = lock.with_suffix(f".{os.getpid()}")
-    tmp.write_text(str(os.getpid()))
-    os.replace(tmp, lock)
-    return lock
+def trainer(workdir: str | Path) -> str | None:
+    """Who is training in ``workdir`` right now, in words ("process 1234"), else None."""
+    return lock.holder(workdir)
 
 
 def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
@@ -229,22 +208,21 @@ def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = Tr
 
     torch.set_num_threads(cfg.threads)
     workdir = Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
-    meta_path = workdir / "meta.json"
-    if meta_path.exists():
-        meta = json.loads(meta_path.read_text())
-        if meta["env_id"] != cfg.env_id:
-            raise ValueError(
-                f"{workdir} holds a behaviour policy for {meta['env_id']}, not {cfg.env_id}; "
-                "use another work directory"
-            )
-    lock = _acquire_lock(workdir)
+    # one trainer per directory (two would interleave files), held before anything in it is read
+    lock.hold(workdir, "behaviour-policy work directory")
     try:
+        meta_path = workdir / "meta.json"
+        if meta_path.exists():
+            meta = json.loads(meta_path.read_text())
+            if meta["env_id"] != cfg.env_id:
+                raise ValueError(
+                    f"{workdir} holds a behaviour policy for {meta['env_id']}, not {cfg.env_id}; "
+                    "use another work directory"
+                )
         _atomic_json(meta_path, {"env_id": cfg.env_id, "seed": cfg.seed, "total_steps": cfg.total_steps})
         return _train(workdir, cfg, progress)
     finally:
-        # keep the file, without a pid: it marks this directory as lock-aware (see envs.collect)
-        lock.write_text("free")
+        lock.release(workdir)
 
 
 def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
@@ -308,11 +286,15 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
 
 def main(argv: list[str] | None = None) -> Path:
     """``python -m envs.behavior``: train (or resume) the SAC behaviour policy on its own."""
+    from primal_dt import errors
     from primal_dt.cli import parse
 
-    args = parse(BehaviorConfig, argv, prog="python -m envs.behavior", description=__doc__.split("\n\n")[0])
-    out = Path(os.environ.get("PRIMAL_DT_BEHAVIOR_DIR", f"runs/behavior/{args.env_id}-seed{args.seed}"))
-    return train_behavior(out, args)
+    def run(argv):
+        args = parse(BehaviorConfig, argv, prog="python -m envs.behavior", description=__doc__.split("\n\n")[0])
+        out = Path(os.environ.get("PRIMAL_DT_BEHAVIOR_DIR", f"runs/behavior/{args.env_id}-seed{args.seed}"))
+        return train_behavior(out, args)
+
+    return errors.main(run, argv)  # a busy or planted-on directory: one error line, as every entry point
 
 
 if __name__ == "__main__":

@@ -335,7 +335,7 @@ def _live_run_age(workdir: Path) -> float | None:
     meta = workdir / "meta.json"
     ckpts = behavior.list_checkpoints(workdir)
     if not meta.exists() or not ckpts or (workdir / behavior.LOCK_NAME).exists():
-        return None  # a lock file means a lock-aware trainer: training_pid decides
+        return None  # a lock file means a lock-aware trainer: behavior.trainer decides
     total = json.loads(meta.read_text()).get("total_steps", 0)
     age = time.time() - ckpts[-1][1].stat().st_mtime
     return age if ckpts[-1][0] < total and age < 900 else None
@@ -394,9 +394,9 @@ def run(cfg: CollectConfig) -> dict:
         fail(f"{workdir} trains {json.loads(meta.read_text())['env_id']}, not {gym_id}")
     have = max([s for s, _ in behavior.list_checkpoints(workdir)], default=0)
     if cfg.train and have < cfg.train_steps:
-        pid, age = behavior.training_pid(workdir), _live_run_age(workdir)
-        if pid is not None:
-            fail(f"{workdir} is being trained by process {pid}; run again when it is "
+        who, age = behavior.trainer(workdir), _live_run_age(workdir)
+        if who is not None:
+            fail(f"{workdir} is being trained by {who}; run again when it is "
                              f"done, or pass train=false to use its {have}-step checkpoints now")
         if age is not None and not cfg.force_train:
             fail(f"{workdir} looks like it is being trained (unfinished, newest checkpoint "

@@ -11,26 +11,31 @@ This module only writes and reads files; the layout of a DT checkpoint is ``agen
 
 Three promises:
 - **Atomic**: the file is serialised in memory, written to a temporary file beside it
-  (``.<name>.<pid>@<host>-<random>.tmp``) and renamed over the old one, so a crash, a kill or a full
-  disk leaves the previous checkpoint as it was. A write that fails is one ``errors.WriteError``
-  naming the file. Every other file the package writes (exported policies, reports, plots) goes
-  through the same ``write_atomic``.
+  (``.<name>.<random>.tmp``) and renamed over the old one, so a crash, a kill or a full disk leaves
+  the previous checkpoint as it was. A write that fails is one ``errors.WriteError`` naming the file.
+  Every other file the package writes (exported policies, reports, plots) goes through the same
+  ``write_atomic``, and gets the permissions any program's new file gets (``0o666`` less the umask;
+  a replaced file keeps its own).
 - **No code runs on load**: files are read with ``torch.load(weights_only=True)``, whose unpickler
   builds tensors and plain data only. A pickle that names anything else (a function to call, a
   class to build) is refused before any of it runs; numpy objects too (the trainers store their
   random states as tensors and plain data).
 - **No stale temporaries**: a writer killed mid-write leaves its temporary file behind;
   ``remove_stale_temps`` deletes those whose writer is gone, and the trainers (and exports) call it
-  when they next write to the same place.
+  when they next write to the same place. The writer holds an OS lock (``flock``) on its temporary
+  while it writes, which the kernel drops however it ends: a temporary whose lock can be taken has no
+  writer, one whose lock cannot has a live one, on any machine sharing the file system's locks.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import io
 import os
 import pickle
 import re
-import socket
+import stat
 import sys
 import tempfile
 import warnings
@@ -42,10 +47,6 @@ from . import errors
 
 
 # -- writing ---------------------------------------------------------------------------------------
-def _temp_prefix(path: Path) -> str:
-    return f".{path.name}.{os.getpid()}@{socket.gethostname()}-"
-
-
 def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
     """Write ``obj`` to ``path`` atomically; ``what`` ("checkpoint at step 40") names it in errors.
 
@@ -57,53 +58,90 @@ def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
     return write_atomic(path, buf.getbuffer(), what)
 
 
-def write_atomic(path: str | Path, data: bytes | str, what: str) -> Path:
+def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: bool = True) -> Path:
     """Write ``data`` to ``path`` through a temporary file beside it renamed over the old one, so a
     failure leaves the previous file (or none) and no partial one; the package's files (checkpoints,
     exported policies, reports, plots) all go through here. A failure is one ``errors.WriteError``
-    naming ``path`` and ``what`` it should have held; the temporary file is removed."""
+    naming ``path`` and ``what`` it should have held; the temporary file is removed.
+
+    ``replace=False``: an existing ``path`` is a ``FileExistsError`` and is left as it was. The check and
+    the write are one step (the complete temporary is linked to ``path``, which fails if a file is
+    there), so of two writers only one can succeed, however their steps interleave."""
     path = Path(path)
+    exists = False
     with errors.writing(path, what):
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
+        fd, tmp = _locked_temp(path)
         try:
+            os.fchmod(fd, _mode(path))
             with os.fdopen(fd, "wb") as f:
                 f.write(data.encode() if isinstance(data, str) else data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, path)
+                if replace:
+                    os.replace(tmp, path)  # still locked: no cleaner takes a temporary being renamed
+                else:
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        exists = True
+                    os.unlink(tmp)
         except BaseException:
             if os.path.exists(tmp):
                 os.unlink(tmp)
             raise
+    if exists:
+        raise FileExistsError(errno.EEXIST, f"{path} exists", str(path))
     return path
 
 
-_TEMP = re.compile(r"^\.(?P<name>.+)\.(?:(?P<pid>\d+)@(?P<host>.+)-)?[A-Za-z0-9_]+\.tmp$")
+def _locked_temp(path: Path) -> tuple[int, str]:
+    """A new temporary file beside ``path``, open and locked (``flock``) by this writer. A cleaner may
+    take the lock in the instant between creation and locking and delete the file: then its name is
+    gone (or another file's), and a new one is made."""
+    while True:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.lstat(tmp).st_ino == os.fstat(fd).st_ino:
+                return fd, tmp
+        except FileNotFoundError:
+            pass
+        os.close(fd)
 
 
-def _writer_alive(pid: int, host: str) -> bool:
-    """Whether the process that owns a temporary file may still be writing it. A writer on another
-    machine (a shared file system) cannot be asked, so it counts as alive."""
-    if host != socket.gethostname() or pid == os.getpid():  # this process may be writing it in another thread
-        return True
+def _mode(path: Path) -> int:
+    """The permissions of the file written at ``path``: an existing file's own, else what a new file
+    gets from any program (``0o666`` less the umask)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
 
 
-def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None = None,
-                       own: bool = False) -> list[Path]:
+def _umask() -> int:
+    """This process's umask, read without setting it (``os.umask`` can only be read by changing it, which
+    would race with other threads creating files); Linux states it in /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's names
+
+
+def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None = None) -> list[Path]:
     """Delete temporary files of interrupted writes (``write_atomic``) in ``directories`` (of the files
-    ``names`` only, if given) whose writer (this machine, its pid in the name) is gone; returns what
-    was removed.
-
-    ``own``: the caller owns these directories (it is resuming that run), so checkpoint temporaries of
-    an older release, whose names carry no writer, are removed too."""
+    ``names`` only, if given) that no writer holds any more; returns what was removed. A temporary is
+    removed only while its lock is taken here, so a live writer's (another process's, another
+    thread's, another machine's on a file system that shares locks) is never touched."""
     removed = []
     for d in directories:
         d = Path(d)
@@ -113,15 +151,19 @@ def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None =
             m = _TEMP.match(p.name)
             if not m or (names is not None and m["name"] not in names):
                 continue
-            if m["pid"] is None and not (own and m["name"] in ("last.pt", "best.pt")):
-                continue
-            if m["pid"] is not None and _writer_alive(int(m["pid"]), m["host"]):
-                continue
             try:
-                p.unlink()
-                removed.append(p)
-            except FileNotFoundError:
-                pass  # another process cleaned it up first
+                fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue  # gone already (another cleaner, a finished rename), or not a file of ours
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if stat.S_ISREG(os.fstat(fd).st_mode) and os.lstat(p).st_ino == os.fstat(fd).st_ino:
+                    p.unlink()
+                    removed.append(p)
+            except (BlockingIOError, FileNotFoundError):
+                pass  # a live writer holds it, or it was renamed or removed meanwhile
+            finally:
+                os.close(fd)
     return removed
 
 

@@ -62,7 +62,7 @@ def run(argv: list[str]) -> dict:
         out = path.parent
         outputs.check_writable(out, "run directory")
         lock.hold(out)  # one process per run: a second resume is refused, naming the first
-        stale = checkpoint.remove_stale_temps(out, own=True)
+        stale = checkpoint.remove_stale_temps(out)
     else:
         out = run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
         lock.hold(out)

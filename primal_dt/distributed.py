@@ -44,11 +44,6 @@ def init_distributed(device: str) -> Dist:
     return Dist(dist.get_rank(), dist.get_world_size(), local)
 
 
-def close_distributed() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def check_replicas(model: torch.nn.Module, d: Dist) -> bool:
     """Under DDP, confirm (and print, on rank 0) that every process ends with the same parameters:
     they should, bit for bit, and a silent drift would make the saved model one replica's guess.

@@ -1,7 +1,8 @@
 """How a command fails, the same way in every entry point: bad input (``SetupError``) ends as a usage
 error, one ``error: ...`` line with exit status 2; a write the machine refused (``WriteError``: disk
 full, no permission) and the run's own expected failures end with one line and exit status 1. Keeping
-this in one place means a user meets one error style whichever command they run."""
+this in one place means a user meets one error style whichever command they run. It imports nothing
+that loads torch, so ``envs`` can raise and report errors the same way."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .cli import fail
-from .distributed import close_distributed
 
 
 class SetupError(ValueError):
@@ -83,4 +83,13 @@ def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
     except KeyboardInterrupt:
         sys.exit(130)
     finally:
-        close_distributed()
+        _close_process_group()
+
+
+def _close_process_group() -> None:
+    """Leave a DDP process group if this process joined one. Looked up among the loaded modules, not
+    imported: a process that never loaded torch has no group, and this module (which ``lock`` and so
+    ``envs`` import) stays free of torch."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

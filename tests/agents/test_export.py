@@ -438,6 +438,44 @@ def test_overwrite_replaces_an_earlier_export(trained, tmp_path):
     assert not list(tmp_path.glob(".p.pt.*.tmp"))
 
 
+def test_two_exports_to_one_out_started_together_one_wins_and_the_other_is_refused(trained, tmp_path):
+    """Two ``python -m agents.export`` to the same new ``out``, as two real processes: both find ``out`` free
+    before they export, yet only one file is written and the other command is refused in one line."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "p.pt"
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    argv = [sys.executable, "-m", "agents.export", f"checkpoint={trained['dt']}", "format=torchscript", f"out={out}"]
+    procs = [subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    done = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    assert sorted(code for code, _, _ in done) == [0, 2], done
+    (_, _, err), = [d for d in done if d[0] == 2]
+    assert f"error: out={out} exists" in err and "Traceback" not in err
+    assert read_metadata(out)["artefact"] == "torchscript" and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_an_out_written_between_the_check_and_the_write_is_kept(trained, tmp_path, monkeypatch):
+    """The interleaving that two exports can meet, made deterministic: ``out`` appears after the export found it
+    free and before it writes (the other export's write); it is kept, and this one is refused."""
+    from agents import export
+
+    out = tmp_path / "p.pt"
+    real = export.ck_io.remove_stale_temps
+
+    def other_export_finishes(*args, **kw):  # called after the check, just before the write
+        out.write_text("the other export")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(export.ck_io, "remove_stale_temps", other_export_finishes)
+    with pytest.raises(ValueError, match=f"out={out} exists"):
+        export_policy(trained["dt"], "torchscript", out)
+    assert out.read_text() == "the other export" and sorted(tmp_path.iterdir()) == [out]
+
+
 def test_the_exported_step_is_the_same_function_at_any_batch(trained):
     """The model's step (DTStep) in PyTorch (what both formats trace): rows are independent, so a row computed alone
     equals the same row inside a batch, and reset rows equal fresh ones."""
@@ -465,21 +503,58 @@ def test_a_killed_exports_temporary_file_is_swept_at_the_next_export_there(train
 
 
 # -- load_agent(runtime="onnx") -------------------------------------------------------------------------------
-def test_the_onnx_runtime_agent_acts_as_the_torch_agent_from_an_export_cached_beside_the_checkpoint(
-        trained, tmp_path):
-    """``load_agent(runtime="onnx")`` exports the checkpoint once beside it (``policy.onnx``, reused while it
-    belongs to that file), checks it against torch and acts as the torch agent does, target included."""
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """The user's cache directory (``XDG_CACHE_HOME``), empty, and where load_agent keeps exports in it."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    return tmp_path / "xdg-cache" / "primal-dt" / "onnx"
+
+
+def run_copy(trained, name, directory) -> Path:
+    """A run directory holding a copy of ``trained[name]``'s checkpoint; returns the checkpoint file."""
     import shutil
 
-    ck = tmp_path / "last.pt"
-    shutil.copy(Path(trained["primal+dt"]) / "last.pt", ck)
-    fast = load_agent(tmp_path, runtime="onnx", target=1800.0)
+    directory.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(Path(trained[name]) / "last.pt", directory / "last.pt"))
+
+
+def negated_late(real: Path, out: Path, late: int = 12) -> Path:
+    """A graph that is ``real`` (its metadata included, the checkpoint hash too) up to a row's step ``late``
+    and negates the action from then on: what a planted file can do that a few checked steps cannot see."""
+    from onnx import TensorProto, helper
+
+    m = onnx.load(str(real))
+    for node in m.graph.node:
+        node.output[:] = ["action_raw" if o == "action" else o for o in node.output]
+    m.graph.node.extend([
+        helper.make_node("Constant", [], ["late_t"], value=helper.make_tensor("v", TensorProto.INT64, [], [late])),
+        helper.make_node("Constant", [], ["axis1"], value=helper.make_tensor("a", TensorProto.INT64, [1], [1])),
+        helper.make_node("GreaterOrEqual", ["state.t", "late_t"], ["is_late"]),
+        helper.make_node("Unsqueeze", ["is_late", "axis1"], ["is_late_col"]),
+        helper.make_node("Neg", ["action_raw"], ["negated"]),
+        helper.make_node("Where", ["is_late_col", "negated", "action_raw"], ["action"]),
+    ])
+    onnx.save(m, str(out))
+    return out
+
+
+def test_the_onnx_runtime_agent_acts_as_the_torch_agent_from_an_export_cached_in_the_users_cache(
+        trained, tmp_path, cache):
+    """``load_agent(runtime="onnx")`` exports the checkpoint once into the user's cache (named by the checkpoint's
+    hash, its graph's digest beside it), reuses it, writes nothing into the run directory and acts as the torch
+    agent does, target included."""
+    ck = run_copy(trained, "primal+dt", tmp_path / "run")
+    fast = load_agent(ck.parent, runtime="onnx", target=1800.0)
     assert isinstance(fast, OnnxPolicy) and fast.default_target == 1800.0 and fast.info.env == "hopper-medium"
-    cached = tmp_path / "policy.onnx"
-    assert read_metadata(cached)["checkpoint_sha256"] == hashlib.sha256(ck.read_bytes()).hexdigest()
-    stamp = cached.stat().st_mtime_ns
+    assert sorted(p.name for p in ck.parent.iterdir()) == ["last.pt"]
+    (graph,) = cache.glob("*.onnx")
+    sha = hashlib.sha256(ck.read_bytes()).hexdigest()
+    assert graph.name.startswith(sha) and read_metadata(graph)["checkpoint_sha256"] == sha
+    assert (cache / (graph.name + ".sha256")).read_text().strip() == hashlib.sha256(graph.read_bytes()).hexdigest()
+    assert cache.stat().st_mode & 0o777 == 0o700
+    stamp = graph.stat().st_mtime_ns
     again = load_agent(ck, runtime="onnx", target=1800.0)
-    assert cached.stat().st_mtime_ns == stamp  # reused, not exported again
+    assert graph.stat().st_mtime_ns == stamp and sorted(cache.iterdir()) == sorted(graph.parent.glob(f"{sha}*"))
     ref = load_agent(ck, target=1800.0)
     obs = np.random.default_rng(3).normal(size=(20, 3, 11)).astype(np.float32)
     for p in (fast, again, ref):
@@ -492,16 +567,55 @@ def test_the_onnx_runtime_agent_acts_as_the_torch_agent_from_an_export_cached_be
         reward = np.ones(3, np.float32)
 
 
-def test_the_onnx_runtime_leaves_another_checkpoints_policy_file_alone(trained, artefacts, tmp_path):
-    import shutil
+def test_a_planted_policy_file_is_never_what_acts(trained, tmp_path, cache):
+    """A graph carrying the checkpoint's own metadata (its hash too) that negates actions from step 12 on passes
+    the few steps load_agent checks; planted beside the checkpoint it is never read, and written over the cache
+    entry its digest no longer matches: the real export acts, equal to the torch agent over a real Hopper episode."""
+    from agents.onnx_agent import checked
 
-    shutil.copy(Path(trained["dt"]) / "last.pt", tmp_path / "last.pt")
-    other = tmp_path / "policy.onnx"
-    shutil.copy(artefacts["primal+dt"][0], other)  # exported from another checkpoint
-    before = other.read_bytes()
-    fast = load_agent(tmp_path, runtime="onnx")
-    assert other.read_bytes() == before and fast.metadata["layers"] == ["softmax"] * 3
-    assert fast.metadata["checkpoint_sha256"] == hashlib.sha256((tmp_path / "last.pt").read_bytes()).hexdigest()
+    ck = run_copy(trained, "dt", tmp_path / "run")
+    real = export_policy(ck, "onnx", tmp_path / "real.onnx")
+    planted = negated_late(real, ck.parent / "policy.onnx")
+    assert read_metadata(planted) == read_metadata(real)
+    torch_agent = load_agent(ck)
+    checked(OnnxPolicy(planted), torch_agent)  # what the run directory's file alone would have passed
+    before = planted.read_bytes()
+
+    def acts_as_torch(policy):
+        assert_same_actions(play([load_agent(ck), policy], batch=1, steps=120), names=("onnx",))
+
+    with pytest.raises(AssertionError):  # the plant deviates once its episode is long enough
+        acts_as_torch(OnnxPolicy(planted))
+    acts_as_torch(load_agent(ck.parent, runtime="onnx"))  # beside the checkpoint: never read
+    assert planted.read_bytes() == before
+    (graph,) = cache.glob("*.onnx")
+    graph.write_bytes(before)  # the cache entry replaced, its recorded digest left as it was
+    acts_as_torch(load_agent(ck, runtime="onnx"))
+    assert hashlib.sha256(graph.read_bytes()).hexdigest() == (cache / (graph.name + ".sha256")).read_text().strip()
+    assert graph.read_bytes() != before
+
+
+def test_a_read_only_run_leaves_no_temporary_export_behind(trained, tmp_path, cache, monkeypatch):
+    """Exports go to the cache, or, when there is none (the cache path is a file), to a temporary directory that
+    is gone once onnxruntime has read the graph: nothing is left in the temporary directory either way."""
+    import tempfile
+
+    ck = run_copy(trained, "dt", tmp_path / "run")
+    ck.parent.chmod(0o555)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    try:
+        load_agent(ck.parent, runtime="onnx")
+        assert list(tmp.iterdir()) == [] and len(list(cache.glob("*.onnx"))) == 1
+        (tmp_path / "not-a-dir").write_text("")
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "not-a-dir"))
+        policy = load_agent(ck.parent, runtime="onnx")
+        policy.reset(1)
+        assert list(tmp.iterdir()) == [] and policy.act(np.zeros((1, 11), np.float32), None).shape == (1, 3)
+    finally:
+        ck.parent.chmod(0o755)
+    assert sorted(p.name for p in ck.parent.iterdir()) == ["last.pt"]
 
 
 @pytest.mark.parametrize("kw, message", [

@@ -3,6 +3,8 @@ D4RL and Minari files that the loader reads back."""
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -179,9 +181,16 @@ def test_collect_refuses_a_directory_being_trained(sac_workdir, data_dirs):
     (wd / "meta.json").write_text(json.dumps({"env_id": "Hopper-v4", "seed": 0, "total_steps": 10_000}))
     with pytest.raises(SystemExit, match="looks like it is being trained"):
         run(CollectConfig(workdir=str(wd), train=True, train_steps=10_000, progress=False))
-    (wd / "train.lock").write_text(str(os.getpid()))  # a live process holds the lock
-    with pytest.raises(SystemExit, match="being trained by process"):
-        run(CollectConfig(workdir=str(wd), train=True, train_steps=10_000, progress=False))
+    holder = subprocess.Popen(  # a live trainer holds the directory's lock
+        [sys.executable, "-c", "import sys; from primal_dt import lock; lock.hold(sys.argv[1]); print(1, flush=True); "
+         "sys.stdin.read()", str(wd)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "1"
+        with pytest.raises(SystemExit, match=f"being trained by process {holder.pid}"):
+            run(CollectConfig(workdir=str(wd), train=True, train_steps=10_000, progress=False))
+    finally:
+        holder.kill()
+        holder.wait()
     with pytest.raises(SystemExit) as exit_:  # tyro's message: the levels it accepts
         parse(["level=random"])
     assert exit_.value.code == 2
@@ -196,7 +205,7 @@ def test_train_behavior_then_collect(tmp_path, data_dirs):
     prov = run(CollectConfig(**cfg))
     assert sorted(p.name for p in wd.glob("sac_step*.pt")) == ["sac_step0000200.pt", "sac_step0000400.pt"]
     assert [e["step"] for e in json.loads((wd / "evals.json").read_text())] == [200, 400]
-    assert (wd / "train.lock").read_text() == "free"  # released
+    assert behavior.trainer(wd) is None  # released
     with pytest.warns(UserWarning):
         ds = load_dataset("hopper-medium", source="replica", verbose=False)
     assert ds.num_steps == prov["steps"] >= 50

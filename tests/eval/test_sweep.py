@@ -161,6 +161,18 @@ def test_one_sweep_per_out_and_its_runs_die_with_it(hopper_file, tmp_path):
     assert "1 to resume" in p.stdout and run_dirs(out) == [d] and dt_checkpoint.load(d).step == step + 2
 
 
+def test_a_sweep_into_an_out_whose_lock_is_a_planted_link_leaves_its_target_untouched(hopper_file, tmp_path,
+                                                                                      one_line_error):
+    out, victim = tmp_path / "sweep", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("precious\n")
+    (out / ".lock").symlink_to(victim)
+    p = sweep(hopper_file, out, "model=dt", "steps=4", check=False)
+    one_line_error(p, f"the lock file of the sweep's output, {out.resolve() / '.lock'}, is a symbolic link",
+                   f"remove {out.resolve() / '.lock'}")
+    assert victim.read_text() == "precious\n" and run_dirs(out) == []
+
+
 def test_logs_that_cannot_be_written_are_one_line_before_any_run(hopper_file, tmp_path, one_line_error):
     out = tmp_path / "sweep"
     out.mkdir()

@@ -5,6 +5,8 @@ leaves the previous file intact, and temporaries of killed writers are cleaned u
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,8 @@ import torch
 
 from primal_dt import checkpoint
 from primal_dt.errors import WriteError
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_crafted_pickle_is_refused_and_never_runs(tmp_path, crafted_checkpoint):
@@ -61,23 +65,65 @@ def test_a_write_past_a_real_file_size_limit_is_one_clear_error_and_keeps_the_ol
         checkpoint.save_atomic({}, old / "nope.pt")
 
 
-def test_stale_temporaries_of_dead_writers_are_removed_live_ones_kept(tmp_path, killed_checkpoint_write):
+STALLED_WRITE = ("import os, sys, time\nfrom primal_dt import checkpoint\n"
+                 "os.fsync = lambda fd: (print('writing', flush=True), time.sleep(600))\n"
+                 "checkpoint.write_atomic(sys.argv[1], b'x' * 1000, 'test file')\n")
+
+
+def test_a_temporary_is_removed_only_when_its_writer_is_gone(tmp_path, killed_checkpoint_write):
+    """Real writers stalled mid-write (their fsync never returns): a killed one's temporary is removed, a live
+    one's kept, whoever the live writer is (another process, another thread of this one); once it dies, its
+    temporary goes too. Temporaries of other files and files of other names are left alone."""
+    import threading
+
     run = tmp_path / "run"
     run.mkdir()
-    dead = killed_checkpoint_write(run / "last.pt").name
-    assert dead.startswith(".last.pt.") and f"@{os.uname().nodename}-" in dead
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = killed_checkpoint_write(run / "last.pt")
+    live = subprocess.Popen([sys.executable, "-c", STALLED_WRITE, str(run / "best.pt")], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    stall, real_fsync = threading.Event(), os.fsync
     try:
-        alive = run / f".best.pt.{live.pid}@{os.uname().nodename}-abcdefgh.tmp"
-        elsewhere = run / ".last.pt.1@another-host-abcdefgh.tmp"  # a writer on another machine: cannot ask it
-        old_release = run / ".last.pt.x7k2m9q1.tmp"  # release 0.1's names carry no writer
-        unrelated = run / ".notes.txt.1-abc.tmp"
-        for p in (alive, elsewhere, old_release, unrelated):
-            p.write_bytes(b"x")
-        assert checkpoint.remove_stale_temps(run) == [run / dead]
-        assert checkpoint.remove_stale_temps(run, own=True) == [old_release]
-        assert sorted(p.name for p in run.iterdir()) == sorted(p.name for p in (alive, elsewhere, unrelated))
+        assert live.stdout.readline().strip() == "writing"
+        (alive,) = run.glob(".best.pt.*.tmp")
+        unrelated = run / ".notes.txt.tmp"
+        unrelated.write_bytes(b"x")
+
+        def stalled_fsync(fd):  # this process's own writer, stalled in another thread
+            stall.wait(60)
+            real_fsync(fd)
+
+        os.fsync = stalled_fsync
+        writer = threading.Thread(target=checkpoint.write_atomic, args=(run / "summary.json", "{}", "summary"))
+        writer.start()
+        deadline = time.time() + 30
+        while not list(run.glob(".summary.json.*.tmp")) and time.time() < deadline:
+            time.sleep(0.01)
+        (mine,) = run.glob(".summary.json.*.tmp")
+        assert checkpoint.remove_stale_temps(run) == [dead]
+        assert checkpoint.remove_stale_temps(run, names=("best.pt",)) == []
+        assert sorted(run.iterdir()) == sorted([alive, mine, unrelated])
+        stall.set()
+        writer.join()
+        assert (run / "summary.json").read_text() == "{}" and not mine.exists()
     finally:
+        stall.set()
+        os.fsync = real_fsync
         live.kill()
         live.wait()
     assert checkpoint.remove_stale_temps(run) == [alive]  # its writer is gone now
+    assert sorted(p.name for p in run.iterdir()) == [unrelated.name, "summary.json"]
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_permissions_of_the_users_umask_and_replaced_ones_keep_theirs(tmp_path, run_code,
+                                                                                             umask, mode):
+    """A new file: 0o666 less the umask, as any program's; a file replaced: its own permissions. In a real process
+    with that umask (the umask is process-wide)."""
+    new, kept = tmp_path / "summary.json", tmp_path / "last.pt"
+    kept.write_bytes(b"old")
+    kept.chmod(0o640)
+    p = run_code(f"import os\nos.umask({umask})\nfrom primal_dt import checkpoint\n"
+                 f"checkpoint.write_atomic({str(new)!r}, '{{}}', 'summary')\n"
+                 f"checkpoint.save_atomic({{'model': 1}}, {str(kept)!r})\n")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert oct(new.stat().st_mode & 0o777) == oct(mode) and oct(kept.stat().st_mode & 0o777) == oct(0o640)

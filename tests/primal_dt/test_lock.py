@@ -71,3 +71,38 @@ def test_a_child_handed_the_lock_keeps_it_held_after_its_parent_dies(tmp_path):
             time.sleep(0.05)
     assert held
     lock.release(d)
+
+
+@pytest.mark.parametrize("plant", ["symlink", "dangling symlink", "hard link", "directory"])
+def test_a_planted_lock_file_is_refused_and_what_it_points_to_is_untouched(tmp_path, plant):
+    """A ``.lock`` that is a link to a file of the user's (planted in a run copied from elsewhere) would have
+    that file truncated and overwritten with a pid: it is refused, naming the path and what to do."""
+    d, victim = tmp_path / "run", tmp_path / "victim.txt"
+    d.mkdir()
+    victim.write_text("precious\n")
+    planted = d / lock.FILENAME
+    if plant == "symlink":
+        planted.symlink_to(victim)
+    elif plant == "dangling symlink":
+        planted.symlink_to(tmp_path / "not-yet")
+    elif plant == "hard link":
+        os.link(victim, planted)
+    else:
+        planted.mkdir()
+    with pytest.raises(SetupError, match=rf"the lock file of the run directory, {planted}, is .*: remove {planted}"):
+        lock.hold(d)
+    assert victim.read_text() == "precious\n" and not (tmp_path / "not-yet").exists()
+    assert lock.holder(d) is None  # asking who holds it follows no link either
+    planted.rmdir() if plant == "directory" else planted.unlink()
+    lock.hold(d)  # removed as told: the directory is held again
+    lock.release(d)
+
+
+def test_holder_names_a_live_holder_and_none_once_it_is_gone(tmp_path):
+    d = tmp_path / "run"
+    assert lock.holder(d) is None and not d.exists()  # asking creates nothing
+    p = holder(d)
+    assert lock.holder(d) == f"process {p.pid}"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert lock.holder(d) is None

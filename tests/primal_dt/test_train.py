@@ -349,16 +349,60 @@ def test_a_run_is_resumed_by_one_process_at_a_time_and_a_killed_one_blocks_nothi
                              stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and first.poll() is None and (d / ".lock").read_text().strip() != str(first.pid):
-            time.sleep(0.05)
+        while time.time() < deadline and first.poll() is None and not list(d.glob(f"events.out.tfevents.*.{first.pid}.*")):
+            time.sleep(0.05)  # the first holds the run and has opened its log
         assert first.poll() is None
         events = sorted(d.glob("events.out.tfevents.*"))
         second = run_cli("primal_dt.train", f"resume={d}", "steps=100000", "progress=false")
         one_line_error(second, f"the run directory {d} is in use by process {first.pid}")
         assert "resuming" not in second.stdout and sorted(d.glob("events.out.tfevents.*")) == events
+        # refused before the expensive work: no data loaded, no config printed
+        assert "[envs]" not in second.stdout + second.stderr and "source" not in second.stdout
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     step = dt_checkpoint.load(d).step
     again = run([f"resume={d}", f"steps={step + 2}", "progress=false", "threads=1"])
     assert again["steps"] == step + 2 and (d / ".lock").read_text().strip() == str(os.getpid())
+
+
+def test_a_resume_into_a_run_whose_lock_is_a_planted_link_leaves_its_target_untouched(hopper_file, tmp_path, run_cli,
+                                                                                       one_line_error, tiny_train):
+    d = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=2", *tiny_train.QUIET))["run_dir"])
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (d / ".lock").unlink()
+    (d / ".lock").symlink_to(victim)
+    p = run_cli("primal_dt.train", f"resume={d}", "steps=4", "progress=false")
+    one_line_error(p, f"the lock file of the run directory, {d / '.lock'}, is a symbolic link (to {victim})",
+                   f"remove {d / '.lock'}")
+    assert victim.read_text() == "precious\n" and dt_checkpoint.load(d).step == 2
+
+
+def test_a_resume_waiting_for_a_busy_run_never_continues_from_the_state_it_replaced(hopper_file, tmp_path,
+                                                                                   tiny_train):
+    """Two resumes of one run: while the first holds the run (it trains from step 4 to 8 and writes), the second
+    is refused; once the first has ended the second continues from what the first wrote, not from the checkpoint
+    it would have read had it read before holding the run."""
+    d = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=4", "checkpoint_every=2", *tiny_train.QUIET))["run_dir"])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "primal_dt.train", f"resume={d}", "progress=false", "threads=1"]
+    first = subprocess.Popen([*argv, "steps=8"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    from primal_dt import lock
+
+    while first.poll() is None and lock.holder(d) != f"process {first.pid}":
+        time.sleep(0.01)
+    while first.poll() is None:  # every resume tried while the first runs is refused, whenever it comes
+        second = subprocess.run([*argv, "steps=10"], cwd=ROOT, env=env, capture_output=True, text=True)
+        if second.returncode == 0:
+            break
+        assert second.returncode == 2 and f"the run directory {d} is in use by process {first.pid}" in second.stderr
+        assert "[envs]" not in second.stdout + second.stderr
+    out, _ = first.communicate()
+    assert first.returncode == 0, out[-2000:]
+    if second.returncode != 0:  # the first ended before a try got through: resume now
+        second = subprocess.run([*argv, "steps=10"], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "resuming at step 8" in second.stdout  # the first's finished work, continued
+    assert dt_checkpoint.load(d).step == 10 and json.loads((d / "summary.json").read_text())["steps"] == 10
