@@ -291,18 +291,21 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     speed = Throughput()
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
     clock = Clock(run)
+    saved_at = run.step if (run.out / dt_checkpoint.FILENAME).exists() else -1
+    interrupts = Interrupts()
     try:
-        with _terminate_as_interrupt():
+        with interrupts.installed():
             while run.step < cfg.steps:
                 logging = _due(run.step + 1, cfg.log_every)
-                batch = next_batch(run, reach)
-                t0 = time.perf_counter()
-                loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip, logging,
-                                             d.world)
-                dt = time.perf_counter() - t0  # train_step reads the loss back, so the device is synchronised
-                if not (math.isfinite(loss) and math.isfinite(gn)):
-                    diverged(run, mon, loss, gn, parts)
-                run.step += 1
+                with interrupts.held():  # a step is whole or not taken: an interrupt waits for its end
+                    batch = next_batch(run, reach)
+                    t0 = time.perf_counter()
+                    loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip,
+                                                 logging, d.world)
+                    dt = time.perf_counter() - t0  # train_step reads the loss back, so the device is synchronised
+                    if not (math.isfinite(loss) and math.isfinite(gn)):
+                        diverged(run, mon, loss, gn, parts)
+                    run.step += 1
                 run.train_time += dt
                 speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
                 if logging:
@@ -316,6 +319,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     clock.exclude(time.perf_counter() - t0)
                 if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
                     save(run, mon)
+                    saved_at = run.step
                     by_time.restart()
                 note = clock.tick()
                 if note:
@@ -323,6 +327,17 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                 mon.progress(1, **postfix(loss, last_score, last_val, clock.eta()))
     except KeyboardInterrupt as err:
         why = f" by {err.args[0]}" if err.args else ""
+        if d.world == 1 and run.step > saved_at:  # the state is that of a whole number of steps: keep it
+            try:
+                save(run, mon)
+            except KeyboardInterrupt:  # a second interrupt: stop at once, the previous checkpoint kept
+                why = f"{why}, then again while its checkpoint was written,"
+            else:
+                last = run.out / dt_checkpoint.FILENAME
+                mon.print(f"interrupted{why} at step {run.step}: checkpoint written at this step ({last}); continue "
+                          f"with: python -m primal_dt.train resume={run.out}")
+                mon.close()
+                raise
         if (run.out / dt_checkpoint.FILENAME).exists():
             mon.print(f"interrupted{why} at step {run.step}; {kept(run)}; continue with: python -m primal_dt.train "
                       f"resume={run.out}")
@@ -401,23 +416,49 @@ def open_run_dir(run: Run) -> None:
               f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
 
 
-@contextlib.contextmanager
-def _terminate_as_interrupt():
-    """A SIGTERM (a scheduler's preemption or time limit, ``kill``) ends training as Ctrl-C does: the
-    run says where it stopped, which checkpoint is kept and how to continue, instead of vanishing.
-    Only the main thread can take signals; elsewhere SIGTERM keeps its default."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+class Interrupts:
+    """Ctrl-C and SIGTERM (a scheduler's preemption or time limit, ``kill``) end training alike: the run
+    writes a checkpoint at the step it reached, says so and how to continue. So that checkpoint resumes
+    exactly, an interrupt that comes during a training step (``held``) waits for the step's end; anywhere
+    else (evaluation, logging) it stops at once, and a second interrupt always does (the checkpoint
+    being written is then abandoned, the previous one kept). Only the main thread takes signals; a
+    SIGINT ignored when the process started (a background job) stays ignored."""
 
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt("SIGTERM")
+    def __init__(self):
+        self.holding, self.pending = False, None
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    def _handle(self, signum, frame):
+        args = ("SIGTERM",) if signum == signal.SIGTERM else ()
+        if self.holding and self.pending is None:
+            self.pending = args
+            return
+        raise KeyboardInterrupt(*args)
+
+    @contextlib.contextmanager
+    def installed(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        signal.signal(signal.SIGTERM, self._handle)
+        if previous[signal.SIGINT] is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._handle)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    @contextlib.contextmanager
+    def held(self):
+        self.holding = True
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending is not None:
+            args, self.pending = self.pending, None
+            raise KeyboardInterrupt(*args)
 
 
 def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:

@@ -112,6 +112,32 @@ def test_ctrl_c_says_how_to_continue_and_exits_130(hopper_file, tmp_path, tiny_t
     assert f"; continue with: python -m primal_dt.train resume={run_dir}" in out and "Traceback" not in err
 
 
+def test_ctrl_c_writes_a_checkpoint_at_the_step_reached_which_resumes_exactly(hopper_file, tmp_path, tiny_train):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    no_periodic = ("checkpoint_every=0", "checkpoint_minutes=0", "log_every=1")
+    proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *tiny_train.args(
+        hopper_file, tmp_path / "cut", "steps=100000", *no_periodic, *tiny_train.QUIET)], cwd=ROOT, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_enabled)
+    run_dirs = tmp_path / "cut" / "hopper-medium" / "primal+dt"
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(run_dirs.glob("*/events.*")) and proc.poll() is None:
+        time.sleep(0.01)
+    time.sleep(2.0)  # some steps in, with no checkpoint written by schedule
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted at step ")]
+    step = int(line.split()[3].rstrip(":"))
+    (run_dir,) = run_dirs.iterdir()
+    assert "checkpoint written at this step" in line and line.endswith(f"resume={run_dir}")
+    assert step > 0 and dt_checkpoint.load(run_dir).step == step
+    resumed = run([f"resume={run_dir}", f"steps={step + 5}", "progress=false", "threads=1"])
+    straight = run(tiny_train.args(hopper_file, tmp_path / "straight", f"steps={step + 5}", *no_periodic,
+                                   *tiny_train.QUIET))
+    a, b = (dt_checkpoint.load(r["run_dir"]).model for r in (resumed, straight))
+    assert all(torch.equal(a[k], b[k]) for k in b)
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path, capsys, tiny_train):
     with pytest.raises(Diverged, match="diverged at step") as err:
         run(tiny_train.args(hopper_file, tmp_path, "steps=50", "lr=1e30", "warmup_steps=0", "grad_clip=0", "checkpoint_every=1",
