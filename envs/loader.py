@@ -44,10 +44,8 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
     for prefix in ([chosen.prefix] if chosen else sources.order(spec)):
         try:
             ds = sources.read(sources.get(prefix), sources.Request(spec, "", download, verbose))
-        except DatasetNotFound as exc:
+        except DatasetNotFound as exc:  # kept in ds.metadata["searched"]; the replica's warning says what to do
             notes.append(f"{prefix}: {exc}")
-            if verbose and chosen is None:
-                print(f"[envs] {spec.name}: {prefix}: {exc}", file=sys.stderr, flush=True)
             continue
         ds.name = spec.name
         return _report(ds, spec, verbose, notes, clip_actions)

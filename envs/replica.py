@@ -63,7 +63,7 @@ def _announce(ds: Trajectories, spec: EnvSpec, verbose: bool) -> None:
     msg = (f"{spec.name}: using a REPLICA ({ds.source}; {what}), NOT the published D4RL/Minari "
            f"dataset. Scores are not comparable with papers. Put the D4RL file {spec.d4rl_file} in "
            f"{d4rl_io.d4rl_dir()} or a Minari dataset in {minari_source.minari_root()} to use the real one.")
-    warnings.warn(msg, ReplicaWarning, stacklevel=5)  # at the caller of envs.load_dataset
-    if verbose:
-        bar = "!" * 100
-        print(f"{bar}\n!! WARNING: {msg}\n{bar}", file=sys.stderr, flush=True)
+    if verbose:  # a command's console: the one loud line, once (a Python warning would repeat it with a source line)
+        print(f"!! WARNING: {msg}", file=sys.stderr, flush=True)
+    else:
+        warnings.warn(msg, ReplicaWarning, stacklevel=5)  # at the caller of envs.load_dataset
