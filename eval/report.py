@@ -429,9 +429,11 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
         rows = rows_by_target[target]
         labels = [f"{r['dataset']}\n{r['model']}\n{r['engine']}\n{r['data']}" for r in rows]
         x = range(len(rows))
-        err = [0 if math.isnan(r["ci95"]) else r["ci95"] for r in rows]
-        ax.bar(x, [r["mean"] for r in rows], yerr=err, capsize=5, color="tab:blue", alpha=0.8,
-               label="ours: mean, 95% CI over seeds")
+        ax.bar(x, [r["mean"] for r in rows], color="tab:blue", alpha=0.8, label="ours: mean, 95% CI over seeds")
+        spread = [(i, r) for i, r in enumerate(rows) if r["seeds"] > 1 and math.isfinite(r["ci95"])]
+        if spread:  # a single seed has no interval: no bar is drawn for it
+            ax.errorbar([i for i, _ in spread], [r["mean"] for _, r in spread], yerr=[r["ci95"] for _, r in spread],
+                        fmt="none", ecolor="black", capsize=5)
         papers = [(i, r["paper"]) for i, r in enumerate(rows) if r["paper"] is not None]
         if papers:
             ax.scatter([i for i, _ in papers], [p for _, p in papers], marker="_", s=600, color="tab:red",
@@ -449,6 +451,23 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
         return save_figure(fig, path, "report's bar chart")
     finally:
         plt.close(fig)
+
+
+def capped(groups: list[Group]) -> list[str]:
+    """A note for each group whose evaluation episodes were cut short of the simulator's limit
+    (``eval.max_steps``): its scores are not comparable with a paper's, whose episodes run to the limit."""
+    notes = []
+    for g in groups:
+        caps = sorted({int((r.config.get("eval") or {}).get("max_steps") or 0) for r in g.runs} - {0})
+        try:
+            limit = envs.get_spec(g.env).max_episode_steps
+        except (KeyError, ValueError):
+            continue
+        if caps and caps[0] < limit:
+            notes.append(f"{g.env} {g.model} ({g.engine}): evaluation episodes capped at {'/'.join(map(str, caps))} "
+                         f"steps (eval.max_steps; the simulator's limit is {limit}), so its scores are not comparable "
+                         "with the paper's")
+    return notes
 
 
 def nonfinite(runs: list[Run]) -> list[str]:
@@ -483,7 +502,7 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     if not runs:
         raise ValueError(f"none of the {len(finished)} finished run(s) could be reported (see the lines above)")
     groups, grouping = group_runs(runs)
-    notes += grouping + nonfinite(runs)
+    notes += grouping + nonfinite(runs) + capped(groups)
     targets = sorted({t for r in runs for t in r.final}, key=lambda t: -float(t.removeprefix("target")))
     out = Path(out)
     with errors.writing(out, "report directory (nothing was written)"):

@@ -247,7 +247,11 @@ def run(argv: list[str]) -> dict:
         print(note)
     written = False
     try:
-        report = _rollout(cfg, path, ck, spec, model, targets)
+        try:
+            report = _rollout(cfg, path, ck, spec, model, targets)
+        except KeyboardInterrupt:
+            print(f"interrupted: no report written ({out} would have held it)", flush=True)
+            raise
         with errors.writing(out, "rollout report"):
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_text(json.dumps(report, indent=2))

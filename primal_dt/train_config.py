@@ -157,7 +157,8 @@ class EvalConfig(RolloutOptions):
 @dataclass
 class TrainConfig(RunOptions):
     env: str = "hopper-medium"
-    """dataset and simulator, D4RL naming: {hopper,halfcheetah,walker2d}-{medium,medium-replay,medium-expert,...}"""
+    """dataset and simulator: D4RL naming, {hopper,halfcheetah,walker2d,ant}-{random,medium,medium-replay,medium-expert,
+    expert}, or a Minari dataset id whose simulator is one of these families (mujoco/hopper/medium-v0, a local one)"""
     preset: str = ""
     """configs/dt/<preset>.yaml to start from ('' : the preset named like env, when there is one)"""
     recipe: Literal["preset", "cpu"] = "preset"

@@ -217,6 +217,7 @@ def test_command_line_and_clear_errors(runs, tmp_path):
                        cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert "| hopper-medium | D4RL | primal+dt | stream (not trained) | 2 | 6 |" in p.stdout
+    assert "evaluation episodes capped at 15 steps (eval.max_steps; the simulator's limit is 1000)" in p.stdout
     assert (tmp_path / "scores.md").exists() and (tmp_path / "curves.png").exists()
     p = subprocess.run([sys.executable, "-m", "eval.report", str(tmp_path / "nothing-here")], cwd=ROOT,
                        capture_output=True, text=True)
