@@ -99,6 +99,19 @@ class Agent(Policy):
         self.default_target = target
         self.engine = None
 
+    @classmethod
+    def for_data(cls, model, info, *, engine: str = "stream", target=None, context: int | None = None,
+                 precision: str = "fp32") -> "Agent":
+        """The agent of a trained ``model`` with its run's bookkeeping, ``info`` (the checkpoint's
+        ``DataInfo``: normalisation statistics, reward scale, targets): the one place an agent is built
+        from a run, so ``load_agent``, the evaluators, videos and benchmarks repeat the same bookkeeping.
+        ``target`` defaults to the run's first."""
+        agent = cls(model, state_mean=info.state_mean, state_std=info.state_std, reward_scale=info.reward_scale,
+                    target=info.eval_targets[0] if target is None else target, engine=engine, context=context,
+                    precision=precision)
+        agent.info = info
+        return agent
+
     # -- the rows' state (the shared API is Policy's; each engine keeps its rows' bookkeeping) ----------
     def _start(self, B, targets):
         targets = torch.as_tensor(targets, dtype=torch.float32, device=self.device)
@@ -164,11 +177,8 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
         dt_checkpoint.training_data(ck, None if data is True else data)
     elif data is not None and data is not False:
         dt_checkpoint.check_data(ck.data, data, ck.origin)
-    info = ck.data
-    agent = Agent(ck.build_model(device), state_mean=info.state_mean, state_std=info.state_std,
-                  reward_scale=info.reward_scale, target=info.eval_targets[0] if target is None else target,
-                  engine=engine, context=context, precision=precision)
-    agent.info = info
+    agent = Agent.for_data(ck.build_model(device), ck.data, engine=engine, target=target, context=context,
+                           precision=precision)
     agent.fidelity = ck.fidelity(engine).record()
     note = ck.fidelity(engine).note(ck.origin)
     if note:

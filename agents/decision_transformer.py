@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from dataclasses import dataclass
 
 import torch
@@ -105,7 +106,15 @@ class DTConfig(ModelConfig):
 
     @classmethod
     def from_dict(cls, d: dict) -> "DTConfig":
-        """Back from ``to_dict``; a missing or unknown field is a TypeError naming it."""
+        """Back from ``to_dict``; a missing or unknown field is a TypeError naming it, and a field whose value
+        is not of its default's kind (a list for ``layers``, a string for ``d_model``) a ValueError naming it."""
+        kinds = {int: (int,), float: (int, float), str: (str,), bool: (bool,), tuple: (list, tuple)}
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            want = kinds.get(type(default))
+            v = d.get(f.name)
+            if f.name in d and want and (not isinstance(v, want) or (isinstance(v, bool) and bool not in want)):
+                raise ValueError(f"model_config.{f.name} must be {type(default).__name__}, got {json.dumps(v)[:40]}")
         return cls(**d)
 
 

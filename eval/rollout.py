@@ -32,7 +32,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -129,8 +129,8 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     in_process = n_lanes > 1 and not options.asynchronous and options.lane_workers == "process"
     widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
-        agents = [Agent(model, state_mean=data.state_mean, state_std=data.state_std, reward_scale=data.reward_scale,
-                        target=float(targets[0]), engine=options.engine, precision=options.precision) for _ in widths]
+        agents = [Agent.for_data(model, data, target=float(targets[0]), engine=options.engine,
+                                 precision=options.precision) for _ in widths]
         venvs = []
         t0 = time.perf_counter()
         try:
@@ -289,7 +289,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
     if cfg.video:
         from eval.video import record_episode
 
-        report["video"] = record_episode(model, spec, dataclasses.asdict(info), targets[0], cfg.engine, cfg.seed,
+        report["video"] = record_episode(model, spec, info, targets[0], cfg.engine, cfg.seed,
                                          out_dir=path.parent, gym_id=info.gym_id, max_steps=cfg.max_steps or None,
                                          step=ck.step)
     return report

@@ -73,7 +73,7 @@ def frame_every(dt: float, period: float = 0.04) -> int:
     return max(1, round(period / dt))
 
 
-def record_episode(model, spec, stats: dict, target: float, engine: str, seed: int, out_dir, gym_id=None,
+def record_episode(model, spec, info, target: float, engine: str, seed: int, out_dir, gym_id=None,
                    max_steps: int | None = None, backend: str | Sequence[str] | None = None, size: int = 240,
                    every: int | None = None, tensorboard: bool = True, step: int = 0) -> dict:
     """Roll out one episode (reset seed ``seed``, at most ``max_steps`` steps) rendering every
@@ -103,8 +103,7 @@ def record_episode(model, spec, stats: dict, target: float, engine: str, seed: i
     dt = float(getattr(env.unwrapped, "dt", 0.008))
     every = every or frame_every(dt)
     fps = 1.0 / (every * dt)
-    agent = Agent(model, state_mean=stats["state_mean"], state_std=stats["state_std"],
-                  reward_scale=stats["reward_scale"], target=target, engine=engine)
+    agent = Agent.for_data(model, info, target=target, engine=engine)
     filmed = Frames(env, every)
     venv = gym.vector.SyncVectorEnv([lambda: filmed], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     try:  # the evaluators' loop on one simulator: episode 0 starts from reset seed ``seed``

@@ -21,8 +21,7 @@ def make_agent(model, info, engine: str, context: int | None = None, precision: 
     """An agent with the run's bookkeeping (``info``: the checkpoint's DataInfo), aiming at its first target."""
     from agents.agent import Agent
 
-    return Agent(model, state_mean=info.state_mean, state_std=info.state_std, reward_scale=info.reward_scale,
-                 target=info.eval_targets[0], engine=engine, context=context, precision=precision)
+    return Agent.for_data(model, info, engine=engine, context=context, precision=precision)
 
 
 def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> dict:

@@ -136,8 +136,11 @@ def test_clear_errors(tmp_path, tiny_dt, make_agent, dt_checkpoint, dt_checkpoin
     with pytest.raises(ValueError, match="bidirectional"):
         make_agent(bi, "recompute")
     ck = dt_checkpoint(m).to_dict()
-    ck["model_config"]["layers"] = ["softmax", "nystrom", "primal"]
+    ck["model_config"]["layers"] = "softmax,nystrom,primal"
     with pytest.raises(ValueError, match="causal"):
+        load_agent(ck)
+    ck["model_config"]["layers"] = ["softmax", "nystrom", "primal"]  # not what to_dict writes: named, not a crash
+    with pytest.raises(ValueError, match="model_config.layers must be str"):
         load_agent(ck)
 
 

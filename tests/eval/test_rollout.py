@@ -214,8 +214,8 @@ def test_video_unavailable_backend_gives_a_clear_message(ckpt, tmp_path, tiny_dt
     assert not ok
     assert "MUJOCO_GL=no-such-backend" in msg and "rollout results are unaffected" in msg
     model = tiny_dt("primal+dt", K=5)
-    stats = {"state_mean": hopper_stats[0], "state_std": hopper_stats[1], "reward_scale": 1000.0}
-    res = record_episode(model, SPEC, stats, 3600.0, "stream", 0, tmp_path, backend="no-such-backend")
+    info = DataInfo(env="hopper-medium", state_mean=hopper_stats[0], state_std=hopper_stats[1], reward_scale=1000.0)
+    res = record_episode(model, SPEC, info, 3600.0, "stream", 0, tmp_path, backend="no-such-backend")
     assert res["path"] is None and res["message"] == msg
     assert not list(tmp_path.glob("*.gif"))
 
@@ -226,8 +226,8 @@ def test_video_is_recorded_when_rendering_works(tmp_path, tiny_dt, hopper_stats)
     if not ok:
         pytest.skip(backend)
     model = tiny_dt("primal+dt", K=5)
-    stats = {"state_mean": hopper_stats[0], "state_std": hopper_stats[1], "reward_scale": 1000.0}
-    res = record_episode(model, SPEC, stats, 3600.0, "stream", 0, tmp_path, max_steps=20, size=64)
+    info = DataInfo(env="hopper-medium", state_mean=hopper_stats[0], state_std=hopper_stats[1], reward_scale=1000.0)
+    res = record_episode(model, SPEC, info, 3600.0, "stream", 0, tmp_path, max_steps=20, size=64)
     assert Path(res["path"]).exists() and res["frames"] >= 2
 
 
