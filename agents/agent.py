@@ -69,7 +69,7 @@ class Agent(Policy):
                              "dtype (precision='fp32')")
         if engine == "stream":
             #: the one step function the stream engine runs (built here: its checks fail at construction)
-            self.step_fn = DTStep(model.eval(), state_mean, state_std, reward_scale, precision=precision, inplace=True)
+            self.step_fn = DTStep(model.eval(), state_mean, state_std, reward_scale, precision=precision)
             if precision == "bf16" and not native_bf16(next(model.parameters()).device):
                 warnings.warn("precision='bf16': this CPU has no native bfloat16 matmuls (AVX512-BF16 or AMX), so "
                               "they are emulated and likely slower than fp32; use precision='fp32'", stacklevel=2)

@@ -63,8 +63,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from primal_dt.attention.base import restart_rows
-from primal_dt.attention.state import StateSpec
+from primal_dt.attention import get_class
+from primal_dt.attention.base import StateSpec, restart_rows
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
 from primal_dt.layouts import layout
@@ -249,10 +249,10 @@ class DTStep(nn.Module):
     recurrent form and the action head.
 
     Built from a model in eval mode; a snapshot of the weights its layers fuse (build a new one after
-    the weights change). ``precision`` / ``inplace``: as ``Attention.recurrent``'s."""
+    the weights change). ``precision``: as ``Attention.recurrent``'s."""
 
     def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
-                 precision: str = "fp32", inplace: bool = False):
+                 precision: str = "fp32"):
         super().__init__()
         if model.training:
             raise ValueError("DTStep needs the model in eval mode (model.eval())")
@@ -267,7 +267,7 @@ class DTStep(nn.Module):
             raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
         self.model = model
         self.layers = model.stack.recurrent(window=softmax_stream_window(model), chunk=TOKENS_PER_STEP,
-                                            precision=precision, inplace=inplace)
+                                            precision=precision)
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
         self.reward_scale = float(reward_scale)

@@ -4,8 +4,7 @@ per-layer recurrent states, at a cost that does not grow with the episode.
 It runs ``agents.decision_transformer.DTStep`` (the one step function, whose module documents what a
 streamed token sees) on a state it keeps between calls: B rows in lock step, each restarted or
 dropped on its own. The same function is what ``agents.export`` traces, so the exported graph and this
-engine compute the same actions. The engine builds its step with ``inplace=True``: it never reads a
-state again once it passed it on, so softmax rings are written in place (Attention.recurrent).
+engine compute the same actions.
 
 ``precision="bf16"`` runs the stack's weight matmuls in bfloat16 (primal_dt/attention/precision.py:
 states, residuals, norms, embeddings and the head stay in the model's dtype); it is not exact, and

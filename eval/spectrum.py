@@ -3,10 +3,15 @@
 
     python -m eval.spectrum checkpoint=runs/.../best.pt [out=DIR] [n=64] [seed=0] [data_source=...]
 
-For each attention layer the matrix is taken from the mechanism's ``attention_matrix(x, mask)``
-(softmax: the attention weights; primal: the induced kernel phi(q) phi(k)^T, with prefix means
-when causal; linear family, kernel smoothers, Nystrom: the weights they imply); layers whose
-mechanism defines none are listed as skipped. The layer inputs are captured with forward pre-hooks
+For each attention layer the matrix is read from the mechanism's own ``forward`` by one probe
+(``attention_matrix``): a mechanism that mixes values (softmax, the linear family, kernel smoothers,
+Nystrom, ...) computes, before its output projection, y_i = sum_j A_ij v_j per head, linear in the
+values v for fixed queries and keys, so feeding one-hot values in place of v reads A column by
+column (the attention weights, or the weights its kernel implies). Primal-Attention mixes no values:
+its scores e = We^T phi(q), r = Wr^T phi(k) are linear in the projection directions, so one-hot
+directions read the features phi(q), phi(k) (prefix means when causal) and A = phi(q) phi(k)^T, the
+induced kernel whose asymmetric SVD the layer computes. Layers whose mechanism names neither
+(``Attention.value_projection`` / ``score_directions``) are listed as skipped. The layer inputs are captured with forward pre-hooks
 on each block's attention while the model runs on real inputs, so any model containing Stacks works.
 
 Per layer, averaged over examples and heads (each example's real tokens only):
@@ -50,7 +55,7 @@ class LayerSpectrum:
 @dataclass
 class SpectrumReport:
     layers: list[LayerSpectrum] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)  # layers whose mechanism has no attention_matrix
+    skipped: list[str] = field(default_factory=list)  # layers whose mechanism the probe cannot read
 
 
 def capture_attention_inputs(model: nn.Module, run: Callable[[], object]) -> list[tuple[str, nn.Module, torch.Tensor, torch.Tensor | None]]:
@@ -77,6 +82,58 @@ def capture_attention_inputs(model: nn.Module, run: Callable[[], object]) -> lis
         for h in handles:
             h.remove()
     return seen
+
+
+@torch.no_grad()
+def attention_matrix(attn, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, H, T, T]: the attention matrix of mechanism ``attn`` on its input x [B, T, D] (module
+    docstring), read from its own ``forward`` with one-hot inputs, d_head (or s) columns per call.
+    Rows and columns of padding are zero."""
+    B, T, D = x.shape
+    H = attn.n_heads
+    if attn.value_projection:  # one-hot values: token start + c's value is e_c in every head
+        d, A = attn.d_head, x.new_zeros(B, H, T, T)
+        for start in range(0, T, d):
+            n = min(d, T - start)
+            onehot = x.new_zeros(T, H, d)
+            onehot[start + torch.arange(n), :, torch.arange(n)] = 1
+            mixed = _mixed_with_values(attn, x, mask, onehot.view(T, D))  # A_h[i, start + c] at (i, h, c)
+            A[..., start:start + n] = mixed.view(B, T, H, d)[..., :n].transpose(1, 2)
+    else:  # one-hot projection directions: the scores are the features the kernel is built from
+        W = getattr(attn, attn.score_directions)
+        rows, s = W.shape[2:]
+        feats = []
+        for start in range(0, rows, s):
+            n = min(s, rows - start)
+            onehot = torch.zeros_like(W)
+            onehot[:, :, start + torch.arange(n), torch.arange(n)] = 1
+            _, aux = torch.func.functional_call(attn, {attn.score_directions: onehot}, (x, mask))
+            feats.append(torch.stack([aux["e"][..., :n], aux["r"][..., :n]]))
+        fq, fk = torch.cat(feats, -1)  # [B, H, T, rows] each
+        A = fq @ fk.transpose(-1, -2)
+    if mask is not None:
+        A = A * (mask[:, None, :, None] & mask[:, None, None, :]).to(A.dtype)
+    return A
+
+
+def _mixed_with_values(attn, x, mask, values):
+    """The input of ``attn.proj`` (the heads' outputs, merged) when ``forward(x, mask)`` runs with its
+    values, the last d_model outputs of ``attn.value_projection``, replaced by ``values`` [T, D] in every row."""
+    seen = []
+
+    def substitute(module, args, out):
+        out = out.clone()
+        out[..., -values.shape[-1]:] = values
+        return out
+
+    hooks = [getattr(attn, attn.value_projection).register_forward_hook(substitute),
+             attn.proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))]
+    try:
+        attn(x, mask)
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen[-1]
 
 
 def singular_spectrum(A: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -128,11 +185,10 @@ def analyse(model: nn.Module, run: Callable[[], object]) -> SpectrumReport:
         report = SpectrumReport()
         for name, attn, x, mask in captured:
             mech = type(attn).__name__
-            if not hasattr(attn, "attention_matrix"):
+            if not (attn.value_projection or attn.score_directions):
                 report.skipped.append(f"{name} ({mech})")
                 continue
-            with torch.no_grad():
-                A = attn.attention_matrix(x, mask)
+            A = attention_matrix(attn, x, mask)
             sv, cev, r90 = singular_spectrum(A, mask)
             report.layers.append(LayerSpectrum(name, mech, sv.tolist(), cev.tolist(), float(r90),
                                                head_redundancy(A, mask)))
@@ -294,7 +350,7 @@ def run(argv: list[str]) -> int:
         red = "n/a" if layer.redundancy is None else f"{layer.redundancy:.3f}"
         print(f"{layer.name:<20} {layer.mechanism:<28} rank90={layer.rank90:6.2f}  head distance={red}")
     for s in report.skipped:
-        print(f"{s}: no attention_matrix, skipped")
+        print(f"{s}: no values or score directions to probe, skipped")
     print(f"wrote {files['png']} and {files['json']} (TensorBoard events in {out})")
     return 0
 

@@ -119,8 +119,7 @@ class Stack(nn.Module):
             auxes.append(aux)
         return self.ln_f(x), auxes
 
-    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32",
-                  inplace: bool = False) -> StackRecurrent:
+    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32") -> StackRecurrent:
         """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments). A
         ValueError names every layer (index and kind) that has none, before any state is built."""
         check_precision(precision)
@@ -129,7 +128,7 @@ class Stack(nn.Module):
             try:
                 if b.norm != "pre":
                     raise ValueError("a post-norm block (the recurrent step is pre-norm, as the Decision Transformer's)")
-                forms.append(b.attn.recurrent(window=window, chunk=chunk, precision=precision, inplace=inplace))
+                forms.append(b.attn.recurrent(window=window, chunk=chunk, precision=precision))
             except ValueError as err:
                 bad.append(f"layer {i} ({spec.attention}): {err}")
         if bad:

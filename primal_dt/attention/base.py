@@ -6,11 +6,12 @@
 - A causal mechanism with a recurrent form has ONE: ``recurrent(window=None, chunk=1, precision="fp32")
   -> Recurrent``, a pure function of tensors ``form(x_chunk, state, mask=None, last_only=False) -> (y,
   state)`` (flash-linear-attention's shape) whose per-row state is declared once, as ``form.specs``
-  (state.StateSpec: name, per-row shape, dtype, which flag hides it). Stepping a sequence through it
+  (``StateSpec``: name, per-row shape, dtype, which flag hides it). Stepping a sequence through it
   in any chunking reproduces ``forward`` on the whole sequence at every real token (at padding the
   outputs are unspecified: never read, and padding never enters a state); ``last_only`` asks only
   for the chunk's last token (y is [B, 1, D]; the others still advance the state). The stream engine
-  (agents.stream) runs it, and TorchScript / ONNX trace it (agents.export): there is no other form.
+  (agents.stream) runs it, and TorchScript / ONNX trace it (agents.export): there is no other form
+  (no in-place or eager-only variant: the engine pays a state copy per step where a graph must too).
 
 A recurrent state is a tuple of per-row tensors, batch first, that start at zero: a row restarts by
 going back to zero (``restart_rows``) and leaves the batch by being sliced out
@@ -22,11 +23,12 @@ with the sequence) streams in torch but has no fixed-size graph state (``Recurre
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from .precision import check_precision
-from .state import State, StateSpec
 
 
 class Attention(nn.Module):
@@ -41,6 +43,12 @@ class Attention(nn.Module):
     supports_bidirectional: bool = True
     #: Matmul precisions the stream form can run (precision.py); bf16 needs fused weight snapshots.
     stream_precisions: tuple[str, ...] = ("fp32",)
+    #: What eval.spectrum's probe reads the attention matrix through (None: not probed). A mechanism that
+    #: mixes values names the nn.Linear submodule whose last d_model outputs are its values, its input
+    #: to ``proj`` being linear in them; one in primal form (no values) names instead, in
+    #: ``score_directions``, the parameter [2, H, rows, s] its scores ``aux["e"]``, ``aux["r"]`` are linear in.
+    value_projection: str | None = None
+    score_directions: str | None = None
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False):
         super().__init__()
@@ -90,24 +98,23 @@ class Attention(nn.Module):
         return x.transpose(1, 2).reshape(B, T, H * d)
 
     # -- the recurrent form ---------------------------------------------------------------------
-    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32",
-                  inplace: bool = False) -> Recurrent:
-        """This mechanism's recurrent form (see the module docstring).
+    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32") -> Recurrent:
+        """This mechanism's recurrent form (see the module docstring); a mechanism with ``supports_step``
+        overrides it, after ``check_recurrent``.
 
         ``window``: a bound the caller imposes on a mechanism whose attention is otherwise unbounded
         and would need a cache of the whole sequence (the DT step passes 3K - 1 tokens); only
         mechanisms that need one use it (softmax), a mechanism's own ``window`` option wins, and
         ``adopt_stream_window`` makes ``forward`` compute the same. ``chunk``: the chunk length the form
         will usually get (the DT step: 3), to size ring buffers; longer chunks are still correct.
-        ``precision``: the matmul precision (precision.py), one of ``stream_precisions``. ``inplace``: the
-        caller never reads a state again once it passed it on (the torch stream engine), so a form whose
-        state is large may write into it instead of returning a copy (softmax's ring); others ignore it.
+        ``precision``: the matmul precision (precision.py), one of ``stream_precisions``."""
+        self.check_recurrent(precision)
+        raise NotImplementedError(f"{type(self).__name__} declares supports_step but defines no recurrent form")
 
-        Default: the mechanism's own ``init_state`` / ``step`` on a nested ``State`` (the linear
-        family, kernel-*, svr-*), whose per-row tensors become the form's state (``StepRecurrent``)."""
+    def check_recurrent(self, precision: str = "fp32") -> None:
+        """A ValueError when this mechanism has no recurrent form as built, or not at ``precision``."""
         self._require_step()
         self.check_stream_precision(precision)
-        return StepRecurrent(self)
 
     def check_stream_precision(self, precision: str) -> None:
         """A ValueError when this mechanism's recurrent form cannot run ``precision``."""
@@ -118,6 +125,25 @@ class Attention(nn.Module):
     def adopt_stream_window(self, window: int | None) -> None:
         """Make ``forward`` compute what ``recurrent(window=window)`` streams (in place; for a copy of a
         model, see agents.decision_transformer.streamed_model_equivalent). Default: nothing to do."""
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One tensor of a recurrent state: its ``name``, its ``shape`` per row (the batch axis, first, is
+    left out because a graph takes any batch; a 0 marks an axis that grows with the sequence) and
+    ``dtype``. Every entry starts at zero, and a restarted row goes back to zero, so no initial value is
+    stored; an entry ``masked_by`` a flag only needs its flag to go back to zero."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    masked_by: str = ""
+    """the name of a bool entry of the same state that marks where this one holds anything: where it is
+    False this entry is never read, so a restart zeroes the flag and leaves this entry as it is (a softmax
+    layer's keys and values: zeroing them would copy the whole cache at every step of a graph)"""
+
+    def zeros(self, batch: int, device=None) -> torch.Tensor:
+        return torch.zeros(batch, *self.shape, dtype=self.dtype, device=device)
 
 
 class Recurrent(nn.Module):
@@ -154,27 +180,6 @@ def restart_rows(specs, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
 def select_rows(state, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The state of the rows where ``keep`` ([B] bool) is True, in order (a smaller batch)."""
     return tuple(s[keep] for s in state)
-
-
-class StepRecurrent(Recurrent):
-    """The recurrent form of a mechanism whose ``step`` is already pure on a nested ``State`` (the
-    linear family: prefix sums S, z and the feature map's statistics; kernel-*, svr-*: a growing cache):
-    the step itself, its state flattened to tensors named by their path ("kv.sum", "feat.count", ...)."""
-
-    def __init__(self, attn: Attention):
-        probe = attn.init_state(1)
-        flat = probe.flat()
-        super().__init__(StateSpec(name, tuple(t.shape[1:]), t.dtype) for name, t in flat)
-        self.attn = attn
-        self.structure = probe  # the nesting to rebuild (its tensors are never read)
-
-    def step(self, x, state: State, mask):
-        """The mechanism's step on the rebuilt state (a subclass may adapt it to a graph)."""
-        return self.attn.step(x, state, mask)
-
-    def forward(self, x, state, mask=None, last_only: bool = False):
-        y, new = self.step(x, self.structure.refill(state), mask)
-        return (y[:, -1:] if last_only else y), tuple(t for _, t in new.flat())
 
 
 def stream_in_pieces(form, x: torch.Tensor, state, mask: torch.Tensor | None, last_only: bool, size: int):

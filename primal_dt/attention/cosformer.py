@@ -22,10 +22,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import check_int
+from .base import StateSpec, check_int
 from .linear_core import FeatureMapAttention
 from .registry import register
-from .state import State
 
 
 @register("cosformer")
@@ -39,17 +38,22 @@ class CosformerAttention(FeatureMapAttention):
     def n_features(self) -> int:
         return 2 * self.d_head
 
-    def init_feature_state(self, batch, device=None, dtype=None):
-        return State(rows={"count": torch.zeros(batch, device=device, dtype=torch.long)})
+    def feature_specs(self, dtype):
+        """the real tokens so far"""
+        return [StateSpec("count", (), torch.int64)]
 
     def features(self, q, k, mask, fstate):
-        """(phi(q), phi(k), fstate); past ``max_len`` the parallel form raises (``step`` marks NaN)."""
+        """(phi(q), phi(k), fstate). Past ``max_len`` the parallel form raises; the recurrent form, which
+        a graph traces and a graph cannot raise, makes phi(q) NaN (so the outputs) in the chunks of rows
+        whose count passed it."""
         B, H, T, _ = q.shape
         m = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
         pos = torch.cumsum(m.long(), dim=1)  # 1-based index among real tokens
+        beyond = None
         if fstate is not None:
-            pos = pos + fstate["count"][:, None]
-            fstate = State(rows={"count": pos[:, -1].clone()})
+            pos = pos + fstate[0][:, None]
+            fstate = (pos[:, -1],)
+            beyond = (fstate[0] > self.max_len)[:, None, None, None]
         if self.causal:
             if fstate is None and T and int(pos.max()) > self.max_len:
                 raise ValueError(f"cosformer: position {int(pos.max())} exceeds max_len={self.max_len}; the causal "
@@ -65,11 +69,7 @@ class CosformerAttention(FeatureMapAttention):
             x = F.relu(x)
             return torch.cat([x * cos, x * sin], dim=-1)
 
-        return phi(q), phi(k), fstate
-
-    def step(self, x, state, mask=None):
-        """The linear family's step, with the ``max_len`` check a graph can carry: rows whose position
-        passed ``max_len`` get NaN outputs (and so NaN actions) instead of negative re-weighting."""
-        y, new = super().step(x, state, mask)
-        beyond = new["feat"]["count"] > self.max_len
-        return torch.where(beyond[:, None, None], torch.full_like(y, float("nan")), y), new
+        fq = phi(q)
+        if beyond is not None:
+            fq = torch.where(beyond, float("nan"), fq)
+        return fq, phi(k), fstate

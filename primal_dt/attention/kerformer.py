@@ -27,11 +27,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import check_int
+from .base import StateSpec, check_int
 from .linear_core import FeatureMapAttention
-from .prefix import PrefixState, prefix_means
+from .prefix import prefix_means, running_sums
 from .registry import register
-from .state import State
 
 _CHOICES = {"softmax_axis": ("feature", "token"), "se": ("channel", "token", "none"), "normalizer": ("sum", "none")}
 
@@ -53,12 +52,12 @@ class KerformerAttention(FeatureMapAttention):
         self.se_reduction = check_int("se_reduction", se_reduction, low=1)
         hidden = max(1, d_model // se_reduction)
         self.se_gate = None if se == "none" else nn.Sequential(nn.Linear(d_model, hidden), nn.Linear(hidden, d_model))
-        self._squeeze = PrefixState()
 
-    def init_feature_state(self, batch, device=None, dtype=None):
+    def feature_specs(self, dtype):
+        """the channel SE's running squeeze: the sum of the real keys' K' so far, and their count"""
         if self.se != "channel":
-            return State()
-        return State(rows={"se": self._squeeze.init(batch, (self.n_heads, self.d_head), device=device, dtype=dtype)})
+            return []
+        return [StateSpec("se_sum", (self.n_heads, self.d_head), dtype), StateSpec("se_count", (), dtype)]
 
     def _gate(self, z):
         """z [..., H, d] -> sigmoid(W2 W1 z) [..., H, d] (the excitation on all D channels)."""
@@ -82,8 +81,9 @@ class KerformerAttention(FeatureMapAttention):
             elif fstate is None:
                 z = prefix_means(kt, mask)
             else:
-                sums, counts, st = self._squeeze.step(kt, mask, fstate["se"])
-                z, fstate = sums / counts.clamp(min=1)[..., None, None], State(rows={"se": st})
+                real = torch.ones_like(kt[..., 0, 0]) if mask is None else mask.to(kt.dtype)
+                sums, counts = running_sums(kt, mask, fstate[0]), running_sums(real, None, fstate[1])
+                z, fstate = sums / counts.clamp(min=1)[..., None, None], (sums[:, -1], counts[:, -1])
             fk = fk * self._gate(z).transpose(1, 2)
         return fq, fk, fstate
 

@@ -34,9 +34,8 @@ import math
 import torch
 from torch import nn
 
-from .base import Attention, zero_padding
+from .base import Attention, Recurrent, StateSpec, zero_padding
 from .registry import register
-from .state import State
 
 KERNELS = ("linear", "polynomial", "exponential", "rbf")
 
@@ -72,6 +71,7 @@ def smoother_weights(qf, kf, kernel: str, allowed: torch.Tensor, d: int, eps: fl
 class KernelSmootherAttention(Attention):
     """One kernel-smoother core for every kernel-* variant (class attributes pick the variant)."""
 
+    value_projection = "v"
     supports_step = True
     kernel: str = "exponential"
     symmetric: bool = False
@@ -125,39 +125,37 @@ class KernelSmootherAttention(Attention):
         y, _ = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
         return zero_padding(y, mask), {}
 
-    @torch.no_grad()
-    def attention_matrix(self, x, mask=None) -> torch.Tensor:
-        """[B, H, T, T]: the normalised smoother weights k(x_i, x_j) / sum_j' k(x_i, x_j')."""
-        self.check_input(x, mask)
-        zeros = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-        qf, kf, v = self._features(x, mask, zeros)
-        w = smoother_weights(qf, kf, self.kernel, self._allowed(mask, x.shape[1], x.shape[1], x.device),
-                             self.d_head, self.eps, self.signed)
-        return w if mask is None else w * mask[:, None, :, None]
-
     # -- recurrent form: key/value cache -------------------------------------------------------
-    def init_state(self, batch, device=None, dtype=None):
-        self._require_step()
-        dtype = dtype or self.v.weight.dtype
-        e = 2 * self.d_head if self.positional else self.d_head
-        return State(rows={"k": torch.zeros(batch, self.n_heads, 0, e, device=device, dtype=dtype),
-                           "v": torch.zeros(batch, self.n_heads, 0, self.d_head, device=device, dtype=dtype),
-                           "m": torch.zeros(batch, 0, dtype=torch.bool, device=device),
-                           "count": torch.zeros(batch, dtype=torch.long, device=device)})
-
-    def step(self, x, state, mask=None):
-        self._require_step()
-        self.check_input(x, mask)
-        B, C, _ = x.shape
-        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
-        qf, kf, v = self._features(x, m, state["count"])
-        K, V = torch.cat([state["k"], kf], 2), torch.cat([state["v"], v], 2)
-        M = torch.cat([state["m"], m], 1)
-        y, _ = self._attend(qf, K, V, self._allowed(M, C, K.shape[2], x.device))
-        return zero_padding(y, mask), State(rows={"k": K, "v": V, "m": M, "count": state["count"] + m.sum(1)})
+    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
+        """``KernelRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
+        self.check_recurrent(precision)
+        return KernelRecurrent(self)
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}, symmetric={self.symmetric}, positional={self.positional}, causal={self.causal}"
+
+
+class KernelRecurrent(Recurrent):
+    """A key/value cache of every token so far: ``k`` [H, n, e] (features), ``v`` [H, n, d], ``m`` [n] bool
+    (which are real; n grows with the sequence) and ``count`` [] int64, the real tokens (positions of the
+    positional form)."""
+
+    def __init__(self, attn: KernelSmootherAttention):
+        H, d, dtype = attn.n_heads, attn.d_head, attn.v.weight.dtype
+        e = 2 * d if attn.positional else d
+        super().__init__([StateSpec("k", (H, 0, e), dtype), StateSpec("v", (H, 0, d), dtype),
+                          StateSpec("m", (0,), torch.bool), StateSpec("count", (), torch.int64)])
+        self.attn = attn
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        a, (K, V, M, count) = self.attn, state
+        B, C, _ = x.shape
+        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
+        qf, kf, v = a._features(x, m, count)
+        K, V, M = torch.cat([K, kf], 2), torch.cat([V, v], 2), torch.cat([M, m], 1)
+        y, _ = a._attend(qf, K, V, a._allowed(M, C, K.shape[2], x.device))
+        y = zero_padding(y, mask)
+        return (y[:, -1:] if last_only else y), (K, V, M, count + m.sum(1))
 
 
 def _variant(name: str, kernel: str, symmetric: bool, positional: bool = False):

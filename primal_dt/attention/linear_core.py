@@ -14,7 +14,7 @@ along as an extra value column of ones, so S and z are one tensor [m, d_v + 1].
   tokens an explicit masked L x L product, across chunks an exclusive prefix sum of per-chunk
   states. Memory O(T L + (T/L) m d_v) instead of the O(T m d_v) of a cumulative sum of outer
   products, which matters at the benchmark's lengths.
-- Causal, recurrent (:class:`LinearState`): S/z as running sums in a :class:`PrefixState`, so a
+- Causal, recurrent (:class:`LinearRecurrent`, :func:`linear_step`): S/z as running sums, so a
   stream costs O(m d_v) per token whatever its length.
 """
 
@@ -24,9 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, check_int, zero_padding
-from .prefix import PrefixState
-from .state import State
+from .base import Attention, Recurrent, StateSpec, check_int, zero_padding
+from .prefix import running_sums
 
 
 def _with_ones(v: torch.Tensor) -> torch.Tensor:
@@ -66,21 +65,13 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_ma
     return _normalise(out.reshape(B, H, n * L, -1)[:, :, :T], eps)
 
 
-class LinearState:
-    """Recurrent S/z for causal linear attention: running sums of fk v^T (with z as a last column)."""
-
-    def __init__(self):
-        self.prefix = PrefixState()
-
-    def init(self, batch: int, n_heads: int, m: int, dv: int, device=None, dtype=torch.float32) -> State:
-        return self.prefix.init(batch, (n_heads, m, dv + 1), device=device, dtype=dtype)
-
-    def step(self, fq, fk, v, mask, st: State, eps: float | None = 1e-6):
-        """fq [B, H, C, m], fk [B, H, C, m], v [B, H, C, dv] -> (y [B, H, C, dv], state)."""
-        outer = fk.transpose(1, 2).unsqueeze(-1) * _with_ones(v).transpose(1, 2).unsqueeze(-2)  # [B,C,H,m,dv+1]
-        sums, _, st = self.prefix.step(outer, mask, st)
-        out = torch.einsum("bhcm,bchmv->bhcv", fq, sums)
-        return _normalise(out, eps), st
+def linear_step(fq, fk, v, mask, kv, eps: float | None = 1e-6):
+    """The recurrent kernel: fq [B, H, C, m], fk [B, H, C, m], v [B, H, C, dv] and the running S/z
+    ``kv`` [B, H, m, dv + 1] (z the last column) -> (y [B, H, C, dv], the next ``kv``)."""
+    outer = fk.transpose(1, 2).unsqueeze(-1) * _with_ones(v).transpose(1, 2).unsqueeze(-2)  # [B,C,H,m,dv+1]
+    sums = running_sums(outer, mask, kv)
+    out = torch.einsum("bhcm,bchmv->bhcv", fq, sums)
+    return _normalise(out, eps), sums[:, -1]
 
 
 class FeatureMapAttention(Attention):
@@ -88,11 +79,12 @@ class FeatureMapAttention(Attention):
 
     Subclasses define ``features(q, k, mask, fstate) -> (fq, fk, fstate)`` on [B, H, T, d_head]
     heads. ``fstate`` is None in the parallel form; in the recurrent form it is the mechanism's own
-    part of the state (positions, prefix statistics; a ``State`` nested under ``feat``, next to the
-    S/z under ``kv``), created by ``init_feature_state``, so that features of a chunk are computed
-    exactly as the parallel form computes them at those positions.
+    part of the state, a tuple of tensors laid out as ``feature_specs`` (positions, prefix statistics),
+    after the S/z ``kv``, so that features of a chunk are computed exactly as the parallel form
+    computes them at those positions.
     """
 
+    value_projection = "qkv"
     supports_step = True
     #: added to the normaliser; None = no normaliser
     eps: float | None = 1e-6
@@ -102,7 +94,6 @@ class FeatureMapAttention(Attention):
         self.chunk = check_int("chunk", chunk, low=1)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
-        self._kv = LinearState()
 
     #: feature dimension m of fq, fk
     @property
@@ -112,8 +103,9 @@ class FeatureMapAttention(Attention):
     def features(self, q, k, mask, fstate):
         raise NotImplementedError
 
-    def init_feature_state(self, batch: int, device=None, dtype=None) -> State:
-        return State()
+    def feature_specs(self, dtype: torch.dtype) -> list[StateSpec]:
+        """The recurrent state ``features`` keeps (none by default)."""
+        return []
 
     def _qkv(self, x):
         return map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
@@ -125,37 +117,26 @@ class FeatureMapAttention(Attention):
         y = linear_attention(fq, fk, v, mask, self.causal, self.eps, self.chunk)
         return zero_padding(self.proj(self.merge_heads(y)), mask), {}
 
-    def init_state(self, batch, device=None, dtype=None):
-        self._require_step()
-        dtype = dtype or self.qkv.weight.dtype
-        return State(rows={"kv": self._kv.init(batch, self.n_heads, self.n_features, self.d_head, device, dtype),
-                           "feat": self.init_feature_state(batch, device, dtype)})
-
-    def step(self, x, state, mask=None):
-        self._require_step()
-        self.check_input(x, mask)
-        q, k, v = self._qkv(x)
-        fq, fk, feat = self.features(q, k, mask, state["feat"])
-        y, kv = self._kv.step(fq, fk, v, mask, state["kv"], self.eps)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows={"kv": kv, "feat": feat})
-
-    @torch.no_grad()
-    def attention_matrix(self, x, mask=None) -> torch.Tensor:
-        """[B, H, T, T]: the (normalised) weights fq_i fk_j / sum_j' fq_i fk_j' the kernel implies."""
-        self.check_input(x, mask)
-        q, k, _ = self._qkv(x)
-        fq, fk, _ = self.features(q, k, mask, None)
-        return kernel_weights(fq @ fk.transpose(-1, -2), mask, self.causal, self.eps)
+    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
+        """``LinearRecurrent`` (``window`` and ``chunk`` do not apply: the state is S/z and the features')."""
+        self.check_recurrent(precision)
+        return LinearRecurrent(self)
 
 
-def kernel_weights(kmat: torch.Tensor, mask, causal: bool, eps: float | None) -> torch.Tensor:
-    """Mask a [B, H, T, T] kernel matrix (padding keys, the future) and normalise its rows."""
-    T = kmat.shape[-1]
-    allowed = torch.ones(T, T, dtype=torch.bool, device=kmat.device)
-    if causal:
-        allowed = allowed.tril()
-    allowed = allowed[None, None]
-    if mask is not None:
-        allowed = allowed & mask[:, None, None, :] & mask[:, None, :, None]
-    kmat = kmat * allowed.to(kmat.dtype)
-    return kmat if eps is None else kmat / (kmat.sum(-1, keepdim=True) + eps)
+class LinearRecurrent(Recurrent):
+    """The linear family's recurrent form: state ``kv`` [H, m, d_head + 1] (S and z), then the feature
+    map's own (``FeatureMapAttention.feature_specs``)."""
+
+    def __init__(self, attn: FeatureMapAttention):
+        dtype = attn.qkv.weight.dtype
+        super().__init__([StateSpec("kv", (attn.n_heads, attn.n_features, attn.d_head + 1), dtype),
+                          *attn.feature_specs(dtype)])
+        self.attn = attn
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        a = self.attn
+        q, k, v = a._qkv(x)
+        fq, fk, feat = a.features(q, k, mask, tuple(state[1:]))
+        y, kv = linear_step(fq, fk, v, mask, state[0], a.eps)
+        y = zero_padding(a.proj(a.merge_heads(y)), mask)
+        return (y[:, -1:] if last_only else y), (kv, *feat)

@@ -24,6 +24,7 @@ from .registry import register
 
 @register("linformer")
 class LinformerAttention(Attention):
+    value_projection = "qkv"
     supports_causal = False
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, proj_dim: int = 64, max_len: int = 4096,

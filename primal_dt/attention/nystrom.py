@@ -55,6 +55,7 @@ def segment_means(x: torch.Tensor, mask: torch.Tensor, m: int):
 
 @register("nystrom")
 class NystromAttention(Attention):
+    value_projection = "qkv"
     supports_causal = False
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, landmarks: int = 32, pinv_iters: int = 6,
@@ -87,11 +88,3 @@ class NystromAttention(Attention):
         F1, Z, B3, v = self._factors(x, mask)
         y = F1 @ (Z @ (B3 @ v))
         return zero_padding(self.proj(self.merge_heads(y)), mask), {}
-
-    @torch.no_grad()
-    def attention_matrix(self, x, mask=None) -> torch.Tensor:
-        """[B, H, T, T]: the approximated attention matrix F1 pinv(A) B3 (rows need not be >= 0)."""
-        self.check_input(x, mask)
-        F1, Z, B3, _ = self._factors(x, mask)
-        w = F1 @ Z @ B3
-        return w if mask is None else w * mask[:, None, :, None]

@@ -4,7 +4,7 @@ Causal Primal-Attention needs running means of q and k over the real tokens; the
 family needs running sums of phi(k) v^T and phi(k); causal SVR needs running key means. They all
 reduce to: for each position t, the sum of x_j over real positions j <= t (or over the last
 ``window`` positions), and how many real positions that was. This module computes it for the
-parallel form (windows included) and, unwindowed, for the recurrent form of the linear family.
+parallel form (windows included) and, unwindowed, for the recurrent forms (``running_sums``).
 
 Windowed sums subtract two cumulative sums, so they accumulate in float64 to stay exact to float32
 precision on long sequences; unwindowed sums accumulate in the input's dtype (a sequential scan in
@@ -14,8 +14,6 @@ both forms) to keep memory and per-step overhead low.
 from __future__ import annotations
 
 import torch
-
-from .state import State
 
 
 def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -49,24 +47,8 @@ def prefix_means(x, mask=None, window=None) -> torch.Tensor:
     return s / n.clamp(min=1).view(*n.shape, *([1] * (x.dim() - 2)))
 
 
-class PrefixState:
-    """Recurrent counterpart of unwindowed :func:`prefix_sums` for a fixed feature shape: a ``State`` of
-    ``sum`` [B, *F] and ``count`` [B], both per row."""
-
-    def init(self, batch: int, feat_shape, device=None, dtype=torch.float32) -> State:
-        return State(rows={
-            "sum": torch.zeros(batch, *feat_shape, device=device, dtype=dtype),
-            "count": torch.zeros(batch, device=device, dtype=dtype),
-        })
-
-    def step(self, x: torch.Tensor, mask: torch.Tensor | None, st: State):
-        """Consume chunk x [B, C, *F]; returns (sums [B, C, *F], counts [B, C], new state)."""
-        B, C = x.shape[:2]
-        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
-        if C == 1:  # the streaming hot path: one token, no scan
-            c = (_masked(x, m) + st["sum"].unsqueeze(1))
-            n = m.to(x.dtype) + st["count"].unsqueeze(1)
-        else:
-            c = torch.cumsum(_masked(x, m), dim=1) + st["sum"].unsqueeze(1)
-            n = torch.cumsum(m.to(x.dtype), dim=1) + st["count"].unsqueeze(1)
-        return c, n, State(rows={"sum": c[:, -1], "count": n[:, -1]})
+def running_sums(x: torch.Tensor, mask: torch.Tensor | None, total: torch.Tensor) -> torch.Tensor:
+    """Recurrent counterpart of unwindowed :func:`prefix_sums`: x [B, C, *F] is the next chunk and
+    ``total`` [B, *F] the sum of the real tokens before it (a recurrent state); returns the sums
+    [B, C, *F] at every position of the chunk (the last one is the next state)."""
+    return torch.cumsum(_masked(x, mask), dim=1) + total.unsqueeze(1)

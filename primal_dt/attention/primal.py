@@ -37,11 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, Recurrent, check_int, check_window, static, stream_in_pieces, zero_padding
+from .base import Attention, Recurrent, StateSpec, check_int, check_window, static, stream_in_pieces, zero_padding
 from .prefix import prefix_means
 from .precision import linear, weight
 from .registry import register
-from .state import StateSpec
 
 
 def cosine_features(z: torch.Tensor) -> torch.Tensor:
@@ -80,6 +79,7 @@ class PrimalAttention(Attention):
     supports_step = True
     supports_window = True
     stream_precisions = ("fp32", "bf16")
+    score_directions = "W"
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, s: int = 32,
                  data_dependent: bool = False, rank_multi: int = 10, window: int | None = None,
@@ -175,34 +175,15 @@ class PrimalAttention(Attention):
         y, sc = self._scores_and_output(qk, W, mask)
         return y, self._aux(sc, rows, mask)
 
-    @torch.no_grad()
-    def attention_matrix(self, x, mask=None) -> torch.Tensor:
-        """[B, H, T, T]: the induced kernel matrix phi(q_i)^T phi(k_j) (causal: of the prefix means)
-        whose asymmetric SVD the layer's primal form computes (the paper's Figure 1 analyses its
-        spectrum). Rows and columns of padding are zero. For inspection, not for training."""
-        self.check_input(x, mask)
-        qk = self._qk(x)
-        if self.causal:
-            qk = prefix_means(qk, mask, self.window)
-        q, k = cosine_features(qk).transpose(1, 3).unbind(2)  # [B, H, T, d] each
-        kmat = q @ k.transpose(-1, -2)
-        if mask is not None:
-            kmat = kmat * (mask[:, None, :, None] & mask[:, None, None, :]).to(kmat.dtype)
-        return kmat
-
     # -- recurrent form: fused running sums ----------------------------------------------------------
-    def recurrent(self, *, window=None, chunk=1, precision="fp32", inplace=False):
+    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
         """``PrimalRecurrent`` (``window`` and ``chunk`` do not apply: the state is O(H d_head) without this
         layer's own window, a ring of that window with it)."""
-        self._require_fusable()
-        self.check_stream_precision(precision)
-        return PrimalRecurrent(self, precision)
-
-    def _require_fusable(self) -> None:
         if self.data_dependent:
             raise ValueError("data-dependent Primal-Attention has no causal form to stream; use "
                              "data_dependent=False for a streamed (causal) layer")
-        self._require_step()
+        self.check_recurrent(precision)
+        return PrimalRecurrent(self, precision)
 
     def _fused_readout(self, dtype):
         """(M [D, 2D], bias [D]): proj(merge(Wo [We^T f_q; Wr^T f_k])) as one linear map of the per-head

@@ -27,28 +27,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, Recurrent, check_int, check_window, static, stream_in_pieces, zero_padding
+from .base import Attention, Recurrent, StateSpec, check_int, check_window, static, stream_in_pieces, zero_padding
 from .precision import PRECISIONS, linear, weight
 from .registry import register
-from .state import StateSpec
 
 
-SDPA_BELOW = 64
-"""batch x heads below which the eager ring attention calls SDPA (see ``ring_attention``)"""
-
-
-def ring_attention(q, K, V, allowed, eager: bool = False):
+def ring_attention(q, K, V, allowed):
     """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys.
 
     Each (row, head) is a [C, d] x [d, cap] product, so the work is B H tiny matmuls that read the
     whole cache: memory-bound. SDPA's CPU kernel (flash attention, built for long query blocks) is
-    slower there at large batches than two batched matmuls around a masked softmax; below
-    ``SDPA_BELOW`` rows x heads SDPA's lower per-call cost wins. Every
-    query sees at least its own slot, so no row of the softmax is empty. Only ``eager`` code (the stream
-    engine's, which no graph traces) picks SDPA: a graph's batch is not known, and SDPA's exported form
-    guards fully masked rows (IsNaN, Where), which cannot occur here."""
-    if eager and K.dtype == q.dtype and q.shape[0] * q.shape[1] < SDPA_BELOW:
-        return F.scaled_dot_product_attention(q, K, V, attn_mask=allowed)
+    slower there at large batches than two batched matmuls around a masked softmax, and its exported
+    form guards fully masked rows (IsNaN, Where), which cannot occur here: every query sees at least
+    its own slot, so no row of the softmax is empty."""
     # a bfloat16 cache (precision="bf16"): bf16 products, scores and softmax in q's dtype (no-ops otherwise)
     scores = torch.matmul(q.to(K.dtype), K.transpose(-1, -2)).to(q.dtype)
     scores = torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), float("-inf"))  # (one Where; no Not)
@@ -70,6 +61,7 @@ def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: i
 
 @register("softmax")
 class SoftmaxAttention(Attention):
+    value_projection = "qkv"
     supports_step = True
     supports_window = True
     stream_precisions = ("fp32", "bf16")
@@ -112,36 +104,20 @@ class SoftmaxAttention(Attention):
             allowed = allowed | torch.eye(T, dtype=torch.bool, device=x.device)  # padding rows
         return zero_padding(self._attend(q, k, v, allowed), mask), {}
 
-    @torch.no_grad()
-    def attention_matrix(self, x, mask=None) -> torch.Tensor:
-        """[B, H, T, T]: the attention weights softmax(q k^T / sqrt(d)) with forward's masks
-        (rows of padding queries are zero). For inspection (eval.spectrum), not for training."""
-        self.check_input(x, mask)
-        T = x.shape[1]
-        q, k, _ = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
-        pos = torch.arange(T, device=x.device)
-        allowed = visibility(pos, pos, self.causal, self.window)[None, None]
-        if mask is not None:
-            allowed = (allowed & mask[:, None, None, :]) | torch.eye(T, dtype=torch.bool, device=x.device)
-        scores = (q @ k.transpose(-1, -2) / math.sqrt(self.d_head)).masked_fill(~allowed, float("-inf"))
-        w = torch.softmax(scores, dim=-1)
-        return w if mask is None else w * mask[:, None, :, None].to(w.dtype)
-
     def adopt_stream_window(self, window):
         """An unwindowed layer streams over the caller's window, so its ``forward`` must use it too."""
         if self.window is None:
             self.window = check_window(window)
 
-    def recurrent(self, *, window=None, chunk=1, precision="fp32", inplace: bool = False):
+    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
         """``SoftmaxRecurrent`` over this layer's window, else the caller's, its ring sized for ``chunk``-token
-        chunks. ``inplace``: write the chunk into the given ring instead of a copy (see SoftmaxRecurrent)."""
-        self._require_step()
-        self.check_stream_precision(precision)
+        chunks."""
+        self.check_recurrent(precision)
         w = self.window or check_window(window)
         if w is None:
             raise ValueError(f"{type(self).__name__} without a window streams over a bounded one: build it with "
                              "window=w or pass recurrent(window=w) (the DT step passes 3K - 1)")
-        return SoftmaxRecurrent(self, w, check_int("chunk", chunk, low=1), precision, inplace)
+        return SoftmaxRecurrent(self, w, check_int("chunk", chunk, low=1), precision)
 
 
 TABLE_LIMIT = 1 << 20
@@ -173,36 +149,27 @@ class SoftmaxRecurrent(Recurrent):
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice;
     here the chunk's keys and values are scattered into their slots (``scatter_nd``: one copy, the least
-    a graph whose state comes back new can do) and the attention reads the ring in slot order. At batch
-    100 those copies are what the cache costs beyond the attention's own reads, so the torch stream
-    engine, which owns its state and never reads an old one again (and which no graph traces), builds the
-    form with ``inplace=True``: the same function writing into the given ring, no copy, and SDPA for few
-    rows (``ring_attention``); tests check both give the same outputs.
+    a form whose state comes back new can do) and the attention reads the ring in slot order.
 
     What a query may see depends only on the row's phase and the chunk length, so the slots written, the
     position part of the mask and the next phase are rows of constant tables (``rows``) gathered by
-    ``pos``: a few graph nodes per layer, and rows at any phases mix in one batch. A single row in eager
-    code (the stream engine at batch 1, where a step costs per operator) reads its phase as a number
-    instead and takes that phase's tables as they are (``phase``): no gathers, the keys and values
-    written with one ``index_copy_`` each. ``chunk`` (the DT step's three tokens) sizes the ring; shorter
-    chunks use it as they are, longer ones go in pieces.
+    ``pos``: a few graph nodes per layer, and rows at any phases mix in one batch. ``chunk`` (the DT
+    step's three tokens) sizes the ring; shorter chunks use it as they are, longer ones go in pieces.
 
     ``precision="bf16"``: bfloat16 snapshots of the projections and a bfloat16 ring (each key and value
     rounded once, when written, never accumulated into: at batch 100 reading the whole ring every step is
     what the attention costs); scores and softmax stay in the model's dtype."""
 
-    def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1, precision: str = "fp32",
-                 inplace: bool = False):
+    def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1, precision: str = "fp32"):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1
         cache = PRECISIONS[precision] or attn.qkv.weight.dtype
         super().__init__([StateSpec("k", (H, R, d), cache, masked_by="valid"),
                           StateSpec("v", (H, R, d), cache, masked_by="valid"),
                           StateSpec("valid", (R,), torch.bool), StateSpec("pos", (), torch.int64)])
-        self.attn, self.window, self.chunk, self.slots, self.inplace = attn, window, chunk, R, inplace
+        self.attn, self.window, self.chunk, self.slots = attn, window, chunk, R
         self.wqkv, self.bqkv = weight(attn.qkv.weight, precision), weight(attn.qkv.bias, "fp32")
         self.wp, self.bp = weight(attn.proj.weight, precision), weight(attn.proj.bias, "fp32")
         self._tables: dict[tuple, RingTables] = {}
-        self._phases: dict[tuple, list] = {}
         for last_only in (False, True):  # (built here, so that a traced graph holds them as constants)
             self.rows(torch.zeros(1, dtype=torch.int64), chunk, last_only)
 
@@ -236,28 +203,11 @@ class SoftmaxRecurrent(Recurrent):
             self._tables[key] = self.layout(torch.arange(self.slots, device=device), C, last_only)
         return self._tables[key]
 
-    def phase(self, p: int, C: int, last_only: bool, device) -> tuple:
-        """(slots [C], band [1, 1, Cq, R], own, next phase) of ``table`` at phase ``p``, as views kept per phase
-        (the single-row eager path)."""
-        key = (C, last_only, device)
-        if key not in self._phases:
-            t = self.table(C, last_only, device)
-            self._phases[key] = [(t.at[i], t.band[i:i + 1], t.own[i:i + 1], int(t.next[i])) for i in range(self.slots)]
-        return self._phases[key][p]
-
-    def row_offsets(self, batch, device) -> torch.Tensor:
-        """[B, 1, 1, 3]: (b, 0, 0) for rows b = 0 .. B - 1, what turns ``tuples`` into a batch's index. Kept per
-        batch size in eager code; traced (a graph takes any batch), computed from the mask's shape, not x's:
-        the mask is every layer's, so onnxruntime computes them once."""
-        def offsets():
-            return torch.arange(batch, device=device).view(-1, 1, 1, 1) * torch.tensor([1, 0, 0], device=device)
-
-        if torch.jit.is_tracing() or not isinstance(batch, int):
-            return offsets()
-        key = ("rows", batch, device)
-        if key not in self._tables:
-            self._tables[key] = offsets()
-        return self._tables[key]
+    @staticmethod
+    def row_offsets(batch, device) -> torch.Tensor:
+        """[B, 1, 1, 3]: (b, 0, 0) for rows b = 0 .. B - 1, what turns ``tuples`` into a batch's index
+        (computed from the mask's shape, not x's: the mask is every layer's, so a graph computes it once)."""
+        return torch.arange(batch, device=device).view(-1, 1, 1, 1) * torch.tensor([1, 0, 0], device=device)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
@@ -271,32 +221,15 @@ class SoftmaxRecurrent(Recurrent):
             k, v = k.to(K.dtype), v.to(V.dtype)
         if last_only:
             q = q[:, :, -1:]
-        if self.inplace and K.shape[0] == 1:  # one row, eager: its phase as a number, its tables as they are
-            p = int(pos)
-            at, band, own, nxt = self.phase(p, C, last_only, x.device)
-            K.index_copy_(2, at, k)
-            V.index_copy_(2, at, v)
-            if mask is None:
-                valid.index_fill_(1, at, True)
-            else:
-                valid.index_copy_(1, at, mask)
-            new_pos = pos.fill_(nxt)
-        else:
-            real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
-            t = self.rows(pos, C, last_only)
-            index = t.tuples + self.row_offsets(real.shape[0], x.device)
-            if self.inplace:  # into the given ring
-                K.index_put_(index.unbind(-1), k)
-                V.index_put_(index.unbind(-1), v)
-                valid.scatter_(1, t.at, real)
-            else:  # into a copy: an exported graph's one ScatterND on the ring as it is
-                K, V = scatter_nd(K, index, k), scatter_nd(V, index, v)
-                valid = valid.scatter(1, t.at, real)
-            band, own, new_pos = t.band, t.own, t.next
-        allowed = (band & valid.view(-1, 1, 1, self.slots)) | own
-        y = ring_attention(q, K, V, allowed, eager=self.inplace)
+        real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
+        t = self.rows(pos, C, last_only)
+        index = t.tuples + self.row_offsets(real.shape[0], x.device)
+        K, V = scatter_nd(K, index, k), scatter_nd(V, index, v)  # an exported graph's one ScatterND each
+        valid = valid.scatter(1, t.at, real)
+        allowed = (t.band & valid.view(-1, 1, 1, self.slots)) | t.own
+        y = ring_attention(q, K, V, allowed)
         y = linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
-        return y, (K, V, valid, new_pos)
+        return y, (K, V, valid, t.next)
 
 
 def scatter_nd(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:

@@ -38,11 +38,10 @@ import math
 import torch
 from torch import nn
 
-from .base import Attention, check_int, zero_padding
+from .base import Attention, Recurrent, StateSpec, check_int, zero_padding
 from .linear import elu_feature
 from .linear_core import linear_attention
 from .registry import register
-from .state import State
 
 
 def compact(xs, mask):
@@ -65,6 +64,7 @@ def _pad_to(x, r):
 class SVRAttention(Attention):
     """One implementation for the three SVR variants (``use_bn``/``use_sh`` pick the variant)."""
 
+    value_projection = "qkv"
     supports_step = True
     use_bn: bool = True
     use_sh: bool = False
@@ -197,32 +197,39 @@ class SVRAttention(Attention):
         return zero_padding(self.proj(self.merge_heads(y)), mask), {}
 
     # -- recurrent form: cache of the real tokens' projections ---------------------------------
-    def init_state(self, batch, device=None, dtype=None):
-        self._require_step()
-        dtype = dtype or self.qkv.weight.dtype
-        z = torch.zeros(batch, self.n_heads, 0, self.d_head, device=device, dtype=dtype)
-        n = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens cached per row
-        return State(rows={"q": z, "k": z.clone(), "v": z.clone(), "n": n})
-
-    def step(self, x, state, mask=None):
-        self._require_step()
-        self.check_input(x, mask)
-        B, C, _ = x.shape
-        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
-        q, k, v = self._qkv(x)
-        n0 = state["n"]
-        cached = torch.arange(state["k"].shape[2], device=x.device)[None] < n0[:, None]
-        full = [torch.cat([state[key], t], 2) for key, t in (("q", q), ("k", k), ("v", v))]
-        (qc, kc, vc), n = compact(full, torch.cat([cached, m], 1))
-        keep = max(int(n.max()), 1) if B else 0  # >= 1 slot so an all-padding chunk still gathers
-        qc, kc, vc = qc[:, :, :keep], kc[:, :, :keep], vc[:, :, :keep]
-        p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
-        y = self._attend(q, qc, kc, vc, n, p)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), State(rows={"q": qc, "k": kc, "v": vc, "n": n})
+    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
+        """``SVRRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
+        self.check_recurrent(precision)
+        return SVRRecurrent(self)
 
     def extra_repr(self) -> str:
         return (f"kernel={self.kernel!r}, beta={self.beta if self.use_bn else None}, "
                 f"scale_variance={self.scale_variance}, factors={self.factors}, causal={self.causal}")
+
+
+class SVRRecurrent(Recurrent):
+    """A cache of the real tokens' projections, compacted: ``q``, ``k``, ``v`` [H, n, d] (n grows with the
+    longest row) and ``n`` [] int64, the real tokens each row holds; every chunk's outputs are recomputed
+    from it, so the form equals ``forward`` exactly."""
+
+    def __init__(self, attn: SVRAttention):
+        H, d, dtype = attn.n_heads, attn.d_head, attn.qkv.weight.dtype
+        super().__init__([*(StateSpec(n, (H, 0, d), dtype) for n in "qkv"), StateSpec("n", (), torch.int64)])
+        self.attn = attn
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        a, (Q, K, V, n0) = self.attn, state
+        B, C, _ = x.shape
+        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
+        q, k, v = a._qkv(x)
+        cached = torch.arange(K.shape[2], device=x.device)[None] < n0[:, None]
+        full = [torch.cat([Q, q], 2), torch.cat([K, k], 2), torch.cat([V, v], 2)]
+        (qc, kc, vc), n = compact(full, torch.cat([cached, m], 1))
+        keep = max(int(n.max()), 1) if B else 0  # >= 1 slot so an all-padding chunk still gathers
+        qc, kc, vc = qc[:, :, :keep], kc[:, :, :keep], vc[:, :, :keep]
+        p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
+        y = zero_padding(a.proj(a.merge_heads(a._attend(q, qc, kc, vc, n, p))), mask)
+        return (y[:, -1:] if last_only else y), (qc, kc, vc, n)
 
 
 def _ends(B, G, r, device):

@@ -23,7 +23,7 @@ def episode(B=2, T=40, seed=0):
 
 
 def engine(m, B):
-    return StreamEngine(DTStep(m, torch.zeros(11), torch.ones(11), 10.0, inplace=True), B, torch.full((B,), 50.0))
+    return StreamEngine(DTStep(m, torch.zeros(11), torch.ones(11), 10.0), B, torch.full((B,), 50.0))
 
 
 def run(eng, S, rew):

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from eval.spectrum import analyse, head_redundancy, main, singular_spectrum, write
+from eval.spectrum import analyse, attention_matrix, capture_attention_inputs, head_redundancy, main, singular_spectrum, write
+from primal_dt.attention.softmax import SoftmaxAttention
 from primal_dt.blocks import LayerSpec, Stack
 
 D, H = 16, 2
@@ -27,13 +28,20 @@ class Wrapper(nn.Module):
         return self.stack(self.inp(x), mask)
 
 
-def test_layers_are_analysed_and_unsupported_ones_skipped():
+class Unprobed(SoftmaxAttention):
+    """A mechanism that names no values for the probe (as a user-defined one may)."""
+
+    value_projection = None
+
+
+def test_layers_are_analysed_and_unprobed_ones_skipped():
     torch.manual_seed(0)
-    m = Wrapper(["softmax", LayerSpec("primal", {"s": 4}), "linear", "reformer"])
+    m = Wrapper(["softmax", LayerSpec("primal", {"s": 4}), "linear", "reformer", "softmax"])
+    m.stack.blocks[4].attn = Unprobed(D, H)
     x = torch.randn(3, 12, 3)
     rep = analyse(m, lambda: m(x))
-    assert [l.name for l in rep.layers] == ["stack.layer0", "stack.layer1", "stack.layer2"]
-    assert rep.skipped == ["stack.layer3 (ReformerAttention)"]
+    assert [l.name for l in rep.layers] == ["stack.layer0", "stack.layer1", "stack.layer2", "stack.layer3"]
+    assert rep.skipped == ["stack.layer4 (Unprobed)"]
     for layer in rep.layers:
         sv, cev = torch.tensor(layer.singular_values), torch.tensor(layer.explained_variance)
         assert sv[0] == pytest.approx(1.0) and (sv[1:] <= sv[:-1] + 1e-9).all()
@@ -45,23 +53,18 @@ def test_layers_are_analysed_and_unsupported_ones_skipped():
     assert max(primal.singular_values[D // H:]) < 1e-6
 
 
-def test_causal_primal_kernel_uses_prefix_means_and_softmax_is_lower_triangular():
+def test_causal_layers_give_lower_triangular_matrices_and_softmax_rows_sum_to_one():
     torch.manual_seed(0)
-    m = Wrapper(["softmax", LayerSpec("primal", {"s": 4})], causal=True)
+    m = Wrapper(["softmax", LayerSpec("primal", {"s": 4}), "linear"], causal=True)
     x = torch.randn(2, 9, 3)
-    from eval.spectrum import capture_attention_inputs
-
-    captured = capture_attention_inputs(m, lambda: m(x))
-    (_, soft, xs, _), (_, primal, xp, _) = captured
-    A = soft.attention_matrix(xs)
-    assert (A.triu(1) == 0).all()
-    torch.testing.assert_close(A.sum(-1), torch.ones(2, H, 9))
-    from primal_dt.attention.prefix import prefix_means
-
-    qk = prefix_means(primal._qk(xp))
-    q = nn.functional.normalize(qk[:, :, 0], dim=-1).transpose(1, 2)
-    k = nn.functional.normalize(qk[:, :, 1], dim=-1).transpose(1, 2)
-    torch.testing.assert_close(primal.attention_matrix(xp), q @ k.transpose(-1, -2))
+    mask = torch.tensor([[False] * 2 + [True] * 7, [True] * 9])
+    captured = capture_attention_inputs(m, lambda: m(x, mask))
+    soft, primal, lin = (attention_matrix(attn, xs, ms) for _, attn, xs, ms in captured)
+    rows = (mask[:, None, :, None] & mask[:, None, None, :]).expand(2, H, 9, 9)
+    for A in (soft, lin):
+        assert (A.triu(1) == 0).all() and (A[~rows] == 0).all()
+        torch.testing.assert_close(A.sum(-1)[rows[..., 0]], torch.ones(int(rows[..., 0].sum())))
+    assert not primal.triu(1).eq(0).all()  # a kernel of prefix means, not a causal mixing matrix
 
 
 def test_identical_heads_have_zero_redundancy_distance():

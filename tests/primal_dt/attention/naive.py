@@ -34,25 +34,36 @@ def merge(t):
     return t.transpose(1, 2).reshape(B, T, H * d)
 
 
-def naive_softmax(a: SoftmaxAttention, x, mask, window):
+def softmax_weights(a: SoftmaxAttention, x, mask, window=None):
+    """[B, H, T, T]: softmax(q k^T / sqrt(d)) over the visible keys (a padding query sees itself)."""
     B, T, D = x.shape
-    q, k, v = (heads(a, t) for t in a.qkv(x).split(D, -1))
+    q, k = (heads(a, t) for t in a.qkv(x).split(D, -1)[:2])
     scores = q @ k.transpose(-1, -2) / a.d_head ** 0.5  # [B, H, T, T]
     ok = visible(T, mask, a.window or window) | torch.eye(T, dtype=torch.bool)  # padding queries: themselves
-    weights = torch.softmax(scores.masked_fill(~ok[:, None], float("-inf")), -1)
-    return a.proj(merge(weights @ v))
+    return torch.softmax(scores.masked_fill(~ok[:, None], float("-inf")), -1)
+
+
+def naive_softmax(a: SoftmaxAttention, x, mask, window):
+    v = heads(a, a.qkv(x).split(x.shape[-1], -1)[2])
+    return a.proj(merge(softmax_weights(a, x, mask, window) @ v))
+
+
+def primal_features(a: PrimalAttention, x, mask):
+    """(phi(qbar), phi(kbar)) [B, H, T, d]: the means of q_j, k_j over the real j <= i in the window (all
+    real j when bidirectional), phi(z) = z / ||z||; phi(qbar) phi(kbar)^T is the induced kernel."""
+    B, T, D = x.shape
+    q, k = (heads(a, t) for t in a.qk(x).split(D, -1))  # [B, H, T, d]
+    ok = visible(T, mask, a.window).to(x.dtype) if a.causal else torch.eye(T, dtype=x.dtype).expand(B, T, T)  # [B, T(i), T(j)]
+    counts = ok.sum(-1).clamp(min=1)[:, None, :, None]
+    return tuple(F.normalize(torch.einsum("bij,bhjd->bhid", ok, t) / counts, dim=-1) for t in (q, k))
 
 
 def naive_primal(a: PrimalAttention, x, mask, window):
     """e_i = We^T phi(mean of q_j), r_i = Wr^T phi(mean of k_j) over the real j <= i in the window, phi(z) =
     z / ||z||; o_i = Wo [e_i; r_i] per head, then the output projection."""
-    B, T, D = x.shape
-    q, k = (heads(a, t) for t in a.qk(x).split(D, -1))  # [B, H, T, d]
-    ok = visible(T, mask, a.window).to(x.dtype)  # [B, T(i), T(j)]
-    counts = ok.sum(-1).clamp(min=1)[:, None, :, None]
-    qbar, kbar = (torch.einsum("bij,bhjd->bhid", ok, t) / counts for t in (q, k))
-    e = torch.einsum("bhid,hds->bhis", F.normalize(qbar, dim=-1), a.We)
-    r = torch.einsum("bhid,hds->bhis", F.normalize(kbar, dim=-1), a.Wr)
+    fq, fk = primal_features(a, x, mask)
+    e = torch.einsum("bhid,hds->bhis", fq, a.We)
+    r = torch.einsum("bhid,hds->bhis", fk, a.Wr)
     return a.proj(merge(a.Wo(torch.cat([e, r], -1))))
 
 

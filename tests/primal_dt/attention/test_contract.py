@@ -116,3 +116,30 @@ def test_unknown_option_lists_accepted_ones():
 def test_heads_must_divide_width():
     with pytest.raises(ValueError, match="divisible by n_heads"):
         build_attention("softmax", 10, 3)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "softmax-w3", "primal", "primal-bidirectional", "primal-w3"])
+def test_the_spectrum_probe_reads_the_explicit_matrix(kind):
+    """eval.spectrum's one probe (one-hot values, or one-hot projection directions for primal, through the
+    mechanism's own forward) gives the matrix written from the formula (naive.py): softmax's weights,
+    primal's induced kernel phi(qbar) phi(kbar)^T; rows and columns of padding zero."""
+    from eval.spectrum import attention_matrix
+
+    from .naive import primal_features, softmax_weights
+
+    name, _, rest = kind.partition("-")
+    causal = rest != "bidirectional"
+    opts = {"window": int(rest[1:])} if rest.startswith("w") else {}
+    torch.manual_seed(0)
+    a = build_attention(name, 16, 2, causal=causal, **({"s": 3} if name == "primal" else {}), **opts).double().eval()
+    x = torch.randn(2, 11, 16, dtype=torch.float64)
+    mask = torch.ones(2, 11, dtype=torch.bool)
+    mask[0, :2] = mask[1, 8:] = False
+    with torch.no_grad():
+        if name == "softmax":
+            ref = softmax_weights(a, x, mask)
+        else:
+            fq, fk = primal_features(a, x, mask)
+            ref = fq @ fk.transpose(-1, -2)
+    ref = ref * (mask[:, None, :, None] & mask[:, None, None, :])
+    torch.testing.assert_close(attention_matrix(a, x, mask), ref, atol=1e-10, rtol=1e-9)

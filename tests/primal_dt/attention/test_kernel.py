@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from eval.spectrum import attention_matrix
 from primal_dt.attention import available, build_attention
 from primal_dt.attention.kernel import sinusoidal
 
@@ -79,14 +80,14 @@ def test_exponential_kernel_is_softmax_attention_and_stable():
     x = 200 * torch.randn(1, 6, D)  # exp(<q,k>) would overflow without log-sum-exp
     y, _ = a(x)
     assert torch.isfinite(y).all()
-    A = a.attention_matrix(x)
+    A = attention_matrix(a, x, None)  # (eval.spectrum's probe)
     torch.testing.assert_close(A.sum(-1), torch.ones(1, H, 6))
 
 
 def test_symmetric_variants_tie_the_projections():
     sym, asym = build_attention("kernel-rbf-sym", D, H), build_attention("kernel-rbf-asym", D, H)
     assert sym.qk.out_features == D and asym.qk.out_features == 2 * D
-    A = sym.attention_matrix(torch.randn(1, 5, D))
+    A = attention_matrix(sym, torch.randn(1, 5, D), None)
     # a symmetric kernel matrix: k(x_i, x_j) = k(x_j, x_i), so the unnormalised weights are symmetric
     q = sym.split_heads(sym.qk(torch.randn(1, 5, D)))
     kmat = torch.exp(-torch.cdist(q, q) ** 2 / math.sqrt(dh))

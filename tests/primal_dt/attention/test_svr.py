@@ -87,13 +87,15 @@ def test_recurrent_equals_parallel_with_pooling(kernel):
     x = torch.randn(2, 11, D)
     mask = torch.rand(2, 11, generator=torch.Generator().manual_seed(3)) > 0.3
     ref, _ = a(x, mask)
-    state, outs, t = a.init_state(2), [], 0
+    form = a.recurrent()
+    state, outs, t = form.init(2), [], 0
     for c in (2, 1, 4, 1, 3):
-        y, state = a.step(x[:, t:t + c], state, mask[:, t:t + c])
+        y, state = form(x[:, t:t + c], state, mask[:, t:t + c])
         outs.append(y)
         t += c
     torch.testing.assert_close(torch.cat(outs, 1), ref, atol=1e-5, rtol=1e-5)
-    assert state["k"].shape[2] == int(mask.sum(1).max())  # the cache holds real tokens only
+    assert [s.name for s in form.specs] == ["q", "k", "v", "n"]
+    assert state[1].shape[2] == int(mask.sum(1).max())  # the cache holds real tokens only
 
 
 def test_default_factors_follow_the_paper():
