@@ -63,7 +63,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from primal_dt.attention import get_class
 from primal_dt.attention.base import StateSpec, restart_rows
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
