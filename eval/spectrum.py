@@ -2,6 +2,7 @@
 (primal-dual SVR framework), for any model built on ``primal_dt.blocks.Stack``.
 
     python -m eval.spectrum checkpoint=runs/.../best.pt [out=DIR] [n=64] [seed=0] [data_source=...]
+    python -m eval.spectrum checkpoint=runs/hopper-medium/primal+dt     # a run, or a directory of runs
 
 For each attention layer the matrix is read from the mechanism's own ``forward`` by one probe
 (``attention_matrix``): a mechanism that mixes values (softmax, the linear family, kernel smoothers,
@@ -340,6 +341,8 @@ def run(argv: list[str]) -> int:
     with errors.setup_errors():
         o = options(argv)
         path = Path(o.checkpoint)
+        if path.is_dir():  # a run directory (its last.pt) or a directory of runs (the newest), as everywhere
+            path = checkpoint.find(path, "last.pt", "checkpoint")
         out = Path(o.out) if o.out else path.parent / "spectrum"
         ckpt = checkpoint.load(path)
         model, run_model = build_from_checkpoint(ckpt, n=o.n, seed=o.seed, where=f"checkpoint {path}",

@@ -207,6 +207,9 @@ def test_dt_spectrum_cli_end_to_end_and_foreign_data_is_refused(trained_dt, tmp_
     assert main([f"checkpoint={path}", f"out={tmp_path / 'spec'}", "n=8", "tensorboard=false"]) == 0
     data = json.loads((tmp_path / "spec" / "spectrum.json").read_text())
     assert [l["mechanism"] for l in data["layers"]] == ["SoftmaxAttention", "SoftmaxAttention", "PrimalAttention"]
+    # a run directory works as everywhere else (its last.pt), and gives the same spectrum
+    assert main([f"checkpoint={path.parent}", f"out={tmp_path / 'spec-dir'}", "n=8", "tensorboard=false"]) == 0
+    assert json.loads((tmp_path / "spec-dir" / "spectrum.json").read_text())["layers"] == data["layers"]
     other = f"d4rl:{dataset_file(tmp_path / 'other-v2.hdf5', seed=1)}"
     with pytest.raises(SystemExit, match=f"error: checkpoint {path} was trained on {trained_dt[1]} .*but the data "
                                          f"read now from {other} differs"):
