@@ -582,7 +582,7 @@ def test_a_planted_policy_file_is_never_what_acts(trained, tmp_path, cache):
     before = planted.read_bytes()
 
     def acts_as_torch(policy):
-        assert_same_actions(play([load_agent(ck), policy], batch=1, steps=120), names=("onnx",))
+        assert_same_actions(play([load_agent(ck), policy], batch=1, steps=40), names=("onnx",))
 
     with pytest.raises(AssertionError):  # the plant deviates once its episode is long enough
         acts_as_torch(OnnxPolicy(planted))

@@ -76,7 +76,7 @@ def test_a_recipe_of_hours_says_so_and_prints_a_budget_command_that_fits(hopper_
     assert 0.8 * training.BUDGET_S <= steps * step_s <= training.BUDGET_S  # fits, at the measured pace
     assert theirs["warmup_steps"] == round(steps / 10) and theirs["checkpoint_every"] == round(steps / 20)
     assert (steps - 1) // theirs["eval.every"] == 9  # as many evaluations as the recipe, at a scaled cadence
-    assert "interrupted at step" in out and "nothing to resume" in out  # stopped before any checkpoint
+    assert "interrupted at step" in out and "checkpoint written at this step" in out  # kept where it stopped
 
 
 def test_a_recipe_of_hours_on_a_cpu_is_offered_the_cpu_recipe(hopper_file, tmp_path):
