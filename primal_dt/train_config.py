@@ -320,8 +320,8 @@ def describe(b: Built, full: bool = False) -> str:
     values = flat(dataclasses.asdict(b.cfg))
     shown = {k: v for k, v in values.items()
              if full or b.provenance.get(k) == "command line" or v != defaults.get(k)}
-    origin = b.source if full or b.source.startswith(("resumed", "(no preset")) else "; ".join(
-        part.split(":")[0] for part in b.source.split("; "))
+    named = [f"preset {b.cfg.preset}"] * bool(b.cfg.preset) + [f"recipe {b.cfg.recipe}"] * (b.cfg.recipe != "preset")
+    origin = b.source if full or b.source.startswith("resumed") else "; ".join(named) or "no preset"
     rest = "" if full else f"; the other {len(values) - len(shown)} at their defaults (print_config=true lists them)"
     lines = [f"config ({origin}){rest}"]
     for k, v in shown.items():
