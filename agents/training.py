@@ -297,7 +297,9 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         with interrupts.installed():
             while run.step < cfg.steps:
                 logging = _due(run.step + 1, cfg.log_every)
-                with interrupts.held():  # a step is whole or not taken: an interrupt waits for its end
+                # a step and its log line are whole or not taken: an interrupt waits for their end, so the
+                # checkpoint it writes holds every event logged up to its step
+                with interrupts.held():
                     batch = next_batch(run, reach)
                     t0 = time.perf_counter()
                     loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip,
@@ -306,10 +308,10 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     if not (math.isfinite(loss) and math.isfinite(gn)):
                         diverged(run, mon, loss, gn, parts)
                     run.step += 1
-                run.train_time += dt
-                speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
-                if logging:
-                    log_step(run, mon, loss, gn, parts, speed.take())
+                    run.train_time += dt
+                    speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
+                    if logging:
+                        log_step(run, mon, loss, gn, parts, speed.take())
                 if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
                     t0 = time.perf_counter()
                     if d.main:
@@ -419,10 +421,11 @@ def open_run_dir(run: Run) -> None:
 class Interrupts:
     """Ctrl-C and SIGTERM (a scheduler's preemption or time limit, ``kill``) end training alike: the run
     writes a checkpoint at the step it reached, says so and how to continue. So that checkpoint resumes
-    exactly, an interrupt that comes during a training step (``held``) waits for the step's end; anywhere
-    else (evaluation, logging) it stops at once, and a second interrupt always does (the checkpoint
-    being written is then abandoned, the previous one kept). Only the main thread takes signals; a
-    SIGINT ignored when the process started (a background job) stays ignored."""
+    exactly, with every event logged up to it, an interrupt that comes during a training step or its log
+    line (``held``) waits for their end; anywhere else (evaluation) it stops at once, and a second
+    interrupt always does (the checkpoint being written is then abandoned, the previous one kept). Only
+    the main thread takes signals; a SIGINT ignored when the process started (a background job) stays
+    ignored."""
 
     def __init__(self):
         self.holding, self.pending = False, None
