@@ -65,7 +65,7 @@ def test_a_backend_rolls_out_where_installed_and_says_what_to_install_where_not(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("gl", [None, "glfw"], ids=["unset", "glfw"])
+@pytest.mark.parametrize("gl", [None, pytest.param("glfw", marks=pytest.mark.slow)], ids=["unset", "glfw"])
 def test_valid_values_still_roll_out(gl, tmp_path, checkpoint, run_cli, monkeypatch):
     """Unset, and glfw (which cannot render without a display, but rollouts need no rendering:
     ``test_video`` covers what a video then says), load the simulators on any machine."""
@@ -90,6 +90,7 @@ def test_a_lane_started_by_forkserver_names_the_value_not_a_dead_worker(run_code
     assert p.stderr.strip().splitlines()[-1] == f"ValueError: {NONSENSE}"
 
 
+@pytest.mark.slow
 def test_training_that_will_evaluate_refuses_at_once(tmp_path, hopper_file, tiny_train, run_cli, one_line_error,
                                                      monkeypatch):
     """Before the first step (not at the first evaluation, minutes later), and before any run directory is

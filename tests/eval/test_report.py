@@ -328,6 +328,7 @@ def test_any_summary_is_reported_or_is_one_named_error(runs, tmp_path_factory, e
 
 
 # -- writes that fail -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_report_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(runs, tmp_path, run_cli,
                                                                              one_line_error):
     root, _, _ = runs

@@ -125,6 +125,7 @@ def test_finished_rows_leave_the_batch_and_idle_simulators_are_not_stepped(ckpt)
     assert res["act_rows"][min(lengths)] == 3 - sum(n == min(lengths) for n in lengths)
 
 
+@pytest.mark.slow
 def test_the_episode_loop_drives_any_runtime_of_the_acting_api(ckpt, tmp_path):
     """The evaluators' loop takes any policy with the shared API: the exported ONNX runtime plays the
     torch agent's episodes (its actions agree to 1e-5), restarts and departing rows included."""

@@ -216,6 +216,7 @@ def test_dt_spectrum_cli_end_to_end_and_foreign_data_is_refused(trained_dt, tmp_
         main([f"checkpoint={path}", f"out={tmp_path / 'spec2'}", "n=8", f"data_source={other}"])
 
 
+@pytest.mark.slow
 def test_a_spectrum_that_cannot_be_written_is_one_line_and_leaves_no_partial_file(trained_dt, tmp_path, run_cli,
                                                                                   one_line_error):
     path, _ = trained_dt

@@ -53,6 +53,7 @@ def test_grid_runs_then_a_second_call_skips_and_resumes(hopper_file, tmp_path):
     assert dt_checkpoint.load(dt0).step == 9 and len(run_dirs(out)) == 4  # same directory, continued
 
 
+@pytest.mark.slow
 def test_scheduler_scripts_list_only_what_is_left(hopper_file, tmp_path):
     out = tmp_path / "sweep"
     sweep(hopper_file, out, "model=dt", "seeds=0", "steps=4")
@@ -129,6 +130,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_one_sweep_per_out_and_its_runs_die_with_it(hopper_file, tmp_path):
     """A second sweep on the same ``out`` starts nothing and names the first's pid; a SIGKILL of the
     sweep alone (not its process group) ends its training run too, and the next call resumes that run,

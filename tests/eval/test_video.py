@@ -81,7 +81,7 @@ def test_backends_are_tried_in_order_and_a_machine_without_any_gets_the_reason(m
     assert not any(f"MUJOCO_GL={b}:" in msg for b in BACKENDS) and "rollout results are unaffected" in msg
 
 
-@pytest.mark.parametrize("gl", [None, "glfw"], ids=["auto", "glfw-without-display"])
+@pytest.mark.parametrize("gl", [None, pytest.param("glfw", marks=pytest.mark.slow)], ids=["auto", "glfw-without-display"])
 def test_rollout_video_true_out_of_the_box(gl, tmp_path, tiny_dt, dt_checkpoint_file, run_cli, monkeypatch):
     """``python -m eval.rollout ... video=true`` as a user runs it (MUJOCO_GL unset): the GIF file and
     the same GIF in TensorBoard. With no backend that renders (glfw needs a display; a valid MUJOCO_GL

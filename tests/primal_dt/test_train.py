@@ -95,6 +95,7 @@ def ctrl_c_enabled():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_ctrl_c_says_how_to_continue_and_exits_130(hopper_file, tmp_path, tiny_train):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *tiny_train.args(hopper_file, tmp_path, "steps=100000",
@@ -246,6 +247,7 @@ def check_distinct_and_intact(procs, out, tiny_train):
         assert [s for s, _ in tiny_train.scalars(d, "loss/total")] == [1, 2, 3]
 
 
+@pytest.mark.slow
 def test_runs_started_together_never_share_a_directory(hopper_file, tmp_path, tiny_train):
     check_distinct_and_intact(start_together(hopper_file, tmp_path, 3, tiny_train), tmp_path, tiny_train)
 
@@ -266,6 +268,7 @@ def test_resume_from_a_crafted_checkpoint_is_refused_and_its_payload_never_runs(
 
 
 # -- a full disk, an unwritable out, stale temporaries ---------------------------------------------------
+@pytest.mark.slow
 def test_a_full_disk_ends_with_one_line_and_keeps_the_last_checkpoint(hopper_file, tmp_path, run_cli, one_line_error, tiny_train):
     first = run(tiny_train.args(hopper_file, tmp_path, "steps=4", "checkpoint_every=2", *tiny_train.QUIET))
     d = Path(first["run_dir"])
@@ -281,6 +284,7 @@ def test_a_full_disk_ends_with_one_line_and_keeps_the_last_checkpoint(hopper_fil
     assert resumed["steps"] == 8 and dt_checkpoint.load(d).step == 8
 
 
+@pytest.mark.slow
 def test_an_unwritable_out_is_one_line_before_any_training(hopper_file, tmp_path, run_cli, one_line_error, tiny_train):
     (tmp_path / "file").write_text("x")
     p = run_cli("primal_dt.train", *tiny_train.args(hopper_file, tmp_path / "file" / "runs", *tiny_train.QUIET))
@@ -294,6 +298,7 @@ def test_an_unwritable_out_is_one_line_before_any_training(hopper_file, tmp_path
     assert not any(locked.iterdir())
 
 
+@pytest.mark.slow
 def test_temporaries_of_killed_checkpoint_writes_are_removed_at_resume_and_at_the_next_start(
         hopper_file, tmp_path, killed_checkpoint_write, capsys, tiny_train):
     d = Path(run(tiny_train.args(hopper_file, tmp_path, "steps=2", *tiny_train.QUIET))["run_dir"])

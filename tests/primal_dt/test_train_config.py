@@ -94,6 +94,7 @@ def test_help_lists_every_option_with_its_default():
     assert "(default: 100000)" in flat and "(default: primal+dt)" in flat and "(default: 3600 1800)" in flat
 
 
+@pytest.mark.slow
 def test_every_numeric_option_is_checked_whatever_its_value(fuzz_options):
     """Any value for any numeric option, sizes included (10**12 layers, NaN learning rates): ``check``
     accepts it or names an option given; a size no machine could build is refused here, not by the

@@ -11,7 +11,7 @@ def json_option(module):
     return "json" if module == "eval.bench.inference" else "--json"
 
 
-@pytest.mark.parametrize("module", BENCHES)
+@pytest.mark.parametrize("module", [BENCHES[0], *(pytest.param(m, marks=pytest.mark.slow) for m in BENCHES[1:])])
 def test_an_output_file_that_cannot_be_written_is_refused_before_any_work(module, tmp_path, run_cli, one_line_error):
     opt = json_option(module)
     sep = "=" if not opt.startswith("--") else " "
