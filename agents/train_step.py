@@ -113,6 +113,7 @@ class Stepper:
         if mode != "eager" and not opt.defaults.get("fused"):
             raise ValueError(f"compile={mode} needs a fused optimizer (skipping a failed step on the device)")
         self.mode, self.net, self.params, self.opt, self.sched = mode, net, params, opt, sched
+        align(opt, mode)
         self.eta, self.clip, self.world = eta, (grad_clip if grad_clip > 0 else math.inf), world
         self.steps = 0
         self.start, self.graph_after, self.autocast = first_step, max(1, graph_after), autocast
@@ -237,6 +238,20 @@ class Stepper:
             self._failure = Failure(self.start + int(self.first), snap["loss"], snap["grad_norm"],
                                     {"mse": torch.tensor(snap["mse"]), "ksvd": torch.tensor(snap["ksvd"])})
         return self._failure
+
+
+def align(opt: torch.optim.Optimizer, mode: str) -> None:
+    """Make ``opt`` run as ``mode`` needs, whatever checkpoint it was restored from: loading a state dict
+    brings back the saved run's implementation flags (a run resumed in another form would skip no
+    failed step, or keep its step counters on the wrong device). Fused (compiled forms) keeps them on
+    the parameters' device; the eager reference on the CPU, as a new optimizer would."""
+    fused = mode != "eager"
+    for g in opt.param_groups:
+        g.update(fused=fused, foreach=None if fused else opt.defaults.get("foreach"),
+                 capturable=mode == "cudagraphs")
+    for p, st in opt.state.items():
+        if torch.is_tensor(st.get("step")):
+            st["step"] = st["step"].to(p.device if fused else "cpu", torch.float32)
 
 
 def read(loss, gn) -> tuple[float, float]:

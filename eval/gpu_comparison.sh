@@ -65,7 +65,7 @@ export PYTHONUNBUFFERED=1
 
 if [ "$REHEARSAL" = 1 ]; then
     DEVICE=cpu
-    BENCH=(--budget --bf16 false --threads 1)
+    BENCH=(--budget --no_bf16 --threads 1)
     RECIPE=(steps=20 warmup_steps=5 eval.every=10 eval.episodes=1 eval.final_episodes=1 eval.max_steps=15
             eval.num_envs=2 checkpoint_every=10 K=5 batch_size=8 model.d_model=32 model.n_heads=2 model.s=8)
     THREADS=1
@@ -107,9 +107,14 @@ if [ $status -eq 124 ] || [ $status -eq 137 ]; then
     say "  NOT FINISHED within the budget: the sweep was stopped after ${SWEEP_S}s; each run kept a checkpoint, so the same"
     say "  eval.sweep command (out=$WORK/runs) continues them. Steps reached: $(grep -ho 'step [0-9]*' "$OUT/sweep.log" | tail -1)"
 fi
-for log in "$WORK"/runs/sweep-logs/*; do  # the measured pace of each run (its first projection line)
-    [ -f "$log" ] && say "  $(basename "$log"): $(grep -m1 -o 'measured over .*of training' "$log")"
-done
+# each finished run's own training time (summary.json), evaluations excluded
+"$PY" - "$WORK/runs" <<'EOF' | tee -a "$SUMMARY"
+import json, pathlib, sys
+for p in sorted(pathlib.Path(sys.argv[1]).glob("*/*/*/summary.json")):
+    s = json.loads(p.read_text())
+    print(f"  {s['model']} seed {s['seed']}: {s['steps']} steps, training {s['train_s']:.0f}s "
+          f"({s['s_per_1k_steps']:.2f} s per 1k steps)")
+EOF
 
 # -- 4. the report -------------------------------------------------------------------------------------
 if [ "$finished" -gt 0 ]; then

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agents.decision_transformer import DecisionTransformer, DTConfig
-from agents.train_step import Stepper, resolve
+from agents.train_step import Stepper, align, resolve
 from eval.bench.train import batches
 
 LAYOUTS = ("dt", "primal+dt", "primalformer-dt")
@@ -72,3 +72,22 @@ def test_inductor_step_equals_eager(layout):
     """Three steps of the inductor-compiled step: losses, first gradients and final weights as eager's."""
     model, data = tiny(layout), batches(3, 4, 5)
     assert_same(steps(model, "compile", data), steps(model, "eager", data), tol=1e-4)
+
+
+def test_a_restored_optimizer_runs_as_the_form_it_resumes_in():
+    """Loading a state dict brings back the saved run's flags: an eager run's checkpoint resumed compiled
+    must still skip a failed step on the device (fused), and the other way round be the eager reference."""
+    p = [torch.nn.Parameter(torch.ones(3))]
+    p[0].grad = torch.ones(3)
+    eager = torch.optim.AdamW(p, lr=0.1)
+    eager.step()
+    fused = torch.optim.AdamW(p, lr=0.1, fused=True)
+    fused.load_state_dict(eager.state_dict())
+    assert not fused.param_groups[0]["fused"]  # what loading did
+    align(fused, "compile")
+    assert fused.param_groups[0]["fused"]
+    fused.found_inf, before = torch.ones(()), p[0].detach().clone()
+    fused.step()
+    assert torch.equal(before, p[0]) and fused.state[p[0]]["step"].item() == 1
+    align(fused, "eager")
+    assert not fused.param_groups[0]["fused"] and fused.state[p[0]]["step"].device.type == "cpu"
