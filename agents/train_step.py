@@ -165,7 +165,8 @@ class Stepper:
         """``autocast``'s mixed precision where it is set (weights and the optimizer stay float32)."""
         if self.autocast is None:
             return contextlib.nullcontext()
-        return torch.autocast(self.params[0].device.type, dtype=self.autocast)
+        # no cache of cast weights: a captured graph must not keep tensors a later replay would reuse stale
+        return torch.autocast(self.params[0].device.type, dtype=self.autocast, cache_enabled=False)
 
     def _forward(self, batch: dict):
         with self._mixed():
@@ -203,6 +204,9 @@ class Stepper:
         lr = [g["lr"] for g in self.opt.param_groups]
         if self.graph is None:
             self._capture(batch)
+        if batch.get("trailing") != self.static.get("trailing"):  # the graph holds one of the model's paths
+            raise ValueError("a captured training step takes batches padded as the one it was captured with "
+                             f"(trailing padding: {self.static.get('trailing')}); got {batch.get('trailing')}")
         for k, v in batch.items():
             if isinstance(v, torch.Tensor):
                 self.static[k].copy_(v, non_blocking=True)

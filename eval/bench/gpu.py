@@ -24,6 +24,7 @@ on the device. The table is printed last.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -66,8 +67,8 @@ def on(device: torch.device, data: list[dict]) -> list[dict]:
 
 
 # -- 1. ms per update ----------------------------------------------------------------------------------
-def updates(args, device: torch.device, size: dict) -> dict[str, float]:
-    """{"layout form precision": ms per update}."""
+def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[str, float]:
+    """{"layout form precision": ms per update}; what ``args.deadline`` leaves no time for goes to ``skipped``."""
     n = args.steps
     data = on(device, batches(2 * args.warmup + 2 * n, args.batch, args.K))
     forms = ["eager", "compile"] + (["cudagraphs"] if device.type == "cuda" else [])
@@ -76,6 +77,9 @@ def updates(args, device: torch.device, size: dict) -> dict[str, float]:
         if precision == "bf16" and not args.bf16:
             continue
         for layout in OURS:
+            if time.perf_counter() > args.deadline:
+                skipped.append(f"{layout} {precision}")
+                continue
             torch.manual_seed(0)
             eager = Ours(layout, size, args.K, "eager", str(device))
             eager.stepper.autocast = dtype
@@ -96,7 +100,9 @@ def updates(args, device: torch.device, size: dict) -> dict[str, float]:
                 out[f"{layout} cudagraphs {precision}"] = timed(comp.step, rest[2:], device)
             print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in out.items() if k.startswith(layout + " ")
                                    and k.endswith(precision)), flush=True)
-        if args.hf:
+        if args.hf and time.perf_counter() > args.deadline:
+            skipped.append(f"hf-dt {precision}")
+        elif args.hf:
             torch.manual_seed(0)
             hf = HuggingFace(size, args.K)
             hf.model.to(device)
@@ -211,6 +217,9 @@ class GpuBenchConfig:
     """skip HuggingFace's DT even when transformers is installed"""
     threads: int = 0
     """torch CPU threads per process (0: runtime's default)"""
+    budget_s: float = 240.0
+    """start no new part after this many seconds (those left out are named under the table; 0: no limit), so a
+    run stays within about 5 minutes on a GPU however long its compilations take"""
     json: str = ""
     """write the results here"""
     backend: str = ""
@@ -225,7 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
     options.check_parsed(args, {"--steps": options.AT_LEAST_1, "--warmup": options.AT_LEAST_1,
                                 "--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
                                 "--acts": options.AT_LEAST_1, "--concurrent": options.AT_LEAST_0,
-                                "--threads": options.THREADS})
+                                "--threads": options.THREADS, "--budget_s": options.Range(0, 1e6)})
     try:
         device = runtime.pick_device(args.device, option="--device")
         if args.json:
@@ -246,13 +255,18 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"GPU benchmark on {device} ({name}), torch {torch.__version__}; size {size}, batch {args.batch}, "
           f"K {args.K}{', budget (a rehearsal)' if args.budget else ''}", flush=True)
     t0 = time.perf_counter()
-    ms = updates(args, device, size)
+    args.deadline = t0 + (args.budget_s or math.inf)
+    skipped: list[str] = []
+    ms = updates(args, device, size, skipped)
     acts = act_latency(args, device, size)
     conc = {}
-    if args.concurrent > 1:
+    if args.concurrent > 1 and time.perf_counter() < args.deadline:
         conc = {"one": concurrent(args, device, 1), "many": concurrent(args, device, args.concurrent)}
+    elif args.concurrent > 1:
+        skipped.append("concurrent trainings")
     res = {"device": str(device), "name": name, "torch": torch.__version__, "size": size, "batch": args.batch,
            "K": args.K, "budget": args.budget, "ms_per_update": ms, "act_ms": acts, "concurrent": conc,
+           "skipped": skipped,
            "seconds": round(time.perf_counter() - t0, 1)}
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))
@@ -290,6 +304,8 @@ def table(res: dict) -> str:
                      f"{c['many']['updates_per_s']:.0f} updates/s in all vs {c['one']['updates_per_s']:.0f} alone "
                      f"(x {c['many']['updates_per_s'] / c['one']['updates_per_s']:.2f}); each "
                      f"{c['many']['ms_per_update_median']:.2f} ms per update vs {c['one']['ms_per_update_median']:.2f}")
+    if res["skipped"]:
+        lines.append("  not measured (--budget_s reached): " + ", ".join(res["skipped"]))
     return "\n".join(lines)
 
 

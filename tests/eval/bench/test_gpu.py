@@ -52,3 +52,12 @@ def test_the_gpu_command_rehearses_on_the_cpu(tmp_path):
     summary = (out / "comparison.txt").read_text()
     assert "6 of 6 runs finished" in summary and "== ms per update" in summary
     assert len(list(work.glob("runs/hopper-medium/*/*/summary.json"))) == 6
+
+
+@pytest.mark.slow
+def test_what_the_time_budget_leaves_out_is_named_under_the_table(capsys):
+    res = gpu.main(["--budget", "--no_bf16", "--budget_s", "0.001", "--threads", "1", "--no_hf"])
+    assert set(res["ms_per_update"]) == {"dt eager fp32", "dt compile fp32"}  # the first part always runs
+    assert res["skipped"] == ["primal+dt fp32", "primalformer-dt fp32", "concurrent trainings"]
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == (
+        "  not measured (--budget_s reached): primal+dt fp32, primalformer-dt fp32, concurrent trainings")
