@@ -1,8 +1,6 @@
 """python -m primal_dt.train with compile=compile (torch.compile's inductor, slow to compile on a CPU):
-the run learns what the eager run learns, resumes exactly, and stops at the first failed step with its
-last good checkpoint, as the eager step does (agents.train_step's tests hold the step itself)."""
-
-from pathlib import Path
+the run resumes exactly and stops at the first failed step with its last good checkpoint, as the eager
+step does (agents.train_step's tests compare the step itself with the eager one)."""
 
 import pytest
 import torch
@@ -17,21 +15,18 @@ def weights(summary) -> dict:
     return dt_checkpoint.load(summary["run_dir"]).model
 
 
-def test_a_compiled_run_matches_the_eager_one_and_resumes_exactly(hopper_file, tmp_path, tiny_train):
-    common = tiny_train.args(hopper_file, tmp_path, "steps=8", "log_every=2", "checkpoint_every=4", *tiny_train.QUIET)
-    eager = run(common + ["out=" + str(tmp_path / "eager")])
-    straight = run(common + ["compile=compile", "out=" + str(tmp_path / "straight")])
+def test_a_compiled_run_resumes_exactly(hopper_file, tmp_path, tiny_train):
+    """Dropout on: the compiled step draws its masks from its own stream (so its losses are not the eager
+    run's, which agents.train_step's tests compare without dropout), seeded from the run's torch
+    generator, which the checkpoint restores."""
+    common = tiny_train.args(hopper_file, tmp_path, "log_every=2", "checkpoint_every=4", "compile=compile",
+                             *tiny_train.QUIET)
+    straight = run(common + ["steps=8", "out=" + str(tmp_path / "straight")])
     losses = tiny_train.scalars(straight["run_dir"], "loss/total")
-    assert [s for s, _ in losses] == [2, 4, 6, 8]
-    assert [v for _, v in losses] == pytest.approx([v for _, v in tiny_train.scalars(eager["run_dir"], "loss/total")],
-                                                   rel=1e-4)
-    a, b = weights(straight), weights(eager)
-    assert all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in b)
-    # stopped at step 4 and resumed (compiled again): the same weights as the run that went straight on
-    half = run(tiny_train.args(hopper_file, tmp_path, "steps=4", "log_every=2", "checkpoint_every=4",
-                               *tiny_train.QUIET, "compile=compile", "out=" + str(tmp_path / "half")))
+    assert [s for s, _ in losses] == [2, 4, 6, 8] and losses[-1][1] < losses[0][1]
+    half = run(common + ["steps=4", "out=" + str(tmp_path / "half")])
     resumed = run(["resume=" + half["run_dir"], "steps=8", "progress=false", "threads=1"])
-    c = weights(resumed)
+    a, c = weights(straight), weights(resumed)
     assert all(torch.equal(a[k], c[k]) for k in a)
     assert tiny_train.scalars(resumed["run_dir"], "loss/total") == losses
 
