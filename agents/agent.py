@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from primal_dt.attention.precision import check_precision, native_bf16
+from primal_dt.runtime import pick_device
 from primal_dt.train_config import ENGINES
 
 from . import dt_checkpoint, threads
@@ -169,7 +170,8 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    if runtime == "onnx" and (engine, precision, torch.device(device).type) != ("stream", "fp32", "cpu"):
+    device = pick_device(device)  # a bad name, absent CUDA or a missing index: one clear ValueError, before loading
+    if runtime == "onnx" and (engine, precision, device.type) != ("stream", "fp32", "cpu"):
         raise ValueError(f"runtime='onnx' runs the exact stream step on the CPU: it needs engine='stream', "
                          f"precision='fp32' and device='cpu' (got {engine!r}, {precision!r}, {str(device)!r})")
     ck = dt_checkpoint.load(checkpoint)

@@ -186,18 +186,22 @@ class DecisionTransformer(nn.Module):
         head = self.action_head[0]
         return torch.tanh(F.linear(hidden_at_state_tokens, head.weight, head.bias))
 
-    def forward(self, states, actions, rtg, timesteps, mask=None):
+    def forward(self, states, actions, rtg, timesteps, mask=None, trailing: bool | None = None):
         """Predicted action at every step [B, T, act_dim] and the stack's per-layer aux dicts.
 
         Predictions at padding steps are meaningless (the loss masks them). When all padding
         trails the real steps, as the segment sampler and the evaluators produce it, the causal
         stack cannot see it from any real token, so the stack runs unmasked (its fast paths: about
         4% on a DT step, 6% with a primal layer, on CPU) and the mask is handed to the aux dicts
-        only, where the KSVD regulariser needs it. Other padding runs the masked path.
+        only, where the KSVD regulariser needs it. Other padding runs the masked path. ``trailing``:
+        whether the padding trails, when the caller knows (None: look, which reads the mask back
+        from the device, a synchronisation that a compiled or captured training step must not have).
         """
         x = self.drop(self.embed(rtg, states, actions, timesteps))
         tmask = token_mask(mask)
-        h, auxes = self.stack(x, None if trailing_padding(mask) else tmask)
+        if trailing is None:
+            trailing = trailing_padding(mask)
+        h, auxes = self.stack(x, None if trailing else tmask)
         if tmask is not None:
             for aux in auxes:
                 if aux and "mask" in aux:
@@ -321,7 +325,8 @@ def dt_loss(net, batch: dict, eta: float, detail: bool = False) -> tuple[torch.T
     ``model.loss``) is what lets DDP synchronise gradients. ``detail`` adds J of every primal
     layer (keyed by stack layer index), which costs a little, so only logging steps ask for it.
     """
-    pred, auxes = net(batch["states"], batch["actions"], batch["rtg"], batch["timesteps"], batch["mask"])
+    pred, auxes = net(batch["states"], batch["actions"], batch["rtg"], batch["timesteps"], batch["mask"],
+                      trailing=batch.get("trailing"))
     # "loss_mask" (stream-exact training, agents.stream_training) narrows the counted steps
     mse = action_mse(pred, batch["actions"], batch.get("loss_mask", batch["mask"]))
     reg = ksvd_regularizer(auxes, eta)

@@ -49,8 +49,8 @@ from primal_dt.distributed import Dist
 from primal_dt.errors import SetupError, WriteError
 from primal_dt.train_config import Built, TrainConfig, model_label
 
-from . import dt_checkpoint, stream_training
-from .decision_transformer import DecisionTransformer, DTConfig, dt_loss
+from . import dt_checkpoint, stream_training, train_step as steps
+from .decision_transformer import DecisionTransformer, DTConfig, trailing_padding
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
 from .summary import check_summary
 from .training_validation import Validation
@@ -98,6 +98,8 @@ class Run:
     dist: Dist
     validation: Validation | None = None
     """the held-out episodes' fixed segments (None: val_fraction=0)"""
+    compile: str = "eager"
+    """the training step's form (``compile=`` resolved for the device: ``agents.train_step``)"""
     step: int = 0
     train_time: float = 0.0
     """seconds inside optimisation steps (no evaluation, no logging)"""
@@ -147,6 +149,7 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         if cfg.batch_size % d.world:
             raise SetupError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
         device = runtime.pick_device(cfg.device, d)
+        mode = steps.resolve(cfg.compile, device, d.world)
         runtime.set_threads(cfg.threads, d)
         runtime.seed_torch(cfg.seed)
         model = build_model(cfg, spec.obs_dim, spec.act_dim)  # bad options raise here
@@ -160,7 +163,7 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         model = model.to(device)
         if d.world > 1:  # same initial weights everywhere (DDP also broadcasts them), own dropout masks per rank
             runtime.seed_torch(cfg.seed + 1000 * d.rank)
-        opt, sched = build_optimizer(model, cfg)
+        opt, sched = build_optimizer(model, cfg, fused=mode != "eager")
         train_eps, held_out = hold_out(cfg, data, resume[1] if resume else None)
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
@@ -175,7 +178,7 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         reach = stream_training.receptive_field(model.cfg) if cfg.stream_window else None
         validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, reach)
     run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d,
-              validation)
+              validation, mode)
     if resume is not None:
         restore(run, resume[1])
     return run
@@ -253,9 +256,10 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
                          f"stream_window={cfg.stream_window}): {err}") from err
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig):
-    """AdamW with linear warm-up to ``lr`` over ``warmup_steps``, then constant (the DT recipe)."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False):
+    """AdamW with linear warm-up to ``lr`` over ``warmup_steps``, then constant (the DT recipe); ``fused``:
+    one kernel that can skip a failed step on the device (the compiled steps')."""
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
     w = cfg.warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
     return opt, sched
@@ -293,6 +297,16 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     clock = Clock(run)
     saved_at = run.step if (run.out / dt_checkpoint.FILENAME).exists() else -1
     interrupts = Interrupts()
+    stepper = steps.Stepper(run.compile, net, params, run.opt, run.sched, cfg.eta, cfg.grad_clip, d.world, run.step)
+    loss = None
+
+    def settle() -> None:
+        """Stop at the first failed step (the compiled forms report it when asked: one read-back)."""
+        failed = stepper.failure()
+        if failed is not None:
+            run.step = failed.step - 1
+            diverged(run, mon, failed.loss, failed.grad_norm, failed.parts)
+
     try:
         with interrupts.installed():
             while run.step < cfg.steps:
@@ -300,19 +314,22 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                 # a step and its log line are whole or not taken: an interrupt waits for their end, so the
                 # checkpoint it writes holds every event logged up to its step
                 with interrupts.held():
-                    batch = next_batch(run, reach)
+                    batch, tokens = next_batch(run, reach)
                     t0 = time.perf_counter()
-                    loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip,
-                                                 logging, d.world)
-                    dt = time.perf_counter() - t0  # train_step reads the loss back, so the device is synchronised
-                    if not (math.isfinite(loss) and math.isfinite(gn)):
-                        diverged(run, mon, loss, gn, parts)
+                    out = stepper.step(batch, logging)
+                    # the eager step reads its loss back each step; the compiled ones only here, so the time of
+                    # the steps in between is counted at this read (their sum is right, each one is not)
+                    if stepper.eager or logging:
+                        settle()
+                        loss, gn = steps.read(*out[:2])
+                    dt = time.perf_counter() - t0
                     run.step += 1
                     run.train_time += dt
-                    speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
+                    speed.add(dt, 3 * tokens * d.world)
                     if logging:
-                        log_step(run, mon, loss, gn, parts, speed.take())
+                        log_step(run, mon, loss, gn, out[2], speed.take())
                 if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
+                    settle()
                     t0 = time.perf_counter()
                     if d.main:
                         last_score = periodic_eval(run, mon, evaluator, clock)
@@ -320,6 +337,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     d.barrier()
                     clock.exclude(time.perf_counter() - t0)
                 if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
+                    settle()
                     save(run, mon)
                     saved_at = run.step
                     by_time.restart()
@@ -331,6 +349,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         why = f" by {err.args[0]}" if err.args else ""
         if d.world == 1 and run.step > saved_at:  # the state is that of a whole number of steps: keep it
             try:
+                settle()
                 save(run, mon)
             except KeyboardInterrupt:  # a second interrupt: stop at once, the previous checkpoint kept
                 why = f"{why}, then again while its checkpoint was written,"
@@ -352,6 +371,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         with contextlib.suppress(WriteError):  # the disk may refuse the rest of the log too
             mon.close()
         raise
+    settle()
     final = final_eval(run, mon, evaluator)
     val = validate(run, mon, final=True) if run.validation is not None else None
     d.barrier()
@@ -360,37 +380,17 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     return summary
 
 
-def train_step(net, params, opt, sched, batch: dict, eta: float, grad_clip: float, detail: bool = False,
-               world: int = 1):
-    """One optimisation step; returns (loss, grad norm, parts) without stepping on NaN/inf.
-
-    The finiteness check uses the loss (averaged over processes under DDP, so every process takes
-    the same decision) and the gradient norm (identical on every process after DDP's all-reduce).
-    """
-    loss, parts = dt_loss(net, batch, eta, detail)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
-    stat = loss.detach().reshape(1)
-    if world > 1:
-        stat = stat.clone()
-        dist.all_reduce(stat)
-        stat /= world
-    loss_value = float(stat)
-    if not (math.isfinite(loss_value) and math.isfinite(float(gn))):
-        return loss_value, float(gn), parts
-    opt.step()
-    sched.step()
-    return loss_value, float(gn), parts
-
-
-def next_batch(run: Run, reach: int | None) -> dict:
-    """The sampler's next batch on the run's device; stream-exact runs count only the steps whose
-    ``reach`` tokens of history lie inside their segment."""
-    batch = {k: v.to(run.device, non_blocking=True) for k, v in run.sampler.sample().items()}
+def next_batch(run: Run, reach: int | None) -> tuple[dict, int]:
+    """The sampler's next batch on the run's device, and its real steps; stream-exact runs count only the
+    steps whose ``reach`` tokens of history lie inside their segment. What the model would read back from
+    the device (whether the padding trails, the count) is taken from the batch before it moves."""
+    sample = run.sampler.sample()
+    mask = sample["mask"]
+    batch = {k: v.to(run.device, non_blocking=True) for k, v in sample.items()}
+    batch["trailing"] = trailing_padding(mask)
     if reach is not None:
         batch["loss_mask"] = stream_training.stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
-    return batch
+    return batch, int(mask.sum())
 
 
 def _due(step: int, every: int) -> bool:
@@ -644,7 +644,8 @@ def announcement(run: Run) -> str:
         train_config.describe(run.built, full=cfg.print_config),
         f"data {cfg.env}: {len(run.data)} episodes, {run.data.num_steps:,} steps, source: {run.data.source} "
         f"({run.info.fingerprint[:19]}); {held_out(run)}",
-        f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}"
+        f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}, "
+        f"training step {run.compile}" + (f" (compile={cfg.compile})" if cfg.compile == "auto" else "")
         + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
         f"eval targets {list(run.info.targets)} by engine={cfg.eval.engine}; run directory {run.out}"
         + (f"; resuming at step {run.step}" if run.step else ""),
@@ -693,9 +694,10 @@ def last_logged(mon: RunMonitor) -> tuple[float | None, float | None]:
     return (mon.history[tags[0]][-1][1] if tags else None), (val[-1][1] if val else None)
 
 
-def postfix(loss: float, score: float | None, val: float | None, eta: str | None) -> dict:
-    """The progress bar's postfix: loss, the last normalized score, the last validation MSE, time left."""
-    out = {"loss": f"{loss:.4f}"}
+def postfix(loss: float | None, score: float | None, val: float | None, eta: str | None) -> dict:
+    """The progress bar's postfix: the last loss read, the last normalized score, the last validation MSE,
+    time left."""
+    out = {} if loss is None else {"loss": f"{loss:.4f}"}
     if score is not None:
         out["score"] = f"{score:.1f}"
     if val is not None:

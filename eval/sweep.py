@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import dt_checkpoint
-from primal_dt import checkpoint, cli, errors, lock, options, train_config
+from primal_dt import checkpoint, cli, errors, lock, options, runtime, train_config
 
 from . import report as report_mod
 
@@ -125,6 +125,7 @@ def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
                 try:
                     built = train_config.build(run_argv)
                     train_config.check(built.cfg)
+                    runtime.pick_device(built.cfg.device)  # CUDA absent or a missing index: before any run
                 except ValueError as err:
                     raise ValueError(f"run {env} {model} seed {seed}: {err}") from err
                 except SystemExit as err:  # the option parser has printed what it could not read

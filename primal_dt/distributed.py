@@ -37,6 +37,10 @@ def init_distributed(device: str) -> Dist:
         return Dist()
     local = int(os.environ.get("LOCAL_RANK", "0"))
     gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if gpu and not torch.cuda.is_available():  # before NCCL would fail with its own traceback
+        from .errors import SetupError
+
+        raise SetupError(f"device={device} but CUDA is not available; use device=cpu (DDP over gloo)")
     if not dist.is_initialized():  # ranks > 0 wait at a barrier while rank 0 evaluates: allow long evaluations
         if gpu:
             torch.cuda.set_device(local)

@@ -8,18 +8,35 @@ import torch
 
 from .distributed import Dist
 from .errors import SetupError
+from .options import check_device
 
 
 
-def pick_device(name: str, d: Dist = Dist()) -> torch.device:
-    """``auto``: CUDA when present, else CPU. ``cuda`` under DDP is this process's own GPU."""
+def pick_device(name: str, d: Dist = Dist(), option: str = "device") -> torch.device:
+    """``auto``: CUDA when present, else CPU. ``cuda`` under DDP is this process's own GPU. A name
+    that is no device, CUDA that this torch or machine lacks, or an index past the machine's GPUs is a
+    ``SetupError`` naming ``option`` and what to write instead, before any work."""
+    try:
+        check_device(str(name), option)
+    except ValueError as err:
+        raise SetupError(str(err)) from None
+    name = str(name)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise SetupError(f"device={name} but CUDA is not available; use device=cpu")
-        return torch.device(f"cuda:{d.local_rank}" if name == "cuda" else name)
-    return torch.device("cpu")
+    if not name.startswith("cuda"):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        why = "this PyTorch is built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise SetupError(f"{option}={name} but CUDA is not available; use {option}=cpu or {option}=auto ({why}, "
+                         f"torch {torch.__version__})")
+    device = torch.device(f"cuda:{d.local_rank}" if name == "cuda" else name)
+    count = torch.cuda.device_count()
+    if device.index >= count:
+        which = f"process {d.local_rank} of this machine's DDP processes needs" if name == "cuda" else "asks for"
+        raise SetupError(f"{option}={name}: {which} cuda:{device.index}, but this machine has {count} CUDA "
+                         f"device(s) (cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}); use one of them, "
+                         f"or {option}=cuda")
+    return device
 
 
 SMALL_CPU = 4

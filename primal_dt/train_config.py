@@ -204,13 +204,17 @@ class TrainConfig(RunOptions):
     so a run stopped after its first minute resumes (0: off)"""
     log_every: int = 100
     """TensorBoard scalars every this many steps"""
+    compile: Literal["auto", "eager", "compile", "cudagraphs"] = "auto"
+    """the training step's form (same loss and gradients): auto (the measured fastest on the device: eager on a CPU,
+    cudagraphs on one GPU, compile under DDP on GPUs) | eager (the reference) | compile (torch.compile, fused AdamW;
+    compiles for a minute or more first) | cudagraphs (compile, then the whole step in one CUDA graph; CUDA only)"""
     print_config: bool = False
     """print every option at the start (default: those that differ from the defaults; TensorBoard has all)"""
 
 
 # What a resumed run may change (everything else comes from the checkpoint).
 RESUMABLE = {"steps", "eval", "checkpoint_every", "checkpoint_minutes", "log_every", "threads", "device", "progress",
-             "tensorboard", "resume", "print_config"}
+             "tensorboard", "resume", "print_config", "compile"}
 
 
 # -- building a config ------------------------------------------------------------------------------

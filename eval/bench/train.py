@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from agents.decision_transformer import DecisionTransformer, DTConfig
-from agents.training import train_step
+from agents.train_step import Stepper
 from primal_dt import cli, options
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
@@ -51,21 +51,24 @@ def batches(n: int, batch: int, K: int, seed: int = 0) -> list[dict]:
                     "actions": (torch.rand(batch, K, ACT_DIM, generator=g) * 2 - 1) * m,
                     "rtg": torch.rand(batch, K, 1, generator=g) * 3.6 * m,
                     "timesteps": (torch.randint(0, 980, (batch, 1), generator=g) + torch.arange(K)) * mask,
-                    "mask": mask})
+                    "mask": mask, "trailing": True})
     return out
 
 
 class Ours:
-    def __init__(self, layout: str, size: dict, K: int):
+    """Our DT's training step in one of ``agents.train_step.MODES`` (eager: the reference), on ``device``."""
+
+    def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu"):
         cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
                        n_layers=size["n_layers"], name=layout, s=size["s"], dropout=0.1)
-        self.model = DecisionTransformer(cfg).train()
+        self.model = DecisionTransformer(cfg).to(device).train()
         self.params = list(self.model.parameters())
-        self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
+        self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4, fused=mode != "eager")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
+        self.stepper = Stepper(mode, self.model, self.params, self.opt, self.sched, ETA, CLIP)
 
     def step(self, b: dict) -> None:
-        train_step(self.model, self.params, self.opt, self.sched, b, ETA, CLIP)
+        self.stepper.step(b)
 
 
 class HuggingFace:
@@ -98,11 +101,13 @@ class HuggingFace:
 
 def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     torch.manual_seed(0)
-    runners = {f"ours:{lay}": Ours(lay, size, args.K) for lay in OURS}
+    runners = {f"ours:{lay}" + (f"[{mode}]" if mode != "eager" else ""): Ours(lay, size, args.K, mode)
+               for mode in args.compile for lay in OURS}
     if with_hf:
         runners["hf:DecisionTransformerModel"] = HuggingFace(size, args.K)
     data = batches(args.warmup + args.rounds * args.steps, args.batch, args.K)
     times: dict[str, list[float]] = {k: [] for k in runners}
+    cpu: dict[str, list[float]] = {k: [] for k in runners}
     for r in runners.values():
         for b in data[: args.warmup]:
             r.step(b)
@@ -110,9 +115,10 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
         chunk = data[args.warmup + rnd * args.steps: args.warmup + (rnd + 1) * args.steps]
         for k, r in runners.items():
             for b in chunk:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r.step(b)
                 times[k].append(time.perf_counter() - t0)
+                cpu[k].append(time.process_time() - c0)
         print(f"  [{name}] after round {rnd + 1}/{args.rounds}, median ms/step: "
               + ", ".join(f"{k} {1000 * statistics.median(v):.0f}" for k, v in times.items()), flush=True)
     tokens = args.batch * 3 * args.K
@@ -122,6 +128,7 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
         res["models"][k] = {"ms_per_step": round(1000 * med, 2), "ms_per_step_min": round(1000 * min(v), 2),
                             "tokens_per_s": round(tokens / med),
                             "s_per_1k_steps": round(1000 * med, 1),
+                            "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 2),
                             "params": sum(p.numel() for p in runners[k].params), "timed_steps": len(v)}
     ms = {k: v["ms_per_step"] for k, v in res["models"].items()}
     dt = ms["ours:dt"]
@@ -129,7 +136,15 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     if with_hf:
         hf = ms["hf:DecisionTransformerModel"]
         ratios.update({"hf / ours dt (time; > 1: ours faster)": hf / dt, "hf / ours primal+dt (time)": hf / ms["ours:primal+dt"]})
+    for mode in args.compile:
+        if mode != "eager":
+            ratios.update({f"{lay}[{mode}] / {lay} eager (time)": ms[f"ours:{lay}[{mode}]"] / ms[f"ours:{lay}"]
+                           for lay in OURS})
     res["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
+    # the process's own CPU time: what another process's load on a shared CPU does not add (one thread)
+    res["ratios_of_cpu_time"] = {f"{lay}[{mode}] / {lay} eager": round(
+        res["models"][f"ours:{lay}[{mode}]"]["cpu_ms_per_step"] / res["models"][f"ours:{lay}"]["cpu_ms_per_step"], 3)
+        for mode in args.compile if mode != "eager" for lay in OURS}
     lo = {k: v["ms_per_step_min"] for k, v in res["models"].items()}
     res["ratios_of_min"] = {"primal+dt / dt (time)": round(lo["ours:primal+dt"] / lo["ours:dt"], 3)}
     if with_hf:
@@ -150,6 +165,9 @@ def report(r: dict) -> str:
         lines.append(f"  ratio {k}: {v:.3f}")
     lines.append("  (fastest step of each, less sensitive to load: "
                  + ", ".join(f"{k} {v:.3f}" for k, v in r["ratios_of_min"].items()) + ")")
+    if r["ratios_of_cpu_time"]:
+        lines.append("  (the process's CPU time per step, which others' load does not add: "
+                     + ", ".join(f"{k} {v:.3f}" for k, v in r["ratios_of_cpu_time"].items()) + ")")
     for k, v in r["targets"].items():
         lines.append(f"  target '{k}': {'met' if v else 'NOT met'}")
     return "\n".join(lines)
@@ -174,6 +192,9 @@ class TrainBenchConfig:
     """untimed steps per model first"""
     threads: int = 1
     """torch threads (0: torch's default)"""
+    compile: tuple[Literal["eager", "compile"], ...] = ("eager",)
+    """training-step forms to time (agents.train_step): eager (the reference) | compile (torch.compile; its
+    compilation falls in the warm-up steps)"""
     no_hf: bool = False
     """skip transformers' model"""
     json: str = ""
@@ -184,6 +205,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[st
     """(options, sizes, with HuggingFace): every option checked (``cli.fail`` otherwise)."""
     args = cli.parse(TrainBenchConfig, argv, prog="python -m eval.bench.train", description=__doc__.split("\n\n")[0])
     sizes = list(args.sizes)
+    if "eager" not in args.compile:
+        cli.fail("--compile must include eager (the reference the ratios are against)")
     if not sizes:
         cli.fail(f"--sizes names no size; give some of {', '.join(SIZES)}")
     options.check_parsed(args, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,

@@ -167,6 +167,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path
     (["model.attention_options={softmax: {window: 3}}"], "is not mechanism.option=value; write e.g. "
                                                         "model.attention_options=softmax.window=30"),
     (["device=gpu"], "device must be auto, cpu, cuda or cuda:N"),
+    (["compile=cudagraphs"], "compile=cudagraphs needs a CUDA device"),
     (["data_source=d4rl:/nonexistent.hdf5"], "no D4RL file at"),
 
     (["stream_window=10"], "K must be >= 7"),  # 2 layers x 9 tokens of reach > a 5-step segment

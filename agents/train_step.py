@@ -1,0 +1,263 @@
+"""One optimisation step of the Decision Transformer, in the forms ``compile=`` chooses.
+
+``train_step`` is the reference: forward, loss, backward, gradient clipping, AdamW, and a host-side
+check that the loss and gradient norm are finite before the step is taken. ``Stepper`` runs the
+same computation as a run's loop calls it, in one of three forms:
+
+- ``eager``: ``train_step`` as it is; every step reads the loss back (on a GPU, one synchronisation
+  per step, which costs nothing on a CPU).
+- ``compile``: forward and loss through ``torch.compile`` (its backward compiled with it), AdamW
+  fused. Nothing is read back per step: the finiteness check runs on the device and a failed step
+  is skipped by the fused optimizer itself (``found_inf``, as mixed-precision loss scaling does),
+  and it stays failed (every later step is skipped too), so when the loop reads the flag (on
+  logging, evaluation and checkpoint steps, and at the end) the weights are exactly those before
+  the first failed step, as in the eager form.
+- ``cudagraphs`` (CUDA only): the ``compile`` step, the optimizer included, captured whole in one
+  CUDA graph after a few warm-up steps and replayed from then on: the batch is copied into the
+  graph's fixed input buffers and the learning rate into a device tensor, and one replay is one
+  launch. The warm-up steps are real training steps (run in the ``compile`` form), so no step is
+  taken twice or lost.
+
+Small models are bound by per-operator overhead (kernel launches on a GPU, dispatch on a CPU), which
+is what compilation and graphs remove; the model code keeps its one plain form.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from .decision_transformer import dt_loss
+
+MODES = ("eager", "compile", "cudagraphs")
+"""what ``compile=`` may resolve to (``auto`` picks one per device: ``default_mode``)"""
+
+DEFAULT = {"cpu": "eager", "cuda": "cudagraphs"}
+"""``compile=auto`` per device type, chosen by ``python -m eval.bench.train --compile`` (CPU) and
+``python -m eval.bench.gpu`` (CUDA); docs/cpu.md and docs/gpu.md give the measurements"""
+
+GRAPH_WARMUP = 3
+"""steps run in the ``compile`` form before the CUDA graph is captured (compiles, allocates the
+gradients and optimizer state where the graph will find them)"""
+
+
+def default_mode(device: torch.device, world: int = 1) -> str:
+    """What ``compile=auto`` means on ``device`` (under DDP, never graphs: a collective inside a
+    captured graph is left to those who measure it)."""
+    mode = DEFAULT.get(device.type, "eager")
+    return "compile" if mode == "cudagraphs" and world > 1 else mode
+
+
+def resolve(mode: str, device: torch.device, world: int = 1) -> str:
+    """``compile=`` for ``device``: ``auto`` resolved; ``cudagraphs`` off CUDA or under DDP is a ValueError."""
+    if mode == "auto":
+        return default_mode(device, world)
+    if mode == "cudagraphs" and device.type != "cuda":
+        raise ValueError(f"compile=cudagraphs needs a CUDA device (this run's is {device}); use compile=compile or "
+                         "compile=eager")
+    if mode == "cudagraphs" and world > 1:
+        raise ValueError(f"compile=cudagraphs runs one process; under DDP ({world} processes) use compile=compile")
+    return mode
+
+
+def train_step(net, params, opt, sched, batch: dict, eta: float, grad_clip: float, detail: bool = False,
+               world: int = 1):
+    """One optimisation step; returns (loss, grad norm, parts) without stepping on NaN/inf.
+
+    The finiteness check uses the loss (averaged over processes under DDP, so every process takes
+    the same decision) and the gradient norm (identical on every process after DDP's all-reduce).
+    """
+    loss, parts = dt_loss(net, batch, eta, detail)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gn = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
+    stat = loss.detach().reshape(1)
+    if world > 1:
+        stat = stat.clone()
+        dist.all_reduce(stat)
+        stat /= world
+    loss_value = float(stat)
+    if not (math.isfinite(loss_value) and math.isfinite(float(gn))):
+        return loss_value, float(gn), parts
+    opt.step()
+    sched.step()
+    return loss_value, float(gn), parts
+
+
+@dataclass
+class Failure:
+    """The first step whose loss or gradient norm was not finite (1-based), and what it computed."""
+
+    step: int
+    loss: float
+    grad_norm: float
+    parts: dict
+
+
+class Stepper:
+    """A run's training step in the form ``mode`` (``MODES``); the loop calls ``step`` and, when it
+    needs numbers (``read``) or before it evaluates or saves, ``failure``.
+
+    ``opt`` must be a fused AdamW for ``compile`` and ``cudagraphs`` (``build_optimizer(fused=True)``):
+    skipping a failed step on the device is the fused kernel's ``found_inf``."""
+
+    def __init__(self, mode: str, net, params, opt, sched, eta: float, grad_clip: float, world: int = 1,
+                 first_step: int = 0, backend: str = "inductor", graph_after: int = GRAPH_WARMUP,
+                 autocast: torch.dtype | None = None):
+        if mode not in MODES:
+            raise ValueError(f"compile={mode!r}: use one of auto, {', '.join(MODES)}")
+        if mode != "eager" and not opt.defaults.get("fused"):
+            raise ValueError(f"compile={mode} needs a fused optimizer (skipping a failed step on the device)")
+        self.mode, self.net, self.params, self.opt, self.sched = mode, net, params, opt, sched
+        align(opt, mode)
+        self.eta, self.clip, self.world = eta, (grad_clip if grad_clip > 0 else math.inf), world
+        self.steps = 0
+        self.start, self.graph_after, self.autocast = first_step, max(1, graph_after), autocast
+        self._failure: Failure | None = None
+        self.graph, self.capturing = None, False
+        if mode != "eager":
+            self.loss_fn = torch.compile(self._loss, backend=backend)
+            device = params[0].device
+            self.bad = torch.zeros((), device=device)
+            """1 once a step failed: every later step is skipped, until the loop reads it"""
+            self.count = torch.zeros((), dtype=torch.int64, device=device)
+            self.first = torch.full((), -1, dtype=torch.int64, device=device)
+            self.snap: dict[str, torch.Tensor] = {}
+
+    @property
+    def eager(self) -> bool:
+        return self.mode == "eager"
+
+    # -- the step ---------------------------------------------------------------------------------------
+    def step(self, batch: dict, detail: bool = False) -> tuple:
+        """One step on ``batch`` (on the run's device); returns (loss, grad norm, parts): floats in the
+        eager form, device tensors otherwise (read them with ``read`` only when they are needed)."""
+        self.steps += 1
+        if self.eager:
+            with self._mixed():
+                loss, gn, parts = train_step(self.net, self.params, self.opt, self.sched, batch, self.eta,
+                                             self.clip, detail, self.world)
+            if not (math.isfinite(loss) and math.isfinite(gn)):
+                self._failure = Failure(self.start + self.steps, loss, gn, parts)
+            return loss, gn, parts
+        if self.mode == "cudagraphs" and self.steps > self.graph_after:
+            return self._replay(batch)
+        if self.mode == "cudagraphs":  # warm-up on a side stream, as graph capture requires
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                out = self._device_step(batch)
+            torch.cuda.current_stream().wait_stream(side)
+            self.sched.step()
+            return out
+        out = self._device_step(batch)
+        self.sched.step()
+        return out
+
+    def _loss(self, batch: dict):
+        return dt_loss(self.net, batch, self.eta, True)
+
+    def _mixed(self):
+        """``autocast``'s mixed precision where it is set (weights and the optimizer stay float32)."""
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        # no cache of cast weights: a captured graph must not keep tensors a later replay would reuse stale
+        return torch.autocast(self.params[0].device.type, dtype=self.autocast, cache_enabled=False)
+
+    def _forward(self, batch: dict):
+        with self._mixed():
+            return self.loss_fn(batch)
+
+    def _device_step(self, batch: dict):
+        """Forward, backward, clip, the finiteness check and the (possibly skipped) AdamW step, with no
+        read-back: what the CUDA graph captures. The scheduler's step is the caller's (host work)."""
+        loss, parts = self._forward(batch)
+        if not self.capturing:  # captured: the gradients the graph allocated are overwritten by each replay
+            self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
+        stat = loss.detach()
+        if self.world > 1:
+            stat = stat.clone()
+            dist.all_reduce(stat)
+            stat = stat / self.world
+        ok = torch.isfinite(stat) & torch.isfinite(gn)
+        self.count.add_(1)
+        newly = (~ok) & (self.bad == 0)
+        self.first.copy_(torch.where(newly, self.count, self.first))
+        values = {"loss": stat, "grad_norm": gn.detach(), "mse": parts["mse"], "ksvd": parts["ksvd"]}
+        if not self.snap:
+            self.snap = {k: torch.zeros((), dtype=torch.float32, device=stat.device) for k in values}
+        for k, v in values.items():
+            self.snap[k].copy_(torch.where(newly, v.float(), self.snap[k]))
+        self.bad.copy_(torch.maximum(self.bad, (~ok).float()))
+        self.opt.found_inf = self.bad
+        self.opt.step()
+        return stat, gn.detach(), parts
+
+    def _replay(self, batch: dict):
+        """The captured step (captured on the first call after the warm-up) on ``batch``."""
+        lr = [g["lr"] for g in self.opt.param_groups]
+        if self.graph is None:
+            self._capture(batch)
+        if batch.get("trailing") != self.static.get("trailing"):  # the graph holds one of the model's paths
+            raise ValueError("a captured training step takes batches padded as the one it was captured with "
+                             f"(trailing padding: {self.static.get('trailing')}); got {batch.get('trailing')}")
+        for k, v in batch.items():
+            if isinstance(v, torch.Tensor):
+                self.static[k].copy_(v, non_blocking=True)
+        for t, value in zip(self.lr, lr):
+            t.fill_(value)
+        self.graph.replay()
+        self.sched.step()
+        return self.out
+
+    def _capture(self, batch: dict) -> None:
+        self.static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        self.lr = [torch.tensor(float(g["lr"]), device=self.bad.device) for g in self.opt.param_groups]
+        floats = [g["lr"] for g in self.opt.param_groups]
+        for g, t in zip(self.opt.param_groups, self.lr):
+            g["lr"] = t  # the graph reads the rate from this tensor; the scheduler keeps writing floats
+        self.opt.zero_grad(set_to_none=True)
+        self.graph, self.capturing = torch.cuda.CUDAGraph(), True
+        try:
+            with torch.cuda.graph(self.graph):
+                self.out = self._device_step(self.static)
+        finally:
+            self.capturing = False
+        for g, value in zip(self.opt.param_groups, floats):
+            g["lr"] = value
+
+    # -- what the loop reads ---------------------------------------------------------------------------
+    def failure(self) -> Failure | None:
+        """The first failed step, or None (one read-back from the device in the compiled forms)."""
+        if self.eager or self._failure is not None:
+            return self._failure
+        if float(self.bad) > 0:
+            snap = {k: float(v) for k, v in self.snap.items()}
+            self._failure = Failure(self.start + int(self.first), snap["loss"], snap["grad_norm"],
+                                    {"mse": torch.tensor(snap["mse"]), "ksvd": torch.tensor(snap["ksvd"])})
+        return self._failure
+
+
+def align(opt: torch.optim.Optimizer, mode: str) -> None:
+    """Make ``opt`` run as ``mode`` needs, whatever checkpoint it was restored from: loading a state dict
+    brings back the saved run's implementation flags (a run resumed in another form would skip no
+    failed step, or keep its step counters on the wrong device). Fused (compiled forms) keeps them on
+    the parameters' device; the eager reference on the CPU, as a new optimizer would."""
+    fused = mode != "eager"
+    for g in opt.param_groups:
+        g.update(fused=fused, foreach=None if fused else opt.defaults.get("foreach"),
+                 capturable=mode == "cudagraphs")
+    for p, st in opt.state.items():
+        if torch.is_tensor(st.get("step")):
+            st["step"] = st["step"].to(p.device if fused else "cpu", torch.float32)
+
+
+def read(loss, gn) -> tuple[float, float]:
+    """The step's loss and gradient norm as floats (a read-back for the compiled forms' tensors)."""
+    return float(loss), float(gn)

@@ -1,0 +1,313 @@
+"""The GPU benchmark: what a Decision Transformer costs on one accelerator, ratios in one run.
+
+    python -m eval.bench.gpu                        # on a GPU: at most about 5 minutes
+    python -m eval.bench.gpu --budget               # tiny sizes, any device: a rehearsal in seconds
+
+Three parts, each against a named baseline measured in the same run:
+
+1. ms per update (forward, loss, backward, clipping, AdamW) of dt, primal+dt and primalformer-dt at
+   the Primal-Attention paper's size (width 256, 4 heads, 3 layers, batch 64, K 20), and of HuggingFace's
+   ``DecisionTransformerModel`` when ``transformers`` is installed (``eval.bench.train``'s), in the
+   training step's forms (``agents.train_step``: eager, compile, cudagraphs; cudagraphs on CUDA only),
+   float32 and bf16 autocast. Baseline: our dt, eager, float32. One model per layout and precision is
+   compiled once: its first timed steps are the compile form, then the same step is captured in a
+   CUDA graph (``graph_after``), so a layout costs one compilation, not two.
+2. The stream agent's act latency (``agents.Agent``, engine=stream, primal+dt) on the device at batch
+   1 and 100, the observations coming from and the actions going to the host as in a rollout.
+3. Several trainings on one device: N processes each training primal+dt in the device's default form
+   (``compile=auto``), started together; their summed updates per second against one alone.
+
+Batches are synthetic with the sampler's shapes and padding (``eval.bench.train.batches``), already
+on the device. The table is printed last.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from agents.train_step import Stepper, default_mode
+from primal_dt import cli, options, runtime
+
+from .train import ACT_DIM, CLIP, ETA, OURS, SIZES, STATE_DIM, HuggingFace, Ours, batches
+
+TINY = dict(d_model=32, n_heads=2, n_layers=2, s=8)
+"""``--budget``'s model size (a rehearsal of every part, in seconds on a CPU)"""
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(step, data: list[dict], device: torch.device) -> float:
+    """ms per call of ``step`` over ``data`` (the device synchronised before and after, once)."""
+    sync(device)
+    t0 = time.perf_counter()
+    for b in data:
+        step(b)
+    sync(device)
+    return 1000 * (time.perf_counter() - t0) / len(data)
+
+
+def on(device: torch.device, data: list[dict]) -> list[dict]:
+    return [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in data]
+
+
+# -- 1. ms per update ----------------------------------------------------------------------------------
+def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[str, float]:
+    """{"layout form precision": ms per update}; what ``args.deadline`` leaves no time for goes to ``skipped``."""
+    n = args.steps
+    data = on(device, batches(2 * args.warmup + 2 * n, args.batch, args.K))
+    forms = ["eager", "compile"] + (["cudagraphs"] if device.type == "cuda" else [])
+    out = {}
+    for precision, dtype in PRECISIONS.items():
+        if precision == "bf16" and not args.bf16:
+            continue
+        for layout in OURS:
+            if out and time.perf_counter() > args.deadline:  # the baseline (the first) always runs
+                skipped.append(f"{layout} {precision}")
+                continue
+            torch.manual_seed(0)
+            eager = Ours(layout, size, args.K, "eager", str(device))
+            eager.stepper.autocast = dtype
+            timed(eager.step, data[: args.warmup], device)
+            out[f"{layout} eager {precision}"] = timed(eager.step, data[args.warmup: args.warmup + n], device)
+            torch.manual_seed(0)
+            comp = Ours(layout, size, args.K, "compile", str(device))
+            # one compiled step, timed first as it is, then captured whole in a CUDA graph
+            comp.stepper = Stepper(forms[-1], comp.model, comp.params, comp.opt, comp.sched, ETA, CLIP,
+                                   graph_after=args.warmup + n, autocast=dtype, backend=args.backend)
+            t0 = time.perf_counter()
+            timed(comp.step, data[: args.warmup], device)
+            print(f"  {layout} {precision}: compiled in {time.perf_counter() - t0:.0f}s", flush=True)
+            out[f"{layout} compile {precision}"] = timed(comp.step, data[args.warmup: args.warmup + n], device)
+            if "cudagraphs" in forms:
+                rest = data[args.warmup + n:]
+                timed(comp.step, rest[:2], device)  # the capture
+                out[f"{layout} cudagraphs {precision}"] = timed(comp.step, rest[2:], device)
+            print("  " + ", ".join(f"{k} {v:.2f} ms" for k, v in out.items() if k.startswith(layout + " ")
+                                   and k.endswith(precision)), flush=True)
+        if args.hf and time.perf_counter() > args.deadline:
+            skipped.append(f"hf-dt {precision}")
+        elif args.hf:
+            torch.manual_seed(0)
+            hf = HuggingFace(size, args.K)
+            hf.model.to(device)
+            hf.params = list(hf.model.parameters())
+            hf.opt = torch.optim.AdamW(hf.params, lr=1e-4, weight_decay=1e-4)
+            ctx = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
+
+            def step(b, hf=hf, ctx=ctx):
+                if ctx is None:
+                    return hf.step(b)
+                with ctx():
+                    return hf.step(b)
+
+            timed(step, data[: args.warmup], device)
+            out[f"hf-dt eager {precision}"] = timed(step, data[args.warmup: args.warmup + n], device)
+    return out
+
+
+# -- 2. act latency ------------------------------------------------------------------------------------
+def act_latency(args, device: torch.device, size: dict) -> dict[str, float]:
+    """{"act batch B": ms per act} of the stream agent (primal+dt) on ``device``."""
+    from agents.agent import Agent
+    from agents.decision_transformer import DecisionTransformer, DTConfig
+    from agents.dt_checkpoint import DataInfo
+
+    torch.manual_seed(0)
+    cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=args.K, d_model=size["d_model"], n_heads=size["n_heads"],
+                   n_layers=size["n_layers"], name="primal+dt", s=size["s"], dropout=0.0)
+    model = DecisionTransformer(cfg).to(device).eval()
+    info = DataInfo(env="hopper-medium", state_mean=np.zeros(STATE_DIM, np.float32),
+                    state_std=np.ones(STATE_DIM, np.float32), reward_scale=1000.0, targets=(3600.0,))
+    agent = Agent.for_data(model, info, engine="stream")
+    rng = np.random.default_rng(0)
+    out = {}
+    for batch in (1, 100):
+        agent.reset(batch)
+        obs = rng.standard_normal((args.acts + 5, batch, STATE_DIM)).astype(np.float32)
+        rew = np.ones(batch, np.float32)
+        with torch.inference_mode():
+            agent.act(obs[0])
+            for o in obs[1:5]:
+                agent.act(o, rew)
+            t0 = time.perf_counter()
+            for o in obs[5:]:
+                agent.act(o, rew)  # the action comes back to the host: each act ends synchronised
+        out[f"act batch {batch}"] = 1000 * (time.perf_counter() - t0) / args.acts
+    return out
+
+
+# -- 3. concurrent trainings ---------------------------------------------------------------------------
+def worker(args, device: torch.device, size: dict, go: Path) -> None:
+    """One of the concurrent trainings: warm up (compile), say ready, wait for ``go``, time, print JSON."""
+    mode = default_mode(device)
+    runner = Ours("primal+dt", size, args.K, mode, str(device))
+    data = on(device, batches(args.warmup + 3 + args.steps, args.batch, args.K))
+    timed(runner.step, data[: args.warmup + 3], device)
+    print("ready", flush=True)
+    while not go.exists():
+        time.sleep(0.01)
+    ms = timed(runner.step, data[args.warmup + 3:], device)
+    print(json.dumps({"ms_per_update": ms, "mode": mode}), flush=True)
+
+
+def concurrent(args, device: torch.device, n: int) -> dict:
+    """N processes training at once (``worker``): each one's ms per update, and updates/s summed."""
+    with tempfile.TemporaryDirectory() as tmp:
+        go = Path(tmp) / "go"
+        cmd = [sys.executable, "-m", "eval.bench.gpu", "--worker", str(go), "--device", str(device),
+               "--steps", str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)] \
+            + (["--budget"] if args.budget else [])
+        env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+        procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
+        try:
+            for p in procs:
+                line = p.stdout.readline()
+                if line.strip() != "ready":
+                    raise RuntimeError(f"a concurrent training did not start (exit {p.wait()})")
+            go.touch()
+            results = [json.loads(p.stdout.readline()) for p in procs]
+        finally:
+            for p in procs:
+                p.wait(timeout=600)
+    ms = [r["ms_per_update"] for r in results]
+    return {"processes": n, "mode": results[0]["mode"], "ms_per_update_median": statistics.median(ms),
+            "updates_per_s": sum(1000 / m for m in ms)}
+
+
+# -- the run -------------------------------------------------------------------------------------------
+@dataclass
+class GpuBenchConfig:
+    """Options of ``python -m eval.bench.gpu``."""
+
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N"""
+    budget: bool = False
+    """tiny sizes and few steps, for a rehearsal on any device in seconds (and the tests)"""
+    steps: int = 50
+    """timed updates per form"""
+    warmup: int = 5
+    """untimed updates first (compilation falls here)"""
+    batch: int = 64
+    """segments per update"""
+    K: int = 20
+    """context length in environment steps"""
+    acts: int = 200
+    """timed acts per batch size"""
+    concurrent: int = 6
+    """trainings at once on the device, against one alone (0: skip)"""
+    bf16: bool = True
+    """also time bf16 autocast"""
+    no_hf: bool = False
+    """skip HuggingFace's DT even when transformers is installed"""
+    threads: int = 0
+    """torch CPU threads per process (0: runtime's default)"""
+    budget_s: float = 240.0
+    """start no new part after this many seconds (those left out are named under the table; 0: no limit), so a
+    run stays within about 5 minutes on a GPU however long its compilations take"""
+    json: str = ""
+    """write the results here"""
+    backend: str = ""
+    """torch.compile's backend ('': inductor; --budget on a CPU: eager, which compiles in seconds, so a rehearsal
+    runs the compiled form's code without inductor's minutes)"""
+    worker: str = ""
+    """(internal) run as one of the concurrent trainings, starting when this file appears"""
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = cli.parse(GpuBenchConfig, argv, prog="python -m eval.bench.gpu", description=__doc__.split("\n\n")[0])
+    options.check_parsed(args, {"--steps": options.AT_LEAST_1, "--warmup": options.AT_LEAST_1,
+                                "--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
+                                "--acts": options.AT_LEAST_1, "--concurrent": options.AT_LEAST_0,
+                                "--threads": options.THREADS, "--budget_s": options.Range(0, 1e6)})
+    try:
+        device = runtime.pick_device(args.device, option="--device")
+        if args.json:
+            options.check_output_file(args.json, "--json")
+    except ValueError as err:
+        cli.fail(str(err))
+    runtime.set_threads(args.threads)
+    size = TINY if args.budget else SIZES["paper"]
+    if args.budget:
+        args.steps, args.warmup, args.batch, args.K, args.acts = min(args.steps, 4), min(args.warmup, 2), 8, 5, 10
+        args.concurrent = min(args.concurrent, 2)
+    args.backend = args.backend or ("eager" if args.budget and device.type == "cpu" else "inductor")
+    if args.worker:
+        worker(args, device, size, Path(args.worker))
+        return {}
+    args.hf = not args.no_hf and _has_transformers()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"GPU benchmark on {device} ({name}), torch {torch.__version__}; size {size}, batch {args.batch}, "
+          f"K {args.K}{', budget (a rehearsal)' if args.budget else ''}", flush=True)
+    t0 = time.perf_counter()
+    args.deadline = t0 + (args.budget_s or math.inf)
+    skipped: list[str] = []
+    ms = updates(args, device, size, skipped)
+    acts = act_latency(args, device, size)
+    conc = {}
+    if args.concurrent > 1 and time.perf_counter() < args.deadline:
+        conc = {"one": concurrent(args, device, 1), "many": concurrent(args, device, args.concurrent)}
+    elif args.concurrent > 1:
+        skipped.append("concurrent trainings")
+    res = {"device": str(device), "name": name, "torch": torch.__version__, "size": size, "batch": args.batch,
+           "K": args.K, "budget": args.budget, "ms_per_update": ms, "act_ms": acts, "concurrent": conc,
+           "skipped": skipped,
+           "seconds": round(time.perf_counter() - t0, 1)}
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    print(table(res), flush=True)
+    return res
+
+
+def _has_transformers() -> bool:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+BASELINE = "dt eager fp32"
+D3RLPY_MS = 5.96
+"""d3rlpy's DT, ms per update on a GPU at batch 64, K 20 (its published benchmark); a figure from
+elsewhere, on another GPU: a reference line, not a ratio of this run"""
+
+
+def table(res: dict) -> str:
+    base = res["ms_per_update"][BASELINE]
+    lines = [f"== ms per update on {res['device']} ({res['name']}), batch {res['batch']}, K {res['K']}, "
+             f"width {res['size']['d_model']}; x = {BASELINE} / this (> 1: faster); {res['seconds']:.0f}s",
+             f"  {'model form precision':<34} {'ms':>8} {'x':>7}"]
+    for k, v in sorted(res["ms_per_update"].items(), key=lambda kv: kv[1]):
+        lines.append(f"  {k:<34} {v:>8.2f} {base / v:>7.2f}")
+    if not res["budget"] and res["device"].startswith("cuda"):
+        lines.append(f"  {'(d3rlpy DT, published, its GPU)':<34} {D3RLPY_MS:>8.2f} {base / D3RLPY_MS:>7.2f}")
+    lines.append("  stream agent act (primal+dt): " + ", ".join(f"{k} {v:.2f} ms" for k, v in res["act_ms"].items()))
+    c = res["concurrent"]
+    if c:
+        lines.append(f"  {c['many']['processes']} trainings at once ({c['many']['mode']}): "
+                     f"{c['many']['updates_per_s']:.0f} updates/s in all vs {c['one']['updates_per_s']:.0f} alone "
+                     f"(x {c['many']['updates_per_s'] / c['one']['updates_per_s']:.2f}); each "
+                     f"{c['many']['ms_per_update_median']:.2f} ms per update vs {c['one']['ms_per_update_median']:.2f}")
+    if res["skipped"]:
+        lines.append("  not measured (--budget_s reached): " + ", ".join(res["skipped"]))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

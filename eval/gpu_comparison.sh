@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# The paper's comparison on one GPU, as one command (docs/gpu.md):
+#
+#   eval/gpu_comparison.sh WHEELS_DIR OUT_DIR
+#
+# 1. installs what the machine lacks (gymnasium, mujoco, tyro, minari and their own needs) from the
+#    wheels in WHEELS_DIR, without a network, into a folder put on PYTHONPATH;
+# 2. runs the GPU benchmark (python -m eval.bench.gpu);
+# 3. trains the paper recipe (env=hopper-medium, 100k steps, its evaluations) on the bundled replica for
+#    dt and primal+dt, 3 seeds each, as 6 concurrent jobs of eval.sweep on the one GPU, then eval.report.
+#
+# Everything must end within GPU_COMPARISON_BUDGET_S seconds (default 540): the sweep gets what the
+# benchmark left, and when time runs out its runs are stopped (each keeps a checkpoint to resume
+# from) and the output says how far they got. OUT_DIR receives at most 8 files: bench.txt, bench.json,
+# sweep.log, comparison.txt, scores.md, curves.png.
+#
+# GPU_COMPARISON_REHEARSAL=1 rehearses every step on a CPU in a minute or two: the benchmark's budget
+# mode, and the same sweep with the steps, evaluations and model shrunk (the tests run it).
+set -uo pipefail
+
+if [ $# -ne 2 ]; then
+    echo "usage: $0 WHEELS_DIR OUT_DIR" >&2
+    exit 2
+fi
+WHEELS=$1
+OUT=$2
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+BUDGET_S=${GPU_COMPARISON_BUDGET_S:-540}
+REHEARSAL=${GPU_COMPARISON_REHEARSAL:-0}
+WORK=${GPU_COMPARISON_WORK:-$(mktemp -d)}
+START=$(date +%s)
+mkdir -p "$OUT" "$WORK" || exit 2
+SUMMARY="$OUT/comparison.txt"
+: > "$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY"; }
+left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
+
+# -- 1. packages ---------------------------------------------------------------------------------------
+NEEDED="gymnasium mujoco tyro minari yaml h5py tensorboard tqdm matplotlib PIL torch"
+missing() {
+    "$PY" -c "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))" $NEEDED
+}
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+lacking=$(missing)
+if [ -n "$lacking" ]; then
+    SITE=${GPU_COMPARISON_SITE:-/tmp/primal-dt-site}
+    shopt -s nullglob
+    wheels=("$WHEELS"/*.whl)
+    if [ ${#wheels[@]} -eq 0 ]; then
+        echo "error: this Python lacks $lacking and $WHEELS holds no wheels; see docs/gpu.md for the pip download command" >&2
+        exit 2
+    fi
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}" \
+        || { echo "error: installing the wheels of $WHEELS into $SITE failed (above)" >&2; exit 1; }
+    export PYTHONPATH="$ROOT:$SITE${PYTHONPATH#$ROOT}"
+    still=$(missing)
+    if [ -n "$still" ]; then
+        echo "error: still missing after installing $WHEELS: $still (add their wheels; docs/gpu.md lists them)" >&2
+        exit 2
+    fi
+    say "installed from $WHEELS: $lacking"
+fi
+export PYTHONUNBUFFERED=1
+
+if [ "$REHEARSAL" = 1 ]; then
+    DEVICE=cpu
+    BENCH=(--budget --no_bf16 --threads 1)
+    RECIPE=(steps=20 warmup_steps=5 eval.every=10 eval.episodes=1 eval.final_episodes=1 eval.max_steps=15
+            eval.num_envs=2 checkpoint_every=10 K=5 batch_size=8 model.d_model=32 model.n_heads=2 model.s=8)
+    THREADS=1
+    BENCH_S=$(( BUDGET_S / 2 ))
+else
+    DEVICE=cuda
+    BENCH=()
+    RECIPE=()
+    THREADS=2
+    BENCH_S=300
+fi
+say "device $DEVICE; budget ${BUDGET_S}s; runs in $WORK"
+
+# -- 2. the benchmark ----------------------------------------------------------------------------------
+t0=$(date +%s)
+timeout --signal=TERM "$BENCH_S" "$PY" -m eval.bench.gpu --device "$DEVICE" --json "$OUT/bench.json" "${BENCH[@]}" \
+    > "$OUT/bench.txt" 2>&1
+status=$?
+say "benchmark: exit $status after $(( $(date +%s) - t0 ))s (bench.txt)"
+[ $status -eq 124 ] && say "  the benchmark ran out of its ${BENCH_S}s: bench.txt has the parts it finished"
+sed -n '/^== ms per update/,$p' "$OUT/bench.txt" | tee -a "$SUMMARY"
+
+# -- 3. the paper recipe, 6 runs at once on the one device ---------------------------------------------
+REPORT_S=45
+SWEEP_S=$(( $(left) - REPORT_S ))
+if [ "$SWEEP_S" -lt 30 ]; then
+    say "no time left for the recipe (${SWEEP_S}s); raise GPU_COMPARISON_BUDGET_S"
+    exit 1
+fi
+t0=$(date +%s)
+timeout --signal=TERM --kill-after=30 "$SWEEP_S" "$PY" -m eval.sweep env=hopper-medium model=dt,primal+dt seeds=0,1,2 \
+    jobs=6 threads=$THREADS out="$WORK/runs" device=$DEVICE data_source=replica "${RECIPE[@]}" \
+    > "$OUT/sweep.log" 2>&1
+status=$?
+wall=$(( $(date +%s) - t0 ))
+finished=$(find "$WORK/runs" -name summary.json 2>/dev/null | wc -l)
+say "paper recipe (hopper-medium replica, dt and primal+dt x 3 seeds, 6 at once): exit $status, ${wall}s wall, $finished of 6 runs finished"
+if [ $status -eq 124 ] || [ $status -eq 137 ]; then
+    say "  NOT FINISHED within the budget: the sweep was stopped after ${SWEEP_S}s; each run kept a checkpoint, so the same"
+    say "  eval.sweep command (out=$WORK/runs) continues them. Steps reached: $(grep -ho 'step [0-9]*' "$OUT/sweep.log" | tail -1)"
+fi
+# each finished run's own training time (summary.json), evaluations excluded
+"$PY" - "$WORK/runs" <<'EOF' | tee -a "$SUMMARY"
+import json, pathlib, sys
+for p in sorted(pathlib.Path(sys.argv[1]).glob("*/*/*/summary.json")):
+    s = json.loads(p.read_text())
+    print(f"  {s['model']} seed {s['seed']}: {s['steps']} steps, training {s['train_s']:.0f}s "
+          f"({s['s_per_1k_steps']:.2f} s per 1k steps)")
+EOF
+
+# -- 4. the report -------------------------------------------------------------------------------------
+if [ "$finished" -gt 0 ]; then
+    "$PY" -m eval.report "$WORK/runs" --out "$WORK/report" >> "$OUT/sweep.log" 2>&1
+    cp "$WORK/report/scores.md" "$WORK/report/curves.png" "$OUT/" 2>/dev/null
+    say "report: scores.md (replica data, not D4RL's)"
+    cat "$OUT/scores.md" 2>/dev/null | tee -a "$SUMMARY" > /dev/null
+fi
+say "total $(( $(date +%s) - START ))s of the ${BUDGET_S}s budget"
