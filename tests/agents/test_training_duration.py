@@ -176,6 +176,6 @@ def test_the_progress_bar_shows_loss_score_validation_and_time_left(hopper_file,
                    "eval.final_episodes=0", "eval.max_steps=3", "eval.num_envs=1"))
     bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
     last = [x for x in bar if x.startswith("hopper-medium primal+dt: 100%")][-1]
-    shown = r"40/40 \[\S+, [\d.]+it/s, loss=\d+\.\d{4}, score=-?\d+\.\d, val_mse=\d+\.\d{4}, eta=<?\d+s\]"
+    shown = r"40/40 \[\S+, +[\d.]+it/s, loss=\d+\.\d{4}, score=-?\d+\.\d, val_mse=\d+\.\d{4}, eta=<?\d+s\]"
     assert re.search(shown, last), last
     assert math.isfinite(float(re.search(r"loss=(\S+?),", last)[1]))
