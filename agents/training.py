@@ -50,7 +50,7 @@ from primal_dt.errors import SetupError, WriteError
 from primal_dt.train_config import Built, TrainConfig, model_label
 
 from . import dt_checkpoint, stream_training
-from .decision_transformer import DecisionTransformer, DTConfig, dt_loss
+from .decision_transformer import Batch, DecisionTransformer, DTConfig, dt_loss
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
 from .summary import check_summary
 from .training_validation import Validation
@@ -172,8 +172,8 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
                     source=data.source, fingerprint=data.fingerprint, held_out=tuple(held_out.tolist()))
     validation = None
     if len(held_out) and d.main:
-        reach = stream_training.receptive_field(model.cfg) if cfg.stream_window else None
-        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, reach)
+        exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
+        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from)
     run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d,
               validation)
     if resume is not None:
@@ -287,7 +287,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         print(announcement(run), flush=True)
     mon = open_monitor(run)
     last_score, last_val = last_logged(mon)
-    reach = stream_training.receptive_field(run.model.cfg) if cfg.stream_window else None
+    exact_from = stream_training.first_exact_step(run.model.cfg) if cfg.stream_window else None
     speed = Throughput()
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
     clock = Clock(run)
@@ -300,7 +300,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                 # a step and its log line are whole or not taken: an interrupt waits for their end, so the
                 # checkpoint it writes holds every event logged up to its step
                 with interrupts.held():
-                    batch = next_batch(run, reach)
+                    batch = next_batch(run, exact_from)
                     t0 = time.perf_counter()
                     loss, gn, parts = train_step(net, params, run.opt, run.sched, batch, cfg.eta, cfg.grad_clip,
                                                  logging, d.world)
@@ -309,7 +309,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                         diverged(run, mon, loss, gn, parts)
                     run.step += 1
                     run.train_time += dt
-                    speed.add(dt, 3 * int(batch["mask"].sum()) * d.world)
+                    speed.add(dt, run.model.tokens.per_step * int(batch.mask.sum()) * d.world)
                     if logging:
                         log_step(run, mon, loss, gn, parts, speed.take())
                 if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
@@ -360,7 +360,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     return summary
 
 
-def train_step(net, params, opt, sched, batch: dict, eta: float, grad_clip: float, detail: bool = False,
+def train_step(net, params, opt, sched, batch: Batch, eta: float, grad_clip: float, detail: bool = False,
                world: int = 1):
     """One optimisation step; returns (loss, grad norm, parts) without stepping on NaN/inf.
 
@@ -384,13 +384,11 @@ def train_step(net, params, opt, sched, batch: dict, eta: float, grad_clip: floa
     return loss_value, float(gn), parts
 
 
-def next_batch(run: Run, reach: int | None) -> dict:
-    """The sampler's next batch on the run's device; stream-exact runs count only the steps whose
-    ``reach`` tokens of history lie inside their segment."""
-    batch = {k: v.to(run.device, non_blocking=True) for k, v in run.sampler.sample().items()}
-    if reach is not None:
-        batch["loss_mask"] = stream_training.stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
-    return batch
+def next_batch(run: Run, exact_from: int | None) -> Batch:
+    """The sampler's next batch on the run's device; stream-exact runs count only the steps from
+    ``exact_from`` on (``stream_training.first_exact_step``) or from their episode's start."""
+    batch = run.sampler.sample().to(run.device, non_blocking=True)
+    return batch if exact_from is None else stream_training.stream_exact_batch(batch, exact_from)
 
 
 def _due(step: int, every: int) -> bool:
