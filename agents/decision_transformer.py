@@ -8,7 +8,8 @@ Read top to bottom:
    Primal-Attention's ``s``), plus the data's dimensions and the context length.
 2. ``TokenLayout``: which tokens each step contributes, in which order, and which one's output predicts
    the action; every token count (tokens per step, the predicting offset, the stream chunk, 3K - 1)
-   derives from it. ``dt``: (R_t, s_t, a_t), predicting from s_t. ``Batch`` (``envs.sampler``): the K-step
+   derives from it. ``dt``: (R_t, s_t, a_t), predicting from s_t; ``bc`` (model=bc, the paper's
+   behaviour-cloning baseline): (s_t, a_t), no return-to-go. ``Batch`` (``envs.sampler``): the K-step
    segments by field (states, actions, rtg, timesteps, mask, loss_mask).
 3. ``embed_tokens``: each token kind gets its linear embedding plus a learned timestep embedding, then a
    shared LayerNorm; ``embed`` interleaves a batch's tokens in the layout's order (for the DT
@@ -145,6 +146,7 @@ FIELDS = {"rtg": "rtg", "state": "states", "action": "actions"}
 """token kind -> the ``Batch`` field holding its values"""
 TOKEN_LAYOUTS = {
     "dt": TokenLayout(("rtg", "state", "action")),  # the Decision Transformer: conditioned on the return-to-go
+    "bc": TokenLayout(("state", "action")),  # behaviour cloning (Chen et al. 2021's transformer baseline)
 }
 """Model names whose token layout is not the Decision Transformer's (every other name: ``dt``'s)."""
 
