@@ -230,8 +230,11 @@ class DecisionTransformer(nn.Module):
         [..., dim of the kind]) plus the learned embedding of its timestep (``timesteps`` [..., n], or
         [..., 1] for one shared timestep; clipped to max_timestep - 1), then the shared LayerNorm. The one
         embedding: of a whole sequence (``embed``) and of a stream step's chunk (``DTStep``)."""
-        x = torch.stack([getattr(self, EMBEDDED[k])(v) for k, v in zip(kinds, values)], -2)
-        return self.embed_ln(x + self.embed_timestep(timesteps.clamp(0, self.cfg.max_timestep - 1)))
+        embeds = [getattr(self, EMBEDDED[k]) for k in kinds]
+        x = torch.stack([F.linear(v, e.weight, e.bias) for e, v in zip(embeds, values)], -2)
+        x = x + F.embedding(timesteps.clamp(0, self.cfg.max_timestep - 1), self.embed_timestep.weight)
+        ln = self.embed_ln  # (modules called functionally: the stream step runs this at every environment step)
+        return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
     def embed(self, batch: Batch) -> torch.Tensor:
         """Interleaved tokens [B, n T, D] in the layout's order: R_1, s_1, a_1, R_2, s_2, a_2, ... for the DT."""
@@ -242,8 +245,10 @@ class DecisionTransformer(nn.Module):
 
     # -- 2. the stack and the head ------------------------------------------------------------------
     def predict_action(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states of predicting tokens [..., D] -> actions in [-1, 1] [..., act_dim]."""
-        return self.action_head(hidden)
+        """Hidden states of predicting tokens [..., D] -> actions in [-1, 1] [..., act_dim] (``action_head``'s
+        Linear and Tanh called functionally, as ``embed_tokens``)."""
+        head = self.action_head[0]
+        return torch.tanh(F.linear(hidden, head.weight, head.bias))
 
     def forward(self, batch: Batch):
         """Predicted action at every step [B, T, act_dim] and the stack's per-layer aux dicts.
