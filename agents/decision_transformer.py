@@ -6,27 +6,34 @@ Read top to bottom:
    layout, ``dt`` all softmax, ``primal+dt`` last layer primal, ``primalformer-dt`` all primal, any
    registered mechanism, or an explicit per-layer list, and per-mechanism options such as
    Primal-Attention's ``s``), plus the data's dimensions and the context length.
-2. ``embed_tokens``: return-to-go, state and action each get a linear embedding plus a learned
-   timestep embedding, then a shared LayerNorm; ``embed`` interleaves them as
-   (R_1, s_1, a_1, R_2, s_2, a_2, ...), 3K tokens.
-3. ``stack``: the causal ``primal_dt.blocks.Stack`` over those tokens. A segment mask [B, K]
+2. ``TokenLayout``: which tokens each step contributes, in which order, and which one's output predicts
+   the action; every token count (tokens per step, the predicting offset, the stream chunk, 3K - 1)
+   derives from it. ``dt``: (R_t, s_t, a_t), predicting from s_t; ``bc`` (model=bc, the paper's
+   behaviour-cloning baseline): (s_t, a_t), no return-to-go. ``Batch`` (``envs.sampler``): the K-step
+   segments by field (states, actions, rtg, timesteps, mask, loss_mask).
+3. ``embed_tokens``: each token kind gets its linear embedding plus a learned timestep embedding, then a
+   shared LayerNorm; ``embed`` interleaves a batch's tokens in the layout's order (for the DT
+   R_1, s_1, a_1, R_2, s_2, a_2, ...: 3K tokens).
+4. ``stack``: the causal ``primal_dt.blocks.Stack`` over those tokens. A segment mask [B, K]
    (real steps first, padding after) becomes a token mask [B, 3K]; see ``forward`` for why
    trailing padding needs no mask inside the stack, only in the losses.
-4. ``predict_action``: Linear + tanh on the hidden state of each *state* token, which has seen
-   R_t and s_t but not a_t.
-5. ``loss``: masked action MSE + eta * KSVD regulariser of the primal layers.
+5. ``predict_action``: Linear + tanh on the hidden state of each predicting (*state*) token, which
+   has seen R_t and s_t but not a_t.
+6. ``loss``: masked action MSE + eta * KSVD regulariser of the primal layers.
 
-6. ``DTStep``: the one function that advances B rows by one environment step on explicit state, what
-   the torch stream engine (``agents.stream``) runs and ``agents.export`` traces into ONNX / TorchScript
-   (the recompute protocol, which re-reads the last K steps, calls ``forward``: ``agents.recompute``).
+7. ``DTStep``: the one function that advances B rows by one environment step on explicit state
+   (``StepState``: t, rtg, prev_action, the layers' states), what the torch stream engine
+   (``agents.stream``) runs and ``agents.export`` traces into ONNX / TorchScript (the recompute
+   protocol, which re-reads the last K steps, calls ``forward``: ``agents.recompute``).
 
-The stream (``DTStep``). Every environment step feeds ONE chunk of three tokens through the stack,
+The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``) through the
+stack, for the DT
 
     (a_{t-1}, R_t, s_t)          (at t = 0 the action slot is padding: masked, invisible),
 
 each token with its own step's timestep embedding (a_{t-1} carries t - 1), so over an episode the
-stream receives exactly ``embed``'s token sequence, cut into chunks one token later; only the state
-token s_t's top-layer output reaches the action head, and at the top layer the other two tokens only
+stream receives exactly ``embed``'s token sequence, cut after each predicting token; only the state
+token s_t's top-layer output reaches the action head, and at the top layer the other tokens only
 update the layer's state. Rows (episodes) advance in lock step but restart independently: a row's
 state going back to zero is a fresh episode. What a streamed token sees, per layer kind (the *stream
 semantics*):
@@ -37,8 +44,9 @@ semantics*):
   as ``forward`` over the whole episode computes it (a ring of w slots for primal, of w + 2 key/value
   slots for softmax).
 - ``softmax`` without a window: a rolling key/value cache, treated as ``window = 3K - 1`` tokens
-  (``softmax_stream_window``). At the top layer the state token s_t then attends to exactly the
-  tokens the recompute engine shows it (R, s, a of the K - 1 previous steps, then R_t, s_t); lower
+  (``softmax_stream_window``; ``TokenLayout.stream_window`` for other layouts). At the top layer the
+  state token s_t then attends to exactly the tokens the recompute engine shows it (R, s, a of the
+  K - 1 previous steps, then R_t, s_t); lower
   layers' outputs inside that window were themselves computed from their own windows, so the
   receptive field reaches further back than recompute's K steps.
 - linear-attention family (linear, performer, cosformer, kerformer, flowformer): their own
@@ -57,20 +65,90 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from envs.sampler import Batch  # noqa: F401  (the DT's batch, re-exported)
 from primal_dt.attention.base import StateSpec, restart_rows
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
 from primal_dt.layouts import layout
 from primal_dt.train_config import ModelConfig
 
-TOKENS_PER_STEP = 3  # (return-to-go, state, action)
-STATE_TOKEN = 1  # offset of the state token within a step
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """The tokens one environment step contributes to the sequence, in order, and the token whose
+    top-layer output predicts the step's action (it must come before the action token, which it may
+    not see). Every token count of the package derives from this: tokens per step, the predicting
+    token's offset, the stream chunk, the unwindowed softmax's stream window."""
+
+    kinds: tuple[str, ...]
+    """token kinds per step, in sequence order: ``rtg`` (return-to-go), ``state``, ``action``"""
+    predict_from: str = "state"
+
+    def __post_init__(self):
+        unknown = set(self.kinds) - set(EMBEDDED)
+        if unknown or len(set(self.kinds)) != len(self.kinds) or self.predict_from not in self.kinds:
+            raise ValueError(f"a token layout names distinct kinds among {', '.join(EMBEDDED)} and predicts from "
+                             f"one of them, got {self.kinds} predicting from {self.predict_from!r}")
+        if self.kinds[self.predictor + 1:] != ("action",):
+            raise ValueError(f"the action token must directly follow the predicting token and end the step, got "
+                             f"{self.kinds} predicting from {self.predict_from!r}")
+
+    @property
+    def per_step(self) -> int:
+        """tokens per environment step"""
+        return len(self.kinds)
+
+    @property
+    def predictor(self) -> int:
+        """offset of the predicting token within its step"""
+        return self.kinds.index(self.predict_from)
+
+    @property
+    def chunk(self) -> tuple[tuple[str, int], ...]:
+        """What one stream step feeds the stack, as (kind, timestep offset): the tokens after the previous
+        step's predicting token (its action: known only now, offset -1), then this step's tokens up to its
+        own predicting token (offset 0). Over an episode the chunks are the sequence, cut after each
+        predicting token."""
+        p = self.predictor
+        return (*((k, -1) for k in self.kinds[p + 1:]), *((k, 0) for k in self.kinds[:p + 1]))
+
+    def token_mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Segment mask [B, K] -> token mask [B, per_step * K]: each step's tokens share its flag."""
+        return None if mask is None else mask.repeat_interleave(self.per_step, dim=1)
+
+    def at_predictors(self, h: torch.Tensor) -> torch.Tensor:
+        """The predicting tokens' rows [B, K, D] of a token sequence h [B, per_step * K, D]."""
+        return h[:, self.predictor::self.per_step]
+
+    def stream_window(self, K: int) -> int:
+        """Tokens a predicting token sees under recompute with K steps: the K - 1 previous steps' tokens,
+        then this step's up to itself."""
+        return max(1, self.per_step * (K - 1) + self.predictor + 1)
+
+    def first_exact_step(self, reach: int) -> int:
+        """Smallest segment step i whose predicting token (per_step * i + predictor) has ``reach``
+        earlier tokens inside the segment."""
+        return max(0, math.ceil((reach - self.predictor) / self.per_step))
+
+
+EMBEDDED = {"rtg": "embed_return", "state": "embed_state", "action": "embed_action"}
+"""token kind -> the model's embedding module (its name is the checkpoint's parameter name)"""
+FIELDS = {"rtg": "rtg", "state": "states", "action": "actions"}
+"""token kind -> the ``Batch`` field holding its values"""
+TOKEN_LAYOUTS = {
+    "dt": TokenLayout(("rtg", "state", "action")),  # the Decision Transformer: conditioned on the return-to-go
+    "bc": TokenLayout(("state", "action")),  # behaviour cloning (Chen et al. 2021's transformer baseline)
+}
+"""Model names whose token layout is not the Decision Transformer's (every other name: ``dt``'s)."""
 
 
 @dataclass(kw_only=True)
@@ -116,15 +194,16 @@ class DTConfig(ModelConfig):
                 raise ValueError(f"model_config.{f.name} must be {type(default).__name__}, got {json.dumps(v)[:40]}")
         return cls(**d)
 
+    @property
+    def tokens(self) -> TokenLayout:
+        """The token layout (``TOKEN_LAYOUTS``: by model name, ``primal+<name>`` too; the Decision
+        Transformer's by default)."""
+        return TOKEN_LAYOUTS.get(self.name.removeprefix("primal+"), TOKEN_LAYOUTS["dt"])
+
 
 def trailing_padding(mask: torch.Tensor | None) -> bool:
     """True when every row is real steps first, then only padding (or when there is no mask)."""
     return mask is None or bool((mask[:, 1:] <= mask[:, :-1]).all())
-
-
-def token_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """Segment mask [B, K] -> token mask [B, 3K]: each step's three tokens share its flag."""
-    return None if mask is None else mask.repeat_interleave(TOKENS_PER_STEP, dim=1)
 
 
 class DecisionTransformer(nn.Module):
@@ -132,11 +211,12 @@ class DecisionTransformer(nn.Module):
         super().__init__()
         cfg.check()
         self.cfg = cfg
+        self.tokens = cfg.tokens
         d = cfg.d_model
         self.embed_timestep = nn.Embedding(cfg.max_timestep, d)
-        self.embed_return = nn.Linear(1, d)
-        self.embed_state = nn.Linear(cfg.state_dim, d)
-        self.embed_action = nn.Linear(cfg.act_dim, d)
+        dims = {"rtg": 1, "state": cfg.state_dim, "action": cfg.act_dim}
+        for kind in self.tokens.kinds:
+            setattr(self, EMBEDDED[kind], nn.Linear(dims[kind], d))
         self.embed_ln = nn.LayerNorm(d)
         self.drop = nn.Dropout(cfg.dropout)
         self.stack = Stack(d, cfg.n_heads, cfg.layer_specs(), causal=True, mlp_ratio=cfg.mlp_ratio,
@@ -145,71 +225,54 @@ class DecisionTransformer(nn.Module):
         self.apply(_init_weights)
 
     # -- 1. embeddings -----------------------------------------------------------------------------
-    def embed_tokens(self, rtg, states, actions, timesteps):
-        """Per-kind token embeddings (each [B, T, D]) for T steps, timestep embedding included.
+    def embed_tokens(self, kinds, values, timesteps) -> torch.Tensor:
+        """Tokens [..., n, D] of the n ``kinds``: each kind's linear embedding of its value (``values``, each
+        [..., dim of the kind]) plus the learned embedding of its timestep (``timesteps`` [..., n], or
+        [..., 1] for one shared timestep; clipped to max_timestep - 1), then the shared LayerNorm. The one
+        embedding: of a whole sequence (``embed``) and of a stream step's chunk (``DTStep``)."""
+        embeds = [getattr(self, EMBEDDED[k]) for k in kinds]
+        x = torch.stack([F.linear(v, e.weight, e.bias) for e, v in zip(embeds, values)], -2)
+        x = x + F.embedding(timesteps.clamp(0, self.cfg.max_timestep - 1), self.embed_timestep.weight)
+        ln = self.embed_ln  # (modules called functionally: the stream step runs this at every environment step)
+        return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps)
 
-        rtg [B, T, 1], states [B, T, state_dim], actions [B, T, act_dim], timesteps [B, T] long.
-        """
-        time = self.embed_timestep(timesteps.clamp(0, self.cfg.max_timestep - 1))
-        r = self.embed_ln(self.embed_return(rtg) + time)
-        s = self.embed_ln(self.embed_state(states) + time)
-        a = self.embed_ln(self.embed_action(actions) + time)
-        return r, s, a
-
-    def embed(self, rtg, states, actions, timesteps) -> torch.Tensor:
-        """Interleaved tokens [B, 3T, D]: R_1, s_1, a_1, R_2, s_2, a_2, ..."""
-        r, s, a = self.embed_tokens(rtg, states, actions, timesteps)
-        B, T, D = s.shape
-        return torch.stack((r, s, a), dim=2).reshape(B, TOKENS_PER_STEP * T, D)
-
-    def embed_step(self, rtg, states, prev_actions, timesteps) -> torch.Tensor:
-        """The chunk one environment step adds to a stream: tokens [B, 3, D] = (a_{t-1}, R_t, s_t).
-
-        rtg [B] (scaled), states [B, state_dim] (normalised), prev_actions [B, act_dim], timesteps [B]
-        long (t). The action token comes first because a_{t-1} is only known now; it carries timestep
-        t - 1, R_t and s_t carry t. Computes what ``embed_tokens`` computes for those tokens, with the
-        embeddings' weights called functionally and one LayerNorm over the stacked three, because it
-        runs every environment step.
-        """
-        tt = torch.stack((timesteps - 1, timesteps, timesteps), 1).clamp_(0, self.cfg.max_timestep - 1)
-        time = F.embedding(tt, self.embed_timestep.weight)
-        a = F.linear(prev_actions, self.embed_action.weight, self.embed_action.bias)
-        r = torch.addcmul(self.embed_return.bias, rtg.unsqueeze(-1), self.embed_return.weight.squeeze(-1))
-        s = F.linear(states, self.embed_state.weight, self.embed_state.bias)
-        ln = self.embed_ln
-        return F.layer_norm(torch.stack((a, r, s), 1).add_(time), ln.normalized_shape, ln.weight, ln.bias, ln.eps)
+    def embed(self, batch: Batch) -> torch.Tensor:
+        """Interleaved tokens [B, n T, D] in the layout's order: R_1, s_1, a_1, R_2, s_2, a_2, ... for the DT."""
+        kinds = self.tokens.kinds
+        x = self.embed_tokens(kinds, [getattr(batch, FIELDS[k]) for k in kinds], batch.timesteps.unsqueeze(-1))
+        B, T, n, D = x.shape
+        return x.reshape(B, n * T, D)
 
     # -- 2. the stack and the head ------------------------------------------------------------------
-    def predict_action(self, hidden_at_state_tokens: torch.Tensor) -> torch.Tensor:
-        """Hidden states of state tokens [..., D] -> actions in [-1, 1] [..., act_dim]. ``action_head``'s
-        Linear and Tanh called functionally: the stream engine calls this every environment step."""
+    def predict_action(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden states of predicting tokens [..., D] -> actions in [-1, 1] [..., act_dim] (``action_head``'s
+        Linear and Tanh called functionally, as ``embed_tokens``)."""
         head = self.action_head[0]
-        return torch.tanh(F.linear(hidden_at_state_tokens, head.weight, head.bias))
+        return torch.tanh(F.linear(hidden, head.weight, head.bias))
 
-    def forward(self, states, actions, rtg, timesteps, mask=None, trailing: bool | None = None):
+    def forward(self, batch: Batch):
         """Predicted action at every step [B, T, act_dim] and the stack's per-layer aux dicts.
 
         Predictions at padding steps are meaningless (the loss masks them). When all padding
         trails the real steps, as the segment sampler and the evaluators produce it, the causal
-        stack cannot see it from any real token, so the stack runs unmasked (its fast paths: about
-        4% on a DT step, 6% with a primal layer, on CPU) and the mask is handed to the aux dicts
-        only, where the KSVD regulariser needs it. Other padding runs the masked path. ``trailing``:
-        whether the padding trails, when the caller knows (None: look, which reads the mask back
-        from the device, a synchronisation that a compiled or captured training step must not have).
+        stack cannot see it from any real token, so the stack runs unmasked (its fast paths) and the
+        mask is handed to the aux dicts only, where the KSVD regulariser needs it. Other padding runs
+        the masked path. ``batch.trailing`` says whether the padding trails when the producer knows (the
+        sampler does); else the model looks, which reads the mask back from the device: a
+        synchronisation that a compiled or captured training step must not have.
         """
-        x = self.drop(self.embed(rtg, states, actions, timesteps))
-        tmask = token_mask(mask)
-        if trailing is None:
-            trailing = trailing_padding(mask)
+        x = self.drop(self.embed(batch))
+        tmask = self.tokens.token_mask(batch.mask)
+        trailing = trailing_padding(batch.mask) if batch.trailing is None else batch.trailing
         h, auxes = self.stack(x, None if trailing else tmask)
         if tmask is not None:
             for aux in auxes:
                 if aux and "mask" in aux:
                     aux["mask"] = tmask
-        return self.predict_action(h[:, STATE_TOKEN::TOKENS_PER_STEP]), auxes
+        return self.predict_action(self.tokens.at_predictors(h)), auxes
 
     # -- 3. the objective ---------------------------------------------------------------------------
-    def loss(self, batch: dict, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:
+    def loss(self, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:
         return dt_loss(self, batch, eta, detail)
 
     # -- inspection -----------------------------------------------------------------------------
@@ -224,17 +287,40 @@ class DecisionTransformer(nn.Module):
 
 # -- 4. one environment step on explicit state (the stream) ----------------------------------------
 def softmax_stream_window(model) -> int:
-    """The window a softmax layer built without one streams over: 3K - 1 tokens (module docstring)."""
-    return max(1, 3 * model.cfg.K - 1)
+    """The window a softmax layer built without one streams over: what recompute shows the predicting
+    token (``TokenLayout.stream_window``; module docstring)."""
+    return model.tokens.stream_window(model.cfg.K)
 
 
 def streamed_model_equivalent(model):
     """A copy of ``model`` whose full-sequence ``forward`` equals what ``DTStep`` computes: every layer
-    adopts the window the step streams it with (unwindowed softmax: 3K - 1 tokens)."""
+    adopts the window the step streams it with (unwindowed softmax: ``softmax_stream_window``)."""
     twin = copy.deepcopy(model).eval()
     for b in twin.stack.blocks:
         b.attn.adopt_stream_window(softmax_stream_window(model))
     return twin
+
+
+class StepState(NamedTuple):
+    """A ``DTStep``'s state for B rows, by name; a graph takes it ``flat``, in ``DTStep.specs``' order. All
+    zero at a fresh row."""
+
+    t: torch.Tensor
+    """[B] int64: steps taken in the row's episode (0: its next step is its first)"""
+    rtg: torch.Tensor
+    """[B]: the return-to-go R_t / reward_scale of the row's last step"""
+    prev_action: torch.Tensor
+    """[B, act_dim]: the row's last action (a_{t-1})"""
+    layers: tuple[torch.Tensor, ...]
+    """every layer's recurrent state tensors (``layer<i>.<name>``)"""
+
+    def flat(self) -> tuple[torch.Tensor, ...]:
+        return (self.t, self.rtg, self.prev_action, *self.layers)
+
+    @classmethod
+    def of(cls, flat) -> "StepState":
+        t, rtg, prev_action, *layers = flat
+        return cls(t, rtg, prev_action, tuple(layers))
 
 
 class DTStep(nn.Module):
@@ -243,12 +329,11 @@ class DTStep(nn.Module):
         forward(observation [B, obs_dim] raw, reward [B] (the previous step's), reset [B] bool (the row
                 starts a new episode now), target [B] (raw return), *state) -> (action [B, act_dim], *state)
 
-    ``state``: ``specs``, ``t`` (timestep), ``rtg`` (the scaled return-to-go), ``prev_action``, then
-    every layer's recurrent state (``layer<i>.<name>``); all zero at a fresh row. Inside: rows flagged
-    ``reset`` get a zero state (``restart``); a row whose timestep is 0 is at its episode's first step,
-    where R = target / reward_scale and the reward is ignored (so the reward that ended an episode never
-    leaks into the next), afterwards R -= reward / reward_scale; observations are normalised with the
-    dataset's mean / std; the chunk (a_{t-1}, R_t, s_t) goes through the embedding, every layer's
+    ``state``: a ``StepState`` flat (``specs``), all zero at a fresh row. Inside: rows flagged ``reset`` get
+    a zero state; a row whose timestep is 0 is at its episode's first step, where R = target / reward_scale
+    and the reward is ignored (so the reward that ended an episode never leaks into the next), afterwards
+    R -= reward / reward_scale; observations are normalised with the dataset's mean / std; the chunk
+    (``TokenLayout.chunk``: (a_{t-1}, R_t, s_t) for the DT) goes through the embedding, every layer's
     recurrent form and the action head.
 
     Built from a model in eval mode; a snapshot of the weights its layers fuse (build a new one after
@@ -269,66 +354,44 @@ class DTStep(nn.Module):
         if not reward_scale > 0:
             raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
         self.model = model
-        self.layers = model.stack.recurrent(window=softmax_stream_window(model), chunk=TOKENS_PER_STEP,
+        self.layers = model.stack.recurrent(window=softmax_stream_window(model), chunk=model.tokens.per_step,
                                             precision=precision)
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
         self.reward_scale = float(reward_scale)
         self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
                       StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layers.specs]
-        #: the state tensors a restart zeroes (the others are ``masked_by`` one of these: StateSpec)
-        self.zeroed = [i for i, s in enumerate(self.specs) if not s.masked_by]
         self.eval()
 
-    def init(self, batch: int) -> tuple[torch.Tensor, ...]:
+    def init(self, batch: int) -> StepState:
         """A fresh state for ``batch`` rows (zeros)."""
-        return tuple(s.zeros(batch, self.mean.device) for s in self.specs)
+        return StepState.of(s.zeros(batch, self.mean.device) for s in self.specs)
 
     def forward(self, observation, reward, reset, target, *state):
-        state = list(state)
-        for i, s in zip(self.zeroed, self.restart(reset, *(state[i] for i in self.zeroed))):
-            state[i] = s
-        return self.advance(observation, reward, target, *state)
-
-    def restart(self, reset, *state) -> tuple[torch.Tensor, ...]:
-        """The given state tensors (the ``zeroed`` ones, in order) with the rows flagged ``reset`` [B]
-        zeroed: their episodes start now."""
-        return restart_rows([self.specs[i] for i in self.zeroed], state, reset)
-
-    def advance(self, observation, reward, target, *state, started: bool = False):
-        """The step on a state whose restarted rows are already zero (``forward`` without ``reset``).
-
-        ``started``: the caller knows that every row is past its episode's first step (the stream engine
-        does, from its own resets), so the first-step cases and the chunk's padding mask are left out:
-        the same actions with a few operators fewer, which is what a step at batch 1 costs. A graph never
-        assumes it."""
-        t, rtg, prev = state[:3]
-        if started:
-            rtg, mask = rtg - reward / self.reward_scale, None
-        else:
-            first = t == 0
-            rtg = torch.where(first, target / self.reward_scale, rtg - reward / self.reward_scale)
-            real = t >= 0  # (all True, without a shape computed at every step)
-            mask = torch.stack((~first, real, real), 1)  # at t = 0 the action slot is padding
-        m = self.model
+        t, rtg, prev, layers = StepState.of(restart_rows(self.specs, state, reset))
+        first = t == 0
+        rtg = torch.where(first, target / self.reward_scale, rtg - reward / self.reward_scale)
         s = ((observation - self.mean) / self.std).to(prev.dtype)
-        x = m.embed_step(rtg, s, prev, t)
-        y, layers = self.layers.forward(x, state[3:], mask, last_only=True)
-        action = m.predict_action(y[:, -1])
+        now = {"rtg": rtg.unsqueeze(-1), "state": s}  # this step's values; the previous step's is its action
+        chunk = self.model.tokens.chunk
+        x = self.model.embed_tokens([k for k, _ in chunk], [prev if dt else now[k] for k, dt in chunk],
+                                    torch.stack([t + dt for _, dt in chunk], 1))
+        mask = torch.stack([~first if dt else t >= 0 for _, dt in chunk], 1)  # t = 0: the last step's are padding
+        y, layers = self.layers.forward(x, layers, mask, last_only=True)
+        action = self.model.predict_action(y[:, -1])
         return (action, t + 1, rtg, action, *layers)
 
 
-def dt_loss(net, batch: dict, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:
+def dt_loss(net, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:
     """Masked action MSE + eta * KSVD regulariser, and its parts for logging (detached).
 
     ``net`` is the model or its DistributedDataParallel wrapper: calling the wrapper (not
     ``model.loss``) is what lets DDP synchronise gradients. ``detail`` adds J of every primal
     layer (keyed by stack layer index), which costs a little, so only logging steps ask for it.
+    The MSE counts ``batch.counted`` (stream-exact training, ``agents.stream_training``, narrows it).
     """
-    pred, auxes = net(batch["states"], batch["actions"], batch["rtg"], batch["timesteps"], batch["mask"],
-                      trailing=batch.get("trailing"))
-    # "loss_mask" (stream-exact training, agents.stream_training) narrows the counted steps
-    mse = action_mse(pred, batch["actions"], batch.get("loss_mask", batch["mask"]))
+    pred, auxes = net(batch)
+    mse = action_mse(pred, batch.actions, batch.counted)
     reg = ksvd_regularizer(auxes, eta)
     parts = {"mse": mse.detach(), "ksvd": torch.as_tensor(reg).detach()}
     for i, aux in enumerate(auxes if detail else ()):

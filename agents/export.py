@@ -10,15 +10,9 @@ recurrent state explicit input and output, any batch (``DTStep``):
      (the row starts a new episode this step), target [B] float32 (raw return), state.<name> ...)
       -> (action [B, act_dim] float32, next_state.<name> ...)
 
-Inside: rows flagged ``reset`` get a zero state (every state tensor starts at zero; entries ``masked_by``
-a flag, a softmax ring's keys and values, are hidden by their zeroed flags instead); a row whose
-timestep is 0 is at its episode's first step, where R = target / reward_scale and the reward is
-ignored, afterwards R -= reward / reward_scale; observations are normalised with the checkpoint's
-mean / std; the chunk (a_{t-1}, R_t, s_t) goes through the embedding, every layer's recurrent form
-and the action head. It is the model's one step function, the one the stream engine runs, so actions
-agree to 1e-5 (tests/agents/test_export.py, whole Hopper episodes). Rows do not interact: caches keep positions
-in their order or in a per-row phase (no shared clock), so rows may start, restart and leave
-independently.
+Inside: ``DTStep.forward``, the model's one step function (``agents.decision_transformer`` documents it
+and what a streamed token sees), the one the stream engine runs, so actions agree to 1e-5
+(tests/agents/test_export.py, whole Hopper episodes).
 
 Metadata travels inside the artefact (ONNX ``metadata_props`` / TorchScript extra file, key
 ``agents.onnx_policy.METADATA_KEY``): dimensions, targets, reward scale, the state layout (names,
@@ -29,9 +23,7 @@ version and the SHA-256 of the source checkpoint file. Runtimes with the ``Agent
 
 ONNX goes through torch's supported exporter, ``torch.export`` (``torch.onnx.export(dynamo=True)``,
 which needs the ``onnxscript`` package: the ``export`` extra), with a dynamic batch axis; TorchScript
-traces ``DTStep`` whole. The ONNX model is two exported graphs, ``DTStep.restart`` inside an ``If`` on
-"any row restarts" and ``DTStep.advance``, so that steps where no row restarts skip the restart's
-operators (``_onnx_model``). A layer without a fixed-size recurrent
+traces ``DTStep`` whole; both are one trace of ``DTStep.forward``. A layer without a fixed-size recurrent
 state (kernel-*, svr-*: caches of every token), a non-causal layer, or a post-norm block cannot be
 exported: a ValueError names the layer's index and kind.
 """
@@ -50,7 +42,6 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from torch import nn
 
 from primal_dt import checkpoint as ck_io
 from primal_dt import errors
@@ -100,14 +91,24 @@ float32 (the return to aim for, raw units; read at a row's first step only), the
 (state.<name>, layout in "state"). Outputs: action [B, act_dim] in [-1, 1], then next_state.<name>, to pass \
 back at the next call. A fresh state is all zeros (initial value 0 for every tensor), and a row whose \
 timestep t is 0 is at its first step, so the first call for a row needs reset=True or a zero state. \
-Bookkeeping inside: R_0 = target / reward_scale, R_t = R_{t-1} - reward / reward_scale; observations \
-normalised as (obs - state_mean) / state_std; the chunk (a_{t-1}, R_t, s_t) enters the stack (at t = 0 the \
-action slot is padding) and the action is read from s_t's top-layer output. Rows never interact: they may \
-restart (reset) or leave (drop their rows of every state tensor) independently. What a streamed token sees \
-(the stream engine's semantics, agents/stream.py): primal without a window, running means of q and k over the \
-whole episode; primal or softmax with window=w, the last w tokens; softmax without a window, the last 3K-1 \
-tokens; the linear family (linear, performer, cosformer, kerformer, flowformer), prefix sums over the episode. \
-A cosformer layer returns NaN for a row once its episode passes max_len tokens."""
+Bookkeeping inside: R_0 = target / reward_scale, R_t = R_{{t-1}} - reward / reward_scale; observations \
+normalised as (obs - state_mean) / state_std; the chunk ({chunk}) enters the stack (at t = 0 the previous \
+step's tokens are padding) and the action is read from {predictor}'s top-layer output. Rows never interact: \
+they may restart (reset) or leave (drop their rows of every state tensor) independently. What a streamed token \
+sees (the stream semantics, agents/decision_transformer.py): primal without a window, running means of q and k \
+over the whole episode; primal or softmax with window=w, the last w tokens; softmax without a window, the last \
+{window} tokens; the linear family (linear, performer, cosformer, kerformer, flowformer), prefix sums over the \
+episode. A cosformer layer returns NaN for a row once its episode passes max_len tokens."""
+"""the metadata's ``semantics``, filled in by ``semantics``"""
+_SYMBOL = {"rtg": "R", "state": "s", "action": "a"}
+
+
+def semantics(step: DTStep) -> str:
+    """``SEMANTICS`` for this step's token layout and context."""
+    tokens = step.model.tokens
+    chunk = ", ".join(_SYMBOL[k] + ("_{t-1}" if dt else "_t") for k, dt in tokens.chunk)
+    return SEMANTICS.format(chunk=chunk, predictor=f"{_SYMBOL[tokens.predict_from]}_t",
+                            window=softmax_stream_window(step.model))
 
 
 def package_version() -> str:
@@ -141,7 +142,7 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "state": [{"name": s.name, "shape": [_BATCH, *s.shape], "dtype": str(s.dtype).removeprefix("torch."),
                    "initial": 0, "what": _what(s.name, kinds), **({"masked_by": s.masked_by} if s.masked_by else {})}
                   for s in step.specs],
-        "semantics": SEMANTICS, "package_version": pkg, "torch_version": torch.__version__,
+        "semantics": semantics(step), "package_version": pkg, "torch_version": torch.__version__,
         "checkpoint": source, "checkpoint_sha256": sha256, "train_step": ck.step,
         "data_source": info.source, "data_fingerprint": info.fingerprint or None,
         # whether this stream is the policy the checkpoint was trained as (agents.stream_training.Fidelity)
@@ -208,9 +209,9 @@ def _example(step: DTStep, batch: int = 2):
     """Inputs to trace with: two rows, one at its first step and one further on."""
     cfg = step.model.cfg
     obs = torch.randn(batch, cfg.state_dim)
-    state = list(step.init(batch))
-    state[0] = torch.arange(batch, dtype=torch.int64)
-    return (obs, torch.zeros(batch), torch.zeros(batch, dtype=torch.bool), torch.full((batch,), 1000.0), *state)
+    state = step.init(batch)._replace(t=torch.arange(batch, dtype=torch.int64))
+    return (obs, torch.zeros(batch), torch.zeros(batch, dtype=torch.bool), torch.full((batch,), 1000.0),
+            *state.flat())
 
 
 def _names(step: DTStep) -> tuple[list[str], list[str]]:
@@ -218,27 +219,17 @@ def _names(step: DTStep) -> tuple[list[str], list[str]]:
             ["action", *(STATE_OUT + s.name for s in step.specs)])
 
 
-class _Method(nn.Module):
-    """One method of a ``DTStep`` as a module's forward (what ``torch.onnx.export`` traces)."""
-
-    def __init__(self, step: DTStep, method: str):
-        super().__init__()
-        self.step, self.method = step, method
-
-    def forward(self, *args):
-        return getattr(self.step, self.method)(*args)
-
-
-def _traced_onnx(step: DTStep, method: str, example: tuple, inputs: list[str], states: list[str],
-                 outputs: list[str]):
-    """``step.<method>`` exported through ``torch.export`` to an ONNX ModelProto with these input names
-    (``inputs`` then ``states``) and output names, batch axis dynamic."""
+def _onnx_model(step: DTStep):
+    """``DTStep.forward`` exported through ``torch.export`` to an ONNX ModelProto, batch axis dynamic."""
+    example = _example(step)
+    inputs, outputs = _names(step)
     batch = torch.export.Dim(_BATCH)
     with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
         warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
-        program = torch.onnx.export(_Method(step, method), example, dynamo=True, input_names=[*inputs, *states],
-                                    output_names=outputs, dynamic_shapes=(tuple({0: batch} for _ in example),),
-                                    opset_version=OPSET, verbose=False, custom_translation_table=onnx_translations())
+        program = torch.onnx.export(step, example, dynamo=True, input_names=inputs, output_names=outputs,
+                                    dynamic_shapes=(*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):])),
+                                    opset_version=OPSET,
+                                    verbose=False, custom_translation_table=onnx_translations())
     return program.model_proto
 
 
@@ -254,67 +245,6 @@ def _quiet_exporter():
             yield
     finally:
         log.setLevel(level)
-
-
-RESTARTED = "restarted."
-"""prefix of the core graph's state inputs: the state after the restart (``DTStep.restart``)"""
-
-
-def _onnx_model(step: DTStep):
-    """``DTStep.forward`` as one ONNX model whose restart runs only at steps where a row restarts.
-
-    At batch 1 onnxruntime's cost is mostly per operator, and the restart is one operator per state
-    tensor (``Where``, among onnxruntime's slowest: about a tenth of the whole step) that only a
-    row's first step needs. So the model is ``If(any(reset))`` (then: ``DTStep.restart``; else:
-    the state as given), and ``DTStep.advance`` on the If's outputs. The branch and the core are
-    the PyTorch functions' own traces, so the arithmetic is ``forward``'s. Only the ``zeroed`` state
-    goes through the If: its else-branch copies what it passes on, and a softmax layer's key/value ring
-    (6 MB per tensor at width 256, batch 100, K = 20), which its zeroed validity flags hide after a
-    restart, goes straight to the core instead, which saves copying it every step. The If's outputs
-    declare their element type only, so that onnxruntime optimises the core as it does a single trace
-    of the whole step: the actions are the same bits."""
-    from onnx import TensorProto, helper
-
-    inputs, outputs = _names(step)
-    example = _example(step)
-    names = [s.name for s in step.specs]
-    zeroed = set(step.zeroed)  # the others (a softmax ring's keys and values) go to the core as they are
-    core = _traced_onnx(step, "advance", (*example[:2], *example[3:]), [*inputs[:2], inputs[3]],
-                        [(RESTARTED if i in zeroed else STATE_IN) + n for i, n in enumerate(names)], outputs)
-    read = {i.name for i in core.graph.input}
-    kept = [i for i, n in enumerate(names) if RESTARTED + n in read]  # (the exporter drops unread inputs)
-    restart = _traced_onnx(step, "restart", (example[2], *(example[4 + i] for i in kept)), ["reset"],
-                           [STATE_IN + names[i] for i in kept], [f"restart/then/{names[i]}" for i in kept])
-    outer = {i.name for i in restart.graph.input}
-    inside = lambda name: name if not name or name in outer or name.startswith("restart/") else "restart/" + name
-    for node in restart.graph.node:  # the branch's own values, named apart from the outer graph's
-        node.name = "restart/" + node.name
-        node.input[:] = [inside(x) for x in node.input]
-        node.output[:] = [inside(x) for x in node.output]
-    for init in restart.graph.initializer:
-        init.name = inside(init.name)
-    elem = {o.name.removeprefix("restart/then/"): o.type.tensor_type.elem_type for o in restart.graph.output}
-    branch = {
-        "then_branch": helper.make_graph(
-            list(restart.graph.node), "restart",
-            [], [helper.make_tensor_value_info(f"restart/then/{names[i]}", elem[names[i]], None) for i in kept],
-            list(restart.graph.initializer)),
-        "else_branch": helper.make_graph(
-            [helper.make_node("Identity", [STATE_IN + names[i]], [f"restart/else/{names[i]}"]) for i in kept],
-            "keep", [], [helper.make_tensor_value_info(f"restart/else/{names[i]}", elem[names[i]], None)
-                         for i in kept]),
-    }
-    any_reset = [  # ReduceMax takes bool from opset 20 on
-        helper.make_node("Cast", ["reset"], ["restart/reset_u8"], to=TensorProto.UINT8),
-        helper.make_node("ReduceMax", ["restart/reset_u8"], ["restart/any_u8"], keepdims=0),
-        helper.make_node("Cast", ["restart/any_u8"], ["restart/any"], to=TensorProto.BOOL),
-        helper.make_node("If", ["restart/any"], [RESTARTED + names[i] for i in kept], name="restart/if", **branch)]
-    given = {i.name: i for g in (core.graph, restart.graph) for i in g.input}
-    graph = helper.make_graph(any_reset + list(core.graph.node), core.graph.name,
-                              [given[n] for n in inputs if n in given], list(core.graph.output),
-                              list(core.graph.initializer), value_info=list(core.graph.value_info))
-    return helper.make_model(graph, opset_imports=list(core.opset_import), ir_version=core.ir_version,
-                             functions=[*core.functions, *restart.functions])
 
 
 def _onnx_bytes(step: DTStep, meta: dict) -> bytes:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from .decision_transformer import Batch
+
 
 def check_recomputable(model, context: int | None = None) -> int:
     """The context (steps shown to the model) this engine would use, or a ValueError saying why the model
@@ -38,10 +40,11 @@ class RecomputeEngine:
         p = next(model.parameters())
         B, K, cfg = int(batch), self.K, model.cfg
         self.mean, self.std, self.reward_scale = mean, std, float(reward_scale)
-        self.S = torch.zeros(B, K, cfg.state_dim, device=p.device, dtype=p.dtype)
-        self.A = torch.zeros(B, K, cfg.act_dim, device=p.device, dtype=p.dtype)
-        self.R = torch.zeros(B, K, 1, device=p.device, dtype=p.dtype)
-        self.T = torch.zeros(B, K, dtype=torch.long, device=p.device)
+        #: the last K steps per row (real steps first), as the model reads them
+        self.history = Batch(states=torch.zeros(B, K, cfg.state_dim, device=p.device, dtype=p.dtype),
+                             actions=torch.zeros(B, K, cfg.act_dim, device=p.device, dtype=p.dtype),
+                             rtg=torch.zeros(B, K, 1, device=p.device, dtype=p.dtype),
+                             timesteps=torch.zeros(B, K, dtype=torch.long, device=p.device))
         self.length = torch.zeros(B, dtype=torch.long, device=p.device)  # steps held per row (<= K)
         self._rows = torch.arange(B, device=p.device)
         self._pos = torch.arange(K, device=p.device)
@@ -51,11 +54,14 @@ class RecomputeEngine:
         self.first = torch.ones(B, dtype=torch.bool, device=p.device)
         self._any_first = True
 
+    def _buffers(self) -> list[torch.Tensor]:
+        return [v for v in self.history if v is not None]
+
     @torch.inference_mode()
     def reset_rows(self, rows: torch.Tensor, target: torch.Tensor) -> None:
         """Restart the rows where ``rows`` ([B] bool) is True, aiming at ``target`` (one per such row)."""
         self.length[rows] = 0
-        for buf in (self.S, self.A, self.R, self.T):
+        for buf in self._buffers():
             buf[rows] = 0
         self.rtg[rows] = target / self.reward_scale
         self.t[rows] = 0
@@ -66,7 +72,7 @@ class RecomputeEngine:
     @torch.inference_mode()
     def keep_rows(self, keep: torch.Tensor) -> None:
         """Continue with the rows where ``keep`` ([B] bool) is True only, in order."""
-        self.S, self.A, self.R, self.T = self.S[keep], self.A[keep], self.R[keep], self.T[keep]
+        self.history = Batch(*(None if v is None else v[keep] for v in self.history))
         self.length = self.length[keep]
         self._rows = torch.arange(self.length.shape[0], device=self.length.device)
         self.rtg, self.t, self.prev_action = self.rtg[keep], self.t[keep], self.prev_action[keep]
@@ -80,7 +86,7 @@ class RecomputeEngine:
         if reward is not None:
             self.rtg -= torch.where(self.first, 0.0, reward / self.reward_scale)
         first = self.first if self._any_first else None
-        s = ((observation - self.mean) / self.std).to(self.S.dtype)
+        s = ((observation - self.mean) / self.std).to(self.history.states.dtype)
         action = self.step(self.rtg, s, self.prev_action, self.t, first)
         self.prev_action = action.clone()
         self.t += 1
@@ -105,25 +111,26 @@ class RecomputeEngine:
         prev_actions [B, act_dim] (a_{t-1}, written as the previous step's action), timesteps [B] long,
         first [B] bool (rows at t = 0) or None. Returns actions [B, act_dim]."""
         full = self.length == self.K
+        h = self.history
         if bool(full.any()):  # drop the oldest step of full rows
-            for buf in (self.S, self.A, self.R, self.T):
+            for buf in self._buffers():
                 buf[full] = buf[full].roll(-1, dims=1)
         prev = (self.length - 1).clamp(min=0) - full.long()
         has_prev = self.length > 0
         if bool(has_prev.any()):
             i = prev.clamp(min=0)
-            self.A[self._rows[has_prev], i[has_prev]] = prev_actions[has_prev].to(self.A.dtype)
+            h.actions[self._rows[has_prev], i[has_prev]] = prev_actions[has_prev].to(h.actions.dtype)
         pos = torch.where(full, self.length - 1, self.length)
         r = self._rows
-        self.S[r, pos] = states.to(self.S.dtype)
-        self.R[r, pos, 0] = rtg.to(self.R.dtype)
-        self.T[r, pos] = timesteps
-        self.A[r, pos] = 0  # a_t is not known yet (and the state token cannot see it)
+        h.states[r, pos] = states.to(h.states.dtype)
+        h.rtg[r, pos, 0] = rtg.to(h.rtg.dtype)
+        h.timesteps[r, pos] = timesteps
+        h.actions[r, pos] = 0  # a_t is not known yet (and the predicting token cannot see it)
         self.length = torch.where(full, self.length, self.length + 1)
         L = int(self.length.max())
         if bool((self.length == L).all()):
             mask = None
         else:
             mask = self._pos[:L].unsqueeze(0) < self.length.unsqueeze(1)
-        pred, _ = self.model(self.S[:, :L], self.A[:, :L], self.R[:, :L], self.T[:, :L], mask)
+        pred, _ = self.model(Batch(*(None if v is None else v[:, :L] for v in h))._replace(mask=mask))
         return pred[r, self.length - 1]

@@ -17,35 +17,32 @@ import torch
 
 from primal_dt.attention.base import select_rows
 
-from .decision_transformer import DTStep
+from .decision_transformer import DTStep, StepState
 
 
 class StreamEngine:
-    """``step`` (a ``DTStep``) acting for ``batch`` rows aiming at ``target`` ([B] raw returns)."""
+    """``step`` (a ``DTStep``) acting for ``batch`` rows aiming at ``target`` ([B] raw returns). A restarted
+    row is flagged and the step zeroes its state at its next ``act``, as an exported graph's caller does."""
 
     def __init__(self, step: DTStep, batch: int, target: torch.Tensor):
         self.fn = step
         self.batch = int(batch)
         self.state = step.init(self.batch)
-        self.target = torch.as_tensor(target, dtype=torch.float32, device=step.mean.device).reshape(self.batch)
-        #: every row is past its episode's first step (``DTStep.advance``'s ``started``)
-        self.started = False
+        device = step.mean.device
+        self.target = torch.as_tensor(target, dtype=torch.float32, device=device).reshape(self.batch)
+        self.reset = torch.zeros(self.batch, dtype=torch.bool, device=device)
 
     @torch.inference_mode()
     def reset_rows(self, rows: torch.Tensor, target: torch.Tensor) -> None:
         """Restart the rows where ``rows`` ([B] bool) is True, aiming at ``target`` (one per such row)."""
-        state = list(self.state)
-        for i, s in zip(self.fn.zeroed, self.fn.restart(rows, *(state[i] for i in self.fn.zeroed))):
-            state[i] = s
-        self.state = tuple(state)
+        self.reset |= rows
         self.target[rows] = target
-        self.started = False
 
     @torch.inference_mode()
     def keep_rows(self, keep: torch.Tensor) -> None:
         """Continue with the rows where ``keep`` ([B] bool) is True only, in order."""
-        self.state = select_rows(self.state, keep)
-        self.target = self.target[keep]
+        self.state = StepState.of(select_rows(self.state.flat(), keep))
+        self.target, self.reset = self.target[keep], self.reset[keep]
         self.batch = int(keep.sum())
 
     @torch.inference_mode()
@@ -54,18 +51,18 @@ class StreamEngine:
         rewards [B] float32 (None: zeros; ignored at a row's first step)."""
         if reward is None:
             reward = torch.zeros(self.batch, device=observation.device)
-        action, *state = self.fn.advance(observation, reward, self.target, *self.state, started=self.started)
-        state[2] = action.clone()  # prev_action: the caller may write into the returned action
-        self.state, self.started = tuple(state), True
+        action, *state = self.fn(observation, reward, self.reset, self.target, *self.state.flat())
+        # prev_action is the returned action's own tensor: keep a copy, the caller may write into it
+        self.state = StepState.of(state)._replace(prev_action=action.clone())
+        self.reset.zero_()
         return action
 
     @property
     def timesteps(self) -> torch.Tensor:
         """t per row: steps taken in the row's episode."""
-        return self.state[0]
+        return torch.where(self.reset, 0, self.state.t)
 
     @property
     def returns_to_go(self) -> torch.Tensor:
         """R_t per row, scaled (as the model reads it): the target at a row's first step."""
-        t, rtg = self.state[:2]
-        return torch.where(t == 0, self.target / self.fn.reward_scale, rtg)
+        return torch.where(self.timesteps == 0, self.target / self.fn.reward_scale, self.state.rtg)

@@ -5,9 +5,10 @@ The stream engine computes, at every step, ``model.forward`` over the whole epis
 
 1. every attention layer is windowed (``softmax`` / ``primal`` with ``window=W_l`` tokens), so a
    state token's output depends on a bounded *reach* of R = sum_l (W_l - 1) earlier tokens; and
-2. the loss only counts steps whose reach lies inside their segment, i.e. the state token of step i
-   (token 3i + 1 of the segment) has 3i + 1 >= R, or the segment starts at the episode start
-   (timestep 0: there is nothing earlier to miss).
+2. the loss only counts steps whose reach lies inside their segment, i.e. the predicting token of
+   step i (token n i + p of the segment, n tokens per step, p the predicting token's offset:
+   ``TokenLayout``) has n i + p >= R, or the segment starts at the episode start (timestep 0: there
+   is nothing earlier to miss).
 
 Then every counted prediction equals the stream engine's prediction at that step bit for bit up to
 float rounding (tests/agents/test_stream_training.py), so the trained objective is the deployed
@@ -17,9 +18,7 @@ steps per segment = K - first counted index).
 Usage (what the trainer does with ``stream_window``):
 
     cfg = stream_exact_config(cfg, window=60)                 # DTConfig with every layer windowed
-    reach = receptive_field(cfg)
-    batch["loss_mask"] = stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
-    # dt_loss: action_mse(pred, batch["actions"], batch.get("loss_mask", batch["mask"]))
+    batch = stream_exact_batch(batch, first_exact_step(cfg))  # its loss_mask: the steps dt_loss counts
 
 Which policy an engine measures (``Fidelity``): recompute (the model on the last K steps) is always the
 policy training optimised; the stream is only when the run trained stream-exact. A checkpoint records
@@ -30,7 +29,6 @@ carries ``Fidelity.record()`` so a score always says which policy it is of.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +36,7 @@ import torch
 from primal_dt.attention import available, get_class
 from primal_dt.options import attention_words
 
-from .decision_transformer import STATE_TOKEN, TOKENS_PER_STEP, DTConfig
+from .decision_transformer import Batch, DTConfig
 
 
 def windowed() -> list[str]:
@@ -82,32 +80,31 @@ def receptive_field(cfg_or_model) -> int:
     return sum(w - 1 for w in layer_windows(cfg_or_model))
 
 
-def first_exact_step(reach: int) -> int:
-    """Smallest segment step index i whose state token (3i + 1) has its whole reach in the segment."""
-    return max(0, math.ceil((reach - STATE_TOKEN) / TOKENS_PER_STEP))
+def first_exact_step(cfg_or_model) -> int:
+    """Smallest segment step index whose predicting token has its whole reach (``receptive_field``) in the
+    segment (``TokenLayout.first_exact_step``)."""
+    return cfg_or_model.tokens.first_exact_step(receptive_field(cfg_or_model))
 
 
 def min_segment_steps(cfg_or_model, counted: int = 1) -> int:
     """Segment length K giving ``counted`` loss-counted steps per segment away from episode starts."""
-    return first_exact_step(receptive_field(cfg_or_model)) + counted
+    return first_exact_step(cfg_or_model) + counted
 
 
-def stream_exact_loss_mask(timesteps: torch.Tensor, mask: torch.Tensor | None, reach: int) -> torch.Tensor:
+def stream_exact_loss_mask(timesteps: torch.Tensor, mask: torch.Tensor | None, first: int) -> torch.Tensor:
     """[B, K] bool: real steps whose prediction equals the stream engine's (see module docstring).
 
     ``timesteps`` [B, K] are the segment's timesteps (a segment starting at timestep 0 starts its
-    episode); ``mask`` [B, K] marks real steps (None: all real)."""
+    episode); ``mask`` [B, K] marks real steps (None: all real); ``first``: ``first_exact_step``."""
     B, K = timesteps.shape
     idx = torch.arange(K, device=timesteps.device)
-    ok = (idx >= first_exact_step(reach)).unsqueeze(0) | (timesteps[:, :1] == 0)
+    ok = (idx >= first).unsqueeze(0) | (timesteps[:, :1] == 0)
     return ok if mask is None else ok & mask
 
 
-def stream_exact_batch(batch: dict, cfg_or_model) -> dict:
-    """``batch`` plus its "loss_mask" for stream-exact training."""
-    out = dict(batch)
-    out["loss_mask"] = stream_exact_loss_mask(batch["timesteps"], batch.get("mask"), receptive_field(cfg_or_model))
-    return out
+def stream_exact_batch(batch: Batch, first: int) -> Batch:
+    """``batch`` with its ``loss_mask`` for stream-exact training (``first``: ``first_exact_step``)."""
+    return batch._replace(loss_mask=stream_exact_loss_mask(batch.timesteps, batch.mask, first))
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .decision_transformer import dt_loss
+from .decision_transformer import Batch, dt_loss
 
 MODES = ("eager", "compile", "cudagraphs")
 """what ``compile=`` may resolve to (``auto`` picks one per device: ``default_mode``)"""
@@ -64,7 +64,7 @@ def resolve(mode: str, device: torch.device, world: int = 1) -> str:
     return mode
 
 
-def train_step(net, params, opt, sched, batch: dict, eta: float, grad_clip: float, detail: bool = False,
+def train_step(net, params, opt, sched, batch: Batch, eta: float, grad_clip: float, detail: bool = False,
                world: int = 1):
     """One optimisation step; returns (loss, grad norm, parts) without stepping on NaN/inf.
 
@@ -133,7 +133,7 @@ class Stepper:
         return self.mode == "eager"
 
     # -- the step ---------------------------------------------------------------------------------------
-    def step(self, batch: dict, detail: bool = False) -> tuple:
+    def step(self, batch: Batch, detail: bool = False) -> tuple:
         """One step on ``batch`` (on the run's device); returns (loss, grad norm, parts): floats in the
         eager form, device tensors otherwise (read them with ``read`` only when they are needed)."""
         self.steps += 1
@@ -158,7 +158,7 @@ class Stepper:
         self.sched.step()
         return out
 
-    def _loss(self, batch: dict):
+    def _loss(self, batch: Batch):
         return dt_loss(self.net, batch, self.eta, True)
 
     def _mixed(self):
@@ -168,11 +168,11 @@ class Stepper:
         # no cache of cast weights: a captured graph must not keep tensors a later replay would reuse stale
         return torch.autocast(self.params[0].device.type, dtype=self.autocast, cache_enabled=False)
 
-    def _forward(self, batch: dict):
+    def _forward(self, batch: Batch):
         with self._mixed():
             return self.loss_fn(batch)
 
-    def _device_step(self, batch: dict):
+    def _device_step(self, batch: Batch):
         """Forward, backward, clip, the finiteness check and the (possibly skipped) AdamW step, with no
         read-back: what the CUDA graph captures. The scheduler's step is the caller's (host work)."""
         loss, parts = self._forward(batch)
@@ -199,25 +199,25 @@ class Stepper:
         self.opt.step()
         return stat, gn.detach(), parts
 
-    def _replay(self, batch: dict):
+    def _replay(self, batch: Batch):
         """The captured step (captured on the first call after the warm-up) on ``batch``."""
         lr = [g["lr"] for g in self.opt.param_groups]
         if self.graph is None:
             self._capture(batch)
-        if batch.get("trailing") != self.static.get("trailing"):  # the graph holds one of the model's paths
+        if batch.trailing != self.static.trailing:  # the graph holds one of the model's paths
             raise ValueError("a captured training step takes batches padded as the one it was captured with "
-                             f"(trailing padding: {self.static.get('trailing')}); got {batch.get('trailing')}")
-        for k, v in batch.items():
+                             f"(trailing padding: {self.static.trailing}); got {batch.trailing}")
+        for held, v in zip(self.static, batch):
             if isinstance(v, torch.Tensor):
-                self.static[k].copy_(v, non_blocking=True)
+                held.copy_(v, non_blocking=True)
         for t, value in zip(self.lr, lr):
             t.fill_(value)
         self.graph.replay()
         self.sched.step()
         return self.out
 
-    def _capture(self, batch: dict) -> None:
-        self.static = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    def _capture(self, batch: Batch) -> None:
+        self.static = Batch(*(v.clone() if isinstance(v, torch.Tensor) else v for v in batch))
         self.lr = [torch.tensor(float(g["lr"]), device=self.bad.device) for g in self.opt.param_groups]
         floats = [g["lr"] for g in self.opt.param_groups]
         for g, t in zip(self.opt.param_groups, self.lr):

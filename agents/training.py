@@ -50,7 +50,7 @@ from primal_dt.errors import SetupError, WriteError
 from primal_dt.train_config import Built, TrainConfig, model_label
 
 from . import dt_checkpoint, stream_training, train_step as steps
-from .decision_transformer import DecisionTransformer, DTConfig, trailing_padding
+from .decision_transformer import Batch, DecisionTransformer, DTConfig, trailing_padding
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
 from .summary import check_summary
 from .training_validation import Validation
@@ -175,8 +175,8 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
                     source=data.source, fingerprint=data.fingerprint, held_out=tuple(held_out.tolist()))
     validation = None
     if len(held_out) and d.main:
-        reach = stream_training.receptive_field(model.cfg) if cfg.stream_window else None
-        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, reach)
+        exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
+        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from)
     run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d,
               validation, mode)
     if resume is not None:
@@ -291,7 +291,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         print(announcement(run), flush=True)
     mon = open_monitor(run)
     last_score, last_val = last_logged(mon)
-    reach = stream_training.receptive_field(run.model.cfg) if cfg.stream_window else None
+    exact_from = stream_training.first_exact_step(run.model.cfg) if cfg.stream_window else None
     speed = Throughput()
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
     clock = Clock(run)
@@ -314,7 +314,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                 # a step and its log line are whole or not taken: an interrupt waits for their end, so the
                 # checkpoint it writes holds every event logged up to its step
                 with interrupts.held():
-                    batch, tokens = next_batch(run, reach)
+                    batch, real = next_batch(run, exact_from)
                     t0 = time.perf_counter()
                     out = stepper.step(batch, logging)
                     # the eager step reads its loss back each step; the compiled ones only here, so the time of
@@ -325,7 +325,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     dt = time.perf_counter() - t0
                     run.step += 1
                     run.train_time += dt
-                    speed.add(dt, 3 * tokens * d.world)
+                    speed.add(dt, run.model.tokens.per_step * real * d.world)
                     if logging:
                         log_step(run, mon, loss, gn, out[2], speed.take())
                 if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
@@ -380,17 +380,15 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     return summary
 
 
-def next_batch(run: Run, reach: int | None) -> tuple[dict, int]:
+def next_batch(run: Run, exact_from: int | None) -> tuple[Batch, int]:
     """The sampler's next batch on the run's device, and its real steps; stream-exact runs count only the
-    steps whose ``reach`` tokens of history lie inside their segment. What the model would read back from
-    the device (whether the padding trails, the count) is taken from the batch before it moves."""
+    steps from ``exact_from`` on (``stream_training.first_exact_step``) or from their episode's start.
+    What the model would read back from the device (whether the padding trails, the count) is taken
+    from the batch before it moves."""
     sample = run.sampler.sample()
-    mask = sample["mask"]
-    batch = {k: v.to(run.device, non_blocking=True) for k, v in sample.items()}
-    batch["trailing"] = trailing_padding(mask)
-    if reach is not None:
-        batch["loss_mask"] = stream_training.stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
-    return batch, int(mask.sum())
+    real = int(sample.mask.sum())
+    batch = sample._replace(trailing=trailing_padding(sample.mask)).to(run.device, non_blocking=True)
+    return (batch if exact_from is None else stream_training.stream_exact_batch(batch, exact_from)), real
 
 
 def _due(step: int, every: int) -> bool:

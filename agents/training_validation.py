@@ -20,6 +20,7 @@ import torch
 import envs
 
 from . import stream_training
+from .decision_transformer import Batch
 from .dt_checkpoint import DataInfo
 
 MAX_SEGMENTS = 2048
@@ -35,12 +36,12 @@ class Validation:
     """The fixed held-out segments of a run and their masked action MSE under a model.
 
     ``held_out``: the held-out episodes as their own ``Trajectories``; ``info``: the run's ``DataInfo``
-    (training statistics, return-to-go scale); ``reach``: for stream-exact runs, the tokens of history
-    a counted step needs (the same loss mask as training), else None.
+    (training statistics, return-to-go scale); ``exact_from``: for stream-exact runs, the first segment step
+    counted (``stream_training.first_exact_step``: the same loss mask as training), else None.
     """
 
     def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
-                 device: torch.device, reach: int | None = None):
+                 device: torch.device, exact_from: int | None = None):
         sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None,
                                       stats=(info.state_mean, info.state_std))
         first = np.arange(held_out.num_steps)
@@ -48,12 +49,12 @@ class Validation:
             rng = np.random.default_rng((int(seed), _SAMPLE_STREAM))
             first = np.sort(rng.choice(len(first), MAX_SEGMENTS, replace=False))
         batch = sampler.segments(first)
-        batch["loss_mask"] = (stream_training.stream_exact_loss_mask(batch["timesteps"], batch["mask"], reach)
-                              if reach is not None else batch["mask"])
-        self.batch = {k: v.to(device) for k, v in batch.items()}
+        if exact_from is not None:
+            batch = stream_training.stream_exact_batch(batch, exact_from)
+        self.batch = batch.to(device)
         self.episodes = len(held_out)
         self.segments = len(first)
-        self.counted = int(batch["loss_mask"].sum()) * held_out.actions.shape[1]
+        self.counted = int(batch.counted.sum()) * held_out.actions.shape[1]
         """action values the mean runs over"""
 
     def action_mse(self, model: torch.nn.Module) -> float:
@@ -62,14 +63,14 @@ class Validation:
         dropout), no gradients, and no random stream moved."""
         was_training = model.training
         model.eval()
-        sse = torch.zeros((), dtype=torch.float64, device=self.batch["mask"].device)
+        sse = torch.zeros((), dtype=torch.float64, device=self.batch.mask.device)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 for i in range(0, self.segments, CHUNK):
-                    b = {k: v[i:i + CHUNK] for k, v in self.batch.items()}
-                    pred, _ = model(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])
-                    m = b["loss_mask"].unsqueeze(-1).to(pred.dtype)
-                    sse += ((pred - b["actions"]) ** 2 * m).sum(dtype=torch.float64)
+                    b = Batch(*(None if v is None else v[i:i + CHUNK] for v in self.batch))
+                    pred, _ = model(b)
+                    m = b.counted.unsqueeze(-1).to(pred.dtype)
+                    sse += ((pred - b.actions) ** 2 * m).sum(dtype=torch.float64)
         finally:
             model.train(was_training)
         return float(sse) / max(self.counted, 1)

@@ -9,20 +9,47 @@ episode's end is right-padded (real tokens first) and masked.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 
 from envs.trajectories import Trajectories
 
 
-class SegmentSampler:
-    """Batches of K-step segments as torch tensors.
+class Batch(NamedTuple):
+    """K-step segments with named fields (``SegmentSampler``'s batches; what a sequence model reads).
+    Padding steps (after the real ones) are zero everywhere."""
 
-    states [B,K,obs] normalized by the dataset mean/std; actions [B,K,act]; rewards [B,K,1]
-    (raw); rtg [B,K,1] = undiscounted return-to-go of the whole remaining episode divided by
-    ``reward_scale`` (the DT papers: 1000; the default 1 leaves returns as they are);
-    timesteps [B,K] long, clipped to max_timestep - 1; mask [B,K] bool, True for real steps.
-    Padding is zero everywhere.
+    states: torch.Tensor
+    """[B, K, obs_dim] float32, normalised by the dataset's (or the given) mean / std"""
+    actions: torch.Tensor
+    """[B, K, act_dim] float32"""
+    rtg: torch.Tensor
+    """[B, K, 1] float32: the return-to-go of the whole remaining episode / reward_scale"""
+    timesteps: torch.Tensor
+    """[B, K] int64, clipped to max_timestep - 1"""
+    mask: torch.Tensor | None = None
+    """[B, K] bool, True for real steps (None: all real)"""
+    loss_mask: torch.Tensor | None = None
+    """[B, K] bool: the steps a loss counts (None: ``mask``); stream-exact training narrows it"""
+    rewards: torch.Tensor | None = None
+    """[B, K, 1] float32, raw"""
+    trailing: bool | None = None
+    """whether every row's padding trails its real steps (the sampler's always does; None: unknown)"""
+
+    @property
+    def counted(self) -> torch.Tensor | None:
+        """The steps a loss counts: ``loss_mask``, else ``mask``."""
+        return self.mask if self.loss_mask is None else self.loss_mask
+
+    def to(self, device, non_blocking: bool = False) -> "Batch":
+        return Batch(*(v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for v in self))
+
+
+class SegmentSampler:
+    """Batches of K-step segments (``Batch``) as torch tensors. The return-to-go is undiscounted and
+    divided by ``reward_scale`` (the DT papers: 1000; the default 1 leaves returns as they are).
 
     ``reward_scale`` is a divisor because that is its meaning everywhere in the package (the
     trainer's config, the checkpoint, the agent's return-to-go bookkeeping): a checkpoint's
@@ -70,28 +97,26 @@ class SegmentSampler:
         idx[~mask] = self.num_steps
         return idx, mask
 
-    def sample(self, batch_size: int | None = None) -> dict[str, torch.Tensor]:
+    def sample(self, batch_size: int | None = None) -> Batch:
         return self.batch(*self.indices(batch_size))
 
-    def segments(self, first: np.ndarray) -> dict[str, torch.Tensor]:
+    def segments(self, first: np.ndarray) -> Batch:
         """The batch of segments starting at the given dataset steps (a fixed evaluation set)."""
         return self.batch(*self.rows(first))
 
-    def batch(self, idx: np.ndarray, mask: np.ndarray) -> dict[str, torch.Tensor]:
+    def batch(self, idx: np.ndarray, mask: np.ndarray) -> Batch:
         """Gather the segments of ``indices`` / ``rows``."""
         b, k = idx.shape
         flat = idx.reshape(-1)  # np.take on flat indices is faster than 2-D fancy indexing
-        out = {
-            "states": torch.from_numpy(np.take(self._states, flat, axis=0).reshape(b, k, -1)),
-            "actions": torch.from_numpy(np.take(self._actions, flat, axis=0).reshape(b, k, -1)),
-            "rewards": torch.from_numpy(np.take(self._rewards, flat).reshape(b, k, 1)),
-            "rtg": torch.from_numpy(np.take(self._rtg, flat).reshape(b, k, 1)),
-            "timesteps": torch.from_numpy(np.take(self._timesteps, flat).reshape(b, k)),
-            "mask": torch.from_numpy(mask),
-        }
-        if self.device.type != "cpu":
-            out = {k: v.to(self.device, non_blocking=True) for k, v in out.items()}
-        return out
+        out = Batch(
+            states=torch.from_numpy(np.take(self._states, flat, axis=0).reshape(b, k, -1)),
+            actions=torch.from_numpy(np.take(self._actions, flat, axis=0).reshape(b, k, -1)),
+            rewards=torch.from_numpy(np.take(self._rewards, flat).reshape(b, k, 1)),
+            rtg=torch.from_numpy(np.take(self._rtg, flat).reshape(b, k, 1)),
+            timesteps=torch.from_numpy(np.take(self._timesteps, flat).reshape(b, k)),
+            mask=torch.from_numpy(mask),
+        )
+        return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
 
     def state_dict(self) -> dict:
         """RNG state, so a resumed training run draws the same batches as an uninterrupted one."""

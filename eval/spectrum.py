@@ -32,12 +32,15 @@ import json
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
 from primal_dt.blocks import Stack
+
+if TYPE_CHECKING:
+    from envs.sampler import Batch
 from primal_dt.checkpoint import write_atomic
 from primal_dt.monitor import save_figure
 from primal_dt.options import AT_LEAST_1, SEED
@@ -279,11 +282,11 @@ def build_from_checkpoint(ckpt: dict, n: int = 64, seed: int = 0, *, where: str 
         ck = DTCheckpoint.from_dict(ckpt, where)
         model = ck.build_model()
         b = dt_segments(ck, n, seed, data_source, where)
-        return model, lambda: model(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])
+        return model, lambda: model(b)
     raise ValueError(f"checkpoint kind {kind!r} has no model builder here; known kinds: 'classifier', 'dt'")
 
 
-def dt_segments(ck, n: int, seed: int, data_source: str | None = None, where: str = "checkpoint") -> dict:
+def dt_segments(ck, n: int, seed: int, data_source: str | None = None, where: str = "checkpoint") -> "Batch":
     """``n`` K-step segments of the data the DT checkpoint ``ck`` was trained on, drawn exactly as
     its training drew them: ``envs.SegmentSampler`` with the checkpoint's K, max_timestep and
     reward_scale (a divisor there as everywhere), seeded with ``seed``. So the spectrum describes

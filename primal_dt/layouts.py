@@ -1,6 +1,7 @@
 """Named stack layouts: which mechanism each layer uses.
 
-- ``transformer`` / ``dt`` / ``softmax``: every layer softmax (the baseline).
+- ``transformer`` / ``dt`` / ``bc`` / ``softmax``: every layer softmax (the baseline; ``bc`` is the
+  Decision Transformer paper's behaviour-cloning transformer, whose tokens agents.decision_transformer sets).
 - ``primalformer`` / ``primalformer-dt``: every layer Primal-Attention (PrimalFormer).
 - ``primal+<X>`` (``primal+dt``, ``primal+trans``, ``primal+linear``, ...): backbone X with only the
   last layer primal, the papers' Primal.+X.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from .attention import available, get_class
 from .blocks import LayerSpec
 
-ALIASES = {"transformer": "softmax", "trans": "softmax", "dt": "softmax", "primalformer": "primal",
+ALIASES = {"transformer": "softmax", "trans": "softmax", "dt": "softmax", "bc": "softmax", "primalformer": "primal",
            "primalformer-dt": "primal"}
 """Layout names that mean "every layer this mechanism": the papers' model names. The one table
 every command (``primal_dt.train``'s ``model=``, ``primal_dt.classify``'s ``model=``) reads."""

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from agents.decision_transformer import DecisionTransformer, DTConfig
+from agents.decision_transformer import Batch, DecisionTransformer, DTConfig
 from agents.train_step import Stepper
 from primal_dt import cli, options
 
@@ -38,7 +38,7 @@ OURS = ("dt", "primal+dt", "primalformer-dt")
 STATE_DIM, ACT_DIM, ETA, CLIP = 11, 3, 0.05, 0.25
 
 
-def batches(n: int, batch: int, K: int, seed: int = 0) -> list[dict]:
+def batches(n: int, batch: int, K: int, seed: int = 0) -> list[Batch]:
     """Segments shaped like envs.SegmentSampler's, about 1 in 10 right-padded."""
     g = torch.Generator().manual_seed(seed)
     out = []
@@ -47,11 +47,11 @@ def batches(n: int, batch: int, K: int, seed: int = 0) -> list[dict]:
                               torch.randint(1, K + 1, (batch,), generator=g), torch.full((batch,), K))
         mask = torch.arange(K)[None] < lengths[:, None]
         m = mask[..., None].float()
-        out.append({"states": torch.randn(batch, K, STATE_DIM, generator=g) * m,
-                    "actions": (torch.rand(batch, K, ACT_DIM, generator=g) * 2 - 1) * m,
-                    "rtg": torch.rand(batch, K, 1, generator=g) * 3.6 * m,
-                    "timesteps": (torch.randint(0, 980, (batch, 1), generator=g) + torch.arange(K)) * mask,
-                    "mask": mask, "trailing": True})
+        out.append(Batch(states=torch.randn(batch, K, STATE_DIM, generator=g) * m,
+                         actions=(torch.rand(batch, K, ACT_DIM, generator=g) * 2 - 1) * m,
+                         rtg=torch.rand(batch, K, 1, generator=g) * 3.6 * m,
+                         timesteps=(torch.randint(0, 980, (batch, 1), generator=g) + torch.arange(K)) * mask,
+                         mask=mask, trailing=True))
     return out
 
 
@@ -67,7 +67,7 @@ class Ours:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
         self.stepper = Stepper(mode, self.model, self.params, self.opt, self.sched, ETA, CLIP)
 
-    def step(self, b: dict) -> None:
+    def step(self, b: Batch) -> None:
         self.stepper.step(b)
 
 
@@ -88,11 +88,11 @@ class HuggingFace:
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
 
-    def step(self, b: dict) -> None:
-        out = self.model(states=b["states"], actions=b["actions"], rewards=None, returns_to_go=b["rtg"],
-                         timesteps=b["timesteps"], attention_mask=b["mask"].long(), return_dict=True)
-        m = b["mask"]
-        loss = F.mse_loss(out.action_preds[m], b["actions"][m])
+    def step(self, b: Batch) -> None:
+        out = self.model(states=b.states, actions=b.actions, rewards=None, returns_to_go=b.rtg,
+                         timesteps=b.timesteps, attention_mask=b.mask.long(), return_dict=True)
+        m = b.mask
+        loss = F.mse_loss(out.action_preds[m], b.actions[m])
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from agents import DecisionTransformer, DTConfig, dt_checkpoint
-from agents.decision_transformer import action_mse, token_mask
+from agents.decision_transformer import Batch, action_mse
 from primal_dt import checkpoint
 from primal_dt.attention import available, get_class
 from primal_dt.ksvd import ksvd_regularizer
@@ -28,25 +28,32 @@ def batch(B=4, T=K, lengths=None, seed=0):
     mask = torch.ones(B, T, dtype=torch.bool)
     for i, n in enumerate(lengths or []):
         mask[i, n:] = False
-    return {"states": torch.randn(B, T, S_DIM, generator=g), "actions": torch.rand(B, T, A_DIM, generator=g) * 2 - 1,
-            "rtg": torch.randn(B, T, 1, generator=g), "timesteps": torch.randint(0, 1000, (B, T), generator=g),
-            "mask": mask}
+    return Batch(states=torch.randn(B, T, S_DIM, generator=g), actions=torch.rand(B, T, A_DIM, generator=g) * 2 - 1,
+                 rtg=torch.randn(B, T, 1, generator=g), timesteps=torch.randint(0, 1000, (B, T), generator=g),
+                 mask=mask)
+
+
+def rows(b, fn):
+    """``b`` with ``fn`` applied to every tensor (a clone, a slice)."""
+    return Batch(*(None if v is None else fn(v) for v in b))
 
 
 def predict(m, b):
-    return m(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])[0]
+    return m(b)[0]
 
 
 def test_tokens_are_interleaved_return_state_action():
     m = tiny()
     b = batch()
-    x = m.embed(b["rtg"], b["states"], b["actions"], b["timesteps"])
-    r, s, a = m.embed_tokens(b["rtg"], b["states"], b["actions"], b["timesteps"])
+    x = m.embed(b)
+    assert m.tokens.kinds == ("rtg", "state", "action") and m.tokens.predict_from == "state"
     assert x.shape == (4, 3 * K, 32)
-    torch.testing.assert_close(x[:, 0::3], r)
-    torch.testing.assert_close(x[:, 1::3], s)
-    torch.testing.assert_close(x[:, 2::3], a)
-    assert token_mask(torch.tensor([[True, False]])).tolist() == [[True] * 3 + [False] * 3]
+    for i, (kind, values) in enumerate((("rtg", b.rtg), ("state", b.states), ("action", b.actions))):
+        one = m.embed_tokens([kind], [values], b.timesteps.unsqueeze(-1))[:, :, 0]
+        torch.testing.assert_close(x[:, i::3], one)
+        torch.testing.assert_close(one, m.embed_ln(getattr(m, f"embed_{'return' if kind == 'rtg' else kind}")(values)
+                                                   + m.embed_timestep(b.timesteps)))
+    assert m.tokens.token_mask(torch.tensor([[True, False]])).tolist() == [[True] * 3 + [False] * 3]
 
 
 @pytest.mark.parametrize("layout", LAYOUTS + OTHERS)
@@ -57,13 +64,13 @@ def test_action_at_t_sees_only_returns_and_states_up_to_t_and_earlier_actions(la
     assert base.abs().max() <= 1  # tanh head
     t = 3
     for key, steps in (("actions", slice(t, None)), ("states", slice(t + 1, None)), ("rtg", slice(t + 1, None))):
-        c = {k: v.clone() for k, v in b.items()}
-        c[key][:, steps] += 5.0
+        c = rows(b, torch.clone)
+        getattr(c, key)[:, steps] += 5.0
         out = predict(m, c)
         torch.testing.assert_close(out[:, : t + 1], base[:, : t + 1], atol=1e-5, rtol=0)
         assert not torch.allclose(out[:, t + 1:], base[:, t + 1:])  # later steps do see them
-    c = {k: v.clone() for k, v in b.items()}
-    c["states"][:, t] += 5.0
+    c = rows(b, torch.clone)
+    c.states[:, t] += 5.0
     assert not torch.allclose(predict(m, c)[:, t], base[:, t])  # the head reads the state token of step t
 
 
@@ -71,19 +78,19 @@ def test_action_at_t_sees_only_returns_and_states_up_to_t_and_earlier_actions(la
 def test_padding_after_real_steps_changes_nothing_real(layout):
     m = tiny(layout)
     b = batch(lengths=[K, 4, 2, 1])
-    pred, auxes = m(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])
-    c = {k: v.clone() for k, v in b.items()}
-    pad = ~b["mask"]
+    pred, auxes = m(b)
+    c = rows(b, torch.clone)
+    pad = ~b.mask
     for key in ("states", "actions", "rtg"):
-        c[key][pad] = 1e3
-    c["timesteps"][pad] = 999
-    pred2, auxes2 = m(c["states"], c["actions"], c["rtg"], c["timesteps"], c["mask"])
-    torch.testing.assert_close(pred2[b["mask"]], pred[b["mask"]], atol=1e-5, rtol=0)
+        getattr(c, key)[pad] = 1e3
+    c.timesteps[pad] = 999
+    pred2, auxes2 = m(c)
+    torch.testing.assert_close(pred2[b.mask], pred[b.mask], atol=1e-5, rtol=0)
     l1, p1 = m.loss(b, eta=0.05)
     l2, p2 = m.loss(c, eta=0.05)
     torch.testing.assert_close(l1, l2, atol=1e-6, rtol=1e-5)
     # a real-only batch of the same steps gives the same prediction as its padded version
-    short = {k: v[1:2, :4] for k, v in b.items()}
+    short = rows(b, lambda v: v[1:2, :4])
     torch.testing.assert_close(predict(m, short)[0], pred[1, :4], atol=1e-5, rtol=0)
 
 
@@ -91,10 +98,10 @@ def test_padding_after_real_steps_changes_nothing_real(layout):
 def test_trailing_padding_fast_path_equals_the_masked_stack(layout):
     m = tiny(layout)
     b = batch(lengths=[K, 4, 2, 1])
-    pred, auxes = m(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])
-    h, ref_auxes = m.stack(m.embed(b["rtg"], b["states"], b["actions"], b["timesteps"]), token_mask(b["mask"]))
+    pred, auxes = m(b)
+    h, ref_auxes = m.stack(m.embed(b), m.tokens.token_mask(b.mask))
     ref = m.predict_action(h[:, 1::3])
-    torch.testing.assert_close(pred[b["mask"]], ref[b["mask"]], atol=1e-5, rtol=0)
+    torch.testing.assert_close(pred[b.mask], ref[b.mask], atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.as_tensor(ksvd_regularizer(auxes, 1.0)),
                                torch.as_tensor(ksvd_regularizer(ref_auxes, 1.0)), atol=1e-6, rtol=1e-5)
 
@@ -102,28 +109,28 @@ def test_trailing_padding_fast_path_equals_the_masked_stack(layout):
 def test_other_padding_takes_the_masked_path():
     m = tiny("primal+dt")
     b = batch(B=2)
-    b["mask"][0, :2] = False  # left padding
-    b["mask"][1, 3] = False  # a hole
+    b.mask[0, :2] = False  # left padding
+    b.mask[1, 3] = False  # a hole
     pred = predict(m, b)
-    c = {k: v.clone() for k, v in b.items()}
+    c = rows(b, torch.clone)
     for key in ("states", "actions", "rtg"):
-        c[key][~b["mask"]] = 1e3
-    torch.testing.assert_close(predict(m, c)[b["mask"]], pred[b["mask"]], atol=1e-5, rtol=0)
+        getattr(c, key)[~b.mask] = 1e3
+    torch.testing.assert_close(predict(m, c)[b.mask], pred[b.mask], atol=1e-5, rtol=0)
 
 
 def test_loss_is_masked_mse_plus_eta_ksvd():
     m = tiny("primal+dt")
     b = batch(lengths=[K, 3, 5, 2])
     loss, parts = m.loss(b, eta=0.5, detail=True)
-    pred, auxes = m(b["states"], b["actions"], b["rtg"], b["timesteps"], b["mask"])
-    mse = ((pred - b["actions"]) ** 2)[b["mask"]].mean()
+    pred, auxes = m(b)
+    mse = ((pred - b.actions) ** 2)[b.mask].mean()
     torch.testing.assert_close(parts["mse"], mse)
     torch.testing.assert_close(loss, mse + ksvd_regularizer(auxes, 0.5))
     assert set(k for k in parts if k.startswith("J/")) == {"J/layer2"}  # the last layer is the primal one
     assert float(parts["ksvd"]) > 0
     loss_dt, parts_dt = tiny("dt").loss(b, eta=0.5, detail=True)
     assert float(parts_dt["ksvd"]) == 0 and not any(k.startswith("J/") for k in parts_dt)
-    assert action_mse(pred, b["actions"], None) != mse  # padding would count without the mask
+    assert action_mse(pred, b.actions, None) != mse  # padding would count without the mask
 
 
 def test_layouts_and_explicit_layers():
@@ -146,7 +153,7 @@ def test_streaming_pieces_reproduce_forward(layout):
     with torch.no_grad():
         for t in range(K):
             sl = slice(t, t + 1)
-            x = m.embed(b["rtg"][:, sl], b["states"][:, sl], b["actions"][:, sl], b["timesteps"][:, sl])
+            x = m.embed(rows(b, lambda v: v[:, sl]))
             h, states = form(x, states)
             torch.testing.assert_close(m.predict_action(h[:, 1]), full[:, t], atol=1e-5, rtol=0)
 

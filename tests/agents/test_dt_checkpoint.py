@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agents import dt_checkpoint as schema
+from agents.decision_transformer import Batch
 from agents.dt_checkpoint import DTCheckpoint, TrainingState
 from primal_dt import checkpoint as ck_io
 
@@ -16,12 +17,12 @@ def inputs(model, seed=0):
     g = torch.Generator().manual_seed(seed)
     B, K, c = 2, model.cfg.K, model.cfg
     S, A = torch.randn(B, K, c.state_dim, generator=g), torch.rand(B, K, c.act_dim, generator=g) * 2 - 1
-    return S, A, torch.randn(B, K, 1, generator=g), torch.arange(K).expand(B, K)
+    return Batch(S, A, torch.randn(B, K, 1, generator=g), torch.arange(K).expand(B, K))
 
 
 def outputs(model):
     with torch.no_grad():
-        return model(*inputs(model))[0]
+        return model(inputs(model))[0]
 
 
 def training_state(model):
@@ -29,7 +30,7 @@ def training_state(model):
     streams as the trainer records them."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
-    model(*inputs(model))[0].pow(2).mean().backward()
+    model(inputs(model))[0].pow(2).mean().backward()
     opt.step()
     sched.step()
     rng = [{"torch": torch.get_rng_state(), "sampler": {"bit_generator": np.random.default_rng(3).bit_generator.state,

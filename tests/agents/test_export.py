@@ -16,7 +16,6 @@ the layers that cannot be exported."""
 from __future__ import annotations
 
 import hashlib
-import warnings
 from importlib.metadata import version
 from pathlib import Path
 
@@ -30,16 +29,14 @@ import torch
 from agents import dt_checkpoint, load_agent
 from agents.export import (
     FORMATS,
-    OPSET,
-    SEMANTICS,
     export_policy,
     main,
     read_metadata,
+    semantics,
     stream_step,
 )
 from agents.onnx_policy import METADATA_KEY, OnnxPolicy
 from agents.torchscript_policy import TorchScriptPolicy
-from primal_dt.attention.softmax import onnx_translations
 
 TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=3", "model.s=8",
         "K=5", "batch_size=8", "warmup_steps=5", "steps=20", "threads=1", "tensorboard=false", "eval.every=0",
@@ -257,20 +254,13 @@ def graph_inputs(meta, B, g, reset, fill=0.0):
     return feed
 
 
-def test_the_onnx_graph_restarts_rows_inside_an_if_that_other_steps_skip(artefacts):
-    """Only the If on "any row restarts" reads the state inputs that a restart zeroes (so steps without a
-    restart skip its operators); a softmax ring's keys and values bypass it (their zeroed validity flags
-    hide them). A restarted row acts as a fresh one whatever its state held: NaN in what is zeroed, any
-    finite values in the keys and values."""
+def test_a_restarted_row_acts_as_a_fresh_one_whatever_its_state_held(artefacts):
+    """The graph zeroes a restarted row's state: NaN in what is zeroed, any finite values in a softmax ring's
+    keys and values (their zeroed validity flags hide them) give the actions and state of a fresh row."""
     path = artefacts["windowed"][0]
-    graph = onnx.load(str(path)).graph
     sess, meta = onnx_session(path), read_metadata(path)
     masked = {s["name"] for s in meta["state"] if s.get("masked_by")}
     assert masked == {f"layer{i}.{x}" for i in (0, 1) for x in "kv"}  # softmax, softmax, windowed primal
-    readers = [(n.op_type, [x for x in n.input if x.startswith("state.")]) for n in graph.node]
-    assert [op for op, xs in readers if xs and any(x.removeprefix("state.") not in masked for x in xs)] == []
-    assert {x.removeprefix("state.") for _, xs in readers for x in xs} == masked  # the ring: read directly
-    assert [n.op_type for n in graph.node].count("If") == 1
     dirty = graph_inputs(meta, 3, np.random.default_rng(0), np.ones(3, bool), fill=np.nan)
     for name in masked:
         dirty["state." + name][:] = 7.0
@@ -291,38 +281,6 @@ def meta_flag(meta, name: str) -> str:
     return next(s["masked_by"] for s in meta["state"] if s["name"] == name)
 
 
-@pytest.mark.parametrize("name", list(MODELS))
-def test_the_onnx_graph_gives_the_bits_of_one_trace_of_the_whole_step(name, trained, artefacts):
-    """The exported model (restart in an If, two traces) computes what a single trace of
-    ``DTStep.forward`` computes on onnxruntime, to the bit, at steps with and without restarts."""
-    ck = dt_checkpoint.load(trained[name])
-    step = stream_step(ck.build_model(), ck.data)
-    meta = read_metadata(artefacts[name][0])
-    states = [s["name"] for s in meta["state"]]
-    inputs = ["observation", "reward", "reset", "target", *("state." + n for n in states)]
-    outputs = ["action", *("next_state." + n for n in states)]
-    example = graph_inputs(meta, 2, np.random.default_rng(0), np.zeros(2, bool))
-    batch = torch.export.Dim("batch")
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's notes
-        whole = torch.onnx.export(step, tuple(torch.from_numpy(example[n]) for n in inputs), dynamo=True,
-                                  input_names=inputs, output_names=outputs, opset_version=OPSET, verbose=False,
-                                  custom_translation_table=onnx_translations(), dynamic_shapes=(*({0: batch} for _ in range(4)),
-                                                  tuple({0: batch} for _ in states))).model_proto
-    whole, exported = onnx_session(whole), onnx_session(artefacts[name][0])
-    g = np.random.default_rng(1)
-    feed = graph_inputs(meta, 4, g, np.ones(4, bool))
-    for t in range(12):
-        feed["reset"] = np.array([t == 0, t == 5, t in (0, 8), t == 0])
-        a = exported.run(None, {i.name: feed[i.name] for i in exported.get_inputs()})
-        b = whole.run(None, {i.name: feed[i.name] for i in whole.get_inputs()})
-        for x, y, out in zip(a, b, outputs):
-            np.testing.assert_array_equal(x, y, err_msg=f"{out} at step {t}: onnxruntime optimises the exported "
-                                          "model unlike the single trace (a fusion? see agents.export._onnx_model)")
-        feed.update(zip(("state." + n for n in states), a[1:]))
-        feed.update(observation=g.normal(size=(4, 11)).astype(np.float32), reward=g.uniform(0, 3, 4).astype(np.float32))
-
-
 # -- metadata -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
@@ -335,8 +293,9 @@ def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
     assert (meta["obs_dim"], meta["act_dim"]) == (11, 3)
     assert meta["targets"] == list(ck.data.eval_targets) and meta["default_target"] == ck.data.eval_targets[0]
     assert meta["reward_scale"] == ck.data.reward_scale and meta["layers"] == ["softmax", "softmax", "primal"]
-    assert meta["semantics"] == SEMANTICS and "reset" in meta["semantics"]
     step = stream_step(ck.build_model(), ck.data)
+    assert meta["semantics"] == semantics(step) and "reset" in meta["semantics"]
+    assert "the chunk (a_{t-1}, R_t, s_t)" in meta["semantics"] and "the last 14 tokens" in meta["semantics"]  # K = 5
     assert [s["name"] for s in meta["state"]] == [s.name for s in step.specs]
     assert meta["state"][:3] == [
         {"name": "t", "shape": ["batch"], "dtype": "int64", "initial": 0, "what": "timestep of the row's episode"},
@@ -482,7 +441,7 @@ def test_the_exported_step_is_the_same_function_at_any_batch(trained):
     ck = dt_checkpoint.load(trained["windowed"])
     step = stream_step(ck.build_model(), ck.data)
     g = torch.Generator().manual_seed(0)
-    state, single = step.init(3), step.init(1)
+    state, single = step.init(3).flat(), step.init(1).flat()
     for t in range(8):
         obs, rew = torch.randn(3, 11, generator=g), torch.rand(3, generator=g)
         reset = torch.tensor([t == 0, t == 5, False]) if t else torch.ones(3, dtype=torch.bool)

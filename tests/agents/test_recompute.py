@@ -3,6 +3,8 @@
 import numpy as np
 import torch
 
+from agents.decision_transformer import Batch
+
 
 def test_recompute_with_context_K_matches_a_forward_on_the_last_K_steps(tiny_dt, hopper_stats, make_agent,
                                                                        rollout_inputs, run_agent):
@@ -18,5 +20,5 @@ def test_recompute_with_context_K_matches_a_forward_on_the_last_K_steps(tiny_dt,
     t = 9
     with torch.no_grad():
         w = slice(t - 3, t + 1)  # the last K = 4 steps
-        pred, _ = m(S[:, w], A[:, w], rtg[None, w, None], torch.arange(t - 3, t + 1)[None])
+        pred, _ = m(Batch(S[:, w], A[:, w], rtg[None, w, None], torch.arange(t - 3, t + 1)[None]))
     np.testing.assert_allclose(acts[t, 0], pred[0, -1].numpy(), atol=1e-5, rtol=0)

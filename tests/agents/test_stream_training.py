@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agents import Agent, DTConfig
+from agents.decision_transformer import Batch
 from agents.stream_training import (first_exact_step, min_segment_steps, receptive_field, stream_exact_config,
                                     stream_exact_loss_mask)
 
@@ -58,7 +59,7 @@ def test_stream_agent_in_hopper_equals_forward_over_the_whole_episode(layout, ti
     assert T == 60  # 180 tokens: the windows (reach 24 tokens) slid far past the episode start
     S, A, R, Tt = episode_tensors(rec, mean, std)
     with torch.no_grad():
-        pred, _ = m(S, A, R, Tt)
+        pred, _ = m(Batch(S, A, R, Tt))
     np.testing.assert_allclose(rec["act"], pred[0].numpy(), atol=1e-5, rtol=0)
 
 
@@ -66,7 +67,7 @@ def test_loss_mask_keeps_exactly_the_steps_that_match_the_stream(tiny_dt):
     m = windowed_model(tiny_dt)
     reach = receptive_field(m)
     assert reach == 3 * (W - 1)
-    first = first_exact_step(reach)
+    first = first_exact_step(m)
     assert 3 * first + 1 >= reach > 3 * (first - 1) + 1
     K = min_segment_steps(m, counted=4)
     assert K == first + 4
@@ -76,12 +77,12 @@ def test_loss_mask_keeps_exactly_the_steps_that_match_the_stream(tiny_dt):
     R = torch.randn(1, T, 1, generator=g)
     Tt = torch.arange(T)[None]
     with torch.no_grad():
-        full, _ = m(S, A, R, Tt)
+        full, _ = m(Batch(S, A, R, Tt))
         starts = [0, 5, 17, T - K]
-        segs = [m(S[:, s:s + K], A[:, s:s + K], R[:, s:s + K], Tt[:, s:s + K])[0] for s in starts]
+        segs = [m(Batch(S[:, s:s + K], A[:, s:s + K], R[:, s:s + K], Tt[:, s:s + K]))[0] for s in starts]
     mask = torch.ones(len(starts), K, dtype=torch.bool)
     mask[-1, K - 2:] = False  # a padded tail stays excluded
-    loss_mask = stream_exact_loss_mask(torch.cat([Tt[:, s:s + K] for s in starts]), mask, reach)
+    loss_mask = stream_exact_loss_mask(torch.cat([Tt[:, s:s + K] for s in starts]), mask, first)
     assert loss_mask[0].all()  # the episode start: every step counts
     assert loss_mask[1].tolist() == [i >= first for i in range(K)]
     assert not loss_mask[-1, K - 2:].any()

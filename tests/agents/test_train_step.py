@@ -47,7 +47,7 @@ def test_compiled_step_equals_eager_and_skips_a_failed_step_on_the_device():
     poisoned second batch: both forms stop there with the first step's weights; the compiled one finds
     out only when asked, and says which step it was."""
     model, data = tiny("primal+dt"), batches(3, 4, 5)
-    data[1] = {**data[1], "rtg": data[1]["rtg"] * float("nan")}
+    data[1] = data[1]._replace(rtg=data[1].rtg * float("nan"))
     eager = steps(model, "eager", data[:2])
     compiled = steps(model, "compile", data, backend="eager")
     assert compiled[0][0] == pytest.approx(eager[0][0], rel=1e-6)

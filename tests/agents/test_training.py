@@ -73,9 +73,9 @@ def test_batches_divide_returns_to_go_by_reward_scale(hopper_file, tmp_path):
     run.sampler.load_state_dict(state)
     batch = run.sampler.sample()
     trained = run.data.subset(np.setdiff1d(np.arange(len(run.data)), run.info.held_out))  # the sampler's rows
-    np.testing.assert_allclose(batch["rtg"][..., 0][torch.from_numpy(mask)].numpy(), trained.rtg[idx[mask]] / 500,
+    np.testing.assert_allclose(batch.rtg[..., 0][torch.from_numpy(mask)].numpy(), trained.rtg[idx[mask]] / 500,
                                rtol=1e-6)
-    assert run.info.reward_scale == 500.0 and batch["states"].shape == (8, 5, 11)
+    assert run.info.reward_scale == 500.0 and batch.states.shape == (8, 5, 11)
 
 
 def test_checkpoint_is_the_schema_and_resume_refuses_what_it_cannot_continue(hopper_file, tmp_path,

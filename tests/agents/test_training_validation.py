@@ -12,6 +12,7 @@ import torch
 
 import envs
 from agents import dt_checkpoint, training
+from agents.decision_transformer import Batch
 from primal_dt import train_config
 from primal_dt.errors import SetupError
 from primal_dt.train import run as train_run
@@ -23,6 +24,10 @@ def episode_of_rows(data):
     where = {data.actions[i].tobytes(): (int(ep[i]), int(data.timesteps[i])) for i in range(data.num_steps)}
     assert len(where) == data.num_steps
     return where
+
+
+def same(x: Batch, y: Batch) -> bool:
+    return all(u is v is None or torch.equal(u, v) for u, v in zip(x, y))
 
 
 def direct_action_mse(ck, data, max_timestep=1000):
@@ -47,7 +52,7 @@ def direct_action_mse(ck, data, max_timestep=1000):
     states, actions, rtg = (torch.tensor(np.array(x), dtype=torch.float32) for x in (S, A, G))
     rtg, mask = rtg[..., None], torch.tensor(np.array(M))
     with torch.no_grad():
-        pred, _ = ck.build_model()(states, actions, rtg, torch.tensor(np.array(T)), mask)
+        pred, _ = ck.build_model()(Batch(states, actions, rtg, torch.tensor(np.array(T)), mask))
     m = mask[..., None].double()
     return float((((pred.double() - actions.double()) ** 2) * m).sum() / (m.sum() * actions.shape[-1])), len(S)
 
@@ -61,7 +66,7 @@ def test_training_segments_never_include_held_out_episodes_and_statistics_exclud
     for _ in range(100):  # 100 batches of 64 segments from the trainer's own sampler
         b = run.sampler.sample(64)
         for i in range(64):
-            rows = [where[b["actions"][i, t].numpy().tobytes()] for t in range(int(b["mask"][i].sum()))]
+            rows = [where[b.actions[i, t].numpy().tobytes()] for t in range(int(b.mask[i].sum()))]
             (ep,) = {e for e, _ in rows}  # a segment stays in one episode, on consecutive steps
             assert [t for _, t in rows] == list(range(rows[0][1], rows[0][1] + len(rows)))
             seen.add(ep)
@@ -174,12 +179,12 @@ def test_many_held_out_steps_are_validated_on_a_fixed_seeded_sample(tiny_dt, hop
                              terminal=np.zeros(60, bool))
     info = DataInfo("hopper-medium", *hopper_stats, reward_scale=1000.0)
     a, b, other = (Validation(held, info, K=5, max_timestep=1000, seed=s, device=torch.device("cpu")) for s in (1, 1, 2))
-    assert a.segments == MAX_SEGMENTS and all(torch.equal(a.batch[k], b.batch[k]) for k in a.batch)
-    assert not torch.equal(a.batch["actions"], other.batch["actions"])  # the seed draws the sample
+    assert a.segments == MAX_SEGMENTS and same(a.batch, b.batch)
+    assert not torch.equal(a.batch.actions, other.batch.actions)  # the seed draws the sample
     row = {held.actions[i].tobytes(): i for i in range(n)}
-    starts = [row[x.tobytes()] for x in a.batch["actions"][:, 0].numpy()]
+    starts = [row[x.tobytes()] for x in a.batch.actions[:, 0].numpy()]
     assert len(set(starts)) == MAX_SEGMENTS  # distinct segments, each the sampler's segment at its start
     fixed = envs.SegmentSampler(held, 5, 1, 1000.0, seed=None, stats=hopper_stats).segments(np.array(starts))
-    assert all(torch.equal(a.batch[k], fixed[k]) for k in fixed)
+    assert same(a.batch, fixed)
     model = tiny_dt()
     assert a.action_mse(model) == b.action_mse(model) != other.action_mse(model)

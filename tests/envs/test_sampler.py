@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from envs import SegmentSampler, Trajectories
+from envs.sampler import Batch
 
 
 @pytest.fixture
@@ -41,23 +42,23 @@ def _expected_row(ds, first, K=4, scale=2.0):
 def test_every_segment_matches_hand_computed_values(tiny):
     s = SegmentSampler(tiny, K=4, batch_size=400, reward_scale=2.0, max_timestep=1000, seed=0)
     b = s.sample()
-    assert b["states"].shape == (400, 4, 2) and b["actions"].shape == (400, 4, 2)
-    assert b["rewards"].shape == (400, 4, 1) and b["rtg"].shape == (400, 4, 1)
-    assert b["timesteps"].dtype == torch.long and b["mask"].dtype == torch.bool
-    assert b["states"].dtype == torch.float32
+    assert b.states.shape == (400, 4, 2) and b.actions.shape == (400, 4, 2)
+    assert b.rewards.shape == (400, 4, 1) and b.rtg.shape == (400, 4, 1)
+    assert b.timesteps.dtype == torch.long and b.mask.dtype == torch.bool
+    assert b.states.dtype == torch.float32
     # the first state identifies the start: state 0 of row r is the normalized observation r
     norm = (tiny.observations - tiny.state_mean) / tiny.state_std
     seen = set()
     for i in range(400):
-        first = int(np.argmin(np.abs(norm - b["states"][i, 0].numpy()).sum(1)))
+        first = int(np.argmin(np.abs(norm - b.states[i, 0].numpy()).sum(1)))
         seen.add(first)
         exp = _expected_row(tiny, first)
-        np.testing.assert_allclose(b["states"][i].numpy(), exp["states"], atol=1e-6)
-        np.testing.assert_array_equal(b["actions"][i].numpy(), exp["actions"])
-        np.testing.assert_array_equal(b["rewards"][i, :, 0].numpy(), exp["rewards"])
-        np.testing.assert_allclose(b["rtg"][i, :, 0].numpy(), exp["rtg"])
-        np.testing.assert_array_equal(b["timesteps"][i].numpy(), exp["timesteps"])
-        np.testing.assert_array_equal(b["mask"][i].numpy(), exp["mask"])
+        np.testing.assert_allclose(b.states[i].numpy(), exp["states"], atol=1e-6)
+        np.testing.assert_array_equal(b.actions[i].numpy(), exp["actions"])
+        np.testing.assert_array_equal(b.rewards[i, :, 0].numpy(), exp["rewards"])
+        np.testing.assert_allclose(b.rtg[i, :, 0].numpy(), exp["rtg"])
+        np.testing.assert_array_equal(b.timesteps[i].numpy(), exp["timesteps"])
+        np.testing.assert_array_equal(b.mask[i].numpy(), exp["mask"])
     assert seen == {0, 1, 2, 3, 4}
 
 
@@ -73,14 +74,14 @@ def test_trajectory_probability_is_proportional_to_length(tiny):
 
 def test_real_tokens_first_then_padding(tiny):
     b = SegmentSampler(tiny, K=4, batch_size=256, seed=2).sample()
-    m = b["mask"].numpy()
+    m = b.mask.numpy()
     assert (np.diff(m.astype(int), axis=1) <= 0).all()  # never False then True
-    assert (b["states"].numpy()[~m] == 0).all() and (b["rtg"].numpy()[~m] == 0).all()
+    assert (b.states.numpy()[~m] == 0).all() and (b.rtg.numpy()[~m] == 0).all()
 
 
 def test_timesteps_clipped_to_episode_limit(tiny):
     b = SegmentSampler(tiny, K=3, batch_size=256, max_timestep=2, seed=3).sample()
-    ts = b["timesteps"].numpy()
+    ts = b.timesteps.numpy()
     assert ts.max() == 1  # timestep 2 clipped to max_timestep - 1
     assert set(np.unique(ts)) <= {0, 1}
 
@@ -94,14 +95,14 @@ def test_state_dict_makes_resume_exact(tiny):
     b.load_state_dict(state)
     for r in ref:
         got = b.sample()
-        for k in r:
-            assert torch.equal(r[k], got[k])
+        for x, y in zip(r, got):
+            assert x is y is None or torch.equal(x, y)
 
 
 def test_accepts_a_generator_and_custom_batch(tiny):
     g = np.random.default_rng(5)
     s = SegmentSampler(tiny, K=2, batch_size=4, seed=g)
-    assert s.rng is g and s.sample(batch_size=7)["mask"].shape == (7, 2)
+    assert s.rng is g and s.sample(batch_size=7).mask.shape == (7, 2)
     with pytest.raises(ValueError):
         SegmentSampler(tiny, K=0)
 
@@ -110,11 +111,11 @@ def test_reward_scale_divides_and_defaults_to_raw_returns(tiny):
     """One meaning everywhere: returns-to-go are divided by reward_scale (the DT papers' 1000)."""
     raw = SegmentSampler(tiny, K=4, batch_size=64, seed=6).sample()
     scaled = SegmentSampler(tiny, K=4, batch_size=64, reward_scale=1000.0, seed=6).sample()
-    assert torch.equal(raw["states"], scaled["states"])  # same seed: same segments
+    assert torch.equal(raw.states, scaled.states)  # same seed: same segments
     raw_rtgs = {float(g) for e in EXPECTED.values() for g in e["rtg"]}  # hand-computed, unscaled
-    assert set(raw["rtg"][:, :, 0][raw["mask"]].tolist()) == raw_rtgs
-    torch.testing.assert_close(scaled["rtg"], raw["rtg"] / 1000.0)
-    assert scaled["rtg"].abs().max() < 0.01
+    assert set(raw.rtg[:, :, 0][raw.mask].tolist()) == raw_rtgs
+    torch.testing.assert_close(scaled.rtg, raw.rtg / 1000.0)
+    assert scaled.rtg.abs().max() < 0.01
     for bad in (0.0, -1000.0):
         with pytest.raises(ValueError, match="reward_scale must be > 0"):
             SegmentSampler(tiny, reward_scale=bad)
@@ -132,7 +133,7 @@ def test_random_dataset_against_a_naive_per_segment_computation():
     state = s.state_dict()
     first = s.indices()[0][:, 0]
     s.load_state_dict(state)
-    b = {k: v.numpy() for k, v in s.sample().items()}
+    b = Batch(*(None if v is None else v.numpy() for v in s.sample()))
     for row, f in enumerate(first.tolist()):
         e = int(np.searchsorted(ds.starts, f, side="right") - 1)
         st, ln = int(ds.starts[e]), int(ds.lengths[e])
@@ -140,13 +141,13 @@ def test_random_dataset_against_a_naive_per_segment_computation():
         si = f - st
         m = min(K, ln - si)
         rtg = np.array([rew[t:].sum() for t in range(si, si + m)])  # naive suffix sums
-        np.testing.assert_allclose(b["rtg"][row, :m, 0], rtg / scale, rtol=1e-4, atol=1e-6)
-        np.testing.assert_array_equal(b["timesteps"][row, :m], np.minimum(np.arange(si, si + m), max_t - 1))
-        np.testing.assert_array_equal(b["actions"][row, :m], ds.actions[f:f + m])
-        np.testing.assert_allclose(b["states"][row, :m], (ds.observations[f:f + m] - ds.state_mean) / ds.state_std,
+        np.testing.assert_allclose(b.rtg[row, :m, 0], rtg / scale, rtol=1e-4, atol=1e-6)
+        np.testing.assert_array_equal(b.timesteps[row, :m], np.minimum(np.arange(si, si + m), max_t - 1))
+        np.testing.assert_array_equal(b.actions[row, :m], ds.actions[f:f + m])
+        np.testing.assert_allclose(b.states[row, :m], (ds.observations[f:f + m] - ds.state_mean) / ds.state_std,
                                    rtol=1e-5, atol=1e-6)
-        assert b["mask"][row].tolist() == [True] * m + [False] * (K - m)
-        assert (b["states"][row, m:] == 0).all() and (b["actions"][row, m:] == 0).all()
+        assert b.mask[row].tolist() == [True] * m + [False] * (K - m)
+        assert (b.states[row, m:] == 0).all() and (b.actions[row, m:] == 0).all()
 
 
 def test_fixed_segments_and_foreign_statistics_give_the_sampled_batches(tiny):
@@ -157,14 +158,14 @@ def test_fixed_segments_and_foreign_statistics_give_the_sampled_batches(tiny):
     first = s.indices()[0][:, 0]
     s.load_state_dict(state)
     drawn, fixed = s.sample(), s.segments(first)
-    assert all(torch.equal(drawn[k], fixed[k]) for k in drawn)
+    assert all(x is y is None or torch.equal(x, y) for x, y in zip(drawn, fixed))
     mean, std = np.array([1.0, -2.0], np.float32), np.array([0.5, 4.0], np.float32)
     other = SegmentSampler(tiny, K=4, batch_size=50, reward_scale=2.0, seed=None, stats=(mean, std))
     b = other.segments(np.arange(5))
     for f in range(5):
         exp = _expected_row(tiny, f)
         n = int(exp["mask"].sum())
-        np.testing.assert_allclose(b["states"][f, :n].numpy(), (tiny.observations[EXPECTED[f]["rows"]] - mean) / std,
+        np.testing.assert_allclose(b.states[f, :n].numpy(), (tiny.observations[EXPECTED[f]["rows"]] - mean) / std,
                                    rtol=1e-6)
-        np.testing.assert_array_equal(b["actions"][f].numpy(), exp["actions"])
-        np.testing.assert_allclose(b["rtg"][f, :, 0].numpy(), exp["rtg"])
+        np.testing.assert_array_equal(b.actions[f].numpy(), exp["actions"])
+        np.testing.assert_allclose(b.rtg[f, :, 0].numpy(), exp["rtg"])

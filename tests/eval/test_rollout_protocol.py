@@ -8,6 +8,7 @@ import torch
 
 import envs
 from agents import DataInfo, DecisionTransformer, DTConfig
+from agents.decision_transformer import Batch
 from eval.rollout import evaluate
 from primal_dt.train_config import RolloutOptions
 
@@ -36,8 +37,8 @@ def naive_episode(model, seed, target, mean, std, scale, max_steps):
         R.append(torch.tensor([rtg], dtype=torch.float32))
         T.append(t)
         with torch.no_grad():
-            pred, _ = model(torch.stack(S[-K:])[None], torch.stack(A[-K:])[None], torch.stack(R[-K:])[None],
-                            torch.tensor(T[-K:])[None])
+            pred, _ = model(Batch(torch.stack(S[-K:])[None], torch.stack(A[-K:])[None], torch.stack(R[-K:])[None],
+                                  torch.tensor(T[-K:])[None]))
         A[-1] = pred[0, -1]
         obs, rew, term, trunc, _ = env.step(A[-1].numpy())
         ret, n = ret + rew, n + 1

@@ -186,18 +186,18 @@ def test_dt_spectrum_feeds_the_batches_training_draws(trained_dt):
         run()
     finally:
         hook.remove()
-    states, actions, rtg, timesteps, mask = fed[0]
+    (got,) = fed[0]
     data = load_dataset("hopper-medium", source=source, verbose=False)
     train = SegmentSampler(data, K, 32, SCALE, MAX_T, 11)  # as primal_dt.train builds it
     idx, want_mask = SegmentSampler(data, K, 32, SCALE, MAX_T, 11).indices()  # the same draw
     ref = train.sample()
-    for name, got in zip(("states", "actions", "rtg", "timesteps", "mask"), (states, actions, rtg, timesteps, mask)):
-        assert torch.equal(got, ref[name]), name
+    for name in ("states", "actions", "rtg", "timesteps", "mask"):
+        assert torch.equal(getattr(got, name), getattr(ref, name)), name
     # independently of the sampler's arithmetic: raw return-to-go / 1000 at every real step
-    np.testing.assert_array_equal(mask.numpy(), want_mask)
-    np.testing.assert_allclose(rtg[..., 0].numpy()[want_mask], data.rtg[idx[want_mask]] / SCALE, rtol=1e-6)
-    assert 0 < float(rtg.max()) < 1
-    assert int(timesteps.max()) <= MAX_T - 1 and states.shape == (32, K, 11)
+    np.testing.assert_array_equal(got.mask.numpy(), want_mask)
+    np.testing.assert_allclose(got.rtg[..., 0].numpy()[want_mask], data.rtg[idx[want_mask]] / SCALE, rtol=1e-6)
+    assert 0 < float(got.rtg.max()) < 1
+    assert int(got.timesteps.max()) <= MAX_T - 1 and got.states.shape == (32, K, 11)
 
 
 def test_dt_spectrum_cli_end_to_end_and_foreign_data_is_refused(trained_dt, tmp_path):

@@ -203,7 +203,7 @@ def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_p
     model = dt_checkpoint.load(s["run_dir"]).build_model()
     assert model.cfg.options()["softmax"]["window"] == 4 and model.cfg.options()["primal"]["window"] == 4
     reach = receptive_field(model.cfg)
-    assert reach == 6 and first_exact_step(reach) == 2
+    assert reach == 6 and first_exact_step(model.cfg) == 2
     assert s["final"]["target3600"]["episodes"] == 1
     # the trained checkpoint streams exactly what the model computes over the whole episode
     ckpt = Path(s["run_dir"]) / "last.pt"
