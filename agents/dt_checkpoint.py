@@ -135,11 +135,14 @@ class DTCheckpoint:
 
     def build_model(self, device: str | torch.device = "cpu") -> DecisionTransformer:
         """The trained network, on ``device``, in eval mode."""
-        model = DecisionTransformer(self.model_config)
+        try:  # a layer's own checks (s beyond d_model) come when it is built
+            model = DecisionTransformer(self.model_config)
+        except ValueError as err:
+            raise ValueError(f"{self.origin}: its model_config does not build a network ({err})") from err
         try:
             model.load_state_dict(self.model)
         except RuntimeError as err:  # torch lists every missing / unexpected / mis-shaped tensor
-            raise ValueError(f"the checkpoint's weights do not fit its model_config (layers {model.layer_names}, "
+            raise ValueError(f"{self.origin}: its weights do not fit its model_config (layers {model.layer_names}, "
                              f"d_model {self.model_config.d_model}): {err}") from err
         return model.to(device).eval()
 
@@ -179,13 +182,7 @@ class DTCheckpoint:
         if missing:
             raise ValueError(f"{where} lacks {', '.join(missing)}: it was not written by primal_dt.train")
         f = _Fields(where)
-        info = DataInfo(env=f.text(data, "data.env"), state_mean=f.vector(data, "data.state_mean"),
-                        state_std=f.vector(data, "data.state_std", positive=True),
-                        reward_scale=f.number(data.get("reward_scale"), "data.reward_scale", low=0.0, strict=True),
-                        targets=f.numbers(data, "data.targets"), gym_id=f.text(data, "data.gym_id", none=True),
-                        source=f.text(data, "data.source", empty=True),
-                        fingerprint=f.text(data, "data.fingerprint", empty=True),
-                        held_out=f.counts(data, "data.held_out"))
+        info = f.data_info(data)
         mc = f.model_config(d.get("model_config"))
         if info.state_mean.shape != (mc.state_dim,) or info.state_std.shape != (mc.state_dim,):
             raise ValueError(f"{where}: data.state_mean and data.state_std have {info.state_mean.size} and "
@@ -249,12 +246,26 @@ class _Fields:
     def vector(self, d: dict, field_: str, positive: bool = False) -> np.ndarray:
         v = self._get(d, field_)
         try:
-            a = np.asarray(_array(v), dtype=np.float32)
+            a = np.asarray(_array(v), dtype=np.float64)
         except (TypeError, ValueError):
             a = None
-        if a is None or a.ndim != 1 or not a.size or not np.isfinite(a).all() or (positive and not (a > 0).all()):
+        if a is None or a.ndim != 1 or not a.size or not (np.abs(a) < 1e30).all() or (positive and not (a > 0).all()):
             raise self.bad(field_, "a vector of finite numbers" + (" > 0" if positive else ""), v)
-        return a
+        return a.astype(np.float32)
+
+    def data_info(self, data: dict) -> DataInfo:
+        try:  # DataInfo's own checks (the two statistics' shapes agree) name the file too
+            return DataInfo(env=self.text(data, "data.env"), state_mean=self.vector(data, "data.state_mean"),
+                            state_std=self.vector(data, "data.state_std", positive=True),
+                            reward_scale=self.number(data.get("reward_scale"), "data.reward_scale", low=0.0, strict=True),
+                            targets=self.numbers(data, "data.targets"), gym_id=self.text(data, "data.gym_id", none=True),
+                            source=self.text(data, "data.source", empty=True),
+                            fingerprint=self.text(data, "data.fingerprint", empty=True),
+                            held_out=self.counts(data, "data.held_out"))
+        except ValueError as err:
+            if str(err).startswith(self.where):
+                raise
+            raise ValueError(f"{self.where}: data: {err}") from None
 
     def model_config(self, v) -> DTConfig:
         """The network's config, with the checks a new model's get (``DTConfig.check``)."""
