@@ -71,6 +71,6 @@ def check_summary(summary, where: str) -> dict:
 def read_summary(path) -> dict:
     """A run's ``summary.json``, checked (``check_summary``); a ValueError naming the file otherwise."""
     try:
-        return check_summary(json_reader.read(path), str(path))
+        return check_summary(json_reader.read(path, nonfinite=True), str(path))  # check_summary flags NaN
     except OSError as err:
         raise ValueError(f"{path} cannot be read: {errors.why(err)}") from err

@@ -165,8 +165,10 @@ def read_evals(workdir: str | Path) -> list[dict]:
         return []
     evals = json_reader.read(p)
     fields = {"step": int, "return_mean": float, "return_std": float, "stoch_return_mean": float, "episodes": int}
+    required = ("step", "return_mean")  # what the collector selects by; the others are checked when present
     if not isinstance(evals, list) or not all(
-            isinstance(e, dict) and all(_of(e.get(k), kind) for k, kind in fields.items()) for e in evals):
+            isinstance(e, dict) and all(_of(e.get(k), kind) for k, kind in fields.items() if k in required or k in e)
+            for e in evals):
         raise ValueError(f"{p} is not the evaluations file envs.behavior writes (a list of "
                          f"{{{', '.join(fields)}}}, numbers); delete it to evaluate the checkpoints again")
     return evals

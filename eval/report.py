@@ -176,7 +176,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
     out, notes = [], []
     for p in sorted(run.path.glob("rollout-*.json")):
         try:
-            rep = json_reader.read(p)
+            rep = json_reader.read(p, nonfinite=True)  # NaN scores are flagged (nonfinite), not averaged
             engine, targets = rep["engine"], rep["targets"]
             if engine not in train_config.ENGINES or not isinstance(targets, dict):
                 raise ValueError("no engine or targets")

@@ -8,7 +8,8 @@ the file, never a hang, an exhausted memory or a traceback:
   ``max_bytes`` of it;
 - nesting deeper than ``MAX_DEPTH`` is refused before parsing (the parser recurses once per level);
 - numbers must be finite and of a size a primal-dt file holds (``MAX_MAGNITUDE``): NaN, Infinity,
-  ``1e400`` or a 400-digit integer are refused, so no reader averages or formats them.
+  ``1e400`` or a 400-digit integer are refused, so no reader averages or formats them (a reader whose own
+  checks flag NaN and Infinity, the run summary's, may accept those two).
 
 It imports nothing beyond the standard library, so ``envs`` and the torch-free ONNX runtime use it too.
 """
@@ -37,7 +38,7 @@ class JSONError(ValueError):
     """A JSON file or text that cannot be used, with its name and why."""
 
 
-def read(path: str | Path, max_bytes: int = MAX_BYTES) -> Any:
+def read(path: str | Path, max_bytes: int = MAX_BYTES, nonfinite: bool = False) -> Any:
     """The JSON document in the regular file ``path`` (links followed), checked as ``parse`` checks it.
     A missing file is a ``FileNotFoundError``, as for ``open``; anything else wrong is a ``JSONError``."""
     path = Path(path)
@@ -59,12 +60,14 @@ def read(path: str | Path, max_bytes: int = MAX_BYTES) -> Any:
     if len(data) > max_bytes:
         raise JSONError(f"{path} is larger than {max_bytes:,} bytes, more than any file of this kind holds; "
                         "it is not one primal-dt wrote")
-    return parse(data, str(path))
+    return parse(data, str(path), nonfinite)
 
 
-def parse(text: str | bytes, where: str) -> Any:
+def parse(text: str | bytes, where: str, nonfinite: bool = False) -> Any:
     """The JSON document ``text`` (from ``where``: a file, an HDF5 attribute, an ONNX metadata entry),
-    refusing what ``read`` refuses: invalid UTF-8 or JSON, deep nesting, non-finite or huge numbers."""
+    refusing what ``read`` refuses: invalid UTF-8 or JSON, deep nesting, non-finite or huge numbers.
+    ``nonfinite``: accept the constants NaN, Infinity and -Infinity (a run's summary records a diverged
+    evaluation's score so, and its reader flags it); a number too large for its digits is refused still."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")
@@ -76,7 +79,7 @@ def parse(text: str | bytes, where: str) -> Any:
     try:
         return json.loads(text, parse_int=lambda s: _number(int(s) if len(s) <= 20 else math.inf, s, where),
                           parse_float=lambda s: _number(float(s), s, where),
-                          parse_constant=lambda s: _number(math.nan, s, where))
+                          parse_constant=lambda s: float(s) if nonfinite else _number(math.nan, s, where))
     except json.JSONDecodeError as err:
         raise JSONError(f"{where} is not valid JSON ({err})") from None
 

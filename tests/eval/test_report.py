@@ -254,7 +254,7 @@ BAD = {  # name: (summary.json text from a real one, what the line says)
     "null": (lambda s: "null", "the file must be a JSON object (a run's summary), got null"),
     "list": (lambda s: "[1, 2]", "the file must be a JSON object (a run's summary), got a list"),
     "seed-string": (lambda s: edited(s, seed="0"), "seed must be an integer, got a string"),
-    "invalid-json": (lambda s: '{"env": "hopper', "cannot be read: not valid JSON"),
+    "invalid-json": (lambda s: '{"env": "hopper', "is not valid JSON"),
 }
 
 
@@ -423,7 +423,7 @@ def test_hostile_summaries_neither_hang_nor_break_the_table(runs, tmp_path):
     assert len(lines) == 3 and all(x.startswith("skipped: ") for x in lines), lines
     assert any("fifo/summary.json is not a regular file" in x for x in lines)
     assert any("zero/summary.json is not a regular file" in x for x in lines)
-    assert any("huge/summary.json holds the number 1e308" in x for x in lines)
+    assert any("huge/summary.json holds the number 1e+308" in x for x in lines)
     table = (tmp_path / "rep" / "scores.md").read_text()
     (row,) = [x for x in table.splitlines() if "dt\\|x next" in x]
     (header,) = [x for x in table.splitlines() if x.startswith("| dataset")]
