@@ -182,7 +182,7 @@ def test_a_malformed_field_is_one_error_naming_the_field(trained_dict):
                        st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
                        st.sampled_from([torch.zeros(3), torch.full((11,), float("nan")), torch.zeros(624, dtype=torch.int64)]))
 
-    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
     @given(st.sampled_from(FIELDS), values)
     def prop(path, value):
         d = _with(trained_dict, path, value)

@@ -401,6 +401,7 @@ def test_a_minari_dataset_id_trains_rolls_out_and_is_reported_as_minari(tmp_path
     assert "(on D4RL data, not Minari mujoco/hopper/medium-v0)" in md  # hopper-medium's paper number, marked
 
 
+@pytest.mark.slow  # a real report process; the reader's own tests (tests/primal_dt/test_json_reader.py) are the cheap guard
 def test_hostile_summaries_neither_hang_nor_break_the_table(runs, tmp_path):
     """A summary.json that is a FIFO (which would block a reader forever), a link to /dev/zero, one with a
     300-digit score, and a model name holding ``|`` and a line break: the first three are skipped with a
