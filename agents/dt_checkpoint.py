@@ -27,6 +27,7 @@ differs is an error naming both sources.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +35,7 @@ import numpy as np
 import torch
 
 from primal_dt import checkpoint as ck_io
+from primal_dt.options import check_size
 
 from .decision_transformer import DecisionTransformer, DTConfig
 
@@ -133,11 +135,14 @@ class DTCheckpoint:
 
     def build_model(self, device: str | torch.device = "cpu") -> DecisionTransformer:
         """The trained network, on ``device``, in eval mode."""
-        model = DecisionTransformer(self.model_config)
+        try:  # a layer's own checks (s beyond d_model) come when it is built
+            model = DecisionTransformer(self.model_config)
+        except ValueError as err:
+            raise ValueError(f"{self.origin}: its model_config does not build a network ({err})") from err
         try:
             model.load_state_dict(self.model)
         except RuntimeError as err:  # torch lists every missing / unexpected / mis-shaped tensor
-            raise ValueError(f"the checkpoint's weights do not fit its model_config (layers {model.layer_names}, "
+            raise ValueError(f"{self.origin}: its weights do not fit its model_config (layers {model.layer_names}, "
                              f"d_model {self.model_config.d_model}): {err}") from err
         return model.to(device).eval()
 
@@ -157,7 +162,9 @@ class DTCheckpoint:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "checkpoint") -> "DTCheckpoint":
-        """Parse a checkpoint dict, with an error naming ``where`` and the missing part."""
+        """Parse a checkpoint dict, every field it reads checked (``_Fields``): a damaged or crafted file is
+        one ValueError naming ``where`` and the field, never a TypeError deep in a reader or an
+        allocation the weights in the file cannot back."""
         if not isinstance(d, dict):
             raise ValueError(f"{where} is not a primal-dt checkpoint (expected a dict, got {type(d).__name__})")
         if d.get("kind") != KIND:
@@ -174,29 +181,175 @@ class DTCheckpoint:
         missing += [f"data.{k}" for k in ("env", "state_mean", "state_std", "reward_scale") if k not in data]
         if missing:
             raise ValueError(f"{where} lacks {', '.join(missing)}: it was not written by primal_dt.train")
+        f = _Fields(where)
+        info = f.data_info(data)
+        mc = f.model_config(d.get("model_config"))
+        if info.state_mean.shape != (mc.state_dim,) or info.state_std.shape != (mc.state_dim,):
+            raise ValueError(f"{where}: data.state_mean and data.state_std have {info.state_mean.size} and "
+                             f"{info.state_std.size} entries but the model observes state_dim={mc.state_dim}")
+        f.weights(d.get("model"), mc)
+        config = d.get("config", {})
+        if not (isinstance(config, dict) and all(isinstance(k, str) for k in config)):
+            raise f.bad("config", "a mapping of option: value (the run's TrainConfig)", config)
+        return cls(model_config=mc, model=d["model"], data=info, config=dict(config), training=f.training(d),
+                   origin=where)
+
+
+class _Fields:
+    """The checks of a checkpoint's fields, each raising one ValueError naming the file and the field.
+    The file is read without running code, but its values may still be anything a pickle of plain data
+    holds: strings where numbers belong, lists where mappings do, sizes no machine can allocate."""
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def bad(self, field_: str, want: str, got) -> ValueError:
+        shown = f"a tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else repr(got)[:60]
+        return ValueError(f"{self.where}: {field_} must be {want}, got {shown}; the file is damaged or was not "
+                          "written by primal_dt.train")
+
+    @staticmethod
+    def _get(d: dict, field_: str):
+        return d.get(field_.rsplit(".", 1)[-1])
+
+    def text(self, d: dict, field_: str, none: bool = False, empty: bool = False):
+        v = self._get(d, field_)
+        if v is None and (none or empty):
+            return None if none else ""
+        if empty and v == "" and isinstance(v, str):
+            return v
+        if not isinstance(v, str) or not (v or empty):
+            raise self.bad(field_, "a string" if empty else "a non-empty string" + (" or None" if none else ""), v)
+        return v
+
+    def number(self, v, field_: str, low: float = float("-inf"), strict: bool = False) -> float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or v < low or (strict and v == low):
+            raise self.bad(field_, f"a finite number {'>' if strict else '>='} {low:g}" if low > float("-inf")
+                           else "a finite number", v)
+        return float(v)
+
+    def numbers(self, d: dict, field_: str) -> tuple[float, ...]:
+        v = self._get(d, field_)
+        v = () if v is None else v
+        if not isinstance(v, (list, tuple)):
+            raise self.bad(field_, "a list of finite numbers", v)
+        return tuple(self.number(x, field_) for x in v)
+
+    def counts(self, d: dict, field_: str) -> tuple[int, ...]:
+        v = self._get(d, field_)
+        v = () if v is None else v
+        if not isinstance(v, (list, tuple)) or not all(_integer(x, 0) for x in v):
+            raise self.bad(field_, "a list of integers >= 0", v)
+        return tuple(v)
+
+    def vector(self, d: dict, field_: str, positive: bool = False) -> np.ndarray:
+        v = self._get(d, field_)
         try:
-            info = DataInfo(env=data["env"], state_mean=_array(data["state_mean"]),
-                            state_std=_array(data["state_std"]), reward_scale=data["reward_scale"],
-                            targets=tuple(data.get("targets") or ()), gym_id=data.get("gym_id"),
-                            source=data.get("source") or "", fingerprint=data.get("fingerprint") or "",
-                            held_out=tuple(data.get("held_out") or ()))
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{where}: its data part is not valid: {err}") from err
-        if not isinstance(d["model_config"], dict):
-            raise ValueError(f"{where}: model_config is a {type(d['model_config']).__name__}, expected a dict")
+            a = np.asarray(_array(v), dtype=np.float64)
+        except (TypeError, ValueError):
+            a = None
+        if a is None or a.ndim != 1 or not a.size or not (np.abs(a) < 1e30).all() or (positive and not (a > 0).all()):
+            raise self.bad(field_, "a vector of finite numbers" + (" > 0" if positive else ""), v)
+        return a.astype(np.float32)
+
+    def data_info(self, data: dict) -> DataInfo:
+        try:  # DataInfo's own checks (the two statistics' shapes agree) name the file too
+            return DataInfo(env=self.text(data, "data.env"), state_mean=self.vector(data, "data.state_mean"),
+                            state_std=self.vector(data, "data.state_std", positive=True),
+                            reward_scale=self.number(data.get("reward_scale"), "data.reward_scale", low=0.0, strict=True),
+                            targets=self.numbers(data, "data.targets"), gym_id=self.text(data, "data.gym_id", none=True),
+                            source=self.text(data, "data.source", empty=True),
+                            fingerprint=self.text(data, "data.fingerprint", empty=True),
+                            held_out=self.counts(data, "data.held_out"))
+        except ValueError as err:
+            if str(err).startswith(self.where):
+                raise
+            raise ValueError(f"{self.where}: data: {err}") from None
+
+    def model_config(self, v) -> DTConfig:
+        """The network's config, with the checks a new model's get (``DTConfig.check``)."""
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise self.bad("model_config", "a mapping (DTConfig's fields)", v)
+        for name, default in ((f.name, f.default) for f in dataclasses.fields(DTConfig)):
+            if isinstance(default, tuple) and name in v and isinstance(v[name], (list, tuple)) and \
+                    not all(isinstance(w, str) for w in v[name]):
+                raise self.bad(f"model_config.{name}", "a list of strings", v[name])
         try:
-            mc = DTConfig.from_dict(d["model_config"])
-        except TypeError as err:  # a field missing (state_dim, act_dim) or unknown
-            raise ValueError(f"{where}: model_config is not a DTConfig ({err})") from err
-        if info.state_mean.shape != (mc.state_dim,):
-            raise ValueError(f"{where}: data.state_mean has {info.state_mean.size} entries but the model observes "
-                             f"state_dim={mc.state_dim}")
-        training = None
-        if all(k in d for k in ("optimizer", "scheduler", "rng", "step")):
-            training = TrainingState(d["optimizer"], d["scheduler"], list(d["rng"]), int(d["step"]),
-                                     float(d.get("train_time", 0.0)), dict(d.get("history") or {}))
-        return cls(model_config=mc, model=d["model"], data=info, config=dict(d.get("config") or {}),
-                   training=training, origin=where)
+            mc = DTConfig.from_dict(v)
+            mc.check()
+        except (TypeError, ValueError) as err:  # a field missing, unknown, of the wrong kind or out of range
+            raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None
+        # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
+        layers = len(mc.layer_names()) or mc.n_layers
+        try:
+            check_size(mc.K * 3 * mc.d_model * layers * 8, f"model_config K={mc.K}, d_model={mc.d_model} and "
+                       f"{layers} layers", "activation values per row")
+        except ValueError as err:
+            raise ValueError(f"{self.where}: {err}") from None
+        return mc
+
+    def weights(self, v, mc: DTConfig) -> None:
+        """The state_dict must be tensors by name, as many numbers as ``mc``'s network holds (a lower
+        estimate, the one training's size check uses): a config asking for a network larger than the
+        weights the file holds (d_model=10**9) is refused before anything is allocated. Names and shapes
+        are then checked when the network is built (``build_model``)."""
+        if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()):
+            raise self.bad("model", "a state_dict (parameter name -> tensor)", v)
+        layers = len(mc.layer_names()) or mc.n_layers
+        want = layers * mc.d_model ** 2 * (4 + 2 * mc.mlp_ratio) + mc.max_timestep * mc.d_model
+        held = sum(t.numel() for t in v.values())
+        if want > 2 * held + 100_000:
+            raise ValueError(f"{self.where}: model_config (d_model {mc.d_model}, {layers} layers, max_timestep "
+                             f"{mc.max_timestep}) describes a network of about {want:.3g} parameters, but the file "
+                             f"holds {held:,} weights; the file is damaged or was not written by primal_dt.train")
+
+    def training(self, d: dict) -> TrainingState | None:
+        """What a resume needs: all of it or none (an inference-only file); part of it is a damaged file."""
+        present = [k for k in _TRAINING_KEYS[:4] if k in d]
+        if not present:
+            return None
+        if len(present) < 4:
+            lacks = [k for k in _TRAINING_KEYS[:4] if k not in d]
+            raise ValueError(f"{self.where} holds {', '.join(present)} but lacks {', '.join(lacks)}: the file is "
+                             "damaged or was not written by primal_dt.train")
+        opt, sched, rng, step = (d[k] for k in _TRAINING_KEYS[:4])
+        if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
+                and opt["param_groups"] and all(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                                for g in opt["param_groups"])):
+            raise self.bad("optimizer", "an optimizer state_dict (state, param_groups)", opt)
+        if not (isinstance(sched, dict) and _integer(sched.get("last_epoch"), -1)):
+            raise self.bad("scheduler", "a scheduler state_dict (with last_epoch)", sched)
+        if not (isinstance(rng, list) and rng and all(_rng_state(r) for r in rng)):
+            raise self.bad("rng", "a list of random-stream states (torch, numpy, sampler) per process", rng)
+        if not _integer(step, 0):
+            raise self.bad("step", "an integer >= 0", step)
+        history = d.get("history", {})
+        if not (isinstance(history, dict) and all(isinstance(k, str) and _curve(c) for k, c in history.items())):
+            raise self.bad("history", "a mapping of tag -> [(step, value), ...]", history)
+        return TrainingState(opt, sched, rng, step, self.number(d.get("train_time", 0.0), "train_time", low=0.0),
+                             {k: [(int(s), float(x)) for s, x in c] for k, c in history.items()})
+
+
+def _integer(v, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _curve(c) -> bool:
+    """(step, value) pairs; values may be NaN (an evaluation that diverged is logged as such)."""
+    return isinstance(c, (list, tuple)) and all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and _integer(p[0], 0)
+        and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) for p in c)
+
+
+def _rng_state(r) -> bool:
+    """One process's random streams as ``agents.training`` saves them (torch's, numpy's, the sampler's)."""
+    n = r.get("numpy") if isinstance(r, dict) else None
+    return (isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) and r["torch"].dtype == torch.uint8
+            and isinstance(r.get("sampler"), dict) and isinstance(n, dict) and isinstance(n.get("name"), str)
+            and isinstance(n.get("keys"), torch.Tensor) and n["keys"].shape == (624,)
+            and all(_integer(n.get(k), 0) for k in ("pos", "has_gauss"))
+            and isinstance(n.get("cached_gaussian"), (int, float)))
 
 
 def _array(x) -> np.ndarray:

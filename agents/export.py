@@ -44,7 +44,7 @@ from typing import Literal
 import torch
 
 from primal_dt import checkpoint as ck_io
-from primal_dt import errors
+from primal_dt import errors, json_reader
 from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
@@ -284,7 +284,7 @@ def read_metadata(path: str | Path) -> dict:
         text = {p.key: p.value for p in onnx.load(str(path)).metadata_props}.get(METADATA_KEY, "")
     if not text:
         raise ValueError(f"{path} has no primal-dt policy metadata; export one with python -m agents.export")
-    return json.loads(text)
+    return json_reader.parse(text, f"{path} policy metadata")
 
 
 # -- command line ----------------------------------------------------------------------------------------

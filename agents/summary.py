@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
-from primal_dt import errors
+from primal_dt import errors, json_reader
 
 SUMMARY_FIELDS = {"env": str, "model": str, "seed": int, "steps": int}
 """the fields every summary names, with their JSON types; ``final`` and ``validation`` follow, each an
@@ -72,7 +71,6 @@ def check_summary(summary, where: str) -> dict:
 def read_summary(path) -> dict:
     """A run's ``summary.json``, checked (``check_summary``); a ValueError naming the file otherwise."""
     try:
-        return check_summary(json.loads(Path(path).read_text()), str(path))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        why = errors.why(err) if isinstance(err, OSError) else f"not valid JSON ({err})"
-        raise ValueError(f"{path} cannot be read: {why}") from err
+        return check_summary(json_reader.read(path, nonfinite=True), str(path))  # check_summary flags NaN
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read: {errors.why(err)}") from err

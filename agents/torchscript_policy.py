@@ -3,12 +3,11 @@ API; ``agents.onnx_policy`` documents the artefact and shares the bookkeeping (`
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
-from primal_dt import options
+from primal_dt import json_reader, options
 
 from .onnx_policy import METADATA_KEY, GraphPolicy
 
@@ -31,7 +30,7 @@ class TorchScriptPolicy(GraphPolicy):
         if not extra[key]:
             raise ValueError(f"{path} is a TorchScript file without primal-dt policy metadata; export one with "
                              "python -m agents.export format=torchscript")
-        super().__init__(json.loads(extra[key]), str(path))
+        super().__init__(json_reader.parse(extra[key], f"{path} policy metadata"), str(path))
         if threads is not None:
             options.check_number("threads", threads, options.AT_LEAST_1)
             torch.set_num_threads(int(threads))

@@ -564,6 +564,15 @@ def restore(run: Run, ck: DTCheckpoint) -> None:
     With another number of processes than the run that wrote it, training continues but cannot
     repeat the uninterrupted run bit for bit; the samplers are then reseeded per rank and step.
     """
+    try:  # the schema checked each part's form (dt_checkpoint); whether it fits this model shows only here
+        _restore(run, ck)
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+        raise SetupError(f"{ck.origin}: its training state does not fit the run it describes ({type(err).__name__}: "
+                         f"{str(err).splitlines()[0][:200]}); the file is damaged: resume from another checkpoint "
+                         "or start a new run") from err
+
+
+def _restore(run: Run, ck: DTCheckpoint) -> None:
     t = ck.training
     run.model.load_state_dict(ck.model)
     run.opt.load_state_dict(t.optimizer)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from primal_dt import lock
+from primal_dt import json_reader, lock
 
 CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
 REPLAY = "replay.npz"
@@ -159,8 +159,38 @@ def convert_sb3(workdir: str | Path) -> list[Path]:
 
 
 def read_evals(workdir: str | Path) -> list[dict]:
+    """``evals.json``'s entries, each checked (a damaged file is one ValueError naming it); [] before any."""
     p = Path(workdir) / "evals.json"
-    return json.loads(p.read_text()) if p.exists() else []
+    if not p.exists():
+        return []
+    evals = json_reader.read(p)
+    fields = {"step": int, "return_mean": float, "return_std": float, "stoch_return_mean": float, "episodes": int}
+    required = ("step", "return_mean")  # what the collector selects by; the others are checked when present
+    if not isinstance(evals, list) or not all(
+            isinstance(e, dict) and all(_of(e.get(k), kind) for k, kind in fields.items() if k in required or k in e)
+            for e in evals):
+        raise ValueError(f"{p} is not the evaluations file envs.behavior writes (a list of "
+                         f"{{{', '.join(fields)}}}, numbers); delete it to evaluate the checkpoints again")
+    return evals
+
+
+def read_meta(workdir: str | Path) -> dict | None:
+    """``meta.json`` (env id, seed, total steps), checked; None before a trainer wrote one."""
+    p = Path(workdir) / "meta.json"
+    if not p.exists():
+        return None
+    meta = json_reader.read(p)
+    fields = {"env_id": str, "seed": int, "total_steps": int}
+    if not isinstance(meta, dict) or not all(_of(meta.get(k), kind) for k, kind in fields.items()):
+        raise ValueError(f"{p} is not the work file envs.behavior writes ({{{', '.join(fields)}}}); the "
+                         "directory is damaged: use another work directory")
+    return meta
+
+
+def _of(v, kind: type) -> bool:
+    if isinstance(v, bool):
+        return False
+    return isinstance(v, (int, float)) if kind is float else isinstance(v, kind)
 
 
 def evaluate_policy(model, env_id: str, episodes: int, seed: int, deterministic: bool) -> np.ndarray:
@@ -212,8 +242,8 @@ def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = Tr
     lock.hold(workdir, "behaviour-policy work directory")
     try:
         meta_path = workdir / "meta.json"
-        if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
+        meta = read_meta(workdir)
+        if meta is not None:
             if meta["env_id"] != cfg.env_id:
                 raise ValueError(
                     f"{workdir} holds a behaviour policy for {meta['env_id']}, not {cfg.env_id}; "

@@ -22,7 +22,6 @@ stable-baselines3 is an optional extra (``pip install 'primal-dt[collect]'``).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -234,9 +233,24 @@ def _save_shard(path: Path, episodes: list[dict]) -> None:
 
 
 def _load_shard(path: Path) -> list[dict]:
-    z = np.load(path, allow_pickle=False)
+    """The episodes of a shard ``_save_shard`` wrote; a shard whose episode lengths do not add up to its
+    arrays (damaged, or written by something else) is a ValueError naming it, not episodes cut short."""
+    try:
+        z = np.load(path, allow_pickle=False)
+        lengths, seeds = z["lengths"], z["seeds"]
+        arrays = {k: z[k] for k in ("observations", "actions", "rewards", "terminations", "truncations")}
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"rollout shard {path} cannot be read ({err}); delete it to collect it again") from None
+    n = len(lengths)
+    steps = int(lengths.sum()) if n and lengths.dtype.kind in "iu" and (lengths >= 0).all() else -1
+    want = {"observations": steps + n, **{k: steps for k in arrays if k != "observations"}}
+    if steps < 0 or len(seeds) != n or any(len(arrays[k]) != m for k, m in want.items()):
+        raise ValueError(f"rollout shard {path} is damaged: its {n} episode lengths (total {steps}) do not match "
+                         f"its arrays ({', '.join(f'{k} {len(v)}' for k, v in arrays.items())}); delete it to "
+                         "collect it again")
+    z = arrays
     out, o, s = [], 0, 0
-    for n, seed in zip(z["lengths"].tolist(), z["seeds"].tolist()):
+    for n, seed in zip(lengths.tolist(), seeds.tolist()):
         out.append({"observations": z["observations"][o:o + n + 1], "actions": z["actions"][s:s + n],
                     "rewards": z["rewards"][s:s + n], "terminations": z["terminations"][s:s + n],
                     "truncations": z["truncations"][s:s + n], "seed": seed})
@@ -336,7 +350,7 @@ def _live_run_age(workdir: Path) -> float | None:
     ckpts = behavior.list_checkpoints(workdir)
     if not meta.exists() or not ckpts or (workdir / behavior.LOCK_NAME).exists():
         return None  # a lock file means a lock-aware trainer: behavior.trainer decides
-    total = json.loads(meta.read_text()).get("total_steps", 0)
+    total = behavior.read_meta(workdir)["total_steps"]
     age = time.time() - ckpts[-1][1].stat().st_mtime
     return age if ckpts[-1][0] < total and age < 900 else None
 
@@ -350,6 +364,8 @@ def check(cfg: CollectConfig) -> None:
             fail(msg)
 
     need(cfg.env in FAMILIES, f"env must be one of {sorted(FAMILIES)}, got {cfg.env!r}")
+    need(cfg.out is None or bool(cfg.out.strip()), "out= is empty: give the directory to write the dataset into "
+         "(leave out= out for the default data folder)")
     finite = lambda x: isinstance(x, (int, float)) and math.isfinite(x)  # noqa: E731
     for key, low in (("train_steps", 1), ("checkpoint_every", 1), ("steps", 1), ("num_envs", 1), ("threads", 1),
                      ("seed", 0), ("rollout_seed", 0), ("medium_step", 0), ("expert_step", 0)):
@@ -389,9 +405,9 @@ def run(cfg: CollectConfig) -> dict:
         fail(f"Minari dataset {minari_id} exists under {minari_root()}; pass overwrite=true")
 
     # 1. behaviour policy
-    meta = workdir / "meta.json"
-    if meta.exists() and json.loads(meta.read_text())["env_id"] != gym_id:
-        fail(f"{workdir} trains {json.loads(meta.read_text())['env_id']}, not {gym_id}")
+    recorded = behavior.read_meta(workdir)
+    if recorded is not None and recorded["env_id"] != gym_id:
+        fail(f"{workdir} trains {recorded['env_id']}, not {gym_id}")
     have = max([s for s, _ in behavior.list_checkpoints(workdir)], default=0)
     if cfg.train and have < cfg.train_steps:
         who, age = behavior.trainer(workdir), _live_run_age(workdir)
@@ -442,7 +458,7 @@ def run(cfg: CollectConfig) -> dict:
         parts["replay"] = (medium, eps)
     episodes = [ep for _, eps in parts.values() for ep in eps]
     returns = np.array([float(np.sum(ep["rewards"], dtype=np.float64)) for ep in episodes])
-    train_meta = json.loads(meta.read_text()) if meta.exists() else {}
+    train_meta = behavior.read_meta(workdir) or {}
     policies = {
         k: {"step": e["step"], "return_stochastic": round(_score(e), 2),
             "return_deterministic": round(float(e["return_mean"]), 2),

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
+from primal_dt import json_reader
 from envs.hdf5_limits import check_declared_sizes
 from envs.registry import FAMILIES, EnvSpec, family_of
 from envs.sources import Request, register
@@ -162,10 +163,13 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         provenance = {}
         if PROVENANCE_ATTR in f.attrs:
             try:
-                provenance = json.loads(f.attrs[PROVENANCE_ATTR])
-            except (TypeError, ValueError):
-                provenance = {}
-            provenance = provenance if isinstance(provenance, dict) else {}
+                provenance = json_reader.parse(f.attrs[PROVENANCE_ATTR], f"{where} attribute {PROVENANCE_ATTR}")
+            except (TypeError, ValueError) as err:
+                raise DatasetError(f"{err}; the file's provenance is damaged: regenerate the file "
+                                   "(python -m envs.collect)") from None
+            if not isinstance(provenance, dict):
+                raise DatasetError(f"{where} attribute {PROVENANCE_ATTR} must be a JSON object; the file's "
+                                   "provenance is damaged: regenerate the file (python -m envs.collect)")
         recorded = recorded_env(f, provenance)
     n = len(data["rewards"])
     lens = {k: len(v) for k, v in data.items()}

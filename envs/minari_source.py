@@ -21,6 +21,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
+from primal_dt import json_reader
 from envs.hdf5_limits import check_declared_sizes
 from envs.registry import family_of
 from envs.sources import Request, register
@@ -46,7 +47,7 @@ def local_metadata(dataset_id: str) -> tuple[dict, Path]:
     """(a local dataset's metadata.json, its path); ({}, path) when it is not local or not readable."""
     path = local_path(dataset_id) / "data" / "metadata.json"
     try:
-        meta = json.loads(path.read_text())
+        meta = json_reader.read(path)
     except (OSError, ValueError):
         return {}, path
     return (meta if isinstance(meta, dict) else {}), path
@@ -56,7 +57,7 @@ def recorded_simulator(dataset_id: str) -> tuple[str, int] | None:
     """(simulator id, its episode step limit) a local dataset records in its env spec; None when it is
     not local or records none (the limit: 1000 where it records none)."""
     try:
-        env_spec = json.loads(local_metadata(dataset_id)[0]["env_spec"])
+        env_spec = json_reader.parse(local_metadata(dataset_id)[0]["env_spec"], f"{dataset_id} metadata env_spec")
         limit = env_spec.get("max_episode_steps") or 1000
         return str(env_spec["id"]), int(limit)
     except (KeyError, TypeError, ValueError, AttributeError):
@@ -146,9 +147,13 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
                            f"{ds.total_steps} steps)")
     meta = {k: v for k, v in ds.storage.metadata.items() if isinstance(v, (str, int, float, list, dict))}
     try:  # provenance written by envs.collect
-        meta.update(json.loads(meta.pop("primal_dt", "{}")))
-    except (TypeError, ValueError):
-        pass
+        provenance = json_reader.parse(meta.pop("primal_dt", "{}"), f"{where} metadata primal_dt")
+    except (TypeError, ValueError) as err:
+        raise DatasetError(f"{err}; its provenance is damaged: regenerate it (python -m envs.collect)") from None
+    if not isinstance(provenance, dict):
+        raise DatasetError(f"{where}: its metadata primal_dt must be a JSON object; its provenance is damaged: "
+                           "regenerate it (python -m envs.collect)")
+    meta.update(provenance)
     return Trajectories.from_episodes(episodes, name=name, gym_id=recorded or gym_id,
                                       source=f"minari:{dataset_id}", metadata=meta)
 

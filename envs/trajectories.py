@@ -27,6 +27,23 @@ def _check_finite(arr: np.ndarray, what: str, where: str) -> None:
         )
 
 
+MAX_REWARD = 1e6
+"""largest reward magnitude of one step accepted: a Gymnasium MuJoCo task's rewards are a few units per
+step, so a larger one is a corrupt file, not data; left in, it makes the returns-to-go the model reads
+overflow float32 on the first step, which would look like a learning rate that is too high"""
+
+
+def _check_rewards(rewards: np.ndarray, where: str) -> None:
+    big = np.abs(rewards) > MAX_REWARD
+    if big.any():
+        first = int(np.argmax(big))
+        raise DatasetError(
+            f"{where}: rewards holds {int(big.sum())} value(s) larger than {MAX_REWARD:g} in size (the largest "
+            f"{float(np.abs(rewards).max()):.3g}, first at step {first}), far beyond any simulator's reward per "
+            "step. The file is corrupt or was written by a diverged policy; regenerate or re-download it."
+        )
+
+
 _HOLD_OUT_STREAM = 0x6864  # keys the held-out split's generator apart from every other stream of a seed
 
 
@@ -80,6 +97,7 @@ class Trajectories:
         _check_finite(self.observations, "observations", where)
         _check_finite(self.actions, "actions", where)
         _check_finite(self.rewards, "rewards", where)
+        _check_rewards(self.rewards, where)
         if self.name is not None and self.gym_id is not None:
             from envs.registry import get_spec
 

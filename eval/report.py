@@ -39,7 +39,6 @@ import dataclasses
 import functools
 import glob
 import io
-import json
 import math
 import statistics
 import warnings
@@ -54,7 +53,7 @@ from envs import sources
 from agents import dt_checkpoint
 from agents.summary import read_summary
 from primal_dt import checkpoint as ck_io
-from primal_dt import errors, presets, train_config
+from primal_dt import errors, json_reader, options, presets, train_config
 from primal_dt.monitor import save_figure
 import tyro
 
@@ -169,10 +168,6 @@ def engine_label(engine: str, exact: bool) -> str:
     return f"{engine} ({'exact' if exact else 'not trained'})"
 
 
-ROLLOUT_BYTES = 1 << 20
-"""largest rollout report read (a real one is a few kB)"""
-
-
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
     """The rollout reports (``rollout-*.json``, fp32) of ``run``'s final checkpoint, each as a run scored by
     its engine, and a note for each report left out (another checkpoint, bf16, not a report)."""
@@ -181,11 +176,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
     out, notes = [], []
     for p in sorted(run.path.glob("rollout-*.json")):
         try:
-            with open(p, "rb") as f:
-                text = f.read(ROLLOUT_BYTES + 1)
-            if len(text) > ROLLOUT_BYTES:
-                raise ValueError(f"larger than {ROLLOUT_BYTES} bytes")
-            rep = json.loads(text)
+            rep = json_reader.read(p, nonfinite=True)  # NaN scores are flagged (nonfinite), not averaged
             engine, targets = rep["engine"], rep["targets"]
             if engine not in train_config.ENGINES or not isinstance(targets, dict):
                 raise ValueError("no engine or targets")
@@ -196,7 +187,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
                                     "episodes": int(rep["episodes_per_target"])} for t, r in targets.items()}
             if not all(k.removeprefix("target").replace(".", "", 1).lstrip("-").isdigit() for k in final):
                 raise ValueError("a target is not a number")
-        except (OSError, ValueError, KeyError, TypeError, RecursionError) as err:
+        except (OSError, ValueError, KeyError, TypeError) as err:
             notes.append(f"{p}: not a rollout report eval.report reads ({err}), left out")
             continue
         exact = fidelity(engine, run.config).exact
@@ -225,8 +216,8 @@ def load_run(d: Path) -> Run:
         curves[tag] = pts + end
     try:  # through the config's reader: options added since the run was written take their defaults
         config = dataclasses.asdict(train_config.from_dict(ck.config))
-    except ValueError:
-        config = ck.config
+    except ValueError as err:
+        raise ValueError(f"{ck.origin}: its run config cannot be read ({err})") from err
     val = (summary.get("validation") or {}).get("action_mse")
     from agents.stream_training import fidelity
 
@@ -337,6 +328,12 @@ def paper_cell(r: dict) -> str:
     return _fmt(r["paper"]) + ("" if r["data"] == "D4RL" else f" (on D4RL data, not {r['data']})")
 
 
+def cell(text) -> str:
+    """``text`` as one Markdown table cell: a ``|`` escaped and line breaks (any control character) made
+    spaces, so a name read from a run's files (a model, a dataset) can never break the table's rows."""
+    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(text)).replace("|", "\\|")
+
+
 def markdown(rows: list[dict], target: str) -> str:
     lines = [f"### Normalized score, target {target.removeprefix('target')}", "",
              "final: the last evaluation; best: each run's best evaluation during training (final included); "
@@ -349,7 +346,8 @@ def markdown(rows: list[dict], target: str) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         best_cell = "" if r["best"] is None else score_cell(r["best"], r["best_ci95"], r["seeds"])
-        lines.append(f"| {r['dataset']} | {r['data']} | {r['model']} | {r['engine']} | {r['seeds']} | {r['steps']} | "
+        lines.append(f"| {cell(r['dataset'])} | {cell(r['data'])} | {cell(r['model'])} | {cell(r['engine'])} | "
+                     f"{r['seeds']} | {r['steps']} | "
                      f"{r['episodes']} / {r['eval_episodes']} | {score_cell(r['mean'], r['ci95'], r['seeds'])} | "
                      f"{best_cell} | {_fmt(r['data_level'])} | "
                      f"{paper_cell(r)} | {val_cell(r)} |")
@@ -512,7 +510,7 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
         raise ValueError("no run has a finite final score: " + "; ".join(notes))
     more = f" ({len(runs) - trained} more evaluations by eval.rollout)" if len(runs) > trained else ""
     md = [f"# Report: {trained} runs{more} in {len(groups)} groups", ""]
-    md += [f"- note: {n}" for n in notes]
+    md += [f"- note: {cell(n)}" for n in notes]
     md += [f"- left out (unfinished, no summary.json): {d}" for d in unfinished]
     md += [f"- left out (unreadable): {e}" for e in skipped]
     for t in targets:
@@ -546,6 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse(ReportConfig, argv, prog="python -m eval.report",
                 description="\n\n".join(paragraphs[:1] + paragraphs[2:]))
     try:
+        options.check_output_dir(cfg.out, "--out")
         res = report(list(cfg.runs), cfg.out)
     except errors.WriteError as err:  # the run failed, not the input: exit 1
         print(f"error: {err}", file=sys.stderr)

@@ -39,6 +39,7 @@ import torch
 
 from agents.threads import inference_threads, lane_threads
 from eval.episodes import run_episodes
+from primal_dt import checkpoint as checkpoint_io
 from primal_dt import errors, outputs, runtime
 from primal_dt.options import AT_LEAST_1, SEED, THREADS, check_device, check_numbers
 from primal_dt.train_config import RolloutOptions, TrainConfig
@@ -248,13 +249,13 @@ def run(argv: list[str]) -> dict:
     written = False
     try:
         try:
-            report = _rollout(cfg, path, ck, spec, model, targets)
+            # the video beside the report: in out='s folder when given, else in the run directory
+            report = _rollout(cfg, path, ck, spec, model, targets, out.parent)
         except KeyboardInterrupt:
             print(f"interrupted: no report written ({out} would have held it)", flush=True)
             raise
-        with errors.writing(out, "rollout report"):
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(report, indent=2))
+        # atomic: a write that fails (a full disk, ulimit -f) leaves no truncated report under the name
+        checkpoint_io.write_atomic(out, json.dumps(report, indent=2), "rollout report")
         written = True
     finally:
         if not written and not cfg.out and out.exists() and out.stat().st_size == 0:
@@ -264,7 +265,7 @@ def run(argv: list[str]) -> dict:
     return report
 
 
-def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
+def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets, out_dir: Path) -> dict:
     info = ck.data
     bar = EpisodeBar(cfg.episodes * len(targets), f"{spec.name} {cfg.engine}") if cfg.progress else None
     details: dict = {}
@@ -290,7 +291,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets) -> dict:
         from eval.video import record_episode
 
         report["video"] = record_episode(model, spec, info, targets[0], cfg.engine, cfg.seed,
-                                         out_dir=path.parent, gym_id=info.gym_id, max_steps=cfg.max_steps or None,
+                                         out_dir=out_dir, gym_id=info.gym_id, max_steps=cfg.max_steps or None,
                                          step=ck.step)
     return report
 

@@ -100,6 +100,7 @@ def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
         if not getattr(sweep, key) and key in cli.given(SweepConfig, argv, ALIASES):
             raise ValueError(f"{key}= needs at least one value")
     options.check_numbers(sweep, {"seeds": options.SEED, "jobs": options.AT_LEAST_0})
+    options.check_output_dir(sweep.out)
     if sweep.threads < 1:
         raise ValueError("threads must be >= 1 (torch threads per run)")
     if sweep.print and sweep.print not in PRINT_FORMATS:
@@ -152,13 +153,11 @@ def _match_existing(job: Job, cfg, out: Path) -> None:
     for d in sorted((out / job.env / job.label).glob(f"*-seed{job.seed}"), reverse=True):
         if not (d / dt_checkpoint.FILENAME).exists():
             continue
-        try:
-            ck = dt_checkpoint.load(d)
-        except (ValueError, FileNotFoundError):
-            continue
         try:  # through the config's reader, so options added since the run was written take their defaults
+            ck = dt_checkpoint.load(d)
             saved = dataclasses.asdict(train_config.from_dict(ck.config))
-        except ValueError:
+        except (ValueError, FileNotFoundError) as err:
+            print(f"[sweep] {d} is not resumed: {err}", file=sys.stderr, flush=True)
             continue
         have = {k: list(v) if isinstance(v, tuple) else v for k, v in _fixed(saved).items()}
         if have != want:

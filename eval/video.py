@@ -138,22 +138,26 @@ class Frames(gym.Wrapper):
 
 def _write(frames, fps: float, out_dir: Path, engine: str, tensorboard: bool, step: int) -> dict:
     """The GIF file, and the same GIF in TensorBoard (one encoding)."""
-    from primal_dt import errors, outputs
+    from primal_dt import checkpoint, outputs
     from primal_dt.monitor import RunMonitor, encode_gif
 
     # a new name (episode-stream-2.gif, ...) rather than over an earlier recording
     path = outputs.new_path(outputs.numbered(out_dir / f"episode-{engine}.gif"), outputs.create_file,
                             what="episode GIF")
     out = {"path": str(path)}
+    written = False
+    try:  # the file first, atomically: a failed write (full disk, ulimit -f) leaves no truncated GIF
+        data = encode_gif(frames, fps)
+        checkpoint.write_atomic(path, data, "episode GIF")
+        written = True
+    finally:
+        if not written and path.exists() and path.stat().st_size == 0:
+            path.unlink()  # the name claimed for a GIF that never came
     if tensorboard:
         mon = RunMonitor(out_dir / "video", progress=False)
         try:
-            data = mon.video(f"rollout/{engine}", frames, step, fps)
+            mon.image(f"rollout/{engine}", data, frames[0].shape[:2], step)
         finally:
             mon.close()
         out["tensorboard"] = f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"
-    else:
-        data = encode_gif(frames, fps)
-    with errors.writing(path, "episode GIF"):
-        path.write_bytes(data)
     return out

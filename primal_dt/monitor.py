@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import sys
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from . import errors, outputs
+from . import errors, lock, outputs
 
 
 def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
@@ -35,9 +36,22 @@ def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
     try:
         with errors.writing(base, "run directory"):
             base.mkdir(parents=True, exist_ok=True)
-        return outputs.new_path((base / n for n in names), Path.mkdir, what="run directory")
+        path = outputs.new_path((base / n for n in names), Path.mkdir, what="run directory")
     except errors.WriteError as err:
         raise errors.WriteError(f"{err}; nothing was written. Choose a writable out= (now {root})") from err
+    warn_running_siblings(path, seed)
+    return path
+
+
+def warn_running_siblings(path: Path, seed: int) -> None:
+    """One line on stderr for each run of the same dataset, model and seed still running beside the new
+    run ``path`` (it holds its directory's lock): a second run started by mistake then says so at once,
+    rather than both running on silently at half speed. Runs never share a directory, so this is no error."""
+    for other in sorted(path.parent.glob(f"*-seed{seed}")):
+        who = lock.holder(other) if other != path and other.is_dir() else None
+        if who is not None:
+            print(f"warning: {who} is running the same dataset, model and seed in {other}; this run starts beside "
+                  f"it in {path} (stop one if that was not meant)", file=sys.stderr, flush=True)
 
 
 def save_figure(fig, path: str | Path, what: str, dpi: int = 110) -> Path:
@@ -138,14 +152,17 @@ class RunMonitor:
         same animation. torch's ``add_video`` is not used: it encodes through ``moviepy.editor``,
         which moviepy 2 removed, and without it logs an empty image after printing a warning."""
         data = encode_gif(frames, fps)
+        self.image(tag, data, frames[0].shape[:2], step)
+        return data
+
+    def image(self, tag: str, data: bytes, size: tuple[int, int], step: int = 0) -> None:
+        """Log an encoded image (``data``: a GIF or PNG of ``size`` (height, width)) under ``tag``."""
         if self.writer is not None:
             from tensorboard.compat.proto.summary_pb2 import Summary
 
-            h, w = frames[0].shape[:2]
-            image = Summary.Image(height=h, width=w, colorspace=3, encoded_image_string=data)
+            image = Summary.Image(height=size[0], width=size[1], colorspace=3, encoded_image_string=data)
             with self._writing():
                 self.writer.file_writer.add_summary(Summary(value=[Summary.Value(tag=tag, image=image)]), step)
-        return data
 
     def hparams(self, params: dict, metrics: dict[str, float]) -> None:
         """Record hyper-parameters (flattened, stringified where TensorBoard needs it) with final metrics."""

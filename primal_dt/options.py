@@ -43,6 +43,14 @@ class Range:
         return "finite"
 
 
+def check_output_dir(path: str | None, option: str = "out") -> None:
+    """Refuse an empty directory option given on the command line (``out=``): it would otherwise mean the
+    current directory, or a default folder other commands read from, which the user did not name."""
+    if path is not None and not str(path).strip():
+        raise ValueError(f"{option}= is empty: give the directory to write into (leave {option}= out for the "
+                         "default)")
+
+
 def check_output_file(path: str, option: str) -> None:
     """A ValueError now, not after the whole run, when ``option`` (a file to write, e.g. a benchmark's
     ``json=``) names a directory or a folder that does not exist or cannot be written."""
@@ -224,4 +232,5 @@ class RunOptions:
     def check(self) -> None:
         """Raise ValueError naming the option, its value and what is allowed."""
         check_numbers(self, {"seed": SEED, "threads": THREADS})
+        check_output_dir(self.out)
         check_device(self.device)

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import yaml
 
 CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
 META_KEYS = ("source", "description", "paper")
+_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_.+-]*")
 
 
 def list_presets(group: str) -> list[str]:
@@ -24,7 +28,13 @@ def list_presets(group: str) -> list[str]:
 
 
 def load_preset(group: str, name: str) -> dict:
+    """The preset ``name`` of ``group``: a file of the package's configs/ only. A name is a bare file name
+    (``hopper-medium``), never a path, so ``preset=../../x`` cannot read a YAML outside configs/."""
     path = CONFIG_ROOT / group / f"{name}.yaml"
+    if not _NAME.fullmatch(name) or not path.resolve().is_relative_to(CONFIG_ROOT.resolve() / group):
+        raise ValueError(f"{group} preset {name!r} is not a preset name (letters, digits, '.', '-', '_', '+'; no "
+                         f"path): presets are the files of {CONFIG_ROOT / group}; available: "
+                         f"{', '.join(list_presets(group)) or '(none)'}")
     if not path.exists():
         names = list_presets(group)
         close = difflib.get_close_matches(name, names, n=3)
@@ -46,6 +56,7 @@ def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True
     sections may have real options of those names.
     """
     fields = {f.name: f for f in dataclasses.fields(cfg)}
+    hints = typing.get_type_hints(type(cfg))
     changes = {}
     for key, val in values.items():
         if top and key in META_KEYS:
@@ -55,8 +66,46 @@ def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             raise ValueError(f"{where}: unknown option {key!r}{hint}; options: {', '.join(fields)}")
         cur = getattr(cfg, key)
-        if dataclasses.is_dataclass(cur) and isinstance(val, dict):
+        if dataclasses.is_dataclass(cur):
+            if not isinstance(val, dict):
+                raise ValueError(f"{where}: {key} must be a mapping of its options, got {_shown(val)}")
             changes[key] = apply_preset(cur, val, f"{where}.{key}", top=False)
         else:
+            if not _fits(val, hints[key]):
+                raise ValueError(f"{where}: {key} must be {_kind(hints[key])}, got {_shown(val)}")
             changes[key] = val
     return dataclasses.replace(cfg, **changes)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a preset's or a saved config's ``value`` is of the kind the option's annotation names, so a
+    wrong kind (``eval: 5``, ``steps: abc``) is refused by name here rather than failing later in code
+    that trusts the type; kinds not listed here pass (their own checks apply)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is typing.Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return isinstance(value, (list, tuple)) and all(_fits(v, args[0]) for v in value)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) if a is not type(None) else value is None for a in args)
+    return True
+
+
+def _kind(hint: Any) -> str:
+    if typing.get_origin(hint) is typing.Literal:
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {_kind(typing.get_args(hint)[0])}"
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+
+
+def _shown(value: Any) -> str:
+    return repr(value)[:60]

@@ -20,11 +20,12 @@ MODELS = tuple(RANKS)  # what envs may not import: it is independent of models (
 ENTRY_POINTS = ("primal_dt.train", "primal_dt.classify")
 TOP = "eval"
 
-# The one option grammar (what entry points share lives once), the one error convention and the one
-# directory lock serve envs' entry points too (envs.collect, envs.behavior). envs may import them only
+# The one option grammar (what entry points share lives once), the one error convention, the one
+# directory lock and the one bounded JSON reader serve envs too (envs.collect, envs.behavior, the HDF5 and
+# Minari provenance). envs may import them only
 # while they import nothing from the project but each other: then envs still depends on no model code.
 # Any other envs -> primal_dt import stays a violation.
-ENVS_MAY_IMPORT = ("primal_dt.cli", "primal_dt.errors", "primal_dt.lock")
+ENVS_MAY_IMPORT = ("primal_dt.cli", "primal_dt.errors", "primal_dt.lock", "primal_dt.json_reader")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -155,7 +156,7 @@ def test_the_checker_flags_every_kind_of_violation(tmp_path):
 
 
 def test_what_envs_uses_of_primal_dt_imports_nothing_else_of_the_project():
-    """primal_dt.cli, errors and lock are envs' only ways into primal_dt, which holds only while they import
+    """primal_dt.cli, errors, lock and json_reader are envs' only ways into primal_dt, which holds only while they import
     no project module but each other."""
     for name in ENVS_MAY_IMPORT:
         path = (ROOT / Path(*name.split("."))).with_suffix(".py")

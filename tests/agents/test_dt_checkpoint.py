@@ -33,8 +33,8 @@ def training_state(model):
     model(inputs(model))[0].pow(2).mean().backward()
     opt.step()
     sched.step()
-    rng = [{"torch": torch.get_rng_state(), "sampler": {"bit_generator": np.random.default_rng(3).bit_generator.state,
-                                                        "K": model.cfg.K, "batch_size": 8}}]
+    rng = [{"torch": torch.get_rng_state(), "numpy": schema.numpy_state(),
+            "sampler": {"bit_generator": np.random.default_rng(3).bit_generator.state, "K": model.cfg.K, "batch_size": 8}}]
     return TrainingState(opt.state_dict(), sched.state_dict(), rng, step=7, train_time=1.5,
                          history={"eval/hopper-medium/3600": [(5, 12.5)]})
 
@@ -99,16 +99,17 @@ def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_ch
             schema.load(ck_io.save_atomic(other, tmp_path / "other-schema.pt"))
     renamed = dt_checkpoint(m).to_dict()
     renamed["model_config"]["layout"] = renamed["model_config"].pop("name")  # a form no release wrote
-    with pytest.raises(ValueError, match="model_config is not a DTConfig .*layout"):
+    with pytest.raises(ValueError, match="model_config is not a valid DTConfig .*layout"):
         schema.load(renamed)
     other_dims = dt_checkpoint(m).to_dict()
     other_dims["data"]["state_mean"] = torch.zeros(17)
     other_dims["data"]["state_std"] = torch.ones(17)
-    with pytest.raises(ValueError, match="data.state_mean has 17 entries but the model observes state_dim=11"):
+    with pytest.raises(ValueError, match="data.state_mean and data.state_std have 17 and 17 entries but the model "
+                                         "observes state_dim=11"):
         schema.load(other_dims)
     bad_scale = dt_checkpoint(m).to_dict()
     bad_scale["data"]["reward_scale"] = 0.0
-    with pytest.raises(ValueError, match="its data part is not valid: reward_scale must be > 0"):
+    with pytest.raises(ValueError, match="data.reward_scale must be a finite number > 0, got 0.0"):
         schema.load(bad_scale)
     wider = dt_checkpoint(tiny_dt(d_model=64)).to_dict()
     wider["model_config"] = m.cfg.to_dict()  # weights of another width than the config says
@@ -136,3 +137,90 @@ def test_the_dataset_fingerprint_is_kept_and_decides_what_data_fits(tmp_path, ti
     unknown = schema.DataInfo("hopper-medium", mine.state_mean, mine.state_std, 1000.0, source=mine.source)
     with pytest.raises(ValueError, match="made.pt records no dataset fingerprint"):
         schema.check_data(unknown, mine, "made.pt")
+
+
+# -- malformed fields: every one is a ValueError naming the field, never another exception -------------------
+@pytest.fixture(scope="module")
+def trained_dict(tiny_dt, dt_checkpoint):
+    """A DT checkpoint dict with a real training state (what primal_dt.train writes), d_model 32."""
+    m = tiny_dt()
+    return dt_checkpoint(m, training=training_state(m)).to_dict()
+
+
+def _with(d: dict, path: tuple, value):
+    """A copy of checkpoint dict ``d`` with the field at ``path`` set to ``value`` (``_GONE``: removed)."""
+    import copy
+
+    d = copy.deepcopy(d)
+    node = d
+    for key in path[:-1]:
+        node = node[key]
+    if value is _GONE:
+        node.pop(path[-1], None)
+    else:
+        node[path[-1]] = value
+    return d
+
+
+_GONE = object()
+FIELDS = [("config",), ("model_config",), ("model",), ("data",), ("optimizer",), ("scheduler",), ("rng",), ("step",),
+          ("train_time",), ("history",), ("data", "env"), ("data", "state_mean"), ("data", "state_std"),
+          ("data", "reward_scale"), ("data", "targets"), ("data", "held_out"), ("data", "gym_id"), ("data", "source"),
+          ("data", "fingerprint"), ("model_config", "d_model"), ("model_config", "n_layers"), ("model_config", "K"),
+          ("model_config", "max_timestep"), ("model_config", "name"), ("model_config", "attention_options"),
+          ("model_config", "state_dim"), ("rng", 0), ("optimizer", "param_groups"), ("history", "eval/x")]
+
+
+def test_a_malformed_field_is_one_error_naming_the_field(trained_dict):
+    """Hostile values (wrong kinds, absurd sizes, NaN, missing parts) in any field a reader uses: the
+    schema accepts the checkpoint whole or refuses it with a ValueError, and what it accepts builds."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    values = st.one_of(st.just(_GONE), st.none(), st.booleans(), st.integers(-5, 5),
+                       st.sampled_from([10**9, 10**12, 2**63, -1]), st.floats(allow_nan=True),
+                       st.text(max_size=3), st.lists(st.integers(-2, 2), max_size=3),
+                       st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+                       st.sampled_from([torch.zeros(3), torch.full((11,), float("nan")), torch.zeros(624, dtype=torch.int64)]))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.sampled_from(FIELDS), values)
+    def prop(path, value):
+        d = _with(trained_dict, path, value)
+        try:
+            ck = schema.DTCheckpoint.from_dict(d, where="checkpoint x.pt")
+        except ValueError as err:
+            assert "checkpoint x.pt" in str(err), err
+            return
+        try:
+            ck.build_model()
+        except ValueError as err:  # names and shapes are checked when the network is built
+            assert "model_config" in str(err), err
+
+    prop()
+
+
+@pytest.mark.parametrize("path, value, words", [
+    (("config",), 5, "config must be a mapping"),
+    (("history",), [1, 2], "history must be a mapping of tag"),
+    (("rng",), _GONE, "lacks rng"),
+    (("optimizer",), _GONE, "lacks optimizer"),
+    (("step",), "7", "step must be an integer >= 0"),
+    (("model_config", "d_model"), 10**9, "d_model=1000000000"),
+    (("model_config", "n_layers"), 10**6, "1000000 layers"),
+    (("model_config", "max_timestep"), 10**12, "holds"),
+])
+def test_each_malformed_field_is_named(trained_dict, path, value, words):
+    """The fields the issue found ending in tracebacks (or, for sizes, in the allocator) are refused by name,
+    before any network is built."""
+    with pytest.raises(ValueError, match=re.escape(words)):
+        schema.DTCheckpoint.from_dict(_with(trained_dict, path, value), where="checkpoint x.pt")
+
+
+def test_a_malformed_checkpoint_is_one_error_line_in_a_command(tmp_path, tiny_dt, dt_checkpoint, run_cli,
+                                                               one_line_error):
+    """What a command does with such a file: one error line naming it, exit 2 (here eval.rollout)."""
+    m = tiny_dt()
+    bad = _with(dt_checkpoint(m, training=training_state(m)).to_dict(), ("config",), 5)
+    path = ck_io.save_atomic(bad, tmp_path / "run" / "last.pt")
+    one_line_error(run_cli("eval.rollout", f"checkpoint={path}", "episodes=1"), str(path), "config must be a mapping")

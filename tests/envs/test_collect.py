@@ -304,3 +304,35 @@ def test_pickled_files_are_refused_and_never_run(tmp_path):
     with pytest.raises(ValueError, match="replay.npz is not a replay buffer of arrays"):
         replay_episodes(crafted / "replay.npz", 10)
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("name, text", [
+    ("meta.json", '{"env_id": "Hopper-v4"}'),  # a field missing (KeyError before)
+    ("meta.json", '{"env_id": 5, "seed": 0, "total_steps": 10}'),
+    ("meta.json", "[1, 2]"),
+    ("evals.json", '[{"step": "x", "return_mean": 1}]'),  # TypeError before
+    ("evals.json", '{"step": 1}'),
+    ("evals.json", "[" * 5000 + "]" * 5000),  # RecursionError before
+])
+def test_a_malformed_work_file_is_one_error_naming_it(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    reader = behavior.read_meta if name == "meta.json" else behavior.read_evals
+    with pytest.raises(ValueError, match=str(tmp_path / name)):
+        reader(tmp_path)
+
+
+def test_a_shard_whose_lengths_exceed_its_arrays_is_refused(tmp_path):
+    """A damaged rollout shard (its episode lengths claim more steps than its arrays hold) is one error
+    naming it, not episodes silently cut short."""
+    from envs.collect import _load_shard, _save_shard
+
+    g = np.random.default_rng(0)
+    eps = [{"observations": g.normal(size=(n + 1, 11)).astype(np.float32), "actions": np.zeros((n, 3), np.float32),
+            "rewards": np.ones(n, np.float32), "terminations": np.zeros(n, bool), "truncations": np.eye(1, n, n - 1,
+            dtype=bool)[0], "seed": s} for s, n in ((1, 5), (2, 7))]
+    _save_shard(tmp_path / "shard_000000.npz", eps)
+    assert [len(e["rewards"]) for e in _load_shard(tmp_path / "shard_000000.npz")] == [5, 7]
+    z = dict(np.load(tmp_path / "shard_000000.npz"))
+    np.savez(tmp_path / "shard_000002.npz", **{**z, "lengths": np.array([5, 70])})
+    with pytest.raises(ValueError, match=r"shard_000002\.npz is damaged: its 2 episode lengths \(total 75\)"):
+        _load_shard(tmp_path / "shard_000002.npz")

@@ -2,6 +2,7 @@
 on real files written as D4RL HDF5 and as a real Minari dataset."""
 
 import numpy as np
+import pytest
 
 from envs import Trajectories, load_dataset
 from envs.d4rl import write_d4rl
@@ -102,3 +103,17 @@ def test_a_subset_is_the_dataset_of_those_episodes_with_their_own_statistics():
     np.testing.assert_allclose(sub.state_mean, obs.mean(0), rtol=1e-5)  # not the whole dataset's
     assert not np.allclose(sub.state_mean, ds.state_mean, atol=1e-3)
     assert sub.source == ds.source and sub.fingerprint == direct.fingerprint != ds.fingerprint
+
+
+def test_rewards_beyond_any_simulator_are_a_data_error_not_a_divergence():
+    """Rewards of 1e30 (a corrupt file) are refused when the data is built, naming the rewards, rather than
+    overflowing the returns-to-go on the first training step and being diagnosed as a learning rate."""
+    from envs.errors import DatasetError
+    from envs.trajectories import Trajectories
+
+    n = 20
+    ep = {"observations": np.zeros((n, 3), np.float32), "actions": np.zeros((n, 2), np.float32),
+          "rewards": np.full(n, 1e30, np.float32), "terminals": np.eye(1, n, n - 1, dtype=bool)[0]}
+    with pytest.raises(DatasetError, match=r"rewards holds 20 value\(s\) larger than 1e\+06 in size .*corrupt"):
+        Trajectories.from_episodes([ep], name="x", source="test")
+    Trajectories.from_episodes([{**ep, "rewards": np.full(n, 3.0, np.float32)}], name="x", source="test")

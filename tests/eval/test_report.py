@@ -4,7 +4,9 @@ without validation (older ones) reported with a blank cell, unfinished runs left
 
 import csv
 import json
+import os
 import math
+import re
 import shutil
 import statistics
 import subprocess
@@ -252,7 +254,7 @@ BAD = {  # name: (summary.json text from a real one, what the line says)
     "null": (lambda s: "null", "the file must be a JSON object (a run's summary), got null"),
     "list": (lambda s: "[1, 2]", "the file must be a JSON object (a run's summary), got a list"),
     "seed-string": (lambda s: edited(s, seed="0"), "seed must be an integer, got a string"),
-    "invalid-json": (lambda s: '{"env": "hopper', "cannot be read: not valid JSON"),
+    "invalid-json": (lambda s: '{"env": "hopper', "is not valid JSON"),
 }
 
 
@@ -398,3 +400,34 @@ def test_a_minari_dataset_id_trains_rolls_out_and_is_reported_as_minari(tmp_path
     assert row["dataset"] == "mujoco/hopper/medium-v0" and row["data"] == "Minari mujoco/hopper/medium-v0"
     md = Path(res["markdown"]).read_text()
     assert "(on D4RL data, not Minari mujoco/hopper/medium-v0)" in md  # hopper-medium's paper number, marked
+
+
+@pytest.mark.slow  # a real report process; the reader's own tests (tests/primal_dt/test_json_reader.py) are the cheap guard
+def test_hostile_summaries_neither_hang_nor_break_the_table(runs, tmp_path):
+    """A summary.json that is a FIFO (which would block a reader forever), a link to /dev/zero, one with a
+    300-digit score, and a model name holding ``|`` and a line break: the first three are skipped with a
+    line each, the last is reported in one intact table row."""
+    _, summaries, _ = runs
+    good = Path(summaries[("dt", 0)]["run_dir"])
+    base = json.loads((good / "summary.json").read_text())
+    root = tmp_path / "runs"
+    for name in ("fifo", "zero"):
+        d = shutil.copytree(good, root / name)
+        (d / "summary.json").unlink()
+        os.mkfifo(d / "summary.json") if name == "fifo" else (d / "summary.json").symlink_to("/dev/zero")
+    score = {**base["final"]["target3600"], "normalized_mean": 1e308}
+    with_summary(good, root / "huge", edited(base, final={**base["final"], "target3600": score}))
+    with_summary(good, root / "named", edited(base, model="dt|x\nnext"))
+    p = subprocess.run([sys.executable, "-m", "eval.report", str(root), f"out={tmp_path / 'rep'}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 3 and all(x.startswith("skipped: ") for x in lines), lines
+    assert any("fifo/summary.json is not a regular file" in x for x in lines)
+    assert any("zero/summary.json is not a regular file" in x for x in lines)
+    assert any("huge/summary.json holds the number 1e+308" in x for x in lines)
+    table = (tmp_path / "rep" / "scores.md").read_text()
+    rows = [x for x in table.splitlines() if x.startswith("| ") and "dt\\|x next" in x]  # a row per target
+    headers = [x for x in table.splitlines() if x.startswith("| dataset")]
+    cells = lambda line: re.split(r"(?<!\\)\|", line)  # noqa: E731 - an escaped \| is no cell border
+    assert len(rows) == len(headers) >= 1 and {len(cells(r)) for r in rows} == {len(cells(headers[0]))}

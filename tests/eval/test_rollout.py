@@ -182,6 +182,16 @@ def test_cli_writes_a_json_report(ckpt, tmp_path):
     assert rep["lanes"] == 2 and rep["agent_latency"]["batch"] == 1 and rep["agent_latency"]["mean_ms"] > 0
 
 
+def test_a_report_that_cannot_be_written_whole_leaves_no_file(tmp_path, tiny_dt, dt_checkpoint_file, run_cli):
+    """Under a file-size limit smaller than the report (as a full disk), the rollout is one error line
+    naming the report, and neither a truncated report nor its claimed empty name is left in the run."""
+    ck = dt_checkpoint_file(tmp_path / "run", tiny_dt("primal+dt", K=5))
+    p = run_cli("eval.rollout", f"checkpoint={ck}", "episodes=1", "num_envs=1", "max_steps=3", "targets=3600",
+                "progress=false", file_size=1024)
+    assert p.returncode == 1 and "could not write the rollout report" in p.stderr, p.stderr[-2000:]
+    assert not list(ck.parent.glob("rollout-*")) and not list(ck.parent.glob(".rollout-*"))
+
+
 def test_cli_bf16_stream_rollout_is_reported_as_such(ckpt, tmp_path):
     """precision=bf16 reaches the agents in the lanes (asked for, recorded, and in a report of its own name),
     and plays the same episodes as fp32 up to its small action differences."""

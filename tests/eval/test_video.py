@@ -85,7 +85,8 @@ def test_backends_are_tried_in_order_and_a_machine_without_any_gets_the_reason(m
 def test_rollout_video_true_out_of_the_box(gl, tmp_path, tiny_dt, dt_checkpoint_file, run_cli, monkeypatch):
     """``python -m eval.rollout ... video=true`` as a user runs it (MUJOCO_GL unset): the GIF file and
     the same GIF in TensorBoard. With no backend that renders (glfw needs a display; a valid MUJOCO_GL
-    value, so the simulators themselves still load), the rollout still succeeds and says why."""
+    value, so the simulators themselves still load), the rollout still succeeds and says why. The video goes
+    where out= puts the report, not beside the checkpoint."""
     if gl is None:
         monkeypatch.delenv("MUJOCO_GL", raising=False)
     else:
@@ -93,7 +94,7 @@ def test_rollout_video_true_out_of_the_box(gl, tmp_path, tiny_dt, dt_checkpoint_
         monkeypatch.delenv("DISPLAY", raising=False)
         monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
     ckpt = dt_checkpoint_file(tmp_path, tiny_dt("primal+dt", K=5))
-    out = tmp_path / "report.json"
+    out = tmp_path / "reports" / "report.json"
     p = run_cli("eval.rollout", f"checkpoint={ckpt}", "engine=stream", "episodes=1", "targets=3600", "max_steps=30",
                 "num_envs=1", "video=true", "progress=false", f"out={out}")
     assert p.returncode == 0, p.stderr[-3000:]
@@ -102,12 +103,24 @@ def test_rollout_video_true_out_of_the_box(gl, tmp_path, tiny_dt, dt_checkpoint_
     if not available:  # this machine (or this case) renders nothing: the reason, and no file
         assert video["path"] is None and "rollout results are unaffected" in video["message"]
         assert video["message"] in p.stderr and f"video: {video['message']}" in p.stdout
-        assert not list(tmp_path.glob("*.gif")) and not (tmp_path / "video").exists()
+        assert not list(tmp_path.rglob("*.gif")) and not (out.parent / "video").exists()
         return
     gif = Path(video["path"])
-    assert gif == tmp_path / "episode-stream.gif" and video["backend"] == backend and video["length"] <= 30
+    assert not list(tmp_path.glob("*.gif")) and not (tmp_path / "video").exists()  # nothing beside the checkpoint
+    assert gif == out.parent / "episode-stream.gif" and video["backend"] == backend and video["length"] <= 30
     data = gif.read_bytes()
     assert len(gif_frames(data)) == video["frames"] >= 2
-    (event,) = tensorboard_images(tmp_path / "video", "rollout/stream")
+    (event,) = tensorboard_images(out.parent / "video", "rollout/stream")
     assert event.encoded_image_string == data and (event.width, event.height) == (240, 240)
     assert f"video: {gif}; TensorBoard: GIF" in p.stdout
+
+
+def test_a_gif_that_cannot_be_written_whole_leaves_no_file(tmp_path, run_code):
+    """A GIF written under a file-size limit (as a full disk) is one error naming it, and no truncated
+    GIF nor empty claimed name is left as the rollout's output."""
+    code = ("import numpy as np\nfrom pathlib import Path\nfrom eval.video import _write\n"
+            "frames = [np.random.default_rng(i).integers(0, 255, (64, 64, 3), dtype=np.uint8) for i in range(20)]\n"
+            f"_write(frames, 10.0, Path({str(tmp_path)!r}), 'stream', False, 0)\n")
+    p = run_code(code, file_size=4096)
+    assert p.returncode != 0 and "could not write the episode GIF" in p.stderr, p.stderr[-2000:]
+    assert not list(tmp_path.iterdir())

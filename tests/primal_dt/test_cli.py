@@ -204,3 +204,55 @@ def test_every_recorded_shorthand_names_the_same_option():
                 cls, shorthands = where[entry]
                 assert cli.given(cls, [f"{short}=1"], shorthands) == [target] == cli.given(cls, [f"--{short}", "1"],
                                                                                            shorthands), (entry, short)
+
+
+def test_an_empty_out_is_refused_by_every_command_that_writes_a_tree():
+    """``out=`` (empty) would mean the current directory or a default data folder other runs read from:
+    each command that takes a directory refuses it in one message naming the option."""
+    from envs.collect import CollectConfig, check as collect_check
+    from eval import report, sweep
+    from primal_dt.classify_config import ClassifyConfig
+    from primal_dt.options import RunOptions
+    from primal_dt.train_config import TrainConfig
+
+    for cfg in (TrainConfig(out=""), ClassifyConfig(out=" ")):  # the run options both trainers check
+        with pytest.raises(ValueError, match="out= is empty"):
+            RunOptions.check(cfg)
+    with pytest.raises(ValueError, match="out= is empty"):
+        sweep.split_args(["out="])
+    with pytest.raises(SystemExit) as exc:
+        report.main(["runs", "--out="])
+    assert exc.value.code == 2
+    with pytest.raises(SystemExit) as exc:
+        collect_check(CollectConfig(out=""))
+    assert exc.value.code == 2
+
+
+@pytest.mark.parametrize("name", ["../../x", "../dt/smoke", "/etc/passwd", ".hidden", "a/b"])
+def test_a_preset_name_is_never_a_path(tmp_path, name):
+    from primal_dt import presets
+
+    with pytest.raises(ValueError, match="is not a preset name"):
+        presets.load_preset("dt", name)
+
+
+def test_a_new_run_beside_a_running_one_of_the_same_seed_says_so(tmp_path, capfd):
+    """Runs never share a directory; a second run of the same dataset, model and seed started while the
+    first runs gets one warning line naming the other run's directory and process."""
+    from primal_dt.monitor import run_dir
+
+    first = run_dir(tmp_path, "hopper-medium", "dt", seed=0)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from primal_dt import lock; "
+                               f"lock.hold({str(first)!r}); print('held', flush=True); time.sleep(60)"],
+                              stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        capfd.readouterr()
+        second = run_dir(tmp_path, "hopper-medium", "dt", seed=0)
+        (line,) = capfd.readouterr().err.strip().splitlines()
+        assert second != first and line.startswith(f"warning: process {holder.pid} is running") and str(first) in line
+        run_dir(tmp_path, "hopper-medium", "dt", seed=1)  # another seed: no warning
+        assert capfd.readouterr().err == ""
+    finally:
+        holder.kill()
+        holder.wait()

@@ -1,0 +1,103 @@
+"""The one reader of JSON the package did not just write itself: run summaries, rollout reports, exported
+policies' metadata, HDF5 and Minari provenance, the collector's work files.
+
+Such a file may be damaged, planted or simply not a file, so reading it is bounded and its values are
+checked before any reader looks at them; whatever is wrong is one ``JSONError`` (a ValueError) naming
+the file, never a hang, an exhausted memory or a traceback:
+- only a regular file is read (a FIFO would block forever, a link to /dev/zero never end), and at most
+  ``max_bytes`` of it;
+- nesting deeper than ``MAX_DEPTH`` is refused before parsing (the parser recurses once per level);
+- numbers must be finite and of a size a primal-dt file holds (``MAX_MAGNITUDE``): NaN, Infinity,
+  ``1e400`` or a 400-digit integer are refused, so no reader averages or formats them (a reader whose own
+  checks flag NaN and Infinity, the run summary's, may accept those two).
+
+It imports nothing beyond the standard library, so ``envs`` and the torch-free ONNX runtime use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+MAX_BYTES = 1 << 20
+"""largest file read by default (the package's JSON files are a few kB)"""
+MAX_DEPTH = 32
+"""deepest nesting accepted (the package's files nest a few levels)"""
+MAX_MAGNITUDE = 1e15
+"""largest number accepted: above any score, statistic, count or seed a primal-dt file records"""
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+class JSONError(ValueError):
+    """A JSON file or text that cannot be used, with its name and why."""
+
+
+def read(path: str | Path, max_bytes: int = MAX_BYTES, nonfinite: bool = False) -> Any:
+    """The JSON document in the regular file ``path`` (links followed), checked as ``parse`` checks it.
+    A missing file is a ``FileNotFoundError``, as for ``open``; anything else wrong is a ``JSONError``."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO opens without a writer
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise JSONError(f"{path} cannot be read: {err.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise JSONError(f"{path} is not a regular file (a FIFO, device or directory); give a JSON file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(max_bytes + 1)
+    except OSError as err:
+        raise JSONError(f"{path} cannot be read: {err.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise JSONError(f"{path} is larger than {max_bytes:,} bytes, more than any file of this kind holds; "
+                        "it is not one primal-dt wrote")
+    return parse(data, str(path), nonfinite)
+
+
+def parse(text: str | bytes, where: str, nonfinite: bool = False) -> Any:
+    """The JSON document ``text`` (from ``where``: a file, an HDF5 attribute, an ONNX metadata entry),
+    refusing what ``read`` refuses: invalid UTF-8 or JSON, deep nesting, non-finite or huge numbers.
+    ``nonfinite``: accept the constants NaN, Infinity and -Infinity (a run's summary records a diverged
+    evaluation's score so, and its reader flags it); a number too large for its digits is refused still."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise JSONError(f"{where} is not UTF-8 text ({err.reason} at byte {err.start})") from None
+    depth = _depth(text)
+    if depth > MAX_DEPTH:
+        raise JSONError(f"{where} nests {depth} levels deep, more than the {MAX_DEPTH} any primal-dt file has")
+    try:
+        return json.loads(text, parse_int=lambda s: _number(int(s) if len(s) <= 20 else math.inf, s, where),
+                          parse_float=lambda s: _number(float(s), s, where),
+                          parse_constant=lambda s: float(s) if nonfinite else _number(math.nan, s, where))
+    except json.JSONDecodeError as err:
+        raise JSONError(f"{where} is not valid JSON ({err})") from None
+
+
+def _number(value: float, text: str, where: str) -> float:
+    if not abs(value) <= MAX_MAGNITUDE:  # NaN fails this too
+        raise JSONError(f"{where} holds the number {text[:30]}{'...' if len(text) > 30 else ''}, not a finite "
+                        f"number of at most {MAX_MAGNITUDE:g} in size; the file is damaged or not one primal-dt wrote")
+    return value
+
+
+def _depth(text: str) -> int:
+    """How deeply ``text``'s arrays and objects nest (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for c in _STRING.sub("", text):
+        if c in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in "]}":
+            depth -= 1
+    return deepest
