@@ -30,7 +30,6 @@ longer than the window go through in pieces.
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
