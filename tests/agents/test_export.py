@@ -164,6 +164,7 @@ def test_whole_hopper_episodes_batch_8_with_staggered_restarts(name, trained, ar
     assert_same_actions(actions)
 
 
+@pytest.mark.slow
 def test_the_bookkeeping_inside_the_graph_is_the_agents(tiny_dt, dt_checkpoint_file, make_agent, tmp_path):
     """Return-to-go, per-row targets, rewards ignored at a row's first step, timesteps and the state
     normalisation, on a model made sensitive to them (a barely trained model hardly reads its
@@ -197,6 +198,7 @@ def test_the_bookkeeping_inside_the_graph_is_the_agents(tiny_dt, dt_checkpoint_f
     np.testing.assert_allclose(run(TorchScriptPolicy(ts_path)), ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["linear", "cosformer", "kerformer", "flowformer", "primal+linear"])
 def test_the_other_exportable_mechanisms_act_as_the_stream_agent(layout, tiny_dt, dt_checkpoint_file, make_agent,
                                                                   rollout_inputs, tmp_path):
@@ -321,6 +323,7 @@ def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
         assert sess.get_modelmeta().custom_metadata_map[METADATA_KEY]
 
 
+@pytest.mark.slow
 def test_a_checkpoint_in_memory_exports_with_no_file_hash(trained, tmp_path):
     ck = dt_checkpoint.load(trained["dt"])
     path = export_policy(ck, "onnx", tmp_path / "p.onnx")
@@ -347,6 +350,7 @@ def test_a_post_norm_block_is_named(tiny_dt):
 
 
 # -- the command line ---------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_command_line_exports_next_to_the_checkpoint(trained, run_cli, tmp_path):
     proc = run_cli("agents.export", f"checkpoint={trained['primal+dt']}", "format=onnx")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -357,6 +361,7 @@ def test_command_line_exports_next_to_the_checkpoint(trained, run_cli, tmp_path)
     assert pol.act(np.zeros((2, 11))).shape == (2, 3)
 
 
+@pytest.mark.slow
 def test_a_failed_write_is_one_error_line_and_leaves_nothing(trained, run_cli, one_line_error, tmp_path):
     out = tmp_path / "p.onnx"
     proc = run_cli("agents.export", f"checkpoint={trained['dt']}", f"out={out}", file_size=50_000)
@@ -453,6 +458,7 @@ def test_the_exported_step_is_the_same_function_at_any_batch(trained):
     assert state[0].tolist() == [8, 3, 8]  # timesteps: row 1 restarted at t = 5
 
 
+@pytest.mark.slow
 def test_a_killed_exports_temporary_file_is_swept_at_the_next_export_there(trained, killed_checkpoint_write,
                                                                            tmp_path):
     out = tmp_path / "p.onnx"
@@ -554,6 +560,7 @@ def test_a_planted_policy_file_is_never_what_acts(trained, tmp_path, cache):
     assert graph.read_bytes() != before
 
 
+@pytest.mark.slow
 def test_a_read_only_run_leaves_no_temporary_export_behind(trained, tmp_path, cache, monkeypatch):
     """Exports go to the cache, or, when there is none (the cache path is a file), to a temporary directory that
     is gone once onnxruntime has read the graph: nothing is left in the temporary directory either way."""

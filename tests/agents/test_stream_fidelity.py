@@ -85,6 +85,7 @@ def test_a_checkpoint_trained_on_segments_streams_another_policy_and_says_so(tra
     assert play(stream, recompute) > 1e-3  # why the flag exists: the two engines are different policies
 
 
+@pytest.mark.slow
 def test_the_exported_policy_records_whether_its_stream_is_exact(trained, tmp_path):
     pytest.importorskip("onnxruntime")
     from agents.export import export_policy

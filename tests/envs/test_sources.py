@@ -71,6 +71,7 @@ def test_env_takes_a_locally_made_minari_dataset_id(data_dirs, collected_minari,
     assert f"source minari:{dsid}" in p.stdout and "6 episodes" in p.stdout
 
 
+@pytest.mark.slow
 def test_env_of_an_unsupported_simulator_is_one_error_line(data_dirs, collected_minari, tmp_path, run_cli,
                                                            one_line_error):
     dsid = collected_minari("primal-dt/pendulum/medium-v0", sim="InvertedPendulum-v4", seeds=range(2))

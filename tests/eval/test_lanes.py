@@ -114,6 +114,7 @@ def test_a_failing_lane_is_reported_and_every_lane_process_ends(tiny_dt, hopper_
     assert not any(v._proc.is_alive() for v in venvs)
 
 
+@pytest.mark.slow
 def test_a_multi_threaded_lane_starts_clean_and_uses_its_threads(run_code):
     """A lane with 2 torch threads, made by a parent that already ran a 2-thread parallel region (a forked
     child would hang in GNU OpenMP), runs its episodes on 2 threads in a freshly started process."""

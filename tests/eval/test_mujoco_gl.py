@@ -33,8 +33,10 @@ def test_building_a_simulator_names_the_value_and_the_fix(run_code, monkeypatch)
     assert p.stderr.strip().splitlines()[-1] == f"ValueError: {NONSENSE}"
 
 
-@pytest.mark.parametrize("video", ["false", "true"])
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout, video", [
+    pytest.param(layout, video, id=f"{layout}-{video}",
+                 marks=[] if (layout, video) in {("one-env", "true"), ("process-lanes", "false")} else [pytest.mark.slow])
+    for video in ("false", "true") for layout in LAYOUTS])
 def test_rollout_with_an_invalid_value_is_one_error_line(layout, video, tmp_path, checkpoint, run_cli,
                                                         one_line_error, monkeypatch):
     """Without a video too: the simulators themselves cannot load. Nothing is written."""

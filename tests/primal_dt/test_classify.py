@@ -155,6 +155,7 @@ def test_validation_ties_go_to_lower_loss(tmp_path):
     assert steps == [1, 2, 2]
 
 
+@pytest.mark.slow
 def test_a_run_is_resumed_by_one_process_at_a_time(tmp_path):
     base = ["task=uea/JapaneseVowels-fast", "model=transformer", "data.max_train=16", "data.max_val=9",
             "data.max_test=10", "train.batch_size=8", f"out={tmp_path}", *TINY]

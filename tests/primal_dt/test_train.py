@@ -370,6 +370,7 @@ def test_every_numeric_option_is_valid_or_named_before_training(hopper_file, tmp
 
 
 # -- one process per run directory ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_run_is_resumed_by_one_process_at_a_time_and_a_killed_one_blocks_nothing(hopper_file, tmp_path, run_cli,
                                                                                    one_line_error, tiny_train):
     """Two ``resume=RUN`` at once: the second is refused with the first's pid before it trains or writes;
