@@ -21,6 +21,14 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
+# CI runs the property tests on the same examples every time (a failure there is reproducible, not a
+# draw); elsewhere hypothesis explores new ones on each run. No deadlines: the machines are shared.
+from hypothesis import settings as _hypothesis_settings  # noqa: E402
+
+_hypothesis_settings.register_profile("ci", derandomize=True, deadline=None)
+_hypothesis_settings.register_profile("default", deadline=None)
+_hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "default")
+
 
 @pytest.fixture(autouse=True)
 def _seed():

@@ -156,7 +156,10 @@ def _with(d: dict, path: tuple, value):
     for key in path[:-1]:
         node = node[key]
     if value is _GONE:
-        node.pop(path[-1], None)
+        if isinstance(node, dict):
+            node.pop(path[-1], None)
+        elif -len(node) <= path[-1] < len(node):  # a list: the entry taken out
+            del node[path[-1]]
     else:
         node[path[-1]] = value
     return d
