@@ -41,16 +41,16 @@ def test_grid_runs_then_a_second_call_skips_and_resumes(hopper_file, tmp_path):
     assert "| hopper-medium | D4RL | primal+dt | stream (not trained) | 1 | 6 |" in p.stdout and (out / "report" / "scores.md").exists()
     stamps = {d: (d / "summary.json").stat().st_mtime_ns for d in first}
 
-    p = sweep(hopper_file, out, "model=dt,primal+dt", "seeds=0,1", "steps=6")
-    assert "4 runs: 2 to start, 0 to resume, 2 finished" in p.stdout
-    assert len(run_dirs(out)) == 4
+    p = sweep(hopper_file, out, "model=dt", "seeds=0,1", "steps=6")
+    assert "2 runs: 1 to start, 0 to resume, 1 finished" in p.stdout
+    assert len(run_dirs(out)) == 3
     assert {d: (d / "summary.json").stat().st_mtime_ns for d in first} == stamps  # finished runs untouched
     assert "| hopper-medium | D4RL | dt | stream (not trained) | 2 | 6 |" in p.stdout
 
     p = sweep(hopper_file, out, "model=dt", "seeds=0", "steps=9")
     assert "1 runs: 0 to start, 1 to resume, 0 finished" in p.stdout
     dt0 = next(d for d in first if d.parent.name == "dt")
-    assert dt_checkpoint.load(dt0).step == 9 and len(run_dirs(out)) == 4  # same directory, continued
+    assert dt_checkpoint.load(dt0).step == 9 and len(run_dirs(out)) == 3  # same directory, continued
 
 
 @pytest.mark.slow
