@@ -1,6 +1,6 @@
 """The GPU benchmark: what a Decision Transformer costs on one accelerator, ratios in one run.
 
-    python -m eval.bench.gpu                        # on a GPU: at most about 5 minutes
+    python -m eval.bench.gpu                        # on a GPU: bounded by --budget_s
     python -m eval.bench.gpu --budget               # tiny sizes, any device: a rehearsal in seconds
 
 Three parts, each against a named baseline measured in the same run:
