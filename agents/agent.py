@@ -31,8 +31,8 @@ import numpy as np
 import torch
 
 from primal_dt.attention.precision import check_precision, native_bf16
-from primal_dt.runtime import pick_device
-from primal_dt.train_config import ENGINES
+from primal_dt.run.runtime import pick_device
+from agents.train_config import ENGINES
 
 from . import dt_checkpoint, threads
 from .decision_transformer import DTStep

@@ -78,7 +78,7 @@ from primal_dt.attention.base import StateSpec, restart_rows
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
 from primal_dt.layouts import layout
-from primal_dt.train_config import ModelConfig
+from agents.train_config import ModelConfig
 
 
 

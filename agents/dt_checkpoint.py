@@ -3,11 +3,11 @@
 Everything that reads or writes a DT checkpoint (training and its resume, ``load_agent``,
 ``eval.rollout``, the benchmarks, ``eval.spectrum``, the tests) goes through this module, so the
 layout is known in one place. On disk a checkpoint is a dict saved atomically by
-``primal_dt.checkpoint`` (tensors and plain data):
+``primal_dt.run.checkpoint`` (tensors and plain data):
 
     kind          "dt"
     schema        SCHEMA_VERSION
-    config        the run's TrainConfig as a plain dict (``primal_dt.train_config.from_dict``)
+    config        the run's TrainConfig as a plain dict (``agents.train_config.from_dict``)
     model_config  DTConfig as a plain dict: what builds the network back
     model         the network's state_dict
     data          DataInfo: dataset identity (source, content fingerprint), the episodes held out
@@ -18,7 +18,7 @@ layout is known in one place. On disk a checkpoint is a dict saved atomically by
 The return-to-go scale has one meaning everywhere in the package: returns-to-go are *divided* by
 ``reward_scale`` (1000 in the DT papers) before they reach the model.
 
-Files are read without running code (``primal_dt.checkpoint.load``: ``weights_only=True``). Data
+Files are read without running code (``primal_dt.run.checkpoint.load``: ``weights_only=True``). Data
 loaded for a checkpoint (a resumed run, ``load_agent(data=...)``, ``eval.rollout data_source=...``,
 ``eval.spectrum``) is compared with the fingerprint recorded here by ``check_data``; data that
 differs is an error naming both sources.
@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from primal_dt import checkpoint as ck_io
-from primal_dt.options import check_size
+from primal_dt.run import checkpoint as ck_io
+from primal_dt.run.options import check_size
 
 from .decision_transformer import DecisionTransformer, DTConfig
 
@@ -372,13 +372,13 @@ def set_numpy_state(state: dict) -> None:
 
 def resolve(path: str | Path, option: str = "checkpoint") -> Path:
     """A checkpoint file, a run directory meaning its last.pt, or a directory of runs meaning the
-    newest run's (``primal_dt.checkpoint.find``); a FileNotFoundError saying what to give otherwise."""
+    newest run's (``primal_dt.run.checkpoint.find``); a FileNotFoundError saying what to give otherwise."""
     return ck_io.find(path, FILENAME, option)
 
 
 def save(ck: DTCheckpoint, path: str | Path) -> Path:
     """Write ``ck`` atomically (a crash or a full disk never leaves a torn file; a failed write is a
-    ``primal_dt.errors.WriteError`` naming the file and the step it would have held)."""
+    ``primal_dt.run.errors.WriteError`` naming the file and the step it would have held)."""
     return ck_io.save_atomic(ck.to_dict(), path, what=f"checkpoint (step {ck.step})")
 
 

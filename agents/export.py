@@ -43,8 +43,8 @@ from typing import Literal
 
 import torch
 
-from primal_dt import checkpoint as ck_io
-from primal_dt import errors, json_reader
+from primal_dt.run import checkpoint as ck_io
+from primal_dt.run import errors, json_reader
 from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
@@ -302,7 +302,7 @@ class ExportConfig:
 
 def run(argv: list[str]) -> Path:
     """What ``python -m agents.export`` does; bad input is a ``SetupError``."""
-    from primal_dt.cli import parse
+    from primal_dt.run.cli import parse
 
     cfg = parse(ExportConfig, argv, prog="python -m agents.export",
                 description="Export a Decision-Transformer checkpoint's stream step (the agent's whole act, recurrent "

@@ -97,7 +97,7 @@ def cached_export(path: Path) -> Path | None:
     """The ONNX export of the checkpoint file ``path``, from the cache when this package wrote an entry for
     that file's bytes and the graph still has the digest recorded beside it, else exported into the cache
     now. None when there is no usable cache directory (``cache_dir``)."""
-    from primal_dt import checkpoint as ck_io
+    from primal_dt.run import checkpoint as ck_io
 
     from .export import sha256_file
 

@@ -58,7 +58,7 @@ def check_artefact(session, text: str | None, where: str) -> dict:
                          "python -m agents.export")
     try:
         meta = json.loads(text)
-    except (ValueError, RecursionError) as err:  # this file stands alone (no primal_dt.json_reader): nesting too
+    except (ValueError, RecursionError) as err:  # this file stands alone (no primal_dt.run.json_reader): nesting too
         raise ValueError(f"{where}: its policy metadata ({METADATA_KEY}) is not valid JSON ({err})") from None
 
     def bad(field: str, want: str, got) -> ValueError:

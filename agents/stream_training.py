@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from primal_dt.attention import available, get_class
-from primal_dt.options import attention_words
+from primal_dt.run.options import attention_words
 
 from .decision_transformer import Batch, DTConfig
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 
-from primal_dt import errors, json_reader
+from primal_dt.run import errors, json_reader
 
 SUMMARY_FIELDS = {"env": str, "model": str, "seed": int, "steps": int}
 """the fields every summary names, with their JSON types; ``final`` and ``validation`` follow, each an

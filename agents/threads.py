@@ -5,8 +5,8 @@ per-operator overhead that threads do not divide, and lanes side by side share t
 
 from __future__ import annotations
 
-from primal_dt.runtime import usable_cores
-from primal_dt.train_config import ENGINES
+from primal_dt.run.runtime import usable_cores
+from agents.train_config import ENGINES
 
 INFERENCE_ENGINES = (*ENGINES, "onnx", "torchscript")
 """the torch engines and the exported runtimes"""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from primal_dt import json_reader, options
+from primal_dt.run import json_reader, options
 
 from .onnx_policy import METADATA_KEY, GraphPolicy
 

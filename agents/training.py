@@ -42,12 +42,13 @@ import torch.distributed as dist
 import yaml
 
 import envs
-from primal_dt import checkpoint as ck_io
-from primal_dt import distributed, errors, lock, outputs, presets, runtime, train_config
-from primal_dt.monitor import EpisodeBar, RunMonitor, run_dir
-from primal_dt.distributed import Dist
-from primal_dt.errors import SetupError, WriteError
-from primal_dt.train_config import Built, TrainConfig, model_label
+from primal_dt.run import checkpoint as ck_io
+from primal_dt.run import distributed, errors, lock, outputs, presets, runtime
+from agents import train_config
+from primal_dt.run.monitor import EpisodeBar, RunMonitor, run_dir
+from primal_dt.run.distributed import Dist
+from primal_dt.run.errors import SetupError, WriteError
+from agents.train_config import Built, TrainConfig, model_label
 
 from . import dt_checkpoint, stream_training, train_step as steps
 from .decision_transformer import Batch, DecisionTransformer, DTConfig, trailing_padding

@@ -12,7 +12,7 @@ Layout of ``workdir`` (every file written atomically, temp + rename):
                             transitions are the buffer "up to step N")
   evals.json                [{step, return_mean, return_std, stoch_return_mean, episodes}, ...]
   meta.json                 env id, seed, total steps requested
-  .lock                     held (``primal_dt.lock``, an OS file lock the kernel drops when the trainer
+  .lock                     held (``primal_dt.run.lock``, an OS file lock the kernel drops when the trainer
                             exits in any way) by the process training here, so that two trainers never
                             share a directory
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from primal_dt import json_reader, lock
+from primal_dt.run import json_reader, lock
 
 CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
 REPLAY = "replay.npz"
@@ -316,8 +316,8 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
 
 def main(argv: list[str] | None = None) -> Path:
     """``python -m envs.behavior``: train (or resume) the SAC behaviour policy on its own."""
-    from primal_dt import errors
-    from primal_dt.cli import parse
+    from primal_dt.run import errors
+    from primal_dt.run.cli import parse
 
     def run(argv):
         args = parse(BehaviorConfig, argv, prog="python -m envs.behavior", description=__doc__.split("\n\n")[0])

@@ -33,7 +33,7 @@ from typing import Literal, get_args
 import numpy as np
 
 from envs import behavior
-from primal_dt.cli import fail
+from primal_dt.run.cli import fail
 from envs.registry import FAMILIES, get_spec
 
 Level = Literal["medium", "expert", "medium-replay", "medium-expert"]
@@ -358,7 +358,7 @@ def _live_run_age(workdir: Path) -> float | None:
 def check(cfg: CollectConfig) -> None:
     """Every option, before a policy is trained or a file touched: a bad one ends the command with
     one ``error:`` line naming it (``envs`` stands apart from the model packages, so these checks
-    are written out here rather than with ``primal_dt.options``)."""
+    are written out here rather than with ``primal_dt.run.options``)."""
     def need(ok: bool, msg: str) -> None:
         if not ok:
             fail(msg)
@@ -498,8 +498,8 @@ PROG = "python -m envs.collect"
 
 
 def parse(argv: list[str] | None = None) -> CollectConfig:
-    """The command line (``primal_dt.cli``'s grammar, which imports nothing of the models) as a config."""
-    from primal_dt.cli import parse as parse_cli
+    """The command line (``primal_dt.run.cli``'s grammar, which imports nothing of the models) as a config."""
+    from primal_dt.run.cli import parse as parse_cli
 
     return parse_cli(CollectConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
-from primal_dt import json_reader
+from primal_dt.run import json_reader
 from envs.hdf5_limits import check_declared_sizes
 from envs.registry import FAMILIES, EnvSpec, family_of
 from envs.sources import Request, register

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
-from primal_dt import json_reader
+from primal_dt.run import json_reader
 from envs.hdf5_limits import check_declared_sizes
 from envs.registry import family_of
 from envs.sources import Request, register

@@ -52,9 +52,10 @@ import envs
 from envs import sources
 from agents import dt_checkpoint
 from agents.summary import read_summary
-from primal_dt import checkpoint as ck_io
-from primal_dt import errors, json_reader, options, presets, train_config
-from primal_dt.monitor import save_figure
+from primal_dt.run import checkpoint as ck_io
+from primal_dt.run import errors, json_reader, options, presets
+from agents import train_config
+from primal_dt.run.monitor import save_figure
 import tyro
 
 # Options that do not change what a run learns (or only how it is launched and logged). ``data_source``
@@ -538,7 +539,7 @@ class ReportConfig:
 def main(argv: list[str] | None = None) -> int:
     """``python -m eval.report``: 0 when written; runs that cannot be reported end as every mistake
     does (``cli.fail``)."""
-    from primal_dt.cli import fail, parse
+    from primal_dt.run.cli import fail, parse
 
     paragraphs = __doc__.split("\n\n")
     cfg = parse(ReportConfig, argv, prog="python -m eval.report",

@@ -39,11 +39,11 @@ import torch
 
 from agents.threads import inference_threads, lane_threads
 from eval.episodes import run_episodes
-from primal_dt import checkpoint as checkpoint_io
-from primal_dt import errors, outputs, runtime
-from primal_dt.options import AT_LEAST_1, SEED, THREADS, check_device, check_numbers
-from primal_dt.train_config import RolloutOptions, TrainConfig
-from primal_dt.monitor import EpisodeBar
+from primal_dt.run import checkpoint as checkpoint_io
+from primal_dt.run import errors, outputs, runtime
+from primal_dt.run.options import AT_LEAST_1, SEED, THREADS, check_device, check_numbers
+from agents.train_config import RolloutOptions, TrainConfig
+from primal_dt.run.monitor import EpisodeBar
 
 
 # -- simulators ------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def run(argv: list[str]) -> dict:
     """What ``python -m eval.rollout`` does; bad input is a ``SetupError`` before any simulation."""
     import envs
     from agents import dt_checkpoint
-    from primal_dt.cli import parse
+    from primal_dt.run.cli import parse
 
     cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=SHORTHANDS)
     with errors.setup_errors(KeyError):

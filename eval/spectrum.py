@@ -41,9 +41,9 @@ from primal_dt.blocks import Stack
 
 if TYPE_CHECKING:
     from envs.sampler import Batch
-from primal_dt.checkpoint import write_atomic
-from primal_dt.monitor import save_figure
-from primal_dt.options import AT_LEAST_1, SEED
+from primal_dt.run.checkpoint import write_atomic
+from primal_dt.run.monitor import save_figure
+from primal_dt.run.options import AT_LEAST_1, SEED
 
 
 @dataclass
@@ -232,7 +232,7 @@ def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True)
     fig = plot(report, out / "spectrum.png")
     write_atomic(out / "spectrum.json", json.dumps(asdict(report), indent=1), "spectrum's values")
     if tensorboard:
-        from primal_dt.monitor import RunMonitor
+        from primal_dt.run.monitor import RunMonitor
 
         mon = RunMonitor(out, progress=False)
         try:
@@ -329,8 +329,8 @@ NUMBERS = {"n": AT_LEAST_1, "seed": SEED}
 
 def options(argv: list[str]) -> SpectrumConfig:
     """The command line, every value checked (a ValueError naming the option)."""
-    from primal_dt.cli import parse
-    from primal_dt.options import check_numbers
+    from primal_dt.run.cli import parse
+    from primal_dt.run.options import check_numbers
 
     cfg = parse(SpectrumConfig, argv, prog="python -m eval.spectrum", description=__doc__.split("\n\n")[0])
     check_numbers(cfg, NUMBERS)
@@ -339,7 +339,7 @@ def options(argv: list[str]) -> SpectrumConfig:
 
 def run(argv: list[str]) -> int:
     """What ``python -m eval.spectrum`` does; bad input is a ``SetupError`` before any work."""
-    from primal_dt import checkpoint, errors
+    from primal_dt.run import checkpoint, errors
 
     with errors.setup_errors():
         o = options(argv)
@@ -364,7 +364,7 @@ def run(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``python -m eval.spectrum``: 0 when written; a malformed command line ends with the usage (exit
     status 2), bad values and unreadable files with one ``error:`` line."""
-    from primal_dt import errors
+    from primal_dt.run import errors
 
     return errors.main(run, sys.argv[1:] if argv is None else argv)
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import dt_checkpoint
-from primal_dt import checkpoint, cli, errors, lock, options, runtime, train_config
+from primal_dt.run import checkpoint, cli, errors, lock, options, runtime
+from agents import train_config
 
 from . import report as report_mod
 

@@ -138,8 +138,8 @@ class Frames(gym.Wrapper):
 
 def _write(frames, fps: float, out_dir: Path, engine: str, tensorboard: bool, step: int) -> dict:
     """The GIF file, and the same GIF in TensorBoard (one encoding)."""
-    from primal_dt import checkpoint, outputs
-    from primal_dt.monitor import RunMonitor, encode_gif
+    from primal_dt.run import checkpoint, outputs
+    from primal_dt.run.monitor import RunMonitor, encode_gif
 
     # a new name (episode-stream-2.gif, ...) rather than over an earlier recording
     path = outputs.new_path(outputs.numbered(out_dir / f"episode-{engine}.gif"), outputs.create_file,

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from . import checkpoint, errors, runtime
+from .run import checkpoint, errors, runtime
 from .classifier import SequenceClassifier, classification_loss
 
 
@@ -29,7 +29,7 @@ class Diverged(RuntimeError):
     """The loss or gradient became NaN/inf: the run stops rather than report a model with NaN weights."""
 from .classify_config import SELECTIONS, ClassifyConfig, attention_options, hparams
 from .layouts import layout
-from .monitor import RunMonitor
+from .run.monitor import RunMonitor
 from .tasks import Split, TaskData
 
 KIND = "classifier"

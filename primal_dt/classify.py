@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import sys
 
-from . import checkpoint, errors, lock, outputs, runtime
+from .run import checkpoint, errors, lock, outputs, runtime
 from .classifier_training import KIND, Trainer, fit
 from .classify_config import PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, resumed_config
-from . import cli
-from .monitor import run_dir
-from .errors import SetupError, WriteError
+from .run import cli
+from .run.monitor import run_dir
+from .run.errors import SetupError, WriteError
 from .tasks import load_task
 
 __all__ = ["SetupError", "main", "run"]

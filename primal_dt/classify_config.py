@@ -16,10 +16,10 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from . import presets
-from . import cli
-from .options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, RunOptions, check_numbers, check_size
-from .options import as_words, attention_options as parse_attention_options
+from .run import presets
+from .run import cli
+from .run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, RunOptions, check_numbers, check_size
+from .run.options import as_words, attention_options as parse_attention_options
 from .tasks import DataConfig
 
 GROUPS = ("uea", "lra")

@@ -6,7 +6,7 @@
     python -m primal_dt.train resume=runs/hopper-medium/primal+dt/20250101-120000-seed0
     torchrun --nproc_per_node 2 -m primal_dt.train env=hopper-medium      (DistributedDataParallel)
 
-Configuration and its checks live in ``train_config.py`` (``--help`` lists every option); the
+Configuration and its checks live in ``agents/train_config.py`` (``--help`` lists every option); the
 trainer is ``agents.training``; what every entry point shares is ``errors`` (how a command fails),
 ``runtime`` (device, threads, seeds), ``distributed`` (DDP) and ``checkpoint`` (``resume=`` paths). This module only wires them, and hands the trainer the
 simulator evaluation (``eval.rollout``), which the trainer's package may not import. A run
@@ -21,10 +21,12 @@ from __future__ import annotations
 from agents.dt_checkpoint import DataInfo
 from agents.training import Diverged, Evaluator, train
 
-from . import errors, train_config
-from .distributed import Dist
-from .errors import SetupError
-from .train_config import EvalConfig
+from agents import train_config
+
+from .run import errors
+from .run.distributed import Dist
+from .run.errors import SetupError
+from agents.train_config import EvalConfig
 
 __all__ = ["Diverged", "SetupError", "main", "rollout", "run"]
 

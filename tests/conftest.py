@@ -103,7 +103,7 @@ def tiny_dt():
     """tiny_dt(layout="primal+dt", K=5, options=None, layers=(), seed=0, d_model=32, n_heads=2,
     n_layers=3): a small DecisionTransformer for hopper (eval mode, no dropout, seeded weights)."""
     from agents import DecisionTransformer, DTConfig
-    from primal_dt.options import attention_words
+    from primal_dt.run.options import attention_words
 
     def make(layout="primal+dt", K=5, options=None, layers=(), seed=0, d_model=32, n_heads=2, n_layers=3):
         spec = _spec()
@@ -150,7 +150,7 @@ def dt_checkpoint_file(dt_checkpoint):
 def foreign_checkpoint_file():
     """foreign_checkpoint_file(directory) -> a real primal-dt checkpoint of another kind (a
     classifier's), which every DT reader must refuse by name."""
-    from primal_dt import checkpoint
+    from primal_dt.run import checkpoint
 
     def write(directory):
         return checkpoint.save_atomic({"kind": "classifier", "config": {}, "model": {}},
@@ -226,7 +226,7 @@ def one_line_error():
 
 @pytest.fixture(scope="session")
 def killed_checkpoint_write():
-    """killed_checkpoint_write(path) -> Path: start a real ``primal_dt.checkpoint.save_atomic`` of
+    """killed_checkpoint_write(path) -> Path: start a real ``primal_dt.run.checkpoint.save_atomic`` of
     ``path`` in a process, kill -9 it once its temporary file is written (its fsync never returns,
     as if the machine stalled there) and return the temporary it left behind."""
     import signal

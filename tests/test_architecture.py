@@ -1,4 +1,5 @@
-"""Dependencies point one way (docs/internals.md, "Where things live"): attention <- primal_dt <- agents <- eval, and
+"""Dependencies point one way (docs/internals.md, "Where things live"): attention <- run <- primal_dt <- agents <- eval,
+and
 envs is independent of models. Every import in the tree (top level or inside a function, absolute
 or relative) is read with ``ast`` and checked against that order; entry points, which sit on top
 and only wire, are excepted by name."""
@@ -12,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("primal_dt", "agents", "eval", "envs")
 
 # rank of each layer: a module may import layers of its own rank or lower
-RANKS = {"primal_dt.attention": 0, "primal_dt": 1, "agents": 2, "eval": 3}
+# (primal_dt.run, the run infrastructure both trainers share, reads only the attention registry below it)
+RANKS = {"primal_dt.attention": 0, "primal_dt.run": 1, "primal_dt": 2, "agents": 3, "eval": 4}
 MODELS = tuple(RANKS)  # what envs may not import: it is independent of models (anyone may import envs)
 
 # Entry points sit on top of every layer and only wire it together (a ``__main__`` module always is
@@ -25,7 +27,7 @@ TOP = "eval"
 # Minari provenance). envs may import them only
 # while they import nothing from the project but each other: then envs still depends on no model code.
 # Any other envs -> primal_dt import stays a violation.
-ENVS_MAY_IMPORT = ("primal_dt.cli", "primal_dt.errors", "primal_dt.lock", "primal_dt.json_reader")
+ENVS_MAY_IMPORT = ("primal_dt.run.cli", "primal_dt.run.errors", "primal_dt.run.lock", "primal_dt.run.json_reader")
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -135,28 +137,30 @@ def test_the_checker_flags_every_kind_of_violation(tmp_path):
         "eval/report.py": "from agents.policy import P\nfrom primal_dt.attention import mech\n",  # fine
         "envs/__init__.py": "",
         "envs/sim.py": "import numpy\nfrom agents import policy\n",                          # envs -> models
-        "envs/tool.py": "from primal_dt.cli import parse\nfrom primal_dt import blocks\n",     # the grammar: fine
-        "primal_dt/cli.py": "import sys\n",
+        "envs/tool.py": "from primal_dt.run.cli import parse\nfrom primal_dt import blocks\n",     # the grammar: fine
+        "primal_dt/run/cli.py": "import sys\n",
+        "primal_dt/run/options.py": "from ..attention import mech\nfrom ..blocks import Stack\n",  # run -> core
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     bad = violations(tmp_path)
     assert [b.split(":")[0] + ":" + b.split(":")[1] for b in bad] == [
-        "primal_dt/attention/mech.py:2", "primal_dt/core.py:2", "agents/cli.py:1", "agents/policy.py:1",
-        "envs/sim.py:2", "envs/tool.py:2"]
-    assert "from ..blocks import Stack" in bad[0] and "may not import primal_dt (rank 1)" in bad[0]
-    assert "agents.policy" in bad[1] and "primal_dt.train" in bad[2] and "eval.report" in bad[3]
-    assert "envs is independent of models" in bad[4]
+        "primal_dt/attention/mech.py:2", "primal_dt/core.py:2", "primal_dt/run/options.py:2", "agents/cli.py:1",
+        "agents/policy.py:1", "envs/sim.py:2", "envs/tool.py:2"]
+    assert "from ..blocks import Stack" in bad[0] and "may not import primal_dt (rank 2)" in bad[0]
+    assert "agents.policy" in bad[1] and "primal_dt.blocks" in bad[2]
+    assert "primal_dt.train" in bad[3] and "eval.report" in bad[4]
+    assert "envs is independent of models" in bad[5]
     # without the exception, the entry point is a violation too
     assert any(b.startswith("primal_dt/train.py:1") for b in violations(tmp_path, entry_points=()))
     # the grammar stops being envs' to import once it imports the project
-    (tmp_path / "primal_dt/cli.py").write_text("import sys\nfrom .attention import mech\n")
+    (tmp_path / "primal_dt/run/cli.py").write_text("import sys\nfrom ..attention import mech\n")
     assert any(b.startswith("envs/tool.py:1") and "envs is independent of models" in b for b in violations(tmp_path))
 
 
 def test_what_envs_uses_of_primal_dt_imports_nothing_else_of_the_project():
-    """primal_dt.cli, errors, lock and json_reader are envs' only ways into primal_dt, which holds only while they import
+    """primal_dt.run.cli, errors, lock and json_reader are envs' only ways into primal_dt, which holds only while they import
     no project module but each other."""
     for name in ENVS_MAY_IMPORT:
         path = (ROOT / Path(*name.split("."))).with_suffix(".py")

@@ -126,7 +126,7 @@ def test_every_module_function_and_file_the_docs_name_exists():
     import dataclasses
     import importlib
 
-    from primal_dt import train_config
+    from agents import train_config
 
     text = "\n".join(p.read_text() for p in DOCS)
     option_names = set(train_config.flat(dataclasses.asdict(train_config.TrainConfig())))

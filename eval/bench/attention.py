@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from primal_dt import cli, options
+from primal_dt.run import cli, options
 
 # The LRA setting of the Primal-Attention paper: PrimalFormer s=20, data-dependent projections.
 DEFAULT_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20,data_dependent=true"]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from primal_dt import cli, errors, runtime
+from primal_dt.run import cli, errors, runtime
 from primal_dt.classifier_training import Trainer
 from primal_dt.classify_config import build_config, check_config
 from primal_dt.tasks import load_task

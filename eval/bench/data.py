@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from primal_dt import cli, options
-from primal_dt.train_config import TrainConfig
+from primal_dt.run import cli, options
+from agents.train_config import TrainConfig
 
 
 def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, env: str = "hopper-medium", seed: int = 0):

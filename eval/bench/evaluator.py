@@ -153,7 +153,7 @@ def evaluation_section(model, info, bc) -> dict:
     vs the sequential recompute loop, in one run; ratios printed."""
     import envs
     from eval.rollout import evaluate
-    from primal_dt.train_config import RolloutOptions
+    from agents.train_config import RolloutOptions
 
     spec = envs.get_spec(info.env)
     target = info.eval_targets[0]

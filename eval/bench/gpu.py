@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from agents.train_step import Stepper, default_mode
-from primal_dt import cli, options, runtime
+from primal_dt.run import cli, options, runtime
 
 from .train import ACT_DIM, CLIP, ETA, OURS, SIZES, STATE_DIM, HuggingFace, Ours, batches
 

@@ -59,7 +59,7 @@ import torch
 
 from agents.threads import inference_threads, keep_freed_memory, usable_cores
 from eval.bench.evaluator import evaluation_section, make_agent
-from primal_dt import errors, options, runtime
+from primal_dt.run import errors, options, runtime
 from primal_dt.attention.precision import native_bf16
 
 RANDOM_MODEL_ENV = "hopper-medium"
@@ -176,7 +176,7 @@ def build_models(bc: BenchConfig):
     """({size name: model}, DataInfo, the checkpoint's model or None). Without a checkpoint the data
     bookkeeping is hopper-medium's with identity statistics and the papers' reward scale."""
     from agents import dt_checkpoint
-    from primal_dt.train_config import TrainConfig
+    from agents.train_config import TrainConfig
 
     trained = None
     if bc.checkpoint:
@@ -509,7 +509,7 @@ def bf16_skipped(bc: BenchConfig) -> str | None:
 
 
 def run(argv: list[str]) -> dict:
-    from primal_dt.cli import parse
+    from primal_dt.run.cli import parse
 
     bc = parse(BenchConfig, argv, prog="python -m eval.bench.inference",
                description="Every way to run a DT policy side by side: latency, threads, evaluation wall time.")

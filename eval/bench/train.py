@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from agents.decision_transformer import Batch, DecisionTransformer, DTConfig
 from agents.train_step import Stepper
-from primal_dt import cli, options
+from primal_dt.run import cli, options
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
 OURS = ("dt", "primal+dt", "primalformer-dt")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..options import AT_LEAST_0, FRACTION, SEED, check_numbers
+from ..run.options import AT_LEAST_0, FRACTION, SEED, check_numbers
 from .dataset import Split, TaskData, subset
 from .listops import ListOpsSpec
 

@@ -4,7 +4,7 @@ not re-import the module the package has already loaded."""
 
 import sys
 
-from ..cli import fail
+from ..run.cli import fail
 from .listops import main as listops_main
 
 TOOLS = {"listops": (listops_main, "write ListOps TSV files in the LRA release format")}

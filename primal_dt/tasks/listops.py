@@ -205,7 +205,7 @@ SHORTHANDS = {f.name: f"spec.{f.name}" for f in fields(ListOpsSpec)}
 
 
 def main(argv=None) -> None:
-    from ..cli import fail, parse
+    from ..run.cli import fail, parse
 
     args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
                  shorthands=SHORTHANDS)

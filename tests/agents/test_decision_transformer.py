@@ -5,7 +5,7 @@ import torch
 
 from agents import DecisionTransformer, DTConfig, dt_checkpoint
 from agents.decision_transformer import Batch, action_mse
-from primal_dt import checkpoint
+from primal_dt.run import checkpoint
 from primal_dt.attention import available, get_class
 from primal_dt.ksvd import ksvd_regularizer
 

@@ -10,7 +10,7 @@ import torch
 from agents import dt_checkpoint as schema
 from agents.decision_transformer import Batch
 from agents.dt_checkpoint import DTCheckpoint, TrainingState
-from primal_dt import checkpoint as ck_io
+from primal_dt.run import checkpoint as ck_io
 
 
 def inputs(model, seed=0):

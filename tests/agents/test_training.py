@@ -11,8 +11,8 @@ import torch
 
 from agents import dt_checkpoint, training
 from agents.dt_checkpoint import DataInfo
-from primal_dt import train_config
-from primal_dt.errors import SetupError
+from agents import train_config
+from primal_dt.run.errors import SetupError
 
 TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.s=8",
         "K=5", "batch_size=8", "warmup_steps=5", "threads=1", "tensorboard=false"]

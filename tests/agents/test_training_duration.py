@@ -21,7 +21,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agents import dt_checkpoint, training
-from primal_dt import train_config
+from agents import train_config
 from primal_dt.train import run as train_run
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,8 +13,8 @@ import torch
 import envs
 from agents import dt_checkpoint, training
 from agents.decision_transformer import Batch
-from primal_dt import train_config
-from primal_dt.errors import SetupError
+from agents import train_config
+from primal_dt.run.errors import SetupError
 from primal_dt.train import run as train_run
 
 
@@ -160,7 +160,7 @@ def test_resume_keeps_the_split_and_refuses_another(hopper_file, tmp_path, capsy
     del old.config["val_fraction"]
     raw = old.to_dict()
     del raw["data"]["held_out"]
-    from primal_dt import checkpoint
+    from primal_dt.run import checkpoint
 
     checkpoint.save_atomic(raw, d / "last.pt")
     assert dt_checkpoint.load(d).data.held_out == ()

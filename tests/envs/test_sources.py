@@ -27,7 +27,7 @@ def npz_source():
 def test_a_source_registered_in_a_test_loads_and_trains(npz_source, hopper_file, tmp_path, tiny_train):
     from agents import dt_checkpoint
     from eval import report
-    from primal_dt import train_config
+    from agents import train_config
     from primal_dt.train import run
 
     import h5py

@@ -12,7 +12,7 @@ import envs
 from agents import DataInfo, load_agent
 from eval import rollout
 from eval.video import record_episode, rendering_available
-from primal_dt.train_config import RolloutOptions
+from agents.train_config import RolloutOptions
 
 SPEC = envs.get_spec("hopper-medium")
 MAX = 40
@@ -273,7 +273,7 @@ def test_cli_checks_every_option_before_reading_the_checkpoint(tmp_path, bad, me
 
 
 def test_every_numeric_option_is_valid_or_named(fuzz_options, tmp_path):
-    from primal_dt.cli import parse
+    from primal_dt.run.cli import parse
 
     def validate(argv):
         rollout.check(parse(rollout.RolloutConfig, argv))

@@ -10,7 +10,7 @@ import envs
 from agents import DataInfo, DecisionTransformer, DTConfig
 from agents.decision_transformer import Batch
 from eval.rollout import evaluate
-from primal_dt.train_config import RolloutOptions
+from agents.train_config import RolloutOptions
 
 K = 4
 

@@ -176,7 +176,7 @@ def test_dt_spectrum_feeds_the_batches_training_draws(trained_dt):
     batch, returns-to-go included (a multiplier here once made them 10^6 too large)."""
     from envs import SegmentSampler, load_dataset
     from eval.spectrum import build_from_checkpoint
-    from primal_dt import checkpoint
+    from primal_dt.run import checkpoint
 
     path, source = trained_dt
     model, run = build_from_checkpoint(checkpoint.load(path), n=32, seed=11)

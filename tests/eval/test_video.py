@@ -12,7 +12,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from eval.video import BACKENDS, frame_every, rendering_available
-from primal_dt.monitor import RunMonitor, encode_gif
+from primal_dt.run.monitor import RunMonitor, encode_gif
 
 
 def tensorboard_images(logdir, tag):

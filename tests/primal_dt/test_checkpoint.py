@@ -1,4 +1,4 @@
-"""primal_dt.checkpoint against real files and real processes: a crafted pickle never runs, numpy objects
+"""primal_dt.run.checkpoint against real files and real processes: a crafted pickle never runs, numpy objects
 are refused, a write that hits a real file-size limit is one clear error that
 leaves the previous file intact, and temporaries of killed writers are cleaned up."""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from primal_dt import checkpoint
-from primal_dt.errors import WriteError
+from primal_dt.run import checkpoint
+from primal_dt.run.errors import WriteError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from primal_dt import checkpoint
+from primal_dt.run import checkpoint
 from primal_dt.classify import SetupError, build_config, run
 
 TINY = ["arch.d_model=16", "arch.n_heads=2", "arch.d_ff=32", "progress=false", "threads=1"]

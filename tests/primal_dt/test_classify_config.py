@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from primal_dt import train_config
+from agents import train_config
 from primal_dt.classify_config import ClassifyConfig, build_config, check_config
 
 

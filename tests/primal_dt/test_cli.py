@@ -1,4 +1,4 @@
-"""The command line of every entry point (tyro behind primal_dt.cli's front): every option recorded before the
+"""The command line of every entry point (tyro behind primal_dt.run.cli's front): every option recorded before the
 move to tyro still exists under its dotted name, the front's spellings give one config, and every mistake ends
 alike (exit status 2, no traceback); ``--help`` of every ``python -m`` command in a real subprocess."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from primal_dt import cli
+from primal_dt.run import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDED = Path(__file__).with_name("cli_options.txt")
@@ -198,7 +198,7 @@ def test_every_kind_of_mistake_exits_2_without_a_traceback(argv, says):
 # -- what training's evaluation and eval.rollout share ---------------------------------------------------
 def test_training_evaluation_and_rollout_share_names_types_defaults_and_docs():
     from eval.rollout import PROG, SHORTHANDS, RolloutConfig, evaluate
-    from primal_dt.train_config import RolloutOptions, TrainConfig
+    from agents.train_config import RolloutOptions, TrainConfig
 
     shared = {f.name: f for f in dataclasses.fields(RolloutOptions)}
     assert {"targets", "num_envs", "max_steps", "engine"} <= set(shared)
@@ -220,7 +220,8 @@ def test_training_evaluation_and_rollout_share_names_types_defaults_and_docs():
 
 def test_every_recorded_shorthand_names_the_same_option():
     from eval import rollout, sweep
-    from primal_dt import classify_config, train_config
+    from primal_dt import classify_config
+    from agents import train_config
     from primal_dt.tasks import listops
 
     where = {"primal_dt.train": (train_config.TrainConfig, train_config.SHORTHANDS),
@@ -242,8 +243,8 @@ def test_an_empty_out_is_refused_by_every_command_that_writes_a_tree():
     from envs.collect import CollectConfig, check as collect_check
     from eval import report, sweep
     from primal_dt.classify_config import ClassifyConfig
-    from primal_dt.options import RunOptions
-    from primal_dt.train_config import TrainConfig
+    from primal_dt.run.options import RunOptions
+    from agents.train_config import TrainConfig
 
     for cfg in (TrainConfig(out=""), ClassifyConfig(out=" ")):  # the run options both trainers check
         with pytest.raises(ValueError, match="out= is empty"):
@@ -260,7 +261,7 @@ def test_an_empty_out_is_refused_by_every_command_that_writes_a_tree():
 
 @pytest.mark.parametrize("name", ["../../x", "../dt/smoke", "/etc/passwd", ".hidden", "a/b"])
 def test_a_preset_name_is_never_a_path(tmp_path, name):
-    from primal_dt import presets
+    from primal_dt.run import presets
 
     with pytest.raises(ValueError, match="is not a preset name"):
         presets.load_preset("dt", name)
@@ -269,7 +270,7 @@ def test_a_preset_name_is_never_a_path(tmp_path, name):
 def test_a_new_run_beside_a_running_one_of_the_same_seed_says_so(tmp_path, capfd):
     """Runs never share a directory; a second run of the same dataset, model and seed started while the
     first runs gets one warning line naming the other run's directory and process."""
-    from primal_dt.monitor import run_dir
+    from primal_dt.run.monitor import run_dir
 
     first = run_dir(tmp_path, "hopper-medium", "dt", seed=0)
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from primal_dt import lock; "

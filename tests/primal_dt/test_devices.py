@@ -6,8 +6,8 @@ import torch
 
 from agents.agent import load_agent
 from eval import rollout, sweep
-from primal_dt import runtime
-from primal_dt.errors import SetupError
+from primal_dt.run import runtime
+from primal_dt.run.errors import SetupError
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
 

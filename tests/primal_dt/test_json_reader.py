@@ -1,4 +1,4 @@
-"""primal_dt.json_reader: every JSON file the package reads is bounded and checked, so a damaged or
+"""primal_dt.run.json_reader: every JSON file the package reads is bounded and checked, so a damaged or
 planted file is one error naming it, never a hang (a FIFO), an exhausted memory (a link to /dev/zero), a
 RecursionError (deep nesting) or a number no table can show (1e308, 10**400)."""
 
@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from primal_dt import json_reader
-from primal_dt.json_reader import JSONError
+from primal_dt.run import json_reader
+from primal_dt.run.json_reader import JSONError
 
 
 def read_in_time(path, **kw):

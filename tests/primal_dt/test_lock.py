@@ -1,4 +1,4 @@
-"""primal_dt/lock.py: one process per directory, with real processes: the second is refused naming the
+"""primal_dt/run/lock.py: one process per directory, with real processes: the second is refused naming the
 holder, a SIGKILL of the holder frees the directory, a child handed the lock keeps it held."""
 
 import os
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from primal_dt import lock
-from primal_dt.errors import SetupError
+from primal_dt.run import lock
+from primal_dt.run.errors import SetupError
 
 ROOT = Path(__file__).resolve().parents[2]
 HOLD = """
 import subprocess, sys, time
-from primal_dt import lock
+from primal_dt.run import lock
 fd = lock.hold(sys.argv[1])
 child = None
 if len(sys.argv) > 2:  # hand the lock to a child that outlives this process

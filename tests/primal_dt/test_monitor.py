@@ -4,7 +4,7 @@ predecessor's curves even when both start within one second."""
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from primal_dt.monitor import RunMonitor
+from primal_dt.run.monitor import RunMonitor
 
 
 def steps(d, tag):
@@ -44,7 +44,7 @@ def test_run_directories_started_together_are_distinct_and_created(tmp_path):
     created by its claimant (checking the name and creating it later let two runs share one)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from primal_dt.monitor import run_dir
+    from primal_dt.run.monitor import run_dir
 
     with ThreadPoolExecutor(40) as pool:
         dirs = list(pool.map(lambda _: run_dir(tmp_path, "hopper-medium", "primal+dt", seed=0), range(40)))
@@ -53,8 +53,8 @@ def test_run_directories_started_together_are_distinct_and_created(tmp_path):
 
 
 def test_an_unwritable_root_is_one_clear_error(tmp_path, run_code):
-    from primal_dt.monitor import run_dir
-    from primal_dt.errors import WriteError
+    from primal_dt.run.monitor import run_dir
+    from primal_dt.run.errors import WriteError
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(WriteError, match=r"could not write the run directory .*file/hopper-medium: a part of the "
@@ -62,7 +62,7 @@ def test_an_unwritable_root_is_one_clear_error(tmp_path, run_code):
         run_dir(tmp_path / "file", "hopper-medium", seed=0)
     locked = tmp_path / "locked"
     locked.mkdir(mode=0o555)
-    p = run_code(f"from primal_dt.monitor import run_dir\nrun_dir({str(locked)!r}, 'x', seed=0)", honour_permissions=True)
+    p = run_code(f"from primal_dt.run.monitor import run_dir\nrun_dir({str(locked)!r}, 'x', seed=0)", honour_permissions=True)
     assert "WriteError: could not write the run directory" in p.stderr and "permission denied" in p.stderr, p.stderr
     assert not any(locked.iterdir())
 
@@ -70,7 +70,7 @@ def test_an_unwritable_root_is_one_clear_error(tmp_path, run_code):
 def test_tensorboard_past_a_real_file_size_limit_is_one_write_error(tmp_path, run_code):
     """TensorBoard writes its events in a thread; a write it cannot make reaches the logging code as
     one WriteError naming the directory, without the thread's traceback."""
-    p = run_code("import sys\nfrom primal_dt.monitor import RunMonitor\nfrom primal_dt.errors import WriteError\n"
+    p = run_code("import sys\nfrom primal_dt.run.monitor import RunMonitor\nfrom primal_dt.run.errors import WriteError\n"
                  f"m = RunMonitor({str(tmp_path)!r}, progress=False)\n"
                  "try:\n    for i in range(5000):\n        m.scalar('x', i, i)\n        m.flush()\n"
                  "except WriteError as e:\n    m.close()\n    sys.exit(f'error: {e}')\n", file_size=4096)

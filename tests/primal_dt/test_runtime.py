@@ -1,6 +1,6 @@
-"""What every entry point shares (primal_dt.errors, options, distributed, outputs, runtime and the
+"""What every entry point shares (primal_dt.run.errors, options, distributed, outputs, runtime and the
 checkpoint finder): bad input as one line, resume paths, the attention_options words, devices, and
-the option shorthands of primal_dt.cli."""
+the option shorthands of primal_dt.run.cli."""
 
 import argparse
 import os
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from primal_dt import checkpoint, distributed, errors, options, outputs, runtime
-from primal_dt.errors import SetupError
+from primal_dt.run import checkpoint, distributed, errors, options, outputs, runtime
+from primal_dt.run.errors import SetupError
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,7 +15,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agents import dt_checkpoint
-from primal_dt import checkpoint
+from primal_dt.run import checkpoint
 from primal_dt.train import Diverged, SetupError, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -356,7 +356,7 @@ def test_every_numeric_option_is_valid_or_named_before_training(hopper_file, tmp
     """Random values for the numeric options: ``prepare`` (everything before the first step) returns
     a run, or stops with an error naming an option given; nothing is written either way."""
     from agents import training
-    from primal_dt import train_config
+    from agents import train_config
 
     sizes = {f"model.{k}": "size" for k in ("d_model", "n_heads", "n_layers", "s")}
     sizes.update({k: "size" for k in ("K", "batch_size", "max_timestep", "stream_window", "eval.num_envs")})
@@ -422,7 +422,7 @@ def test_a_resume_waiting_for_a_busy_run_never_continues_from_the_state_it_repla
     argv = [sys.executable, "-m", "primal_dt.train", f"resume={d}", "progress=false", "threads=1"]
     first = subprocess.Popen([*argv, "steps=8"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
-    from primal_dt import lock
+    from primal_dt.run import lock
 
     while first.poll() is None and lock.holder(d) != f"process {first.pid}":
         time.sleep(0.01)

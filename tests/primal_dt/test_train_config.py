@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from primal_dt import presets, train_config
-from primal_dt.train_config import build, check
+from primal_dt.run import presets
+from agents import train_config
+from agents.train_config import build, check
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = [f"{f}-{lv}" for f in ("hopper", "halfcheetah", "walker2d") for lv in ("medium", "medium-replay", "medium-expert")]

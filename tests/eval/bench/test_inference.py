@@ -122,7 +122,7 @@ def test_evaluation_only_and_latency_only_runs(tmp_path, tiny_dt, dt_checkpoint_
 
 def test_every_numeric_option_is_valid_or_named(fuzz_options):
     from eval.bench import inference
-    from primal_dt.cli import parse
+    from primal_dt.run.cli import parse
 
     fuzz_options(lambda argv: inference.check(parse(inference.BenchConfig, argv)),
                  {"calls": "int", "rounds": "int", "episodes": "int", "seq_episodes": "int", "max_steps": "int",
@@ -132,7 +132,7 @@ def test_every_numeric_option_is_valid_or_named(fuzz_options):
 @pytest.mark.parametrize("size", ["256", "256x0", "100x3", "axb", "-4x2"])
 def test_a_bad_size_is_named(size):
     from eval.bench import inference
-    from primal_dt.cli import parse
+    from primal_dt.run.cli import parse
 
     with pytest.raises(ValueError, match="sizes: .* (is not|needs)"):
         inference.check(parse(inference.BenchConfig, [f"sizes=256x4,{size}"]))

@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-CONFIG_ROOT = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
 META_KEYS = ("source", "description", "paper")
 _NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9_.+-]*")
 

@@ -145,8 +145,8 @@ def attention_options(words: Sequence[str] | str, option: str = "attention_optio
     the mechanism constructor's annotation. ``defaults`` fill what the words leave out: options with
     their own flags (``model.s``, ``primal.s``) reach the mechanism this way, and a word still wins.
     ``option`` names the flag in errors."""
-    from .attention import available
-    from .attention.registry import constructor_options
+    from ..attention import available
+    from ..attention.registry import constructor_options
 
     words = as_words(words)
     known, opts = available(), {}

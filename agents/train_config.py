@@ -21,13 +21,13 @@ import tyro
 
 from envs import sources
 
-from . import presets
-from .attention import available, get_class
-from .attention.precision import check_precision
-from . import cli
-from .layouts import canonical
-from .options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
-from .options import as_words, attention_options as parse_attention_options
+from primal_dt.run import presets
+from primal_dt.attention import available, get_class
+from primal_dt.attention.precision import check_precision
+from primal_dt.run import cli
+from primal_dt.layouts import canonical
+from primal_dt.run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
+from primal_dt.run.options import as_words, attention_options as parse_attention_options
 
 GROUP = "dt"
 
