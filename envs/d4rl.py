@@ -217,13 +217,9 @@ def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: 
             f"{where}: records no episode end at all (no 'timeouts' key, and none of its {len(term):,} terminals is "
             f"set), but {gym_id}'s episodes end when the robot falls: its episode boundaries were lost (terminals "
             "zeroed in a conversion?). Use a file with its terminals, or with a 'timeouts' key")
-    timeouts = np.zeros(len(term), dtype=bool)
-    step = 0
-    for i, t in enumerate(term.tolist()):
-        step += 1
-        if t or step == limit:
-            timeouts[i] = not t
-            step = 0
+    i = np.arange(len(term))
+    first = np.maximum.accumulate(np.where(np.r_[True, term[:-1]], i, 0))  # the row after the last terminal
+    timeouts = ((i - first + 1) % limit == 0) & ~term
     if verbose:
         print(f"[envs] note: {where} has no 'timeouts' key: episodes end at a terminal or after {limit} steps "
               f"(the simulator's limit), {int(timeouts.sum())} of them so", file=sys.stderr, flush=True)
