@@ -2,43 +2,38 @@
 
     python -m envs.collect env=hopper level=medium steps=1000000
 
-1. Train (or resume, or just reuse) a SAC behaviour policy in the Gymnasium simulator
-   (``envs.behavior``), checkpointing it.
-2. Pick the expert (best checkpoint) and the medium policy: the earliest checkpoint whose
-   stochastic return is within ``medium_tolerance`` of ``medium_fraction`` x the D4RL expert
-   score (about one third), else the closest one.
-3. medium / expert: roll out stochastic episodes of that policy (one seeded noise stream per
-   episode, so every episode is a pure function of policy and seed, and an interrupted run
-   resumes from its saved shards with the same result). medium-replay: the SAC replay buffer up
-   to the medium checkpoint. medium-expert: medium + expert episodes.
-4. Write a D4RL-layout HDF5 file (``<out>/<env>_<level>-replica.hdf5``, which the loader's
-   replica source finds) and a Minari dataset (``primal-dt/<env>/<level>-v0``), both atomically,
-   with seeds, policy steps/returns and the D4RL reference scores in their metadata.
+1. Train (or resume, or reuse) a SAC behaviour policy (``envs.behavior``).
+2. Expert: the best checkpoint. Medium: the earliest whose stochastic return is within
+   ``medium_tolerance`` of ``medium_fraction`` x the D4RL expert score, else the closest.
+3. medium / expert: stochastic episodes of that policy, one seeded noise stream per episode, so every
+   episode is a pure function of policy and seed and an interrupted run resumes from its shards with
+   the same result. medium-replay: the SAC replay buffer up to the medium checkpoint.
+4. Write a D4RL-layout file (``<out>/<env>_<level>-replica.hdf5``, the replica source's) and a Minari
+   dataset (``primal-dt/<env>/<level>-v0``), atomically, with their provenance in their metadata.
 
-No file is unpickled: policies are read as plain tensors and the replay buffer as arrays
-(``envs.behavior``'s formats); stable-baselines3's own pickles are refused with how to convert them.
-stable-baselines3 is an optional extra (``pip install 'primal-dt[collect]'``).
+No file is unpickled (``envs.behavior``'s formats). Needs ``pip install 'primal-dt[collect]'``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 import platform
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Literal
 
 import numpy as np
 
 from envs import behavior
+from primal_dt.run import lock
 from primal_dt.run.cli import fail
 from envs.registry import FAMILIES, get_spec
 
-Level = Literal["medium", "expert", "medium-replay", "medium-expert"]
-"""random: D4RL's file; the collector trains a policy"""
-COLLECT_LEVELS = get_args(Level)
+Level = Literal["medium", "expert", "medium-replay", "medium-expert"]  # random: D4RL's file
+EPISODE = ("observations", "actions", "rewards", "terminations", "truncations")
+"""an episode's arrays (observations [T+1]: the final state included, the others [T])"""
 
 
 @dataclass
@@ -57,8 +52,6 @@ class CollectConfig:
     """train/resume SAC up to train_steps; false: use the checkpoints as they are"""
     train_steps: int = 300_000
     """SAC environment steps"""
-    force_train: bool = False
-    """train even if the directory looks busy (another process seems to be training there)"""
     checkpoint_every: int = 10_000
     """SAC steps between policy checkpoints (each evaluated; the medium policy is picked among them)"""
     seed: int = 0
@@ -95,9 +88,6 @@ class CollectConfig:
     """show progress bars"""
 
 
-collect = CollectConfig  # the name the CLI and docs use
-
-
 # --- choosing policies ------------------------------------------------------------------------
 def _score(e: dict) -> float:
     return float(e.get("stoch_return_mean", e["return_mean"]))
@@ -106,13 +96,9 @@ def _score(e: dict) -> float:
 def select_checkpoints(evals: list[dict], ref_max: float, medium_fraction: float = 1 / 3,
                        medium_return: float | None = None, tolerance: float = 0.1,
                        medium_step: int | None = None, expert_step: int | None = None):
-    """(medium eval entry, expert eval entry) from ``evals.json`` entries.
-
-    Expert: the best checkpoint (stochastic return). Medium: the earliest checkpoint whose
-    return is within ``tolerance`` (relative) of the target, else the closest to it; D4RL
-    stopped its medium policy early at about a third of the expert score, and the earliest
-    such checkpoint also keeps the medium-replay buffer as D4RL defined it.
-    """
+    """(medium eval entry, expert eval entry) from ``evals.json`` entries (see the module's step 2). D4RL
+    stopped its medium policy early, at about a third of the expert score; the earliest such checkpoint
+    also keeps the medium-replay buffer as D4RL defined it."""
     if not evals:
         raise ValueError("no evaluated checkpoints yet (evals.json is empty); train first")
     by_step = {e["step"]: e for e in evals}
@@ -146,23 +132,19 @@ def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, pat
     ax.axhline(target, color="gray", ls="--", lw=1, label=f"medium target {target:.0f}")
     for e, name, c in ((medium, "medium", "tab:orange"), (expert, "expert", "tab:green")):
         ax.plot([e["step"]], [_score(e)], "*", ms=14, color=c, label=f"{name}: step {e['step']}")
-    ax.set_xlabel("SAC environment steps")
-    ax.set_ylabel("episode return")
+    ax.set(xlabel="SAC environment steps", ylabel="episode return")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    behavior.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100))
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
 # --- rolling out a checkpoint -----------------------------------------------------------------
 class SACPolicy:
-    """A SAC actor saved by ``behavior.save_checkpoint`` (plain tensors, read without unpickling) as a
-    batched numpy policy whose exploration noise is supplied by the caller: action = tanh(mean + std *
-    eps), rescaled to the action space (stable-baselines3's sampling, its MLP actor: ReLU hidden
-    layers, then the mean and the log std clipped to [-20, 2])."""
+    """A SAC actor of ``behavior.save_checkpoint`` as a batched numpy policy whose noise the caller supplies:
+    action = tanh(mean + std * eps) rescaled to the box (stable-baselines3's MLP actor: ReLU layers, then
+    the mean and the log std clipped to [-20, 2])."""
 
     def __init__(self, path: str | Path, action_space):
         import torch
@@ -194,42 +176,34 @@ def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, stochasti
     from np.random.default_rng(seeds[i]), so it does not depend on its neighbours."""
     envs = [make_env() for _ in seeds]
     rngs = [np.random.default_rng(s) for s in seeds]
-    obs = [[env.reset(seed=int(s))[0]] for env, s in zip(envs, seeds)]
-    acts, rews, terms, truncs = ([[] for _ in seeds] for _ in range(4))
+    eps = [{k: [] for k in EPISODE} for _ in seeds]
+    for ep, env, s in zip(eps, envs, seeds):
+        ep["observations"].append(env.reset(seed=int(s))[0])
     live = list(range(len(seeds)))
     while live:
-        o = np.stack([obs[i][-1] for i in live])
-        eps = np.stack([rngs[i].standard_normal(act_dim) for i in live]) if stochastic else None
-        a = policy(o, eps)
-        still = []
-        for j, i in enumerate(live):
-            nxt, r, term, trunc, _ = envs[i].step(a[j])
-            obs[i].append(nxt)
-            acts[i].append(a[j])
-            rews[i].append(r)
-            terms[i].append(term)
-            truncs[i].append(trunc)
-            if not (term or trunc):
-                still.append(i)
+        noise = np.stack([rngs[i].standard_normal(act_dim) for i in live]) if stochastic else None
+        actions = policy(np.stack([eps[i]["observations"][-1] for i in live]), noise)
         if bar is not None:
             bar.update(len(live))
+        still = []
+        for i, a in zip(live, actions):
+            obs, r, term, trunc, _ = envs[i].step(a)
+            for k, v in zip(EPISODE, (obs, a, r, term, trunc)):
+                eps[i][k].append(v)
+            if not (term or trunc):
+                still.append(i)
         live = still
     for env in envs:
         env.close()
-    return [{"observations": np.asarray(obs[i], np.float32), "actions": np.asarray(acts[i], np.float32),
-             "rewards": np.asarray(rews[i], np.float32), "terminations": np.asarray(terms[i], bool),
-             "truncations": np.asarray(truncs[i], bool), "seed": int(s)} for i, s in enumerate(seeds)]
+    return [{**{k: np.asarray(ep[k], bool if k in EPISODE[3:] else np.float32) for k in EPISODE},
+             "seed": int(s)} for ep, s in zip(eps, seeds)]
 
 
 def _save_shard(path: Path, episodes: list[dict]) -> None:
-    arrays = {k: np.concatenate([ep[k] for ep in episodes])
-              for k in ("observations", "actions", "rewards", "terminations", "truncations")}
+    arrays = {k: np.concatenate([ep[k] for ep in episodes]) for k in EPISODE}
     arrays["lengths"] = np.array([len(ep["rewards"]) for ep in episodes])
     arrays["seeds"] = np.array([ep["seed"] for ep in episodes])
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-    os.replace(tmp, path)
+    behavior.atomic_write(path, lambda tmp: np.savez(tmp, **arrays))
 
 
 def _load_shard(path: Path) -> list[dict]:
@@ -238,7 +212,7 @@ def _load_shard(path: Path) -> list[dict]:
     try:
         z = np.load(path, allow_pickle=False)
         lengths, seeds = z["lengths"], z["seeds"]
-        arrays = {k: z[k] for k in ("observations", "actions", "rewards", "terminations", "truncations")}
+        arrays = {k: z[k] for k in EPISODE}
     except (OSError, ValueError, KeyError) as err:
         raise ValueError(f"rollout shard {path} cannot be read ({err}); delete it to collect it again") from None
     n = len(lengths)
@@ -248,17 +222,11 @@ def _load_shard(path: Path) -> list[dict]:
         raise ValueError(f"rollout shard {path} is damaged: its {n} episode lengths (total {steps}) do not match "
                          f"its arrays ({', '.join(f'{k} {len(v)}' for k, v in arrays.items())}); delete it to "
                          "collect it again")
-    z = arrays
-    out, o, s = [], 0, 0
-    for n, seed in zip(lengths.tolist(), seeds.tolist()):
-        out.append({"observations": z["observations"][o:o + n + 1], "actions": z["actions"][s:s + n],
-                    "rewards": z["rewards"][s:s + n], "terminations": z["terminations"][s:s + n],
-                    "truncations": z["truncations"][s:s + n], "seed": seed})
-        o, s = o + n + 1, s + n
-    return out
+    parts = {k: np.split(v, np.cumsum(lengths + (k == "observations"))[:-1]) for k, v in arrays.items()}
+    return [{**{k: v[e] for k, v in parts.items()}, "seed": seed} for e, seed in enumerate(seeds.tolist())]
 
 
-def collect_rollouts(ckpt: Path, gym_id: str, gym_kwargs: dict, act_dim: int, steps: int, seed0: int,
+def collect_rollouts(ckpt: Path, gym_id: str, act_dim: int, steps: int, seed0: int,
                      cache: Path, num_envs: int, progress: bool = True, desc: str = "") -> list[dict]:
     """At least ``steps`` steps of whole stochastic episodes, saved in shards of ``num_envs``
     episodes under ``cache`` so that a rerun continues where an interrupted one stopped."""
@@ -269,33 +237,26 @@ def collect_rollouts(ckpt: Path, gym_id: str, gym_kwargs: dict, act_dim: int, st
     for shard in sorted(cache.glob("shard_*.npz")):
         episodes += _load_shard(shard)
     done = sum(len(ep["rewards"]) for ep in episodes)
-    bar = None
-    if progress:
-        from tqdm import tqdm
+    from tqdm import tqdm
 
-        bar = tqdm(total=steps, initial=min(done, steps), desc=desc or f"rollouts {gym_id}",
-                   unit="step", mininterval=2)
+    bar = tqdm(total=steps, initial=min(done, steps), desc=desc or f"rollouts {gym_id}", unit="step", mininterval=2,
+               disable=not progress)
     if done < steps:
-        env0 = make_sim(gym_id, **gym_kwargs)
-        policy = SACPolicy(ckpt, env0.action_space)
-        env0.close()
+        policy = SACPolicy(ckpt, make_sim(gym_id).action_space)
         while done < steps:
             seeds = [seed0 + len(episodes) + i for i in range(num_envs)]
-            new = rollout_episodes(policy, lambda: make_sim(gym_id, **gym_kwargs), seeds, act_dim, bar=bar)
+            new = rollout_episodes(policy, lambda: make_sim(gym_id), seeds, act_dim, bar=bar)
             _save_shard(cache / f"shard_{len(episodes):06d}.npz", new)
             episodes += new
             done += sum(len(ep["rewards"]) for ep in new)
-    if bar is not None:
-        bar.close()
+    bar.close()
     return episodes
 
 
 # --- the replay buffer ------------------------------------------------------------------------
 def replay_episodes(replay_path: Path, upto: int, action_space=None) -> list[dict]:
-    """Episodes of the replay buffer's (``behavior.save_replay``'s arrays) first ``upto`` transitions
-    (the buffer as it was when that checkpoint was taken; the buffer is append-only). A trailing
-    unfinished episode is dropped. Actions are mapped back from SAC's [-1, 1] scaling to the action
-    space."""
+    """Episodes of the (append-only) replay buffer's first ``upto`` transitions: the buffer as it was at that
+    checkpoint, its unfinished last episode dropped, actions mapped back from SAC's [-1, 1] to the box."""
     rb = behavior.load_replay(replay_path)
     n = min(int(upto), len(rb["rewards"]) if rb["full"] else int(rb["pos"]))
     obs, nxt = rb["observations"][:n, 0], rb["next_observations"][:n, 0]
@@ -336,29 +297,13 @@ def _versions() -> dict:
 
     out = {"python": platform.python_version()}
     for p in ("gymnasium", "mujoco", "stable-baselines3", "minari", "torch", "numpy"):
-        try:
+        with contextlib.suppress(md.PackageNotFoundError):
             out[p] = md.version(p)
-        except md.PackageNotFoundError:
-            pass
     return out
 
 
-def _live_run_age(workdir: Path) -> float | None:
-    """Seconds since the newest checkpoint, when a run without lock file (trainers older than
-    the lock) looks active: requested steps not reached, a checkpoint in the last 15 min."""
-    meta = workdir / "meta.json"
-    ckpts = behavior.list_checkpoints(workdir)
-    if not meta.exists() or not ckpts or (workdir / behavior.LOCK_NAME).exists():
-        return None  # a lock file means a lock-aware trainer: behavior.trainer decides
-    total = behavior.read_meta(workdir)["total_steps"]
-    age = time.time() - ckpts[-1][1].stat().st_mtime
-    return age if ckpts[-1][0] < total and age < 900 else None
-
-
 def check(cfg: CollectConfig) -> None:
-    """Every option, before a policy is trained or a file touched: a bad one ends the command with
-    one ``error:`` line naming it (``envs`` stands apart from the model packages, so these checks
-    are written out here rather than with ``primal_dt.run.options``)."""
+    """Every option, before a policy is trained or a file touched: a bad one is one ``error:`` line."""
     def need(ok: bool, msg: str) -> None:
         if not ok:
             fail(msg)
@@ -394,7 +339,6 @@ def run(cfg: CollectConfig) -> dict:
     torch.set_num_threads(cfg.threads)
     spec = get_spec(f"{cfg.env}-{cfg.level}")
     gym_id = f"{FAMILIES[cfg.env].sim}-{cfg.sim}"
-    gym_kwargs = spec.sim_kwargs(gym_id)
     workdir = Path(cfg.workdir or f"runs/behavior/{gym_id}-seed{cfg.seed}")
     out_dir = Path(cfg.out) if cfg.out else replica_dirs()[0]
     d4rl_path = out_dir / replica_file(cfg.env, cfg.level)
@@ -410,14 +354,10 @@ def run(cfg: CollectConfig) -> dict:
         fail(f"{workdir} trains {recorded['env_id']}, not {gym_id}")
     have = max([s for s, _ in behavior.list_checkpoints(workdir)], default=0)
     if cfg.train and have < cfg.train_steps:
-        who, age = behavior.trainer(workdir), _live_run_age(workdir)
+        who = lock.holder(workdir)
         if who is not None:
-            fail(f"{workdir} is being trained by {who}; run again when it is "
-                             f"done, or pass train=false to use its {have}-step checkpoints now")
-        if age is not None and not cfg.force_train:
-            fail(f"{workdir} looks like it is being trained (unfinished, newest checkpoint "
-                             f"{age:.0f} s old, no lock file: an older trainer); pass train=false to use "
-                             f"its {have}-step checkpoints now, or force_train=true if no trainer runs")
+            fail(f"{workdir} is being trained by {who}; run again when it is done, or pass train=false to use "
+                 f"its {have}-step checkpoints now")
         print(f"[collect] training SAC on {gym_id} in {workdir} up to {cfg.train_steps} steps "
               f"(have {have})", flush=True)
         behavior.train_behavior(workdir, behavior.BehaviorConfig(
@@ -425,23 +365,21 @@ def run(cfg: CollectConfig) -> dict:
             seed=cfg.seed, threads=cfg.threads), progress=cfg.progress)
     else:
         print(f"[collect] using the checkpoints in {workdir} (newest: step {have})", flush=True)
-    evals = behavior.read_evals(workdir)
     ckpts = dict(behavior.list_checkpoints(workdir))
-    evals = [e for e in evals if e["step"] in ckpts]
+    evals = [e for e in behavior.read_evals(workdir) if e["step"] in ckpts]
     medium, expert = select_checkpoints(evals, spec.ref_max, cfg.medium_fraction, cfg.medium_return,
                                         cfg.medium_tolerance, cfg.medium_step, cfg.expert_step)
     target = cfg.medium_return if cfg.medium_return is not None else cfg.medium_fraction * spec.ref_max
     print(f"[collect] medium policy: step {medium['step']} (stochastic return {_score(medium):.1f}, "
           f"target {target:.0f}); expert policy: step {expert['step']} ({_score(expert):.1f})", flush=True)
 
-    png = plot_evals(evals, medium, expert, target, workdir / "evals.png")
-    if png is not None:
+    if png := plot_evals(evals, medium, expert, target, workdir / "evals.png"):
         print(f"[collect] checkpoint returns drawn in {png}", flush=True)
 
     # 2. episodes
     def rollouts(entry, seed0, tag):
         cache = workdir / "rollouts" / f"step{entry['step']:07d}-seed{seed0}-n{cfg.num_envs}"
-        return collect_rollouts(ckpts[entry["step"]], gym_id, gym_kwargs, spec.act_dim, cfg.steps, seed0,
+        return collect_rollouts(ckpts[entry["step"]], gym_id, spec.act_dim, cfg.steps, seed0,
                                 cache, cfg.num_envs, cfg.progress, desc=f"{tag} rollouts {gym_id}")
 
     parts = {}
@@ -452,10 +390,8 @@ def run(cfg: CollectConfig) -> dict:
     if cfg.level == "medium-replay":
         from envs.vector import make_sim
 
-        env0 = make_sim(gym_id, **gym_kwargs)
-        eps = replay_episodes(workdir / behavior.REPLAY, medium["step"], env0.action_space)
-        env0.close()
-        parts["replay"] = (medium, eps)
+        space = make_sim(gym_id).action_space
+        parts["replay"] = (medium, replay_episodes(workdir / behavior.REPLAY, medium["step"], space))
     episodes = [ep for _, eps in parts.values() for ep in eps]
     returns = np.array([float(np.sum(ep["rewards"], dtype=np.float64)) for ep in episodes])
     train_meta = behavior.read_meta(workdir) or {}
@@ -486,7 +422,7 @@ def run(cfg: CollectConfig) -> dict:
         print(f"[collect] wrote {d4rl_path} ({d4rl_path.stat().st_size / 1e6:.2f} MB)", flush=True)
     if cfg.write_minari:
         path = write_minari(minari_id, episodes, gym_id, metadata=provenance, ref_min_score=spec.ref_min,
-                            ref_max_score=spec.ref_max, gym_kwargs=gym_kwargs, overwrite=cfg.overwrite,
+                            ref_max_score=spec.ref_max, overwrite=cfg.overwrite,
                             description=f"{spec.name} replica collected by primal-dt envs.collect in {gym_id}")
         print(f"[collect] wrote Minari dataset {minari_id} at {path}", flush=True)
     print(f"[collect] {provenance['episodes']} episodes, {provenance['steps']:,} steps, "
@@ -494,21 +430,17 @@ def run(cfg: CollectConfig) -> dict:
     return provenance
 
 
-PROG = "python -m envs.collect"
-
-
 def parse(argv: list[str] | None = None) -> CollectConfig:
-    """The command line (``primal_dt.run.cli``'s grammar, which imports nothing of the models) as a config."""
     from primal_dt.run.cli import parse as parse_cli
 
-    return parse_cli(CollectConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
+    return parse_cli(CollectConfig, argv, prog="python -m envs.collect", description=__doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> dict:
     cfg = parse(argv)
     try:
         return run(cfg)
-    except ValueError as err:  # a file that is not what it should be (behavior's formats): one line
+    except ValueError as err:  # a work file that is not what it should be, a busy directory: one line
         fail(str(err))
 
 

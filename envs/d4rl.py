@@ -1,16 +1,12 @@
-"""D4RL Gym-MuJoCo HDF5 files: read them with h5py, write new ones in the same layout.
-
-The ``d4rl`` package itself needs mujoco-py and old gym, so we read its files directly. Reading
-turns every failure mode of a file (absent, unreadable, not HDF5, truncated, keys missing, arrays
-of unequal length, of the wrong type or shape, recorded in another environment) into one
-``DatasetError`` that names the file and the fix; the file is only ever opened read-only. Writing
-goes to a temporary file renamed into place, so an interrupted write never leaves a half file
-under the real name.
-"""
+"""D4RL Gym-MuJoCo HDF5 files, read with h5py (the ``d4rl`` package needs mujoco-py and old gym) and
+written in the same layout. Every failure mode of a file (absent, unreadable, not HDF5, truncated, keys
+missing, arrays of unequal length, type or shape, another environment's) is one ``DatasetError`` naming the
+file and the fix; files are only opened read-only, and written to a temporary file renamed into place."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -19,7 +15,6 @@ import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
 from primal_dt.run import json_reader
-from envs.hdf5_limits import check_declared_sizes
 from envs.registry import FAMILIES, EnvSpec, family_of
 from envs.sources import Request, register
 from envs.trajectories import Trajectories, split_on_ends
@@ -31,6 +26,10 @@ ENV_KEYS = ("env_id", "env_name", "gym_id", "env", "environment")
 ``metadata/<key>`` datasets); envs.collect's provenance records ``gym_id``"""
 STEP_ARRAYS = ("rewards", "terminals", "timeouts")  # one value per step: [N] (or [N, 1])
 FLAGS = ("terminals", "timeouts")
+MAX_VALUES = 2**33
+"""values one HDF5 dataset may declare: far above any offline RL dataset (D4RL's largest hold a few 10**7)"""
+MAX_RATIO = 1000
+"""declared bytes per byte of file: above what compression achieves on recorded data"""
 
 
 def d4rl_dir() -> Path:
@@ -38,14 +37,31 @@ def d4rl_dir() -> Path:
     return Path(os.environ.get("D4RL_DATASET_DIR") or Path.home() / ".d4rl" / "datasets").expanduser()
 
 
+def check_declared_sizes(datasets, path: Path) -> None:
+    """Refuse h5py ``datasets`` of the file at ``path`` whose declared shapes are absurd, before any is read: a
+    file can declare 10**11 rows in a few hundred bytes (HDF5 allocates on write), and reading them would try
+    to allocate all of them."""
+    total = 0
+    for ds in datasets:
+        values = math.prod(ds.shape or ())
+        if values > MAX_VALUES:
+            raise DatasetError(f"{path}: dataset '{ds.name.lstrip('/')}' declares shape {ds.shape} ({values:.3g} values, "
+                               f"more than the {MAX_VALUES:.3g} a dataset may hold); the file is corrupt or not data. "
+                               "Regenerate or re-download it")
+        total += values * ds.dtype.itemsize
+    size = Path(path).stat().st_size
+    if total > MAX_RATIO * size + 2**20:
+        raise DatasetError(f"{path}: its datasets declare {total:.3g} bytes, but the file holds {size:,} bytes (more "
+                           f"than {MAX_RATIO}x what compression reaches); the file is truncated or corrupt. "
+                           "Regenerate or re-download it")
+
+
 def _read_array(f, key: str, where: str) -> np.ndarray:
     try:
         arr = np.asarray(f[key][()])
     except (OSError, KeyError, ValueError, TypeError) as exc:
-        raise DatasetError(
-            f"{where}: dataset '{key}' cannot be read ({exc}); the file is corrupt or truncated. "
-            "Delete it and download or regenerate it."
-        ) from exc
+        raise DatasetError(f"{where}: dataset '{key}' cannot be read ({exc}); the file is corrupt or truncated. "
+                           "Delete it and download or regenerate it.") from exc
     if arr.dtype.kind not in "biuf":  # bool, integers, floats: strings, objects, complex and records are not data
         raise DatasetError(f"{where}: '{key}' holds values of type {arr.dtype}, expected numbers; the file was not "
                            "written as a D4RL dataset (or is damaged). Regenerate or re-download it.")
@@ -57,6 +73,18 @@ def _read_array(f, key: str, where: str) -> np.ndarray:
         raise DatasetError(f"{where}: '{key}' holds {bad.size} value(s) other than 0 and 1 (e.g. {bad.flat[0]!r}); "
                            "episode-end flags must be booleans. The file is corrupt; regenerate or re-download it.")
     return arr
+
+
+def parse_provenance(text, where: str) -> dict:
+    """``envs.collect``'s provenance (JSON text, bounded by ``json_reader``); a damaged one is one error."""
+    try:
+        value = json_reader.parse(text, where)
+        problem = None if isinstance(value, dict) else f"{where} must be a JSON object"
+    except (TypeError, ValueError) as err:
+        problem = str(err)
+    if problem:
+        raise DatasetError(f"{problem}; its provenance is damaged: regenerate it (python -m envs.collect)")
+    return value
 
 
 def _text(value) -> str | None:
@@ -72,7 +100,7 @@ def recorded_env(f, provenance: dict) -> tuple[str, str] | None:
     group, or a ``metadata/<key>`` string dataset."""
     if _text(provenance.get("gym_id")):
         return provenance["gym_id"], f"attribute {PROVENANCE_ATTR}.gym_id"
-    meta = f.get("metadata") if "metadata" in f else None
+    meta = f.get("metadata")
     for key in ENV_KEYS:
         places = [(f.attrs, f"attribute {key}")]
         if meta is not None and hasattr(meta, "attrs"):
@@ -120,12 +148,9 @@ def read_named(spec: EnvSpec, path_of, verbose: bool = True) -> Trajectories | N
 
 def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = None,
               max_episode_steps: int = 1000, verbose: bool = True) -> Trajectories:
-    """Episodes of a D4RL-format file, split on terminals or timeouts, float32.
-
-    ``name``/``gym_id`` switch on the check that dimensions match that simulator. A file without
-    ``timeouts`` (D4RL v0) has its episodes cut at the simulator's limit, ``max_episode_steps``, and says
-    so (``verbose``).
-    """
+    """Episodes of a D4RL-format file, split on terminals or timeouts, float32. ``name``/``gym_id`` switch on
+    the check that dimensions match that simulator; a file without ``timeouts`` (D4RL v0) is cut at its
+    step limit (``_cut_at_limit``)."""
     import h5py
 
     path = Path(path).expanduser()
@@ -134,50 +159,34 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         raise DatasetNotFound(f"no D4RL file at {path}")
     if path.is_dir():
         raise DatasetError(f"{where} is a directory, expected a D4RL .hdf5 file")
-    if not os.access(path, os.R_OK):
-        raise DatasetError(f"{where} cannot be read: permission denied. Give this user read access "
-                           f"(chmod +r {path}) or copy the file somewhere readable")
     try:
+        if not os.access(path, os.R_OK):
+            raise PermissionError(path)
         f = h5py.File(path, "r")
     except PermissionError as exc:
-        raise DatasetError(f"{where} cannot be read: permission denied ({exc}). Give this user read access "
+        raise DatasetError(f"{where} cannot be read: permission denied. Give this user read access "
                            f"(chmod +r {path}) or copy the file somewhere readable") from exc
     except OSError as exc:
-        raise DatasetError(
-            f"{where} is not a readable HDF5 file ({exc}). It is probably truncated by an "
-            "interrupted download or copy; delete it and download it again."
-        ) from exc
+        raise DatasetError(f"{where} is not a readable HDF5 file ({exc}). It is probably truncated by an interrupted "
+                           "download or copy; delete it and download it again.") from exc
     with f:
         missing = [k for k in REQUIRED_KEYS if k not in f]
         if missing:
-            raise DatasetError(
-                f"{where}: missing key(s) {missing}; a D4RL Gym-MuJoCo file has "
-                f"{list(REQUIRED_KEYS) + ['timeouts']} (found {sorted(f.keys())})"
-            )
+            raise DatasetError(f"{where}: missing key(s) {missing}; a D4RL Gym-MuJoCo file has "
+                               f"{list(REQUIRED_KEYS) + ['timeouts']} (found {sorted(f.keys())})")
         has_timeouts = "timeouts" in f
         keys = REQUIRED_KEYS + (("timeouts",) if has_timeouts else ())
         check_declared_sizes([f[k] for k in keys if hasattr(f[k], "shape")], path)
         data = {k: _read_array(f, k, where) for k in REQUIRED_KEYS}
         if has_timeouts:
             data["timeouts"] = _read_array(f, "timeouts", where)
-        provenance = {}
-        if PROVENANCE_ATTR in f.attrs:
-            try:
-                provenance = json_reader.parse(f.attrs[PROVENANCE_ATTR], f"{where} attribute {PROVENANCE_ATTR}")
-            except (TypeError, ValueError) as err:
-                raise DatasetError(f"{err}; the file's provenance is damaged: regenerate the file "
-                                   "(python -m envs.collect)") from None
-            if not isinstance(provenance, dict):
-                raise DatasetError(f"{where} attribute {PROVENANCE_ATTR} must be a JSON object; the file's "
-                                   "provenance is damaged: regenerate the file (python -m envs.collect)")
+        provenance = parse_provenance(f.attrs.get(PROVENANCE_ATTR, "{}"), f"{where} attribute {PROVENANCE_ATTR}")
         recorded = recorded_env(f, provenance)
     n = len(data["rewards"])
     lens = {k: len(v) for k, v in data.items()}
     if len(set(lens.values())) != 1:
-        raise DatasetError(
-            f"{where}: arrays differ in length {lens}; the file was truncated while being "
-            "written. Delete it and download or regenerate it."
-        )
+        raise DatasetError(f"{where}: arrays differ in length {lens}; the file was truncated while being written. "
+                           "Delete it and download or regenerate it.")
     if n == 0:
         raise DatasetError(f"{where}: the dataset is empty (0 steps)")
     if not has_timeouts:
@@ -186,27 +195,21 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         env_id, found = recorded
         if family_of(env_id) != family_of(gym_id):
             raise DatasetError(
-                f"{where} records environment {env_id!r} ({found}), but {name or gym_id} is data of {gym_id}: "
-                "the file belongs to another environment, and training on it would be silently wrong even where "
-                "the dimensions agree. Put it under its own name, or pick the dataset name that matches it."
-            )
+                f"{where} records environment {env_id!r} ({found}), but {name or gym_id} is data of {gym_id}: the file "
+                "belongs to another environment, and training on it would be silently wrong even where the dimensions "
+                "agree. Put it under its own name, or pick the dataset name that matches it.")
         if found.startswith(f"attribute {PROVENANCE_ATTR}"):
             gym_id = env_id  # a file made by envs.collect says which simulator version it used
     starts, lengths, terminal, keep = split_on_ends(data["terminals"], data["timeouts"], where, max_episode_steps,
                                                     name or gym_id or "the task")
-    return Trajectories(
-        observations=data["observations"][:keep],
-        actions=data["actions"][:keep], rewards=data["rewards"][:keep],
-        starts=starts, lengths=lengths, terminal=terminal, name=name, gym_id=gym_id,
-        source=f"d4rl:{path}", metadata=provenance,
-    )
+    return Trajectories(data["observations"][:keep], data["actions"][:keep], data["rewards"][:keep], starts, lengths,
+                        terminal, name=name, gym_id=gym_id, source=f"d4rl:{path}", metadata=provenance)
 
 
 def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: int, verbose: bool) -> np.ndarray:
-    """Timeouts for a file that records none (D4RL v0): an episode also ends after ``limit`` steps
-    without a terminal. A file of a simulator whose episodes terminate (the hopper falls) that records no
-    terminal either has lost its episode ends: cutting at the limit would join episodes into ones whose
-    returns are several real ones', so it is refused."""
+    """Timeouts for a file that records none (D4RL v0): an episode also ends after ``limit`` steps. A file
+    of a robot that can fall with no terminal either has lost its episode ends (cutting at the limit would
+    join several real episodes into one), so it is refused."""
     term = np.asarray(terminals).reshape(-1).astype(bool)
     family = family_of(gym_id) if gym_id else None
     if not term.any() and family is not None and FAMILIES[family].terminates:
@@ -214,13 +217,9 @@ def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: 
             f"{where}: records no episode end at all (no 'timeouts' key, and none of its {len(term):,} terminals is "
             f"set), but {gym_id}'s episodes end when the robot falls: its episode boundaries were lost (terminals "
             "zeroed in a conversion?). Use a file with its terminals, or with a 'timeouts' key")
-    timeouts = np.zeros(len(term), dtype=bool)
-    step = 0
-    for i, t in enumerate(term.tolist()):
-        step += 1
-        if t or step == limit:
-            timeouts[i] = not t
-            step = 0
+    i = np.arange(len(term))
+    first = np.maximum.accumulate(np.where(np.r_[True, term[:-1]], i, 0))  # the row after the last terminal
+    timeouts = ((i - first + 1) % limit == 0) & ~term
     if verbose:
         print(f"[envs] note: {where} has no 'timeouts' key: episodes end at a terminal or after {limit} steps "
               f"(the simulator's limit), {int(timeouts.sum())} of them so", file=sys.stderr, flush=True)
@@ -238,10 +237,9 @@ def trajectories_to_arrays(traj: Trajectories) -> dict[str, np.ndarray]:
             "terminals": terminals, "timeouts": timeouts}
 
 
-def write_d4rl(path: str | Path, arrays: dict[str, np.ndarray], provenance: dict | None = None,
-               compression: str | None = "gzip", level: int = 9) -> Path:
-    """Write D4RL-layout arrays (observations, actions, rewards, terminals, timeouts and
-    optionally next_observations) atomically; floats as float32, flags as bool."""
+def write_d4rl(path: str | Path, arrays: dict[str, np.ndarray], provenance: dict | None = None) -> Path:
+    """Write D4RL-layout arrays (observations, actions, rewards, terminals, timeouts and optionally
+    next_observations) atomically, gzip-compressed; floats as float32, flags as bool."""
     import h5py
 
     missing = [k for k in REQUIRED_KEYS + ("timeouts",) if k not in arrays]
@@ -255,11 +253,7 @@ def write_d4rl(path: str | Path, arrays: dict[str, np.ndarray], provenance: dict
             for key, arr in arrays.items():
                 arr = np.asarray(arr)
                 arr = arr.astype(bool) if key in ("terminals", "timeouts") else arr.astype(np.float32)
-                kw = {}
-                if compression and arr.size > 0:
-                    kw = {"compression": compression, "shuffle": True, "chunks": True}
-                    if compression == "gzip":
-                        kw["compression_opts"] = level
+                kw = {"compression": "gzip", "compression_opts": 9, "shuffle": True, "chunks": True} if arr.size else {}
                 f.create_dataset(key, data=arr, **kw)
             if provenance is not None:
                 f.attrs[PROVENANCE_ATTR] = json.dumps(provenance, sort_keys=True, default=str)

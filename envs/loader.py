@@ -1,13 +1,5 @@
-"""``load_dataset(name)``: the data of a dataset name, from the source ``envs.sources`` resolves.
-
-The sources and the order ``auto`` tries them in are ``envs.sources``'; this module runs the search
-and holds what every source's data must pass. The chosen source is printed and stored in
-``ds.source`` so runs record what they trained on (``ds.fingerprint`` records its content).
-
-Whatever the source, actions must lie in the simulator's action box: data outside it (recorded
-unscaled, or another task's) is refused with the count and the range, unless the caller asks to
-clip it (``clip_actions=True``; ``primal_dt.train``'s ``data_clip_actions=true``).
-"""
+"""``load_dataset(name)``: the data of a dataset name, searched in ``envs.sources``, and what every
+source's data must pass. The chosen source is printed and kept in ``ds.source``, so runs record it."""
 
 from __future__ import annotations
 
@@ -22,13 +14,11 @@ from envs.trajectories import Trajectories
 
 def load_dataset(name: str, source: str = "auto", verbose: bool = True,
                  download: bool | None = None, clip_actions: bool = False) -> Trajectories:
-    """Trajectories for a dataset name such as ``hopper-medium`` or a Minari dataset id.
+    """Trajectories for a dataset name (``hopper-medium``) or a Minari dataset id.
 
-    source: what ``envs.sources.help_text()`` lists: "auto" (every source in ``envs.sources.AUTO`` order),
-    a source's prefix ("d4rl": it finds the data of the name), or "PREFIX:WHERE" ("d4rl:/path/file.hdf5").
-    download: allow the Minari download step (default: yes, unless $PRIMAL_DT_OFFLINE=1).
-    clip_actions: clip actions outside the simulator's action box into it (default: such data is a
-    ``DatasetError`` giving how many values lie outside and their range).
+    source: what ``envs.sources.help_text()`` lists ("auto", "d4rl", "d4rl:/path/file.hdf5", ...).
+    download: allow the Minari download (default: yes, unless $PRIMAL_DT_OFFLINE=1).
+    clip_actions: clip actions outside the simulator's action box (default: ``check_actions`` refuses them).
     """
     spec = get_spec(name)
     if download is None:
@@ -53,9 +43,8 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
 
 
 def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: bool = True) -> None:
-    """Refuse (or, with ``clip``, clip) actions outside the simulator's action box. The simulator
-    clips what it is given and the model's tanh head cannot produce such values, so training on
-    them silently teaches something no agent can do."""
+    """Refuse (or, with ``clip``, clip) actions outside the simulator's action box (recorded unscaled, or
+    another task's): the simulator clips them and the model's tanh head cannot produce them."""
     low, high = spec.act_low, spec.act_high
     outside = (ds.actions < low) | (ds.actions > high)
     n = int(outside.sum())

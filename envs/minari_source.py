@@ -1,14 +1,12 @@
 """Minari datasets: read local ones, download (failing fast when offline), write new ones.
 
-Minari stores episodes with T+1 observations and T actions; we keep the first T observations
-(the state each action was taken in) and treat an episode that neither terminated nor was
-truncated as an unfinished fragment, as for D4RL files. The dataset's recorded simulator is
-checked against the name asked for, so a walker2d dataset filed under hopper is refused.
+Minari stores T+1 observations per T actions; we keep the first T (the state each action was taken in),
+and an episode that neither terminated nor was truncated is an unfinished fragment, as in D4RL files.
+The recorded simulator must be the name's, so a walker2d dataset filed under hopper is refused.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -16,13 +14,14 @@ import socket
 import threading
 import warnings
 from pathlib import Path
+from unittest import mock
 from urllib.parse import urlparse
 
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
 from primal_dt.run import json_reader
-from envs.hdf5_limits import check_declared_sizes
+from envs.d4rl import check_declared_sizes, parse_provenance
 from envs.registry import family_of
 from envs.sources import Request, register
 from envs.trajectories import Trajectories
@@ -112,10 +111,9 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
         if recorded is None:
             warnings.warn(f"{where} records no simulator; assuming {gym_id}", stacklevel=2)
         elif family_of(recorded) != family_of(gym_id):
-            raise DatasetError(
-                f"{where} was recorded in {recorded}, but {name or gym_id} needs {gym_id}; it is a "
-                "dataset for another environment (its env spec says so). Move it away or pick the matching name."
-            )
+            raise DatasetError(f"{where} was recorded in {recorded}, but {name or gym_id} needs {gym_id}; it is a "
+                               "dataset for another environment (its env spec says so). Move it away or pick the "
+                               "matching name.")
     if not hasattr(ds.observation_space, "shape") or ds.observation_space.shape is None:
         raise DatasetError(f"{where}: observations of type {ds.observation_space} are not flat arrays")
     episodes, unfinished, seen, last = [], [], 0, None
@@ -146,14 +144,7 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
         raise DatasetError(f"{where}: holds no complete episode ({ds.total_episodes} episodes, "
                            f"{ds.total_steps} steps)")
     meta = {k: v for k, v in ds.storage.metadata.items() if isinstance(v, (str, int, float, list, dict))}
-    try:  # provenance written by envs.collect
-        provenance = json_reader.parse(meta.pop("primal_dt", "{}"), f"{where} metadata primal_dt")
-    except (TypeError, ValueError) as err:
-        raise DatasetError(f"{err}; its provenance is damaged: regenerate it (python -m envs.collect)") from None
-    if not isinstance(provenance, dict):
-        raise DatasetError(f"{where}: its metadata primal_dt must be a JSON object; its provenance is damaged: "
-                           "regenerate it (python -m envs.collect)")
-    meta.update(provenance)
+    meta.update(parse_provenance(meta.pop("primal_dt", "{}"), f"{where} metadata primal_dt"))
     return Trajectories.from_episodes(episodes, name=name, gym_id=recorded or gym_id,
                                       source=f"minari:{dataset_id}", metadata=meta)
 
@@ -190,12 +181,12 @@ def _check_layout(dataset_id: str, where: str) -> None:
 def _reachable(host: str, port: int, timeout: float) -> str | None:
     """None when a TCP connection to host:port opens within ``timeout`` s, else the reason.
     DNS lookups ignore socket timeouts, so the attempt runs in a thread we stop waiting for."""
-    result: list[str | None] = ["timed out after %.0f s" % timeout]
+    result: list[str | None] = [f"timed out after {timeout:.0f} s"]
 
     def attempt():
         try:
-            with socket.create_connection((host, port), timeout=timeout):
-                result[0] = None
+            socket.create_connection((host, port), timeout=timeout).close()
+            result[0] = None
         except OSError as exc:
             result[0] = f"{type(exc).__name__}: {exc}"
 
@@ -213,9 +204,7 @@ def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
         try:
             import huggingface_hub  # noqa: F401
         except ImportError as exc:
-            raise DatasetNotFound(
-                f"downloading {dataset_id} needs huggingface_hub: pip install 'minari[hf]'"
-            ) from exc
+            raise DatasetNotFound(f"downloading {dataset_id} needs huggingface_hub: pip install 'minari[hf]'") from exc
         endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
     else:
         endpoint = "https://storage.googleapis.com"
@@ -223,11 +212,9 @@ def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
     port = url.port or (443 if url.scheme == "https" else 80)
     reason = _reachable(url.hostname or "", port, timeout)
     if reason is not None:
-        raise DatasetNotFound(
-            f"cannot download Minari dataset {dataset_id}: {url.hostname}:{port} is unreachable "
-            f"({reason}). This machine is offline; copy the dataset into {minari_root()} "
-            f"(`minari download {dataset_id}` on a connected machine) or use another source."
-        )
+        raise DatasetNotFound(f"cannot download Minari dataset {dataset_id}: {url.hostname}:{port} is unreachable "
+                              f"({reason}). This machine is offline; copy the dataset into {minari_root()} "
+                              f"(`minari download {dataset_id}` on a connected machine) or use another source.")
     import minari
 
     try:
@@ -238,29 +225,14 @@ def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
 
 
 # --- writing ----------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _minari_root_as(path: Path):
-    old = os.environ.get("MINARI_DATASETS_PATH")
-    os.environ["MINARI_DATASETS_PATH"] = str(path)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("MINARI_DATASETS_PATH", None)
-        else:
-            os.environ["MINARI_DATASETS_PATH"] = old
-
-
 def write_minari(dataset_id: str, episodes: list[dict], env_id: str, *, metadata: dict | None = None,
                  ref_min_score: float | None = None, ref_max_score: float | None = None,
-                 description: str = "", algorithm_name: str = "SAC (stable-baselines3)",
-                 gym_kwargs: dict | None = None, overwrite: bool = False) -> Path:
-    """Create a Minari dataset with ``create_dataset_from_buffers`` (no jax needed), atomically.
+                 description: str = "", overwrite: bool = False) -> Path:
+    """Create a Minari dataset with ``create_dataset_from_buffers``, atomically: built in a hidden folder of
+    the Minari root and renamed into place, so a crash leaves no half dataset.
 
-    ``episodes``: dicts with observations [T+1, obs] (final state included), actions [T, act],
-    rewards [T], terminations [T], truncations [T], and optionally seed. ``metadata`` (seeds,
-    provenance) is stored in the dataset's metadata.json. The dataset is built in a hidden
-    folder of the Minari root and renamed into place, so a crash leaves no half dataset.
+    ``episodes``: dicts with observations [T+1, obs] (final state included), actions [T, act], rewards,
+    terminations, truncations [T], and optionally seed; ``metadata`` (provenance) goes to its metadata.json.
     """
     import minari
     from minari.data_collector import EpisodeBuffer
@@ -275,29 +247,22 @@ def write_minari(dataset_id: str, episodes: list[dict], env_id: str, *, metadata
     root.mkdir(parents=True, exist_ok=True)
     tmp_root = root / f".tmp-{os.getpid()}-{dataset_id.replace('/', '_')}"
     shutil.rmtree(tmp_root, ignore_errors=True)
-    buffers = [
-        EpisodeBuffer(id=i, seed=ep.get("seed"), observations=np.asarray(ep["observations"], np.float32),
-                      actions=np.asarray(ep["actions"], np.float32),
-                      rewards=np.asarray(ep["rewards"], np.float64),
-                      terminations=np.asarray(ep["terminations"], bool),
-                      truncations=np.asarray(ep["truncations"], bool))
-        for i, ep in enumerate(episodes)
-    ]
-    env = make_sim(env_id, **(gym_kwargs or {}))
+    buffers = [EpisodeBuffer(id=i, seed=ep.get("seed"), observations=np.asarray(ep["observations"], np.float32),
+                             actions=np.asarray(ep["actions"], np.float32), rewards=np.asarray(ep["rewards"], np.float64),
+                             terminations=np.asarray(ep["terminations"], bool),
+                             truncations=np.asarray(ep["truncations"], bool)) for i, ep in enumerate(episodes)]
+    env = make_sim(env_id)
     try:
-        with _minari_root_as(tmp_root), warnings.catch_warnings():
+        with mock.patch.dict(os.environ, MINARI_DATASETS_PATH=str(tmp_root)), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ds = minari.create_dataset_from_buffers(
-                dataset_id, buffers, env=env, algorithm_name=algorithm_name, author="primal-dt envs.collect",
+                dataset_id, buffers, env=env, algorithm_name="SAC (stable-baselines3)", author="primal-dt envs.collect",
                 author_email="n/a", code_permalink="envs/collect.py (primal-dt)", description=description,
-                ref_min_score=ref_min_score, ref_max_score=ref_max_score,
-            )
+                ref_min_score=ref_min_score, ref_max_score=ref_max_score)
             if metadata:
                 ds.storage.update_metadata({"primal_dt": json.dumps(metadata, sort_keys=True, default=str)})
         # namespace metadata files first (harmless if they exist), then the dataset in one rename
-        parts = dataset_id.split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            ns = "/".join(parts[:i])
+        for ns in Path(dataset_id).parents[:-1]:
             src, dst = tmp_root / ns / "namespace_metadata.json", root / ns / "namespace_metadata.json"
             dst.parent.mkdir(parents=True, exist_ok=True)
             if src.exists() and not dst.exists():

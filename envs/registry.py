@@ -1,18 +1,16 @@
 """Dataset names (``hopper-medium``), the simulator each belongs to, and the D4RL scores.
 
-One table keeps every fact about a (family, level) pair so that loaders, the collector, the
-trainer and the evaluator cannot disagree about which simulator version goes with which data:
-D4RL data came from the v3-era MuJoCo models that Gymnasium keeps as v4, Minari's from v5.
-Minari dataset ids (``mujoco/hopper/medium-v0``) name a dataset too: its simulator is the v5 one,
-and its normalizing scores are the dataset's own (Minari records ``ref_min_score`` /
-``ref_max_score`` in its metadata) or, when it records none, D4RL's, and the spec says which.
+One table keeps every fact about a (family, level) pair, so loaders, collector, trainer and evaluator
+cannot disagree about which simulator version goes with which data: D4RL data came from the v3-era
+MuJoCo models Gymnasium keeps as v4, Minari's from v5. A Minari dataset id (``mujoco/hopper/medium-v0``,
+``primal-dt/hopper/medium-v0``) names a dataset too, when its simulator is one of these families.
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,8 +20,6 @@ LEVELS = ("random", "medium", "medium-replay", "medium-expert", "expert")
 # weak trained policy, not D4RL's random one, so random and medium-replay have no Minari source.
 _MINARI_LEVELS = {"medium": ("medium",), "expert": ("expert",), "medium-expert": ("medium", "expert")}
 MINARI_ID = re.compile(r"(?P<namespace>[\w.-]+(?:/[\w.-]+)*)/(?P<name>[\w.-]+)-v(?P<version>\d+)")
-"""a Minari dataset id (``mujoco/hopper/medium-v0``, ``primal-dt/hopper/medium-v0``): a name when its simulator
-(recorded in the local dataset, else the family its id names, in the v5 Minari uses) is a family here"""
 D4RL_REFERENCE = "D4RL's random and expert returns (Fu et al. 2020, v2 datasets)"
 
 
@@ -58,7 +54,6 @@ class EnvSpec:
     family: str  # "hopper"
     level: str  # "medium"
     gym_id: str  # simulator of the D4RL data (and of the replicas): "Hopper-v4"
-    minari_id: str | None  # "mujoco/hopper/medium-v0"; medium-expert joins two, see minari_ids
     obs_dim: int
     act_dim: int
     ref_min: float
@@ -67,25 +62,20 @@ class EnvSpec:
     max_episode_steps: int = 1000
     minari_gym_id: str = ""  # simulator of the Minari data: "Hopper-v5"
     minari_obs_dim: int = 0
-    minari_ids: tuple[str, ...] = field(default=())
-    gym_kwargs: tuple[tuple[str, object], ...] = ()  # extra gym.make kwargs for gym_id
+    minari_ids: tuple[str, ...] = ()  # "mujoco/hopper/medium-v0"; medium-expert joins two
     act_low: float = -1.0  # the simulator's action box, the same in v4 and v5 for every family here
     act_high: float = 1.0  # (the loader refuses data outside it; tests compare it with Gymnasium's)
     ref_source: str = D4RL_REFERENCE  # where ref_min / ref_max come from
 
     @property
     def is_minari_id(self) -> bool:
-        """The name is a Minari dataset id: Minari is its only source, v5 its simulator."""
-        return self.name == self.minari_id and "/" in self.name
+        """The name is a Minari dataset id: Minari is its only source."""
+        return "/" in self.name
 
     @property
     def d4rl_file(self) -> str:
         """D4RL v2 file name: hopper_medium_replay-v2.hdf5."""
         return f"{self.family}_{self.level.replace('-', '_')}-v2.hdf5"
-
-    def sim_kwargs(self, gym_id: str) -> dict:
-        """gym.make kwargs that give ``gym_id`` the observation layout this dataset uses."""
-        return dict(self.gym_kwargs) if gym_id == self.gym_id else {}
 
     def obs_dim_for(self, gym_id: str) -> int:
         return self.minari_obs_dim if gym_id == self.minari_gym_id else self.obs_dim
@@ -96,35 +86,21 @@ def _build() -> dict[str, EnvSpec]:
     for fam, f in FAMILIES.items():
         for level in LEVELS:
             parts = _MINARI_LEVELS.get(level, ())
-            ids = tuple(f"mujoco/{fam}/{p}-v0" for p in parts)
             out[f"{fam}-{level}"] = EnvSpec(
-                name=f"{fam}-{level}", family=fam, level=level, gym_id=f"{f.sim}-v4",
-                minari_id=ids[0] if len(ids) == 1 else None, obs_dim=f.obs_dim, act_dim=f.act_dim,
-                ref_min=f.ref_min, ref_max=f.ref_max, targets=f.targets,
-                minari_gym_id=f"{f.sim}-v5", minari_obs_dim=f.minari_obs_dim, minari_ids=ids,
-                gym_kwargs=f.v4_kwargs,
-            )
+                name=f"{fam}-{level}", family=fam, level=level, gym_id=f"{f.sim}-v4", obs_dim=f.obs_dim,
+                act_dim=f.act_dim, ref_min=f.ref_min, ref_max=f.ref_max, targets=f.targets,
+                minari_gym_id=f"{f.sim}-v5", minari_obs_dim=f.minari_obs_dim,
+                minari_ids=tuple(f"mujoco/{fam}/{p}-v0" for p in parts))
     return out
 
 
 REGISTRY: dict[str, EnvSpec] = _build()
 
 
-def minari_reference_scores(dataset_id: str) -> tuple[float, float, str] | None:
-    """(ref_min_score, ref_max_score, where) from a local Minari dataset's metadata; None when the
-    dataset is not local or records no numbers."""
-    from envs.minari_source import local_metadata
-
-    meta, path = local_metadata(dataset_id)
-    try:
-        lo, hi = float(meta["ref_min_score"]), float(meta["ref_max_score"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return (lo, hi, f"the Minari dataset's metadata (ref_min_score, ref_max_score in {path})") if hi > lo else None
-
-
 def _minari_spec(dataset_id: str) -> EnvSpec:
-    from envs.minari_source import recorded_simulator
+    """The spec of a Minari dataset id: its simulator and step limit the local dataset's env spec, else the v5
+    simulator of the family its id names; its reference scores its metadata's, else D4RL's."""
+    from envs.minari_source import local_metadata, recorded_simulator
 
     recorded = recorded_simulator(dataset_id)
     fam = family_of(recorded[0] if recorded else dataset_id)
@@ -135,19 +111,24 @@ def _minari_spec(dataset_id: str) -> EnvSpec:
         raise KeyError(f"Minari dataset {dataset_id!r} {what}; the supported simulators are "
                        f"{', '.join(supported)}")
     f, v4 = FAMILIES[fam], sim.endswith("-v4")
-    ref_min, ref_max, ref_source = minari_reference_scores(dataset_id) or (
-        f.ref_min, f.ref_max, f"{D4RL_REFERENCE}: {dataset_id} is not local or its metadata records no "
-        "ref_min_score / ref_max_score")
+    meta, path = local_metadata(dataset_id)
+    try:
+        ref_min, ref_max = float(meta["ref_min_score"]), float(meta["ref_max_score"])
+        ref_source = f"the Minari dataset's metadata (ref_min_score, ref_max_score in {path})"
+    except (ValueError, KeyError, TypeError):
+        ref_min = ref_max = 0.0
+    if not ref_max > ref_min:
+        ref_min, ref_max, ref_source = f.ref_min, f.ref_max, (
+            f"{D4RL_REFERENCE}: {dataset_id} is not local or its metadata records no ref_min_score / ref_max_score")
     obs = f.obs_dim if v4 else f.minari_obs_dim
     return EnvSpec(name=dataset_id, family=fam, level=MINARI_ID.fullmatch(dataset_id)["name"], gym_id=sim,
-                   minari_id=dataset_id, obs_dim=obs, act_dim=f.act_dim, ref_min=ref_min, ref_max=ref_max,
-                   targets=f.targets, max_episode_steps=limit, minari_gym_id=sim, minari_obs_dim=obs,
-                   minari_ids=(dataset_id,), gym_kwargs=f.v4_kwargs if v4 else (), ref_source=ref_source)
+                   obs_dim=obs, act_dim=f.act_dim, ref_min=ref_min, ref_max=ref_max, targets=f.targets,
+                   max_episode_steps=limit, minari_gym_id=sim, minari_obs_dim=obs, minari_ids=(dataset_id,),
+                   ref_source=ref_source)
 
 
 def sim_kwargs_for(gym_id: str) -> dict:
-    """gym.make kwargs that give a simulator the observation layout of our datasets (only
-    Ant-v4 needs any: D4RL kept its contact forces)."""
+    """gym.make kwargs that give a simulator our datasets' observation layout (Ant-v4: D4RL's contact forces)."""
     for f in FAMILIES.values():
         if gym_id == f"{f.sim}-v4":
             return dict(f.v4_kwargs)
@@ -180,11 +161,9 @@ def get_spec(name: str) -> EnvSpec:
         return REGISTRY[key]
     close = difflib.get_close_matches(key, REGISTRY, n=3, cutoff=0.6)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise KeyError(
-        f"unknown dataset name {name!r}.{hint} Valid names are <family>-<level> with family in "
-        f"{sorted(FAMILIES)} and level in {list(LEVELS)}: {', '.join(list_names())}; or a Minari dataset id of "
-        "one of these simulators, local or remote (e.g. mujoco/hopper/medium-v0)"
-    )
+    raise KeyError(f"unknown dataset name {name!r}.{hint} Valid names are <family>-<level> with family in "
+                   f"{sorted(FAMILIES)} and level in {list(LEVELS)}: {', '.join(list_names())}; or a Minari dataset "
+                   "id of one of these simulators, local or remote (e.g. mujoco/hopper/medium-v0)")
 
 
 def normalized_score(name: str, returns):

@@ -11,7 +11,6 @@ from pathlib import Path
 from envs import d4rl as d4rl_io
 from envs import minari_source
 from envs.errors import DatasetNotFound
-from envs.registry import EnvSpec
 from envs.sources import Request, register
 from envs.trajectories import Trajectories
 
@@ -23,8 +22,7 @@ class ReplicaWarning(UserWarning):
 
 
 def replica_dirs() -> list[Path]:
-    """Locally generated replicas first ($PRIMAL_DT_DATA_DIR or ~/.primal-dt/datasets), then the
-    ones shipped inside the package."""
+    """Locally generated replicas first ($PRIMAL_DT_DATA_DIR or ~/.primal-dt/datasets), then the bundled ones."""
     local = Path(os.environ.get("PRIMAL_DT_DATA_DIR") or Path.home() / ".primal-dt" / "datasets")
     return [local.expanduser(), BUNDLED_DIR]
 
@@ -41,29 +39,21 @@ def read_source(req: Request) -> Trajectories:
         ds = d4rl_io.read_d4rl(req.where, spec.name, spec.gym_id, spec.max_episode_steps, req.verbose)
         ds.source = f"replica:{Path(req.where).expanduser()}"
     else:
-        ds = _find(spec, req.verbose)
-    _announce(ds, spec, req.verbose)
-    return ds
-
-
-def _find(spec: EnvSpec, verbose: bool) -> Trajectories:
-    for d in replica_dirs():
-        ds = d4rl_io.read_named(spec, lambda level: d / replica_file(spec.family, level), verbose)
-        if ds is not None:
-            ds.source = "replica:" + ds.source.partition(":")[2]
-            return ds
-    raise DatasetNotFound(f"no {replica_file(spec.family, spec.level)} in {', '.join(map(str, replica_dirs()))}; "
-                          f"generate one: python -m envs.collect env={spec.family} level={spec.level}")
-
-
-def _announce(ds: Trajectories, spec: EnvSpec, verbose: bool) -> None:
+        found = (d4rl_io.read_named(spec, lambda level: d / replica_file(spec.family, level), req.verbose)
+                 for d in replica_dirs())
+        ds = next((ds for ds in found if ds is not None), None)
+        if ds is None:
+            raise DatasetNotFound(f"no {replica_file(spec.family, spec.level)} in {', '.join(map(str, replica_dirs()))};"
+                                  f" generate one: python -m envs.collect env={spec.family} level={spec.level}")
+        ds.source = "replica:" + ds.source.partition(":")[2]
     prov = ds.metadata or {}
     what = (f"policy step {prov.get('policy_step', '?')}, return {prov.get('policy_return', '?')}"
             if prov else "unknown provenance")
     msg = (f"{spec.name}: using a REPLICA ({ds.source}; {what}), NOT the published D4RL/Minari "
            f"dataset. Scores are not comparable with papers. Put the D4RL file {spec.d4rl_file} in "
            f"{d4rl_io.d4rl_dir()} or a Minari dataset in {minari_source.minari_root()} to use the real one.")
-    if verbose:  # a command's console: the one loud line, once (a Python warning would repeat it with a source line)
+    if req.verbose:  # a command's console: the one loud line, once (a Python warning would add a source line)
         print(f"!! WARNING: {msg}", file=sys.stderr, flush=True)
     else:
-        warnings.warn(msg, ReplicaWarning, stacklevel=5)  # at the caller of envs.load_dataset
+        warnings.warn(msg, ReplicaWarning, stacklevel=4)  # at the caller of envs.load_dataset
+    return ds

@@ -1,10 +1,9 @@
 """K-step segments for sequence models, sampled as the Decision Transformer reference does.
 
-The reference picks a trajectory with probability proportional to its length, then a start
-uniformly inside it. That is the same as picking one of the N dataset steps uniformly, which is
-what we do: one ``integers`` draw, then gathers over the flat arrays of ``Trajectories`` (with
-the return-to-go precomputed), no Python loop over the batch. A segment that runs past its
-episode's end is right-padded (real tokens first) and masked.
+The reference picks a trajectory with probability proportional to its length, then a start uniformly
+inside it: the same as picking one of the N dataset steps uniformly, which is one ``integers`` draw and
+gathers over the flat arrays of ``Trajectories``, no Python loop. A segment running past its episode's
+end is right-padded (real tokens first) and masked.
 """
 
 from __future__ import annotations
@@ -48,16 +47,10 @@ class Batch(NamedTuple):
 
 
 class SegmentSampler:
-    """Batches of K-step segments (``Batch``) as torch tensors. The return-to-go is undiscounted and
-    divided by ``reward_scale`` (the DT papers: 1000; the default 1 leaves returns as they are).
-
-    ``reward_scale`` is a divisor because that is its meaning everywhere in the package (the
-    trainer's config, the checkpoint, the agent's return-to-go bookkeeping): a checkpoint's
-    ``reward_scale`` passed here gives the batches the model was trained on.
-
-    ``stats`` = (state_mean, state_std) normalises with other statistics than the dataset's own:
-    held-out episodes are read with the training episodes' statistics, as the model sees them.
-    """
+    """Batches of K-step segments (``Batch``) as torch tensors. The return-to-go is undiscounted and divided
+    by ``reward_scale`` (a divisor everywhere in the package: the DT papers' 1000; 1 leaves returns raw).
+    ``stats`` = (state_mean, state_std) normalises with other statistics than the dataset's own: held-out
+    episodes are read with the training episodes', as the model sees them."""
 
     def __init__(self, ds: Trajectories, K: int = 20, batch_size: int = 64, reward_scale: float = 1.0,
                  max_timestep: int = 1000, seed: int | np.random.Generator | None = 0,
@@ -84,13 +77,11 @@ class SegmentSampler:
         self._end = ds.step_end
         self._offsets = np.arange(self.K, dtype=np.int64)
 
-    def indices(self, batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Row indices [B,K] into the padded flat arrays (n = padding) and the mask [B,K]."""
-        b = self.batch_size if batch_size is None else int(batch_size)
-        return self.rows(self.rng.integers(0, self.num_steps, size=b))
-
-    def rows(self, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``indices`` for segments starting at the given dataset steps [B] (no random draw)."""
+    def indices(self, batch_size: int | None = None, first: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Row indices [B,K] into the padded flat arrays (n = padding) and the mask [B,K], of segments starting
+        at random steps, or at the dataset steps ``first`` [B]."""
+        if first is None:
+            first = self.rng.integers(0, self.num_steps, size=batch_size or self.batch_size)
         first = np.asarray(first, dtype=np.int64)
         idx = first[:, None] + self._offsets[None, :]
         mask = idx < np.take(self._end, first)[:, None]
@@ -102,10 +93,10 @@ class SegmentSampler:
 
     def segments(self, first: np.ndarray) -> Batch:
         """The batch of segments starting at the given dataset steps (a fixed evaluation set)."""
-        return self.batch(*self.rows(first))
+        return self.batch(*self.indices(first=first))
 
     def batch(self, idx: np.ndarray, mask: np.ndarray) -> Batch:
-        """Gather the segments of ``indices`` / ``rows``."""
+        """Gather the segments of ``indices``."""
         b, k = idx.shape
         flat = idx.reshape(-1)  # np.take on flat indices is faster than 2-D fancy indexing
         out = Batch(

@@ -1,11 +1,11 @@
 """Where offline data comes from: a registry of sources, each one reader registered under its prefix.
 
-``data_source=PREFIX:WHERE`` reads the data at WHERE (a file's path, a dataset id) with that source's
-reader; ``data_source=PREFIX`` lets the reader find the data of the dataset name itself; ``auto`` asks the
-readers in ``AUTO`` order. A reader says "nothing here" with ``DatasetNotFound`` (the search moves on)
-and "something broken here" with ``DatasetError`` (the search stops: quietly falling back to other data
-would make results incomparable). A new source is one module holding its reader under ``@register``,
-listed in ``_MODULES`` (its registration); nothing else lists sources.
+``data_source=PREFIX:WHERE`` reads the data at WHERE (a path, a dataset id) with that source's reader;
+``data_source=PREFIX`` lets the reader find the data of the dataset name itself; ``auto`` asks the readers
+in ``AUTO`` order. A reader says "nothing here" with ``DatasetNotFound`` (the search moves on) and
+"something broken here" with ``DatasetError`` (the search stops: falling back to other data would make
+results incomparable). A new source is one module holding its reader under ``@register``, listed in
+``_MODULES``; nothing else lists sources.
 """
 
 from __future__ import annotations
@@ -19,21 +19,17 @@ from envs.errors import DatasetError
 from envs.registry import EnvSpec
 
 AUTO = ("d4rl", "minari", "replica")
-"""``data_source=auto``: a local D4RL HDF5 file, a local Minari dataset then a Minari download (one reader),
-then a replica (generated locally by ``envs.collect``, or bundled with the package)"""
+"""``data_source=auto``: a local D4RL file, a local then downloaded Minari dataset, then a replica"""
 _MODULES = ("envs.d4rl", "envs.minari_source", "envs.replica")
-"""the modules whose ``@register`` defines the package's sources"""
 
 
 @dataclass(frozen=True)
 class Request:
-    """What a reader is asked for: the data of ``spec``, at ``where`` ('' : wherever this source keeps the
-    data of that name)."""
+    """What a reader is asked for: the data of ``spec``, at ``where`` ('': where this source keeps that name's)."""
 
     spec: EnvSpec
     where: str = ""
-    download: bool = False
-    """a reader may fetch from the network (off when $PRIMAL_DT_OFFLINE=1)"""
+    download: bool = False  # a reader may fetch from the network (off when $PRIMAL_DT_OFFLINE=1)
     verbose: bool = True
 
 
@@ -41,11 +37,9 @@ class Request:
 class Source:
     prefix: str
     read: Callable  # (Request) -> envs.Trajectories
-    where: str
-    """what follows ``prefix:`` (PATH, ID)"""
+    where: str  # what follows ``prefix:`` (PATH, ID)
     help: str
-    label: str
-    """how a report names data of this source; ``{where}`` is replaced by the location"""
+    label: str  # how a report names its data; ``{where}`` is replaced by the location
 
 
 _REGISTRY: dict[str, Source] = {}
@@ -66,33 +60,27 @@ def unregister(prefix: str) -> None:
     _REGISTRY.pop(prefix, None)
 
 
-def _load_all() -> None:
-    for m in _MODULES:
-        importlib.import_module(m)
-
-
 def available() -> list[str]:
     """The registered prefixes, the auto order first."""
-    _load_all()
+    for m in _MODULES:
+        importlib.import_module(m)
     return [p for p in AUTO if p in _REGISTRY] + sorted(p for p in _REGISTRY if p not in AUTO)
 
 
 def help_text() -> str:
-    """One line per way to name a source: what ``data_source`` accepts."""
-    _load_all()
-    lines = [f"auto: the first of {', '.join(p for p in AUTO if p in _REGISTRY)} that has the data (default)"]
-    lines += [f"{p}[:{s.where}]: {s.help}" for p, s in ((p, _REGISTRY[p]) for p in available())]
-    return "; ".join(lines)
+    """What ``data_source`` accepts, one clause per source."""
+    names = available()
+    return "; ".join([f"auto: the first of {', '.join(p for p in AUTO if p in names)} that has the data (default)"]
+                     + [f"{p}[:{_REGISTRY[p].where}]: {_REGISTRY[p].help}" for p in names])
 
 
 def parse(source: str) -> tuple[Source | None, str]:
-    """(the source, the location after its prefix) ``data_source`` names; (None, '') for auto. A
-    ValueError naming the accepted forms otherwise."""
+    """(the source, the location after its prefix) ``data_source`` names; (None, '') for auto. A ValueError
+    naming the accepted forms otherwise (``check``)."""
     prefix, _, where = str(source).strip().partition(":")
     if prefix == "auto" and not where:
         return None, ""
-    _load_all()
-    if prefix not in _REGISTRY:
+    if prefix not in available():
         close = difflib.get_close_matches(prefix, available(), n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"data source {source!r} is not one of auto, {', '.join(available())} (each also as "
@@ -100,18 +88,16 @@ def parse(source: str) -> tuple[Source | None, str]:
     return _REGISTRY[prefix], where
 
 
+check = parse
+
+
 def get(prefix: str) -> Source:
     return parse(prefix)[0]
 
 
-def check(source: str) -> None:
-    """Raise ValueError unless ``source`` names a registered source (what ``data_source`` accepts)."""
-    parse(source)
-
-
 def label(source: str) -> str:
-    """A recorded ``data_source`` in a report's words (``D4RL``, ``Minari <id>``, ``replica``); paths are
-    left out since they differ between machines. 'unknown' for what names no source."""
+    """A recorded ``data_source`` in a report's words (``D4RL``, ``Minari <id>``, ``replica``; paths left out,
+    they differ between machines); 'unknown' for what names no source."""
     try:
         src, where = parse(source)
     except ValueError:
@@ -121,8 +107,7 @@ def label(source: str) -> str:
 
 def order(spec: EnvSpec) -> tuple[str, ...]:
     """The sources ``auto`` asks for ``spec``: a Minari dataset id has Minari as its only source."""
-    _load_all()
-    return ("minari",) if spec.is_minari_id else tuple(p for p in AUTO if p in _REGISTRY)
+    return ("minari",) if spec.is_minari_id else tuple(p for p in AUTO if p in available())
 
 
 def read(src: Source, request: Request):

@@ -1,10 +1,8 @@
 """Episodes of an offline dataset, stored once as flat arrays ready for segment sampling.
 
-Every source (D4RL file, Minari dataset, replica) ends here, so the checks that protect
-training (finite values, dimensions that match the simulator, at least one real episode) live
-here once. The flat layout (all steps of all episodes back to back, plus per-step episode end,
-timestep and return-to-go) is what makes batch sampling a handful of numpy gathers; the
-per-episode dicts in ``episodes`` are views into it, not copies.
+Every source ends here, so the checks that protect training (finite values, dimensions that match the
+simulator, at least one real episode) live here once. The flat layout (all steps back to back, plus
+per-step episode end, timestep and return-to-go) makes batch sampling a handful of numpy gathers.
 """
 
 from __future__ import annotations
@@ -16,32 +14,24 @@ import numpy as np
 
 from envs.errors import DatasetError
 
-
-def _check_finite(arr: np.ndarray, what: str, where: str) -> None:
-    ok = np.isfinite(arr)
-    if not ok.all():
-        bad = np.argwhere(~ok)
-        raise DatasetError(
-            f"{where}: {what} holds {len(bad)} NaN/inf value(s), first at index {tuple(bad[0])}. "
-            "The file is corrupt or was written by a diverged policy; regenerate or re-download it."
-        )
-
-
 MAX_REWARD = 1e6
 """largest reward magnitude of one step accepted: a Gymnasium MuJoCo task's rewards are a few units per
-step, so a larger one is a corrupt file, not data; left in, it makes the returns-to-go the model reads
-overflow float32 on the first step, which would look like a learning rate that is too high"""
+step, so a larger one is a corrupt file; left in, it would overflow the float32 returns-to-go on the first
+step, which would look like a learning rate that is too high"""
+CORRUPT = "The file is corrupt or was written by a diverged policy; regenerate or re-download it."
 
 
-def _check_rewards(rewards: np.ndarray, where: str) -> None:
-    big = np.abs(rewards) > MAX_REWARD
+def _check_values(ds: "Trajectories", where: str) -> None:
+    for what in ("observations", "actions", "rewards"):
+        bad = np.argwhere(~np.isfinite(getattr(ds, what)))
+        if len(bad):
+            raise DatasetError(f"{where}: {what} holds {len(bad)} NaN/inf value(s), first at index "
+                               f"{tuple(bad[0])}. {CORRUPT}")
+    big = np.abs(ds.rewards) > MAX_REWARD
     if big.any():
-        first = int(np.argmax(big))
-        raise DatasetError(
-            f"{where}: rewards holds {int(big.sum())} value(s) larger than {MAX_REWARD:g} in size (the largest "
-            f"{float(np.abs(rewards).max()):.3g}, first at step {first}), far beyond any simulator's reward per "
-            "step. The file is corrupt or was written by a diverged policy; regenerate or re-download it."
-        )
+        raise DatasetError(f"{where}: rewards holds {int(big.sum())} value(s) larger than {MAX_REWARD:g} in size (the "
+                           f"largest {float(np.abs(ds.rewards).max()):.3g}, first at step {int(np.argmax(big))}), far "
+                           f"beyond any simulator's reward per step. {CORRUPT}")
 
 
 _HOLD_OUT_STREAM = 0x6864  # keys the held-out split's generator apart from every other stream of a seed
@@ -49,12 +39,8 @@ _HOLD_OUT_STREAM = 0x6864  # keys the held-out split's generator apart from ever
 
 @dataclass(eq=False, repr=False)
 class Trajectories:
-    """A dataset as flat arrays of E episodes with N steps in total.
-
-    observations [N, obs], actions [N, act], rewards [N] (float32); ``starts``/``lengths`` [E]
-    locate episode e at rows starts[e] : starts[e] + lengths[e]; ``terminal`` [E] says whether it
-    ended in a true termination (True) or was cut by the time limit (False).
-    """
+    """E episodes, N steps: observations [N, obs], actions [N, act], rewards [N] (float32); episode e is rows
+    starts[e] : starts[e] + lengths[e]; ``terminal`` [E]: it ended in a termination (else the time limit)."""
 
     observations: np.ndarray
     actions: np.ndarray
@@ -79,40 +65,29 @@ class Trajectories:
         if n == 0 or len(self.lengths) == 0:
             raise DatasetError(f"{where}: the dataset holds no complete episode (0 steps usable)")
         if self.observations.ndim != 2 or self.actions.ndim != 2:
-            raise DatasetError(
-                f"{where}: observations and actions must be 2-D [steps, dim], got "
-                f"{self.observations.shape} and {self.actions.shape}"
-            )
+            raise DatasetError(f"{where}: observations and actions must be 2-D [steps, dim], got "
+                               f"{self.observations.shape} and {self.actions.shape}")
         if not (len(self.observations) == len(self.actions) == n):
-            raise DatasetError(
-                f"{where}: {len(self.observations)} observations, {len(self.actions)} actions and "
-                f"{n} rewards; every step needs one of each"
-            )
+            raise DatasetError(f"{where}: {len(self.observations)} observations, {len(self.actions)} actions and "
+                               f"{n} rewards; every step needs one of each")
         if (self.lengths <= 0).any() or int(self.lengths.sum()) != n or not np.array_equal(
-            self.starts, np.concatenate([[0], np.cumsum(self.lengths)[:-1]])
-        ):
+                self.starts, np.concatenate([[0], np.cumsum(self.lengths)[:-1]])):
             raise DatasetError(f"{where}: episode starts/lengths do not tile the {n} steps")
         if not (len(self.starts) == len(self.lengths) == len(self.terminal)):
             raise DatasetError(f"{where}: starts, lengths and terminal flags differ in count")
-        _check_finite(self.observations, "observations", where)
-        _check_finite(self.actions, "actions", where)
-        _check_finite(self.rewards, "rewards", where)
-        _check_rewards(self.rewards, where)
+        _check_values(self, where)
         if self.name is not None and self.gym_id is not None:
             from envs.registry import get_spec
 
             spec = get_spec(self.name)
-            want_obs, want_act = spec.obs_dim_for(self.gym_id), spec.act_dim
-            got_obs, got_act = self.observations.shape[1], self.actions.shape[1]
-            if (got_obs, got_act) != (want_obs, want_act):
+            want = spec.obs_dim_for(self.gym_id), spec.act_dim
+            if (self.observations.shape[1], self.actions.shape[1]) != want:
                 raise DatasetError(
-                    f"{where}: observations have {got_obs} dims and actions {got_act}, but "
-                    f"{self.gym_id} (the simulator of {spec.name}) has {want_obs} and {want_act}. "
-                    "The file belongs to another environment; check the dataset name."
-                )
+                    f"{where}: observations have {self.observations.shape[1]} dims and actions "
+                    f"{self.actions.shape[1]}, but {self.gym_id} (the simulator of {spec.name}) has {want[0]} and "
+                    f"{want[1]}. The file belongs to another environment; check the dataset name.")
         self._build_index()
 
-    # --- derived arrays used by the sampler -------------------------------------------------
     def _build_index(self) -> None:
         n = self.num_steps
         ends = self.starts + self.lengths
@@ -129,17 +104,13 @@ class Trajectories:
         obs64 = self.observations.astype(np.float64)
         self.state_mean = obs64.mean(0).astype(np.float32)
         self.state_std = (obs64.std(0) + 1e-6).astype(np.float32)
-        self._episodes = None
         self._fingerprint = None
 
-    # --- identity -------------------------------------------------------------------------------
     @property
     def fingerprint(self) -> str:
-        """``sha256:<hex>`` of exactly what a model trains on: observations, actions, rewards (float32,
-        as loaded, clipped when asked), episode lengths and terminal flags. Equal data give equal
-        fingerprints whatever file or format they came from; one changed value changes it. A
-        checkpoint records it, so a run resumed or checked against data that changed under the
-        same path is refused instead of silently trained on."""
+        """``sha256:<hex>`` of exactly what a model trains on (observations, actions, rewards as float32,
+        episode lengths, terminal flags), whatever file or format they came from. A checkpoint records it,
+        so a run resumed on data that changed under the same path is refused instead of silently trained on."""
         if self._fingerprint is None:
             h = hashlib.sha256()
             for name in ("observations", "actions", "rewards", "lengths", "terminal"):
@@ -149,54 +120,41 @@ class Trajectories:
             self._fingerprint = f"sha256:{h.hexdigest()}"
         return self._fingerprint
 
-    # --- held-out episodes -------------------------------------------------------------------
     def hold_out(self, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """(training episodes, held-out episodes): sorted episode indices, disjoint, together all of
-        them. ``round(fraction * E)`` episodes, at least one when ``fraction > 0``, are held out, drawn
-        by a generator of their own keyed by ``seed`` (so the split never shares draws with the batch
-        sampler, and the same seed gives the same split on every process and at every resume).
-
-        Whole episodes, because segments of one episode overlap: a step held out while its
-        neighbours train would be seen through them. A dataset that cannot spare an episode (one
-        episode, or a fraction that takes them all) is a ``DatasetError``."""
+        """(training episodes, held-out episodes): sorted, disjoint indices covering all. ``round(fraction * E)``
+        episodes (at least one when ``fraction > 0``) are drawn by a generator of their own keyed by ``seed``, so
+        the split shares no draws with the sampler and is the same on every process and at every resume.
+        Whole episodes, because a step held out while its neighbours train would be seen through their
+        overlapping segments. A dataset that cannot spare an episode is a ``DatasetError``."""
         n = len(self)
         if not 0 <= fraction < 1:
             raise DatasetError(f"{self.source}: a held-out fraction must be in [0, 1), got {fraction}")
         k = max(1, round(fraction * n)) if fraction > 0 else 0
         if k >= n:
-            raise DatasetError(
-                f"{self.source}: holding out {k} of its {n} episode(s) (fraction {fraction:g}) leaves none to "
-                "train on; hold out less, or use a dataset with more episodes"
-            )
+            raise DatasetError(f"{self.source}: holding out {k} of its {n} episode(s) (fraction {fraction:g}) leaves "
+                               "none to train on; hold out less, or use a dataset with more episodes")
         held = np.sort(np.random.default_rng((int(seed), _HOLD_OUT_STREAM)).permutation(n)[:k])
         return np.setdiff1d(np.arange(n), held), held
 
     def subset(self, episodes) -> "Trajectories":
-        """These episodes (indices, in the order given) as a dataset of their own: copied rows, and
-        their own return-to-go and statistics (``_build_index``), so the training episodes of a
-        split normalise with statistics that never saw the held-out ones. Same name, simulator and
-        source; the fingerprint is the subset's."""
+        """These episodes (indices, in order) as a dataset of their own, with their own return-to-go and
+        statistics, so a split's training episodes normalise with statistics that never saw the held-out ones."""
         idx = np.asarray(episodes, dtype=np.int64).reshape(-1)
         if idx.size == 0 or idx.min() < 0 or idx.max() >= len(self):
             raise IndexError(f"{self.source}: episode indices must be in [0, {len(self)}) and not empty")
-        lengths = self.lengths[idx]
-        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-        rows = np.repeat(self.starts[idx] - starts, lengths) + np.arange(int(lengths.sum()))
-        return Trajectories(observations=self.observations[rows], actions=self.actions[rows],
-                            rewards=self.rewards[rows], starts=starts, lengths=lengths, terminal=self.terminal[idx],
-                            name=self.name, gym_id=self.gym_id, source=self.source, metadata=dict(self.metadata))
+        eps = self.episodes
+        return Trajectories.from_episodes([eps[i] for i in idx.tolist()], name=self.name, gym_id=self.gym_id,
+                                          source=self.source, metadata=dict(self.metadata))
 
     def clip_actions(self, low: float, high: float) -> int:
-        """Clip actions into [low, high] in place (the simulator's box); returns how many values
-        moved. Only on request (``envs.load_dataset(clip_actions=True)``): silently clipping would
-        hide a dataset recorded in other units."""
+        """Clip actions into [low, high] in place; returns how many values moved. Only on request
+        (``load_dataset(clip_actions=True)``): silently clipping would hide data recorded in other units."""
         outside = int(((self.actions < low) | (self.actions > high)).sum())
         if outside:
             np.clip(self.actions, low, high, out=self.actions)
             self._fingerprint = None
         return outside
 
-    # --- public views -----------------------------------------------------------------------
     @property
     def num_steps(self) -> int:
         return int(len(self.rewards))
@@ -205,32 +163,17 @@ class Trajectories:
         return int(len(self.lengths))
 
     @property
-    def spec(self):
-        """The registry entry of ``name`` (reference scores, targets, simulator)."""
-        from envs.registry import get_spec
-
-        return get_spec(self.name) if self.name else None
-
-    @property
     def returns(self) -> np.ndarray:
         """Undiscounted return of each episode, float64 [E]."""
         return self.rtg[self.starts].astype(np.float64)
 
     @property
     def episodes(self) -> list[dict]:
-        """One dict per episode: observations, actions, rewards (views), dones (bool, True only
-        at the last step of a terminated episode), terminal (bool)."""
-        if self._episodes is None:
-            eps = []
-            for s, n, term in zip(self.starts.tolist(), self.lengths.tolist(), self.terminal.tolist()):
-                dones = np.zeros(n, dtype=bool)
-                dones[-1] = term
-                eps.append({
-                    "observations": self.observations[s:s + n], "actions": self.actions[s:s + n],
-                    "rewards": self.rewards[s:s + n], "dones": dones, "terminal": bool(term),
-                })
-            self._episodes = eps
-        return self._episodes
+        """One dict per episode: observations, actions, rewards (views into the flat arrays), terminal, and
+        dones (True only at the last step of a terminated episode)."""
+        return [{"observations": self.observations[s:s + n], "actions": self.actions[s:s + n],
+                 "rewards": self.rewards[s:s + n], "terminal": term, "dones": np.arange(n) == (n - 1 if term else -1)}
+                for s, n, term in zip(self.starts.tolist(), self.lengths.tolist(), self.terminal.tolist())]
 
     def __repr__(self) -> str:
         return f"Trajectories({self.name or 'unnamed'}, {self.source}: {len(self)} episodes, {self.num_steps} steps)"
@@ -240,67 +183,42 @@ class Trajectories:
         return (f"{len(self)} episodes, {self.num_steps:,} steps, return {r.mean():.1f} +- "
                 f"{r.std():.1f} (min {r.min():.1f}, max {r.max():.1f}), simulator {self.gym_id}")
 
-    # --- construction helpers ---------------------------------------------------------------
     @classmethod
     def from_episodes(cls, episodes: list[dict], **kw) -> "Trajectories":
-        """From dicts with observations [T, obs], actions [T, act], rewards [T] and either a
-        ``terminal`` flag or a ``dones``/``terminals`` array whose last entry is the flag."""
+        """From dicts with observations [T, obs], actions [T, act], rewards [T] and a ``terminal`` flag."""
         if not episodes:
             raise DatasetError(f"{kw.get('source', 'memory')}: the dataset holds no episode")
         lengths = np.array([len(ep["rewards"]) for ep in episodes], dtype=np.int64)
-        term = []
-        for ep in episodes:
-            if "terminal" in ep:
-                term.append(bool(ep["terminal"]))
-            else:
-                d = np.asarray(ep.get("dones", ep.get("terminals", [False])))
-                term.append(bool(d[-1]) if len(d) else False)
         return cls(
             observations=np.concatenate([np.asarray(ep["observations"], np.float32) for ep in episodes]),
             actions=np.concatenate([np.asarray(ep["actions"], np.float32) for ep in episodes]),
             rewards=np.concatenate([np.asarray(ep["rewards"], np.float32).reshape(-1) for ep in episodes]),
             starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths=lengths,
-            terminal=np.array(term, dtype=bool), **kw,
+            terminal=np.array([bool(ep["terminal"]) for ep in episodes]), **kw,
         )
 
     @classmethod
     def concat(cls, parts: list["Trajectories"], **kw) -> "Trajectories":
         """Episodes of several datasets back to back (medium-expert = medium + expert)."""
-        lengths = np.concatenate([p.lengths for p in parts])
-        return cls(
-            observations=np.concatenate([p.observations for p in parts]),
-            actions=np.concatenate([p.actions for p in parts]),
-            rewards=np.concatenate([p.rewards for p in parts]),
-            starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths=lengths,
-            terminal=np.concatenate([p.terminal for p in parts]), **kw,
-        )
+        return cls.from_episodes([ep for p in parts for ep in p.episodes], **kw)
 
 
 def split_on_ends(terminals: np.ndarray, timeouts: np.ndarray, where: str, limit: int | None = None,
                   task: str = "the task"):
-    """D4RL convention: an episode ends at a step flagged terminal or timeout (that step belongs
-    to the episode); steps after the last end are an unfinished fragment and are dropped.
-
-    ``limit``: the task's step limit per episode (``task`` names it). An episode, or a dropped fragment,
-    longer than that cannot be real: the flags are wrong (terminals lost in a conversion would merge
-    every fallen episode into the next timeout's), and training on them would be silently wrong.
-
-    Returns (starts, lengths, terminal flag per episode, number of steps kept).
-    """
+    """(starts, lengths, terminal flag per episode, steps kept), by D4RL's convention: an episode ends at (and
+    with) a step flagged terminal or timeout; the unfinished fragment after the last end is dropped. An
+    episode or fragment longer than ``limit`` (the step limit of ``task``) means wrong flags (terminals lost
+    in a conversion merge every fall into the next timeout's episode), so it is refused."""
     terminals = np.asarray(terminals).reshape(-1).astype(bool)
     timeouts = np.asarray(timeouts).reshape(-1).astype(bool)
     n = len(terminals)
     if n > 1 and terminals.all():
-        raise DatasetError(
-            f"{where}: every one of the {n} steps is marked terminal, which would make each step "
-            "an episode of length 1; the terminals array is corrupt (or was written as ones)"
-        )
+        raise DatasetError(f"{where}: every one of the {n} steps is marked terminal, which would make each step an "
+                           "episode of length 1; the terminals array is corrupt (or was written as ones)")
     ends = np.flatnonzero(terminals | timeouts) + 1
     if len(ends) == 0:
-        raise DatasetError(
-            f"{where}: none of the {n} steps ends an episode (no terminal or timeout flag), so "
-            "there is no complete episode; the file is truncated or its flags are missing"
-        )
+        raise DatasetError(f"{where}: none of the {n} steps ends an episode (no terminal or timeout flag), so there "
+                           "is no complete episode; the file is truncated or its flags are missing")
     starts = np.concatenate([[0], ends[:-1]])
     lengths = ends - starts
     if limit is not None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from envs import behavior, load_dataset
+from primal_dt.run import lock
 from envs.collect import (
     CollectConfig,
     collect_rollouts,
@@ -96,7 +97,7 @@ def sac_workdir(tmp_path):
 
 def test_rollouts_resume_from_shards(sac_workdir, tmp_path):
     wd, _ = sac_workdir
-    kw = dict(ckpt=wd / "sac_step0000100.pt", gym_id="Hopper-v4", gym_kwargs={}, act_dim=3, steps=40,
+    kw = dict(ckpt=wd / "sac_step0000100.pt", gym_id="Hopper-v4", act_dim=3, steps=40,
               seed0=11, num_envs=2, progress=False)
     first = collect_rollouts(cache=tmp_path / "c1", **kw)
     shards = sorted((tmp_path / "c1").glob("shard_*.npz"))
@@ -176,11 +177,8 @@ def test_collect_command_writes_both_formats(sac_workdir, data_dirs, capsys):
 
 
 def test_collect_refuses_a_directory_being_trained(sac_workdir, data_dirs):
+    """A live trainer holds the work directory's OS lock; collecting there (train=true) is one line naming it."""
     wd, _ = sac_workdir
-    # an unfinished run with a fresh checkpoint and no lock file: an older trainer may be live
-    (wd / "meta.json").write_text(json.dumps({"env_id": "Hopper-v4", "seed": 0, "total_steps": 10_000}))
-    with pytest.raises(SystemExit, match="looks like it is being trained"):
-        run(CollectConfig(workdir=str(wd), train=True, train_steps=10_000, progress=False))
     holder = subprocess.Popen(  # a live trainer holds the directory's lock
         [sys.executable, "-c", "import sys; from primal_dt.run import lock; lock.hold(sys.argv[1]); print(1, flush=True); "
          "sys.stdin.read()", str(wd)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -205,7 +203,7 @@ def test_train_behavior_then_collect(tmp_path, data_dirs):
     prov = run(CollectConfig(**cfg))
     assert sorted(p.name for p in wd.glob("sac_step*.pt")) == ["sac_step0000200.pt", "sac_step0000400.pt"]
     assert [e["step"] for e in json.loads((wd / "evals.json").read_text())] == [200, 400]
-    assert behavior.trainer(wd) is None  # released
+    assert lock.holder(wd) is None  # released
     with pytest.warns(UserWarning):
         ds = load_dataset("hopper-medium", source="replica", verbose=False)
     assert ds.num_steps == prov["steps"] >= 50
@@ -271,35 +269,27 @@ def collect_cli(wd, *extra):
                           cwd=Path(__file__).resolve().parents[2])
 
 
-def test_pickled_files_are_refused_and_never_run(tmp_path):
-    """stable-baselines3's formats (a .zip model, replay.pkl) and crafted checkpoints or replay arrays
-    holding a pickle payload: refused with one line, the payload never runs (its marker file never
-    appears), and torch's own warnings about the pickle are not printed."""
+def test_pickled_files_are_never_run(tmp_path):
+    """Crafted checkpoints or replay arrays holding a pickle payload, and stable-baselines3's own pickles
+    beside them: refused with one line, the payload never runs (its marker file never appears), and torch's
+    own warnings about the pickle are not printed."""
     import pickle
-    import zipfile
 
     import torch
 
     marker = tmp_path / "payload-ran"
-    old = tmp_path / "old"
-    old.mkdir()
-    with zipfile.ZipFile(old / "sac_step0000100.zip", "w") as z:  # SB3's layout: pickles inside
-        z.writestr("data", json.dumps({"policy_class": {":serialized:": pickle.dumps(Payload(marker)).hex()}}))
-    (old / "replay.pkl").write_bytes(pickle.dumps(Payload(marker)))
-    p = collect_cli(old)
-    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
-    assert "sac_step0000100.zip" in p.stderr and "pickle format" in p.stderr and "convert_sb3" in p.stderr
-
     crafted = tmp_path / "crafted"
     crafted.mkdir()
     torch.save({"params": {"policy": Payload(marker)}}, crafted / "sac_step0000100.pt")
+    (crafted / "sac_step0000050.zip").write_bytes(pickle.dumps(Payload(marker)))  # SB3's format: never read
+    (crafted / "replay.pkl").write_bytes(pickle.dumps(Payload(marker)))
     (crafted / "evals.json").write_text(json.dumps([{"step": 100, "return_mean": 1.0, "stoch_return_mean": 1.0}]))
     p = collect_cli(crafted)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "sac_step0000100.pt is not a primal-dt behaviour checkpoint" in p.stderr
 
-    with pytest.raises(ValueError, match="replay.pkl is in stable-baselines3's pickle format"):
-        replay_episodes(old / "replay.npz", 10)
+    with pytest.raises(ValueError, match="replay.npz is not a replay buffer of arrays"):
+        replay_episodes(crafted / "replay.npz", 10)  # absent: replay.pkl beside it is not read instead
     np.savez(crafted / "replay.npz", observations=np.array([Payload(marker)], dtype=object))
     with pytest.raises(ValueError, match="replay.npz is not a replay buffer of arrays"):
         replay_episodes(crafted / "replay.npz", 10)

@@ -189,6 +189,18 @@ def test_values_of_the_wrong_kind_or_shape(tmp_path, write_h5, toy, key, value, 
         read_d4rl(path)
 
 
+@pytest.mark.parametrize("text, problem", [("{not json", "is not valid JSON"), ("[1, 2]", "must be a JSON object"),
+                                           ("[" * 5000 + "]" * 5000, "levels deep")])
+def test_a_damaged_provenance_is_one_error_naming_the_file(tmp_path, write_h5, toy, text, problem):
+    """envs.collect's provenance attribute is read bounded and checked (D4RL files and Minari metadata share
+    the reader): damaged, it is one DatasetError naming the file, never a traceback or a silent {}."""
+    path = write_h5(tmp_path / "p.hdf5", **toy)
+    with h5py.File(path, "a") as f:
+        f.attrs["primal_dt_provenance"] = text
+    with pytest.raises(DatasetError, match=rf"{path} attribute primal_dt_provenance .*{problem}.*provenance is damaged"):
+        read_d4rl(path)
+
+
 def test_an_unreadable_file_says_permission_denied_not_truncated(tmp_path, write_h5, toy, run_code):
     path = write_h5(tmp_path / "locked.hdf5", **toy)
     path.chmod(0o200)

@@ -26,8 +26,9 @@ def test_order_d4rl_then_minari_then_replica(data_dirs, write_h5, toy, capsys):
         ds = load_dataset("hopper-medium")
     said = [ln for ln in capsys.readouterr().err.splitlines() if "REPLICA" in ln]
     assert ds.source.startswith("replica:") and len(said) == 1 and said[0].startswith("!! WARNING: hopper-medium")
-    with pytest.warns(ReplicaWarning, match="NOT the published"):  # a library caller gets a Python warning
+    with pytest.warns(ReplicaWarning, match="NOT the published") as caught:  # a library caller: a Python warning,
         load_dataset("hopper-medium", verbose=False)
+    assert caught[0].filename == __file__  # pointing at the caller's line
 
     write_minari("mujoco/hopper/medium-v0", _minari_eps(), "Hopper-v5")
     ds = load_dataset("hopper-medium")

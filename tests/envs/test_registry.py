@@ -19,10 +19,10 @@ def test_all_names_exist_with_their_simulators():
             assert spec.family == fam and spec.level == lv and spec.gym_id.endswith("-v4")
             assert spec.minari_gym_id.endswith("-v5") and spec.max_episode_steps == 1000
     s = get_spec("hopper-medium")
-    assert (s.gym_id, s.minari_id, s.obs_dim, s.act_dim) == ("Hopper-v4", "mujoco/hopper/medium-v0", 11, 3)
+    assert (s.gym_id, s.minari_ids, s.obs_dim, s.act_dim) == ("Hopper-v4", ("mujoco/hopper/medium-v0",), 11, 3)
     assert s.targets == (3600.0, 1800.0) and s.d4rl_file == "hopper_medium-v2.hdf5"
     assert get_spec("walker2d-medium-replay").d4rl_file == "walker2d_medium_replay-v2.hdf5"
-    assert get_spec("hopper-medium-replay").minari_id is None
+    assert get_spec("hopper-medium-replay").minari_ids == ()
     assert get_spec("hopper-medium-expert").minari_ids == ("mujoco/hopper/medium-v0", "mujoco/hopper/expert-v0")
     assert get_spec("Hopper_Medium-v2").name == "hopper-medium"  # D4RL spelling accepted
 

@@ -113,7 +113,7 @@ def test_rewards_beyond_any_simulator_are_a_data_error_not_a_divergence():
 
     n = 20
     ep = {"observations": np.zeros((n, 3), np.float32), "actions": np.zeros((n, 2), np.float32),
-          "rewards": np.full(n, 1e30, np.float32), "terminals": np.eye(1, n, n - 1, dtype=bool)[0]}
+          "rewards": np.full(n, 1e30, np.float32), "terminal": True}
     with pytest.raises(DatasetError, match=r"rewards holds 20 value\(s\) larger than 1e\+06 in size .*corrupt"):
         Trajectories.from_episodes([ep], name="x", source="test")
     Trajectories.from_episodes([{**ep, "rewards": np.full(n, 3.0, np.float32)}], name="x", source="test")
