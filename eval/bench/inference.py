@@ -142,22 +142,13 @@ def check(bc: BenchConfig) -> None:
     timing.check_files(bc.json, bc.markdown, prefix="")
 
 
-def random_model(info, width: int, heads: int, layout: str, seed: int):
-    """A random DT of the given size, 3 layers, on the dimensions of ``info``'s environment."""
-    import envs
-    from agents.decision_transformer import DecisionTransformer, DTConfig
-
-    spec = envs.get_spec(info.env)
-    torch.manual_seed(seed)
-    s = min(64, width // heads)
-    return DecisionTransformer(DTConfig(state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=width, n_heads=heads,
-                                        n_layers=3, name=layout, s=s, dropout=0.0)).eval()
-
-
 def build_models(bc: BenchConfig):
-    """({size name: model}, DataInfo, the checkpoint's model or None). Without a checkpoint the data
-    bookkeeping is hopper-medium's with identity statistics and the papers' reward scale."""
+    """({size name: model}, DataInfo, the checkpoint's model or None): a size equal to the checkpoint's is its
+    model, others random (3 layers, ``layout``). Without a checkpoint the data bookkeeping is hopper-medium's
+    with identity statistics and the papers' reward scale."""
+    import envs
     from agents import dt_checkpoint
+    from agents.decision_transformer import DecisionTransformer, DTConfig
     from agents.train_config import TrainConfig
 
     trained = None
@@ -165,28 +156,22 @@ def build_models(bc: BenchConfig):
         ck = dt_checkpoint.load(bc.checkpoint)
         trained, info = ck.build_model(), ck.data
     else:
-        import envs
-
         spec = envs.get_spec(RANDOM_MODEL_ENV)
-        info = dt_checkpoint.DataInfo(env=spec.name, state_mean=np.zeros(spec.obs_dim),
-                                      state_std=np.ones(spec.obs_dim), reward_scale=TrainConfig.reward_scale,
-                                      targets=spec.targets, source="random model")
-    sizes = [parse_size(s) for s in bc.sizes]
-    if not sizes:
-        sizes = [(trained.cfg.d_model, trained.cfg.n_heads)] if trained is not None else [(256, 4)]
-    models = {}
-    for w, h in sizes:
-        if trained is not None and (trained.cfg.d_model, trained.cfg.n_heads) == (w, h):
-            models[f"{w}x{h}"] = trained
-        else:
-            models[f"{w}x{h}"] = random_model(info, w, h, bc.layout, bc.seed)
+        info = dt_checkpoint.DataInfo(env=spec.name, state_mean=np.zeros(spec.obs_dim), state_std=np.ones(spec.obs_dim),
+                                      reward_scale=TrainConfig.reward_scale, targets=spec.targets, source="random model")
+    own = (trained.cfg.d_model, trained.cfg.n_heads) if trained is not None else (256, 4)
+    spec, models = envs.get_spec(info.env), {}
+    for w, h in [parse_size(s) for s in bc.sizes] or [own]:
+        torch.manual_seed(bc.seed)
+        models[f"{w}x{h}"] = trained if trained is not None and (w, h) == own else DecisionTransformer(DTConfig(
+            state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=w, n_heads=h, n_layers=3, name=bc.layout,
+            s=min(64, w // h), dropout=0.0)).eval()
     return models, info, trained
 
 
 def with_context(model, K: int):
-    """The same weights with context length K (K is not a parameter: it sets recompute's context and
-    the stream's softmax cache)."""
-    m = copy.copy(model)  # shares the modules and parameters
+    """The same weights (shared) with context length K: it sets recompute's context and the softmax cache."""
+    m = copy.copy(model)
     m.cfg = dataclasses.replace(model.cfg, K=K)
     return m
 
@@ -206,19 +191,16 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
         from agents.export import export_policy  # noqa: F401
         from agents.torchscript_policy import TorchScriptPolicy
     except ImportError as err:
-        why = f"agents.export is not available ({err})"
-        return {}, {"onnx": why, "torchscript": why}
-    found, skipped = {"torchscript": TorchScriptPolicy}, {}
+        return {}, {f: f"agents.export is not available ({err})" for f in ("onnx", "torchscript")}
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
 
         from agents.onnx_policy import OnnxPolicy
-
-        found["onnx"] = OnnxPolicy
     except ImportError as err:
-        skipped["onnx"] = f"onnx / onnxruntime missing ({err}): pip install 'primal-dt[export]'"
-    return found, skipped
+        return {"torchscript": TorchScriptPolicy}, {"onnx": f"onnx / onnxruntime missing ({err}): pip install "
+                                                            "'primal-dt[export]'"}
+    return {"torchscript": TorchScriptPolicy, "onnx": OnnxPolicy}, {}
 
 
 class Exports:
@@ -226,36 +208,26 @@ class Exports:
     temporary directory (``agents.export.export_policy`` of an in-memory checkpoint)."""
 
     def __init__(self, info):
-        self.info = info
-        self.dir = Path(tempfile.mkdtemp(prefix="bench-inference-"))
-        self.paths: dict = {}
-        self.export_s: dict = {}
+        self.info, self.dir, self.paths, self.export_s = info, tempfile.TemporaryDirectory(prefix="bench-"), {}, {}
 
     def path(self, size: str, model, K: int, fmt: str) -> Path:
-        key = (size, K, fmt)
-        if key not in self.paths:
+        if (size, K, fmt) not in self.paths:
             from agents.dt_checkpoint import DTCheckpoint
             from agents.export import FORMATS, export_policy
 
             ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(),
                               data=self.info, origin="benchmark model")
             t0 = time.perf_counter()
-            self.paths[key] = export_policy(ck, format=fmt, out=self.dir / f"{size}-K{K}-{FORMATS[fmt]}")
+            out = Path(self.dir.name) / f"{size}-K{K}-{FORMATS[fmt]}"
+            self.paths[(size, K, fmt)] = export_policy(ck, format=fmt, out=out)
             self.export_s[f"{size}-K{K}-{fmt}"] = time.perf_counter() - t0
-        return self.paths[key]
-
-    def close(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.dir, ignore_errors=True)
+        return self.paths[(size, K, fmt)]
 
 
 def advanced(policy, B: int, t: int, state_dim: int, target: float | None = None):
     """``policy`` (Agent API) reset for B rows and advanced to episode step t; a function doing one step."""
     policy.reset(B) if target is None else policy.reset(B, target=target)
-    g = np.random.default_rng(0)
-    obs = g.normal(size=(B, state_dim)).astype(np.float32)
-    rew = np.ones(B, np.float32)
+    obs, rew = np.random.default_rng(0).normal(size=(B, state_dim)).astype(np.float32), np.ones(B, np.float32)
     policy.act(obs)
     for _ in range(t - 1):
         policy.act(obs, rew)
@@ -472,7 +444,7 @@ def run(argv: list[str]) -> dict:
             report["exported"]["export_s"] = exports.export_s
     finally:
         if exports is not None:
-            exports.close()
+            exports.dir.cleanup()
     if bc.episodes > 0:
         report["evaluation"] = evaluation_section(trained if trained is not None else next(iter(models.values())), info, bc)
     timing.write(report, bc.json, bc.markdown, "Acting speed: stream, ONNX, TorchScript, recompute and HuggingFace"
