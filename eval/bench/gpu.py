@@ -59,15 +59,11 @@ def timed(step, data: list[dict], device: torch.device) -> float:
     return 1000 * (time.perf_counter() - t0) / len(data)
 
 
-def on(device: torch.device, data: list) -> list:
-    return [b.to(device) for b in data]
-
-
 # -- 1. ms per update ----------------------------------------------------------------------------------
 def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[str, float]:
     """{"layout form precision": ms per update}; what ``args.deadline`` leaves no time for goes to ``skipped``."""
     n = args.steps
-    data = on(device, batches(2 * args.warmup + 2 * n, args.batch, args.K))
+    data = [b.to(device) for b in batches(2 * args.warmup + 2 * n, args.batch, args.K)]
     forms = ["eager", "compile"] + (["cudagraphs"] if device.type == "cuda" else [])
     out = {}
     for precision, dtype in PRECISIONS.items():
@@ -101,16 +97,10 @@ def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[
             skipped.append(f"hf-dt {precision}")
         elif args.hf:
             torch.manual_seed(0)
-            hf = HuggingFace(size, args.K)
-            hf.model.to(device)
-            hf.params = list(hf.model.parameters())
-            hf.opt = torch.optim.AdamW(hf.params, lr=1e-4, weight_decay=1e-4)
-            ctx = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
+            hf = HuggingFace(size, args.K, str(device))
 
-            def step(b, hf=hf, ctx=ctx):
-                if ctx is None:
-                    return hf.step(b)
-                with ctx():
+            def step(b, hf=hf, dtype=dtype):
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                     return hf.step(b)
 
             timed(step, data[: args.warmup], device)
@@ -154,7 +144,7 @@ def worker(args, device: torch.device, size: dict, go: Path) -> None:
     """One of the concurrent trainings: warm up (compile), say ready, wait for ``go``, time, print JSON."""
     mode = default_mode(device)
     runner = Ours("primal+dt", size, args.K, mode, str(device))
-    data = on(device, batches(args.warmup + 3 + args.steps, args.batch, args.K))
+    data = [b.to(device) for b in batches(args.warmup + 3 + args.steps, args.batch, args.K)]
     timed(runner.step, data[: args.warmup + 3], device)
     print("ready", flush=True)
     while not go.exists():
@@ -273,7 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [[k, f"{v:.2f}", f"{base / v:.2f}"] for k, v in sorted(ms.items(), key=lambda kv: kv[1])]
     timing.write(res, args.json, args.markdown, f"ms per update on {device} ({name}), batch {args.batch}, K {args.K}, "
                  f"width {size['d_model']}", [timing.table(["model form precision", "ms", f"x {BASELINE}"], rows)],
-                 table(res).splitlines()[len(rows) + 2:])
+                 [line.strip() for line in table(res).splitlines()[len(rows) + 2:]])
     print(table(res), flush=True)
     return res
 

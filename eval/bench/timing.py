@@ -14,7 +14,6 @@ import platform
 import shlex
 import statistics
 import time
-from pathlib import Path
 
 from primal_dt.run import checkpoint, options
 

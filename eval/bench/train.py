@@ -91,10 +91,11 @@ def hf_config(cfg: dict, K: int, dropout: float):
 class HuggingFace:
     """transformers' DecisionTransformerModel with the same sizes, dropout 0.1, tanh head."""
 
-    def __init__(self, size: dict, K: int):
+    def __init__(self, size: dict, K: int, device: str = "cpu"):
         from transformers import DecisionTransformerModel
 
-        self.model = DecisionTransformerModel(hf_config(dict(size, state_dim=STATE_DIM, act_dim=ACT_DIM), K, 0.1)).train()
+        cfg = hf_config(dict(size, state_dim=STATE_DIM, act_dim=ACT_DIM), K, 0.1)
+        self.model = DecisionTransformerModel(cfg).to(device).train()
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
 
