@@ -4,21 +4,13 @@
     python -m eval.bench.inference episodes=0 thread_table=false       # latency only, random models
     python -m eval.bench.inference latency=false thread_table=false    # the evaluation only
 
-Every ratio is taken inside this run, on this machine; the bench measures, the reader judges.
-
-1. **latency** per ``act`` (one environment step for every row), for each size in ``sizes`` (a size
-   equal to the checkpoint's uses its weights, others random weights of ``layout``), context K and batch:
-   the torch ``stream`` agent, ``stream_bf16`` (``precision="bf16"``: not exact, so ``bf16_max_da`` is its
-   largest action difference from fp32; left out on a CPU without native bfloat16 matmuls, where they are
-   emulated, unless ``bf16_emulated=true``), the exported ``onnx`` / ``torchscript`` runtimes (skipped with
-   the reason where missing), the ``recompute`` agent, and HuggingFace's ``DecisionTransformerModel`` as
-   its documentation uses it (``hf_recompute``, and in bfloat16). Ratios: every recompute baseline over
-   every stream path, HF over the best exact and the best stream path. Then the stream latency at episode
-   steps ``ts`` (flat: its state does not grow).
-2. **threads** (first size, first K): each engine at batch 1 and 100 with the runtime's default threads,
-   1, 2 and ``agents.threads.inference_threads``' choice, idle and beside one busy process the bench starts.
-3. **evaluation** (``eval/bench/evaluator.py``): ``episodes`` Hopper episodes, the vectorised stream
-   evaluator vs the sequential recompute loop, and where each one's time goes.
+Every ratio is taken inside this run, on this machine; the bench measures, the reader judges. Sections
+(``BenchConfig`` says what each option adds): **latency** per ``act`` of every engine (torch stream, bf16
+stream, the exported ONNX / TorchScript step, recompute, HuggingFace's DT as its documentation uses it) per
+size, context and batch, with ratios, then the stream's latency against the episode step (flat);
+**threads**: each engine at batch 1 and 100 with the runtime's default threads, 1, 2 and
+``agents.threads.inference_threads``' choice, idle and beside one busy process; **evaluation**
+(``eval/bench/evaluator.py``): the vectorised stream evaluator vs the sequential recompute loop.
 """
 
 from __future__ import annotations
