@@ -1,19 +1,15 @@
 """The episode loop behind ``eval.rollout``: many episodes at once, simulation overlapped with inference.
 
-Simulators are split into *lanes*, each a Gymnasium vector env with its own agent (the same model).
-With lane processes (``eval.simulators.SimulatorProcess``) and an agent on the CPU, each lane's agent
-moves into its lane's process and the whole act-then-step loop (``run_lane``) runs there: the lanes
-work in parallel, one core each, and this process only hands out jobs. Otherwise (an agent on an
-accelerator, plain vector envs) the agents act here: while one lane's simulators step (in its process,
-or in a worker thread: torch ops release the GIL, but the simulators' Python code does not), the next
-lane's agent computes its actions, so simulation hides behind inference instead of adding to it. With
-one lane (and for subprocess vector envs, whose simulators already run beside the agent) the loop is
-the plain act-then-step one.
+Simulators are split into *lanes*, each a Gymnasium vector env with its own agent (the same model). With
+lane processes (``eval.simulators``) and a CPU agent, each lane's agent moves into its lane's process and
+the whole act-then-step loop (``run_lane``) runs there, one core per lane. Otherwise the agents act here,
+and while one lane's simulators step (in its process, or in a worker thread: torch releases the GIL, the
+simulators' Python does not) the next lane's agent computes, so simulation hides behind inference. With
+one lane (or subprocess vector envs) the loop is the plain act-then-step one.
 
-Jobs (target, episode index) come from one shared queue: a simulator whose episode ends is reset
-with the next job's own seed (``seed + episode index``) and its agent row restarted; when no job is
-left the row leaves its agent's batch (``agent.keep_rows``) and the simulator is no longer stepped,
-so the tail of an evaluation, where a few long episodes run on, costs only those rows. An episode's
+Jobs (target, episode index) come from one shared queue: a simulator whose episode ends is reset with the
+next job's own seed (``seed + episode index``) and its agent row restarted; with no job left the row leaves
+the batch (``agent.keep_rows``), so the tail of an evaluation costs only its long episodes. An episode's
 outcome depends only on its seed and target, never on lane, row or ``num_envs``.
 """
 
@@ -29,9 +25,8 @@ import numpy as np
 
 
 def step_rows(venv, envs_idx: np.ndarray, actions: np.ndarray):
-    """Step the simulators ``envs_idx`` with ``actions``; their (obs, reward, terminated, truncated).
-    A SyncVectorEnv with idle simulators steps only the busy ones; an AsyncVectorEnv steps every
-    subprocess, idle ones with zero actions."""
+    """(obs, reward, terminated, truncated) of the simulators ``envs_idx`` stepped with ``actions``: only
+    those on a SyncVectorEnv; every one on an AsyncVectorEnv, idle ones with zero actions."""
     n = venv.num_envs
     if len(envs_idx) < n and isinstance(venv, gym.vector.SyncVectorEnv):
         out = [venv.envs[i].step(a) for i, a in zip(envs_idx, actions)]
@@ -44,11 +39,10 @@ def step_rows(venv, envs_idx: np.ndarray, actions: np.ndarray):
 
 
 class Jobs:
-    """The evaluator's job queue, ``(job index, (target, episode))`` in order, as lanes take from it:
-    ``take(step, n)`` hands out up to ``n`` jobs to a lane at its ``step`` (0: its start, then one per
-    environment step, ``n`` = episodes that just ended there, possibly 0). In-process lanes call it in
-    (step, lane) order by construction; lane processes (``eval.simulators``) are served in that same
-    order, so which row gets which job, and so every batch an agent sees, does not depend on timing."""
+    """The evaluator's job queue, ``(job index, (target, episode))`` in order: ``take(step, n)`` hands up to
+    ``n`` jobs to a lane at its ``step`` (``n``: episodes that just ended there, possibly 0). Lanes take in
+    (step, lane) order, in-process or not, so which row gets which job, and every batch an agent sees,
+    does not depend on timing."""
 
     def __init__(self, jobs):
         self.queue = deque(enumerate(jobs))
@@ -131,18 +125,15 @@ class _Lane:
 
 def run_lane(agent, venv, jobs, seed: int, max_steps: int, returns, lengths,
              on_episode: Callable[[int], None] | None = None) -> dict:
-    """One lane's loop until its jobs run out (what a lane process runs, ``eval.simulators``): jobs from
-    ``jobs.take(step, n)`` (see ``Jobs``), outcomes written to ``returns[job]`` / ``lengths[job]``.
-    Returns the lane's "act_s", "act_rows" and "env_steps" as ``run_episodes`` does."""
+    """One lane's loop until its jobs run out (what a lane process runs): outcomes go to ``returns[job]`` /
+    ``lengths[job]``; returns the lane's "act_s", "act_rows" and "env_steps" as ``run_episodes`` does."""
     return _loop([_Lane(agent, venv)], jobs, seed, max_steps, returns, lengths, on_episode)
 
 
 def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths, on_episode, submit=None) -> dict:
-    """The act-then-step loop, once for every evaluator: each lane's agent acts for its running rows,
-    its simulators step (``submit(lane, action)``: the step's result, or a function that waits for
-    it; default: step here), and the step's outcome restarts or drops rows (``_Lane.finish``). With
-    several lanes a lane's step is taken in only after the next lane has acted, so the simulators of
-    one lane run while the other lane's agent computes."""
+    """The act-then-step loop of every evaluator: each lane's agent acts for its running rows, its simulators
+    step (``submit(lane, action)``: the result, or a function waiting for it; default: step here), and the
+    outcome restarts or drops rows. A lane's step is taken in only after the next lane has acted."""
     for lane in lanes:
         lane.start(jobs, seed)
     act_s: list[float] = []
@@ -178,19 +169,13 @@ def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths,
 
 def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, max_steps: int,
                  on_episode: Callable[[int], None] | None = None, host: bool = True) -> dict:
-    """Run every (target, episode index) job to its end; ``agents`` / ``venvs``: one each, or one
-    per lane (vector envs with autoreset DISABLED). Any object with the ``agents.onnx_policy.Policy``
-    API acts (a torch agent, an exported runtime).
+    """Run every (target, episode index) job to its end; ``agents`` / ``venvs``: one each, or one per lane
+    (vector envs with autoreset disabled). Anything with the ``agents.onnx_policy.Policy`` API acts.
 
-    ``on_episode(n)`` is called each time ``n`` >= 1 episodes have just ended, so the calls add up
-    to ``len(jobs)``: progress counted in episodes, the unit the caller asked for, since an
-    episode's length is unknown until it ends (a fallen Hopper stops long before the step limit).
-
-    Returns {"returns": [...], "lengths": [...]} in job order, "act_s" and "act_rows": the duration
-    and batch of every ``agent.act`` call, "env_steps": environment steps taken; where the agents ran in
-    their lanes' processes (``eval.simulators.run_hosted``), also "hosted_s" and "lane_threads".
-    ``host=False`` keeps the agents here even with lane processes (the layout before agents travelled).
-    """
+    ``on_episode(n)`` is called as ``n`` >= 1 episodes end (the calls add up to ``len(jobs)``: progress in
+    episodes, since an episode's length is unknown until it ends). Returns {"returns", "lengths"} in job
+    order, "act_s" and "act_rows" (duration and batch of every ``act``), "env_steps"; with hosted lanes also
+    "hosted_s" and "lane_threads". ``host=False`` keeps the agents here even with lane processes."""
     agents = list(agents) if isinstance(agents, (list, tuple)) else [agents]
     venvs = list(venvs) if isinstance(venvs, (list, tuple)) else [venvs]
     if len(agents) != len(venvs) or not agents:

@@ -3,33 +3,22 @@
     python -m eval.report runs/hopper-medium                    # every finished run below it
     python -m eval.report 'runs/*/dt/*' 'runs/*/primal+dt/*' out=report
 
-Each argument is a run directory, a directory holding run directories (searched recursively), or
-a glob of either. A run counts when training finished (its ``summary.json`` exists); unfinished
-ones are listed and left out. Runs are grouped by dataset, model and the configuration that
-matters (everything in the run's saved config except seeds, paths and run-time options, see
-``RUNTIME_OPTIONS``); runs that share a dataset and model but differ in anything else are kept in
-separate groups, and the report says in what they differ, so a table never averages a 4k-step run
-with a 100k-step one. Scores are also kept apart by the engine that measured them: the run's own final
-evaluation (``eval.engine``) and every ``eval.rollout`` report of its final checkpoint (``rollout-*.json``
-in the run directory) are rows of their own, each naming its engine and whether that engine's policy is the
-one the checkpoint was trained as (``engine_label``).
+Each argument is a run directory, a directory holding run directories (searched recursively), or a glob
+of either. A run counts when training finished (its ``summary.json`` exists); unfinished ones are listed
+and left out. Runs are grouped by dataset, model, the data they trained on and the configuration that
+matters (everything but seeds, paths and run-time options, ``RUNTIME_OPTIONS``); groups of one model that
+differ in anything else are kept apart and the report says in what, so a table never averages a 4k-step
+run with a 100k-step one. Scores are kept apart by the engine that measured them: the run's own final
+evaluation and every ``eval.rollout`` report of its final checkpoint (``rollout-*.json``) are rows of their
+own, each saying whether its engine's policy is the one the checkpoint was trained as (``engine_label``).
 
-Per return-to-go target, ``out`` receives:
-- ``scores.md`` / ``scores-<target>.csv``: per group, the final and the best-during-training normalized
-  score (CORL's "last" and "best": best is each run's highest evaluation, the final one included),
-  each a mean and 95 % confidence interval over seeds (Student's t); the number of seeds, steps and
-  evaluation episodes (final / each evaluation during training); the data the runs trained on (a D4RL
-  file, a replica, a Minari dataset: runs on different data are never averaged together); the paper's
-  number where the dataset's preset names one (``paper:`` in configs/dt/<env>.yaml), marked as
-  measured on D4RL data when the row's data is not D4RL's; and beside them
-  the final validation action MSE on held-out episodes (``summary.json["validation"]``), mean and
-  interval over the seeds that recorded one: runs from before validation existed, or trained with
-  ``val_fraction=0``, leave the cell blank (or are counted out: "2 of 3 seeds"); and the level a
-  model is measured against, the mean normalized return of the episodes the runs trained on ("data
-  episodes"), blank when that data cannot be read where the report runs;
-- ``curves.png``: normalized score during training, mean and a 95 % confidence band over seeds, one
-  panel per target and dataset, the data's episodes as a dashed line;
-- ``scores.png``: a bar per group with its 95 % confidence interval, the paper's value marked.
+Per return-to-go target, ``out`` receives ``scores.md`` / ``scores-<target>.csv`` (per group: the final and
+the best-during-training normalized score, CORL's "last" and "best", each a mean and 95 % confidence
+interval over seeds (Student's t); seeds, steps, evaluation episodes; the data; the paper's number where
+the dataset's preset names one, marked as measured on D4RL data when the row's is not; the final held-out
+validation action MSE where recorded; the data's own episodes' mean normalized score), ``curves.png``
+(score during training, mean and 95 % band over seeds, the data's level dashed) and ``scores.png`` (a bar
+per group with its interval, the paper's value marked).
 """
 
 from __future__ import annotations
@@ -40,6 +29,7 @@ import functools
 import glob
 import io
 import math
+import shlex
 import statistics
 import warnings
 import sys
@@ -58,13 +48,11 @@ from agents import train_config
 from primal_dt.run.monitor import save_figure
 import tyro
 
-# Options that do not change what a run learns (or only how it is launched and logged). ``data_source``
-# is how the data was looked for (a path differs between machines); the data found keys the group instead.
+# Options that do not change what a run learns; ``data_source`` is where the data was looked for (a path
+# differs between machines): the data found keys the group instead.
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
                    "checkpoint_minutes", "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs",
                    "data_source", "eval.engine", "eval.precision", "print_config"}
-# The engine is not a run option here: every score row names the engine that measured it (``engine_label``),
-# the training's own final evaluation and each rollout report of the final checkpoint alike.
 
 # Student's t quantile t_{0.975, df} for df = 1..30; beyond, the normal 1.96 is within 2 %.
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -89,12 +77,9 @@ class Run:
     curves: dict
     """target tag -> [(step, normalized score), ...] during training, final evaluation last"""
     data: str = "unknown"
-    """the kind of data trained on, from ``summary.json["data_source"]`` (``data_kind``)"""
     val_mse: float | None = None
-    """the final held-out action MSE (``summary.json["validation"]["action_mse"]``); None when the run
-    recorded none (written before validation existed, or val_fraction=0)"""
+    """the final held-out action MSE; None when the run recorded none (val_fraction=0)"""
     data_level: float | None = None
-    """mean normalized return of the episodes the run trained on (``data_level``)"""
     engine: str = "recompute"
     """the engine that measured ``final``, and whether it is the trained policy (``engine_label``)"""
 
@@ -107,10 +92,6 @@ class Group:
     key: tuple
     runs: list = field(default_factory=list)
     engine: str = "recompute"
-
-    @property
-    def label(self) -> str:
-        return self.model
 
 
 def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
@@ -132,17 +113,14 @@ def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
 
 
 def data_kind(source) -> str:
-    """What a run's ``data_source`` is, in the report's words (``envs.sources.label``: ``D4RL``, ``replica``,
-    ``Minari <id>``)."""
+    """What a run's ``data_source`` is in the report's words: ``D4RL``, ``replica``, ``Minari <id>``."""
     return sources.label(str(source or ""))
 
 
 @functools.lru_cache(maxsize=None)
 def data_level(env: str, source: str) -> float | None:
-    """The mean normalized return of the episodes in the data a run trained on (``summary.json``'s
-    ``data_source``): the behaviour data's level, which a Decision Transformer has to beat to have
-    learned more than to imitate it. None when that data is not readable here (another machine's path,
-    a Minari dataset not downloaded, files joined with '+')."""
+    """The mean normalized return of the episodes a run trained on: the level a Decision Transformer has to
+    beat to have learned more than to imitate. None when that data is not readable here."""
     if "+" in source or data_kind(source) == "unknown":
         return None
     try:
@@ -156,17 +134,13 @@ def data_level(env: str, source: str) -> float | None:
 
 def best(curve: list) -> float:
     """The best evaluation of a run (CORL's "best" column); NaN when none is finite."""
-    vals = [v for _, v in curve if math.isfinite(v)]
-    return max(vals) if vals else float("nan")
+    return max((v for _, v in curve if math.isfinite(v)), default=float("nan"))
 
 
 def engine_label(engine: str, exact: bool) -> str:
-    """How a table names the engine of a score: ``recompute``, ``stream (exact)`` when the stream is the
-    policy the checkpoint was trained as, ``stream (not trained)`` when it is not
-    (``agents.stream_training.Fidelity``): such scores are never averaged with the others."""
-    if engine == "recompute":
-        return engine
-    return f"{engine} ({'exact' if exact else 'not trained'})"
+    """``recompute``, ``stream (exact)`` when the stream is the policy the checkpoint was trained as, ``stream
+    (not trained)`` when it is not (``agents.stream_training.Fidelity``): never averaged with the others."""
+    return engine if engine == "recompute" else f"{engine} ({'exact' if exact else 'not trained'})"
 
 
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
@@ -261,12 +235,17 @@ def paper_scores(env: str) -> dict:
         return {}
 
 
+NONE = {"mean": None, "std": None, "ci95": None, "n": 0}
+
+
 def stats(values: list[float]) -> dict:
+    """Mean, standard deviation, half-width of the 95 % interval (Student's t), count; ``NONE`` for no value."""
     n = len(values)
-    mean = statistics.fmean(values)
+    if not n:
+        return NONE
     std = statistics.stdev(values) if n > 1 else 0.0
-    half = t975(n - 1) * std / math.sqrt(n) if n > 1 else float("nan")
-    return {"mean": mean, "std": std, "ci95": half, "n": n}
+    return {"mean": statistics.fmean(values), "std": std, "n": n,
+            "ci95": t975(n - 1) * std / math.sqrt(n) if n > 1 else float("nan")}
 
 
 def _joined(values) -> str:
@@ -283,11 +262,8 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
         if not any(map(math.isfinite, vals)):
             continue
         s = stats([v for v in vals if math.isfinite(v)])
-        bests = [x for x in (best(r.curves.get(target, [])) for r in runs) if math.isfinite(x)]
-        b = stats(bests) if bests else {"mean": None, "std": None, "ci95": None, "n": 0}  # a rollout has no curve
-        base = g.model.split(" (")[0]
-        mses = [r.val_mse for r in runs if r.val_mse is not None and math.isfinite(r.val_mse)]
-        v = stats(mses) if mses else {"mean": None, "std": None, "ci95": None, "n": 0}
+        b = stats([x for x in (best(r.curves.get(target, [])) for r in runs) if math.isfinite(x)])  # rollouts: none
+        v = stats([r.val_mse for r in runs if r.val_mse is not None and math.isfinite(r.val_mse)])
         levels = [r.data_level for r in g.runs if r.data_level is not None]
         rows.append({"dataset": g.env, "data": g.data, "model": g.model, "engine": g.engine, "seeds": s["n"],
                      "steps": _joined(r.steps for r in g.runs),
@@ -295,7 +271,7 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
                      "eval_episodes": _joined((r.config.get("eval") or {}).get("episodes", "?") for r in runs),
                      "mean": s["mean"], "std": s["std"], "ci95": s["ci95"],
                      "best": b["mean"], "best_std": b["std"], "best_ci95": b["ci95"],
-                     "paper": paper_scores(g.env).get(base),
+                     "paper": paper_scores(g.env).get(g.model.split(" (")[0]),
                      "data_level": statistics.fmean(levels) if levels else None,
                      "val_mse": v["mean"], "val_mse_std": v["std"], "val_mse_ci95": v["ci95"], "val_seeds": v["n"],
                      "runs": [str(r.path) for r in g.runs]})
@@ -307,9 +283,8 @@ def _fmt(x, nd=1) -> str:
 
 
 def val_cell(r: dict) -> str:
-    """The validation MSE's table cell: ``0.0412 +- 0.0031`` (mean, 95 % interval over seeds), a
-    lone seed's value, ``(2 of 3 seeds)`` appended when some runs recorded none; blank when none did.
-    Three significant digits: an MSE's scale depends on the dataset, not on a fixed decimal."""
+    """``0.0412 +- 0.0031`` (mean, 95 % interval over seeds), ``(2 of 3 seeds)`` appended when some runs
+    recorded none; blank when none did. Significant digits: an MSE's scale depends on the dataset."""
     if not r["val_seeds"]:
         return ""
     cell = f"{r['val_mse']:.3g}" + (f" +- {r['val_mse_ci95']:.2g}" if r["val_seeds"] > 1 else "")
@@ -322,8 +297,7 @@ def score_cell(mean: float, ci95: float, seeds: int) -> str:
 
 
 def paper_cell(r: dict) -> str:
-    """The paper's number; when the row's data is not D4RL's, the cell says the paper's is on D4RL data,
-    so a replica or Minari result is never read as a reproduction of it."""
+    """The paper's number, saying it is on D4RL data when the row's is not (never read as a reproduction)."""
     if r["paper"] is None:
         return ""
     return _fmt(r["paper"]) + ("" if r["data"] == "D4RL" else f" (on D4RL data, not {r['data']})")
@@ -357,8 +331,6 @@ def markdown(rows: list[dict], target: str) -> str:
 
 CSV_COLUMNS = ["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
                "best", "best_std", "best_ci95", "data_level", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds"]
-"""``scores-<target>.csv``: the final and best scores' columns, the data's episodes (``data_level``), then the
-validation MSE's (blank where no run has one; ``val_seeds``: how many of the group's seeds recorded one)"""
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -367,7 +339,6 @@ def write_csv(rows: list[dict], path: Path) -> None:
     w.writeheader()
     w.writerows(rows)
     ck_io.write_atomic(path, text.getvalue(), "report's score table")
-
 
 
 def _band(runs: list[Run], target: str):
@@ -379,11 +350,17 @@ def _band(runs: list[Run], target: str):
     return steps, [a["mean"] for a in at], [a["ci95"] if a["n"] > 1 else 0.0 for a in at]
 
 
-def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
+    plt = _pyplot()
 
     envs = sorted({g.env for g in groups})
     fig, axes = plt.subplots(len(envs), len(targets), figsize=(6.5 * len(targets), 4.6 * len(envs)), squeeze=False)
@@ -416,10 +393,7 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
 
 
 def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     targets = list(rows_by_target)
     n = max(len(r) for r in rows_by_target.values())
@@ -510,7 +484,8 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     if not any(rows.values()):
         raise ValueError("no run has a finite final score: " + "; ".join(notes))
     more = f" ({len(runs) - trained} more evaluations by eval.rollout)" if len(runs) > trained else ""
-    md = [f"# Report: {trained} runs{more} in {len(groups)} groups", ""]
+    md = [f"# Report: {trained} runs{more} in {len(groups)} groups", "",
+          f"Made by `python -m eval.report {' '.join(map(shlex.quote, patterns))} out={shlex.quote(str(out))}`.", ""]
     md += [f"- note: {cell(n)}" for n in notes]
     md += [f"- left out (unfinished, no summary.json): {d}" for d in unfinished]
     md += [f"- left out (unreadable): {e}" for e in skipped]

@@ -4,23 +4,17 @@
     python -m eval.rollout checkpoint=PATH engine=recompute targets=3600 num_envs=50 asynchronous=true
     python -m eval.rollout checkpoint=PATH episodes=10 video=true          # + one recorded episode
 
-Episodes run in parallel on Gymnasium vector envs (``SyncVectorEnv``, or ``AsyncVectorEnv`` with one
-subprocess per simulator) with autoreset DISABLED: when a row finishes, the evaluator resets exactly
-that simulator with the next episode's own seed (``options={"reset_mask": ...}``) and restarts the
-agent's row (``agent.reset_done``); with no episode left the row leaves the batch. Synchronous
-simulators are split into two lanes, each stepping in its own process while the other lane's agent
-acts (``eval.episodes``, ``eval.simulators``). Episode e of every target uses reset seed ``seed + e``, so targets, engines,
-lanes and ``num_envs`` settings are compared on the same initial states.
+Episodes run in parallel on Gymnasium vector envs with autoreset disabled: a finished row's simulator is
+reset with the next episode's own seed and its agent row restarted; with no episode left the row leaves the
+batch (``eval.episodes``; lanes of simulators in their own processes: ``eval.simulators``). Episode e of
+every target uses reset seed ``seed + e``, so targets, engines, lanes and ``num_envs`` are compared on the
+same initial states.
 
-Reported per target: mean / std return and normalized score, episode lengths; for the agent: the
-wall time of each ``agent.act`` call (one step for all rows) and per row; written as a JSON report
-(default: ``rollout-<engine>.json`` next to the checkpoint, ``rollout-<engine>-2.json``, ... when an
-earlier report holds the name: reports are never overwritten unless ``out=... overwrite=true``).
-Every option is checked before the checkpoint is read, so ``targets=nan`` or ``max_steps=-5`` fails
-at once, not after the simulation. ``check_data=true`` (or ``data_source=...``) also reads the
-training data and refuses a checkpoint whose recorded dataset fingerprint differs from it.
-
-``evaluate`` is the trainer's entry point.
+Reported per target: return and normalized score (mean, std), episode lengths, and the agent's time per
+``act``; written as JSON (default ``rollout-<engine>.json`` next to the checkpoint, ``-2``, ``-3``, ... when
+the name is taken: a report is never overwritten unless ``out=... overwrite=true``). Every option is checked
+before the checkpoint is read. ``check_data=true`` (or ``data_source=...``) also reads the training data and
+refuses a checkpoint whose recorded dataset fingerprint differs. ``evaluate`` is the trainer's entry point.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ from primal_dt.run.monitor import EpisodeBar
 
 # -- simulators ------------------------------------------------------------------------------------
 def vector_env(name: str, num_envs: int, asynchronous: bool = False, gym_id: str | None = None):
-    """``num_envs`` simulators of ``name`` as the episode loop wants them: a vector env with autoreset
-    disabled (the loop resets each finished simulator itself)."""
+    """``num_envs`` simulators of ``name``, autoreset disabled (the episode loop resets each one itself)."""
     from gymnasium.vector import AutoresetMode
 
     from envs import make_vector_env
@@ -73,9 +66,8 @@ def summarize(spec, targets: Sequence[float], jobs, result: dict) -> dict:
 
 
 def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int] | None = None) -> dict:
-    """Agent time per act() call and per row, in milliseconds (first 5 calls are warm-up). Calls
-    are timed while every one of the ``batch`` rows runs (the batch shrinks in the tail of an
-    evaluation); ``per_row_mean_ms`` is over all calls: total act time / total rows acted for."""
+    """Agent ms per act() call while all ``batch`` rows run (the batch shrinks in an evaluation's tail; the
+    first 5 calls are warm-up) and ``per_row_mean_ms`` over all calls: total act time / rows acted for."""
     rows = list(act_rows) if act_rows is not None else [batch] * len(act_s)
     pairs = list(zip(act_s, rows))
     pairs = pairs[5:] if len(pairs) > 10 else pairs
@@ -96,16 +88,12 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     """Roll out ``episodes`` episodes per target; {target: {"returns", "lengths", "normalized",
     "return_mean", "return_std", "normalized_mean", "normalized_std", "length_mean", ...}}.
 
-    ``model``: a DecisionTransformer with ``data``, the ``agents.DataInfo`` of its training data (the
-    simulator, statistics, reward scale and default targets the agent must repeat), or a checkpoint
-    (path, run directory, dict or ``DTCheckpoint``), whose own ``DataInfo`` is used unless ``data``
-    is given. ``options`` says how (``RolloutOptions``, training's ``eval.*`` and ``eval.rollout``'s
-    shared options): targets (empty: ``data.eval_targets``), simulators, step cap, engine and
-    precision, lanes (vector envs the simulators are split into, stepped while the next lane's agent
-    acts: ``eval.episodes``) and where they step. Episode e uses reset seed ``seed + e`` for every
-    target, so targets share initial states. ``on_episode(n)``: called as ``n`` episodes end
-    (progress; the calls add up to ``episodes * len(targets)``). ``details``, when given, receives
-    the agent latency, wall time and layout. The model's training mode is restored afterwards."""
+    ``model``: a DecisionTransformer with ``data``, the ``agents.DataInfo`` of its training data, or a
+    checkpoint (path, run directory, dict or ``DTCheckpoint``), whose own ``DataInfo`` is used unless
+    ``data`` is given. ``options`` (``RolloutOptions``, training's ``eval.*``): targets (empty:
+    ``data.eval_targets``), simulators, step cap, engine, precision, lanes. ``on_episode(n)``: called as
+    ``n`` episodes end (the calls add up to ``episodes * len(targets)``). ``details`` receives the agent
+    latency, wall time and layout. The model's training mode is restored afterwards."""
     import envs
     from agents import dt_checkpoint
     from agents.agent import Agent
@@ -161,9 +149,8 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
 # -- command line ---------------------------------------------------------------------------------
 @dataclass(kw_only=True)
 class RolloutConfig(RolloutOptions):
-    """Options of ``python -m eval.rollout``. Those of ``RolloutOptions`` (targets, simulators, engine,
-    precision, lanes) are training's ``eval.*`` options (``RolloutOptions``: one home, so the same names, types and defaults;
-    ``eval.targets=...`` is accepted here too, so an option copied from a training command works)."""
+    """Options of ``python -m eval.rollout``; those of ``RolloutOptions`` are training's ``eval.*`` (the same
+    names, types and defaults; ``eval.targets=...`` is accepted too, so an option copied from training works)."""
 
     checkpoint: str
     """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
@@ -199,8 +186,7 @@ PROG = "python -m eval.rollout"
 DESCRIPTION = "Roll out a Decision-Transformer checkpoint in its simulator, many episodes at once."
 
 NUMBERS = {"episodes": AT_LEAST_1, "seed": SEED, "threads": THREADS}
-"""What the other numeric options accept (the shared ones: ``RolloutOptions.check``); checked before the
-checkpoint is read."""
+"""what the other numeric options accept (the shared ones: ``RolloutOptions.check``)"""
 
 
 def check(cfg: RolloutConfig) -> tuple[float, ...]:
@@ -214,8 +200,8 @@ def check(cfg: RolloutConfig) -> tuple[float, ...]:
 
 
 def report_path(cfg: RolloutConfig, checkpoint: Path) -> Path:
-    """Where the report goes, claimed now (before the rollout) so a run started alongside cannot take
-    it: ``out`` as given, or the first free of rollout-<engine>.json, rollout-<engine>-2.json, ..."""
+    """Where the report goes, claimed before the rollout so a run started alongside cannot take it: ``out``,
+    or the first free of rollout-<engine>.json, rollout-<engine>-2.json, ..."""
     if cfg.out:
         return Path(cfg.out)
     name = cfg.engine if cfg.precision == "fp32" else f"{cfg.engine}-{cfg.precision}"

@@ -1,31 +1,21 @@
 """A lane of simulators in its own process: a SyncVectorEnv stepped beside the agent, not under its GIL,
 and, where the agent can travel, the lane's agent in that process too.
 
-Gymnasium's MuJoCo envs spend most of a step in the physics (``mj_step``, about 82% of a Hopper step
-here), the rest in Python (the env's observation, reward and health checks about 15%, Gymnasium's
-wrappers about 3%), so a worker *thread* only half overlaps the agent. ``SimulatorProcess`` holds a whole lane (one SyncVectorEnv, autoreset disabled) in
-one subprocess and talks to it over a pipe. One process per lane, not per simulator (AsyncVectorEnv's
-layout), so 100 simulators on 2 cores cost 2 processes.
+Most of a MuJoCo step is physics but part is Python (the env's observation, reward and health checks,
+Gymnasium's wrappers), so a worker *thread* only half overlaps the agent. One process per lane, not per
+simulator (AsyncVectorEnv's layout), so 100 simulators on 2 cores cost 2 processes. Two ways to use one:
 
-Two ways to use a lane process:
+- *hosted* (``run_hosted``, what ``eval.episodes.run_episodes`` does with a CPU agent): the lane's agent is
+  sent to the process once and the whole act-then-step loop runs there, so lanes act *and* simulate in
+  parallel, one core each, and no observation or action crosses a process boundary. Lanes take jobs from
+  the evaluator's queue over the pipe in the order in-process lanes would (results do not depend on
+  timing), report ended episodes as they end, and send their results at the end.
+- *stepped* (``step_rows_async`` / ``step_rows_wait``): the agent stays in the evaluator (a CUDA model, or
+  one that cannot be pickled) and the process only steps the simulators while the other lane's agent acts.
 
-- *hosted* (``run_hosted``, what ``eval.episodes.run_episodes`` does with a CPU agent): the lane's agent
-  is sent to the process once and the whole act-then-step loop runs there, so the lanes act *and*
-  simulate in parallel, one core each, and no observation or action crosses a process boundary.
-  Acting costs more CPU time than simulating, so with the agents in the evaluator one core would act
-  for both lanes while the other mostly waits (the README's inference benchmark has the figures). The
-  lanes take jobs from the evaluator's
-  queue over the pipe, in the order in-process lanes would (so results do not depend on timing),
-  report ended episodes as they end (progress) and send their results at the end.
-- *stepped* (``step_rows_async`` / ``step_rows_wait``): the agent stays in the evaluator (a CUDA
-  model, or an agent that cannot be pickled) and the process only steps the simulators while the
-  other lane's agent acts.
-
-Threads: a hosted agent runs with the lane's ``threads`` (``agents.threads.lane_threads``: the
-lane's share of the cores, so lanes never oversubscribe the machine). A process that will run more
-than one torch thread starts from a clean interpreter (the ``forkserver`` method): GNU OpenMP, torch's
-thread pool on Linux, hangs in a forked child whose parent had already run a parallel region, while a
-one-thread child never enters one, so it is forked (fast: nothing to import again).
+A hosted agent runs with the lane's ``threads`` (``agents.threads.lane_threads``: its share of the cores).
+A process that will run more than one torch thread starts from a clean interpreter (``forkserver``): GNU
+OpenMP hangs in a forked child whose parent already ran a parallel region; a one-thread child is forked.
 """
 
 from __future__ import annotations
@@ -49,10 +39,8 @@ class _Closed(Exception):
 
 class _JobsFromEvaluator:
     """The evaluator's job queue as a hosted lane sees it (``eval.episodes.Jobs.take``): the lane reports
-    every step, with how many of its episodes just ended, and waits for jobs when some did. The
-    evaluator answers in (step, lane) order, the order in-process lanes take jobs in, so a row meets
-    the same jobs, and an agent the same batches, whatever the lanes' timing. Once the queue is empty
-    the lane stops asking."""
+    every step with how many of its episodes just ended, and waits for jobs when some did; the evaluator
+    answers in (step, lane) order. Once the queue is empty the lane stops asking."""
 
     def __init__(self, conn):
         self.conn, self.empty = conn, False
@@ -122,9 +110,8 @@ def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
 
 
 class SimulatorProcess:
-    """``num_envs`` simulators of ``name`` (a SyncVectorEnv) in a subprocess; ``threads``: torch threads of
-    an agent hosted in it (default: ``agents.threads.lane_threads`` for a stream agent acting for
-    ``num_envs`` rows in one of two lanes, the evaluator's default layout)."""
+    """``num_envs`` simulators of ``name`` (a SyncVectorEnv) in a subprocess; ``threads``: torch threads of an
+    agent hosted in it (default: ``lane_threads`` of a stream agent in one of two lanes)."""
 
     def __init__(self, name: str, num_envs: int, gym_id: str | None = None, threads: int | None = None):
         from agents.threads import lane_threads
@@ -190,8 +177,8 @@ class SimulatorProcess:
 
 
 def hostable(agent) -> bytes | None:
-    """The agent pickled for a lane process, or None when it cannot go there (a model on an accelerator,
-    which a forked child cannot use, or an object pickle refuses)."""
+    """The agent pickled for a lane process, or None when it cannot go there (a model on an accelerator, or
+    an object pickle refuses)."""
     model = getattr(agent, "model", None)
     if model is None or any(p.device.type != "cpu" for p in model.parameters()):
         return None
@@ -203,10 +190,8 @@ def hostable(agent) -> bytes | None:
 
 def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, seed: int, max_steps: int,
                on_episode=None) -> dict:
-    """Run every job with each lane's agent in its own process (see the module docstring); the result of
-    ``eval.episodes.run_episodes``. The evaluator only serves jobs and progress while the lanes work:
-    requests are answered in (step, lane) order while jobs are left (``_JobsFromEvaluator``), at once
-    after."""
+    """Run every job with each lane's agent in its own process; ``eval.episodes.run_episodes``' result. The
+    evaluator serves jobs in (step, lane) order while jobs are left, at once after, and relays progress."""
     from eval.episodes import Jobs
 
     queue = Jobs(jobs)

@@ -3,19 +3,15 @@
     python -m eval.sweep env=hopper-medium,walker2d-medium model=dt,primal+dt seeds=0,1,2 steps=4000
     python -m eval.sweep env=hopper-medium model=dt,primal+dt seeds=0,1,2 steps=4000 print=slurm
 
-The options are training's (``python -m primal_dt.train --help``), in the same grammar; ``env``,
-``model`` and ``seeds`` take lists (``a,b``) and span the grid, every other option is handed to each
-run as given. The sweep's own options (``SweepConfig``, listed by ``--help``): ``out``, ``jobs``,
-``threads`` (per run), ``print`` (``commands`` | ``parallel`` | ``slurm``: one command per run for a
-scheduler instead of running them) and ``report``.
+The options are training's (``python -m primal_dt.train --help``), in the same grammar; ``env``, ``model``
+and ``seeds`` take lists and span the grid, every other option goes to each run as given. The sweep's own
+options are ``SweepConfig``'s (``--help``).
 
-One sweep at a time holds ``out`` (a second is refused, naming the first's pid), and its runs die
-with it: however the sweep ends (Ctrl-C, ``kill``, a SIGKILL of the sweep alone), no run goes on
-training beside the next call. A second call is cheap and safe: a run whose directory
-(``<out>/<env>/<model>/*-seed<k>``, same configuration) holds a finished run of at least the asked steps is skipped; one that was killed, or
-asked for fewer steps, is resumed (``resume=``, exact); the rest start. Every run's options are
-checked before the first one starts, so a typo fails in a second, not after hours. At the end the
-finished runs go through ``eval.report``.
+One sweep at a time holds ``out``, and its runs die with it, however it ends (Ctrl-C, ``kill``, a SIGKILL of
+the sweep alone), so no run goes on training beside the next call. Calling again is cheap and safe: a run
+whose directory (``<out>/<env>/<model>/*-seed<k>``, same configuration) holds a finished run of at least the
+asked steps is skipped, one killed or asked for fewer steps is resumed (exactly), the rest start. Every
+run's options are checked before the first starts. At the end the finished runs go through ``eval.report``.
 """
 
 from __future__ import annotations
@@ -45,7 +41,6 @@ class Job:
     model: str
     seed: int
     argv: list[str]
-    """the training command line's options"""
     label: str
     steps: int
     action: str = "start"
@@ -140,17 +135,15 @@ def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
 
 
 def _fixed(cfg: dict) -> dict:
-    """The options a resumed run cannot change: what identifies a run of the grid (by value: which preset
-    or recipe set them does not matter)."""
-    return {k: v for k, v in train_config.flat(cfg).items() if k.split(".")[0] not in train_config.RESUMABLE
-            and k not in ("out", "preset", "recipe")}
+    """What identifies a run of the grid: the options a resume cannot change, by value (lists as lists)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in train_config.flat(cfg).items()
+            if k.split(".")[0] not in train_config.RESUMABLE and k not in ("out", "preset", "recipe")}
 
 
 def _match_existing(job: Job, cfg, out: Path) -> None:
     import dataclasses
 
     want = _fixed(dataclasses.asdict(cfg))
-    want = {k: list(v) if isinstance(v, tuple) else v for k, v in want.items()}
     for d in sorted((out / job.env / job.label).glob(f"*-seed{job.seed}"), reverse=True):
         if not (d / dt_checkpoint.FILENAME).exists():
             continue
@@ -160,8 +153,7 @@ def _match_existing(job: Job, cfg, out: Path) -> None:
         except (ValueError, FileNotFoundError) as err:
             print(f"[sweep] {d} is not resumed: {err}", file=sys.stderr, flush=True)
             continue
-        have = {k: list(v) if isinstance(v, tuple) else v for k, v in _fixed(saved).items()}
-        if have != want:
+        if _fixed(saved) != want:
             continue
         job.run_dir = d
         done = (d / "summary.json").exists() and ck.step >= job.steps
@@ -190,16 +182,12 @@ def scheduler_script(jobs: list[Job], fmt: str, threads: int, out: Path) -> str:
 
 
 def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _die_with(parent: int):
-    """For ``Popen(preexec_fn=...)``: the child gets SIGTERM (training's clean interrupt) when ``parent``
-    dies, a SIGKILL of it included (Linux's ``PR_SET_PDEATHSIG``), and ends at once if ``parent`` is
-    already gone. Elsewhere nothing: the held ``out`` still keeps a second sweep away from live runs."""
+    """For ``Popen(preexec_fn=...)``: the child gets SIGTERM (training's clean interrupt) when ``parent`` dies,
+    by SIGKILL too (Linux's ``PR_SET_PDEATHSIG``). Elsewhere nothing: the held ``out`` keeps a second sweep off."""
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):

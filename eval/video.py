@@ -1,15 +1,10 @@
 """Record one rollout episode with MuJoCo off-screen rendering: a GIF file and a TensorBoard entry.
 
-Rendering needs an off-screen OpenGL backend: EGL (a GPU driver, or Mesa's EGL) or OSMesa (software).
-With ``MUJOCO_GL`` unset the backends are tried in that order and the first that renders is used;
-with ``MUJOCO_GL`` set, only that one. ``rendering_available`` probes a backend in a child process
-(a failed GL context can abort the process that tries it), so on a machine with neither the
-evaluator says clearly why no video was recorded, and still writes its results, instead of crashing
-after the rollout.
-
-The TensorBoard entry is the GIF itself, as an image summary (``RunMonitor.video``): TensorBoard
-plays it in its Images tab, and nothing beyond Pillow is needed (torch's ``add_video`` needs
-``moviepy.editor``, which moviepy 2 removed).
+Rendering needs an off-screen OpenGL backend: EGL or OSMesa, tried in that order with ``MUJOCO_GL`` unset,
+only that one when it is set. ``rendering_available`` probes a backend in a child process (a failed GL
+context can abort the process that tries it), so without one the evaluator says why no video was recorded
+and still writes its results. The TensorBoard entry is the GIF itself as an image summary (played in the
+Images tab; torch's ``add_video`` needs ``moviepy.editor``, which moviepy 2 removed).
 """
 
 from __future__ import annotations
@@ -39,10 +34,8 @@ _UNAFFECTED = "the rollout results are unaffected"
 
 def rendering_available(backend: str | Sequence[str] | None = None, gym_id: str = "Hopper-v4",
                         timeout: float = 60.0) -> tuple[bool, str]:
-    """(True, the backend that renders) or (False, a message saying what failed and what to do).
-
-    ``backend``: one backend or several to try in order; default: $MUJOCO_GL when set, else
-    ``BACKENDS`` (egl, then osmesa)."""
+    """(True, the backend that renders) or (False, what failed and what to do); ``backend``: one or several
+    to try in order (default: $MUJOCO_GL when set, else ``BACKENDS``)."""
     if backend is None:
         tried = [os.environ["MUJOCO_GL"]] if os.environ.get("MUJOCO_GL") else list(BACKENDS)
     else:
@@ -67,21 +60,18 @@ def rendering_available(backend: str | Sequence[str] | None = None, gym_id: str 
 
 
 def frame_every(dt: float, period: float = 0.04) -> int:
-    """Render every n-th simulator step so that frames are ``period`` (25 fps) of simulated time
-    apart, or as close as the env's step ``dt`` allows: Hopper and Walker2d (dt = 8 ms) every 5th
-    step, HalfCheetah and Ant (50 ms) every step. The GIF then plays in real time."""
+    """Render every n-th step so frames are ``period`` (25 fps) of simulated time apart, as close as the
+    env's step ``dt`` allows: the GIF plays in real time."""
     return max(1, round(period / dt))
 
 
 def record_episode(model, spec, info, target: float, engine: str, seed: int, out_dir, gym_id=None,
                    max_steps: int | None = None, backend: str | Sequence[str] | None = None, size: int = 240,
                    every: int | None = None, tensorboard: bool = True, step: int = 0) -> dict:
-    """Roll out one episode (reset seed ``seed``, at most ``max_steps`` steps) rendering every
-    ``every``-th step (default: ``frame_every``); writes ``<out_dir>/episode-<engine>.gif`` (``-2``,
-    ``-3``, ... when taken) and the same GIF to TensorBoard under ``<out_dir>/video`` (tag
-    ``rollout/<engine>``, at ``step``: the checkpoint's training step). Returns {"path", "frames",
-    "fps", "return", "length", "backend", "tensorboard"} or, when nothing can render, {"path": None,
-    "message"} (also printed)."""
+    """Roll out one episode (reset seed ``seed``) rendering every ``every``-th step; writes
+    ``<out_dir>/episode-<engine>.gif`` (``-2``, ... when taken) and the same GIF to TensorBoard under
+    ``<out_dir>/video`` (tag ``rollout/<engine>`` at ``step``). Returns {"path", "frames", "fps", "return",
+    "length", "backend", "tensorboard"}, or {"path": None, "message"} (printed) when nothing can render."""
     ok, msg = rendering_available(backend, gym_id or spec.gym_id)
     if not ok:
         print(msg, file=sys.stderr)
@@ -116,8 +106,7 @@ def record_episode(model, spec, info, target: float, engine: str, seed: int, out
 
 
 class Frames(gym.Wrapper):
-    """A simulator that keeps a rendered frame after each reset and after every ``every``-th step
-    (the frames of its last episode): what the episode loop steps when a video is recorded."""
+    """A simulator keeping a frame after each reset and every ``every``-th step (its last episode's)."""
 
     def __init__(self, env, every: int):
         super().__init__(env)

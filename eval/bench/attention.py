@@ -1,15 +1,14 @@
 """Attention benchmark: training cost versus length, and recurrent step latency versus context.
 
     python -m eval.bench.attention                       # LRA width (64, 2 heads), batch 8
-    python -m eval.bench.attention --lengths 256,1024,4096,16384 --json bench.json
+    python -m eval.bench.attention --lengths 256,1024,4096,16384 --markdown docs/results/attention.md
     python -m eval.bench.attention --mechanisms softmax primal:s=20 linear performer
     python -m eval.bench.attention --all --lengths 256,1024,4096     # every registered mechanism
 
-Part 1 times forward+backward of one attention layer and measures its peak memory, each
-configuration in a fresh child process (peak RSS above the process's RSS before the first call;
-this CPU has no allocator counter that torch exposes). Softmax appears twice:
-fused SDPA (O(N) memory) and the canonical materialised attention (O(N^2)), the baseline the
-papers compared against. Ratios are against both, measured in the same run.
+Part 1 times forward+backward of one attention layer and its peak memory, each configuration in a fresh
+child process (peak RSS above the RSS before the first call: a CPU has no allocator counter torch exposes).
+Softmax appears twice: fused SDPA (O(N) memory) and the materialised attention (O(N^2)) the papers
+compared against; ratios are against both.
 
 Part 2 prefills a causal recurrent state with t tokens and times single-token steps at batch 1:
 softmax's key/value cache versus Primal-Attention's running sums.
@@ -30,6 +29,8 @@ from dataclasses import dataclass, field
 import torch
 
 from primal_dt.run import cli, options
+
+from . import timing
 
 # The LRA setting of the Primal-Attention paper: PrimalFormer s=20, data-dependent projections.
 DEFAULT_MECHANISMS = ["softmax", "softmax:impl=materialized", "primal:s=20,data_dependent=true"]
@@ -57,21 +58,13 @@ def all_specs(max_len: int) -> tuple[list[str], list[str], list[str]]:
     return bidir, causal, step
 
 
-def parse_spec(spec: str) -> tuple[str, dict]:
-    name, _, rest = spec.partition(":")
-    opts = {}
-    for kv in filter(None, rest.split(",")):
-        k, _, v = kv.partition("=")
-        low = v.lower()
-        opts[k] = True if low == "true" else False if low == "false" else int(v) if v.lstrip("-").isdigit() else v
-    return name, opts
-
-
 def build(spec: str, width: int, heads: int, causal: bool):
+    """A layer from ``name:key=value,...`` (values read as attention options are: ``options.attention_options``)."""
     from primal_dt.attention import build_attention
 
-    name, opts = parse_spec(spec)
-    return build_attention(name, width, heads, causal=causal, **opts)
+    name, _, rest = spec.partition(":")
+    opts = options.attention_options([f"{name}.{kv}" for kv in rest.split(",") if kv], "mechanism spec")
+    return build_attention(name, width, heads, causal=causal, **opts.get(name, {}))
 
 
 def _rss_mb() -> float:
@@ -175,23 +168,19 @@ def _fmt_train(r) -> str:
 
 
 def ratios(rows: list[dict], baseline: str, target: str) -> list[dict]:
-    out = []
     idx = {(r["mechanism"], r["causal"], r["length"]): r for r in rows if r["part"] == "train" and "ms" in r}
+    out = []
     for (mech, causal, n), r in sorted(idx.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        if mech != target:
-            continue
-        for base_spec in (b for b in (baseline, f"{baseline}:impl=materialized") if (b, causal, n) in idx):
-            b = idx[(base_spec, causal, n)]
-            out.append({"target": target, "baseline": base_spec, "causal": causal, "length": n,
+        for base in (b for b in (baseline, f"{baseline}:impl=materialized") if mech == target and (b, causal, n) in idx):
+            b = idx[(base, causal, n)]
+            out.append({"target": target, "baseline": base, "causal": causal, "length": n,
                         "speedup": b["ms"] / r["ms"], "memory_ratio": b["peak_mb"] / max(r["peak_mb"], 0.1)})
     return out
 
 
 NUMBERS = {f"--{k}": options.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
-                                                 "step_heads", "step_repeat", "repeat")}
-NUMBERS.update({"--threads": options.AT_LEAST_1, "--budget_s": options.SECONDS, "--timeout": options.SECONDS,
-                "--mem_limit_gb": options.POSITIVE})
-"""What every numeric option accepts, checked before any configuration runs."""
+                                                 "step_heads", "step_repeat", "repeat", "threads")}
+NUMBERS.update({"--budget_s": options.SECONDS, "--timeout": options.SECONDS, "--mem_limit_gb": options.POSITIVE})
 
 
 @dataclass
@@ -238,23 +227,28 @@ class AttentionBenchConfig:
     """skip part 2"""
     json: str | None = None
     """also write the results here"""
+    markdown: str | None = None
+    """also write the tables here as Markdown, headed by the machine and the command (e.g. docs/results/attention.md)"""
+
+
+PROG = "python -m eval.bench.attention"
 
 
 def parse_args(argv=None) -> AttentionBenchConfig:
-    """The command line, every numeric option checked (``cli.fail`` otherwise)."""
-    args = cli.parse(AttentionBenchConfig, argv, prog="python -m eval.bench.attention",
-                     description=__doc__.split("\n\n")[0])
+    """The command line, every numeric option and output file checked (``cli.fail`` otherwise)."""
+    args = cli.parse(AttentionBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
     options.check_parsed(args, NUMBERS)
-    if args.json:
-        try:
-            options.check_output_file(args.json, "--json")
-        except ValueError as err:
-            cli.fail(str(err))
+    try:
+        timing.check_files(args.json, args.markdown)
+    except ValueError as err:
+        cli.fail(str(err))
     return args
 
 
-def main(argv=None):
+def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    torch.set_num_threads(args.threads)
     if args.all:
         args.mechanisms, args.causal_mechanisms, args.step_mechanisms = all_specs(max(args.lengths + args.contexts))
     print(f"torch {torch.__version__}, {args.threads} thread(s); layer width {args.width}, {args.heads} heads, "
@@ -262,7 +256,7 @@ def main(argv=None):
     rows = [] if args.skip_train else part1(args)
     rows += [] if args.skip_step else part2(args)
     summary = []
-    for target in {r["mechanism"] for r in rows if r["part"] == "train"} - {"softmax", "softmax:impl=materialized"}:
+    for target in sorted({r["mechanism"] for r in rows if r["part"] == "train"} - {"softmax", "softmax:impl=materialized"}):
         summary += ratios(rows, "softmax", target)
     if summary:
         print("\nratios (baseline / target; > 1 means the target is faster or smaller):")
@@ -275,11 +269,19 @@ def main(argv=None):
         for spec in args.step_mechanisms:
             s = sorted((r for r in steps if r["mechanism"] == spec), key=lambda r: r["context"])
             print(f"  {spec:<34} {s[-1]['us'] / s[0]['us']:6.2f}x  ({s[0]['us']:.0f} -> {s[-1]['us']:.0f} us)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"config": vars(args), "rows": rows,
-                       "ratios": summary}, f, indent=1)
-        print(f"wrote {args.json}")
+    res = {"machine": timing.machine(PROG, argv), "config": vars(args), "rows": rows, "ratios": summary}
+    train = [[r["mechanism"], "causal" if r["causal"] else "bidirectional", r["length"],
+              r.get("skipped") or f"{r['ms']:.1f}", "" if "skipped" in r else f"{r['peak_mb']:.1f}"]
+             for r in rows if r["part"] == "train"]
+    tables = [timing.table(["mechanism", "direction", "N", "fwd+bwd ms", "peak MB"], train)] if train else []
+    tables += [timing.table(["target", "baseline", "direction", "N", "x faster", "x less memory"],
+                            [[s["target"], s["baseline"], "causal" if s["causal"] else "bidirectional", s["length"],
+                              f"{s['speedup']:.1f}", f"{s['memory_ratio']:.1f}"] for s in summary])] if summary else []
+    tables += [timing.table(["mechanism", "context", "step us"], [[r["mechanism"], r["context"], f"{r['us']:.1f}"]
+                                                                  for r in steps])] if steps else []
+    timing.write(res, args.json, args.markdown, f"One attention layer: time and memory (batch {args.batch}, width "
+                 f"{args.width}, {args.heads} heads; steps at width {args.step_width})", tables)
+    return res
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 versus a DT training step, all measured in the same run.
 
     python -m eval.bench.data                         # hopper-medium-shaped synthetic data (1M steps)
-    python -m eval.bench.data --dataset hopper-medium --json bench-data.json
+    python -m eval.bench.data --dataset hopper-medium --json bench-data.json --markdown data.md
 
 Methods, per batch of B x K (default 64 x 20, the papers' setting):
 - ``segment-sampler``: envs.SegmentSampler (uniform step draw + flat gathers, RTG precomputed).
@@ -18,16 +18,17 @@ Methods, per batch of B x K (default 64 x 20, the papers' setting):
 
 from __future__ import annotations
 
-import json
-import statistics
+import sys
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from primal_dt.run import cli, options
 from agents.train_config import TrainConfig
+from primal_dt.run import cli, options
+
+from . import timing
 
 
 def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, env: str = "hopper-medium", seed: int = 0):
@@ -90,23 +91,6 @@ class ReferenceLoop:
                 "timesteps": torch.from_numpy(np.concatenate(ts)), "mask": torch.from_numpy(np.concatenate(mask))}
 
 
-def _time(fn, repeat: int, min_time: float = 0.2) -> float:
-    """Median seconds per call over ``repeat`` rounds of enough calls to last ``min_time``."""
-    fn()
-    t0, calls = time.perf_counter(), 0
-    while time.perf_counter() - t0 < min_time:
-        fn()
-        calls += 1
-    per_round = max(1, calls)
-    out = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(per_round):
-            fn()
-        out.append((time.perf_counter() - t) / per_round)
-    return statistics.median(out)
-
-
 def train_step_fn(batch: int, K: int, obs_dim: int, act_dim: int, width: int = 256):
     layer = torch.nn.TransformerEncoderLayer(width, 4, 4 * width, dropout=0.1, batch_first=True)
     enc = torch.nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
@@ -140,30 +124,35 @@ class DataBenchConfig:
     reward_scale: float = TrainConfig.reward_scale
     """returns-to-go are divided by this (the trainer's default, the DT papers' 1000)"""
     repeat: int = 7
-    """timed repetitions per method"""
+    """timed rounds (methods interleaved; a figure is the median round)"""
     threads: int = 1
     """torch CPU threads"""
     no_train_step: bool = False
     """skip the DT training-step context row"""
     json: str | None = None
     """also write the results here"""
+    markdown: str | None = None
+    """also write the table here as Markdown, headed by the machine and the command"""
+
+
+PROG = "python -m eval.bench.data"
 
 
 def parse_args(argv=None) -> DataBenchConfig:
-    """The options, every numeric one checked (``cli.fail`` otherwise)."""
-    a = cli.parse(DataBenchConfig, argv, prog="python -m eval.bench.data", description=__doc__.split("\n\n")[0])
+    """The options, every numeric one and the output files checked (``cli.fail`` otherwise)."""
+    a = cli.parse(DataBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
     options.check_parsed(a, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
                              "--reward_scale": options.POSITIVE, "--repeat": options.AT_LEAST_1,
                              "--threads": options.THREADS})
-    if a.json:
-        try:
-            options.check_output_file(a.json, "--json")
-        except ValueError as err:
-            cli.fail(str(err))
+    try:
+        timing.check_files(a.json, a.markdown)
+    except ValueError as err:
+        cli.fail(str(err))
     return a
 
 
-def main(argv=None):
+def main(argv=None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = parse_args(argv)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
@@ -175,40 +164,34 @@ def main(argv=None):
         ds = load_dataset(a.dataset, verbose=True) if a.dataset else synthetic()
     except (KeyError, ValueError, FileNotFoundError) as err:  # an unknown name, a broken or missing file
         cli.fail(f"--dataset {a.dataset}: {err.args[0] if isinstance(err, KeyError) else err}")
-    load_s = time.perf_counter() - t
-    print(f"data: {ds.source}, {len(ds)} trajectories, {ds.num_steps:,} steps (built in {load_s:.2f} s); "
-          f"batch {a.batch} x K={a.K}, {a.threads} thread(s)")
+    print(f"data: {ds.source}, {len(ds)} trajectories, {ds.num_steps:,} steps (built in {time.perf_counter() - t:.2f} "
+          f"s); batch {a.batch} x K={a.K}, {a.threads} thread(s)")
     t = time.perf_counter()
     ours = SegmentSampler(ds, K=a.K, batch_size=a.batch, reward_scale=a.reward_scale, seed=0)
     setup_s = time.perf_counter() - t
-    ref = ReferenceLoop(ds, a.K, a.batch, a.reward_scale)
-    pre = ReferenceLoop(ds, a.K, a.batch, a.reward_scale, precomputed_rtg=True)
-    rows = {
-        "segment-sampler": _time(ours.sample, a.repeat),
-        "loop-precomputed-rtg": _time(pre.sample, a.repeat),
-        "dt-reference": _time(ref.sample, a.repeat, min_time=0.5),
-    }
+    fns = {"segment-sampler": ours.sample,
+           "loop-precomputed-rtg": ReferenceLoop(ds, a.K, a.batch, a.reward_scale, precomputed_rtg=True).sample,
+           "dt-reference": ReferenceLoop(ds, a.K, a.batch, a.reward_scale).sample}
     if not a.no_train_step:
-        rows["dt-train-step"] = _time(train_step_fn(a.batch, a.K, ds.observations.shape[1], ds.actions.shape[1]),
-                                      max(3, a.repeat // 2), min_time=0.5)
+        fns["dt-train-step"] = train_step_fn(a.batch, a.K, ds.observations.shape[1], ds.actions.shape[1])
+    rows = {k: ms / 1e3 for k, ms in timing.median_ms(fns, calls=10**6, rounds=a.repeat, round_s=0.2).items()}
     base = rows["segment-sampler"]
     print(f"{'method':<24}{'ms/batch':>12}{'x segment-sampler':>20}")
     for k, v in rows.items():
         print(f"{k:<24}{v * 1e3:>12.3f}{v / base:>20.1f}")
-    summary = {
-        "speedup_vs_dt_reference": rows["dt-reference"] / base,
-        "speedup_vs_loop_precomputed_rtg": rows["loop-precomputed-rtg"] / base,
-    }
+    summary = {"speedup_vs_dt_reference": rows["dt-reference"] / base,
+               "speedup_vs_loop_precomputed_rtg": rows["loop-precomputed-rtg"] / base}
     if "dt-train-step" in rows:
         summary["sampler_fraction_of_train_step"] = base / rows["dt-train-step"]
         summary["dt_reference_fraction_of_train_step"] = rows["dt-reference"] / rows["dt-train-step"]
     for k, v in summary.items():
         print(f"{k}: {v:.4g}")
-    result = {"dataset": ds.source, "steps": ds.num_steps, "trajectories": len(ds), "batch": a.batch, "K": a.K,
-              "threads": a.threads, "sampler_setup_s": setup_s, "seconds_per_batch": rows, **summary}
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
+    result = {"machine": timing.machine(PROG, argv), "dataset": ds.source, "steps": ds.num_steps,
+              "trajectories": len(ds), "batch": a.batch, "K": a.K, "threads": a.threads, "sampler_setup_s": setup_s,
+              "seconds_per_batch": rows, **summary}
+    timing.write(result, a.json, a.markdown, f"One {a.batch} x {a.K} training batch ({ds.source} data)",
+                 [timing.table(["method", "ms per batch", "x segment-sampler"],
+                               [[k, f"{v * 1e3:.3f}", f"{v / base:.1f}"] for k, v in rows.items()])])
     return result
 
 

@@ -4,10 +4,9 @@ recompute loop (the reference implementations' protocol), same checkpoint, same 
 where each one's wall time goes. ``python -m eval.bench.evaluator`` runs this section alone (with
 ``eval.bench.inference``'s options).
 
-Where the time goes is measured, not assumed: the agent's time is every ``act`` call's (the
-evaluator's own record); the simulators' is the environment step measured three ways on one
-simulator (through Gymnasium's wrappers, on the unwrapped env, and the MuJoCo physics alone), so the
-report says how much a bypass of Gymnasium's per-step Python could ever save.
+Where the time goes is measured, not assumed: the agent's time is every ``act`` call's (the evaluator's own
+record); a simulator step is timed through Gymnasium's wrappers, unwrapped, and as the MuJoCo physics alone,
+so the report says how much a bypass of Gymnasium's per-step Python could ever save.
 """
 
 from __future__ import annotations
@@ -15,6 +14,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
+
+from . import timing
 
 
 def make_agent(model, info, engine: str, context: int | None = None, precision: str = "fp32"):
@@ -81,28 +82,6 @@ def simulator_costs(spec, gym_id=None, steps: int = 200, seed: int = 0) -> dict:
             "env_python_share": max(0.0, unwrapped - physics) / wrapped, "physics_share": physics / wrapped}
 
 
-def vector_overhead(spec, n: int, gym_id=None, steps: int = 30, seed: int = 0) -> dict:
-    """What a SyncVectorEnv of ``n`` simulators adds to stepping them one by one (batching the actions,
-    stacking observations): ms per vector step both ways, on the same simulators."""
-    from gymnasium.vector import AutoresetMode
-
-    from envs import make_vector_env
-
-    venv = make_vector_env(spec.name, n, seed, False, gym_id=gym_id, autoreset_mode=AutoresetMode.DISABLED)
-    acts = np.zeros((n, venv.single_action_space.shape[0]), np.float32)
-    t_vec = t_one = 0.0
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        venv.step(acts)
-        t1 = time.perf_counter()
-        for e, a in zip(venv.envs, acts):
-            e.step(a)
-        t_vec, t_one = t_vec + t1 - t0, t_one + time.perf_counter() - t1
-    venv.close()
-    return {"simulators": n, "vector_step_ms": 1e3 * t_vec / steps, "one_by_one_ms": 1e3 * t_one / steps,
-            "vector_overhead_share": max(0.0, t_vec - t_one) / t_vec}
-
-
 def act_costs(model, info, batch: int, calls: int = 20) -> dict:
     """ms per ``agent.act`` for ``batch`` rows vs the stream engine's step alone: the difference is the
     agent's bookkeeping and numpy <-> torch conversion."""
@@ -110,72 +89,34 @@ def act_costs(model, info, batch: int, calls: int = 20) -> dict:
 
     ag = make_agent(model, info, "stream")
     ag.reset(batch)
-    obs = np.random.default_rng(0).normal(size=(batch, model.cfg.state_dim))
-    rew = np.ones(batch)
+    obs, rew = np.random.default_rng(0).normal(size=(batch, model.cfg.state_dim)), np.ones(batch)
     ag.act(obs)
     s, r = torch.as_tensor(obs, dtype=torch.float32), torch.ones(batch)
-    def step():
-        return ag.engine.act(s, r)
-
-    out = {}
-    for name, f in (("act_ms", lambda: ag.act(obs, rew)), ("engine_step_ms", step)) * 2:  # second round counts
-        f()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            f()
-        out[name] = 1e3 * (time.perf_counter() - t0) / calls
-    out["bookkeeping_share"] = max(0.0, out["act_ms"] - out["engine_step_ms"]) / out["act_ms"]
-    return {"batch": batch, **out}
-
-
-def stepped_lanes(model, info, spec, episodes: int, seed: int, max_steps: int) -> tuple[float, dict]:
-    """The evaluator's layout before agents moved into their lanes: two lane processes only step the
-    simulators while both lanes' agents act here, one after the other (``run_episodes(host=False)``).
-    Wall time (simulators built included, as ``evaluate``'s) and the result."""
-    from eval.episodes import run_episodes
-    from eval.simulators import SimulatorProcess
-
-    target = info.eval_targets[0]
-    widths = [episodes // 2 + (k < episodes % 2) for k in range(2)]
-    t0 = time.perf_counter()
-    venvs = [SimulatorProcess(spec.name, w, info.gym_id) for w in widths if w]
-    try:
-        agents = [make_agent(model, info, "stream") for _ in venvs]
-        res = run_episodes(agents, venvs, [(float(target), e) for e in range(episodes)], seed, max_steps, host=False)
-    finally:
-        for v in venvs:
-            v.close()
-    return time.perf_counter() - t0, res
+    out = timing.median_ms({"act_ms": lambda: ag.act(obs, rew), "engine_step_ms": lambda: ag.engine.act(s, r)},
+                           calls, rounds=3)
+    return {"batch": batch, **out, "bookkeeping_share": max(0.0, out["act_ms"] - out["engine_step_ms"]) / out["act_ms"]}
 
 
 def evaluation_section(model, info, bc) -> dict:
-    """Vectorised stream evaluator (the shipped layout, and with ``bc.lane_layouts`` its simpler ones)
-    vs the sequential recompute loop, in one run; ratios printed."""
+    """The vectorised stream evaluator (its shipped layout, and with ``bc.lane_layouts`` thread lanes and one
+    lane) vs the sequential recompute loop, in one run; ratios printed."""
     import envs
-    from eval.rollout import evaluate
     from agents.train_config import RolloutOptions
+    from eval.rollout import evaluate
 
     spec = envs.get_spec(info.env)
     target = info.eval_targets[0]
     n_seq = bc.seq_episodes or bc.episodes
     layouts = {"lanes=2 process": {"lanes": 2, "lane_workers": "process"}}  # agents in their lanes' processes
     if bc.lane_layouts:
-        layouts.update({"lanes=2 process, agents here": None, "lanes=2 thread": {"lanes": 2, "lane_workers": "thread"},
-                        "lanes=1": {"lanes": 1}})
+        layouts.update({"lanes=2 thread": {"lanes": 2, "lane_workers": "thread"}, "lanes=1": {"lanes": 1}})
     vec, lat, res = {}, {}, None
     for name, kw in layouts.items():
         d = {}
         t0 = time.perf_counter()
-        if kw is None:
-            vec[name], raw = stepped_lanes(model, info, spec, bc.episodes, bc.seed, bc.max_steps)
-            lat[name] = {"total_act_s": sum(raw["act_s"])}
-            print(f"  vectorised stream, {name}: {vec[name]:.2f} s (agent acting {lat[name]['total_act_s']:.2f} s "
-                  f"in all)", flush=True)
-            continue
         options = RolloutOptions(targets=(target,), num_envs=bc.episodes, max_steps=bc.max_steps, engine="stream", **kw)
         r = evaluate(model, bc.episodes, bc.seed, options, data=info, details=d)
-        vec[name] = time.perf_counter() - t0
-        lat[name] = d["latency"]
+        vec[name], lat[name] = time.perf_counter() - t0, d["latency"]
         if res is None:
             res, env_steps = r, d["env_steps"]
         print(f"  vectorised stream, {name}: {vec[name]:.2f} s (agent acting {d['latency']['total_act_s']:.2f} s "
@@ -184,36 +125,29 @@ def evaluation_section(model, info, bc) -> dict:
     scale = bc.episodes / n_seq
     seq_s = seq["wall_s"] * scale
     sims = simulator_costs(spec, info.gym_id, seed=bc.seed)
-    lane = max(1, bc.episodes // 2)
-    vector = vector_overhead(spec, lane, info.gym_id, seed=bc.seed)
-    acts = act_costs(model, info, lane)
-    vec_s = vec["lanes=2 process"]
+    acts = act_costs(model, info, max(1, bc.episodes // 2))
+    vec_s, act_s = vec["lanes=2 process"], lat["lanes=2 process"]["total_act_s"]
     sim_s = env_steps * sims["env_step_ms"] / 1e3
-    act_s = lat["lanes=2 process"]["total_act_s"]
     out = {"episodes": bc.episodes, "env_steps": env_steps, "stream_mean_length": res[target]["length_mean"],
-           "stream_return_mean": res[target]["return_mean"],
-           "vectorized_stream_s": vec_s, "vectorized_by_layout_s": vec,
-           "sequential_recompute_s": seq_s, "sequential_episodes_run": n_seq,
-           "sequential_return_mean_over_run": float(np.mean(seq["returns"])),
-           "speedup": seq_s / vec_s, "speedup_by_layout": {k: seq_s / v for k, v in vec.items()},
-           "vectorized_agent_latency": lat["lanes=2 process"],
+           "stream_return_mean": res[target]["return_mean"], "vectorized_stream_s": vec_s,
+           "vectorized_by_layout_s": vec, "sequential_recompute_s": seq_s, "sequential_episodes_run": n_seq,
+           "sequential_return_mean_over_run": float(np.mean(seq["returns"])), "speedup": seq_s / vec_s,
+           "speedup_by_layout": {k: seq_s / v for k, v in vec.items()}, "vectorized_agent_latency": lat["lanes=2 process"],
            "where_time_goes": {
                "vectorized": {"wall_s": vec_s, "agent_act_s": act_s, "simulators_s_estimated": sim_s,
                               "cpu_s": act_s + sim_s, "agent_share_of_cpu": act_s / max(act_s + sim_s, 1e-9)},
                "sequential": {"wall_s": seq_s, "agent_act_s": seq["act_s"] * scale, "env_step_s": seq["env_s"] * scale,
                               "agent_share": seq["act_s"] / max(seq["wall_s"], 1e-9)},
-               "simulator_step": sims, "vector_env": vector, "agent_act": acts}}
+               "simulator_step": sims, "agent_act": acts}}
     print(f"  where the time goes: vectorised: agent {act_s:.2f} s + simulators ~{sim_s:.2f} s of CPU in "
           f"{vec_s:.2f} s wall; sequential: agent {seq['act_s'] * scale:.1f} s + env {seq['env_s'] * scale:.1f} s. "
           f"One env step {sims['env_step_ms']:.3f} ms = physics {100 * sims['physics_share']:.0f}% + MuJoCo env "
           f"Python {100 * sims['env_python_share']:.0f}% + Gymnasium wrappers {100 * sims['wrappers_share']:.0f}%; "
-          f"SyncVectorEnv of {lane}: {100 * vector['vector_overhead_share']:.0f}% over stepping one by one; "
-          f"agent.act at batch {lane}: {acts['act_ms']:.2f} ms, of which bookkeeping and numpy/torch conversion "
-          f"{100 * acts['bookkeeping_share']:.0f}%", flush=True)
+          f"agent.act at batch {acts['batch']}: {acts['act_ms']:.2f} ms, of which bookkeeping and numpy/torch "
+          f"conversion {100 * acts['bookkeeping_share']:.0f}%", flush=True)
     print(f"{bc.episodes} Hopper episodes (mean length {res[target]['length_mean']:.0f}): vectorised stream "
           f"{vec_s:.2f} s, sequential recompute {seq_s:.1f} s"
-          + (f" (scaled from {n_seq} episodes)" if n_seq != bc.episodes else "")
-          + f"  -> {out['speedup']:.1f}x"
+          + (f" (scaled from {n_seq} episodes)" if n_seq != bc.episodes else "") + f"  -> {out['speedup']:.1f}x"
           + "".join(f"; {k}: {v:.1f}x" for k, v in out["speedup_by_layout"].items() if k != "lanes=2 process"),
           flush=True)
     return out

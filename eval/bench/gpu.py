@@ -3,26 +3,22 @@
     python -m eval.bench.gpu                        # on a GPU: bounded by --budget_s
     python -m eval.bench.gpu --budget               # tiny sizes, any device: a rehearsal in seconds
 
-Three parts, each against a named baseline measured in the same run:
+1. ms per update (forward, loss, backward, clipping, AdamW) of dt, primal+dt and primalformer-dt at the
+   Primal-Attention paper's size (and HuggingFace's DT when ``transformers`` is installed), in the training
+   step's forms (``agents.train_step``: eager, compile, cudagraphs on CUDA), float32 and bf16 autocast,
+   against our dt, eager, float32. One model per layout and precision is compiled once: its first timed
+   steps are the compile form, then the same step is captured in a CUDA graph (``graph_after``).
+2. The stream agent's act latency (primal+dt) on the device at batch 1 and 100, observations from and
+   actions to the host as in a rollout.
+3. N processes each training primal+dt in the device's default form at once: their summed updates per
+   second against one alone.
 
-1. ms per update (forward, loss, backward, clipping, AdamW) of dt, primal+dt and primalformer-dt at
-   the Primal-Attention paper's size (width 256, 4 heads, 3 layers, batch 64, K 20), and of HuggingFace's
-   ``DecisionTransformerModel`` when ``transformers`` is installed (``eval.bench.train``'s), in the
-   training step's forms (``agents.train_step``: eager, compile, cudagraphs; cudagraphs on CUDA only),
-   float32 and bf16 autocast. Baseline: our dt, eager, float32. One model per layout and precision is
-   compiled once: its first timed steps are the compile form, then the same step is captured in a
-   CUDA graph (``graph_after``), so a layout costs one compilation, not two.
-2. The stream agent's act latency (``agents.Agent``, engine=stream, primal+dt) on the device at batch
-   1 and 100, the observations coming from and the actions going to the host as in a rollout.
-3. Several trainings on one device: N processes each training primal+dt in the device's default form
-   (``compile=auto``), started together; their summed updates per second against one alone.
-
-Batches are synthetic with the sampler's shapes and padding (``eval.bench.train.batches``), already
-on the device. The table is printed last.
+Batches are synthetic with the sampler's shapes and padding (``eval.bench.train.batches``), on the device.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -40,6 +36,7 @@ import torch
 from agents.train_step import Stepper, default_mode
 from primal_dt.run import cli, options, runtime
 
+from . import timing
 from .train import ACT_DIM, CLIP, ETA, OURS, SIZES, STATE_DIM, HuggingFace, Ours, batches
 
 TINY = dict(d_model=32, n_heads=2, n_layers=2, s=8)
@@ -62,15 +59,11 @@ def timed(step, data: list[dict], device: torch.device) -> float:
     return 1000 * (time.perf_counter() - t0) / len(data)
 
 
-def on(device: torch.device, data: list[dict]) -> list[dict]:
-    return [{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()} for b in data]
-
-
 # -- 1. ms per update ----------------------------------------------------------------------------------
 def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[str, float]:
     """{"layout form precision": ms per update}; what ``args.deadline`` leaves no time for goes to ``skipped``."""
     n = args.steps
-    data = on(device, batches(2 * args.warmup + 2 * n, args.batch, args.K))
+    data = [b.to(device) for b in batches(2 * args.warmup + 2 * n, args.batch, args.K)]
     forms = ["eager", "compile"] + (["cudagraphs"] if device.type == "cuda" else [])
     out = {}
     for precision, dtype in PRECISIONS.items():
@@ -104,16 +97,10 @@ def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[
             skipped.append(f"hf-dt {precision}")
         elif args.hf:
             torch.manual_seed(0)
-            hf = HuggingFace(size, args.K)
-            hf.model.to(device)
-            hf.params = list(hf.model.parameters())
-            hf.opt = torch.optim.AdamW(hf.params, lr=1e-4, weight_decay=1e-4)
-            ctx = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else None
+            hf = HuggingFace(size, args.K, str(device))
 
-            def step(b, hf=hf, ctx=ctx):
-                if ctx is None:
-                    return hf.step(b)
-                with ctx():
+            def step(b, hf=hf, dtype=dtype):
+                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
                     return hf.step(b)
 
             timed(step, data[: args.warmup], device)
@@ -157,7 +144,7 @@ def worker(args, device: torch.device, size: dict, go: Path) -> None:
     """One of the concurrent trainings: warm up (compile), say ready, wait for ``go``, time, print JSON."""
     mode = default_mode(device)
     runner = Ours("primal+dt", size, args.K, mode, str(device))
-    data = on(device, batches(args.warmup + 3 + args.steps, args.batch, args.K))
+    data = [b.to(device) for b in batches(args.warmup + 3 + args.steps, args.batch, args.K)]
     timed(runner.step, data[: args.warmup + 3], device)
     print("ready", flush=True)
     while not go.exists():
@@ -191,6 +178,9 @@ def concurrent(args, device: torch.device, n: int) -> dict:
 
 
 # -- the run -------------------------------------------------------------------------------------------
+PROG = "python -m eval.bench.gpu"
+
+
 @dataclass
 class GpuBenchConfig:
     """Options of ``python -m eval.bench.gpu``."""
@@ -222,6 +212,8 @@ class GpuBenchConfig:
     run stays within about 5 minutes on a GPU however long its compilations take"""
     json: str = ""
     """write the results here"""
+    markdown: str = ""
+    """write the table here as Markdown, headed by the machine and the command"""
     backend: str = ""
     """torch.compile's backend ('': inductor; --budget on a CPU: eager, which compiles in seconds, so a rehearsal
     runs the compiled form's code without inductor's minutes)"""
@@ -230,15 +222,15 @@ class GpuBenchConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args = cli.parse(GpuBenchConfig, argv, prog="python -m eval.bench.gpu", description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = cli.parse(GpuBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
     options.check_parsed(args, {"--steps": options.AT_LEAST_1, "--warmup": options.AT_LEAST_1,
                                 "--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
                                 "--acts": options.AT_LEAST_1, "--concurrent": options.AT_LEAST_0,
                                 "--threads": options.THREADS, "--budget_s": options.Range(0, 1e6)})
     try:
         device = runtime.pick_device(args.device, option="--device")
-        if args.json:
-            options.check_output_file(args.json, "--json")
+        timing.check_files(args.json, args.markdown)
     except ValueError as err:
         cli.fail(str(err))
     runtime.set_threads(args.threads)
@@ -250,7 +242,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.worker:
         worker(args, device, size, Path(args.worker))
         return {}
-    args.hf = not args.no_hf and _has_transformers()
+    args.hf = not args.no_hf and importlib.util.find_spec("transformers") is not None
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"GPU benchmark on {device} ({name}), torch {torch.__version__}; size {size}, batch {args.batch}, "
           f"K {args.K}{', budget (a rehearsal)' if args.budget else ''}", flush=True)
@@ -266,20 +258,14 @@ def main(argv: list[str] | None = None) -> dict:
         skipped.append("concurrent trainings")
     res = {"device": str(device), "name": name, "torch": torch.__version__, "size": size, "batch": args.batch,
            "K": args.K, "budget": args.budget, "ms_per_update": ms, "act_ms": acts, "concurrent": conc,
-           "skipped": skipped,
-           "seconds": round(time.perf_counter() - t0, 1)}
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
+           "skipped": skipped, "seconds": round(time.perf_counter() - t0, 1), "machine": timing.machine(PROG, argv)}
+    base = ms[BASELINE]
+    rows = [[k, f"{v:.2f}", f"{base / v:.2f}"] for k, v in sorted(ms.items(), key=lambda kv: kv[1])]
+    timing.write(res, args.json, args.markdown, f"ms per update on {device} ({name}), batch {args.batch}, K {args.K}, "
+                 f"width {size['d_model']}", [timing.table(["model form precision", "ms", f"x {BASELINE}"], rows)],
+                 [line.strip() for line in table(res).splitlines()[len(rows) + 2:]])
     print(table(res), flush=True)
     return res
-
-
-def _has_transformers() -> bool:
-    try:
-        import transformers  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 BASELINE = "dt eager fp32"

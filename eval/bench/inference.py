@@ -1,42 +1,16 @@
 """Inference benchmark: every way to run a Decision-Transformer policy, side by side, in one run.
 
-    python -m eval.bench.inference checkpoint=runs/compare/hopper-medium/primal+dt/<run>/last.pt \\
-        seq_episodes=25 json=bench-inference.json                      # everything (a few minutes)
+    python -m eval.bench.inference checkpoint=RUN seq_episodes=25 json=bench.json markdown=docs/results/inference.md
     python -m eval.bench.inference episodes=0 thread_table=false       # latency only, random models
     python -m eval.bench.inference latency=false thread_table=false    # the evaluation only
 
-Every ratio printed is taken inside this run, on this machine, so it compares like with like. The
-bench measures and reports; what a figure should be is for the reader (and the commit comparing two
-checkouts) to judge:
-
-1. **latency** (per ``act``, one environment step for every row), for each model size in ``sizes``
-   (width x heads, 3 layers: ``256x4`` the papers' DT runs, ``128x1`` the original DT; a size equal to
-   the checkpoint's uses its weights, others random weights of ``layout``), each context K in
-   ``contexts`` and each batch in ``batches``:
-   - ``stream``: ``agents.Agent(engine="stream").act`` (bookkeeping included);
-   - ``stream_bf16``: the same with ``precision="bf16"`` (bfloat16 weight matmuls: not exact, so
-     ``bf16_max_da`` reports its largest action difference from ``stream`` in the same state; ``bf16=false``
-     leaves it out, and so does a CPU without native bfloat16 matmuls, where they are emulated, unless
-     ``bf16_emulated=true``);
-   - ``onnx`` / ``torchscript``: the stream step exported by ``agents.export`` and run by
-     ``agents.onnx_policy.OnnxPolicy`` (onnxruntime) / ``agents.torchscript_policy.TorchScriptPolicy``, same
-     ``Agent`` API (skipped, with the reason printed, where agents.export or onnxruntime is missing);
-   - ``recompute``: ``Agent(engine="recompute")`` with a full K-step context;
-   - ``hf_recompute``: HuggingFace ``DecisionTransformerModel`` (same sizes, random weights: latency
-     only) as its documentation uses it: the model on the last K steps, ``action_preds[:, -1]``;
-     ``hf_recompute_bf16``: the same model in bfloat16 (with ``bf16``), so that bf16 is also compared
-     with bf16.
-   Ratios: slow / fast for every recompute baseline over every stream path, and HF (float32) over the
-   best exact stream path and over the best stream path of any precision. Then the stream latency at
-   episode steps ``ts`` (flat: its state does not grow).
-2. **threads** (first size, first K): each engine at batch 1 and 100 with the runtime's default
-   threads, 1, 2, and ``agents.threads.inference_threads``' choice, on the machine as it is and
-   (``compete=true``) beside one CPU-bound process the bench starts itself.
-3. **evaluation** (``eval/bench/evaluator.py``): ``episodes`` Hopper episodes, vectorised stream
-   evaluator vs the sequential recompute loop, and where each one's time goes.
-
-Timings on a shared CPU are noisy: each latency is the median over ``rounds`` rounds, settings
-interleaved within a round, each round about 0.2 s (at least one call) per setting.
+Every ratio is taken inside this run, on this machine; the bench measures, the reader judges. Sections
+(``BenchConfig`` says what each option adds): **latency** per ``act`` of every engine (torch stream, bf16
+stream, the exported ONNX / TorchScript step, recompute, HuggingFace's DT as its documentation uses it) per
+size, context and batch, with ratios, then the stream's latency against the episode step (flat);
+**threads**: each engine at batch 1 and 100 with the runtime's default threads, 1, 2 and
+``agents.threads.inference_threads``' choice, idle and beside one busy process; **evaluation**
+(``eval/bench/evaluator.py``): the vectorised stream evaluator vs the sequential recompute loop.
 """
 
 from __future__ import annotations
@@ -44,9 +18,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,8 +30,11 @@ import torch
 
 from agents.threads import inference_threads, keep_freed_memory, usable_cores
 from eval.bench.evaluator import evaluation_section, make_agent
-from primal_dt.run import errors, options, runtime
 from primal_dt.attention.precision import native_bf16
+from primal_dt.run import errors, options, runtime
+
+from . import timing
+from .train import hf_config
 
 RANDOM_MODEL_ENV = "hopper-medium"
 """the dataset whose dimensions, simulator and targets the random models (no checkpoint) take"""
@@ -68,9 +42,9 @@ STREAM_PATHS = ("stream", "stream_bf16", "onnx", "torchscript")
 EXACT_PATHS = ("stream", "onnx", "torchscript")
 """the stream paths that reproduce the model's float32 actions (to 1e-5)"""
 RECOMPUTE_PATHS = ("recompute", "hf_recompute", "hf_recompute_bf16")
-ROUND_S = 0.2
 TORCH_DEFAULT_THREADS = torch.get_num_threads()
 """torch's own thread count in this process before anything set it (its default: the physical cores)"""
+PROG = "python -m eval.bench.inference"
 
 
 @dataclass
@@ -89,7 +63,7 @@ class BenchConfig:
     """episode steps at which the stream latency is measured (first size only)"""
     calls: int = 200
     """at most this many act() calls per round and setting (a round's first call after another setting's runs on
-    cold caches: few calls per round inflate the fast paths' latencies, by 10-20% at 30 calls)"""
+    cold caches: few calls per round inflate the fast paths' latencies)"""
     rounds: int = 5
     """rounds, settings interleaved; a latency is the median over rounds"""
     latency: bool = True
@@ -119,6 +93,8 @@ class BenchConfig:
     """torch (and onnxruntime) CPU threads in the latency section and the evaluation"""
     json: str = ""
     """also write the report here"""
+    markdown: str = ""
+    """also write the tables here as Markdown, headed by the machine and the command (e.g. docs/results/inference.md)"""
     seed: int = 0
     """seed of the random models and of the evaluation episodes"""
 
@@ -155,27 +131,16 @@ def check(bc: BenchConfig) -> None:
         int_list(bc, key)
     for s in bc.sizes:
         parse_size(s)
-    if bc.json:
-        options.check_output_file(bc.json, "json")
-
-
-# -- models -----------------------------------------------------------------------------------------
-def random_model(info, width: int, heads: int, layout: str, seed: int):
-    """A random DT of the given size, 3 layers, on the dimensions of ``info``'s environment."""
-    import envs
-    from agents.decision_transformer import DecisionTransformer, DTConfig
-
-    spec = envs.get_spec(info.env)
-    torch.manual_seed(seed)
-    s = min(64, width // heads)
-    return DecisionTransformer(DTConfig(state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=width, n_heads=heads,
-                                        n_layers=3, name=layout, s=s, dropout=0.0)).eval()
+    timing.check_files(bc.json, bc.markdown, prefix="")
 
 
 def build_models(bc: BenchConfig):
-    """({size name: model}, DataInfo, the checkpoint's model or None). Without a checkpoint the data
-    bookkeeping is hopper-medium's with identity statistics and the papers' reward scale."""
+    """({size name: model}, DataInfo, the checkpoint's model or None): a size equal to the checkpoint's is its
+    model, others random (3 layers, ``layout``). Without a checkpoint the data bookkeeping is hopper-medium's
+    with identity statistics and the papers' reward scale."""
+    import envs
     from agents import dt_checkpoint
+    from agents.decision_transformer import DecisionTransformer, DTConfig
     from agents.train_config import TrainConfig
 
     trained = None
@@ -183,48 +148,33 @@ def build_models(bc: BenchConfig):
         ck = dt_checkpoint.load(bc.checkpoint)
         trained, info = ck.build_model(), ck.data
     else:
-        import envs
-
         spec = envs.get_spec(RANDOM_MODEL_ENV)
-        info = dt_checkpoint.DataInfo(env=spec.name, state_mean=np.zeros(spec.obs_dim),
-                                      state_std=np.ones(spec.obs_dim), reward_scale=TrainConfig.reward_scale,
-                                      targets=spec.targets, source="random model")
-    sizes = [parse_size(s) for s in bc.sizes]
-    if not sizes:
-        sizes = [(trained.cfg.d_model, trained.cfg.n_heads)] if trained is not None else [(256, 4)]
-    models = {}
-    for w, h in sizes:
-        if trained is not None and (trained.cfg.d_model, trained.cfg.n_heads) == (w, h):
-            models[f"{w}x{h}"] = trained
-        else:
-            models[f"{w}x{h}"] = random_model(info, w, h, bc.layout, bc.seed)
+        info = dt_checkpoint.DataInfo(env=spec.name, state_mean=np.zeros(spec.obs_dim), state_std=np.ones(spec.obs_dim),
+                                      reward_scale=TrainConfig.reward_scale, targets=spec.targets, source="random model")
+    own = (trained.cfg.d_model, trained.cfg.n_heads) if trained is not None else (256, 4)
+    spec, models = envs.get_spec(info.env), {}
+    for w, h in [parse_size(s) for s in bc.sizes] or [own]:
+        torch.manual_seed(bc.seed)
+        models[f"{w}x{h}"] = trained if trained is not None and (w, h) == own else DecisionTransformer(DTConfig(
+            state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=w, n_heads=h, n_layers=3, name=bc.layout,
+            s=min(64, w // h), dropout=0.0)).eval()
     return models, info, trained
 
 
 def with_context(model, K: int):
-    """The same weights with context length K (K is not a parameter: it sets recompute's context and
-    the stream's softmax cache)."""
-    m = copy.copy(model)  # shares the modules and parameters
+    """The same weights (shared) with context length K: it sets recompute's context and the softmax cache."""
+    m = copy.copy(model)
     m.cfg = dataclasses.replace(model.cfg, K=K)
     return m
 
 
 def hf_model(cfg, K: int, dtype=torch.float32):
-    try:
-        from transformers import DecisionTransformerConfig, DecisionTransformerModel
-        from transformers.utils import logging as hf_logging
-    except ImportError as err:
-        raise errors.SetupError("the HuggingFace baseline needs `transformers` (a benchmark-only extra): "
-                                 "pip install 'primal-dt[bench]' (keeps torch as it is), or run with hf=false") from err
-    hf_logging.set_verbosity_error()
-    c = DecisionTransformerConfig(state_dim=cfg.state_dim, act_dim=cfg.act_dim, hidden_size=cfg.d_model,
-                                  n_layer=cfg.n_layers, n_head=cfg.n_heads, n_inner=int(cfg.mlp_ratio * cfg.d_model),
-                                  activation_function=cfg.activation, max_ep_len=cfg.max_timestep,
-                                  n_positions=max(1024, 3 * K), resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    c = hf_config(dataclasses.asdict(cfg), K, 0.0)  # a SetupError where transformers is missing
+    from transformers import DecisionTransformerModel
+
     return DecisionTransformerModel(c).eval().to(dtype)
 
 
-# -- exported runtimes ------------------------------------------------------------------------------
 def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
     """({format: policy class}, {format: why it is skipped}) for the exported runtimes available here."""
     if not bc.exported:
@@ -233,19 +183,16 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
         from agents.export import export_policy  # noqa: F401
         from agents.torchscript_policy import TorchScriptPolicy
     except ImportError as err:
-        why = f"agents.export is not available ({err})"
-        return {}, {"onnx": why, "torchscript": why}
-    found, skipped = {"torchscript": TorchScriptPolicy}, {}
+        return {}, {f: f"agents.export is not available ({err})" for f in ("onnx", "torchscript")}
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
 
         from agents.onnx_policy import OnnxPolicy
-
-        found["onnx"] = OnnxPolicy
     except ImportError as err:
-        skipped["onnx"] = f"onnx / onnxruntime missing ({err}): pip install 'primal-dt[export]'"
-    return found, skipped
+        return {"torchscript": TorchScriptPolicy}, {"onnx": f"onnx / onnxruntime missing ({err}): pip install "
+                                                            "'primal-dt[export]'"}
+    return {"torchscript": TorchScriptPolicy, "onnx": OnnxPolicy}, {}
 
 
 class Exports:
@@ -253,69 +200,26 @@ class Exports:
     temporary directory (``agents.export.export_policy`` of an in-memory checkpoint)."""
 
     def __init__(self, info):
-        self.info = info
-        self.dir = Path(tempfile.mkdtemp(prefix="bench-inference-"))
-        self.paths: dict = {}
-        self.export_s: dict = {}
+        self.info, self.dir, self.paths, self.export_s = info, tempfile.TemporaryDirectory(prefix="bench-"), {}, {}
 
     def path(self, size: str, model, K: int, fmt: str) -> Path:
-        key = (size, K, fmt)
-        if key not in self.paths:
+        if (size, K, fmt) not in self.paths:
             from agents.dt_checkpoint import DTCheckpoint
             from agents.export import FORMATS, export_policy
 
             ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(),
                               data=self.info, origin="benchmark model")
             t0 = time.perf_counter()
-            self.paths[key] = export_policy(ck, format=fmt, out=self.dir / f"{size}-K{K}-{FORMATS[fmt]}")
+            out = Path(self.dir.name) / f"{size}-K{K}-{FORMATS[fmt]}"
+            self.paths[(size, K, fmt)] = export_policy(ck, format=fmt, out=out)
             self.export_s[f"{size}-K{K}-{fmt}"] = time.perf_counter() - t0
-        return self.paths[key]
-
-    def close(self) -> None:
-        import shutil
-
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
-# -- timing -----------------------------------------------------------------------------------------
-def timed(fn, calls: int) -> float:
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - t0) / calls * 1e3
-
-
-def _nothing() -> None:
-    pass
-
-
-def median_ms(fns: dict, calls: int, rounds: int, round_s: float = ROUND_S, before: dict | None = None) -> dict:
-    """Interleaved rounds: every round times each function once (up to ``calls`` calls, fewer for
-    slow ones so a round takes about ``round_s``); the median round per function, in ms. ``before``:
-    {name: what to run, untimed, before that function's calls} (e.g. set its thread count)."""
-    out = {k: [] for k in fns}
-    n = {}
-    before = before or {}
-    for k, f in fns.items():
-        before.get(k, _nothing)()
-        f()  # warm-up
-        t0 = time.perf_counter()
-        f()
-        one = time.perf_counter() - t0
-        n[k] = max(1, min(calls, int(round_s / max(one, 1e-6))))
-    for _ in range(rounds):
-        for k, f in fns.items():
-            before.get(k, _nothing)()
-            out[k].append(timed(f, n[k]))
-    return {k: statistics.median(v) for k, v in out.items()}
+        return self.paths[(size, K, fmt)]
 
 
 def advanced(policy, B: int, t: int, state_dim: int, target: float | None = None):
     """``policy`` (Agent API) reset for B rows and advanced to episode step t; a function doing one step."""
     policy.reset(B) if target is None else policy.reset(B, target=target)
-    g = np.random.default_rng(0)
-    obs = g.normal(size=(B, state_dim)).astype(np.float32)
-    rew = np.ones(B, np.float32)
+    obs, rew = np.random.default_rng(0).normal(size=(B, state_dim)).astype(np.float32), np.ones(B, np.float32)
     policy.act(obs)
     for _ in range(t - 1):
         policy.act(obs, rew)
@@ -340,23 +244,16 @@ def hf_step(hf, cfg, B: int, K: int):
 
 
 def ratios(ms: dict) -> dict:
-    """slow / fast for every recompute baseline over every stream path present, the torch stream over each
-    exported runtime, and HF over the best stream path."""
-    out = {}
+    """slow / fast for every recompute baseline over every stream path present, and the torch stream over
+    each other stream path."""
     streams = [p for p in STREAM_PATHS if p in ms]
-    for slow in RECOMPUTE_PATHS:
-        for fast in streams:
-            if slow in ms:
-                out[f"{slow}/{fast}"] = ms[slow] / ms[fast]
-    for fast in streams[1:]:
-        out[f"stream/{fast}"] = ms["stream"] / ms[fast]
-    return out
+    out = {f"{slow}/{fast}": ms[slow] / ms[fast] for slow in RECOMPUTE_PATHS if slow in ms for fast in streams}
+    return out | {f"stream/{fast}": ms["stream"] / ms[fast] for fast in streams[1:]}
 
 
-def bf16_max_da(model, info, K: int, B: int, steps: int = 50) -> float:
-    """Largest |action difference| between the bf16 and the fp32 stream engines fed the same
-    observations and rewards for ``steps`` steps from the start of B episodes (observations drawn
-    around the data's mean, so the inputs look like the simulator's)."""
+def bf16_max_da(model, info, B: int, steps: int = 50) -> float:
+    """Largest |action difference| between the bf16 and the fp32 stream engines fed the same observations
+    (drawn around the data's mean, so they look like the simulator's) and rewards for ``steps`` steps."""
     a32, a16 = (make_agent(model, info, "stream", precision=p) for p in ("fp32", "bf16"))
     g = np.random.default_rng(0)
     worst, rew = 0.0, None
@@ -369,64 +266,56 @@ def bf16_max_da(model, info, K: int, B: int, steps: int = 50) -> float:
     return worst
 
 
-def policies(name: str, model, info, K: int, B: int, bc: BenchConfig, found: dict, exports: Exports | None,
-             threads: int | None = None) -> dict:
-    """{engine: one-step function} for every engine of the latency table at (K, B); ``threads`` goes to
-    the exported runtimes (None: their own default)."""
-    mk = with_context(model, K)
-    c, target = model.cfg, info.eval_targets[0]
-    fns = {"stream": advanced(make_agent(mk, info, "stream"), B, K, c.state_dim)}
-    if bc.bf16:
-        fns["stream_bf16"] = advanced(make_agent(mk, info, "stream", precision="bf16"), B, K, c.state_dim)
-    for fmt, cls in found.items():
-        fns[fmt] = advanced(cls(exports.path(name, model, K, fmt), threads=threads), B, K, c.state_dim, target)
-    fns["recompute"] = advanced(make_agent(mk, info, "recompute"), B, K, c.state_dim)
-    return fns
+def policy(name: str, model, info, engine: str, K: int, B: int, found: dict, exports, threads=None, t=None, **kw):
+    """One ``act`` of ``engine`` (an agent engine or an exported format) at (K, B), advanced to step ``t`` (K)."""
+    if engine in found:  # an exported runtime takes its thread count when it is made
+        p, target = found[engine](exports.path(name, model, K, engine), threads=threads), info.eval_targets[0]
+    else:
+        p, target = make_agent(with_context(model, K), info, engine, **kw), None
+    return advanced(p, B, t or K, model.cfg.state_dim, target)
 
 
-def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports: Exports | None) -> dict:
+def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -> dict:
     batches, contexts, ts = (int_list(bc, k) for k in ("batches", "contexts", "ts"))
     res = {}
     for name, model in models.items():
         res[name] = {}
         for K in contexts:
-            hf = hf_model(model.cfg, K) if bc.hf else None
-            hf16 = hf_model(model.cfg, K, torch.bfloat16) if bc.hf and bc.bf16 else None
+            hf = {"hf_recompute": hf_model(model.cfg, K)} if bc.hf else {}
+            if bc.hf and bc.bf16:
+                hf["hf_recompute_bf16"] = hf_model(model.cfg, K, torch.bfloat16)
             for B in batches:
-                fns = policies(name, model, info, K, B, bc, found, exports, threads=bc.threads)
-                if hf is not None:
-                    fns["hf_recompute"] = hf_step(hf, model.cfg, B, K)
-                if hf16 is not None:
-                    fns["hf_recompute_bf16"] = hf_step(hf16, model.cfg, B, K)
-                ms = median_ms(fns, bc.calls, bc.rounds)
+                fns = {"stream": policy(name, model, info, "stream", K, B, found, exports)}
+                if bc.bf16:
+                    fns["stream_bf16"] = policy(name, model, info, "stream", K, B, found, exports, precision="bf16")
+                for engine in (*found, "recompute"):
+                    fns[engine] = policy(name, model, info, engine, K, B, found, exports, threads=bc.threads)
+                fns.update({k: hf_step(m, model.cfg, B, K) for k, m in hf.items()})
+                ms = timing.median_ms(fns, bc.calls, bc.rounds)
                 streams = {p: ms[p] for p in STREAM_PATHS if p in ms}
                 best = min(streams, key=streams.get)
                 exact = min((p for p in streams if p in EXACT_PATHS), key=streams.get)
-                entry = {"K": K, "batch": B, "ms": ms, "ratios": ratios(ms), "best_stream": best, "best_exact": exact}
-                if "hf_recompute" in ms:
-                    entry["hf_over_best"] = ms["hf_recompute"] / ms[best]
-                    entry["hf_over_best_exact"] = ms["hf_recompute"] / ms[exact]
+                e = {"K": K, "batch": B, "ms": ms, "ratios": ratios(ms), "best_stream": best, "best_exact": exact}
+                if hf:
+                    e["hf_over_best"], e["hf_over_best_exact"] = ms["hf_recompute"] / ms[best], ms["hf_recompute"] / ms[exact]
                 if "stream_bf16" in ms:
-                    entry["bf16_max_da"] = bf16_max_da(with_context(model, K), info, K, B)
-                res[name][f"K{K}_B{B}"] = entry
-                print(f"{name} K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()),
-                      flush=True)
-                print("    " + ", ".join(f"{k} {v:.1f}x" for k, v in entry["ratios"].items())
-                      + (f"; HF / best exact stream ({exact}) {entry['hf_over_best_exact']:.1f}x, HF / best stream "
-                         f"({best}) {entry['hf_over_best']:.1f}x" if "hf_over_best" in entry else "")
-                      + (f"; bf16 max |da| {entry['bf16_max_da']:.1e}" if "bf16_max_da" in entry else ""), flush=True)
+                    e["bf16_max_da"] = bf16_max_da(with_context(model, K), info, B)
+                res[name][f"K{K}_B{B}"] = e
+                print(f"{name} K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
+                      + "\n    " + ", ".join(f"{k} {v:.1f}x" for k, v in e["ratios"].items())
+                      + (f"; HF / best exact stream ({exact}) {e['hf_over_best_exact']:.1f}x, HF / best stream "
+                         f"({best}) {e['hf_over_best']:.1f}x" if hf else "")
+                      + (f"; bf16 max |da| {e['bf16_max_da']:.1e}" if "bf16_max_da" in e else ""), flush=True)
     name, model = next(iter(models.items()))
-    mk = with_context(model, contexts[0])
     for B in batches:  # stream latency versus episode step t: flat, the state does not grow
-        fns = {f"t{t}": advanced(make_agent(mk, info, "stream"), B, t, model.cfg.state_dim) for t in ts}
-        ms = median_ms(fns, bc.calls, bc.rounds)
-        res[name][f"stream_vs_t_B{B}"] = {"batch": B, "ms": ms, "max_over_min": max(ms.values()) / min(ms.values())}
+        ms = timing.median_ms({f"t{t}": policy(name, model, info, "stream", contexts[0], B, found, exports, t=t)
+                               for t in ts}, bc.calls, bc.rounds)
+        e = res[name][f"stream_vs_t_B{B}"] = {"batch": B, "ms": ms, "max_over_min": max(ms.values()) / min(ms.values())}
         print(f"{name} stream batch={B:4d} vs t: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
-              + f"  (max/min {res[name][f'stream_vs_t_B{B}']['max_over_min']:.2f})", flush=True)
+              + f"  (max/min {e['max_over_min']:.2f})", flush=True)
     return res
 
 
-# -- threads --------------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def competing_process():
     """One CPU-bound process (a Python busy loop) running beside the measurement, stopped afterwards."""
@@ -439,64 +328,45 @@ def competing_process():
         p.wait()
 
 
-THREAD_SETTINGS = ("default", "1", "2", "policy")
-
-
-def thread_counts(engine: str, B: int) -> dict:
-    """setting -> threads to ask for (None: the runtime's own default)."""
-    return {"default": None, "1": 1, "2": 2, "policy": inference_threads(engine, B)}
-
-
-def threads_once(name: str, model, info, K: int, bc: BenchConfig, found: dict, exports: Exports | None) -> dict:
-    """ms per act for every engine, batch and thread setting (see ``thread_counts``), as the machine is. The
-    settings of one engine and batch are interleaved round by round (torch's count is set before each)."""
+def threads_once(name: str, model, info, K: int, bc: BenchConfig, found: dict, exports) -> dict:
+    """ms per act for every engine, batch and thread setting (the runtime's default, 1, 2, the policy's), as
+    the machine is; the settings of one engine and batch interleaved round by round."""
     out = {}
-    mk = with_context(model, K)
-    c, target = model.cfg, info.eval_targets[0]
     try:
         for engine in ("stream", "recompute", *found):
             for B in (1, 100):
-                counts = thread_counts(engine, B)
-                fns, torch_threads = {}, {}
+                counts = {"default": None, "1": 1, "2": 2, "policy": inference_threads(engine, B)}
+                fns, torch_threads = {}, {k: n or TORCH_DEFAULT_THREADS for k, n in counts.items()}
                 for setting, n in counts.items():
-                    torch_threads[setting] = n or TORCH_DEFAULT_THREADS
                     torch.set_num_threads(torch_threads[setting])
-                    if engine in found:  # an exported runtime takes its thread count when it is made
-                        fns[setting] = advanced(found[engine](exports.path(name, model, K, engine), threads=n), B, K,
-                                                c.state_dim, target)
-                    else:
-                        fns[setting] = advanced(make_agent(mk, info, engine), B, K, c.state_dim)
-                ms = median_ms(fns, bc.calls, bc.rounds,
-                               before={k: (lambda n=n: torch.set_num_threads(n)) for k, n in torch_threads.items()})
-                row = dict(ms)
-                row["policy_threads"] = counts["policy"]
-                row["default_threads"] = TORCH_DEFAULT_THREADS if engine != "onnx" else "OnnxPolicy default"
-                row["policy_over_1"] = row["policy"] / row["1"]
-                row["default_over_1"] = row["default"] / row["1"]
+                    fns[setting] = policy(name, model, info, engine, K, B, found, exports, threads=n)
+                row = timing.median_ms(fns, bc.calls, bc.rounds,
+                                       before={k: (lambda n=n: torch.set_num_threads(n)) for k, n in torch_threads.items()})
+                row.update(policy_threads=counts["policy"], policy_over_1=row["policy"] / row["1"],
+                           default_threads=TORCH_DEFAULT_THREADS if engine != "onnx" else "OnnxPolicy default",
+                           default_over_1=row["default"] / row["1"])
                 out[f"{engine}_B{B}"] = row
     finally:
         torch.set_num_threads(bc.threads)
     return out
 
 
-def threads_section(models: dict, info, bc: BenchConfig, found: dict, exports: Exports | None) -> dict:
+def threads_section(models: dict, info, bc: BenchConfig, found: dict, exports) -> dict:
     name, model = next(iter(models.items()))
     K = int_list(bc, "contexts")[0]
     res = {"size": name, "K": K, "cores": usable_cores(), "torch_default_threads": TORCH_DEFAULT_THREADS}
-    conditions = ["idle", "compete"] if bc.compete else ["idle"]
-    for cond in conditions:
+    for cond in ("idle", "compete") if bc.compete else ("idle",):
         with competing_process() if cond == "compete" else contextlib.nullcontext():
             res[cond] = threads_once(name, model, info, K, bc, found, exports)
         print(f"threads ({name}, K={K}, {'beside one busy process' if cond == 'compete' else 'machine as it is'}; "
               f"ms per act, default = {TORCH_DEFAULT_THREADS} torch threads):", flush=True)
         for key, row in res[cond].items():
-            print(f"  {key:16s} " + "  ".join(f"{s} {row[s]:9.3f}" for s in THREAD_SETTINGS)
+            print(f"  {key:16s} " + "  ".join(f"{s} {row[s]:9.3f}" for s in ("default", "1", "2", "policy"))
                   + f"   (policy = {row['policy_threads']} thread(s): {row['policy_over_1']:.2f}x of one thread)",
                   flush=True)
     return res
 
 
-# -- the run ----------------------------------------------------------------------------------------------
 def bf16_skipped(bc: BenchConfig) -> str | None:
     """Why the bf16 paths are left out (None: they run). Without native bfloat16 matmuls oneDNN emulates
     them, so they time the emulation, not bf16, and take long enough to stall a whole run."""
@@ -508,10 +378,35 @@ def bf16_skipped(bc: BenchConfig) -> str | None:
             "fp32; bf16_emulated=true runs them anyway")
 
 
+def tables(report: dict) -> list[list[str]]:
+    """The Markdown tables of a report: latency, threads, evaluation (the sections it ran)."""
+    out, engines = [], [*STREAM_PATHS, *RECOMPUTE_PATHS]
+    lat = [(size, e) for size, entries in report["latency"].items() for k, e in entries.items() if k[0] == "K"]
+    if lat:
+        cols = [p for p in engines if any(p in e["ms"] for _, e in lat)]
+        out.append(timing.table(["size", "K", "batch", *[f"{c} ms" for c in cols], "HF / best exact", "HF / best"],
+                                [[s, e["K"], e["batch"], *[f"{e['ms'][c]:.3g}" if c in e["ms"] else "" for c in cols],
+                                  *[f"{e[k]:.1f}x" if k in e else "" for k in ("hf_over_best_exact", "hf_over_best")]]
+                                 for s, e in lat]))
+    th = report.get("threads")
+    if th:
+        out.append(timing.table(["engine, batch", "condition", "default", "1 thread", "2 threads", "policy"],
+                                [[key.replace("_B", ", batch "), cond, *[f"{row[k]:.3g}" for k in ("default", "1", "2")],
+                                  f"{row['policy']:.3g} ({row['policy_threads']} thread(s))"]
+                                 for cond in ("idle", "compete") for key, row in th.get(cond, {}).items()]))
+    ev = report.get("evaluation")
+    if ev:
+        out.append(timing.table(["evaluator", f"seconds for {ev['episodes']} episodes", "x faster than sequential"],
+                                [[k, f"{v:.2f}", f"{ev['speedup_by_layout'][k]:.1f}"]
+                                 for k, v in ev["vectorized_by_layout_s"].items()]
+                                + [["sequential recompute", f"{ev['sequential_recompute_s']:.1f}", "1.0"]]))
+    return out
+
+
 def run(argv: list[str]) -> dict:
     from primal_dt.run.cli import parse
 
-    bc = parse(BenchConfig, argv, prog="python -m eval.bench.inference",
+    bc = parse(BenchConfig, argv, prog=PROG,
                description="Every way to run a DT policy side by side: latency, threads, evaluation wall time.")
     with errors.setup_errors():
         check(bc)
@@ -526,12 +421,11 @@ def run(argv: list[str]) -> dict:
         bc = dataclasses.replace(bc, bf16=False)
         if no_bf16 != "bf16=false":
             print(f"skipping the bf16 paths (stream_bf16, hf_recompute_bf16): {no_bf16}", flush=True)
+    machine = timing.machine(PROG, argv) | {"torch_default_threads": TORCH_DEFAULT_THREADS}
     print(f"models: {', '.join(f'{k} {m.layer_names}' for k, m in models.items())}; torch {torch.__version__}, "
-          f"{bc.threads} thread(s) (torch default {TORCH_DEFAULT_THREADS}), {usable_cores()} cores, "
-          f"{platform.processor() or platform.machine()}", flush=True)
-    report = {"machine": {"cores": usable_cores(), "torch": torch.__version__,
-                          "torch_default_threads": TORCH_DEFAULT_THREADS, "processor": platform.processor()},
-              "torch_threads": bc.threads, "config": dataclasses.asdict(bc), "sizes": list(models),
+          f"{bc.threads} thread(s) (torch default {TORCH_DEFAULT_THREADS}), {machine['cores']} cores, {machine['cpu']}",
+          flush=True)
+    report = {"machine": machine, "torch_threads": bc.threads, "config": dataclasses.asdict(bc), "sizes": list(models),
               "exported": {"formats": sorted(found), "skipped": skipped}, "bf16_skipped": no_bf16}
     exports = Exports(info) if found else None
     try:
@@ -542,14 +436,11 @@ def run(argv: list[str]) -> dict:
             report["exported"]["export_s"] = exports.export_s
     finally:
         if exports is not None:
-            exports.close()
+            exports.dir.cleanup()
     if bc.episodes > 0:
-        model = trained if trained is not None else next(iter(models.values()))
-        report["evaluation"] = evaluation_section(model, info, bc)
-    if bc.json:
-        with open(bc.json, "w") as f:
-            json.dump(report, f, indent=2, default=str)
-        print(f"report: {bc.json}")
+        report["evaluation"] = evaluation_section(trained if trained is not None else next(iter(models.values())), info, bc)
+    timing.write(report, bc.json, bc.markdown, "Acting speed: stream, ONNX, TorchScript, recompute and HuggingFace"
+                 f" (ms per act; {bc.threads} torch thread(s) outside the threads table)", tables(report))
     return report
 
 

@@ -2,7 +2,7 @@
 HuggingFace ``transformers.DecisionTransformerModel`` at the same sizes, in the same run.
 
     python -m eval.bench.train                                   # paper and original-DT sizes
-    python -m eval.bench.train --sizes paper --rounds 5 --json bench-train.json
+    python -m eval.bench.train --sizes paper --rounds 5 --json bench-train.json --markdown docs/results/training-step.md
 
 A step is what training does: forward on a batch of K-step segments (batch 64, K = 20, so 60
 tokens per segment), masked action MSE (+ eta * KSVD for primal layers), backward, grad-norm clip
@@ -11,27 +11,27 @@ tokens per segment), masked action MSE (+ eta * KSVD for primal layers), backwar
 dims. Batches are synthetic with the sampler's shapes and padding pattern (timing does not
 depend on values); every model sees the same batches.
 
-On a shared CPU, load drifts; so the models take turns: each round runs ``--steps`` timed steps of
-every model in turn, and a model's figure is the median over all its timed steps (the fastest
-step is reported too: load only ever adds time). Ratios are measured in this run only. ``transformers`` is a benchmark-only extra (``pip install
-primal-dt[bench]``).
+On a shared CPU load drifts, so the models take turns: each round runs ``--steps`` timed steps of every
+model, and a model's figure is the median over all its timed steps (the fastest step too: load only ever
+adds time). ``transformers`` is a benchmark-only extra (``pip install primal-dt[bench]``).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from agents.decision_transformer import Batch, DecisionTransformer, DTConfig
 from agents.train_step import Stepper
-from primal_dt.run import cli, options
+from primal_dt.run import cli, errors, options
+
+from . import timing
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
 OURS = ("dt", "primal+dt", "primalformer-dt")
@@ -71,28 +71,38 @@ class Ours:
         self.stepper.step(b)
 
 
-class HuggingFace:
-    """transformers' DecisionTransformerModel with the same sizes, ReLU MLP 4x, dropout 0.1, tanh head."""
-
-    def __init__(self, size: dict, K: int):
-        from transformers import DecisionTransformerConfig, DecisionTransformerModel
+def hf_config(cfg: dict, K: int, dropout: float):
+    """transformers' DecisionTransformerConfig at our size (``cfg``: state_dim, act_dim, d_model, n_heads,
+    n_layers; ReLU MLP 4x as our blocks), or a SetupError saying how to install it."""
+    try:
+        from transformers import DecisionTransformerConfig
         from transformers.utils import logging
+    except ImportError as err:
+        raise errors.SetupError("the HuggingFace baseline needs `transformers` (a benchmark-only extra): pip install "
+                                "'primal-dt[bench]' (keeps torch as it is), or leave HuggingFace out") from err
+    logging.set_verbosity_error()
+    d = cfg["d_model"]
+    return DecisionTransformerConfig(state_dim=cfg["state_dim"], act_dim=cfg["act_dim"], hidden_size=d,
+                                     n_layer=cfg["n_layers"], n_head=cfg["n_heads"], n_inner=4 * d,
+                                     activation_function="relu", max_ep_len=1000, n_positions=3 * K,
+                                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, action_tanh=True)
 
-        logging.set_verbosity_error()
-        d = size["d_model"]
-        cfg = DecisionTransformerConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, hidden_size=d, n_layer=size["n_layers"],
-                                        n_head=size["n_heads"], n_inner=4 * d, activation_function="relu",
-                                        max_ep_len=1000, n_positions=3 * K, resid_pdrop=0.1, embd_pdrop=0.1,
-                                        attn_pdrop=0.1, action_tanh=True)
-        self.model = DecisionTransformerModel(cfg).train()
+
+class HuggingFace:
+    """transformers' DecisionTransformerModel with the same sizes, dropout 0.1, tanh head."""
+
+    def __init__(self, size: dict, K: int, device: str = "cpu"):
+        from transformers import DecisionTransformerModel
+
+        cfg = hf_config(dict(size, state_dim=STATE_DIM, act_dim=ACT_DIM), K, 0.1)
+        self.model = DecisionTransformerModel(cfg).to(device).train()
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
 
     def step(self, b: Batch) -> None:
         out = self.model(states=b.states, actions=b.actions, rewards=None, returns_to_go=b.rtg,
                          timesteps=b.timesteps, attention_mask=b.mask.long(), return_dict=True)
-        m = b.mask
-        loss = F.mse_loss(out.action_preds[m], b.actions[m])
+        loss = F.mse_loss(out.action_preds[b.mask], b.actions[b.mask])
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP)
@@ -136,21 +146,18 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     if with_hf:
         hf = ms["hf:DecisionTransformerModel"]
         ratios.update({"hf / ours dt (time; > 1: ours faster)": hf / dt, "hf / ours primal+dt (time)": hf / ms["ours:primal+dt"]})
-    for mode in args.compile:
-        if mode != "eager":
-            ratios.update({f"{lay}[{mode}] / {lay} eager (time)": ms[f"ours:{lay}[{mode}]"] / ms[f"ours:{lay}"]
-                           for lay in OURS})
+    compiled = [(lay, mode) for mode in args.compile if mode != "eager" for lay in OURS]
+    ratios.update({f"{lay}[{mode}] / {lay} eager (time)": ms[f"ours:{lay}[{mode}]"] / ms[f"ours:{lay}"]
+                   for lay, mode in compiled})
     res["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
     # the process's own CPU time: what another process's load on a shared CPU does not add (one thread)
-    res["ratios_of_cpu_time"] = {f"{lay}[{mode}] / {lay} eager": round(
-        res["models"][f"ours:{lay}[{mode}]"]["cpu_ms_per_step"] / res["models"][f"ours:{lay}"]["cpu_ms_per_step"], 3)
-        for mode in args.compile if mode != "eager" for lay in OURS}
+    cpu_ms = {k: v["cpu_ms_per_step"] for k, v in res["models"].items()}
+    res["ratios_of_cpu_time"] = {f"{lay}[{mode}] / {lay} eager": round(cpu_ms[f"ours:{lay}[{mode}]"] / cpu_ms[f"ours:{lay}"], 3)
+                                 for lay, mode in compiled}
     lo = {k: v["ms_per_step_min"] for k, v in res["models"].items()}
     res["ratios_of_min"] = {"primal+dt / dt (time)": round(lo["ours:primal+dt"] / lo["ours:dt"], 3)}
     if with_hf:
         res["ratios_of_min"]["hf / ours dt (time)"] = round(lo["hf:DecisionTransformerModel"] / lo["ours:dt"], 3)
-    res["targets"] = {"ours dt at least as fast as hf": (not with_hf) or ratios["hf / ours dt (time; > 1: ours faster)"] >= 1.0,
-                      "primal+dt within 5% of dt": ratios["primal+dt / dt (time)"] <= 1.05}
     return res
 
 
@@ -161,15 +168,12 @@ def report(r: dict) -> str:
     for k, v in r["models"].items():
         lines.append(f"  {k:<30} {v['ms_per_step']:>9.1f} {v['ms_per_step_min']:>8.1f} {v['tokens_per_s']:>10,} "
                      f"{v['params']:>10,}")
-    for k, v in r["ratios"].items():
-        lines.append(f"  ratio {k}: {v:.3f}")
+    lines += [f"  ratio {k}: {v:.3f}" for k, v in r["ratios"].items()]
     lines.append("  (fastest step of each, less sensitive to load: "
                  + ", ".join(f"{k} {v:.3f}" for k, v in r["ratios_of_min"].items()) + ")")
     if r["ratios_of_cpu_time"]:
         lines.append("  (the process's CPU time per step, which others' load does not add: "
                      + ", ".join(f"{k} {v:.3f}" for k, v in r["ratios_of_cpu_time"].items()) + ")")
-    for k, v in r["targets"].items():
-        lines.append(f"  target '{k}': {'met' if v else 'NOT met'}")
     return "\n".join(lines)
 
 
@@ -199,51 +203,55 @@ class TrainBenchConfig:
     """skip transformers' model"""
     json: str = ""
     """write the results here"""
+    markdown: str = ""
+    """write the table here as Markdown, headed by the machine and the command (e.g. docs/results/training-step.md)"""
+
+
+PROG = "python -m eval.bench.train"
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[str], bool]:
     """(options, sizes, with HuggingFace): every option checked (``cli.fail`` otherwise)."""
-    args = cli.parse(TrainBenchConfig, argv, prog="python -m eval.bench.train", description=__doc__.split("\n\n")[0])
-    sizes = list(args.sizes)
+    args = cli.parse(TrainBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
     if "eager" not in args.compile:
         cli.fail("--compile must include eager (the reference the ratios are against)")
-    if not sizes:
+    if not args.sizes:
         cli.fail(f"--sizes names no size; give some of {', '.join(SIZES)}")
     options.check_parsed(args, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
-                                   "--steps": options.AT_LEAST_1, "--rounds": options.AT_LEAST_1,
-                                   "--warmup": options.AT_LEAST_0, "--threads": options.THREADS})
-    if args.json:
-        try:
-            options.check_output_file(args.json, "--json")
-        except ValueError as err:
-            cli.fail(str(err))
-    with_hf = not args.no_hf
-    if with_hf:
-        try:
-            import transformers  # noqa: F401
-        except ImportError:
-            cli.fail("transformers is not installed: pip install 'primal-dt[bench]' (or pass --no-hf)")
-    return args, sizes, with_hf
+                                "--steps": options.AT_LEAST_1, "--rounds": options.AT_LEAST_1,
+                                "--warmup": options.AT_LEAST_0, "--threads": options.THREADS})
+    try:
+        timing.check_files(args.json, args.markdown)
+        if not args.no_hf:
+            hf_config(dict(SIZES["original"], state_dim=1, act_dim=1), 1, 0.0)
+    except ValueError as err:
+        cli.fail(str(err) + (" (or pass --no-hf)" if isinstance(err, errors.SetupError) else ""))
+    return args, list(args.sizes), not args.no_hf
 
 
 def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, sizes, with_hf = parse_args(argv)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    env = {"torch": torch.__version__, "threads": torch.get_num_threads()}
+    results = {"machine": timing.machine(PROG, argv), "results": []}
     if with_hf:
         import transformers
 
-        env["transformers"] = transformers.__version__
-    print(f"DT training-step benchmark ({env}); {args.rounds} rounds x {args.steps} steps per model", flush=True)
-    results = {"env": env, "results": []}
+        results["transformers"] = transformers.__version__
+    print(f"DT training-step benchmark (torch {torch.__version__}, {torch.get_num_threads()} thread(s)); "
+          f"{args.rounds} rounds x {args.steps} steps per model", flush=True)
+    rows = []
     for s in sizes:
         r = bench_size(s, SIZES[s], args, with_hf)
         results["results"].append(r)
         print(report(r), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-        print(f"wrote {args.json}")
+        rows += [[f"{s} ({r['d_model']}, {r['n_heads']} heads)", k, f"{v['ms_per_step']:.1f}", f"{v['ms_per_step_min']:.1f}",
+                  f"{v['ms_per_step'] / r['models']['ours:dt']['ms_per_step']:.2f}", f"{v['params']:,}"]
+                 for k, v in r["models"].items()]
+    timing.write(results, args.json, args.markdown, f"Training step: our DT models against HuggingFace's (batch "
+                 f"{args.batch}, K = {args.K}; median of {args.rounds * args.steps} steps per model, models in turns)",
+                 [timing.table(["size", "model", "ms per step", "fastest step", "x ours:dt", "parameters"], rows)])
     return results
 
 

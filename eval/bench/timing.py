@@ -1,0 +1,89 @@
+"""What every benchmark shares: interleaved median timing, the machine it ran on, and its output files.
+
+A benchmark writes its figures itself (``--json`` for the whole result, ``--markdown`` for the table a
+reader looks at, under ``docs/results/`` for the project's), headed by the machine and the command, so a
+measured table is never typed by hand. Both writes are atomic: a failed write leaves the old file or none.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import shlex
+import statistics
+import time
+
+from primal_dt.run import checkpoint, options
+
+
+def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.2, before: dict | None = None) -> dict:
+    """Interleaved rounds, so load drifting on a shared CPU hits every function alike: each round runs each
+    function ``n`` times (at most ``calls``, fewer for slow ones so a call group lasts about ``round_s``),
+    after ``before[name]()`` untimed; {name: median ms per call over the rounds}."""
+    before, n, out = before or {}, {}, {k: [] for k in fns}
+    for k, f in fns.items():
+        before.get(k, lambda: None)()
+        f()  # warm-up
+        t0 = time.perf_counter()
+        f()
+        n[k] = max(1, min(calls, int(round_s / max(time.perf_counter() - t0, 1e-6))))
+    for _ in range(rounds):
+        for k, f in fns.items():
+            before.get(k, lambda: None)()
+            t0 = time.perf_counter()
+            for _ in range(n[k]):
+                f()
+            out[k].append((time.perf_counter() - t0) / n[k] * 1e3)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def machine(prog: str, argv) -> dict:
+    """The machine, the software and the command of a measurement (the header of its tables)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {"cpu": cpu_model(), "cores": cores, "torch_threads": torch.get_num_threads(), "gpu": gpu,
+            "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "command": " ".join([prog, *map(shlex.quote, argv)])}
+
+
+def check_files(json_path: str | None, markdown: str | None, prefix: str = "--") -> None:
+    """A ValueError now, not after minutes of measuring, for an output file that cannot be written."""
+    for option, path in (("json", json_path), ("markdown", markdown)):
+        if path:
+            options.check_output_file(path, prefix + option)
+
+
+def table(columns: list[str], rows: list[list]) -> list[str]:
+    """A Markdown table; a cell's ``|`` is escaped so a name can never break a row."""
+    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # noqa: E731
+    return [line(columns), "|" + "---|" * len(columns), *map(line, rows)]
+
+
+def write(result: dict, json_path: str | None, markdown: str | None, title: str, tables: list[list[str]],
+          notes: list[str] = ()) -> None:
+    """The result as JSON and its tables (from ``table``) as a Markdown page headed by ``result["machine"]``."""
+    if json_path:
+        checkpoint.write_atomic(json_path, json.dumps(result, indent=2, default=str), "benchmark's results")
+        print(f"wrote {json_path}", flush=True)
+    if markdown:
+        m = result["machine"]
+        head = [f"# {title}", "", f"Command: `{m['command']}`", "",
+                f"Machine: {m['cpu']}, {m['cores']} core(s), {m['torch_threads']} torch thread(s)"
+                + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; torch {m['torch']}; {m['date']}."]
+        body = [line for t in tables for line in ["", *t]]
+        text = "\n".join(head + body + (["", *notes] if notes else [])) + "\n"
+        checkpoint.write_atomic(markdown, text, "benchmark's table")
+        print(f"wrote {markdown}", flush=True)
+
