@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from agents.decision_transformer import Batch, DecisionTransformer, DTConfig
+from agents.stream_training import first_exact_step, stream_exact_batch, stream_exact_config
 from agents.train_step import Stepper
 from primal_dt.run import cli, errors, options
 
@@ -58,9 +59,13 @@ def batches(n: int, batch: int, K: int, seed: int = 0) -> list[Batch]:
 class Ours:
     """Our DT's training step in one of ``agents.train_step.MODES`` (eager: the reference), on ``device``."""
 
-    def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu"):
+    def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu", window: int = 0):
         cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
                        n_layers=size["n_layers"], name=layout, s=size["s"], dropout=0.1)
+        self.first = None
+        if window:  # stream-exact training (agents.stream_training): every layer windowed, the loss masked to exact steps
+            cfg = stream_exact_config(cfg, window)
+            self.first = first_exact_step(cfg)
         self.model = DecisionTransformer(cfg).to(device).train()
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4, fused=mode != "eager")
@@ -68,7 +73,7 @@ class Ours:
         self.stepper = Stepper(mode, self.model, self.params, self.opt, self.sched, ETA, CLIP)
 
     def step(self, b: Batch) -> None:
-        self.stepper.step(b)
+        self.stepper.step(b if self.first is None else stream_exact_batch(b, self.first))
 
 
 def hf_config(cfg: dict, K: int, dropout: float):
@@ -113,6 +118,9 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     torch.manual_seed(0)
     runners = {f"ours:{lay}" + (f"[{mode}]" if mode != "eager" else ""): Ours(lay, size, args.K, mode)
                for mode in args.compile for lay in OURS}
+    if args.stream_window:
+        runners.update({f"ours:{lay}[w={args.stream_window}]": Ours(lay, size, args.K, window=args.stream_window)
+                        for lay in OURS})
     if with_hf:
         runners["hf:DecisionTransformerModel"] = HuggingFace(size, args.K)
     data = batches(args.warmup + args.rounds * args.steps, args.batch, args.K)
@@ -149,6 +157,9 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     compiled = [(lay, mode) for mode in args.compile if mode != "eager" for lay in OURS]
     ratios.update({f"{lay}[{mode}] / {lay} eager (time)": ms[f"ours:{lay}[{mode}]"] / ms[f"ours:{lay}"]
                    for lay, mode in compiled})
+    if args.stream_window:
+        ratios.update({f"{lay}[w={args.stream_window}] / {lay} (time; stream-exact / standard)":
+                       ms[f"ours:{lay}[w={args.stream_window}]"] / ms[f"ours:{lay}"] for lay in OURS})
     res["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
     # the process's own CPU time: what another process's load on a shared CPU does not add (one thread)
     cpu_ms = {k: v["cpu_ms_per_step"] for k, v in res["models"].items()}
@@ -199,6 +210,9 @@ class TrainBenchConfig:
     compile: tuple[Literal["eager", "compile"], ...] = ("eager",)
     """training-step forms to time (agents.train_step): eager (the reference) | compile (torch.compile; its
     compilation falls in the warm-up steps)"""
+    stream_window: int = 0
+    """also time stream-exact training (``stream_window=W`` of ``primal_dt.train``: every layer windowed to W
+    tokens, the loss on exact steps only) of each model beside its standard step (0: do not)"""
     no_hf: bool = False
     """skip transformers' model"""
     json: str = ""
@@ -219,7 +233,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[st
         cli.fail(f"--sizes names no size; give some of {', '.join(SIZES)}")
     options.check_parsed(args, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
                                 "--steps": options.AT_LEAST_1, "--rounds": options.AT_LEAST_1,
-                                "--warmup": options.AT_LEAST_0, "--threads": options.THREADS})
+                                "--warmup": options.AT_LEAST_0, "--threads": options.THREADS,
+                                "--stream_window": options.AT_LEAST_0})
     try:
         timing.check_files(args.json, args.markdown)
         if not args.no_hf:

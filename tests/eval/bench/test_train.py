@@ -26,3 +26,17 @@ def test_every_numeric_option_is_valid_or_named(fuzz_options):
 
     fuzz_options(parse_args, {f"--{k}": "int" for k in ("batch", "K", "steps", "rounds", "warmup", "threads")},
                  base=["--no-hf"], examples=60)
+
+
+def test_stream_exact_training_is_timed_beside_each_standard_step():
+    """--stream_window W times each model trained stream-exact (every layer windowed, the loss on exact steps)."""
+    from eval.bench.train import SIZES, Ours
+    from agents.stream_training import layer_windows
+
+    res = main(["--sizes", "original", "--batch", "2", "--K", "8", "--rounds", "1", "--steps", "1", "--warmup", "0",
+                "--no-hf", "--stream_window", "3"])
+    (r,) = res["results"]
+    assert {"ours:dt[w=3]", "ours:primal+dt[w=3]", "ours:primalformer-dt[w=3]"} <= set(r["models"])
+    assert "dt[w=3] / dt (time; stream-exact / standard)" in r["ratios"]
+    exact = Ours("primal+dt", SIZES["original"], 8, window=3)
+    assert layer_windows(exact.model) == [3, 3, 3] and exact.first == 2  # reach 6 tokens: steps 0-1 not counted
