@@ -109,3 +109,11 @@ def _kind(hint: Any) -> str:
 
 def _shown(value: Any) -> str:
     return repr(value)[:60]
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """A nested config dict as {dotted option: value}."""
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
