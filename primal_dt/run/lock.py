@@ -55,8 +55,8 @@ def hold(directory: str | Path, what: str = "run directory") -> int:
     except BlockingIOError:
         holder = _holder(fd)
         os.close(fd)
-        raise SetupError(f"the {what} {d} is in use by {holder}; wait for it to end (or stop it) and try again"
-                         ) from None
+        raise SetupError(f"the {what} {d} is in use by {holder} (or a process it started); wait for it to end "
+                         "(or stop it) and try again") from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
     _held[d] = fd
@@ -89,11 +89,11 @@ def release(directory: str | Path) -> None:
 
 
 def _holder(fd: int) -> str:
-    """The pid the holder wrote just after locking (an empty file is read again briefly). A child handed
-    the lock (a sweep's runs) keeps holding it after the pid's process ends, so the words say so."""
+    """The pid the holder wrote just after locking (an empty file is read again briefly); a child it handed
+    the lock (a sweep's runs) may hold it after that process ended, which the refusal says."""
     for _ in range(20):
         text = os.pread(fd, 32, 0).decode(errors="replace").strip()
         if text:
             break
         time.sleep(0.01)
-    return f"process {text} (or a process it started)" if text.isdigit() else "another process"
+    return f"process {text}" if text.isdigit() else "another process"

@@ -182,7 +182,7 @@ def test_collect_refuses_a_directory_being_trained(sac_workdir, data_dirs):
     with pytest.raises(SystemExit, match="looks like it is being trained"):
         run(CollectConfig(workdir=str(wd), train=True, train_steps=10_000, progress=False))
     holder = subprocess.Popen(  # a live trainer holds the directory's lock
-        [sys.executable, "-c", "import sys; from primal_dt import lock; lock.hold(sys.argv[1]); print(1, flush=True); "
+        [sys.executable, "-c", "import sys; from primal_dt.run import lock; lock.hold(sys.argv[1]); print(1, flush=True); "
          "sys.stdin.read()", str(wd)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "1"

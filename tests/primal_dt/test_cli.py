@@ -273,7 +273,7 @@ def test_a_new_run_beside_a_running_one_of_the_same_seed_says_so(tmp_path, capfd
     from primal_dt.run.monitor import run_dir
 
     first = run_dir(tmp_path, "hopper-medium", "dt", seed=0)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from primal_dt import lock; "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from primal_dt.run import lock; "
                                f"lock.hold({str(first)!r}); print('held', flush=True); time.sleep(60)"],
                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:

@@ -424,7 +424,7 @@ def test_a_resume_waiting_for_a_busy_run_never_continues_from_the_state_it_repla
                              text=True)
     from primal_dt.run import lock
 
-    while first.poll() is None and not (lock.holder(d) or "").startswith(f"process {first.pid} "):
+    while first.poll() is None and lock.holder(d) != f"process {first.pid}":
         time.sleep(0.01)
     while first.poll() is None:  # every resume tried while the first runs is refused, whenever it comes
         second = subprocess.run([*argv, "steps=10"], cwd=ROOT, env=env, capture_output=True, text=True)
