@@ -40,8 +40,12 @@ def run(argv: list[str]) -> dict:
         if cfg.train.selection == "val" and data.val is None:
             raise ValueError(f"{data.name} has no validation split; set data.val_fraction > 0 or train.selection=test")
         trainer = Trainer(cfg, data, device)
-        if ck is not None:
-            trainer.restore(ck)
+        try:
+            trainer.restore(ck) if ck is not None else None
+        except (KeyError, TypeError, IndexError, RuntimeError, ValueError) as err:
+            raise SetupError(f"checkpoint {path}: its training state does not fit the run it describes "
+                             f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); the file is damaged: resume "
+                             "from another checkpoint or start a new run") from err
     if ck is not None:
         out = path.parent
         outputs.check_writable(out, "run directory")

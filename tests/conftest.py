@@ -234,7 +234,7 @@ def killed_checkpoint_write():
 
     def kill(path):
         path = Path(path)
-        code = ("import os, time, torch\nfrom primal_dt import checkpoint\nos.fsync = lambda fd: time.sleep(600)\n"
+        code = ("import os, time, torch\nfrom primal_dt.run import checkpoint\nos.fsync = lambda fd: time.sleep(600)\n"
                 f"checkpoint.save_atomic({{'model': torch.zeros(1000)}}, {str(path)!r})\n")
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
         proc = subprocess.Popen([sys.executable, "-c", code], env=env)

@@ -41,7 +41,7 @@ def test_numpy_objects_are_refused(tmp_path):
 def test_unreadable_and_corrupt_files_say_so(tmp_path, run_code):
     path = checkpoint.save_atomic({"kind": "dt", "config": {}, "model": {}}, tmp_path / "ok.pt")
     path.chmod(0)
-    p = run_code(f"from primal_dt import checkpoint\ncheckpoint.load({str(path)!r})", honour_permissions=True)
+    p = run_code(f"from primal_dt.run import checkpoint\ncheckpoint.load({str(path)!r})", honour_permissions=True)
     assert p.returncode != 0 and f"checkpoint {path} cannot be read: permission denied" in p.stderr, p.stderr[-2000:]
     (tmp_path / "torn.pt").write_bytes(b"PK\x03\x04 not a whole zip")
     with pytest.raises(ValueError, match="may be truncated"):
@@ -53,7 +53,7 @@ def test_a_write_past_a_real_file_size_limit_is_one_clear_error_and_keeps_the_ol
     EFBIG, as on a full disk with ENOSPC)."""
     old = checkpoint.save_atomic({"model": torch.arange(10)}, tmp_path / "last.pt")
     before = old.read_bytes()
-    p = run_code("import sys, torch\nfrom primal_dt import checkpoint, errors\n"
+    p = run_code("import sys, torch\nfrom primal_dt.run import checkpoint, errors\n"
                  f"try:\n    checkpoint.save_atomic({{'model': torch.zeros(2**19)}}, {str(old)!r}, "
                  "what='checkpoint (step 7)')\n"
                  "except errors.WriteError as e:\n    sys.exit(f'error: {e}')\n", file_size=512 * 1024)
@@ -65,7 +65,7 @@ def test_a_write_past_a_real_file_size_limit_is_one_clear_error_and_keeps_the_ol
         checkpoint.save_atomic({}, old / "nope.pt")
 
 
-STALLED_WRITE = ("import os, sys, time\nfrom primal_dt import checkpoint\n"
+STALLED_WRITE = ("import os, sys, time\nfrom primal_dt.run import checkpoint\n"
                  "os.fsync = lambda fd: (print('writing', flush=True), time.sleep(600))\n"
                  "checkpoint.write_atomic(sys.argv[1], b'x' * 1000, 'test file')\n")
 
@@ -122,7 +122,7 @@ def test_written_files_get_the_permissions_of_the_users_umask_and_replaced_ones_
     new, kept = tmp_path / "summary.json", tmp_path / "last.pt"
     kept.write_bytes(b"old")
     kept.chmod(0o640)
-    p = run_code(f"import os\nos.umask({umask})\nfrom primal_dt import checkpoint\n"
+    p = run_code(f"import os\nos.umask({umask})\nfrom primal_dt.run import checkpoint\n"
                  f"checkpoint.write_atomic({str(new)!r}, '{{}}', 'summary')\n"
                  f"checkpoint.save_atomic({{'model': 1}}, {str(kept)!r})\n")
     assert p.returncode == 0, p.stderr[-2000:]
