@@ -68,21 +68,6 @@ def batches(split: Split, size: int, generator: torch.Generator | None = None):
         yield split.x[idx], split.mask[idx], split.y[idx]
 
 
-@torch.no_grad()
-def evaluate(model, split: Split, batch_size: int, eta: float, device: torch.device | str = "cpu") -> dict[str, float]:
-    model.eval()
-    correct, loss, n = 0, 0.0, 0
-    for x, m, y in batches(split, batch_size):
-        x, m, y = x.to(device), m.to(device), y.to(device)
-        out = model(x, m)
-        l, _ = classification_loss(out, y, eta)
-        correct += int((out.logits.argmax(-1) == y).sum())
-        loss += float(l) * len(y)
-        n += len(y)
-    model.train()
-    return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
-
-
 class Trainer:
     """One classifier's optimisation state (see the module's docstring)."""
 
@@ -131,9 +116,19 @@ class Trainer:
                      tokens=m.sum())
         return parts
 
-    def evaluate(self, split: Split) -> dict:
-        bs = self.cfg.train.eval_batch_size or self.cfg.train.batch_size
-        return evaluate(self.model, split, bs, self.cfg.primal.eta, self.device)
+    @torch.no_grad()
+    def evaluate(self, split: Split) -> dict[str, float]:
+        """Accuracy and mean loss on ``split``, in eval mode."""
+        self.model.eval()
+        correct, loss, n = 0, 0.0, 0
+        for batch in batches(split, self.cfg.train.eval_batch_size or self.cfg.train.batch_size):
+            x, m, y = (t.to(self.device) for t in batch)
+            out = self.model(x, m)
+            correct += int((out.logits.argmax(-1) == y).sum())
+            loss += float(classification_loss(out, y, self.cfg.primal.eta)[0]) * len(y)
+            n += len(y)
+        self.model.train()
+        return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
 
     def state(self) -> dict:
         cuda = {"cuda_rng": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}
