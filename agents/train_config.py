@@ -1,13 +1,9 @@
 """Configuration of ``python -m primal_dt.train``: dataclasses, presets, provenance, checks.
 
-Precedence: dataclass defaults < the preset (``configs/dt/<preset>.yaml``; ``preset`` defaults to
-the ``env`` name when a preset of that name exists) < the command line. Each value remembers
-which of the three set it, and ``describe`` prints that, so a run says where its numbers came
-from. Shorthands on the command line: ``model=NAME`` is ``model.name=NAME`` and
-``attention=NAME`` is ``model.name=NAME`` too (every layer that mechanism).
-
-Everything that can be wrong with the input is checked here, before any data is loaded or any
-training step runs.
+Precedence: dataclass defaults < the preset (``configs/dt/<preset>.yaml``; by default the one named
+like ``env``, when there is one) < a recipe laid over it < the command line; each value remembers
+which set it, and ``describe`` prints that. Everything that can be wrong with the input is checked
+here, before any data is loaded.
 """
 
 from __future__ import annotations
@@ -21,22 +17,21 @@ import tyro
 
 from envs import sources
 
-from primal_dt.run import presets
 from primal_dt.attention import available, get_class
 from primal_dt.attention.precision import check_precision
-from primal_dt.run import cli
 from primal_dt.layouts import canonical
+from primal_dt.run import cli, presets
 from primal_dt.run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
 from primal_dt.run.options import as_words, attention_options as parse_attention_options
+from primal_dt.run.presets import flat
 
 GROUP = "dt"
 
 
 @dataclass
 class ModelConfig:
-    """The Decision Transformer: its layout (attention per layer) and sizes, as the user writes them
-    (``model.*``); the network is built from exactly this (``agents.DTConfig`` adds the data's
-    dimensions), so each check of these fields is here, once."""
+    """The Decision Transformer's layout and sizes (``model.*``): the network is built from exactly this
+    (``agents.DTConfig`` adds the data's dimensions), so each check of these fields is here, once."""
 
     name: str = "primal+dt"
     """layout: dt | primal+dt | primalformer-dt | primal+<mechanism> | any attention mechanism"""
@@ -72,9 +67,6 @@ class ModelConfig:
 
     def check(self) -> None:
         """Raise ValueError naming the option (``model.*``), its value and what is allowed."""
-        for name in ("d_model", "n_heads", "n_layers", "s"):
-            if isinstance(getattr(self, name), bool) or not isinstance(getattr(self, name), int):
-                raise ValueError(f"model.{name} must be an integer, got {getattr(self, name)!r}")
         check_numbers(self, {"d_model": AT_LEAST_1, "n_heads": AT_LEAST_1, "n_layers": AT_LEAST_1, "s": AT_LEAST_1,
                              "dropout": FRACTION, "mlp_ratio": POSITIVE}, prefix="model.")
         if self.d_model % self.n_heads:
@@ -102,8 +94,8 @@ Engine = Literal["recompute", "stream"]
 
 @dataclass
 class RolloutOptions:
-    """How a checkpoint is rolled out in its simulator: one home for what training's evaluation
-    (``eval.*``) and ``python -m eval.rollout`` share, so both have the same names, types and defaults."""
+    """How a checkpoint is rolled out in its simulator: what training's evaluation (``eval.*``) and
+    ``python -m eval.rollout`` share, so both have the same names, types and defaults."""
 
     targets: tuple[float, ...] = ()
     """return-to-go targets in raw returns, e.g. 3600,1800 (empty: the run's own: its preset's, else the env's)"""
@@ -124,7 +116,7 @@ class RolloutOptions:
     """where a synchronous lane steps while the other acts: process (one subprocess per lane) | thread"""
 
     def check(self, prefix: str = "") -> None:
-        """Raise ValueError naming the option (``prefix``: where these options sit, e.g. "eval.")."""
+        """Raise ValueError naming the option (``prefix``: where these options sit, "eval.")."""
         check_numbers(self, ROLLOUT_NUMBERS, prefix)
         try:
             check_precision(self.precision)
@@ -212,9 +204,9 @@ class TrainConfig(RunOptions):
     """print every option at the start (default: those that differ from the defaults; TensorBoard has all)"""
 
 
-# What a resumed run may change (everything else comes from the checkpoint).
 RESUMABLE = {"steps", "eval", "checkpoint_every", "checkpoint_minutes", "log_every", "threads", "device", "progress",
              "tensorboard", "resume", "print_config", "compile"}
+"""what a resumed run may change (everything else comes from the checkpoint)"""
 
 
 # -- building a config ------------------------------------------------------------------------------
@@ -246,7 +238,6 @@ def build(argv: list[str]) -> Built:
         or "(no preset: dataclass defaults)"
     for where, values in layers:
         cfg = presets.apply_preset(cfg, values, where=where)
-    cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
     cfg = cli.parse(TrainConfig, argv, default=cfg, prog=PROG, description=_DESCRIPTION, shorthands=SHORTHANDS)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
@@ -271,29 +262,15 @@ _DESCRIPTION = ("Train a Decision Transformer (dt | primal+dt | primalformer-dt 
                 "preset (env's or preset=); each run prints every value with where it came from.")
 
 
-def flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def from_dict(d: dict) -> TrainConfig:
-    """A config back from a checkpoint's plain dict (tuples come back as lists from YAML/JSON)."""
-    cfg = presets.apply_preset(TrainConfig(), d, where="checkpoint config")
-    return dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, targets=tuple(cfg.eval.targets)))
+    """A config back from a checkpoint's plain dict, each value checked against its field."""
+    return presets.apply_preset(TrainConfig(), d, where="checkpoint config")
 
 
 def resumed(built: Built, saved: dict, where: str) -> Built:
-    """The config of a run resumed from a checkpoint: its saved config (``saved``, a plain dict),
-    plus the run-time options (RESUMABLE) given on the command line.
-
-    Any other option given on the command line must agree with the checkpoint: resuming a
-    hopper-medium primal+dt run as walker2d-medium or as dt is an error, not a silent mix.
-    """
+    """A resumed run's config: the checkpoint's (``saved``) plus the ``RESUMABLE`` options of the command
+    line; any other option given must agree with the checkpoint (resuming a primal+dt run as dt is an
+    error, not a silent mix)."""
     saved = dataclasses.asdict(from_dict(saved))
     saved_flat, asked = flat(saved), flat(dataclasses.asdict(built.cfg))
     prov = {k: f"checkpoint {where}" for k in saved_flat}
@@ -317,9 +294,8 @@ def resumed(built: Built, saved: dict, where: str) -> Built:
 
 
 def describe(b: Built, full: bool = False) -> str:
-    """The options one a line, each with where it came from: those given on the command line or whose value
-    differs from the defaults (``full``: every option, and the preset's and recipe's source lines). A resumed
-    run names its checkpoint once, in the first line, not on every option."""
+    """The options one a line with where each came from: those given or differing from the defaults (``full``:
+    all, and the preset's and recipe's source lines). A resumed run names its checkpoint once, first."""
     defaults = flat(dataclasses.asdict(TrainConfig()))
     values = flat(dataclasses.asdict(b.cfg))
     shown = {k: v for k, v in values.items()
@@ -347,13 +323,12 @@ NUMBERS = {
     "checkpoint_every": AT_LEAST_0, "checkpoint_minutes": Range(0, 1e6), "val_fraction": FRACTION,
     "log_every": AT_LEAST_0, "eval.every": AT_LEAST_0, "eval.episodes": AT_LEAST_1, "eval.final_episodes": AT_LEAST_0,
 }
-"""What every numeric option accepts (NaN and inf never); ``check`` applies it before any work.
-Returns-to-go reach the model as float32 ``target / reward_scale``, hence the bounds on both."""
+"""What every numeric option accepts (NaN and inf never); the bound on reward_scale is the targets' (above)."""
 
 
 def check(cfg: TrainConfig) -> None:
-    """Raise ValueError naming the option, its value and what is allowed: each part's own checks
-    (run options, model, evaluation), then what spans parts (sizes no machine can build, data source)."""
+    """Raise ValueError naming the option, its value and what is allowed: each part's own checks, then what
+    spans parts (sizes no machine can build, the data source)."""
     m = cfg.model
     RunOptions.check(cfg)
     m.check()

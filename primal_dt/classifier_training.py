@@ -1,12 +1,9 @@
 """Train a sequence classifier and select its checkpoint: what ``python -m primal_dt.classify`` runs.
 
-``Trainer`` holds one classifier's optimisation state, with ``step`` and ``evaluate`` apart so the
-benchmark (eval/bench/classify.py) can interleave two models on the same batches; ``fit`` is the
-loop (steps, logging, evaluation rounds that keep best.pt / last.pt), then the summary.
-
-Model selection (``train.selection``): ``val`` picks the checkpoint with the best validation
-accuracy (ties: lower validation loss) and reports its test accuracy; ``test`` reports the best
-test accuracy seen (the reference code's protocol); ``last`` the final model's.
+``Trainer`` holds one classifier's optimisation state, ``step`` and ``evaluate`` apart so the benchmark
+(eval/bench/classify.py) can interleave two models on the same batches; ``fit`` is the loop (steps,
+logging, evaluation rounds that keep best.pt / last.pt), then the summary. Model selection:
+``classify_config.SELECTIONS``.
 """
 
 from __future__ import annotations
@@ -21,18 +18,18 @@ from pathlib import Path
 import torch
 import yaml
 
-from .run import checkpoint, errors, runtime
 from .classifier import SequenceClassifier, classification_loss
-
-
-class Diverged(RuntimeError):
-    """The loss or gradient became NaN/inf: the run stops rather than report a model with NaN weights."""
 from .classify_config import SELECTIONS, ClassifyConfig, attention_options, hparams
 from .layouts import layout
+from .run import checkpoint, errors, runtime
 from .run.monitor import RunMonitor
 from .tasks import Split, TaskData
 
 KIND = "classifier"
+
+
+class Diverged(RuntimeError):
+    """The loss or gradient became NaN/inf: the run stops rather than report a model with NaN weights."""
 
 
 # -- model and optimisation ------------------------------------------------------------------------
@@ -71,24 +68,8 @@ def batches(split: Split, size: int, generator: torch.Generator | None = None):
         yield split.x[idx], split.mask[idx], split.y[idx]
 
 
-@torch.no_grad()
-def evaluate(model, split: Split, batch_size: int, eta: float, device: torch.device | str = "cpu") -> dict[str, float]:
-    model.eval()
-    correct, loss, n = 0, 0.0, 0
-    for x, m, y in batches(split, batch_size):
-        x, m, y = x.to(device), m.to(device), y.to(device)
-        out = model(x, m)
-        l, _ = classification_loss(out, y, eta)
-        correct += int((out.logits.argmax(-1) == y).sum())
-        loss += float(l) * len(y)
-        n += len(y)
-    model.train()
-    return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
-
-
 class Trainer:
-    """One classifier's optimisation state; ``step`` and ``evaluate`` are separate so the benchmark
-    (eval/bench/classify.py) can interleave two models on the same batches."""
+    """One classifier's optimisation state (see the module's docstring)."""
 
     def __init__(self, cfg: ClassifyConfig, data: TaskData, device: torch.device | str = "cpu"):
         self.cfg, self.data, self.device = cfg, data, torch.device(device)
@@ -135,9 +116,19 @@ class Trainer:
                      tokens=m.sum())
         return parts
 
-    def evaluate(self, split: Split) -> dict:
-        bs = self.cfg.train.eval_batch_size or self.cfg.train.batch_size
-        return evaluate(self.model, split, bs, self.cfg.primal.eta, self.device)
+    @torch.no_grad()
+    def evaluate(self, split: Split) -> dict[str, float]:
+        """Accuracy and mean loss on ``split``, in eval mode."""
+        self.model.eval()
+        correct, loss, n = 0, 0.0, 0
+        for batch in batches(split, self.cfg.train.eval_batch_size or self.cfg.train.batch_size):
+            x, m, y = (t.to(self.device) for t in batch)
+            out = self.model(x, m)
+            correct += int((out.logits.argmax(-1) == y).sum())
+            loss += float(classification_loss(out, y, self.cfg.primal.eta)[0]) * len(y)
+            n += len(y)
+        self.model.train()
+        return {"acc": correct / max(n, 1), "loss": loss / max(n, 1)}
 
     def state(self) -> dict:
         cuda = {"cuda_rng": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}
@@ -152,7 +143,7 @@ class Trainer:
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
-        self.step_no, self.best, self.train_time = ck["step"], ck["best"], ck.get("train_time", 0.0)
+        self.step_no, self.best, self.train_time = ck["step"], ck["best"], ck["train_time"]
         self.gen.set_state(ck["rng"])
         torch.set_rng_state(ck["torch_rng"])
         if "cuda_rng" in ck and self.device.type == "cuda":

@@ -4,43 +4,27 @@
     python -m primal_dt.classify task=lra/listops-fast model=primal+trans train.steps=500 seed=1
     python -m primal_dt.classify resume=runs/classify/uea-JapaneseVowels/primalformer/<run> train.epochs=200
 
-``task`` names a preset (configs/uea/*.yaml, configs/lra/*.yaml: the papers' settings and fast
-variants); ``model`` a layout (transformer, primalformer, primal+trans, primal+<mechanism>) or any
-attention mechanism. Precedence: defaults < preset < the preset's ``by_model.<model>`` section <
-command line. Everything that can be wrong with the input is checked before training starts.
-
-Model selection (``train.selection``):
-- ``val`` (default): a validation split (the task's own, or carved from the training set) picks
-  the checkpoint (best accuracy, ties to the lower validation loss); the reported figure is that
-  checkpoint's test accuracy;
-- ``test``: the reference code's protocol, fitting on the whole training set and reporting the
-  best test accuracy seen during training (optimistic; offered for comparison with the papers);
-- ``last``: the final model's test accuracy.
-A run directory holds TensorBoard events, best.pt / last.pt (atomic), accuracy.png, summary.json.
-
-This module only wires: configuration is ``classify_config.py``, the trainer
-``classifier_training.py``, and what every entry point shares: ``errors`` (how a command fails),
-``options`` (value checks), ``runtime`` (device, threads, seeds), ``checkpoint`` (``resume=`` paths).
+Options, presets and their checks: ``classify_config``; the trainer and model selection:
+``classifier_training``. A run directory holds TensorBoard events, best.pt / last.pt (atomic),
+accuracy.png and summary.json. This module only wires them to the shared run infrastructure.
 """
 
 from __future__ import annotations
 
 import sys
 
-from .run import checkpoint, errors, lock, outputs, runtime
-from .classifier_training import KIND, Trainer, fit
+from .classifier_training import KIND, Diverged, Trainer, fit
 from .classify_config import PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, resumed_config
-from .run import cli
-from .run.monitor import run_dir
+from .run import checkpoint, cli, errors, lock, outputs, runtime
 from .run.errors import SetupError, WriteError
+from .run.monitor import run_dir
 from .tasks import load_task
 
 __all__ = ["SetupError", "main", "run"]
 
 
 def run(argv: list[str]) -> dict:
-    """Train as the command line ``argv`` says; returns the summary. Bad input: SetupError, before
-    anything is written."""
+    """Train as the command line ``argv`` says; returns the summary. Bad input: SetupError, before any write."""
     with errors.setup_errors(RuntimeError):  # RuntimeError: a task's missing optional dependency
         resume = cli.peek(ClassifyConfig, argv, SHORTHANDS, PROG).resume
         if resume:
@@ -56,17 +40,19 @@ def run(argv: list[str]) -> dict:
         if cfg.train.selection == "val" and data.val is None:
             raise ValueError(f"{data.name} has no validation split; set data.val_fraction > 0 or train.selection=test")
         trainer = Trainer(cfg, data, device)
-        if ck is not None:
-            trainer.restore(ck)
+        try:
+            trainer.restore(ck) if ck is not None else None
+        except (KeyError, TypeError, IndexError, RuntimeError, ValueError) as err:
+            raise SetupError(f"checkpoint {path}: its training state does not fit the run it describes "
+                             f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); the file is damaged: resume "
+                             "from another checkpoint or start a new run") from err
     if ck is not None:
         out = path.parent
         outputs.check_writable(out, "run directory")
-        lock.hold(out)  # one process per run: a second resume is refused, naming the first
-        stale = checkpoint.remove_stale_temps(out)
     else:
         out = run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
-        lock.hold(out)
-        stale = checkpoint.remove_stale_temps(*out.parent.iterdir())
+    lock.hold(out)  # one process per run: a second resume is refused, naming the first
+    stale = checkpoint.remove_stale_temps(*([out] if ck is not None else out.parent.iterdir()))
     if stale:
         print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
               f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
@@ -82,8 +68,6 @@ def run(argv: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from .classifier_training import Diverged
-
     errors.main(run, argv, expected=(Diverged,))
 
 

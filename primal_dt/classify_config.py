@@ -1,11 +1,9 @@
 """Configuration of ``python -m primal_dt.classify``: dataclasses, task presets, checks.
 
-``task`` names a preset (configs/uea/*.yaml, configs/lra/*.yaml: the papers' settings and fast
-variants); ``model`` a layout (transformer, primalformer, primal+trans, primal+<mechanism>) or any
-attention mechanism (``attention=NAME`` is short for ``model=NAME``). Precedence: defaults <
-preset < the preset's ``by_model.<model>`` section < command line. A resumed run starts from its
-checkpoint's config instead, with the command line on top (e.g. more ``train.epochs``).
-
+``task`` names a preset (configs/uea/*.yaml, configs/lra/*.yaml: the papers' settings and fast variants);
+``model`` a layout (transformer, primalformer, primal+trans, primal+<mechanism>) or any attention
+mechanism (``attention=NAME`` is short for ``model=NAME``). Precedence: defaults < preset < the preset's
+``by_model.<model>`` section < command line; a resumed run starts from its checkpoint's config instead.
 Everything that can be wrong with the input is checked here, before any data is loaded.
 """
 
@@ -16,14 +14,13 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .run import presets
-from .run import cli
+from .run import cli, presets
 from .run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, RunOptions, check_numbers, check_size
 from .run.options import as_words, attention_options as parse_attention_options
 from .tasks import DataConfig
 
 GROUPS = ("uea", "lra")
-SELECTIONS = {
+SELECTIONS = {  # train.selection: which accuracy a run reports
     "val": "test accuracy of the checkpoint with the best validation accuracy (ties: lower validation loss)",
     "test": "best test accuracy during training (the reference code's protocol: selection on test)",
     "last": "test accuracy of the final model",
@@ -103,7 +100,8 @@ class OptimConfig:
     eval_every: int = 0
     """evaluate every this many steps (0: once per epoch)"""
     selection: Literal["val", "test", "last"] = "val"
-    """which accuracy is reported (see primal_dt.classify's docstring)"""
+    """which accuracy is reported: val (test accuracy of the best validation checkpoint) | test (best test
+    accuracy, the reference code's protocol) | last (the final model's)"""
 
 
 @dataclass
@@ -176,8 +174,7 @@ NUMBERS = {
     "train.eval_batch_size": AT_LEAST_0, "train.lr": POSITIVE, "train.weight_decay": AT_LEAST_0,
     "train.warmup": AT_LEAST_0, "train.grad_clip": AT_LEAST_0, "train.eval_every": AT_LEAST_0,
 }
-"""What every numeric option accepts (NaN and inf never); ``check_config`` applies it before any work
-(the ``arch.*``, ``data.*`` and run options are their dataclasses' own ``check``)."""
+"""numeric options outside the ``arch.*``, ``data.*`` and run options (their dataclasses' own ``check``)"""
 
 
 def check_config(cfg: ClassifyConfig) -> None:

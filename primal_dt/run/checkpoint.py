@@ -1,30 +1,16 @@
 """Checkpoint files: written atomically, read without running code, cleaned up after a crash.
 
-A checkpoint is a dict saved with torch.save; by convention it holds
-  kind   "dt" | "classifier" | ...  (what builds the model back)
-  config the run's config as a plain dict
-  model  the model state_dict
-plus whatever the trainer needs to resume (optimizer, scheduler, RNG states, step, ...), all of it
-tensors and plain data (dicts, lists, tuples, strings, numbers, None).
-This module only writes and reads files; the layout of a DT checkpoint is ``agents.dt_checkpoint``'s
-(its one writer and reader), a classifier's is ``primal_dt.classifier_training``'s.
-
-Three promises:
-- **Atomic**: the file is serialised in memory, written to a temporary file beside it
-  (``.<name>.<random>.tmp``) and renamed over the old one, so a crash, a kill or a full disk leaves
-  the previous checkpoint as it was. A write that fails is one ``errors.WriteError`` naming the file.
-  Every other file the package writes (exported policies, reports, plots) goes through the same
-  ``write_atomic``, and gets the permissions any program's new file gets (``0o666`` less the umask;
-  a replaced file keeps its own).
-- **No code runs on load**: files are read with ``torch.load(weights_only=True)``, whose unpickler
-  builds tensors and plain data only. A pickle that names anything else (a function to call, a
-  class to build) is refused before any of it runs; numpy objects too (the trainers store their
-  random states as tensors and plain data).
-- **No stale temporaries**: a writer killed mid-write leaves its temporary file behind;
-  ``remove_stale_temps`` deletes those whose writer is gone, and the trainers (and exports) call it
-  when they next write to the same place. The writer holds an OS lock (``flock``) on its temporary
-  while it writes, which the kernel drops however it ends: a temporary whose lock can be taken has no
-  writer, one whose lock cannot has a live one, on any machine sharing the file system's locks.
+A checkpoint is a dict of tensors and plain data saved with torch.save (``kind``, ``config``, ``model``,
+plus what the trainer needs to resume); its layout is its trainer's (``agents.dt_checkpoint``,
+``primal_dt.classifier_training``). Three promises:
+- **Atomic**: written to a temporary file beside it and renamed over the old one, so a crash, a kill
+  or a full disk leaves the previous file as it was; a failed write is one ``errors.WriteError``. Every
+  other file the package writes goes through ``write_atomic`` too, with the mode a new file gets from
+  the umask (a replaced file keeps its own).
+- **No code runs on load**: ``torch.load(weights_only=True)`` builds tensors and plain data only; a
+  pickle naming anything else (numpy objects included) is refused before any of it runs.
+- **No stale temporaries**: the writer holds an OS lock (``flock``) on its temporary, which the kernel
+  drops however it ends; ``remove_stale_temps`` deletes the temporaries whose lock it can take.
 """
 
 from __future__ import annotations
@@ -48,25 +34,18 @@ from . import errors
 
 # -- writing ---------------------------------------------------------------------------------------
 def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
-    """Write ``obj`` to ``path`` atomically; ``what`` ("checkpoint at step 40") names it in errors.
-
-    Serialising first (in memory) means a write that fails (disk full, a file-size limit, no
-    permission) is an ordinary ``OSError`` of the file, turned into one ``errors.WriteError``,
-    rather than torch's internal zip-writer error."""
+    """Write ``obj`` to ``path`` atomically; ``what`` ("checkpoint at step 40") names it in errors. Serialised in
+    memory first, so a failed write is an ``OSError`` of the file, not torch's zip-writer error."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     return write_atomic(path, buf.getbuffer(), what)
 
 
 def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: bool = True) -> Path:
-    """Write ``data`` to ``path`` through a temporary file beside it renamed over the old one, so a
-    failure leaves the previous file (or none) and no partial one; the package's files (checkpoints,
-    exported policies, reports, plots) all go through here. A failure is one ``errors.WriteError``
-    naming ``path`` and ``what`` it should have held; the temporary file is removed.
-
-    ``replace=False``: an existing ``path`` is a ``FileExistsError`` and is left as it was. The check and
-    the write are one step (the complete temporary is linked to ``path``, which fails if a file is
-    there), so of two writers only one can succeed, however their steps interleave."""
+    """Write ``data`` to ``path`` through a temporary file beside it renamed over the old one: a failure is one
+    ``errors.WriteError`` naming ``path`` and ``what``, leaving the previous file (or none) and no partial one.
+    ``replace=False``: an existing ``path`` is a ``FileExistsError``, left as it was; the complete temporary is
+    linked to ``path`` (which fails if a file is there), so of two writers only one succeeds."""
     path = Path(path)
     exists = False
     with errors.writing(path, what):
@@ -96,9 +75,8 @@ def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: boo
 
 
 def _locked_temp(path: Path) -> tuple[int, str]:
-    """A new temporary file beside ``path``, open and locked (``flock``) by this writer. A cleaner may
-    take the lock in the instant between creation and locking and delete the file: then its name is
-    gone (or another file's), and a new one is made."""
+    """A new temporary beside ``path``, open and locked by this writer (made again if a cleaner took it between
+    creation and locking)."""
     while True:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -111,8 +89,7 @@ def _locked_temp(path: Path) -> tuple[int, str]:
 
 
 def _mode(path: Path) -> int:
-    """The permissions of the file written at ``path``: an existing file's own, else what a new file
-    gets from any program (``0o666`` less the umask)."""
+    """An existing file's permissions, else what a new file gets (``0o666`` less the umask)."""
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
@@ -120,8 +97,8 @@ def _mode(path: Path) -> int:
 
 
 def _umask() -> int:
-    """This process's umask, read without setting it (``os.umask`` can only be read by changing it, which
-    would race with other threads creating files); Linux states it in /proc."""
+    """This process's umask, from /proc where Linux states it (``os.umask`` reads it only by changing it, a
+    race with other threads creating files)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -138,10 +115,8 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's
 
 
 def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None = None) -> list[Path]:
-    """Delete temporary files of interrupted writes (``write_atomic``) in ``directories`` (of the files
-    ``names`` only, if given) that no writer holds any more; returns what was removed. A temporary is
-    removed only while its lock is taken here, so a live writer's (another process's, another
-    thread's, another machine's on a file system that shares locks) is never touched."""
+    """Delete the temporaries of interrupted writes in ``directories`` (of the files ``names`` only, if given)
+    whose lock can be taken, so a live writer's is never touched; returns what was removed."""
     removed = []
     for d in directories:
         d = Path(d)
@@ -167,13 +142,10 @@ def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None =
     return removed
 
 
-# -- reading ---------------------------------------------------------------------------------------
-# -- finding ---------------------------------------------------------------------------------------
 def find(path: str | Path, filename: str, option: str) -> Path:
-    """The checkpoint ``option=path`` means: a file as given; a run directory's ``filename``; or, for a
-    directory above runs (``runs/hopper-medium/primal+dt``), the newest ``filename`` under it (the
-    most recently written), said on stderr, so a recipe never picks a run that holds none (a run
-    still in its first minute, one that failed). A ``FileNotFoundError`` saying what to give otherwise."""
+    """The checkpoint ``option=path`` means: a file; a run directory's ``filename``; or, for a directory of runs,
+    the most recently written ``filename`` under it (said on stderr), never a run that holds none. A
+    ``FileNotFoundError`` saying what to give otherwise."""
     p = Path(path)
     if p.is_file():
         return p
@@ -194,9 +166,7 @@ def find(path: str | Path, filename: str, option: str) -> Path:
 
 
 def resume_checkpoint(path: str, filename: str = "last.pt") -> Path:
-    """``resume=PATH`` names a checkpoint file, a run directory (meaning its ``filename``) or a directory
-    of runs (meaning the newest run holding one: ``checkpoint.find``); the resumed run continues in
-    that file's directory. A clear error when there is none."""
+    """``find`` for ``resume=``, its failure a ``SetupError``; the run continues in that file's directory."""
     try:
         return find(path, filename, "resume")
     except FileNotFoundError as err:
@@ -204,8 +174,8 @@ def resume_checkpoint(path: str, filename: str = "last.pt") -> Path:
 
 
 def load(path: str | Path, expect_kind: str | None = None) -> dict:
-    """Read a checkpoint without running code (``weights_only=True``), with a clear error for a
-    missing, unreadable, corrupt, foreign or unsafe file."""
+    """Read a checkpoint without running code, with a clear error for a missing, unreadable, corrupt, foreign
+    or unsafe file."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -228,8 +198,7 @@ def load(path: str | Path, expect_kind: str | None = None) -> dict:
 
 
 def _refusal(path: Path, err: Exception) -> str:
-    """Why a file was refused: the objects it would have built (read statically, without running
-    them), and what to do."""
+    """Why a file was refused: the objects it would have built (read statically), and what to do."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -1,15 +1,9 @@
-"""The command line of every entry point: tyro reads the entry point's config dataclass, behind a small
-front that accepts the package's spellings.
-
-tyro parses, checks types and fixed sets of names (``Literal``), and prints ``--help`` from the field
-docstrings. The front only rewrites what tyro does not read itself: ``key=value`` (the main command's
-form) becomes ``--key=value``; a list written ``a,b`` (or ``[a,b]``) becomes words (``--key a b`` is tyro's own);
-``true``/``false`` of a boolean become ``--key`` / ``--no_key``; ``none`` of an optional value becomes
-``None``; a shorthand (``model=`` for ``model.name=``) becomes the option it stands for.
-
-Every mistake in what the user gave ends with exit status 2: tyro's framed message for what the parser
-reads, one ``error: ...`` line (``fail``) for what a command checks after parsing. This module imports
-nothing from the project, so ``envs`` (which stands apart from the models) uses it too.
+"""The command line of every entry point: tyro reads the config dataclass (types, ``Literal`` names,
+``--help`` from field docstrings) behind a front that only rewrites what tyro does not read itself:
+``key=value`` to ``--key=value``, a list ``a,b`` (or ``[a,b]``) to words, ``true``/``false`` of a boolean to
+``--key``/``--no_key``, ``none`` of an optional to ``None``, a shorthand (``model=``) to its option.
+Every mistake ends with exit status 2: tyro's message while parsing, one ``error:`` line (``fail``) after.
+Imports nothing from the project, so ``envs`` uses it too.
 """
 
 from __future__ import annotations
@@ -68,9 +62,8 @@ def options(cls: type, prefix: str = "") -> dict[str, tuple[str, dataclasses.Fie
 
 def rewrite(cls: type, argv: Sequence[str], shorthands: dict[str, str] | None = None,
             strict: bool = True) -> tuple[list[str], list[str]]:
-    """(``argv`` as tyro reads it, the dotted names it sets in order). An unknown ``key=value`` becomes
-    ``--key value`` when ``strict`` (tyro then names the options it resembles), else ``--key=value`` for
-    the command that hands it on."""
+    """(``argv`` as tyro reads it, the dotted names it sets). An unknown ``key=value`` becomes ``--key value``
+    when ``strict`` (tyro then names the options it resembles), else ``--key=value`` to be handed on."""
     known, short = options(cls), shorthands or {}
     out: list[str] = []
     given: list[str] = []
@@ -114,17 +107,16 @@ def _values(kind: str, f: dataclasses.Field, text: str) -> list[str]:
 
 def parse(cls: type[T], argv: Sequence[str] | None = None, *, default: T | None = None, prog: str | None = None,
           description: str | None = None, shorthands: dict[str, str] | None = None, known: bool = False) -> Any:
-    """The config the command line ``argv`` (default ``sys.argv[1:]``) asks for, over ``default`` (a
-    preset applied to the class defaults; ``--help`` shows its values). ``known``: return (config, the
-    words this command does not know) for a command that hands them on."""
+    """The config ``argv`` (default ``sys.argv[1:]``) asks for over ``default`` (a preset; ``--help`` shows its
+    values). ``known``: return (config, the words this command does not know)."""
     args, _ = rewrite(cls, sys.argv[1:] if argv is None else argv, shorthands, strict=not known)
     return tyro.cli(cls, args=args, default=default, prog=prog or _main_module(), description=description,
                     use_underscores=True, return_unknown_args=known)
 
 
 def peek(cls: type[T], argv: Sequence[str], shorthands: dict[str, str] | None = None, prog: str | None = None) -> T:
-    """A first reading of ``argv`` over the class defaults, for the options that choose a preset or a
-    checkpoint (``env``, ``task``, ``resume``); ``--help`` and unknown words wait for the real parse."""
+    """A first reading of ``argv`` for the options that choose a preset or checkpoint (``env``, ``resume``);
+    ``--help`` and unknown words wait for the real parse."""
     args = [a for a in rewrite(cls, argv, shorthands, strict=False)[0] if a not in ("-h", "--help")]
     return tyro.cli(cls, args=args, prog=prog or _main_module(), use_underscores=True, return_unknown_args=True)[0]
 

@@ -1,8 +1,6 @@
-"""How a command fails, the same way in every entry point: bad input (``SetupError``) ends as a usage
-error, one ``error: ...`` line with exit status 2; a write the machine refused (``WriteError``: disk
-full, no permission) and the run's own expected failures end with one line and exit status 1. Keeping
-this in one place means a user meets one error style whichever command they run. It imports nothing
-that loads torch, so ``envs`` can raise and report errors the same way."""
+"""How every entry point fails: bad input (``SetupError``) is one ``error: ...`` line with exit status 2; a
+write the machine refused (``WriteError``) and the run's own expected failures, one line with status 1.
+Imports nothing that loads torch, so ``envs`` reports errors the same way."""
 
 from __future__ import annotations
 
@@ -16,17 +14,14 @@ from .cli import fail
 
 
 class SetupError(ValueError):
-    """Bad input found before any work starts: unknown env / task / model, bad values, a missing or
-    foreign checkpoint. The user's input is at fault, not the code, so entry points end as for a mistake
-    tyro finds (``cli.fail``: one ``error: ...`` line, exit status 2), not with a traceback that would
-    bury the message."""
+    """Bad input found before any work (unknown env or model, bad values, a missing or foreign checkpoint):
+    the input is at fault, not the code, so it ends as ``cli.fail``, not with a traceback."""
 
 
 @contextmanager
 def setup_errors(*also: type[Exception]):
-    """Inside this block, the errors config checks, loaders and model constructors raise for bad
-    input (ValueError, FileNotFoundError, and ``also``) become ``SetupError`` with the same message.
-    They keep their plain types where they are raised, so library users catch what they expect."""
+    """Inside this block, ValueError, FileNotFoundError and ``also`` (what checks, loaders and constructors raise
+    for bad input, plain types for library users) become ``SetupError`` with the same message."""
     try:
         yield
     except SetupError:
@@ -36,10 +31,8 @@ def setup_errors(*also: type[Exception]):
 
 
 class WriteError(OSError):
-    """Something a command had to write could not be written: the disk is full, a file-size limit
-    (``ulimit -f``) was reached, the directory is not writable, the file system is read-only. The
-    machine is at fault, not the code, so entry points print the message (which names the file and
-    what was not written) as one ``error:`` line instead of the writer's internal traceback."""
+    """A write the machine refused (disk full, ``ulimit -f``, no permission, read-only file system): one
+    ``error:`` line naming the file and what was not written, not the writer's traceback."""
 
 
 _WHY = {errno.ENOSPC: "no space left on the device (disk full)", errno.EDQUOT: "disk quota exceeded",
@@ -50,15 +43,14 @@ _WHY = {errno.ENOSPC: "no space left on the device (disk full)", errno.EDQUOT: "
 
 
 def why(err: OSError) -> str:
-    """A failed write's cause in words (errno's name for the common ones, else the system's message)."""
+    """A failed write's cause in words."""
     return _WHY.get(err.errno, err.strerror or str(err))
 
 
 @contextmanager
 def writing(path: str | Path, what: str):
-    """Inside this block, an ``OSError`` from writing ``path`` becomes ``WriteError`` saying which
-    file, what it should have held (``what``: "checkpoint at step 40", "run directory", ...) and
-    why it could not; callers add what survives (e.g. the previous checkpoint)."""
+    """Inside this block, an ``OSError`` becomes ``WriteError`` naming ``path``, ``what`` it should have held
+    ("checkpoint at step 40") and why; callers add what survives."""
     try:
         yield
     except WriteError:
@@ -69,10 +61,8 @@ def writing(path: str | Path, what: str):
 
 def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
          expected: tuple[type[BaseException], ...] = ()):
-    """Run an entry point's ``run(argv)`` and return what it returns. A ``SetupError`` (bad input) ends
-    as ``cli.fail``; ``WriteError`` and the ``expected`` failures (e.g. a diverged training run) are
-    failures of the run, not of its input: ``error: <message>`` and exit status 1. Ctrl-C exits with
-    130 after the trainer has said how to continue; the process group is always left cleanly."""
+    """Run an entry point's ``run(argv)`` and return what it returns; failures as the module says (``expected``:
+    e.g. a diverged run), Ctrl-C with status 130; a DDP process group is always left."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return run(argv)
@@ -87,9 +77,7 @@ def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
 
 
 def _close_process_group() -> None:
-    """Leave a DDP process group if this process joined one. Looked up among the loaded modules, not
-    imported: a process that never loaded torch has no group, and this module (which ``lock`` and so
-    ``envs`` import) stays free of torch."""
+    """Leave a DDP process group if this process joined one (looked up, not imported: no torch here)."""
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

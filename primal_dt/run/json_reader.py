@@ -1,17 +1,9 @@
-"""The one reader of JSON the package did not just write itself: run summaries, rollout reports, exported
-policies' metadata, HDF5 and Minari provenance, the collector's work files.
-
-Such a file may be damaged, planted or simply not a file, so reading it is bounded and its values are
-checked before any reader looks at them; whatever is wrong is one ``JSONError`` (a ValueError) naming
-the file, never a hang, an exhausted memory or a traceback:
-- only a regular file is read (a FIFO would block forever, a link to /dev/zero never end), and at most
-  ``max_bytes`` of it;
-- nesting deeper than ``MAX_DEPTH`` is refused before parsing (the parser recurses once per level);
-- numbers must be finite and of a size a primal-dt file holds (``MAX_MAGNITUDE``): NaN, Infinity,
-  ``1e400`` or a 400-digit integer are refused, so no reader averages or formats them (a reader whose own
-  checks flag NaN and Infinity, the run summary's, may accept those two).
-
-It imports nothing beyond the standard library, so ``envs`` and the torch-free ONNX runtime use it too.
+"""The one reader of JSON the package did not just write (summaries, rollout reports, ONNX metadata, HDF5
+and Minari provenance, the collector's files). Such a file may be damaged, planted or not a file, so
+whatever is wrong is one ``JSONError`` naming it, never a hang, an exhausted memory or a traceback: only
+a regular file is read, at most ``max_bytes``; nesting past ``MAX_DEPTH`` is refused before parsing (the
+parser recurses per level); numbers must be finite and at most ``MAX_MAGNITUDE``. Standard library only
+(``envs`` and the torch-free ONNX runtime use it).
 """
 
 from __future__ import annotations
@@ -39,8 +31,8 @@ class JSONError(ValueError):
 
 
 def read(path: str | Path, max_bytes: int = MAX_BYTES, nonfinite: bool = False) -> Any:
-    """The JSON document in the regular file ``path`` (links followed), checked as ``parse`` checks it.
-    A missing file is a ``FileNotFoundError``, as for ``open``; anything else wrong is a ``JSONError``."""
+    """The JSON document in the regular file ``path``, checked as ``parse`` checks it (a missing file is a
+    ``FileNotFoundError``)."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO opens without a writer
@@ -64,10 +56,8 @@ def read(path: str | Path, max_bytes: int = MAX_BYTES, nonfinite: bool = False) 
 
 
 def parse(text: str | bytes, where: str, nonfinite: bool = False) -> Any:
-    """The JSON document ``text`` (from ``where``: a file, an HDF5 attribute, an ONNX metadata entry),
-    refusing what ``read`` refuses: invalid UTF-8 or JSON, deep nesting, non-finite or huge numbers.
-    ``nonfinite``: accept the constants NaN, Infinity and -Infinity (a run's summary records a diverged
-    evaluation's score so, and its reader flags it); a number too large for its digits is refused still."""
+    """The JSON document ``text`` from ``where``, refusing invalid UTF-8 or JSON, deep nesting, non-finite or
+    huge numbers. ``nonfinite``: accept NaN and +-Infinity (a summary's diverged score, flagged by its reader)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")

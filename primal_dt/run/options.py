@@ -1,23 +1,25 @@
-"""What option values every command accepts: numeric ranges (never NaN or inf), sizes no machine can
-build, device names, and the mechanisms' ``attention_options`` words. Entry points declare their rules next to
-their configs and call these before any work starts, so a bad value is one line naming the option."""
+"""What option values every command accepts: numeric ranges (never NaN or inf), integers where the field
+says int, sizes no machine can build, device names, output paths, the mechanisms' ``attention_options``
+words, and the options both trainers share. Entry points declare their rules next to their configs and
+call these before any work, so a bad value is one line naming the option."""
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
+import os
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from .cli import fail
 
 
 @dataclass(frozen=True)
 class Range:
-    """What a numeric option accepts: finite numbers (never NaN or inf) between ``low`` and ``high``,
-    each bound included unless ``*_open``. Entry points declare one per option, next to their config,
-    and ``check_numbers`` applies them all before any work starts."""
+    """Finite numbers between ``low`` and ``high``, each bound included unless ``*_open``."""
 
     low: float | None = None
     high: float | None = None
@@ -44,19 +46,15 @@ class Range:
 
 
 def check_output_dir(path: str | None, option: str = "out") -> None:
-    """Refuse an empty directory option given on the command line (``out=``): it would otherwise mean the
-    current directory, or a default folder other commands read from, which the user did not name."""
+    """Refuse an empty ``out=``: it would mean the current directory, or a default folder other commands read."""
     if path is not None and not str(path).strip():
         raise ValueError(f"{option}= is empty: give the directory to write into (leave {option}= out for the "
                          "default)")
 
 
 def check_output_file(path: str, option: str) -> None:
-    """A ValueError now, not after the whole run, when ``option`` (a file to write, e.g. a benchmark's
-    ``json=``) names a directory or a folder that does not exist or cannot be written."""
-    import os
-    from pathlib import Path
-
+    """A ValueError now, not after the whole run, when ``option`` (a file to write) names a directory or a
+    folder that does not exist or cannot be written."""
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{option}={path} is a directory; give a file name, e.g. {option}={p / 'bench.json'}")
@@ -68,7 +66,7 @@ def check_output_file(path: str, option: str) -> None:
 
 
 SECONDS = Range(0, 1e6, low_open=True)
-"""a duration in seconds: above 0, and at most about eleven days (larger overflows the timers it reaches)"""
+"""a duration: at most about eleven days (larger overflows the timers it reaches)"""
 
 ANY = Range()
 AT_LEAST_0 = Range(0)
@@ -82,12 +80,13 @@ THREADS = Range(0, 4096)
 """torch CPU threads (0: ``set_threads`` chooses); torch overflows far above any machine's core count"""
 
 
-def check_number(option: str, value, rule: Range) -> None:
-    """Raise ValueError ``"<option> must be <rule>, got <value>"`` unless ``value`` is a number (or,
-    for a tuple option, numbers) within ``rule``; NaN and inf are outside every rule, None (an unset
-    optional option) passes."""
+def check_number(option: str, value, rule: Range, integer: bool = False) -> None:
+    """Raise ValueError ``"<option> must be <rule>, got <value>"`` unless ``value`` is a number (or, for a tuple
+    option, numbers) within ``rule`` (an integer if ``integer``); None (an unset optional option) passes."""
     if value is None:
         return
+    if integer and not (isinstance(value, int) and not isinstance(value, bool)):
+        raise ValueError(f"{option} must be an integer, got {value!r}")
     values = value if isinstance(value, (tuple, list)) else (value,)
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) and rule.holds(float(v)) for v in values):
         return
@@ -98,14 +97,16 @@ def check_number(option: str, value, rule: Range) -> None:
 
 
 def check_numbers(cfg, rules: Mapping[str, Range], prefix: str = "") -> None:
-    """``check_number`` for each option of ``cfg`` (a config dataclass; dotted names
-    reach nested configs) named in ``rules``, in order. ``prefix`` is where ``cfg`` sits in its
-    command line ("data.")."""
+    """``check_number`` for each option of ``cfg`` named in ``rules`` (dotted names reach nested configs),
+    an integer where the dataclass field says ``int`` (a config made in code may hold 2.5); ``prefix`` is
+    where ``cfg`` sits on its command line ("data.")."""
     for name, rule in rules.items():
-        value = cfg
-        for part in name.split("."):
-            value = getattr(value, part)
-        check_number(prefix + name, value, rule)
+        *parents, leaf = name.split(".")
+        owner = cfg
+        for part in parents:
+            owner = getattr(owner, part)
+        hint = typing.get_type_hints(type(owner)).get(leaf) if dataclasses.is_dataclass(owner) else None
+        check_number(prefix + name, getattr(owner, leaf), rule, integer=hint is int)
 
 
 MAX_VALUES = 2**33
@@ -113,18 +114,16 @@ MAX_VALUES = 2**33
 
 
 def check_size(values: float, options: str, what: str = "parameters") -> None:
-    """Refuse sizes no machine can build (d_model=10**9 would otherwise hang in allocation or fail
-    with the allocator's traceback). ``values``: how many float32 numbers the options ask for (``what``
-    they are); ``options`` names the options that set them, with their values."""
+    """Refuse sizes no machine can build (d_model=10**9 would hang in allocation): ``values`` float32 numbers
+    (``what`` they are) asked for by ``options`` (their names and values)."""
     if values > MAX_VALUES:
         raise ValueError(f"{options} need about {values:.3g} {what} ({4 * values / 2**30:.3g} GB of float32), more "
                          f"than the {MAX_VALUES:.3g} this accepts; lower them")
 
 
 def check_parsed(args, rules: Mapping[str, Range]) -> None:
-    """``check_number`` for the options of a benchmark's command line (``rules`` keyed by flag, as the
-    user writes it: ``--batch``, ``--K``); a bad value ends as ``cli.fail``. List options
-    (``--lengths 256 1024``) are checked element-wise."""
+    """``check_number`` for a benchmark's parsed command line (``rules`` keyed by flag: ``--batch``); a bad value
+    ends as ``cli.fail``."""
     try:
         for flag, rule in rules.items():
             check_number(flag, getattr(args, flag.lstrip("-").replace("-", "_")), rule)
@@ -140,11 +139,9 @@ def check_device(name: str, option: str = "device") -> None:
 
 def attention_options(words: Sequence[str] | str, option: str = "attention_options",
                       defaults: dict[str, dict] | None = None) -> dict[str, dict]:
-    """{mechanism: {option: value}} from the command line's ``mechanism.option=value`` words (the
-    command line's own ``key=value``, so no second grammar and no shell quoting), each value typed by
-    the mechanism constructor's annotation. ``defaults`` fill what the words leave out: options with
-    their own flags (``model.s``, ``primal.s``) reach the mechanism this way, and a word still wins.
-    ``option`` names the flag in errors."""
+    """{mechanism: {option: value}} from ``mechanism.option=value`` words (the command line's own ``key=value``:
+    no second grammar, no shell quoting), each typed by the constructor's annotation. ``defaults`` (options
+    with their own flags: ``model.s``, ``primal.s``) fill what the words leave out. ``option``: the flag."""
     from ..attention import available
     from ..attention.registry import constructor_options
 
@@ -177,8 +174,7 @@ def attention_words(options: Mapping[str, Mapping]) -> tuple[str, ...]:
 
 
 def as_words(value: Sequence[str] | str) -> tuple[str, ...]:
-    """``attention_options`` in its one form, a tuple of words: a saved config's JSON gives a list, a
-    config made in code may hold a single word as a string."""
+    """``attention_options`` as a tuple of words (a saved config gives a list, code may give one string)."""
     return tuple(w for w in ((value,) if isinstance(value, str) else value) if w.strip())
 
 

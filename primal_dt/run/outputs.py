@@ -1,12 +1,12 @@
-"""Claiming a new output (a run directory, a report, an export) under a name no other process holds,
-and checking early that a directory can be written: two runs started in the same second must never
-share files, and an unwritable place should fail before an hour of work, not after."""
+"""Claiming a new output (a run directory, a report, an export) under a name no other process holds, and
+checking early that a directory can be written (before an hour of work, not after)."""
 
 from __future__ import annotations
 
 import errno
 import itertools
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
@@ -14,12 +14,9 @@ from .errors import writing
 
 
 def new_path(candidates: Iterable[Path], create: Callable[[Path], None], what: str = "output") -> Path:
-    """The first of ``candidates`` that ``create`` makes, exclusively (``what`` names it in errors).
-
-    ``create`` must fail with ``FileExistsError`` when the path exists (``Path.mkdir()``,
-    ``create_file``): checking first and creating later lets two runs started in the same second
-    pick the same name, and one would overwrite the other's files. Other failures (no permission,
-    disk full) become ``WriteError``."""
+    """The first of ``candidates`` that ``create`` makes; ``create`` fails with ``FileExistsError`` when the path
+    exists (``Path.mkdir``, ``create_file``), so two runs of one second never pick one name (a check, then a
+    create, would let them). Other failures are ``WriteError``s naming ``what``."""
     for path in candidates:
         with writing(path, what):
             try:
@@ -31,10 +28,7 @@ def new_path(candidates: Iterable[Path], create: Callable[[Path], None], what: s
 
 
 def check_writable(directory: Path, what: str) -> None:
-    """A ``WriteError`` now, rather than after an hour of training, when files cannot be created in
-    ``directory`` (a resumed run's directory made read-only, or owned by another user)."""
-    import tempfile
-
+    """A ``WriteError`` now when files cannot be created in ``directory`` (a resumed run's, made read-only)."""
     with writing(directory, what):
         fd, probe = tempfile.mkstemp(dir=directory, prefix=".write-probe-")
         os.close(fd)

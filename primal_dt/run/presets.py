@@ -1,9 +1,7 @@
-"""Named presets: YAML files under the top-level ``configs/`` package (configs/<group>/<name>.yaml).
-
-A preset is a nested mapping applied over a config dataclass's defaults, so the papers' settings
-are data a user can read and copy. Each file carries a ``source`` line saying where its numbers
-come from; entry points print it. A DT dataset preset may also carry ``paper`` (model -> the paper's
-final normalized score), which ``eval.report`` prints beside measured scores; neither is an option.
+"""Named presets: YAML files under the top-level ``configs/`` (configs/<group>/<name>.yaml), nested
+mappings applied over a config dataclass's defaults, so the papers' settings are data a user reads and
+copies. A file's ``source`` line says where its numbers come from (entry points print it); a DT preset's
+``paper`` (model -> the paper's normalized score) is printed by ``eval.report``; neither is an option.
 """
 
 from __future__ import annotations
@@ -50,11 +48,8 @@ def load_preset(group: str, name: str) -> dict:
 
 
 def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True) -> Any:
-    """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) applied.
-
-    ``source`` / ``description`` are the preset file's own metadata only at the top level; nested
-    sections may have real options of those names.
-    """
+    """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) applied, each checked
+    against its field's annotation; ``META_KEYS`` are the file's own metadata at the top level only."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     hints = typing.get_type_hints(type(cfg))
     changes = {}
@@ -73,14 +68,13 @@ def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True
         else:
             if not _fits(val, hints[key]):
                 raise ValueError(f"{where}: {key} must be {_kind(hints[key])}, got {_shown(val)}")
-            changes[key] = val
+            changes[key] = tuple(val) if typing.get_origin(hints[key]) is tuple else val  # YAML and JSON give lists
     return dataclasses.replace(cfg, **changes)
 
 
 def _fits(value: Any, hint: Any) -> bool:
-    """Whether a preset's or a saved config's ``value`` is of the kind the option's annotation names, so a
-    wrong kind (``eval: 5``, ``steps: abc``) is refused by name here rather than failing later in code
-    that trusts the type; kinds not listed here pass (their own checks apply)."""
+    """Whether a preset's or a saved config's ``value`` is of the annotation's kind, so ``eval: 5`` is refused by
+    name here, not later in code that trusts the type; kinds not listed pass (their own checks apply)."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is bool:
         return isinstance(value, bool)
@@ -109,3 +103,11 @@ def _kind(hint: Any) -> str:
 
 def _shown(value: Any) -> str:
     return repr(value)[:60]
+
+
+def flat(d: dict, prefix: str = "") -> dict:
+    """A nested config dict as {dotted option: value}."""
+    out = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out

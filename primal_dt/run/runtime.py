@@ -11,11 +11,9 @@ from .errors import SetupError
 from .options import check_device
 
 
-
 def pick_device(name: str, d: Dist = Dist(), option: str = "device") -> torch.device:
-    """``auto``: CUDA when present, else CPU. ``cuda`` under DDP is this process's own GPU. A name
-    that is no device, CUDA that this torch or machine lacks, or an index past the machine's GPUs is a
-    ``SetupError`` naming ``option`` and what to write instead, before any work."""
+    """``auto``: CUDA when present, else CPU; ``cuda`` under DDP: this process's own GPU. No such device is a
+    ``SetupError`` naming ``option`` and what to write instead."""
     try:
         check_device(str(name), option)
     except ValueError as err:
@@ -44,8 +42,7 @@ SMALL_CPU = 4
 
 
 def usable_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, e.g. under taskset or a container's cpuset),
-    not the machine's count."""
+    """CPU cores this process may run on (its affinity mask: taskset, a container's cpuset)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
@@ -53,10 +50,9 @@ def usable_cores() -> int:
 
 
 def set_threads(threads: int, d: Dist = Dist()) -> int:
-    """Set torch's CPU threads and return them: ``threads``, or for 0 (the default) one per process
-    on a small CPU (at most ``SMALL_CPU`` usable cores), where a second busy process (a simulator,
-    another run) makes multi-threaded small operations collapse, and elsewhere the process's share
-    of the cores (divided among the processes of a DDP run on this machine)."""
+    """Set torch's CPU threads and return them: ``threads``, or for 0 one per process on a small CPU (where a
+    second busy process makes multi-threaded small operations collapse), else the process's share of the
+    cores among the DDP processes on this machine."""
     if threads <= 0:
         cores = usable_cores()
         threads = 1 if cores <= SMALL_CPU else max(1, cores // max(1, _local_world(d)))
@@ -69,7 +65,6 @@ def _local_world(d: Dist) -> int:
 
 
 def seed_torch(seed: int) -> None:
-    """Seed torch's generators (CPU and every CUDA device): weight initialisation and dropout. Each
-    batch sampler owns its own numpy Generator, seeded where it is built, so a run's random
-    streams are exactly these plus the samplers' (what a checkpoint saves for an exact resume)."""
+    """Seed torch's generators (CPU and CUDA): initialisation and dropout. Samplers own their numpy
+    Generators, so a run's streams are these plus the samplers' (what a checkpoint saves)."""
     torch.manual_seed(seed)

@@ -2,6 +2,7 @@
 batches it trains on, and the checkpoint it writes and resumes from (through agents.dt_checkpoint).
 The end-to-end command (``python -m primal_dt.train``) is tests/primal_dt/test_train.py."""
 
+import re
 import shutil
 from pathlib import Path
 
@@ -103,3 +104,18 @@ def test_checkpoint_is_the_schema_and_resume_refuses_what_it_cannot_continue(hop
     with pytest.raises(SetupError, match=f"was trained on d4rl:{hopper_file} .*but the data read now from "
                                          f"d4rl:{other} differs"):
         train([f"resume={moved}"])
+
+
+def test_a_resume_whose_random_state_is_truncated_is_one_error_naming_the_file(hopper_file, tmp_path):
+    """A checkpoint whose torch RNG state lost bytes (safe to read, right type, wrong size) is refused with
+    one SetupError naming the file, not torch's traceback from ``set_rng_state``."""
+    s = train(args(hopper_file, tmp_path, "steps=2", *QUIET))
+    path = Path(s["run_dir"]) / "last.pt"
+    raw = torch.load(path, weights_only=True)
+    raw["rng"][0]["torch"] = raw["rng"][0]["torch"][:100]
+    torch.save(raw, path)
+    before = path.read_bytes()
+    with pytest.raises(SetupError, match=rf"^checkpoint {re.escape(str(path))}: its training state does not fit the "
+                                         r"run it describes \(RuntimeError: .*size.*\); the file is damaged"):
+        train([f"resume={s['run_dir']}"])
+    assert path.read_bytes() == before

@@ -39,11 +39,12 @@ def test_a_video_is_a_gif_image_in_a_real_event_file(tmp_path):
         f[:, :, k % 3] = 40 * (k + 1)
         f[k:k + 4, :8] = 255
     mon = RunMonitor(tmp_path, progress=False)
-    data = mon.video("rollout/stream", frames, step=7, fps=25)
+    data = encode_gif(frames, 25)
+    mon.image("rollout/stream", data, frames[0].shape[:2], step=7)
     mon.close()
     (event,) = tensorboard_images(tmp_path, "rollout/stream")
     assert (event.step, event.width, event.height) == (7, 32, 24)
-    assert event.encoded_image_string == data == encode_gif(frames, 25)
+    assert event.encoded_image_string == data
     decoded = gif_frames(data)
     assert len(decoded) == len(frames)
     for got, want in zip(decoded, frames):

@@ -111,6 +111,13 @@ def test_resume_extends_a_finished_run(tmp_path, killed_checkpoint_write, capsys
     ck = checkpoint.load(f"{first['run_dir']}/last.pt", expect_kind="classifier")
     assert ck["step"] == 4 and ck["config"]["train"]["epochs"] == 2
     assert torch.isfinite(torch.tensor(second["test_acc"]))
+    last = Path(first["run_dir"]) / "last.pt"
+    for damage in ("train_time", "torch_rng"):  # a field lost, or a random state cut short: one line naming the file
+        raw = torch.load(last, weights_only=True)
+        raw.pop("train_time") if damage == "train_time" else raw.update(torch_rng=raw["torch_rng"][:100])
+        torch.save(raw, last)
+        with pytest.raises(SetupError, match=rf"checkpoint {last}: its training state does not fit .*the file is damaged"):
+            run([f"resume={first['run_dir']}", "train.epochs=3", "progress=false"])
 
 
 def test_resume_from_a_crafted_checkpoint_never_runs_it(tmp_path, crafted_checkpoint):

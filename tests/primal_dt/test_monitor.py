@@ -77,3 +77,20 @@ def test_tensorboard_past_a_real_file_size_limit_is_one_write_error(tmp_path, ru
     assert p.returncode == 1 and "Traceback" not in p.stderr and "Exception in thread" not in p.stderr, p.stderr
     assert p.stderr.strip() == (f"error: could not write the TensorBoard event file in {tmp_path}: file too large "
                                 "(a file-size limit such as `ulimit -f` was reached)")
+
+
+def test_a_resume_after_a_truncated_event_file_continues_one_clean_curve(tmp_path):
+    """A write cut short (a file-size limit, a kill) leaves the event file's last record partial; TensorBoard
+    stops reading that file at the torn record and the resumed run's purge drops what followed the
+    checkpoint, so the curve is read once, in order, with no duplicate steps."""
+    first = RunMonitor(tmp_path, progress=False)
+    for s in (1, 2, 3):
+        first.scalar("loss", float(s), s)
+    first.close()
+    (f,) = tmp_path.glob("events.out.tfevents.*")
+    f.write_bytes(f.read_bytes()[:-7])  # the step-3 record torn
+    second = RunMonitor(tmp_path, progress=False, purge_step=3)
+    for s in (3, 4):
+        second.scalar("loss", 10.0 * s, s)
+    second.close()
+    assert steps(tmp_path, "loss") == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
