@@ -22,9 +22,9 @@ Read top to bottom:
 6. ``loss``: masked action MSE + eta * KSVD regulariser of the primal layers.
 
 7. ``DTStep``: the one function that advances B rows by one environment step on explicit state
-   (``StepState``: t, rtg, prev_action, the layers' states), what the torch stream engine
-   (``agents.stream``) runs and ``agents.export`` traces into ONNX / TorchScript (the recompute
-   protocol, which re-reads the last K steps, calls ``forward``: ``agents.recompute``).
+   (``StepState``: t, rtg, prev_action, the layers' states), what the torch agent runs
+   (``agents.agent``) and ``agents.export`` traces into ONNX / TorchScript. The recompute protocol
+   (``agents.recompute``) is the same step whose state is the last K steps, run through ``forward``.
 
 The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``) through the
 stack, for the DT
@@ -343,7 +343,7 @@ class DTStep(nn.Module):
                  precision: str = "fp32"):
         super().__init__()
         if model.training:
-            raise ValueError("DTStep needs the model in eval mode (model.eval())")
+            raise ValueError(f"{type(self).__name__} needs the model in eval mode (model.eval())")
         cfg = model.cfg
         p = next(model.parameters())
         mean = torch.as_tensor(state_mean, dtype=torch.float32, device=p.device)
@@ -354,14 +354,18 @@ class DTStep(nn.Module):
         if not reward_scale > 0:
             raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
         self.model = model
-        self.layers = model.stack.recurrent(window=softmax_stream_window(model), chunk=model.tokens.per_step,
-                                            precision=precision)
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
         self.reward_scale = float(reward_scale)
         self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
-                      StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layers.specs]
+                      StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layer_specs(precision)]
         self.eval()
+
+    def layer_specs(self, precision: str) -> list[StateSpec]:
+        """The state past the bookkeeping (``StepState.layers``): every layer's recurrent state."""
+        self.layers = self.model.stack.recurrent(window=softmax_stream_window(self.model),
+                                                 chunk=self.model.tokens.per_step, precision=precision)
+        return self.layers.specs
 
     def init(self, batch: int) -> StepState:
         """A fresh state for ``batch`` rows (zeros)."""
@@ -369,17 +373,22 @@ class DTStep(nn.Module):
 
     def forward(self, observation, reward, reset, target, *state):
         t, rtg, prev, layers = StepState.of(restart_rows(self.specs, state, reset))
-        first = t == 0
-        rtg = torch.where(first, target / self.reward_scale, rtg - reward / self.reward_scale)
+        rtg = torch.where(t == 0, target / self.reward_scale, rtg - reward / self.reward_scale)
         s = ((observation - self.mean) / self.std).to(prev.dtype)
+        action, layers = self.advance(t, rtg, s, prev, layers)
+        return (action, t + 1, rtg, action, *layers)
+
+    def advance(self, t, rtg, s, prev, layers):
+        """The action from this step's values (t, scaled R_t, normalised s_t, a_{t-1}), and the new layer
+        states: the chunk through every layer's recurrent form."""
+        first = t == 0
         now = {"rtg": rtg.unsqueeze(-1), "state": s}  # this step's values; the previous step's is its action
         chunk = self.model.tokens.chunk
         x = self.model.embed_tokens([k for k, _ in chunk], [prev if dt else now[k] for k, dt in chunk],
                                     torch.stack([t + dt for _, dt in chunk], 1))
         mask = torch.stack([~first if dt else t >= 0 for _, dt in chunk], 1)  # t = 0: the last step's are padding
         y, layers = self.layers.forward(x, layers, mask, last_only=True)
-        action = self.model.predict_action(y[:, -1])
-        return (action, t + 1, rtg, action, *layers)
+        return self.model.predict_action(y[:, -1]), layers
 
 
 def dt_loss(net, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:

@@ -21,7 +21,7 @@ def make_agent(model, info, engine: str, context: int | None = None, precision: 
     """An agent with the run's bookkeeping (``info``: the checkpoint's DataInfo), aiming at its first target."""
     from agents.agent import Agent
 
-    return Agent.for_data(model, info, engine=engine, context=context, precision=precision)
+    return Agent(model, info, engine=engine, context=context, precision=precision)
 
 
 def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> dict:
@@ -114,8 +114,11 @@ def act_costs(model, info, batch: int, calls: int = 20) -> dict:
     rew = np.ones(batch)
     ag.act(obs)
     s, r = torch.as_tensor(obs, dtype=torch.float32), torch.ones(batch)
+    reset = torch.zeros(batch, dtype=torch.bool)
+
     def step():
-        return ag.engine.act(s, r)
+        with torch.inference_mode():
+            return ag.step_fn(s, r, reset, ag.target, *ag.state.flat())
 
     out = {}
     for name, f in (("act_ms", lambda: ag.act(obs, rew)), ("engine_step_ms", step)) * 2:  # second round counts
