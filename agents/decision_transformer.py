@@ -1,30 +1,12 @@
 """The Decision Transformer (Chen et al. 2021) on the shared attention stack.
 
-Read top to bottom:
-
-1. ``DTConfig``: the model options as the user writes them (``ModelConfig``: sizes, the stack
-   layout, ``dt`` all softmax, ``primal+dt`` last layer primal, ``primalformer-dt`` all primal, any
-   registered mechanism, or an explicit per-layer list, and per-mechanism options such as
-   Primal-Attention's ``s``), plus the data's dimensions and the context length.
-2. ``TokenLayout``: which tokens each step contributes, in which order, and which one's output predicts
-   the action; every token count (tokens per step, the predicting offset, the stream chunk, 3K - 1)
-   derives from it. ``dt``: (R_t, s_t, a_t), predicting from s_t; ``bc`` (model=bc, the paper's
-   behaviour-cloning baseline): (s_t, a_t), no return-to-go. ``Batch`` (``envs.sampler``): the K-step
-   segments by field (states, actions, rtg, timesteps, mask, loss_mask).
-3. ``embed_tokens``: each token kind gets its linear embedding plus a learned timestep embedding, then a
-   shared LayerNorm; ``embed`` interleaves a batch's tokens in the layout's order (for the DT
-   R_1, s_1, a_1, R_2, s_2, a_2, ...: 3K tokens).
-4. ``stack``: the causal ``primal_dt.blocks.Stack`` over those tokens. A segment mask [B, K]
-   (real steps first, padding after) becomes a token mask [B, 3K]; see ``forward`` for why
-   trailing padding needs no mask inside the stack, only in the losses.
-5. ``predict_action``: Linear + tanh on the hidden state of each predicting (*state*) token, which
-   has seen R_t and s_t but not a_t.
-6. ``loss``: masked action MSE + eta * KSVD regulariser of the primal layers.
-
-7. ``DTStep``: the one function that advances B rows by one environment step on explicit state
-   (``StepState``: t, rtg, prev_action, the layers' states), what the torch agent runs
-   (``agents.agent``) and ``agents.export`` traces into ONNX / TorchScript. The recompute protocol
-   (``agents.recompute``) is the same step whose state is the last K steps, run through ``forward``.
+Read top to bottom: ``DTConfig`` (the model options as the user writes them, plus the data's dimensions
+and the context K); ``TokenLayout`` (the tokens each step contributes and the one that predicts the
+action: every token count derives from it; ``dt``: (R_t, s_t, a_t), ``bc``: (s_t, a_t)); the model
+(``embed`` interleaves a ``Batch``'s tokens, the causal stack, ``predict_action`` reads each predicting
+token); the loss (masked action MSE + eta * KSVD); ``DTStep``, one environment step for B rows on
+explicit state (``StepState``), what the torch agent runs and ``agents.export`` traces (the recompute
+protocol, ``agents.recompute``, is the same step with the last K steps as its state).
 
 The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``) through the
 stack, for the DT
@@ -312,7 +294,7 @@ class StepState(NamedTuple):
     prev_action: torch.Tensor
     """[B, act_dim]: the row's last action (a_{t-1})"""
     layers: tuple[torch.Tensor, ...]
-    """every layer's recurrent state tensors (``layer<i>.<name>``)"""
+    """every layer's recurrent state tensors (``layer<i>.<name>``; recompute: the K-step history)"""
 
     def flat(self) -> tuple[torch.Tensor, ...]:
         return (self.t, self.rtg, self.prev_action, *self.layers)
