@@ -52,6 +52,8 @@ class Agent(Policy):
     (the checkpoint's ``DataInfo``: normalisation statistics, reward scale, targets); ``target`` defaults to
     the run's first (the shared acting API, its checks and targets: ``agents.onnx_policy.Policy``)."""
 
+    runtime = "torch"
+
     def __init__(self, model, info, *, engine: str = "stream", target: float | Sequence[float] | None = None,
                  context: int | None = None, precision: str = "fp32"):
         if engine not in ENGINES:
@@ -142,7 +144,9 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     (``agents.onnx_agent``: the export is cached per checkpoint file and checked against the torch agent to
     1e-5 before it is returned). It has the acting API (``reset``, ``act``, ``reset_done``, ``keep_rows``,
     ``info``), not the torch agent's model and engines. ``"auto"`` (default) takes onnx when it is installed
-    and the request allows it (a checkpoint file, stream, fp32, CPU), else torch, and prints which.
+    and the request allows it (a checkpoint file, stream, fp32, CPU), else torch, and prints which (the
+    result's ``runtime`` says it too). A checkpoint's first onnx load exports it (tens of seconds, once);
+    where that is more than a short use gains, ask for ``"torch"``.
 
     ``data``: also make sure the checkpoint belongs to a dataset: ``True`` (read it where its run
     read it), a source to read it from (``"auto"``, ``"d4rl:PATH"``, ... as ``primal_dt.train``'s

@@ -138,6 +138,8 @@ class Policy:
     act_dim: int
     default_target: float | list[float]
     batch: int = 0
+    runtime: str = ""
+    """which runtime acts: "torch", "onnx" or "torchscript" (what ``load_agent(runtime="auto")`` picked)"""
     fidelity: dict | None = None
     """which policy this is: {"engine", "exact" (the policy the checkpoint was trained as), "stream_window"}
     (``agents.stream_training.Fidelity``); None for an agent built from a bare model"""
@@ -315,6 +317,8 @@ class OnnxPolicy(GraphPolicy):
     to arrays of this object, and the state lives in two sets of arrays that swap roles each step. At
     batch 1 onnxruntime's per-call work is a large part of a step, which ``session.run`` with a dict
     (wrapping every input, allocating every output) adds to; same bits. ``DISABLED_FUSIONS`` are off."""
+
+    runtime = "onnx"
 
     def __init__(self, path, threads: int | None = None):
         import onnxruntime as ort
