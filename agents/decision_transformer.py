@@ -316,7 +316,8 @@ class DTStep(nn.Module):
     and the reward is ignored (so the reward that ended an episode never leaks into the next), afterwards
     R -= reward / reward_scale; observations are normalised with the dataset's mean / std; the chunk
     (``TokenLayout.chunk``: (a_{t-1}, R_t, s_t) for the DT) goes through the embedding, every layer's
-    recurrent form and the action head.
+    recurrent form and the action head (``advance``: what a step on another state overrides, with
+    ``layer_specs``, as ``agents.recompute`` does).
 
     Built from a model in eval mode; a snapshot of the weights its layers fuse (build a new one after
     the weights change). ``precision``: as ``Attention.recurrent``'s."""
