@@ -39,6 +39,6 @@ def test_rollout_load_agent_and_sweep_refuse_a_device_they_cannot_use(device, me
     with pytest.raises(SetupError, match=message):
         rollout.run([f"checkpoint={path}", f"device={device}", "episodes=1"])
     with pytest.raises(ValueError, match=message):
-        load_agent(path, device=device, runtime="torch")
+        load_agent(path, device=device)
     with pytest.raises(ValueError, match=message):
         sweep.plan(["env=hopper-medium", "model=dt", f"device={device}", f"out={tmp_path / 'sweep'}"])
