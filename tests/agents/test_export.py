@@ -596,4 +596,4 @@ def test_a_read_only_run_leaves_no_temporary_export_behind(trained, tmp_path, ca
 ])
 def test_onnx_runtime_errors(trained, kw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        load_agent(trained["dt"], **kw, runtime="torch")
+        load_agent(trained["dt"], **kw)
