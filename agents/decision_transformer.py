@@ -1,30 +1,12 @@
 """The Decision Transformer (Chen et al. 2021) on the shared attention stack.
 
-Read top to bottom:
-
-1. ``DTConfig``: the model options as the user writes them (``ModelConfig``: sizes, the stack
-   layout, ``dt`` all softmax, ``primal+dt`` last layer primal, ``primalformer-dt`` all primal, any
-   registered mechanism, or an explicit per-layer list, and per-mechanism options such as
-   Primal-Attention's ``s``), plus the data's dimensions and the context length.
-2. ``TokenLayout``: which tokens each step contributes, in which order, and which one's output predicts
-   the action; every token count (tokens per step, the predicting offset, the stream chunk, 3K - 1)
-   derives from it. ``dt``: (R_t, s_t, a_t), predicting from s_t; ``bc`` (model=bc, the paper's
-   behaviour-cloning baseline): (s_t, a_t), no return-to-go. ``Batch`` (``envs.sampler``): the K-step
-   segments by field (states, actions, rtg, timesteps, mask, loss_mask).
-3. ``embed_tokens``: each token kind gets its linear embedding plus a learned timestep embedding, then a
-   shared LayerNorm; ``embed`` interleaves a batch's tokens in the layout's order (for the DT
-   R_1, s_1, a_1, R_2, s_2, a_2, ...: 3K tokens).
-4. ``stack``: the causal ``primal_dt.blocks.Stack`` over those tokens. A segment mask [B, K]
-   (real steps first, padding after) becomes a token mask [B, 3K]; see ``forward`` for why
-   trailing padding needs no mask inside the stack, only in the losses.
-5. ``predict_action``: Linear + tanh on the hidden state of each predicting (*state*) token, which
-   has seen R_t and s_t but not a_t.
-6. ``loss``: masked action MSE + eta * KSVD regulariser of the primal layers.
-
-7. ``DTStep``: the one function that advances B rows by one environment step on explicit state
-   (``StepState``: t, rtg, prev_action, the layers' states), what the torch stream engine
-   (``agents.stream``) runs and ``agents.export`` traces into ONNX / TorchScript (the recompute
-   protocol, which re-reads the last K steps, calls ``forward``: ``agents.recompute``).
+Read top to bottom: ``DTConfig`` (the model options as the user writes them, plus the data's dimensions
+and the context K); ``TokenLayout`` (the tokens each step contributes and the one that predicts the
+action: every token count derives from it; ``dt``: (R_t, s_t, a_t), ``bc``: (s_t, a_t)); the model
+(``embed`` interleaves a ``Batch``'s tokens, the causal stack, ``predict_action`` reads each predicting
+token); the loss (masked action MSE + eta * KSVD); ``DTStep``, one environment step for B rows on
+explicit state (``StepState``), what the torch agent runs and ``agents.export`` traces (the recompute
+protocol, ``agents.recompute``, is the same step with the last K steps as its state).
 
 The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``) through the
 stack, for the DT
@@ -312,7 +294,7 @@ class StepState(NamedTuple):
     prev_action: torch.Tensor
     """[B, act_dim]: the row's last action (a_{t-1})"""
     layers: tuple[torch.Tensor, ...]
-    """every layer's recurrent state tensors (``layer<i>.<name>``)"""
+    """every layer's recurrent state tensors (``layer<i>.<name>``; recompute: the K-step history)"""
 
     def flat(self) -> tuple[torch.Tensor, ...]:
         return (self.t, self.rtg, self.prev_action, *self.layers)
@@ -334,7 +316,8 @@ class DTStep(nn.Module):
     and the reward is ignored (so the reward that ended an episode never leaks into the next), afterwards
     R -= reward / reward_scale; observations are normalised with the dataset's mean / std; the chunk
     (``TokenLayout.chunk``: (a_{t-1}, R_t, s_t) for the DT) goes through the embedding, every layer's
-    recurrent form and the action head.
+    recurrent form and the action head (``advance``: what a step on another state overrides, with
+    ``layer_specs``, as ``agents.recompute`` does).
 
     Built from a model in eval mode; a snapshot of the weights its layers fuse (build a new one after
     the weights change). ``precision``: as ``Attention.recurrent``'s."""
@@ -343,7 +326,7 @@ class DTStep(nn.Module):
                  precision: str = "fp32"):
         super().__init__()
         if model.training:
-            raise ValueError("DTStep needs the model in eval mode (model.eval())")
+            raise ValueError(f"{type(self).__name__} needs the model in eval mode (model.eval())")
         cfg = model.cfg
         p = next(model.parameters())
         mean = torch.as_tensor(state_mean, dtype=torch.float32, device=p.device)
@@ -354,14 +337,18 @@ class DTStep(nn.Module):
         if not reward_scale > 0:
             raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
         self.model = model
-        self.layers = model.stack.recurrent(window=softmax_stream_window(model), chunk=model.tokens.per_step,
-                                            precision=precision)
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
         self.reward_scale = float(reward_scale)
         self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
-                      StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layers.specs]
+                      StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layer_specs(precision)]
         self.eval()
+
+    def layer_specs(self, precision: str) -> list[StateSpec]:
+        """The state past the bookkeeping (``StepState.layers``): every layer's recurrent state."""
+        self.layers = self.model.stack.recurrent(window=softmax_stream_window(self.model),
+                                                 chunk=self.model.tokens.per_step, precision=precision)
+        return self.layers.specs
 
     def init(self, batch: int) -> StepState:
         """A fresh state for ``batch`` rows (zeros)."""
@@ -369,17 +356,22 @@ class DTStep(nn.Module):
 
     def forward(self, observation, reward, reset, target, *state):
         t, rtg, prev, layers = StepState.of(restart_rows(self.specs, state, reset))
-        first = t == 0
-        rtg = torch.where(first, target / self.reward_scale, rtg - reward / self.reward_scale)
+        rtg = torch.where(t == 0, target / self.reward_scale, rtg - reward / self.reward_scale)
         s = ((observation - self.mean) / self.std).to(prev.dtype)
+        action, layers = self.advance(t, rtg, s, prev, layers)
+        return (action, t + 1, rtg, action, *layers)
+
+    def advance(self, t, rtg, s, prev, layers):
+        """The action from this step's values (t, scaled R_t, normalised s_t, a_{t-1}), and the new layer
+        states: the chunk through every layer's recurrent form."""
+        first = t == 0
         now = {"rtg": rtg.unsqueeze(-1), "state": s}  # this step's values; the previous step's is its action
         chunk = self.model.tokens.chunk
         x = self.model.embed_tokens([k for k, _ in chunk], [prev if dt else now[k] for k, dt in chunk],
                                     torch.stack([t + dt for _, dt in chunk], 1))
         mask = torch.stack([~first if dt else t >= 0 for _, dt in chunk], 1)  # t = 0: the last step's are padding
         y, layers = self.layers.forward(x, layers, mask, last_only=True)
-        action = self.model.predict_action(y[:, -1])
-        return (action, t + 1, rtg, action, *layers)
+        return self.model.predict_action(y[:, -1]), layers
 
 
 def dt_loss(net, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:

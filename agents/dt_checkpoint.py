@@ -1,7 +1,4 @@
-"""The Decision-Transformer checkpoint: one schema, one writer (``save``), one reader (``load``).
-
-Everything that reads or writes a DT checkpoint (training and its resume, ``load_agent``,
-``eval.rollout``, the benchmarks, ``eval.spectrum``, the tests) goes through this module, so the
+"""The Decision-Transformer checkpoint: one schema, one writer (``save``), one reader (``load``), so the
 layout is known in one place. On disk a checkpoint is a dict saved atomically by
 ``primal_dt.run.checkpoint`` (tensors and plain data):
 
@@ -18,10 +15,8 @@ layout is known in one place. On disk a checkpoint is a dict saved atomically by
 The return-to-go scale has one meaning everywhere in the package: returns-to-go are *divided* by
 ``reward_scale`` (1000 in the DT papers) before they reach the model.
 
-Files are read without running code (``primal_dt.run.checkpoint.load``: ``weights_only=True``). Data
-loaded for a checkpoint (a resumed run, ``load_agent(data=...)``, ``eval.rollout data_source=...``,
-``eval.spectrum``) is compared with the fingerprint recorded here by ``check_data``; data that
-differs is an error naming both sources.
+Files are read without running code (``weights_only=True``). Data loaded for a checkpoint is compared
+with the fingerprint recorded here (``check_data``).
 """
 
 from __future__ import annotations
@@ -108,9 +103,8 @@ class TrainingState:
 
 @dataclass
 class DTCheckpoint:
-    """A DT checkpoint in memory: what builds the network back, its weights, the data bookkeeping an
-    agent repeats, the run's config and (training files) what a resume needs. Read it with ``load``,
-    write it with ``save``; nothing else indexes the dict on disk."""
+    """A DT checkpoint in memory (read it with ``load``, write it with ``save``; nothing else indexes the
+    dict on disk)."""
 
     model_config: DTConfig
     model: dict
@@ -162,9 +156,8 @@ class DTCheckpoint:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "checkpoint") -> "DTCheckpoint":
-        """Parse a checkpoint dict, every field it reads checked (``_Fields``): a damaged or crafted file is
-        one ValueError naming ``where`` and the field, never a TypeError deep in a reader or an
-        allocation the weights in the file cannot back."""
+        """Parse a checkpoint dict, every field checked (``_Fields``): a damaged or crafted file is one
+        ValueError naming ``where`` and the field, never a TypeError deep in a reader or a huge allocation."""
         if not isinstance(d, dict):
             raise ValueError(f"{where} is not a primal-dt checkpoint (expected a dict, got {type(d).__name__})")
         if d.get("kind") != KIND:
@@ -196,9 +189,8 @@ class DTCheckpoint:
 
 
 class _Fields:
-    """The checks of a checkpoint's fields, each raising one ValueError naming the file and the field.
-    The file is read without running code, but its values may still be anything a pickle of plain data
-    holds: strings where numbers belong, lists where mappings do, sizes no machine can allocate."""
+    """The checks of a checkpoint's fields (a file read without running code may still hold strings where
+    numbers belong, or sizes no machine can allocate), each one ValueError naming the file and the field."""
 
     def __init__(self, where: str):
         self.where = where
@@ -290,10 +282,9 @@ class _Fields:
         return mc
 
     def weights(self, v, mc: DTConfig) -> None:
-        """The state_dict must be tensors by name, as many numbers as ``mc``'s network holds (a lower
-        estimate, the one training's size check uses): a config asking for a network larger than the
-        weights the file holds (d_model=10**9) is refused before anything is allocated. Names and shapes
-        are then checked when the network is built (``build_model``)."""
+        """Tensors by name, about as many numbers as ``mc``'s network holds: a config asking for a network
+        larger than the file's weights is refused before anything is allocated (``build_model`` checks
+        names and shapes)."""
         if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()):
             raise self.bad("model", "a state_dict (parameter name -> tensor)", v)
         layers = len(mc.layer_names()) or mc.n_layers
@@ -383,12 +374,9 @@ def save(ck: DTCheckpoint, path: str | Path) -> Path:
 
 
 def check_data(info: DataInfo, data, where: str = "checkpoint") -> None:
-    """Refuse data other than what the checkpoint was trained on (``data``: ``envs.Trajectories``).
-
-    The content fingerprint decides: a file replaced or changed under the same path (actions
-    rescaled, episodes added) is an error naming both sources, while the same data moved to another
-    path passes. A checkpoint that records no fingerprint (made in code, not by training) cannot
-    vouch for any data and is an error."""
+    """Refuse data (``envs.Trajectories``) other than what the checkpoint was trained on: the content
+    fingerprint decides (the same data moved passes; a file changed under its path does not). A checkpoint
+    without a fingerprint (made in code) cannot vouch for any data."""
     if not info.fingerprint:
         raise ValueError(f"{where} records no dataset fingerprint (it was not written by primal_dt.train), so no data "
                          "can be checked against it; train the model with primal_dt.train")

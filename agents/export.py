@@ -10,22 +10,16 @@ recurrent state explicit input and output, any batch (``DTStep``):
      (the row starts a new episode this step), target [B] float32 (raw return), state.<name> ...)
       -> (action [B, act_dim] float32, next_state.<name> ...)
 
-Inside: ``DTStep.forward``, the model's one step function (``agents.decision_transformer`` documents it
-and what a streamed token sees), the one the stream engine runs, so actions agree to 1e-5
-(tests/agents/test_export.py, whole Hopper episodes).
+Inside: ``DTStep.forward``, the one step function the torch agent runs (``agents.decision_transformer``
+documents it), so actions agree to 1e-5. Metadata travels inside the artefact (ONNX ``metadata_props`` /
+TorchScript extra file, key ``agents.onnx_policy.METADATA_KEY``): dimensions, targets, reward scale, the
+state layout, the stream semantics in words, the package version and the source checkpoint's SHA-256.
+Runtimes with the ``Agent`` API: ``agents.onnx_policy.OnnxPolicy`` (numpy + onnxruntime only, one file
+to copy) and ``agents.torchscript_policy.TorchScriptPolicy``.
 
-Metadata travels inside the artefact (ONNX ``metadata_props`` / TorchScript extra file, key
-``agents.onnx_policy.METADATA_KEY``): dimensions, targets, reward scale, the state layout (names,
-shapes with the batch axis, dtypes, initial values), the stream semantics in words, the package
-version and the SHA-256 of the source checkpoint file. Runtimes with the ``Agent`` API:
-``agents.onnx_policy.OnnxPolicy`` (numpy + onnxruntime only, one file to copy) and
-``agents.torchscript_policy.TorchScriptPolicy``.
-
-ONNX goes through torch's supported exporter, ``torch.export`` (``torch.onnx.export(dynamo=True)``,
-which needs the ``onnxscript`` package: the ``export`` extra), with a dynamic batch axis; TorchScript
-traces ``DTStep`` whole; both are one trace of ``DTStep.forward``. A layer without a fixed-size recurrent
-state (kernel-*, svr-*: caches of every token), a non-causal layer, or a post-norm block cannot be
-exported: a ValueError names the layer's index and kind.
+ONNX goes through ``torch.export`` (``torch.onnx.export(dynamo=True)``, which needs ``onnxscript``: the
+``export`` extra) with a dynamic batch axis; TorchScript traces ``DTStep`` whole. A layer whose state
+grows with the episode (kernel-*, svr-*) or a non-causal layer cannot be exported: a ValueError names it.
 """
 
 from __future__ import annotations
@@ -68,8 +62,7 @@ _BATCH = "batch"
 
 # -- the step as one module ---------------------------------------------------------------------------
 def stream_step(model, data: DataInfo) -> DTStep:
-    """The model's one step function (``DTStep``) with the dataset's bookkeeping, as a graph holds it
-    (pure: every state comes back new); a ValueError naming every layer (index and kind) whose state
+    """The model's ``DTStep`` with the dataset's bookkeeping; a ValueError naming every layer whose state
     cannot be a graph's."""
     step = DTStep(model.eval(), data.state_mean, data.state_std, data.reward_scale)
     grows = [f"layer {i} ({spec.attention}): its recurrent state is a cache of every token of the sequence (it "
@@ -169,12 +162,9 @@ def sha256_file(path: Path) -> str:
 
 # -- export -----------------------------------------------------------------------------------------------
 def export_policy(source, format: str = "onnx", out: str | Path | None = None, *, overwrite: bool = False) -> Path:
-    """Write ``source``'s stream step as ``format`` ("onnx" | "torchscript") to ``out`` and return its path.
-
-    ``source``: a checkpoint file, its run directory, or a ``DTCheckpoint`` (then ``out`` is required
-    and the metadata's checkpoint hash is null). ``out`` defaults to ``FORMATS[format]`` next to the
-    checkpoint; an existing file is replaced only with ``overwrite=True``, and never the checkpoint
-    itself. The file appears complete or not at all (written beside it, then renamed)."""
+    """Write ``source``'s stream step (a checkpoint file, its run directory, or a ``DTCheckpoint``: then
+    ``out`` is required) as ``format`` to ``out`` (default: ``FORMATS[format]`` next to the checkpoint),
+    atomically; an existing file is replaced only with ``overwrite=True``, never the checkpoint itself."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(source, DTCheckpoint):
@@ -235,8 +225,7 @@ def _onnx_model(step: DTStep):
 
 @contextlib.contextmanager
 def _quiet_exporter():
-    """torch.export's exporter prints its progress and logs optional operator sets it skips; keep the
-    command line's output to what it writes."""
+    """torch.export's exporter prints its progress: keep the command line's output to its own."""
     log = logging.getLogger("torch.onnx")
     level, out = log.level, io.StringIO()
     log.setLevel(logging.ERROR)

@@ -1,18 +1,16 @@
-"""``load_agent(..., runtime="onnx")``: the checkpoint's stream step on onnxruntime, checked against torch.
+"""``load_agent(..., runtime="onnx")`` (and "auto"): the checkpoint's stream step on onnxruntime.
 
-The exported step is the same function as the torch stream engine's (``DTStep``), and on a CPU
-onnxruntime runs it several times faster at batch 1, where a step costs per operator and torch's
-per-operator dispatch dominates (eval/bench/inference.py measures both). So an agent that only needs
-to act can run the export, and before it is handed out it plays a few steps beside the torch stream
-agent on the same inputs, a restart included; actions that differ by more than ``EXACT`` (the
-exactness the tests hold the export to) are an error, not a silently different policy.
+The exported step is the torch agent's own function (``DTStep``), which onnxruntime runs faster on a
+CPU, most at batch 1 where torch's per-operator dispatch dominates (eval/bench/inference.py). Before it
+is handed out it plays a few steps beside the torch agent, a restart included; actions that differ by
+more than ``EXACT`` are an error, not a silently different policy.
 
-The export is made once per checkpoint and kept in the user's own cache (``cache_dir``), never read
-from the run directory: a ``policy.onnx`` found beside a checkpoint says which checkpoint it came
-from only in its own metadata, which anyone who can write there can copy into a graph that computes
-something else (and a few checked steps cannot tell a graph that deviates later). The cache entry is
-named by the checkpoint file's SHA-256 and what made the graph (``export_key``), and this package
-records the graph's own SHA-256 beside it, checked before every reuse.
+The export is made once per checkpoint file and kept in the user's own cache (``cache_dir``), never read
+from the run directory: a ``policy.onnx`` beside a checkpoint names its checkpoint only in its own
+metadata, which anyone who can write there can copy into a graph that computes something else (and a
+few checked steps cannot tell a graph that deviates later). The entry is named by the checkpoint file's
+SHA-256 and what made the graph (``export_key``); the graph's own SHA-256, recorded beside it by this
+package, is checked before every reuse.
 """
 
 from __future__ import annotations
@@ -30,9 +28,9 @@ EXACT = 1e-5
 
 
 def onnx_agent(checkpoint, ck, agent):
-    """``load_agent``'s runtime="onnx": an ``OnnxPolicy`` on the export of ``checkpoint`` (a file or run
-    directory: ``cached_export``; a checkpoint in memory, ``ck``: exported for this policy only), checked
-    against the torch ``agent`` of the same checkpoint, with its target and ``info``."""
+    """An ``OnnxPolicy`` on the export of ``checkpoint`` (a file or run directory: ``cached_export``; in
+    memory, ``ck``: exported for this policy only), checked against the torch ``agent``, with its target
+    and ``info``."""
     from .dt_checkpoint import resolve
     from .onnx_policy import OnnxPolicy
 
@@ -59,7 +57,6 @@ def onnx_agent(checkpoint, ck, agent):
 
 
 def _export(source, directory: Path) -> Path:
-    """``source`` exported into ``directory``."""
     from .export import FORMATS, export_policy
 
     return export_policy(source, "onnx", directory / FORMATS["onnx"], overwrite=True)

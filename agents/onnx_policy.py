@@ -13,15 +13,11 @@ used on its own (it imports nothing but numpy, onnxruntime and the standard libr
         obs, reward, term, trunc, _ = venv.step(action)
         policy.reset_done(term | trunc)         # restart only the finished rows
 
-The API is every runtime's (``Policy``, defined here so that this file stands alone: ``reset``,
-``act``, ``reset_done``, ``keep_rows``; ``agents.Agent`` implements it too), and so are the actions: the graph is the stream engine's step with the agent's bookkeeping inside (state
-normalisation, return-to-go, timesteps) and every layer's recurrent state as explicit inputs and
-outputs. This class only keeps those state tensors between calls, raises the reset flags of
-restarted rows (the graph zeroes their state) and checks what the caller passes. ``metadata``
-(``policy.metadata``) is the JSON document stored in the model under ``METADATA_KEY``: dimensions,
-targets, reward scale, state layout, stream semantics, package version and the source checkpoint's
-SHA-256. ``agents.torchscript_policy.TorchScriptPolicy`` runs the TorchScript artefact with the same
-bookkeeping (``GraphPolicy``).
+The API is every runtime's (``Policy``, defined here so that this file stands alone; ``agents.Agent``
+implements it too), and so are the actions: the graph is the torch agent's step, bookkeeping inside, with
+every layer's recurrent state as explicit inputs and outputs; this class keeps the state between calls and
+raises the reset flags of restarted rows. ``policy.metadata`` is the JSON document stored in the model
+under ``METADATA_KEY`` (``agents.export`` writes it).
 """
 
 from __future__ import annotations
@@ -49,10 +45,9 @@ _ONNX_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "int64":
 
 
 def check_artefact(session, text: str | None, where: str) -> dict:
-    """The metadata document ``text`` of the ONNX model ``where`` (opened as ``session``), parsed and
-    checked: its fields (types and ranges) and the graph's inputs and outputs (names, shapes, dtypes)
-    against it. A file that fails is one ``ValueError`` naming it and the field, at load, rather than a
-    raw onnxruntime error at the first ``act`` (or actions from a graph the metadata does not describe)."""
+    """The metadata document ``text`` of the ONNX model ``where`` (opened as ``session``), its fields and the
+    graph's inputs and outputs checked against it: one ``ValueError`` naming the file and the field at
+    load, not a raw onnxruntime error at the first ``act``."""
     if text is None:
         raise ValueError(f"{where} is an ONNX model without primal-dt policy metadata; export one with "
                          "python -m agents.export")
@@ -133,20 +128,18 @@ def check_artefact(session, text: str | None, where: str) -> dict:
 
 
 class Policy:
-    """The acting API every runtime of a Decision-Transformer policy implements: ``agents.Agent`` (torch),
-    ``OnnxPolicy`` and ``agents.torchscript_policy.TorchScriptPolicy``. B rows (episodes) act at once,
-    each restarted (``reset_done``) or dropped (``keep_rows``) on its own; this class owns the row
-    count, the targets and every check on what a caller passes, so the runtimes agree on them.
-
-    A runtime sets ``obs_dim``, ``act_dim`` and ``default_target`` (a raw return, one or per row) and
-    fills four hooks: ``_start(B, targets)`` (new rows), ``_restart(rows, targets)`` (rows restart
-    at their next step), ``_keep(rows)`` (the other rows leave) and ``_step(obs, reward) -> action``.
-    It lives in this file, numpy only, because this file must run copied out of the package."""
+    """The acting API every runtime implements (``agents.Agent``, ``OnnxPolicy``, ``TorchScriptPolicy``):
+    B rows (episodes) act at once, each restarted (``reset_done``) or dropped (``keep_rows``) on its own.
+    This class owns the row count, the targets and every check on what a caller passes, so the runtimes
+    agree on them; a runtime sets ``obs_dim``, ``act_dim``, ``default_target`` and fills the four hooks
+    below. Numpy only: this file must run copied out of the package."""
 
     obs_dim: int
     act_dim: int
     default_target: float | list[float]
     batch: int = 0
+    runtime: str = ""
+    """which runtime acts: "torch", "onnx" or "torchscript" (what ``load_agent(runtime="auto")`` picked)"""
     fidelity: dict | None = None
     """which policy this is: {"engine", "exact" (the policy the checkpoint was trained as), "stream_window"}
     (``agents.stream_training.Fidelity``); None for an agent built from a bare model"""
@@ -255,10 +248,8 @@ class Policy:
 
 
 class GraphPolicy(Policy):
-    """``Policy`` around an exported step graph: the graph does the bookkeeping (normalisation,
-    return-to-go, timesteps) and zeroes the state of rows flagged ``reset``; this class keeps the
-    state tensors between calls, raises the flags of restarted rows and passes each row's target.
-    Runtimes fill ``_run`` (one graph call)."""
+    """``Policy`` around an exported step graph (which does the bookkeeping and zeroes rows flagged
+    ``reset``): the state between calls, the flags, each row's target. Runtimes fill ``_run``."""
 
     def __init__(self, metadata: dict, where: str):
         if metadata.get("format") != FORMAT:
@@ -293,8 +284,7 @@ class GraphPolicy(Policy):
         self._rows_changed()
 
     def _rows_changed(self) -> None:
-        """Hook: ``reset`` or ``keep_rows`` replaced the row arrays (``_state``, ``_reset``,
-        ``_target_rows``); ``reset_done`` and ``act`` only ever write into them in place."""
+        """Hook: ``reset`` or ``keep_rows`` replaced the row arrays (the others write into them in place)."""
 
     def _step(self, obs, reward):
         r = np.zeros(self.batch, dtype=np.float32) if reward is None else reward
@@ -323,13 +313,12 @@ class OnnxPolicy(GraphPolicy):
     stream step at small batches and never collapses beside another busy process; give more for
     batches in the hundreds).
 
-    ``act`` runs the graph through I/O bindings made when the rows change (``reset``, ``keep_rows``):
-    every input and output is bound to an array of this object, ``act`` copies the observation and
-    reward into theirs and the action out, and the state lives in two sets of arrays that swap roles
-    each step (the graph reads one and writes the other). At batch 1, where onnxruntime's per-call
-    work is a large part of a step, this takes about a tenth off ``session.run`` with a dict of
-    arrays (which wraps every input and allocates every output at each call); the results are the
-    same bits (tests/agents/test_onnx_policy.py). The session leaves out ``DISABLED_FUSIONS``."""
+    ``act`` runs the graph through I/O bindings made when the rows change: inputs and outputs are bound
+    to arrays of this object, and the state lives in two sets of arrays that swap roles each step. At
+    batch 1 onnxruntime's per-call work is a large part of a step, which ``session.run`` with a dict
+    (wrapping every input, allocating every output) adds to; same bits. ``DISABLED_FUSIONS`` are off."""
+
+    runtime = "onnx"
 
     def __init__(self, path, threads: int | None = None):
         import onnxruntime as ort
@@ -357,9 +346,7 @@ class OnnxPolicy(GraphPolicy):
         self._feed = [(i, n) for i, n in enumerate(self.input_names()) if n in present]
 
     def _rows_changed(self) -> None:
-        """Bind every graph input and output to arrays of this object: two bindings, for even and
-        odd steps, over the two sets of state arrays. onnxruntime keeps the arrays' addresses, not
-        references, so each binding is kept with the arrays it points to."""
+        """Two bindings (even and odd steps), each kept with the arrays whose addresses it holds."""
         B = self.batch
         self._obs = np.zeros((B, self.obs_dim), dtype=np.float32)
         self._reward = np.zeros(B, dtype=np.float32)

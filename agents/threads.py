@@ -17,15 +17,10 @@ its matmuls are large sooner."""
 
 
 def inference_threads(engine: str, batch: int, cores: int | None = None) -> int:
-    """CPU threads for one inference process acting for ``batch`` rows with ``engine`` (stream |
-    recompute | onnx | torchscript), on ``cores`` cores (default: ``usable_cores()``). What
-    ``threads=0`` means for the evaluators and ``eval.rollout``.
-
-    Never more than half the cores, and one on a machine of 2 or 3: a multi-threaded step waits at
-    every operator for its slowest thread, so one competing busy process (a simulator, another run)
-    on a thread's core makes it collapse (eval.bench.inference's threads section measures it). Small
-    batches get one thread on any machine: their step is per-operator overhead, which threads do not
-    divide."""
+    """CPU threads for one inference process acting for ``batch`` rows with ``engine`` on ``cores`` cores
+    (``threads=0`` of the evaluators). Never more than half the cores: a multi-threaded step waits at every
+    operator for its slowest thread, so one busy process on a thread's core makes it collapse; small
+    batches get one (their step is per-operator overhead, which threads do not divide)."""
     if engine not in INFERENCE_ENGINES:
         raise ValueError(f"unknown inference engine {engine!r}; choose one of {', '.join(INFERENCE_ENGINES)}")
     cores = usable_cores() if cores is None else max(1, int(cores))
@@ -35,10 +30,8 @@ def inference_threads(engine: str, batch: int, cores: int | None = None) -> int:
 
 
 def lane_threads(engine: str, batch: int, lanes: int, cores: int | None = None) -> int:
-    """Threads for each of ``lanes`` processes acting side by side (evaluation lanes, each stepping its own
-    simulators between its agent's steps): one for small batches (as ``inference_threads``), else the
-    lane's share of the cores, ``cores // lanes`` (at least 1), so the lanes together never
-    oversubscribe the machine."""
+    """Threads for each of ``lanes`` processes acting side by side: one for small batches, else the lane's
+    share of the cores, so the lanes together never oversubscribe the machine."""
     if inference_threads(engine, batch, cores) == 1 and batch < BIG_BATCH[engine]:
         return 1
     cores = usable_cores() if cores is None else max(1, int(cores))
@@ -49,12 +42,9 @@ _ALLOCATOR_TUNED = False
 
 
 def keep_freed_memory() -> bool:
-    """Make this process's C allocator (glibc) keep freed memory for reuse instead of returning it to the
-    system. An inference step allocates and frees the same large buffers every step (a [batch x 3, 4D]
-    MLP activation is 1.2 MB at batch 100, width 256); by default glibc maps such blocks fresh and unmaps
-    them on free, so each step pays page faults on them again. For processes that run inference (agents
-    on the CPU, evaluation lanes, benchmarks); a no-op where glibc's ``mallopt`` is absent. Returns
-    whether it applied."""
+    """Make glibc keep freed memory for reuse: an inference step allocates and frees the same large buffers
+    every step, which glibc would otherwise map fresh and unmap, paying page faults again each step. A
+    no-op where ``mallopt`` is absent; returns whether it applied."""
     global _ALLOCATOR_TUNED
     if _ALLOCATOR_TUNED:
         return True

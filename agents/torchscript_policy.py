@@ -16,6 +16,8 @@ class TorchScriptPolicy(GraphPolicy):
     """An exported TorchScript policy. ``threads``: torch's intra-op threads, set for the whole process
     (None: left as they are)."""
 
+    runtime = "torchscript"
+
     def __init__(self, path, threads: int | None = None):
         path = Path(path)
         if not path.is_file():

@@ -111,11 +111,9 @@ class Run:
 # == 1. setup: everything that can fail on bad input ================================================
 def prepare(built: Built, d: Dist | None = None) -> Run:
     """Config (resumed or new), data, model and optimizer; bad input raises ``SetupError`` before a
-    file is written. The order of random draws is part of the contract: same seed, same run.
-
-    A resumed run's directory is held first (``lock``), before its checkpoint is read: a second
-    resume is refused before any expensive work, and no run continues from a checkpoint that the
-    process holding the directory is about to replace. Released again if preparing fails."""
+    file is written. The order of random draws is part of the contract: same seed, same run. A resumed
+    run's directory is held (``lock``) before its checkpoint is read, so no run continues from a
+    checkpoint another process is about to replace; released again if preparing fails."""
     with errors.setup_errors():
         path = hold_resumed(built, d)
     try:
@@ -127,8 +125,7 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
 
 
 def hold_resumed(built: Built, d: Dist | None) -> Path | None:
-    """``resume=``'s checkpoint file, its run directory held by this process (rank 0: the process that
-    writes); None for a new run."""
+    """``resume=``'s checkpoint file, its run directory held by rank 0; None for a new run."""
     if not built.cfg.resume:
         return None
     path = ck_io.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
@@ -186,22 +183,18 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
 
 
 def resumed_config(built: Built, path: Path | None) -> tuple[Built, tuple[Path, DTCheckpoint] | None]:
-    """With ``resume=`` (its checkpoint file ``path``): the checkpoint's config plus the run-time options
-    given now, and (path, checkpoint); otherwise the config as built and None."""
+    """With ``resume=``: the checkpoint's config plus the run-time options given now, and (path, checkpoint)."""
     if path is None:
         return built, None
     ck = dt_checkpoint.load(path)
     if ck.training is None:
         raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so it "
                          "cannot be resumed; start a new run")
-    # a run from before validation existed trained on every episode: it continues so
-    saved = {"val_fraction": 0.0, **ck.config}
-    return train_config.resumed(built, saved, str(path)), (path, ck)
+    return train_config.resumed(built, ck.config, str(path)), (path, ck)
 
 
 def hold_out(cfg: TrainConfig, data: envs.Trajectories, resumed: DTCheckpoint | None):
-    """(training episodes, held-out episodes) for ``val_fraction``, drawn by the run's seed; a resumed
-    run recomputes its split and checks it against the one its checkpoint recorded."""
+    """(training episodes, held-out episodes) for ``val_fraction``, drawn by the seed; checked on resume."""
     if cfg.val_fraction == 0:
         train, held = np.arange(len(data)), np.zeros(0, dtype=np.int64)
     else:
@@ -245,8 +238,8 @@ def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
 
 
 def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTransformer:
-    """The network, or a ValueError that names the model options: a mechanism's own check speaks of
-    its constructor arguments (``s=40 ... exceed d_model=32``), which the user wrote as ``model.*``."""
+    """The network, or a ValueError naming the ``model.*`` options (a mechanism's own check names its
+    constructor arguments, not what the user wrote)."""
     try:
         return DecisionTransformer(model_config(cfg, state_dim, act_dim))
     except ValueError as err:
@@ -258,8 +251,8 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False):
-    """AdamW with linear warm-up to ``lr`` over ``warmup_steps``, then constant (the DT recipe); ``fused``:
-    one kernel that can skip a failed step on the device (the compiled steps')."""
+    """AdamW, linear warm-up over ``warmup_steps`` then constant (the DT recipe); ``fused`` for the compiled
+    steps (it skips a failed step on the device)."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
     w = cfg.warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
@@ -268,8 +261,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = Fals
 
 # == 2. the loop ========================================================================================
 def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
-    """Prepare, train to ``cfg.steps`` (evaluating and checkpointing on the way), evaluate at the
-    end; returns the summary (also in ``summary.json``)."""
+    """Prepare, train, evaluate at the end; returns the summary (also in ``summary.json``)."""
     run = prepare(built, d)
     open_run_dir(run)
     try:
@@ -382,10 +374,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
 
 
 def next_batch(run: Run, exact_from: int | None) -> tuple[Batch, int]:
-    """The sampler's next batch on the run's device, and its real steps; stream-exact runs count only the
-    steps from ``exact_from`` on (``stream_training.first_exact_step``) or from their episode's start.
-    What the model would read back from the device (whether the padding trails, the count) is taken
-    from the batch before it moves."""
+    """The sampler's next batch on the device, and its real steps (read before it moves, so the step never
+    reads back); stream-exact runs count the steps from ``exact_from`` on."""
     sample = run.sampler.sample()
     real = int(sample.mask.sum())
     batch = sample._replace(trailing=trailing_padding(sample.mask)).to(run.device, non_blocking=True)
@@ -397,10 +387,8 @@ def _due(step: int, every: int) -> bool:
 
 
 def open_run_dir(run: Run) -> None:
-    """Give a new run its directory (rank 0 creates it exclusively, the others learn its name) and hold
-    it (``lock``; a resumed run's is held since ``prepare``); then remove temporary files that killed writes (checkpoints,
-    summaries, plots) left behind (in a resumed run's directory, or its siblings' for a new run), so
-    they do not pile up. Before any training step, so an unwritable ``out`` costs nothing."""
+    """Give a new run its directory (rank 0 creates it exclusively and holds it) and remove temporary files
+    that killed writes left behind, before any training step, so an unwritable ``out`` costs nothing."""
     cfg, d = run.cfg, run.dist
     if run.out is None:
         name = [str(run_dir(cfg.out, cfg.env, model_label(cfg), seed=cfg.seed)) if d.main else None]
@@ -418,13 +406,10 @@ def open_run_dir(run: Run) -> None:
 
 
 class Interrupts:
-    """Ctrl-C and SIGTERM (a scheduler's preemption or time limit, ``kill``) end training alike: the run
-    writes a checkpoint at the step it reached, says so and how to continue. So that checkpoint resumes
-    exactly, with every event logged up to it, an interrupt that comes during a training step or its log
-    line (``held``) waits for their end; anywhere else (evaluation) it stops at once, and a second
-    interrupt always does (the checkpoint being written is then abandoned, the previous one kept). Only
-    the main thread takes signals; a SIGINT ignored when the process started (a background job) stays
-    ignored."""
+    """Ctrl-C and SIGTERM end training alike: a checkpoint at the step reached, and how to continue. An
+    interrupt during a step or its log line (``held``) waits for their end, so that checkpoint resumes
+    exactly; a second interrupt stops at once (the previous checkpoint kept). A SIGINT ignored when the
+    process started (a background job) stays ignored."""
 
     def __init__(self):
         self.holding, self.pending = False, None
@@ -475,8 +460,7 @@ def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
 
 # == 3. evaluation: in the simulator, and on held-out episodes ==========================================
 def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
-    """Roll the current model out (``episodes`` per target), leaving the training RNG untouched; the
-    bar counts episodes (episodes x targets), ending at 100 % with the evaluation."""
+    """Roll the current model out (``episodes`` per target), leaving the training RNG untouched."""
     bar = None
     if run.cfg.progress:
         bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False)
@@ -522,8 +506,7 @@ VAL_TAG = "val/action_mse"
 
 
 def validate(run: Run, mon: RunMonitor, clock: Clock | None = None, final: bool = False) -> float:
-    """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse`` at this step;
-    every ``eval.every`` steps and at the end, with or without the simulator evaluation."""
+    """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse``."""
     t0 = time.perf_counter()
     mse = run.validation.action_mse(run.model)
     if clock is not None:
@@ -538,9 +521,8 @@ def validate(run: Run, mon: RunMonitor, clock: Clock | None = None, final: bool 
 
 # == 4. checkpoints =====================================================================================
 def save(run: Run, mon: RunMonitor) -> None:
-    """Write ``last.pt`` (rank 0, atomically) after putting the logged events on disk, so a resume
-    purges only what came after it. A collective: every process calls it (each sends its random
-    streams, which an exact resume restores per process)."""
+    """Write ``last.pt`` (rank 0, atomically) after the logged events, so a resume purges only what came
+    after it. A collective: every process sends its random streams."""
     mine = {"torch": torch.get_rng_state(), "numpy": dt_checkpoint.numpy_state(), "sampler": run.sampler.state_dict()}
     if run.device.type == "cuda":
         mine["cuda"] = torch.cuda.get_rng_state(run.device)
@@ -560,11 +542,8 @@ def save(run: Run, mon: RunMonitor) -> None:
 
 
 def restore(run: Run, ck: DTCheckpoint) -> None:
-    """Continue exactly where the checkpoint stopped (per process: each rank gets its own streams).
-
-    With another number of processes than the run that wrote it, training continues but cannot
-    repeat the uninterrupted run bit for bit; the samplers are then reseeded per rank and step.
-    """
+    """Continue exactly where the checkpoint stopped (each rank its own streams; with another number of
+    processes the samplers are reseeded, and the run cannot repeat the uninterrupted one bit for bit)."""
     try:  # the schema checked each part's form (dt_checkpoint); whether it fits this model shows only here
         _restore(run, ck)
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
@@ -596,15 +575,9 @@ def _restore(run: Run, ck: DTCheckpoint) -> None:
 
 
 class CheckpointClock:
-    """Checkpoints by wall time as well as by steps, so a run stopped in its first minutes still
-    resumes: the first after a minute, then at doubling intervals up to ``checkpoint_minutes``, so
-    a stop loses at most about half the time run so far, and a long run writes every
-    ``checkpoint_minutes``. Checkpoints are exact at any step, so when they come does not change
-    what a resumed run computes.
-
-    Saving is a collective, so under DDP the processes must agree on the step: rank 0's clock
-    decides, and its decision is broadcast every ``SYNC_EVERY`` steps (one tiny collective, not one
-    per step). A single process reads its clock every step and never synchronises for it."""
+    """Checkpoints by wall time as well as by steps: the first after a minute, then at doubling intervals up
+    to ``checkpoint_minutes``, so a stop loses at most about half the time run so far. Under DDP rank 0's
+    clock decides, broadcast every ``SYNC_EVERY`` steps (saving is a collective)."""
 
     SYNC_EVERY = 10
     FIRST_S = 60.0
@@ -672,8 +645,7 @@ def held_out(run: Run) -> str:
 
 
 def open_monitor(run: Run) -> RunMonitor:
-    """The run's monitor, continuing a resumed run's curves (a killed predecessor's events after its
-    checkpoint are purged); a new run starts by recording its config and data source."""
+    """The run's monitor, continuing a resumed run's curves (events after its checkpoint purged)."""
     cfg, d = run.cfg, run.dist
     mon = RunMonitor(run.out, enabled=cfg.tensorboard and d.main, progress_total=cfg.steps,
                      progress=cfg.progress and d.main, progress_desc=f"{cfg.env} {model_label(cfg)}",
@@ -703,8 +675,7 @@ def last_logged(mon: RunMonitor) -> tuple[float | None, float | None]:
 
 
 def postfix(loss: float | None, score: float | None, val: float | None, eta: str | None) -> dict:
-    """The progress bar's postfix: the last loss read, the last normalized score, the last validation MSE,
-    time left."""
+    """The progress bar's postfix: loss, normalized score, validation MSE, time left."""
     out = {} if loss is None else {"loss": f"{loss:.4f}"}
     if score is not None:
         out["score"] = f"{score:.1f}"
@@ -762,8 +733,8 @@ def eval_scalars(results: dict, prefix: str = "eval") -> dict:
 
 
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
-    """The run's summary; rank 0 also records hyper-parameters with the final scores and validation
-    MSE, draws ``eval_return.png`` and ``val_action_mse.png`` and writes ``summary.json``."""
+    """The run's summary; rank 0 also logs hyper-parameters with the final scores, draws the plots and
+    writes ``summary.json``."""
     cfg = run.cfg
     summary = {
         "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
@@ -808,9 +779,8 @@ LONG_S, BUDGET_S = 3600.0, 1800.0
 
 
 class Clock:
-    """The run's pace (loop seconds per step after ``SKIP`` steps, evaluations excluded) and the last
-    simulator evaluation's and validation's own times: the projection and the bar's ETA use only
-    these, so they hold on whatever machine runs them."""
+    """The run's pace (seconds per step after ``SKIP`` steps, evaluations excluded) and the last evaluation's
+    and validation's times: what the projection and the bar's ETA use, measured on this machine."""
 
     def __init__(self, run: Run):
         self.run, self.start = run, run.step + SKIP
@@ -848,10 +818,8 @@ class Clock:
 
 
 def projection(run: Run, step_s: float, start: int, measured: int) -> str:
-    """The training time from step ``start`` (where this process began the run) at the pace measured
-    over ``measured`` steps; for a recipe of hours, the plain warning and a command that fits
-    ``BUDGET_S``: the dataset's CPU recipe on a CPU, else the same options with the steps and their
-    cadences scaled."""
+    """The training time left at the measured pace; for a recipe of hours, a warning and a command that fits
+    ``BUDGET_S`` (the CPU recipe on a CPU, else the same options with steps and cadences scaled)."""
     cfg, threads = run.cfg, torch.get_num_threads()
     left = cfg.steps - start
     where = f"{run.device}" + (f", {threads} thread{'s' * (threads > 1)}" if run.device.type == "cpu" else "")
@@ -900,9 +868,8 @@ def nice(x: float) -> int:
 
 
 def command(run: Run, options: dict, recipe: str | None = None) -> str:
-    """The command that ran this run, with ``options`` in place of its own values: the options the
-    user gave on the command line are kept, defaults and the preset's stay implicit; with ``recipe``,
-    the options that recipe sets are left to it."""
+    """The command that ran this run, with ``options`` in place of its own: the command line's options kept,
+    defaults implicit; with ``recipe``, the options it sets left to it."""
     launcher = (f"torchrun --nproc_per_node {run.dist.world} -m primal_dt.train" if run.dist.world > 1
                 else "python -m primal_dt.train")
     values = train_config.flat(dataclasses.asdict(run.cfg))

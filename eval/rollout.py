@@ -118,8 +118,8 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     in_process = n_lanes > 1 and not options.asynchronous and options.lane_workers == "process"
     widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
-        agents = [Agent.for_data(model, data, target=float(targets[0]), engine=options.engine,
-                                 precision=options.precision) for _ in widths]
+        agents = [Agent(model, data, target=float(targets[0]), engine=options.engine, precision=options.precision)
+                  for _ in widths]
         venvs = []
         t0 = time.perf_counter()
         try:

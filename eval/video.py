@@ -93,7 +93,7 @@ def record_episode(model, spec, info, target: float, engine: str, seed: int, out
     dt = float(getattr(env.unwrapped, "dt", 0.008))
     every = every or frame_every(dt)
     fps = 1.0 / (every * dt)
-    agent = Agent.for_data(model, info, target=target, engine=engine)
+    agent = Agent(model, info, target=target, engine=engine)
     filmed = Frames(env, every)
     venv = gym.vector.SyncVectorEnv([lambda: filmed], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     try:  # the evaluators' loop on one simulator: episode 0 starts from reset seed ``seed``

@@ -99,6 +99,16 @@ def hopper_stats():
 
 
 @pytest.fixture(scope="session")
+def hopper_info(hopper_stats):
+    """An ``agents.DataInfo`` with hopper_stats, the papers' return scale (1000) and target 3600: what
+    ``agents.Agent(model, hopper_info)`` acts with."""
+    from agents import DataInfo
+
+    return DataInfo(env=ENV, state_mean=hopper_stats[0], state_std=hopper_stats[1], reward_scale=1000.0,
+                    targets=(3600.0,))
+
+
+@pytest.fixture(scope="session")
 def tiny_dt():
     """tiny_dt(layout="primal+dt", K=5, options=None, layers=(), seed=0, d_model=32, n_heads=2,
     n_layers=3): a small DecisionTransformer for hopper (eval mode, no dropout, seeded weights)."""

@@ -22,7 +22,7 @@ def make_agent(model, info, engine: str, context: int | None = None, precision: 
     """An agent with the run's bookkeeping (``info``: the checkpoint's DataInfo), aiming at its first target."""
     from agents.agent import Agent
 
-    return Agent.for_data(model, info, engine=engine, context=context, precision=precision)
+    return Agent(model, info, engine=engine, context=context, precision=precision)
 
 
 def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> dict:
@@ -92,8 +92,13 @@ def act_costs(model, info, batch: int, calls: int = 20) -> dict:
     obs, rew = np.random.default_rng(0).normal(size=(batch, model.cfg.state_dim)), np.ones(batch)
     ag.act(obs)
     s, r = torch.as_tensor(obs, dtype=torch.float32), torch.ones(batch)
-    out = timing.median_ms({"act_ms": lambda: ag.act(obs, rew), "engine_step_ms": lambda: ag.engine.act(s, r)},
-                           calls, rounds=3)
+    reset = torch.zeros(batch, dtype=torch.bool)
+
+    def step():
+        with torch.inference_mode():
+            return ag.step_fn(s, r, reset, ag.target, *ag.state.flat())
+
+    out = timing.median_ms({"act_ms": lambda: ag.act(obs, rew), "engine_step_ms": step}, calls, rounds=3)
     return {"batch": batch, **out, "bookkeeping_share": max(0.0, out["act_ms"] - out["engine_step_ms"]) / out["act_ms"]}
 
 

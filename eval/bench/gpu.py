@@ -121,7 +121,7 @@ def act_latency(args, device: torch.device, size: dict) -> dict[str, float]:
     model = DecisionTransformer(cfg).to(device).eval()
     info = DataInfo(env="hopper-medium", state_mean=np.zeros(STATE_DIM, np.float32),
                     state_std=np.ones(STATE_DIM, np.float32), reward_scale=1000.0, targets=(3600.0,))
-    agent = Agent.for_data(model, info, engine="stream")
+    agent = Agent(model, info, engine="stream")
     rng = np.random.default_rng(0)
     out = {}
     for batch in (1, 100):

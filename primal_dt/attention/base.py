@@ -10,7 +10,7 @@
   in any chunking reproduces ``forward`` on the whole sequence at every real token (at padding the
   outputs are unspecified: never read, and padding never enters a state); ``last_only`` asks only
   for the chunk's last token (y is [B, 1, D]; the others still advance the state). The stream engine
-  (agents.stream) runs it, and TorchScript / ONNX trace it (agents.export): there is no other form
+  (agents.agent) runs it, and TorchScript / ONNX trace it (agents.export): there is no other form
   (no in-place or eager-only variant: the engine pays a state copy per step where a graph must too).
 
 A recurrent state is a tuple of per-row tensors, batch first, that start at zero: a row restarts by

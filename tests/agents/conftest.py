@@ -23,12 +23,10 @@ def layout_cases():
 
 
 @pytest.fixture(scope="session")
-def make_agent(hopper_stats):
-    """make_agent(model, engine, **Agent options): an agent with the hopper statistics, the papers'
-    return scale (1000) and target 3600."""
+def make_agent(hopper_info):
+    """make_agent(model, engine, **Agent options): an agent with the hopper bookkeeping (``hopper_info``)."""
     def make(model, engine, **kw):
-        mean, std = hopper_stats
-        return Agent(model, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0, engine=engine, **kw)
+        return Agent(model, hopper_info, engine=engine, **kw)
 
     return make
 

@@ -83,7 +83,7 @@ def test_return_to_go_and_timestep_bookkeeping(tiny_dt, make_agent):
 def test_load_agent_reads_the_checkpoint_bookkeeping(tmp_path, tiny_dt, hopper_stats, dt_checkpoint_file):
     m = tiny_dt()
     p = dt_checkpoint_file(tmp_path, m, targets=(3000.0, 1500.0), reward_scale=500.0)
-    ag = load_agent(p, engine="stream")
+    ag = load_agent(p, engine="stream", runtime="torch")
     ag.reset(1)
     np.testing.assert_allclose(ag.returns_to_go, [3000.0], atol=1e-3)
     assert ag.reward_scale == 500.0
@@ -104,18 +104,19 @@ def test_load_agent_without_targets_aims_at_the_environments_first(tmp_path, tin
 
     m = tiny_dt()
     for env in ("hopper-medium", "walker2d-medium"):
-        ag = load_agent(dt_checkpoint_file(tmp_path / env, m, targets=(), env=env))
+        ag = load_agent(dt_checkpoint_file(tmp_path / env, m, targets=(), env=env), runtime="torch")
         ag.reset(1)
         np.testing.assert_allclose(ag.returns_to_go, [envs.get_spec(env).targets[0]], atol=1e-3)
         assert ag.info.eval_targets == envs.get_spec(env).targets
 
 
-def test_agent_needs_the_bookkeeping_it_cannot_guess(tiny_dt, hopper_stats):
-    mean, std = hopper_stats
-    with pytest.raises(TypeError, match="reward_scale"):
-        Agent(tiny_dt(), state_mean=mean, state_std=std, target=3600.0)
-    with pytest.raises(TypeError, match="target"):
-        Agent(tiny_dt(), state_mean=mean, state_std=std, reward_scale=1000.0)
+def test_agent_needs_the_bookkeeping_it_cannot_guess(tiny_dt, hopper_info):
+    """The statistics, scale and targets come with the run's DataInfo, never from a default here."""
+    with pytest.raises(TypeError, match="info"):
+        Agent(tiny_dt())
+    ag = Agent(tiny_dt(), hopper_info)
+    ag.reset(1)
+    np.testing.assert_allclose(ag.returns_to_go, [3600.0], atol=1e-3)
 
 
 def test_clear_errors(tmp_path, tiny_dt, make_agent, dt_checkpoint, dt_checkpoint_file, foreign_checkpoint_file):
@@ -125,10 +126,10 @@ def test_clear_errors(tmp_path, tiny_dt, make_agent, dt_checkpoint, dt_checkpoin
     with pytest.raises(ValueError, match="unknown engine 'fast'"):
         make_agent(m, "fast")
     with pytest.raises(ValueError, match="unknown engine"):
-        load_agent(dt_checkpoint_file(tmp_path, m), engine="fast")
+        load_agent(dt_checkpoint_file(tmp_path, m), engine="fast", runtime="torch")
     wrong = foreign_checkpoint_file(tmp_path / "cls")
     with pytest.raises(ValueError, match="holds a 'classifier' model, expected 'dt'"):
-        load_agent(wrong)
+        load_agent(wrong, runtime="torch")
     bi = tiny_dt()
     bi.stack.blocks[0].attn = build_attention("softmax", 32, 2, causal=False)
     with pytest.raises(ValueError, match="causal recurrent form"):
@@ -138,10 +139,10 @@ def test_clear_errors(tmp_path, tiny_dt, make_agent, dt_checkpoint, dt_checkpoin
     ck = dt_checkpoint(m).to_dict()
     ck["model_config"]["layers"] = "softmax,nystrom,primal"
     with pytest.raises(ValueError, match="causal"):
-        load_agent(ck)
+        load_agent(ck, runtime="torch")
     ck["model_config"]["layers"] = ["softmax", "nystrom", "primal"]  # not what to_dict writes: named, not a crash
     with pytest.raises(ValueError, match="model_config.layers must be str"):
-        load_agent(ck)
+        load_agent(ck, runtime="torch")
 
 
 def test_load_agent_refuses_a_crafted_checkpoint_without_running_it(tmp_path, crafted_checkpoint):
@@ -149,7 +150,7 @@ def test_load_agent_refuses_a_crafted_checkpoint_without_running_it(tmp_path, cr
     path = crafted_checkpoint(tmp_path / "run" / "last.pt", marker)
     for where in (path, path.parent):
         with pytest.raises(ValueError, match=f"checkpoint {path} was not loaded: .*could run code"):
-            load_agent(where)
+            load_agent(where, runtime="torch")
     assert not marker.exists()
 
 
@@ -165,8 +166,8 @@ def test_load_agent_checks_the_data_it_is_given(tmp_path, tiny_dt, dt_checkpoint
     ck.data.fingerprint, ck.config["data_source"] = data.fingerprint, f"d4rl:{mine}"
     path = schema.save(ck, tmp_path / "run" / "last.pt")
     for ok in (True, f"d4rl:{mine}", data):
-        assert load_agent(path, data=ok).info.fingerprint == data.fingerprint
+        assert load_agent(path, data=ok, runtime="torch").info.fingerprint == data.fingerprint
     for bad in (f"d4rl:{other}", load_dataset("hopper-medium", source=f"d4rl:{other}", verbose=False)):
         with pytest.raises(ValueError, match=f"checkpoint {path} was trained on d4rl:{mine} .*fingerprint "
                                              f"{data.fingerprint[:19]}.*but the data read now from d4rl:{other} differs"):
-            load_agent(path, data=bad)
+            load_agent(path, data=bad, runtime="torch")

@@ -121,7 +121,7 @@ def play(policies, batch: int, steps: int, restarts: dict[int, list[int]] | None
 
 
 def policies(run_dir, paths):
-    return [load_agent(run_dir, engine="stream"), OnnxPolicy(paths[0]), TorchScriptPolicy(paths[1])]
+    return [load_agent(run_dir, engine="stream", runtime="torch"), OnnxPolicy(paths[0]), TorchScriptPolicy(paths[1])]
 
 
 def assert_same_actions(actions, names=("onnx", "torchscript")):
@@ -227,7 +227,7 @@ def test_artefacts_hold_the_whole_step_with_no_python_side_state(trained, artefa
     tensors each runtime passes back."""
     a = OnnxPolicy(artefacts["windowed"][0])
     b = OnnxPolicy(artefacts["windowed"][0])
-    ref = load_agent(trained["windowed"])
+    ref = load_agent(trained["windowed"], runtime="torch")
     obs = np.random.default_rng(0).normal(size=(12, 3, 11)).astype(np.float32)
     a.reset(3), b.reset(1), ref.reset(3)
     for t in range(12):
@@ -504,10 +504,11 @@ def negated_late(real: Path, out: Path, late: int = 12) -> Path:
 
 
 def test_the_onnx_runtime_agent_acts_as_the_torch_agent_from_an_export_cached_in_the_users_cache(
-        trained, tmp_path, cache):
+        trained, tmp_path, cache, capsys):
     """``load_agent(runtime="onnx")`` exports the checkpoint once into the user's cache (named by the checkpoint's
     hash, its graph's digest beside it), reuses it, writes nothing into the run directory and acts as the torch
-    agent does, target included."""
+    agent does, target included. The default runtime ("auto") is that export, and says so; a checkpoint in
+    memory (no file to key the cache by) and a request only torch computes exactly get the torch agent."""
     ck = run_copy(trained, "primal+dt", tmp_path / "run")
     fast = load_agent(ck.parent, runtime="onnx", target=1800.0)
     assert isinstance(fast, OnnxPolicy) and fast.default_target == 1800.0 and fast.info.env == "hopper-medium"
@@ -518,9 +519,13 @@ def test_the_onnx_runtime_agent_acts_as_the_torch_agent_from_an_export_cached_in
     assert (cache / (graph.name + ".sha256")).read_text().strip() == hashlib.sha256(graph.read_bytes()).hexdigest()
     assert cache.stat().st_mode & 0o777 == 0o700
     stamp = graph.stat().st_mtime_ns
-    again = load_agent(ck, runtime="onnx", target=1800.0)
+    again = load_agent(ck, target=1800.0)
+    assert again.runtime == "onnx" and "load_agent: runtime=onnx" in capsys.readouterr().err
     assert graph.stat().st_mtime_ns == stamp and sorted(cache.iterdir()) == sorted(graph.parent.glob(f"{sha}*"))
-    ref = load_agent(ck, target=1800.0)
+    ref = load_agent(ck, target=1800.0, runtime="torch")
+    for source, kw in ((torch.load(ck, weights_only=True), {}), (ck, {"engine": "recompute"})):
+        assert load_agent(source, target=1800.0, **kw).runtime == "torch"
+        assert "load_agent: runtime=torch" in capsys.readouterr().err
     obs = np.random.default_rng(3).normal(size=(20, 3, 11)).astype(np.float32)
     for p in (fast, again, ref):
         p.reset(3)
@@ -542,12 +547,12 @@ def test_a_planted_policy_file_is_never_what_acts(trained, tmp_path, cache):
     real = export_policy(ck, "onnx", tmp_path / "real.onnx")
     planted = negated_late(real, ck.parent / "policy.onnx")
     assert read_metadata(planted) == read_metadata(real)
-    torch_agent = load_agent(ck)
+    torch_agent = load_agent(ck, runtime="torch")
     checked(OnnxPolicy(planted), torch_agent)  # what the run directory's file alone would have passed
     before = planted.read_bytes()
 
     def acts_as_torch(policy):
-        assert_same_actions(play([load_agent(ck), policy], batch=1, steps=40), names=("onnx",))
+        assert_same_actions(play([load_agent(ck, runtime="torch"), policy], batch=1, steps=40), names=("onnx",))
 
     with pytest.raises(AssertionError):  # the plant deviates once its episode is long enough
         acts_as_torch(OnnxPolicy(planted))
@@ -585,7 +590,7 @@ def test_a_read_only_run_leaves_no_temporary_export_behind(trained, tmp_path, ca
 
 
 @pytest.mark.parametrize("kw, message", [
-    ({"runtime": "tensorrt"}, "unknown runtime 'tensorrt'; choose one of torch, onnx"),
+    ({"runtime": "tensorrt"}, "unknown runtime 'tensorrt'; choose one of auto, torch, onnx"),
     ({"runtime": "onnx", "engine": "recompute"}, "runtime='onnx' runs the exact stream step on the CPU"),
     ({"runtime": "onnx", "precision": "bf16"}, "needs engine='stream', precision='fp32'"),
 ])

@@ -52,7 +52,7 @@ def exported(tiny_dt, dt_checkpoint_file, tmp_path_factory):
 
 
 GRAPHS = {"onnx": lambda e: OnnxPolicy(e[1]), "torchscript": lambda e: TorchScriptPolicy(e[2])}
-RUNTIMES = {**GRAPHS, "agent": lambda e: load_agent(e[1].parent)}
+RUNTIMES = {**GRAPHS, "agent": lambda e: load_agent(e[1].parent, runtime="torch")}
 """every implementation of the acting API (``agents.onnx_policy.Policy``): its checks are one code"""
 
 

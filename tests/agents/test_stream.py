@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from agents.decision_transformer import Batch, DTStep, softmax_stream_window, streamed_model_equivalent
-from agents.stream import StreamEngine
+from agents import Agent, DataInfo
 
 CASES = ["primalformer", "primal+dt", "dt", "windowed", "window<chunk", "performer", "cosformer"]
 """names of the layout_cases fixture (tests/agents/conftest.py)"""
@@ -23,11 +23,14 @@ def episode(B=2, T=40, seed=0):
 
 
 def engine(m, B):
-    return StreamEngine(DTStep(m, torch.zeros(11), torch.ones(11), 10.0), B, torch.full((B,), 50.0))
+    ag = Agent(m, DataInfo("hopper-medium", np.zeros(11), np.ones(11), reward_scale=10.0, targets=(50.0,)))
+    ag.reset(B)
+    return ag
 
 
-def run(eng, S, rew):
-    return torch.stack([eng.act(S[:, t], rew[:, t - 1] if t else None) for t in range(S.shape[1])], 1)
+def run(ag, S, rew):
+    return torch.stack([torch.from_numpy(ag.act(S[:, t].numpy(), rew[:, t - 1].numpy() if t else None))
+                        for t in range(S.shape[1])], 1)
 
 
 def test_cases_name_every_layout_case(layout_cases):
@@ -64,7 +67,7 @@ def test_state_size_is_constant_in_episode_length(layout_cases, tiny_dt):
         eng = engine(m, 1)
         sizes = []
         for t in range(120):
-            eng.act(torch.randn(1, 11), torch.zeros(1))
+            eng.act(np.random.randn(1, 11), np.zeros(1))
             if t in (10, 119):
                 sizes.append(sum(s.numel() for s in eng.state.flat()))
         assert sizes[0] == sizes[1], (layout, sizes)
@@ -101,7 +104,7 @@ def test_bf16_agent_stays_close_to_the_exact_one_over_a_hopper_episode(trained_r
 
     from agents import load_agent
 
-    exact, half = load_agent(trained_run), load_agent(trained_run, precision="bf16")
+    exact, half = load_agent(trained_run, runtime="torch"), load_agent(trained_run, precision="bf16", runtime="torch")
     assert half.precision == "bf16" and exact.precision == "fp32"
     env = gym.make("Hopper-v5", terminate_when_unhealthy=False, max_episode_steps=400)
     obs, _ = env.reset(seed=3)
@@ -127,8 +130,8 @@ def test_bf16_agent_checks_and_travels(trained_run):
     with pytest.raises(ValueError, match="precision='bf16' applies to engine='stream' only"):
         load_agent(trained_run, engine="recompute", precision="bf16")
     with pytest.raises(ValueError, match="precision must be one of fp32, bf16, got 'int8'"):
-        load_agent(trained_run, precision="int8")
-    agent = load_agent(trained_run, precision="bf16")
+        load_agent(trained_run, precision="int8", runtime="torch")
+    agent = load_agent(trained_run, precision="bf16", runtime="torch")
     twin = pickle.loads(pickle.dumps(agent))  # how an evaluation lane receives its agent
     assert twin.precision == "bf16"
     obs = np.random.default_rng(0).normal(size=(4, 11)).astype(np.float32)

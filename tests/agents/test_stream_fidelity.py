@@ -66,7 +66,7 @@ def play(stream, recompute, T=150, seeds=(3, 4)):
 def test_a_stream_exact_checkpoint_streams_its_recompute_policy_in_hopper(layout, trained):
     with warnings.catch_warnings():
         warnings.simplefilter("error", StreamNotTrainedWarning)  # an exact stream is not warned about
-        stream = load_agent(trained[layout], engine="stream")
+        stream = load_agent(trained[layout], engine="stream", runtime="torch")
     recompute = load_agent(trained[layout], engine="recompute")
     assert stream.fidelity == {"engine": "stream", "exact": True, "stream_window": W}
     assert recompute.fidelity == {"engine": "recompute", "exact": True, "stream_window": W}
@@ -75,7 +75,7 @@ def test_a_stream_exact_checkpoint_streams_its_recompute_policy_in_hopper(layout
 
 def test_a_checkpoint_trained_on_segments_streams_another_policy_and_says_so(trained):
     with pytest.warns(StreamNotTrainedWarning, match="stream_window=W") as caught:
-        stream = load_agent(trained["segments"], engine="stream")
+        stream = load_agent(trained["segments"], engine="stream", runtime="torch")
     assert len(caught) == 1
     assert stream.fidelity == {"engine": "stream", "exact": False, "stream_window": 0}
     with warnings.catch_warnings():

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from agents import Agent, DTConfig
+from agents import Agent, DataInfo, DTConfig
 from agents.decision_transformer import Batch
 from agents.stream_training import (first_exact_step, min_segment_steps, receptive_field, stream_exact_config,
                                     stream_exact_loss_mask)
@@ -53,7 +53,7 @@ def episode_tensors(rec, mean, std, target=3600.0, scale=1000.0):
 def test_stream_agent_in_hopper_equals_forward_over_the_whole_episode(layout, tiny_dt, hopper_stats):
     m = windowed_model(tiny_dt, layout)
     mean, std = hopper_stats
-    ag = Agent(m, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0, engine="stream")
+    ag = Agent(m, DataInfo("hopper-medium", mean, std, reward_scale=1000.0, targets=(3600.0,)), engine="stream")
     rec = simulate(ag, T=60)
     T = len(rec["act"])
     assert T == 60  # 180 tokens: the windows (reach 24 tokens) slid far past the episode start

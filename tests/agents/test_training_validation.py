@@ -154,18 +154,6 @@ def test_resume_keeps_the_split_and_refuses_another(hopper_file, tmp_path, capsy
     dt_checkpoint.save(tampered, d / "last.pt")
     with pytest.raises(SetupError, match="held out episodes .* for validation, but the split recomputed from seed=0"):
         train_run([f"resume={d}", "steps=6"])
-    # a checkpoint from before validation (no split, no val_fraction in its config) continues without one
-    old = dt_checkpoint.load(d)
-    old.data.held_out = ()
-    del old.config["val_fraction"]
-    raw = old.to_dict()
-    del raw["data"]["held_out"]
-    from primal_dt.run import checkpoint
-
-    checkpoint.save_atomic(raw, d / "last.pt")
-    assert dt_checkpoint.load(d).data.held_out == ()
-    again = train_run([f"resume={d}", "steps=6", "progress=false", "threads=1"])
-    assert again["steps"] == 6 and again["validation"] is None
 
 
 def test_many_held_out_steps_are_validated_on_a_fixed_seeded_sample(tiny_dt, hopper_stats):

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from agents import Agent
+from agents import Agent, DataInfo
 from eval import rollout
 from eval.episodes import run_episodes
 from eval.simulators import SimulatorProcess, hostable
@@ -18,7 +18,7 @@ JOBS = [(t, e) for t in (3600.0, 1800.0) for e in range(5)]  # 10 episodes on 2 
 
 def agents_for(model, stats, n=2):
     mean, std = stats
-    return [Agent(model, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0) for _ in range(n)]
+    return [Agent(model, DataInfo("hopper-medium", mean, std, reward_scale=1000.0, targets=(3600.0,))) for _ in range(n)]
 
 
 def run(model, stats, venvs, host=True, **kw):
@@ -38,7 +38,7 @@ def test_a_hosted_lane_runs_the_same_episodes_as_an_agent_acting_here(tiny_dt, h
     here, _ = run(model, hopper_stats, [rollout.vector_env("hopper-medium", 3, False, None)])
     stepped, _ = run(model, hopper_stats, [SimulatorProcess("hopper-medium", 3)], host=False)
     assert "hosted_s" in hosted and "hosted_s" not in here and "hosted_s" not in stepped
-    assert agents[0].engine is None, "the evaluator's own agent never acted: the lane's copy did"
+    assert agents[0].batch == 0, "the evaluator's own agent never acted: the lane's copy did"
     lengths = np.array(hosted["lengths"])
     assert (lengths < 49).any() and (lengths == 49).any(), "the test wants both kinds of episode end"
     for other in (here, stepped):
@@ -65,7 +65,7 @@ def test_hosted_lanes_share_one_queue_in_a_timing_free_order(tiny_dt, hopper_sta
     mean, std = hopper_stats
     here, _ = run(model, hopper_stats, [rollout.vector_env("hopper-medium", 2, False, None) for _ in range(2)])
     for slow_lane in (0, 1):
-        agents = [SlowAgent(model, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0)
+        agents = [SlowAgent(model, DataInfo("hopper-medium", mean, std, reward_scale=1000.0, targets=(3600.0,)))
                   for _ in range(2)]
         agents[slow_lane].delay = 0.003
         venvs = [SimulatorProcess("hopper-medium", 2) for _ in range(2)]
@@ -75,7 +75,7 @@ def test_hosted_lanes_share_one_queue_in_a_timing_free_order(tiny_dt, hopper_sta
         finally:
             for v in venvs:
                 v.close()
-        assert "hosted_s" in hosted and all(a.engine is None for a in agents)
+        assert "hosted_s" in hosted and all(a.batch == 0 for a in agents)
         assert hosted["lengths"] == here["lengths"] and sorted(hosted["act_rows"]) == sorted(here["act_rows"])
         np.testing.assert_array_equal(hosted["returns"], here["returns"])
         assert len(set(np.round(hosted["returns"], 4))) == len(JOBS)  # every job ran once, its own episode
@@ -103,7 +103,7 @@ def test_a_failing_lane_is_reported_and_every_lane_process_ends(tiny_dt, hopper_
     own error, and closing the lanes leaves no process behind."""
     walker = tiny_dt("primal+dt", K=5)  # hopper-sized (11 observations) ...
     mean, std = hopper_stats
-    agents = [Agent(walker, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0) for _ in range(2)]
+    agents = [Agent(walker, DataInfo("hopper-medium", mean, std, reward_scale=1000.0, targets=(3600.0,))) for _ in range(2)]
     venvs = [SimulatorProcess("walker2d-medium", 2) for _ in range(2)]  # ... on 17-observation simulators
     try:
         with pytest.raises(ValueError, match="obs must have shape"):
@@ -122,13 +122,13 @@ def test_a_multi_threaded_lane_starts_clean_and_uses_its_threads(run_code):
 import torch
 torch.set_num_threads(2)
 (torch.randn(512, 512) @ torch.randn(512, 512)).sum()  # the parent's OpenMP pool exists now
-from agents import Agent
+from agents import Agent, DataInfo
 from agents.decision_transformer import DecisionTransformer, DTConfig
 from eval.episodes import run_episodes
 from eval.simulators import SimulatorProcess
 import numpy as np
 m = DecisionTransformer(DTConfig(state_dim=11, act_dim=3, K=4, d_model=16, n_heads=2, s=4, dropout=0.0)).eval()
-agents = [Agent(m, state_mean=np.zeros(11), state_std=np.ones(11), reward_scale=1000.0, target=3600.0)]
+agents = [Agent(m, DataInfo("hopper-medium", np.zeros(11), np.ones(11), reward_scale=1000.0, targets=(3600.0,)))]
 venvs = [SimulatorProcess("hopper-medium", 2, threads=2)]
 try:
     res = run_episodes(agents, venvs, [(3600.0, 0), (3600.0, 1)], seed=0, max_steps=15)

@@ -30,7 +30,7 @@ def run(ckpt, episodes=3, seed=5, details=None, **kw):
 
 def sequential(ckpt, target, episodes, seed, engine="stream", max_steps=MAX):
     """The reference protocol: one episode at a time, batch-1 agent, env reset with seed + e."""
-    agent = load_agent(ckpt, engine=engine, target=target)
+    agent = load_agent(ckpt, engine=engine, target=target, runtime="torch")
     env = envs.make_env("hopper-medium", None)
     out = []
     for e in range(episodes):
@@ -103,7 +103,7 @@ def test_a_checkpoint_brings_its_bookkeeping_a_bare_model_needs_it_given(tmp_pat
 def test_finished_rows_leave_the_batch_and_idle_simulators_are_not_stepped(ckpt):
     """With more simulators than episodes left, rows whose episode ended leave the agent's batch
     and their simulators are no longer stepped; results equal the one-at-a-time protocol."""
-    agent = load_agent(ckpt, engine="stream", target=3600.0)
+    agent = load_agent(ckpt, engine="stream", target=3600.0, runtime="torch")
     venv = rollout.vector_env("hopper-medium", 4, False, None)
     stepped = [0] * 4
     for i, e in enumerate(venv.envs):
@@ -134,7 +134,7 @@ def test_the_episode_loop_drives_any_runtime_of_the_acting_api(ckpt, tmp_path):
 
     jobs = [(3600.0, e) for e in range(3)] + [(1800.0, 0)]
     out = {}
-    for name, policy in (("agent", load_agent(ckpt, engine="stream")),
+    for name, policy in (("agent", load_agent(ckpt, engine="stream", runtime="torch")),
                          ("onnx", OnnxPolicy(export_policy(ckpt, "onnx", tmp_path / "policy.onnx")))):
         venv = rollout.vector_env("hopper-medium", 3)
         try:

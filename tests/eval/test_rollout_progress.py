@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from agents import Agent
+from agents import Agent, DataInfo
 from eval import rollout
 from eval.episodes import run_episodes
 
@@ -33,7 +33,7 @@ def test_run_episodes_reports_each_episode_as_it_ends(tiny_dt, hopper_stats):
     model = tiny_dt("primal+dt", K=5)
     mean, std = hopper_stats
     venvs = [rollout.vector_env("hopper-medium", 2, False, None) for _ in range(2)]
-    agents = [Agent(model, state_mean=mean, state_std=std, reward_scale=1000.0, target=3600.0) for _ in venvs]
+    agents = [Agent(model, DataInfo("hopper-medium", mean, std, reward_scale=1000.0, targets=(3600.0,))) for _ in venvs]
     jobs = [(t, e) for t in (3600.0, 1800.0) for e in range(4)]
     reports, steps_at = [], []
     counted = {"steps": 0}

@@ -207,7 +207,7 @@ def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_p
     assert s["final"]["target3600"]["episodes"] == 1
     # the trained checkpoint streams exactly what the model computes over the whole episode
     ckpt = Path(s["run_dir"]) / "last.pt"
-    stream, full = load_agent(ckpt, engine="stream"), load_agent(ckpt, engine="recompute", context=30)
+    stream, full = load_agent(ckpt, engine="stream", runtime="torch"), load_agent(ckpt, engine="recompute", context=30)
     g = torch.Generator().manual_seed(0)
     obs = torch.randn(30, 2, 11, generator=g).numpy()
     for agent in (stream, full):
