@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import available, build_attention, get_class
 from .attention.base import restart_rows
-from .attention.precision import check_precision, weight
+from .attention.precision import check_precision, linear, weight
 
 
 @dataclass
@@ -65,35 +64,15 @@ class Block(nn.Module):
     def forward(self, x, mask=None):
         return self._residual(x, lambda h: self.attn(h, mask))
 
-    def mlp_weights(self, precision: str):
-        """The MLP's (up weight, up bias, down weight, down bias) as ``recurrent_step`` reads them: the
-        parameters themselves in fp32 (detached), snapshots in a reduced ``precision``."""
-        up, down = self.mlp[0], self.mlp[2]
-        return (weight(up.weight, precision), weight(up.bias, precision), weight(down.weight, precision),
-                weight(down.bias, "fp32"))
-
     def recurrent_step(self, x, form, state, mask, last_only: bool, mlp):
-        """Pre-norm residual around the attention's recurrent ``form``: x [B, C, D] -> (y, state) with y
-        [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes
-        through the residual and the MLP). No dropout (eval-mode computation). ``mlp``: ``mlp_weights``.
-
-        This runs once per layer per environment step, where a step at batch 1 costs per operator,
-        not per flop, and at batch 100 fresh [B*C, 4D] buffers cost page faults: so the layer norms
-        and the MLP are called functionally, and the MLP's activation and the second residual are
-        applied in place on the MLP's own fresh outputs. With bf16 weights the hidden layer stays in
-        bfloat16 between the two matmuls."""
-        ln1, ln2 = self.ln1, self.ln2
-        h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
-        a, state = form.forward(h, state, mask, last_only)  # (forward: no module-call overhead, per layer per step)
+        """``forward``'s pre-norm residual around the attention's recurrent ``form``: x [B, C, D] -> (y, state),
+        y [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes through the
+        residual and the MLP). No dropout (eval-mode computation). ``mlp``: the MLP's weights at the stream's
+        precision (``Stack.recurrent``)."""
+        a, state = form(self.ln1(x), state, mask, last_only)
         x = (x[:, -1:] if last_only else x) + a
-        act = self.mlp[1]
-        h = F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
         w1, b1, w2, b2 = mlp
-        u = F.linear(h.to(w1.dtype), w1, b1)
-        u = u.relu_() if isinstance(act, nn.ReLU) else act(u)
-        if w2.dtype == x.dtype:
-            return F.linear(u, w2, b2).add_(x), state
-        return F.linear(u, w2).to(x.dtype).add_(b2).add_(x), state
+        return x + linear(self.mlp[1](linear(self.ln2(x), w1, b1)), w2, b2), state
 
 
 class Stack(nn.Module):
@@ -150,7 +129,8 @@ class StackRecurrent(nn.Module):
         super().__init__()
         self.stack = stack
         self.forms = nn.ModuleList(forms)
-        self.mlps = [b.mlp_weights(precision) for b in stack.blocks]
+        self.mlps = [(weight(b.mlp[0].weight, precision), weight(b.mlp[0].bias, "fp32"),
+                      weight(b.mlp[2].weight, precision), weight(b.mlp[2].bias, "fp32")) for b in stack.blocks]
         self.specs = [dataclasses.replace(s, name=f"layer{i}.{s.name}", masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
                       for i, f in enumerate(forms) for s in f.specs]
         self.sizes = [len(f.specs) for f in forms]
@@ -172,7 +152,4 @@ class StackRecurrent(nn.Module):
             x, st = block.recurrent_step(x, form, tuple(state[at:at + n]), mask, last_only and i == top, mlp)
             new += st
             at += n
-        ln = self.stack.ln_f
-        if isinstance(ln, nn.LayerNorm):  # (functional: one module call fewer per step)
-            return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps), tuple(new)
-        return ln(x), tuple(new)
+        return self.stack.ln_f(x), tuple(new)
