@@ -125,7 +125,6 @@ class KernelSmootherAttention(Attention):
         y, _ = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
         return zero_padding(y, mask), {}
 
-    # -- recurrent form: key/value cache -------------------------------------------------------
     def recurrent(self, *, window=None, chunk=1, precision="fp32"):
         """``KernelRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
         self.check_recurrent(precision)

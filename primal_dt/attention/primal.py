@@ -120,7 +120,6 @@ class PrimalAttention(Attention):
     def Wr(self) -> torch.Tensor:
         return self.W[1]
 
-    # -- shared pieces -------------------------------------------------------------------------
     def _weights(self, x, mask):
         """(W, rows): W = [We; Wr] as the scores use it, [2, H, d_head, s], or in the data-dependent
         form W_{e|X} = f(X)^T We per sequence, [B, 2, H, d_head, s]. ``rows``: the rows of the
@@ -145,11 +144,8 @@ class PrimalAttention(Attention):
         return y, sc
 
     def _aux(self, sc, rows, mask):
-        """What the KSVD regulariser reads. Its trace term uses the *parameters* We, Wr (the paper's
-        eqs. 6 and 11), in the data-dependent form too: there the layer's primal features are
-        f(X) phi(q) and We, Wr ([rows, s] per head) are the projection directions acting on them,
-        so W_{e|X} = f(X)^T We is a product of data and parameters, not the KSVD's variable.
-        ``rows`` ([B] or None): how many leading rows of We, Wr each sequence used."""
+        """What the KSVD regulariser reads (ksvd.py: its trace term uses the parameters We, Wr in every
+        form). ``rows`` ([B] or None): how many leading rows of We, Wr each sequence used."""
         n = self.W.shape[2] if rows is None else int(rows.max()) if rows.numel() else 0
         aux = {"e": sc[..., : self.s], "r": sc[..., self.s :], "We": self.W[0, :, :n], "Wr": self.W[1, :, :n],
                "Lambda": self.Lambda, "mask": mask}
@@ -161,7 +157,6 @@ class PrimalAttention(Attention):
         B, T, _ = x.shape
         return self.qk(x).view(B, T, 2, self.n_heads, self.d_head)
 
-    # -- parallel form -------------------------------------------------------------------------
     def forward(self, x, mask=None):
         self.check_input(x, mask)
         qk = self._qk(x)
@@ -171,7 +166,6 @@ class PrimalAttention(Attention):
         y, sc = self._scores_and_output(qk, W, mask)
         return y, self._aux(sc, rows, mask)
 
-    # -- recurrent form: fused running sums ----------------------------------------------------------
     def recurrent(self, *, window=None, chunk=1, precision="fp32"):
         """``PrimalRecurrent`` (``window`` and ``chunk`` do not apply: the state is O(H d_head) without this
         layer's own window, a ring of that window with it)."""

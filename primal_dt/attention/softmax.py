@@ -29,14 +29,10 @@ from .registry import register
 
 
 def ring_attention(q, K, V, allowed):
-    """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys.
-
-    Each (row, head) is a [C, d] x [d, cap] product, so the work is B H tiny matmuls that read the
-    whole cache: memory-bound. SDPA's CPU kernel (flash attention, built for long query blocks) is
-    slower there at large batches than two batched matmuls around a masked softmax, and its exported
-    form guards fully masked rows (IsNaN, Where), which cannot occur here: every query sees at least
-    its own slot, so no row of the softmax is empty."""
-    # a bfloat16 cache (precision="bf16"): bf16 products, scores and softmax in q's dtype (no-ops otherwise)
+    """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: two
+    batched matmuls around a masked softmax, not SDPA, whose CPU kernel is built for long query blocks
+    and whose exported form guards fully masked rows (IsNaN, Where), which cannot occur here (every
+    query sees its own slot). A bfloat16 ring: bf16 products, scores and softmax in q's dtype."""
     scores = torch.matmul(q.to(K.dtype), K.transpose(-1, -2)).to(q.dtype)
     scores = torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), float("-inf"))  # (one Where; no Not)
     return torch.matmul(torch.softmax(scores, -1).to(V.dtype), V).to(q.dtype)
@@ -172,14 +168,10 @@ class SoftmaxRecurrent(Recurrent):
 
 
 def scatter_nd(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    """A copy of ``data`` with ``updates`` written at the index tuples ``index`` [..., k]: tuple n names
-    ``data[n]``, a sub-tensor over data's remaining dims, which ``updates`` [..., *those dims] fills.
-
-    In an ONNX export, one ScatterND operator (``_scatter_nd_op``, which agents.export translates so),
-    whose each tuple copies one contiguous run (a slot's d_head values); torch.export's own translation of
-    the same write as an indexed assignment broadcasts its three index tensors and the values first (a
-    dozen Shape, Max, Expand, Unsqueeze and Concat operators per write). Elsewhere (eager, TorchScript's
-    trace) a clone and an index_put."""
+    """A copy of ``data`` with ``updates`` written at the index tuples ``index`` [..., k] (tuple n names
+    ``data[n]``). In an ONNX export one ScatterND operator (``_scatter_nd_op``, which agents.export
+    translates so) instead of the dozen broadcasting operators torch.export makes of an indexed
+    assignment; elsewhere (eager, TorchScript's trace) a clone and an index_put."""
     if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
         return _scatter_nd_op(data, index, updates)
     return _written(data, index, updates)
