@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .attention import available, build_attention, get_class
-from .attention.base import restart_rows
+from .attention.base import Recurrent, restart_rows
 from .attention.precision import check_precision, linear, weight
 
 
@@ -119,28 +119,21 @@ class Stack(nn.Module):
         return StackRecurrent(self, forms, precision)
 
 
-class StackRecurrent(nn.Module):
+class StackRecurrent(Recurrent):
     """A stack's recurrent form: ``forward(x [B, C, D], state, mask, last_only) -> (y, state)`` with the
     final norm applied, y [B, C, D] or [B, 1, D] when ``last_only`` (lower blocks still pass every token
     on: the chunk's tokens feed the upper layers' states). ``state``: every layer's state tensors in
     order, laid out by ``specs`` (``layer<i>.<name>``)."""
 
     def __init__(self, stack: Stack, forms, precision: str):
-        super().__init__()
+        super().__init__(dataclasses.replace(s, name=f"layer{i}.{s.name}",
+                                             masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
+                         for i, f in enumerate(forms) for s in f.specs)
         self.stack = stack
         self.forms = nn.ModuleList(forms)
         self.mlps = [(weight(b.mlp[0].weight, precision), weight(b.mlp[0].bias, "fp32"),
                       weight(b.mlp[2].weight, precision), weight(b.mlp[2].bias, "fp32")) for b in stack.blocks]
-        self.specs = [dataclasses.replace(s, name=f"layer{i}.{s.name}", masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
-                      for i, f in enumerate(forms) for s in f.specs]
         self.sizes = [len(f.specs) for f in forms]
-
-    @property
-    def grows(self) -> bool:
-        return any(f.grows for f in self.forms)
-
-    def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
-        return tuple(s.zeros(batch, device) for s in self.specs)
 
     def reset_rows(self, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``state`` with the rows flagged in ``rows`` ([B] bool) restarted (base.restart_rows)."""
