@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import available, build_attention, get_class
-from .attention.base import restart_rows
-from .attention.precision import check_precision, weight
+from .attention.base import Recurrent, restart_rows
+from .attention.precision import check_precision, linear, weight
 
 
 @dataclass
@@ -65,35 +64,15 @@ class Block(nn.Module):
     def forward(self, x, mask=None):
         return self._residual(x, lambda h: self.attn(h, mask))
 
-    def mlp_weights(self, precision: str):
-        """The MLP's (up weight, up bias, down weight, down bias) as ``recurrent_step`` reads them: the
-        parameters themselves in fp32 (detached), snapshots in a reduced ``precision``."""
-        up, down = self.mlp[0], self.mlp[2]
-        return (weight(up.weight, precision), weight(up.bias, precision), weight(down.weight, precision),
-                weight(down.bias, "fp32"))
-
     def recurrent_step(self, x, form, state, mask, last_only: bool, mlp):
-        """Pre-norm residual around the attention's recurrent ``form``: x [B, C, D] -> (y, state) with y
-        [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes
-        through the residual and the MLP). No dropout (eval-mode computation). ``mlp``: ``mlp_weights``.
-
-        This runs once per layer per environment step, where a step at batch 1 costs per operator,
-        not per flop, and at batch 100 fresh [B*C, 4D] buffers cost page faults: so the layer norms
-        and the MLP are called functionally, and the MLP's activation and the second residual are
-        applied in place on the MLP's own fresh outputs. With bf16 weights the hidden layer stays in
-        bfloat16 between the two matmuls."""
-        ln1, ln2 = self.ln1, self.ln2
-        h = F.layer_norm(x, ln1.normalized_shape, ln1.weight, ln1.bias, ln1.eps)
-        a, state = form.forward(h, state, mask, last_only)  # (forward: no module-call overhead, per layer per step)
+        """``forward``'s pre-norm residual around the attention's recurrent ``form``: x [B, C, D] -> (y, state),
+        y [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes through the
+        residual and the MLP). No dropout (eval-mode computation). ``mlp``: the MLP's weights at the stream's
+        precision (``Stack.recurrent``)."""
+        a, state = form(self.ln1(x), state, mask, last_only)
         x = (x[:, -1:] if last_only else x) + a
-        act = self.mlp[1]
-        h = F.layer_norm(x, ln2.normalized_shape, ln2.weight, ln2.bias, ln2.eps)
         w1, b1, w2, b2 = mlp
-        u = F.linear(h.to(w1.dtype), w1, b1)
-        u = u.relu_() if isinstance(act, nn.ReLU) else act(u)
-        if w2.dtype == x.dtype:
-            return F.linear(u, w2, b2).add_(x), state
-        return F.linear(u, w2).to(x.dtype).add_(b2).add_(x), state
+        return x + linear(self.mlp[1](linear(self.ln2(x), w1, b1)), w2, b2), state
 
 
 class Stack(nn.Module):
@@ -140,27 +119,21 @@ class Stack(nn.Module):
         return StackRecurrent(self, forms, precision)
 
 
-class StackRecurrent(nn.Module):
+class StackRecurrent(Recurrent):
     """A stack's recurrent form: ``forward(x [B, C, D], state, mask, last_only) -> (y, state)`` with the
     final norm applied, y [B, C, D] or [B, 1, D] when ``last_only`` (lower blocks still pass every token
     on: the chunk's tokens feed the upper layers' states). ``state``: every layer's state tensors in
     order, laid out by ``specs`` (``layer<i>.<name>``)."""
 
     def __init__(self, stack: Stack, forms, precision: str):
-        super().__init__()
+        super().__init__(dataclasses.replace(s, name=f"layer{i}.{s.name}",
+                                             masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
+                         for i, f in enumerate(forms) for s in f.specs)
         self.stack = stack
         self.forms = nn.ModuleList(forms)
-        self.mlps = [b.mlp_weights(precision) for b in stack.blocks]
-        self.specs = [dataclasses.replace(s, name=f"layer{i}.{s.name}", masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
-                      for i, f in enumerate(forms) for s in f.specs]
+        self.mlps = [(weight(b.mlp[0].weight, precision), weight(b.mlp[0].bias, "fp32"),
+                      weight(b.mlp[2].weight, precision), weight(b.mlp[2].bias, "fp32")) for b in stack.blocks]
         self.sizes = [len(f.specs) for f in forms]
-
-    @property
-    def grows(self) -> bool:
-        return any(f.grows for f in self.forms)
-
-    def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
-        return tuple(s.zeros(batch, device) for s in self.specs)
 
     def reset_rows(self, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``state`` with the rows flagged in ``rows`` ([B] bool) restarted (base.restart_rows)."""
@@ -172,7 +145,4 @@ class StackRecurrent(nn.Module):
             x, st = block.recurrent_step(x, form, tuple(state[at:at + n]), mask, last_only and i == top, mlp)
             new += st
             at += n
-        ln = self.stack.ln_f
-        if isinstance(ln, nn.LayerNorm):  # (functional: one module call fewer per step)
-            return F.layer_norm(x, ln.normalized_shape, ln.weight, ln.bias, ln.eps), tuple(new)
-        return ln(x), tuple(new)
+        return self.stack.ln_f(x), tuple(new)

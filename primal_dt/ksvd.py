@@ -14,13 +14,10 @@ the average over a sequence's L real tokens, makes J comparable across sequence 
 padding (the reference code averages the same way). Lemma 4.2's stationary point, Lp = S^-1 for the
 singular values S of the induced kernel, is therefore Lambda = sqrt(L) * S^(-1/2), where J = 0.
 
-The trace term uses the parameters We, Wr in every form (paper eqs. 6 and 11, Lemma 4.2 and its
-proof), never a per-sample W_{e|X}: in the data-dependent form the primal features of token i are
-f(X) phi(q_i) (the n sampled rows of X against phi(q_i)) and We, Wr in R^{n x s} act on them, so the
-KSVD, and its stationary point, are in We, Wr. A sequence with fewer real tokens than s * rank_multi
-samples fewer rows n_b, and its trace covers the n_b rows it used, so padding never changes J.
-tests/primal_dt/test_ksvd.py builds the stationary
-point of both forms from the SVD of the induced kernel and checks J = 0 there.
+The trace term uses the parameters We, Wr in every form (paper eqs. 6 and 11, Lemma 4.2), never a
+per-sample W_{e|X}: in the data-dependent form the primal features of token i are f(X) phi(q_i) and
+We, Wr act on them, so the KSVD and its stationary point are in We, Wr. A sequence that samples
+fewer rows n_b < s * rank_multi has its trace over the rows it used, so padding never changes J.
 """
 
 from __future__ import annotations

@@ -1,24 +1,21 @@
-"""The one contract every attention mechanism honours (the README's "The attention core").
+"""The one contract every attention mechanism honours (docs/attention.md).
 
 - ``forward(x, mask=None) -> (y, aux)``: ``x`` [B, T, D], ``mask`` [B, T] bool, True = real token.
   Padding never influences a real token's output; outputs at padding positions are zero.
 - ``causal`` is fixed at construction.
 - A causal mechanism with a recurrent form has ONE: ``recurrent(window=None, chunk=1, precision="fp32")
   -> Recurrent``, a pure function of tensors ``form(x_chunk, state, mask=None, last_only=False) -> (y,
-  state)`` (flash-linear-attention's shape) whose per-row state is declared once, as ``form.specs``
-  (``StateSpec``: name, per-row shape, dtype, which flag hides it). Stepping a sequence through it
-  in any chunking reproduces ``forward`` on the whole sequence at every real token (at padding the
-  outputs are unspecified: never read, and padding never enters a state); ``last_only`` asks only
-  for the chunk's last token (y is [B, 1, D]; the others still advance the state). The stream engine
-  (agents.agent) runs it, and TorchScript / ONNX trace it (agents.export): there is no other form
-  (no in-place or eager-only variant: the engine pays a state copy per step where a graph must too).
+  state)`` (flash-linear-attention's shape) whose per-row state is declared once, as ``form.specs``.
+  Stepping a sequence through it in any chunking reproduces ``forward`` on the whole sequence at every
+  real token (at padding the outputs are unspecified, and padding never enters a state); ``last_only``
+  asks only for the chunk's last token (y is [B, 1, D]; the others still advance the state). The stream
+  engine (agents.agent) runs it, and TorchScript / ONNX trace it: there is no other form.
 
 A recurrent state is a tuple of per-row tensors, batch first, that start at zero: a row restarts by
-going back to zero (``restart_rows``) and leaves the batch by being sliced out
-(``select_rows``), so nothing a row holds can leak into another. A form keeps nothing on
-the Python side between calls (no clocks, no per-phase tables that change), since a traced graph is
-replayed at every step. A mechanism whose state is a cache of every token (kernel-*, svr-*: it grows
-with the sequence) streams in torch but has no fixed-size graph state (``Recurrent.grows``).
+going back to zero (``restart_rows``) and leaves the batch by being sliced out (``select_rows``), so
+nothing a row holds can leak into another. A form keeps nothing on the Python side between calls,
+since a traced graph is replayed at every step. A mechanism whose state caches every token (kernel-*,
+svr-*) streams in torch but has no fixed-size graph state (``Recurrent.grows``).
 """
 
 from __future__ import annotations
@@ -34,19 +31,15 @@ from .precision import check_precision
 class Attention(nn.Module):
     """Base class: argument checks, head reshaping and state helpers shared by all mechanisms."""
 
-    #: True when the causal form has a recurrent form (``recurrent``).
-    supports_step: bool = False
-    #: True when the mechanism accepts a ``window`` option.
-    supports_window: bool = False
-    #: Which directions exist (Nystrom, Linformer, Reformer are bidirectional only).
+    supports_step: bool = False  #: the causal form has a recurrent form (``recurrent``)
+    supports_window: bool = False  #: accepts a ``window`` option
     supports_causal: bool = True
     supports_bidirectional: bool = True
-    #: Matmul precisions the stream form can run (precision.py); bf16 needs fused weight snapshots.
-    stream_precisions: tuple[str, ...] = ("fp32",)
-    #: What eval.spectrum's probe reads the attention matrix through (None: not probed). A mechanism that
-    #: mixes values names the nn.Linear submodule whose last d_model outputs are its values, its input
-    #: to ``proj`` being linear in them; one in primal form (no values) names instead, in
-    #: ``score_directions``, the parameter [2, H, rows, s] its scores ``aux["e"]``, ``aux["r"]`` are linear in.
+    stream_precisions: tuple[str, ...] = ("fp32",)  #: matmul precisions the recurrent form runs (precision.py)
+    #: What eval.spectrum's probe reads the attention matrix through (None: not probed): a mechanism that
+    #: mixes values names the nn.Linear whose last d_model outputs are its values (its input to ``proj``
+    #: linear in them); one in primal form names instead, in ``score_directions``, the parameter
+    #: [2, H, rows, s] its scores ``aux["e"]``, ``aux["r"]`` are linear in.
     value_projection: str | None = None
     score_directions: str | None = None
 
@@ -78,13 +71,6 @@ class Attention(nn.Module):
             if mask.dtype != torch.bool:
                 raise ValueError(f"{name}: mask must be a bool tensor (True = real token), got dtype {mask.dtype}")
 
-    def _require_step(self) -> None:
-        if not (self.causal and self.supports_step):
-            raise ValueError(
-                f"{type(self).__name__} has no recurrent form when causal={self.causal}; "
-                "build it with causal=True (recurrent stepping needs a causal mechanism)"
-            )
-
     # -- reshaping ---------------------------------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, H*d] -> [B, H, T, d]"""
@@ -99,48 +85,41 @@ class Attention(nn.Module):
 
     # -- the recurrent form ---------------------------------------------------------------------
     def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32") -> Recurrent:
-        """This mechanism's recurrent form (see the module docstring); a mechanism with ``supports_step``
-        overrides it, after ``check_recurrent``.
-
-        ``window``: a bound the caller imposes on a mechanism whose attention is otherwise unbounded
-        and would need a cache of the whole sequence (the DT step passes 3K - 1 tokens); only
-        mechanisms that need one use it (softmax), a mechanism's own ``window`` option wins, and
+        """This mechanism's recurrent form (module docstring); a mechanism with ``supports_step`` overrides it,
+        after ``check_recurrent``. ``window``: a bound the caller imposes on attention that is otherwise
+        unbounded and would need a cache of the whole sequence (the DT step passes its window); only
+        mechanisms that need one use it (softmax), a mechanism's own ``window`` wins, and
         ``adopt_stream_window`` makes ``forward`` compute the same. ``chunk``: the chunk length the form
-        will usually get (the DT step: 3), to size ring buffers; longer chunks are still correct.
-        ``precision``: the matmul precision (precision.py), one of ``stream_precisions``."""
+        usually gets, to size ring buffers (longer chunks are still correct). ``precision``: one of
+        ``stream_precisions``."""
         self.check_recurrent(precision)
         raise NotImplementedError(f"{type(self).__name__} declares supports_step but defines no recurrent form")
 
     def check_recurrent(self, precision: str = "fp32") -> None:
         """A ValueError when this mechanism has no recurrent form as built, or not at ``precision``."""
-        self._require_step()
-        self.check_stream_precision(precision)
-
-    def check_stream_precision(self, precision: str) -> None:
-        """A ValueError when this mechanism's recurrent form cannot run ``precision``."""
+        name = type(self).__name__
+        if not (self.causal and self.supports_step):
+            raise ValueError(f"{name} has no recurrent form when causal={self.causal}; build it with causal=True "
+                             "(recurrent stepping needs a causal mechanism)")
         if check_precision(precision) not in self.stream_precisions:
-            raise ValueError(f"{type(self).__name__} streams in {' or '.join(self.stream_precisions)} only, not "
-                             f"precision={precision!r}")
+            raise ValueError(f"{name} streams in {' or '.join(self.stream_precisions)} only, not precision={precision!r}")
 
     def adopt_stream_window(self, window: int | None) -> None:
-        """Make ``forward`` compute what ``recurrent(window=window)`` streams (in place; for a copy of a
-        model, see agents.decision_transformer.streamed_model_equivalent). Default: nothing to do."""
+        """Make ``forward`` compute what ``recurrent(window=window)`` streams (in place). Default: nothing."""
 
 
 @dataclass(frozen=True)
 class StateSpec:
-    """One tensor of a recurrent state: its ``name``, its ``shape`` per row (the batch axis, first, is
-    left out because a graph takes any batch; a 0 marks an axis that grows with the sequence) and
-    ``dtype``. Every entry starts at zero, and a restarted row goes back to zero, so no initial value is
-    stored; an entry ``masked_by`` a flag only needs its flag to go back to zero."""
+    """One tensor of a recurrent state: ``name``, ``shape`` per row (batch left out; a 0 marks an axis that
+    grows with the sequence) and ``dtype``. Every entry starts at zero, and a restarted row goes back to
+    zero; an entry ``masked_by`` a flag only needs its flag to go back to zero."""
 
     name: str
     shape: tuple[int, ...]
     dtype: torch.dtype
     masked_by: str = ""
-    """the name of a bool entry of the same state that marks where this one holds anything: where it is
-    False this entry is never read, so a restart zeroes the flag and leaves this entry as it is (a softmax
-    layer's keys and values: zeroing them would copy the whole cache at every step of a graph)"""
+    """a bool entry of the same state marking where this one holds anything; a restart zeroes only the
+    flag (a softmax layer's keys and values: zeroing them would copy the whole cache at every step)"""
 
     def zeros(self, batch: int, device=None) -> torch.Tensor:
         return torch.zeros(batch, *self.shape, dtype=self.dtype, device=device)
@@ -148,12 +127,10 @@ class StateSpec:
 
 class Recurrent(nn.Module):
     """A mechanism's recurrent form: ``forward(x [B, C, D], state, mask [B, C] bool or None, last_only)
-    -> (y, new state)`` with ``state`` a tuple of tensors laid out as ``specs`` (see the module docstring).
-    Each mechanism's subclass lives in the mechanism's own file."""
+    -> (y, new state)``, ``state`` a tuple of tensors laid out as ``specs`` (module docstring)."""
 
     def __init__(self, specs):
         super().__init__()
-        #: the state tensors, in order (per-row shapes; every entry starts at zero)
         self.specs: tuple[StateSpec, ...] = tuple(specs)
 
     @property
@@ -167,9 +144,8 @@ class Recurrent(nn.Module):
 
 
 def restart_rows(specs, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``state`` (laid out as ``specs``) with the rows flagged in ``rows`` [B] bool back at zero, as pure
-    tensor arithmetic (what an exported graph runs too); an entry ``masked_by`` a flag passes unchanged
-    (its zeroed flag hides it)."""
+    """``state`` (laid out as ``specs``) with the rows flagged in ``rows`` [B] bool back at zero, as tensor
+    arithmetic an exported graph runs too; an entry ``masked_by`` a flag passes unchanged."""
     def zeroed(s):  # onnxruntime has no Where for bool tensors: flags are cleared with And
         r = rows.view(-1, *[1] * (s.dim() - 1))
         return s & ~r if s.dtype == torch.bool else torch.where(r, 0, s)
@@ -183,9 +159,8 @@ def select_rows(state, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def stream_in_pieces(form, x: torch.Tensor, state, mask: torch.Tensor | None, last_only: bool, size: int):
-    """Run ``form`` over chunk x [B, C, D] in consecutive pieces of at most ``size`` tokens: how a
-    recurrent form whose ring holds ``size`` new tokens takes a longer chunk (same outputs as one call,
-    since stepping in any chunking equals the whole sequence)."""
+    """Run ``form`` over chunk x [B, C, D] in pieces of at most ``size`` tokens: how a form whose ring
+    holds ``size`` new tokens takes a longer chunk."""
     outs = []
     for i in range(0, x.shape[1], size):
         y, state = form(x[:, i:i + size], state, None if mask is None else mask[:, i:i + size], last_only)
@@ -194,9 +169,8 @@ def stream_in_pieces(form, x: torch.Tensor, state, mask: torch.Tensor | None, la
 
 
 def static(n) -> int:
-    """A size read from a tensor's shape, as a Python int. Eager code gets the same number; a traced
-    graph (agents.export) gets a constant instead of Shape/Gather operators run at every step. Recurrent
-    forms use it for every axis but the batch, which they leave dynamic (-1)."""
+    """A size read from a tensor's shape as a Python int: a traced graph gets a constant instead of
+    Shape/Gather operators run at every step (recurrent forms use it for every axis but the batch)."""
     return int(n)
 
 

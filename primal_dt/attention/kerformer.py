@@ -29,7 +29,7 @@ from torch import nn
 
 from .base import StateSpec, check_int
 from .linear_core import FeatureMapAttention
-from .prefix import prefix_means, running_sums
+from .prefix import prefix_means, prefix_sums
 from .registry import register
 
 _CHOICES = {"softmax_axis": ("feature", "token"), "se": ("channel", "token", "none"), "normalizer": ("sum", "none")}
@@ -76,13 +76,12 @@ class KerformerAttention(FeatureMapAttention):
             fk = fk * self._gate(fk.transpose(1, 2)).transpose(1, 2)
         elif self.se == "channel":
             kt = fk.transpose(1, 2)  # [B, T, H, d]
-            if not self.causal:
-                z = prefix_means(kt, mask)[:, -1:]  # mean over all real tokens, [B, 1, H, d]
-            elif fstate is None:
+            if fstate is None:
                 z = prefix_means(kt, mask)
+                z = z if self.causal else z[:, -1:]  # the mean over all real tokens, [B, 1, H, d]
             else:
-                real = torch.ones_like(kt[..., 0, 0]) if mask is None else mask.to(kt.dtype)
-                sums, counts = running_sums(kt, mask, fstate[0]), running_sums(real, None, fstate[1])
+                real = kt.new_ones(kt.shape[:2]) if mask is None else mask.to(kt.dtype)
+                sums, counts = prefix_sums(kt, mask, total=fstate[0]), prefix_sums(real, total=fstate[1])
                 z, fstate = sums / counts.clamp(min=1)[..., None, None], (sums[:, -1], counts[:, -1])
             fk = fk * self._gate(z).transpose(1, 2)
         return fq, fk, fstate

@@ -20,8 +20,8 @@ the augmented features [f WF, t WT], so it shares the exponential path.
 Numerics: exponential kernels are evaluated in the log domain (a masked log-sum-exp / softmax);
 the others divide by the kernel sum + eps. The linear kernel is the exception the paper itself
 flags: it can be negative, so its literal normaliser sum_j <q_i, k_j> can cross zero and the
-weights blow up (the paper reports it does not converge; we measured 1e-3 changes in outputs from
-1-ulp changes in the projections). By default (``normalizer="abs"``) the weights are divided by
+weights blow up (the paper reports it does not converge; outputs then swing with rounding-level
+changes in the projections). By default (``normalizer="abs"``) the weights are divided by
 sum_j |<q_i, k_j>| + eps instead, which keeps them bounded (|w| <= 1) and is identical for the
 non-negative kernels; ``normalizer="signed"`` gives the literal formula.
 The recurrent form (causal) is a key/value cache, like softmax's.
@@ -125,7 +125,6 @@ class KernelSmootherAttention(Attention):
         y, _ = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
         return zero_padding(y, mask), {}
 
-    # -- recurrent form: key/value cache -------------------------------------------------------
     def recurrent(self, *, window=None, chunk=1, precision="fp32"):
         """``KernelRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
         self.check_recurrent(precision)

@@ -1,21 +1,14 @@
 """Matmul precision of the stream forms: ``precision="fp32"`` (exact, the default) or ``"bf16"``.
 
-At batch 100 a stream step is bound by arithmetic: its matmuls run near the CPU's float32 peak, and
-the step already does the fewest multiply-adds its model allows. What is left is cheaper arithmetic:
-on CPUs with AVX512-BF16 or AMX (and on CUDA GPUs), bfloat16 matmuls run several times faster than
-float32 ones.
-
-``bf16`` applies to the matmuls of the stream forms that opt in (``stream_precisions`` of a
-mechanism; the block's MLP). Their weights are snapshotted in bfloat16, each input is rounded to
-bfloat16 right before the matmul, and the product comes back in the activations' own dtype, where the
-bias is added. A softmax layer's key/value ring is kept in bfloat16 too: each key and value is
-rounded once, when written, and never accumulated into; at batch 100 the attention reads the whole
-ring every step, so its size is what that attention costs (scores and softmax stay in the model's
-dtype). Everything that accumulates stays in the model's dtype: the residual stream, layer norms,
-the running sums of primal and linear layers (a float32 sum of 1000 tokens stays exact where a
-bfloat16 one would stop moving), the embeddings and the action head. So rounding errors do not build
-up over an episode: each step's actions differ from fp32's by a bounded amount (the tests keep a
-bound on it), but they are not bit-exact, which is why fp32 stays the default.
+At batch 100 a stream step is bound by arithmetic, and on CPUs with AVX512-BF16 or AMX (and on
+CUDA GPUs) bfloat16 matmuls run several times faster than float32 ones. ``bf16`` applies to the
+weight matmuls of the stream forms that opt in (a mechanism's ``stream_precisions``; the block's
+MLP): weights are snapshotted in bfloat16, each input is rounded right before the matmul, and the
+product comes back in the activations' dtype, where the bias is added. A softmax layer's key/value
+ring is kept in bfloat16 too (each entry rounded once, never accumulated into). Everything that
+accumulates stays in the model's dtype (residual stream, norms, running sums: a bfloat16 sum of
+1000 tokens would stop moving), so errors do not build up over an episode; actions are close to
+fp32's but not bit-exact, which is why fp32 stays the default.
 """
 
 from __future__ import annotations
@@ -36,8 +29,8 @@ def check_precision(precision: str) -> str:
 
 
 def weight(w: torch.Tensor | None, precision: str) -> torch.Tensor | None:
-    """A snapshot of the weight ``w`` for ``precision``: detached (fp32: the parameter itself, so
-    in-place updates show), or a bfloat16 copy."""
+    """``w`` for ``precision``: detached (fp32: the parameter itself, so in-place updates show), or a
+    bfloat16 copy."""
     if w is None:
         return None
     dtype = PRECISIONS[check_precision(precision)]
@@ -45,8 +38,7 @@ def weight(w: torch.Tensor | None, precision: str) -> torch.Tensor | None:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear`` with the matmul in ``w``'s dtype and the result, bias added, in ``x``'s dtype: a
-    plain ``F.linear`` when they agree (fp32 snapshots), so the exact path pays nothing."""
+    """``F.linear`` with the matmul in ``w``'s dtype and the result, bias added, in ``x``'s dtype."""
     if w.dtype == x.dtype:
         return F.linear(x, w, b)
     y = F.linear(x.to(w.dtype), w).to(x.dtype)
@@ -54,8 +46,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> t
 
 
 def native_bf16(device: torch.device | str = "cpu") -> bool:
-    """Whether bfloat16 matmuls are native on ``device`` (CPU: AVX512-BF16 or AMX; elsewhere CUDA
-    and the like are assumed to be). Without it oneDNN emulates them, slower than float32."""
+    """Whether bfloat16 matmuls are native on ``device`` (CPU: AVX512-BF16 or AMX; other devices are
+    assumed to be); without it oneDNN emulates them, slower than float32."""
     if torch.device(device).type != "cpu":
         return True
     checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]

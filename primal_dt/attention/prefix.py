@@ -1,14 +1,14 @@
 """Masked running (prefix) sums, the statistic behind every causal linear-time mechanism.
 
 Causal Primal-Attention needs running means of q and k over the real tokens; the linear-attention
-family needs running sums of phi(k) v^T and phi(k); causal SVR needs running key means. They all
-reduce to: for each position t, the sum of x_j over real positions j <= t (or over the last
-``window`` positions), and how many real positions that was. This module computes it for the
-parallel form (windows included) and, unwindowed, for the recurrent forms (``running_sums``).
+family running sums of phi(k) v^T and phi(k); flowformer its flows; kerformer its SE squeeze. They
+all reduce to: for each position t, the sum of x_j over real positions j <= t (or over the last
+``window`` positions), and how many real positions that was. The parallel form starts from zero; a
+recurrent form passes ``total``, the sum before the chunk (its state), and reads the next state
+at the chunk's last position.
 
 Windowed sums subtract two cumulative sums, so they accumulate in float64 to stay exact to float32
-precision on long sequences; unwindowed sums accumulate in the input's dtype (a sequential scan in
-both forms) to keep memory and per-step overhead low.
+precision on long sequences; unwindowed sums accumulate in the input's dtype.
 """
 
 from __future__ import annotations
@@ -16,39 +16,25 @@ from __future__ import annotations
 import torch
 
 
-def _masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    if mask is None:
-        return x
-    return x * mask.view(*mask.shape, *([1] * (x.dim() - 2))).to(x.dtype)
+def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x [B, T, *F] with the padding positions of ``mask`` [B, T] zeroed."""
+    return x if mask is None else x * mask.view(*mask.shape, *([1] * (x.dim() - 2))).to(x.dtype)
 
 
-def prefix_sums(
-    x: torch.Tensor, mask: torch.Tensor | None = None, window: int | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Running sums over real tokens along dim 1.
-
-    x: [B, T, *F]; mask: [B, T] bool or None. Returns (sums [B, T, *F] in x.dtype,
-    counts [B, T] float) where position t covers positions j <= t, or t - window < j <= t.
-    """
-    B, T = x.shape[:2]
-    m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+def prefix_sums(x: torch.Tensor, mask: torch.Tensor | None = None, window: int | None = None,
+                total: torch.Tensor | None = None) -> torch.Tensor:
+    """Running sums over the real tokens of x [B, T, *F] along dim 1, [B, T, *F] in x.dtype: position t
+    covers j <= t (plus ``total`` [B, *F], the sum before x), or t - window < j <= t."""
+    T = x.shape[1]
     if window is None or window >= T:
-        return torch.cumsum(_masked(x, m), dim=1), torch.cumsum(m.to(x.dtype), dim=1)
-    c = torch.cumsum(_masked(x, m).double(), dim=1)
-    n = torch.cumsum(m.double(), dim=1)
-    c = torch.cat([c[:, :window], c[:, window:] - c[:, :-window]], dim=1)
-    n = torch.cat([n[:, :window], n[:, window:] - n[:, :-window]], dim=1)
-    return c.to(x.dtype), n.to(x.dtype)
+        s = torch.cumsum(masked(x, mask), dim=1)
+        return s if total is None else s + total.unsqueeze(1)
+    c = torch.cumsum(masked(x, mask).double(), dim=1)
+    return torch.cat([c[:, :window], c[:, window:] - c[:, :-window]], dim=1).to(x.dtype)
 
 
 def prefix_means(x, mask=None, window=None) -> torch.Tensor:
     """Running means over real tokens; 0 where no real token has been seen yet."""
-    s, n = prefix_sums(x, mask, window)
-    return s / n.clamp(min=1).view(*n.shape, *([1] * (x.dim() - 2)))
-
-
-def running_sums(x: torch.Tensor, mask: torch.Tensor | None, total: torch.Tensor) -> torch.Tensor:
-    """Recurrent counterpart of unwindowed :func:`prefix_sums`: x [B, C, *F] is the next chunk and
-    ``total`` [B, *F] the sum of the real tokens before it (a recurrent state); returns the sums
-    [B, C, *F] at every position of the chunk (the last one is the next state)."""
-    return torch.cumsum(_masked(x, mask), dim=1) + total.unsqueeze(1)
+    real = x.new_ones(x.shape[:2]) if mask is None else mask.to(x.dtype)
+    n = prefix_sums(real, None, window)
+    return prefix_sums(x, mask, window) / n.clamp(min=1).view(*n.shape, *([1] * (x.dim() - 2)))

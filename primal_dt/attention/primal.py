@@ -18,14 +18,11 @@ Forms:
   With ``window``, means over the last ``window`` positions.
 
 Recurrent form (``recurrent``, ``PrimalRecurrent``; causal, data-independent): running sums of q|k,
-O(H * d_head) per sequence, fused for inference. phi normalises, so the running sum gives the
-features of the running mean and the count is skipped; ``proj(merge(Wo [We^T phi(q); Wr^T phi(k)]))``
-is linear in the normalised sums, one [D, 2D] matrix (composed in float64) plus a bias. With
-``last_only`` and no window, only the chunk's total enters the state, so q|k is projected once for
-the summed chunk (sum_i m_i (W h_i + b) = W sum_i m_i h_i + (sum_i m_i) b). With a window: a ring of
-the last ``window`` positions' q|k, oldest first (positions are implicit in the order: no clock), and
-their sum kept in float64 (it is updated by adding and subtracting, so it must not drift); chunks
-longer than the window go through in pieces.
+O(H * d_head) per sequence, read out by the parallel form's own scores and output (phi normalises, so
+the running sum gives the features of the running mean and the count is not needed). With a window:
+a ring of the last ``window`` positions' q|k, oldest first (positions are implicit in the order: no
+clock), and their sum kept in float64 (it is updated by adding and subtracting, so it must not
+drift); chunks longer than the window go through in pieces.
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .base import Attention, Recurrent, StateSpec, check_int, check_window, static, stream_in_pieces, zero_padding
-from .prefix import prefix_means
+from .prefix import masked, prefix_means, prefix_sums
 from .precision import linear, weight
 from .registry import register
 
@@ -123,7 +120,6 @@ class PrimalAttention(Attention):
     def Wr(self) -> torch.Tensor:
         return self.W[1]
 
-    # -- shared pieces -------------------------------------------------------------------------
     def _weights(self, x, mask):
         """(W, rows): W = [We; Wr] as the scores use it, [2, H, d_head, s], or in the data-dependent
         form W_{e|X} = f(X)^T We per sequence, [B, 2, H, d_head, s]. ``rows``: the rows of the
@@ -148,11 +144,8 @@ class PrimalAttention(Attention):
         return y, sc
 
     def _aux(self, sc, rows, mask):
-        """What the KSVD regulariser reads. Its trace term uses the *parameters* We, Wr (the paper's
-        eqs. 6 and 11), in the data-dependent form too: there the layer's primal features are
-        f(X) phi(q) and We, Wr ([rows, s] per head) are the projection directions acting on them,
-        so W_{e|X} = f(X)^T We is a product of data and parameters, not the KSVD's variable.
-        ``rows`` ([B] or None): how many leading rows of We, Wr each sequence used."""
+        """What the KSVD regulariser reads (ksvd.py: its trace term uses the parameters We, Wr in every
+        form). ``rows`` ([B] or None): how many leading rows of We, Wr each sequence used."""
         n = self.W.shape[2] if rows is None else int(rows.max()) if rows.numel() else 0
         aux = {"e": sc[..., : self.s], "r": sc[..., self.s :], "We": self.W[0, :, :n], "Wr": self.W[1, :, :n],
                "Lambda": self.Lambda, "mask": mask}
@@ -164,7 +157,6 @@ class PrimalAttention(Attention):
         B, T, _ = x.shape
         return self.qk(x).view(B, T, 2, self.n_heads, self.d_head)
 
-    # -- parallel form -------------------------------------------------------------------------
     def forward(self, x, mask=None):
         self.check_input(x, mask)
         qk = self._qk(x)
@@ -174,7 +166,6 @@ class PrimalAttention(Attention):
         y, sc = self._scores_and_output(qk, W, mask)
         return y, self._aux(sc, rows, mask)
 
-    # -- recurrent form: fused running sums ----------------------------------------------------------
     def recurrent(self, *, window=None, chunk=1, precision="fp32"):
         """``PrimalRecurrent`` (``window`` and ``chunk`` do not apply: the state is O(H d_head) without this
         layer's own window, a ring of that window with it)."""
@@ -184,37 +175,16 @@ class PrimalAttention(Attention):
         self.check_recurrent(precision)
         return PrimalRecurrent(self, precision)
 
-    def _fused_readout(self, dtype):
-        """(M [D, 2D], bias [D]): proj(merge(Wo [We^T f_q; Wr^T f_k])) as one linear map of the per-head
-        normalised sums f = [f_q; f_k], composed in float64 and cast to ``dtype`` (a snapshot)."""
-        D, H, d, s = self.d_model, self.n_heads, self.d_head, self.s
-        with torch.no_grad():
-            P = self.proj.weight.double()
-            Wo = self.Wo.weight.double()  # [d, 2s]
-            W = self.W.double()  # [2, H, d, s]
-            M = torch.zeros(D, 2 * D, dtype=torch.float64, device=P.device)
-            for c in range(2):
-                for h in range(H):
-                    block = P[:, h * d:(h + 1) * d] @ Wo[:, c * s:(c + 1) * s] @ W[c, h].T  # [D, d]
-                    M[:, c * D + h * d: c * D + (h + 1) * d] = block
-            bias = torch.zeros(D, dtype=torch.float64, device=P.device)
-            if self.proj.bias is not None:
-                bias += self.proj.bias.double()
-            if self.Wo.bias is not None:
-                bias += P @ self.Wo.bias.double().repeat(H)
-        return M.to(dtype), bias.to(dtype)
-
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, s={self.s}, causal={self.causal}, "
                 f"data_dependent={self.data_dependent}, window={self.window}")
 
 
 class PrimalRecurrent(Recurrent):
-    """The fused recurrent form (see the module docstring): state ``sum`` [2D], the running sum of q|k
-    over the row's real tokens; with the layer's ``window``, ``ring`` [window, 2D] (the last window
-    positions' q|k, oldest first) and ``S`` [2D] float64, their sum, updated by adding the chunk and
-    subtracting what leaves the window. Fused weights are a snapshot taken here (``precision="bf16"``:
-    the two matmul weights in bfloat16; sums and biases stay in the model's dtype)."""
+    """The recurrent form (see the module docstring): state ``sum`` [2D], the running sum of q|k over the
+    row's real tokens; with the layer's ``window``, ``ring`` [window, 2D] (the last window positions' q|k,
+    oldest first) and ``S`` [2D] float64, their sum. ``precision="bf16"``: a bfloat16 snapshot of the q|k
+    projection (sums and the readout stay in the model's dtype)."""
 
     def __init__(self, attn: PrimalAttention, precision: str = "fp32"):
         dtype, D = attn.qk.weight.dtype, attn.d_model
@@ -224,45 +194,22 @@ class PrimalRecurrent(Recurrent):
             specs = [StateSpec("ring", (attn.window, 2 * D), dtype), StateSpec("S", (2 * D,), torch.float64)]
         super().__init__(specs)
         self.attn = attn
-        M, bias = attn._fused_readout(dtype)
-        self.register_buffer("M", weight(M, precision))
-        self.register_buffer("bias", bias)
         self.wqk, self.bqk = weight(attn.qk.weight, precision), weight(attn.qk.bias, "fp32")
-
-    def readout(self, sums):
-        """Running sums of q|k [B, T, 2D] -> outputs [B, T, D]: normalise per head, one fused matmul."""
-        a, T = self.attn, static(sums.shape[1])  # every size but the batch a constant, also when traced
-        f = F.normalize(sums.view(-1, T, 2 * a.n_heads, a.d_head), dim=-1, eps=1e-12)
-        return linear(f.view(-1, T, 2 * a.d_model), self.M, self.bias)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
         C = static(x.shape[1])
-        m = None if mask is None else mask.to(x.dtype)
-        if a.window is None:
-            (total,) = state
-            if last_only:  # only the chunk's total enters the state and only the last token is read out
-                if m is None:
-                    hs, n = x.sum(1, keepdim=True), float(C)
-                else:
-                    hs, n = torch.bmm(m.unsqueeze(1), x), m.sum(1).view(-1, 1, 1)
-                qk = linear(hs, self.wqk)
-                if self.bqk is not None:
-                    qk = qk + n * self.bqk
-                total = total + qk[:, 0]
-                return self.readout(total.unsqueeze(1)), (total,)
-            qk = linear(x, self.wqk, self.bqk)
-            if m is not None:
-                qk = qk * m.unsqueeze(-1)
-            sums = torch.cumsum(qk, 1) + total.unsqueeze(1)
-            return self.readout(sums), (sums[:, -1],)
-        if C > a.window:  # the ring holds `window` new positions at a time
+        if a.window is not None and C > a.window:  # the ring holds `window` new positions at a time
             return stream_in_pieces(self, x, state, mask, last_only, a.window)
-        ring, S = state
         qk = linear(x, self.wqk, self.bqk)
-        if m is not None:
-            qk = qk * m.unsqueeze(-1)
-        sums64 = torch.cumsum((qk - ring[:, :C]).double(), 1) + S.unsqueeze(1)  # ring[:, :C]: leaving the window
-        sums = sums64.to(qk.dtype)
-        y = self.readout(sums[:, -1:] if last_only else sums)
-        return y, (torch.cat([ring[:, C:], qk], 1), sums64[:, -1])
+        if a.window is None:
+            sums = prefix_sums(qk, mask, total=state[0])
+            new = (sums[:, -1],)
+        else:
+            ring, S = state
+            sums64 = prefix_sums((masked(qk, mask) - ring[:, :C]).double(), total=S)  # ring[:, :C]: leaving
+            sums, new = sums64.to(qk.dtype), (torch.cat([ring[:, C:], masked(qk, mask)], 1), sums64[:, -1])
+        if last_only:
+            sums, mask = sums[:, -1:], None if mask is None else mask[:, -1:]
+        y, _ = a._scores_and_output(sums.view(-1, static(sums.shape[1]), 2, a.n_heads, a.d_head), a.W, mask)
+        return y, new

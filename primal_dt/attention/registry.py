@@ -25,12 +25,10 @@ def register(*names: str):
 
 
 def available() -> list[str]:
-    _load_all()
     return sorted(_REGISTRY)
 
 
 def get_class(name: str) -> type[Attention]:
-    _load_all()
     if name not in _REGISTRY:
         close = difflib.get_close_matches(str(name), _REGISTRY, n=3)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
@@ -61,7 +59,3 @@ def build_attention(name: str, d_model: int, n_heads: int, causal: bool = False,
         raise ValueError(f"attention {name!r} does not accept option(s) {bad}; accepted: {ok}")
     return cls(d_model, n_heads, causal=causal, **options)
 
-
-def _load_all() -> None:
-    """Import every mechanism module so its @register runs (importing the package does this)."""
-    from . import _mechanisms  # noqa: F401

@@ -13,16 +13,12 @@ papers compared against (same parameters, same outputs, O(T^2) memory).
 
 Recurrent form (``recurrent``, ``SoftmaxRecurrent``): a key/value ring of ``w + chunk - 1`` slots,
 with w the layer's window or else the bounded window the caller passes (an unwindowed cache would
-grow with the sequence), each row with its own phase in its state (no clock outside the row); a
-chunk is scattered into its slots and attends over the ring through a position/validity mask whose
-position part is a constant table row picked by the phase.
+grow with the sequence), each row with its own phase in its state (no clock outside the row).
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -33,14 +29,10 @@ from .registry import register
 
 
 def ring_attention(q, K, V, allowed):
-    """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys.
-
-    Each (row, head) is a [C, d] x [d, cap] product, so the work is B H tiny matmuls that read the
-    whole cache: memory-bound. SDPA's CPU kernel (flash attention, built for long query blocks) is
-    slower there at large batches than two batched matmuls around a masked softmax, and its exported
-    form guards fully masked rows (IsNaN, Where), which cannot occur here: every query sees at least
-    its own slot, so no row of the softmax is empty."""
-    # a bfloat16 cache (precision="bf16"): bf16 products, scores and softmax in q's dtype (no-ops otherwise)
+    """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: two
+    batched matmuls around a masked softmax, not SDPA, whose CPU kernel is built for long query blocks
+    and whose exported form guards fully masked rows (IsNaN, Where), which cannot occur here (every
+    query sees its own slot). A bfloat16 ring: bf16 products, scores and softmax in q's dtype."""
     scores = torch.matmul(q.to(K.dtype), K.transpose(-1, -2)).to(q.dtype)
     scores = torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), float("-inf"))  # (one Where; no Not)
     return torch.matmul(torch.softmax(scores, -1).to(V.dtype), V).to(q.dtype)
@@ -120,28 +112,6 @@ class SoftmaxAttention(Attention):
         return SoftmaxRecurrent(self, w, check_int("chunk", chunk, low=1), precision)
 
 
-TABLE_LIMIT = 1 << 20
-"""largest R * R * C (ring slots squared times chunk length) whose ring layout is tabulated for every phase"""
-
-
-class RingTables(NamedTuple):
-    """``SoftmaxRecurrent``'s ring layout for a chunk of C tokens, one row per ring phase p (the slot of the
-    chunk's first token); R slots, H heads, Cq queries (C, or 1 with ``last_only``). One tensor per use, so
-    that an exported graph picks each with one Gather and reads it as it is (no Slice, Split or Squeeze)."""
-
-    at: torch.Tensor
-    """[N, C] int64: the slots the chunk's tokens go to"""
-    next: torch.Tensor
-    """[N] int64: the phase after the chunk"""
-    tuples: torch.Tensor
-    """[N, H, C, 3] int64: the same as (0, head, slot) index tuples into a [B, H, R, d] ring (a row's number,
-    times (1, 0, 0), is added: ``scatter_nd``'s index)"""
-    band: torch.Tensor
-    """[N, 1, Cq, R] bool: query i may see slot j (if valid): slot j's token is 0 .. w - 1 positions before i's"""
-    own: torch.Tensor
-    """[N, 1, Cq, R] bool: query i's own slot, seen even when i is padding, so that no softmax row is empty"""
-
-
 class SoftmaxRecurrent(Recurrent):
     """The recurrent form over a ``window`` of w positions, on a ring of R = w + chunk - 1 slots: state
     ``k``, ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase: the slot its
@@ -149,16 +119,12 @@ class SoftmaxRecurrent(Recurrent):
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice;
     here the chunk's keys and values are scattered into their slots (``scatter_nd``: one copy, the least
-    a form whose state comes back new can do) and the attention reads the ring in slot order.
-
-    What a query may see depends only on the row's phase and the chunk length, so the slots written, the
-    position part of the mask and the next phase are rows of constant tables (``rows``) gathered by
-    ``pos``: a few graph nodes per layer, and rows at any phases mix in one batch. ``chunk`` (the DT
-    step's three tokens) sizes the ring; shorter chunks use it as they are, longer ones go in pieces.
+    a form whose state comes back new can do) and the attention reads the ring in slot order, through a
+    mask computed from the row's phase. ``chunk`` (the DT step's three tokens) sizes the ring; longer
+    chunks go in pieces.
 
     ``precision="bf16"``: bfloat16 snapshots of the projections and a bfloat16 ring (each key and value
-    rounded once, when written, never accumulated into: at batch 100 reading the whole ring every step is
-    what the attention costs); scores and softmax stay in the model's dtype."""
+    rounded once, when written, never accumulated into); scores and softmax stay in the model's dtype."""
 
     def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1, precision: str = "fp32"):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1
@@ -169,45 +135,6 @@ class SoftmaxRecurrent(Recurrent):
         self.attn, self.window, self.chunk, self.slots = attn, window, chunk, R
         self.wqkv, self.bqkv = weight(attn.qkv.weight, precision), weight(attn.qkv.bias, "fp32")
         self.wp, self.bp = weight(attn.proj.weight, precision), weight(attn.proj.bias, "fp32")
-        self._tables: dict[tuple, RingTables] = {}
-        for last_only in (False, True):  # (built here, so that a traced graph holds them as constants)
-            self.rows(torch.zeros(1, dtype=torch.int64), chunk, last_only)
-
-    def layout(self, pos: torch.Tensor, C: int, last_only: bool) -> RingTables:
-        """Where a chunk of C tokens goes and what its queries may see, for rows at ring phases ``pos`` [N]:
-        after the write, slot j holds the latest token == j (mod R) up to the chunk's last, ``age`` tokens
-        before it."""
-        R, w, H, dev = self.slots, self.window, self.attn.n_heads, pos.device
-        N = pos.shape[0]
-        at = (pos.view(-1, 1) + torch.arange(C, device=dev)) % R  # [N, C]
-        head = torch.arange(H, device=dev).view(1, H, 1).expand(N, H, C)
-        tuples = torch.stack([torch.zeros_like(head), head, at.view(N, 1, C).expand(N, H, C)], -1)
-        age = (pos.view(-1, 1) + (C - 1) - torch.arange(R, device=dev)) % R  # [N, R]
-        dist = age.unsqueeze(1) - (C - 1 - torch.arange(C, device=dev)).view(1, C, 1)  # query i's position - slot j's
-        if last_only:
-            dist = dist[:, -1:]
-        band, own = ((dist >= 0) & (dist < w)).unsqueeze(1), (dist == 0).unsqueeze(1)
-        return RingTables(at, (pos + C) % R, tuples, band, own)
-
-    def rows(self, pos: torch.Tensor, C: int, last_only: bool) -> RingTables:
-        """``layout`` at the rows' phases: rows of a table over every phase, computed once, when it is small
-        (a few graph nodes per layer: the DT's rings), else computed for the rows at hand (long caches)."""
-        if self.slots ** 2 * C > TABLE_LIMIT:
-            return self.layout(pos, C, last_only)
-        return RingTables(*(t.index_select(0, pos) for t in self.table(C, last_only, pos.device)))
-
-    def table(self, C: int, last_only: bool, device) -> RingTables:
-        """``layout`` for every phase (computed once per chunk length and device)."""
-        key = (C, last_only, device)
-        if key not in self._tables:
-            self._tables[key] = self.layout(torch.arange(self.slots, device=device), C, last_only)
-        return self._tables[key]
-
-    @staticmethod
-    def row_offsets(batch, device) -> torch.Tensor:
-        """[B, 1, 1, 3]: (b, 0, 0) for rows b = 0 .. B - 1, what turns ``tuples`` into a batch's index
-        (computed from the mask's shape, not x's: the mask is every layer's, so a graph computes it once)."""
-        return torch.arange(batch, device=device).view(-1, 1, 1, 1) * torch.tensor([1, 0, 0], device=device)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
@@ -215,32 +142,36 @@ class SoftmaxRecurrent(Recurrent):
         if C > self.chunk:
             return stream_in_pieces(self, x, state, mask, last_only, self.chunk)
         K, V, valid, pos = state
-        H, d = a.n_heads, a.d_head  # one transpose, then a split: fewer graph nodes than a 5-d permute, 3 selects
+        H, d, R, dev = a.n_heads, a.d_head, self.slots, x.device
         q, k, v = linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
         if K.dtype != k.dtype:  # (a bf16 ring: each key and value rounded here, once)
             k, v = k.to(K.dtype), v.to(V.dtype)
-        if last_only:
-            q = q[:, :, -1:]
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
-        t = self.rows(pos, C, last_only)
-        index = t.tuples + self.row_offsets(real.shape[0], x.device)
-        K, V = scatter_nd(K, index, k), scatter_nd(V, index, v)  # an exported graph's one ScatterND each
-        valid = valid.scatter(1, t.at, real)
-        allowed = (t.band & valid.view(-1, 1, 1, self.slots)) | t.own
+        # the chunk's slots, as (row, head, slot) index tuples into [B, H, R, d] (scatter_nd's index)
+        at = (pos.view(-1, 1) + torch.arange(C, device=dev)) % R  # [B, C]
+        rows = torch.arange(real.shape[0], device=dev).view(-1, 1, 1).expand(-1, H, C)
+        heads = torch.arange(H, device=dev).view(1, H, 1).expand_as(rows)
+        index = torch.stack([rows, heads, at.unsqueeze(1).expand_as(rows)], -1)
+        K, V = scatter_nd(K, index, k), scatter_nd(V, index, v)
+        valid = valid.scatter(1, at, real)
+        # after the write, slot j holds the latest token == j (mod R), ``age`` tokens before the chunk's last
+        age = (pos.view(-1, 1) + (C - 1) - torch.arange(R, device=dev)) % R  # [B, R]
+        dist = age.unsqueeze(1) - (C - 1 - torch.arange(C, device=dev)).view(1, C, 1)  # query i - slot j
+        if last_only:
+            q, dist = q[:, :, -1:], dist[:, -1:]
+        # a query sees the valid slots 0 .. w - 1 positions back, and its own slot even when it is padding,
+        # so that no softmax row is empty
+        allowed = (((dist >= 0) & (dist < self.window) & valid.unsqueeze(1)) | (dist == 0)).unsqueeze(1)
         y = ring_attention(q, K, V, allowed)
         y = linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
-        return y, (K, V, valid, t.next)
+        return y, (K, V, valid, (pos + C) % R)
 
 
 def scatter_nd(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    """A copy of ``data`` with ``updates`` written at the index tuples ``index`` [..., k]: tuple n names
-    ``data[n]``, a sub-tensor over data's remaining dims, which ``updates`` [..., *those dims] fills.
-
-    In an ONNX export, one ScatterND operator (``_scatter_nd_op``, which agents.export translates so),
-    whose each tuple copies one contiguous run (a slot's d_head values); torch.export's own translation of
-    the same write as an indexed assignment broadcasts its three index tensors and the values first (a
-    dozen Shape, Max, Expand, Unsqueeze and Concat operators per write). Elsewhere (eager, TorchScript's
-    trace) a clone and an index_put."""
+    """A copy of ``data`` with ``updates`` written at the index tuples ``index`` [..., k] (tuple n names
+    ``data[n]``). In an ONNX export one ScatterND operator (``_scatter_nd_op``, which agents.export
+    translates so) instead of the dozen broadcasting operators torch.export makes of an indexed
+    assignment; elsewhere (eager, TorchScript's trace) a clone and an index_put."""
     if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
         return _scatter_nd_op(data, index, updates)
     return _written(data, index, updates)

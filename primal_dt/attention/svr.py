@@ -91,22 +91,14 @@ class SVRAttention(Attention):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
 
-    # -- statistics ----------------------------------------------------------------------------
-    def _shift(self, x, mu, var):
-        """(x - beta mu) / s (s = 1 unless scale_variance); identity without BN. Linear-kernel features."""
+    def _shift(self, x, mu, var, power=0.5):
+        """(x - beta mu) / s^(2 power) (s = 1 unless scale_variance); identity without BN. power=0.5: the
+        linear kernel's features; power=1: the softmax query, the only shift softmax does not cancel."""
         if not self.use_bn:
             return x
         x = x - self.beta * mu
-        return x / var.sqrt() if self.scale_variance else x
+        return x / var.pow(power) if self.scale_variance else x
 
-    def _softmax_query(self, q, mu, var):
-        """(q - beta mu) / s^2: the only shift softmax does not cancel (see the module docstring)."""
-        if not self.use_bn:
-            return q
-        q = q - self.beta * mu
-        return q / var if self.scale_variance else q
-
-    # -- bidirectional -------------------------------------------------------------------------
     def _bidirectional(self, q, kc, vc, n, r):
         B, h, _, d = q.shape
         kc, vc = _pad_to(kc, r), _pad_to(vc, r)
@@ -124,12 +116,11 @@ class SVRAttention(Attention):
             mu = (pk * pw).sum(2, keepdim=True) / npool
             var = (((pk - mu) * pw) ** 2).sum(2, keepdim=True) / npool + self.eps
         if self.kernel == "softmax":
-            qq = self._softmax_query(q, mu, var)  # fused kernel: O(T) memory like softmax's
+            qq = self._shift(q, mu, var, 1)  # fused kernel: O(T) memory like softmax's
             return torch.nn.functional.scaled_dot_product_attention(qq, pk, pv, attn_mask=pmask[:, None, None, :])
         fq, fk = elu_feature(self._shift(q, mu, var)), elu_feature(self._shift(pk, mu, var))
         return linear_attention(fq, fk, pv, pmask)
 
-    # -- causal --------------------------------------------------------------------------------
     def _causal(self, qc, kc, vc, n, p, r):
         """Compact q/k/v [B, h, N, d] (first n real); outputs [B, h, Tq, d] for compact positions p [B, Tq]."""
         B, h, _, d = qc.shape
@@ -153,7 +144,7 @@ class SVRAttention(Attention):
 
         mu_q, var_q, k_cur, v_cur = at(mu, p), at(var, p), at(run_k, p), at(run_v, p)
         if self.kernel == "softmax":
-            qq = self._softmax_query(at(qc, p), mu_q, var_q)
+            qq = self._shift(at(qc, p), mu_q, var_q, 1)
             logits = qq @ pk.transpose(-1, -2) / math.sqrt(d)  # [B, h, Tq, G]
             seen = torch.arange(G, device=qc.device)[None, None, :] < (p // r)[:, :, None]
             logits = logits.masked_fill(~seen[:, None], float("-inf"))
@@ -171,7 +162,6 @@ class SVRAttention(Attention):
         wc = (fq * elu_feature(self._shift(k_cur, mu_q, var_q))).sum(-1, keepdim=True)
         return (numden[..., :d] + wc * v_cur) / (numden[..., d:] + wc + 1e-6)
 
-    # -- shared driver -------------------------------------------------------------------------
     def _attend(self, q, qc, kc, vc, n, p):
         out = torch.empty_like(q)
         for r in sorted(set(self.factors)):
@@ -196,7 +186,6 @@ class SVRAttention(Attention):
         y = self._attend(q, qc, kc, vc, n, p)
         return zero_padding(self.proj(self.merge_heads(y)), mask), {}
 
-    # -- recurrent form: cache of the real tokens' projections ---------------------------------
     def recurrent(self, *, window=None, chunk=1, precision="fp32"):
         """``SVRRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
         self.check_recurrent(precision)

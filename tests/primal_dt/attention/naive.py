@@ -83,6 +83,6 @@ def naive(a, x, mask=None, window=None):
     mask = torch.ones(x.shape[:2], dtype=torch.bool) if mask is None else mask
     for kind, ref in ((SoftmaxAttention, naive_softmax), (PrimalAttention, naive_primal),
                       (FeatureMapAttention, naive_kernel)):
-        if isinstance(a, kind):
+        if isinstance(a, kind) and getattr(type(a), "attend", None) is getattr(kind, "attend", None):
             return ref(a, x, mask, window) * mask.unsqueeze(-1).to(x.dtype)
     return None

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from primal_dt.attention.linear_core import linear_attention, linear_step
+from primal_dt.attention.linear_core import linear_attention
 
 
 def naive(fq, fk, v, mask, causal, eps):
@@ -41,7 +41,8 @@ def test_recurrent_state_matches_parallel_in_chunks():
     ref = linear_attention(fq, fk, v, mask, True, 1e-6, chunk=4)
     state, outs, t = torch.zeros(2, 2, 4, 3 + 1), [], 0
     for c in (1, 3, 2, 3):
-        y, state = linear_step(fq[:, :, t:t + c], fk[:, :, t:t + c], v[:, :, t:t + c], mask[:, t:t + c], state)
+        y, state = linear_attention(fq[:, :, t:t + c], fk[:, :, t:t + c], v[:, :, t:t + c], mask[:, t:t + c], True,
+                                    state=state)
         outs.append(y)
         t += c
     torch.testing.assert_close(torch.cat(outs, 2), ref, atol=1e-5, rtol=1e-5)

@@ -61,7 +61,7 @@ def test_bf16_snapshots_the_matmul_weights_and_keeps_accumulating_states_in_the_
     assert k.dtype == v.dtype == torch.bfloat16  # a cache: values rounded once, never summed
     assert soft.wqkv.dtype == soft.wp.dtype == torch.bfloat16 and soft.bqkv.dtype == torch.float32
     assert primal.specs[0].dtype == torch.float32  # running sums: float32 (a bf16 sum would stop moving)
-    assert primal.wqk.dtype == primal.M.dtype == torch.bfloat16 and primal.bias.dtype == torch.float32
+    assert primal.wqk.dtype == torch.bfloat16 and primal.bqk.dtype == torch.float32
     for (w1, b1, w2, b2), block in zip(form.mlps, s.blocks):
         assert w1.dtype == w2.dtype == torch.bfloat16 and b2.dtype == torch.float32
         assert torch.equal(w1, block.mlp[0].weight.detach().bfloat16())
