@@ -137,10 +137,13 @@ def best(curve: list) -> float:
     return max((v for _, v in curve if math.isfinite(v)), default=float("nan"))
 
 
-def engine_label(engine: str, exact: bool) -> str:
-    """``recompute``, ``stream (exact)`` when the stream is the policy the checkpoint was trained as, ``stream
-    (not trained)`` when it is not (``agents.stream_training.Fidelity``): never averaged with the others."""
-    return engine if engine == "recompute" else f"{engine} ({'exact' if exact else 'not trained'})"
+def engine_label(f) -> str:
+    """``recompute``, ``stream (exact, window W)`` when the stream is the policy the checkpoint was trained as,
+    ``stream (not trained)`` when it is not (``agents.stream_training.Fidelity``): never averaged with the
+    others, nor are two windows."""
+    if f.engine == "recompute":
+        return f.engine
+    return f"{f.engine} (exact, window {f.stream_window})" if f.exact else f"{f.engine} (not trained)"
 
 
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
@@ -165,11 +168,11 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
         except (OSError, ValueError, KeyError, TypeError) as err:
             notes.append(f"{p}: not a rollout report eval.report reads ({err}), left out")
             continue
-        exact = fidelity(engine, run.config).exact
-        if engine_label(engine, exact) == run.engine:
+        label = engine_label(fidelity(engine, run.config))
+        if label == run.engine:
             notes.append(f"{p}: the run's own final evaluation is by this engine, left out")
             continue
-        out.append(dataclasses.replace(run, final=final, curves={}, engine=engine_label(engine, exact)))
+        out.append(dataclasses.replace(run, final=final, curves={}, engine=label))
     return out, notes
 
 
@@ -199,7 +202,7 @@ def load_run(d: Path) -> Run:
     f = fidelity(str(summary.get("engine") or (config.get("eval") or {}).get("engine", "recompute")), config)
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
                summary["final"], curves, data_kind(summary.get("data_source")), None if val is None else float(val),
-               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f.engine, f.exact))
+               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f))
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:

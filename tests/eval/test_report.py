@@ -431,3 +431,13 @@ def test_hostile_summaries_neither_hang_nor_break_the_table(runs, tmp_path):
     headers = [x for x in table.splitlines() if x.startswith("| dataset")]
     cells = lambda line: re.split(r"(?<!\\)\|", line)  # noqa: E731 - an escaped \| is no cell border
     assert len(rows) == len(headers) >= 1 and {len(cells(r)) for r in rows} == {len(cells(headers[0]))}
+
+
+def test_the_engine_column_keeps_every_policy_apart_and_names_the_window():
+    from agents.stream_training import Fidelity
+    from eval.report import engine_label
+
+    labels = [engine_label(Fidelity(e, w)) for e, w in
+              [("recompute", 0), ("recompute", 10), ("stream", 0), ("stream", 10), ("stream", 4)]]
+    assert labels == ["recompute", "recompute", "stream (not trained)", "stream (exact, window 10)",
+                      "stream (exact, window 4)"]

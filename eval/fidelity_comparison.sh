@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# What streams is what was trained: the measurement behind the default training (docs/evaluation.md).
+#
+#   eval/fidelity_comparison.sh OUT_DIR
+#
+# For each dataset and seed, in that order (so an early stop leaves whole seeds, not half a grid):
+#   (a) standard training (K-step segments, the papers' protocol), its final evaluation by recompute;
+#   (b) the same checkpoint evaluated by the stream engine (eval.rollout), a policy training never optimised;
+#   (c) stream-exact training (stream_window=W: every layer windowed, the loss on exact steps), its final
+#       evaluation by the stream engine, which is then exact;
+# then one eval.report over all of it, whose engine column keeps (a), (b) and (c) apart.
+#
+# Every step is eval.sweep or eval.rollout, which skip what is finished and resume what was stopped, so
+# calling the script again continues where it stopped. Settings (environment variables, defaults in
+# brackets): FIDELITY_ENVS [hopper-medium hopper-medium-replay], FIDELITY_MODELS [dt,primal+dt],
+# FIDELITY_SEEDS [0 1 2], FIDELITY_WINDOWS [10], FIDELITY_EPISODES [50, per target], FIDELITY_RECIPE
+# [cpu], FIDELITY_THREADS [1]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
+# path runs in a minute or two (the tests run it).
+set -uo pipefail
+
+if [ $# -ne 1 ]; then
+    echo "usage: $0 OUT_DIR" >&2
+    exit 2
+fi
+OUT=$1
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PY=${PYTHON:-python3}
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+ENVS=${FIDELITY_ENVS:-hopper-medium hopper-medium-replay}
+MODELS=${FIDELITY_MODELS:-dt,primal+dt}
+SEEDS=${FIDELITY_SEEDS:-0 1 2}
+WINDOWS=${FIDELITY_WINDOWS:-10}
+EPISODES=${FIDELITY_EPISODES:-50}
+THREADS=${FIDELITY_THREADS:-1}
+RECIPE=(recipe=${FIDELITY_RECIPE:-cpu})
+if [ "${FIDELITY_REHEARSAL:-0}" = 1 ]; then
+    RECIPE=(steps=12 warmup_steps=2 eval.every=6 eval.episodes=1 eval.max_steps=15 eval.num_envs=2
+            checkpoint_every=6 K=5 batch_size=8 model.d_model=32 model.n_heads=2 model.s=8 model.n_layers=2)
+    ROLLOUT=(max_steps=15 num_envs=2)
+else
+    ROLLOUT=(num_envs=25)
+fi
+mkdir -p "$OUT" || exit 2
+
+failed=0
+sweep() {  # sweep ROOT ENV SEED OPTIONS...
+    local root=$1 env=$2 seed=$3
+    shift 3
+    "$PY" -m eval.sweep env="$env" model="$MODELS" seeds="$seed" "${RECIPE[@]}" eval.final_episodes="$EPISODES" \
+        "$@" jobs=1 threads="$THREADS" out="$root" || { echo "error: the sweep into $root failed (above)" >&2; failed=1; }
+}
+
+for env in $ENVS; do
+    for seed in $SEEDS; do
+        echo "== $(date +%T) $env seed $seed: (a) standard training, by recompute"
+        sweep "$OUT/standard" "$env" "$seed" eval.engine=recompute
+        for run in "$OUT/standard/$env"/*/*-seed"$seed"; do
+            [ -e "$run/summary.json" ] && [ ! -e "$run/rollout-stream.json" ] || continue
+            echo "== $(date +%T) (b) $run by stream"
+            "$PY" -m eval.rollout checkpoint="$run" engine=stream episodes="$EPISODES" "${ROLLOUT[@]}" \
+                threads="$THREADS" progress=false || { echo "error: eval.rollout of $run failed (above)" >&2; failed=1; }
+        done
+        for w in $WINDOWS; do
+            echo "== $(date +%T) $env seed $seed: (c) stream-exact training, window $w, by stream"
+            sweep "$OUT/window$w" "$env" "$seed" stream_window="$w" eval.engine=stream
+        done
+    done
+done
+
+windows=()
+for w in $WINDOWS; do windows+=("$OUT/window$w"); done
+"$PY" -m eval.report "$OUT/standard" "${windows[@]}" out="$OUT/report" || failed=1
+exit $failed
