@@ -18,7 +18,6 @@ import tyro
 from envs import sources
 
 from primal_dt.attention import available, get_class
-from primal_dt.attention.precision import check_precision
 from primal_dt.layouts import canonical
 from primal_dt.run import cli, presets
 from primal_dt.run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
@@ -105,9 +104,6 @@ class RolloutOptions:
     """cap on episode length (0: the env's limit, 1000)"""
     engine: Engine = "recompute"
     """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step"""
-    precision: str = "fp32"
-    """engine=stream only: fp32 (exact) | bf16 (weight matmuls in bfloat16: faster at many rows on CPUs
-    with AVX512-BF16/AMX, actions within a few 1e-3 of fp32's)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
@@ -118,13 +114,6 @@ class RolloutOptions:
     def check(self, prefix: str = "") -> None:
         """Raise ValueError naming the option (``prefix``: where these options sit, "eval.")."""
         check_numbers(self, ROLLOUT_NUMBERS, prefix)
-        try:
-            check_precision(self.precision)
-        except ValueError as err:
-            raise ValueError(prefix + str(err)) from None
-        if self.precision != "fp32" and self.engine != "stream":
-            raise ValueError(f"{prefix}precision={self.precision} applies to {prefix}engine=stream only (recompute "
-                             f"runs the model in its own dtype); add {prefix}engine=stream or drop {prefix}precision=")
 
 
 ENGINES = get_args(Engine)
