@@ -325,8 +325,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     settle()
                     t0 = time.perf_counter()
                     if d.main:
-                        last_score = periodic_eval(run, mon, evaluator, clock)
-                        last_val = validate(run, mon, clock) if run.validation is not None else last_val
+                        last_score = periodic_eval(run, mon, evaluator)
+                        last_val = validate(run, mon) if run.validation is not None else last_val
                     d.barrier()
                     clock.exclude(time.perf_counter() - t0)
                 if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
@@ -473,13 +473,11 @@ def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
             bar.close()
 
 
-def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator, clock: Clock | None = None) -> float:
+def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> float:
     """Evaluate every ``eval.every`` steps; returns the first target's normalized score (for the bar)."""
     t0 = time.perf_counter()
     res = evaluate(run, evaluator, run.cfg.eval.episodes, run.cfg.seed + 10_000)
     seconds = time.perf_counter() - t0
-    if clock is not None:
-        clock.eval_s = seconds
     mon.scalars(eval_scalars(res), run.step)
     mon.print(f"step {run.step}: eval ({run.cfg.eval.episodes} episodes/target, {seconds:.0f}s) "
               f"normalized {evaluator.line(res)}")
@@ -505,12 +503,9 @@ VAL_TAG = "val/action_mse"
 """the held-out episodes' masked action MSE (``agents.training_validation``)"""
 
 
-def validate(run: Run, mon: RunMonitor, clock: Clock | None = None, final: bool = False) -> float:
+def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
     """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse``."""
-    t0 = time.perf_counter()
     mse = run.validation.action_mse(run.model)
-    if clock is not None:
-        clock.val_s = time.perf_counter() - t0
     mon.scalar(VAL_TAG, mse, run.step)
     v = run.validation
     mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
@@ -774,21 +769,21 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
 SKIP, MEASURE_STEPS, MEASURE_S = 5, 20, 30.0
 """the first steps are slow (allocation, caches, kernel choice) and not timed; the pace is known after
 MEASURE_STEPS timed steps, or MEASURE_S seconds of at least 3"""
-LONG_S, BUDGET_S = 3600.0, 1800.0
-"""a run whose training alone takes more than LONG_S is told so, with a command that fits BUDGET_S"""
+LONG_S = 3600.0
+"""a run whose training alone takes longer is told so"""
 
 
 class Clock:
-    """The run's pace (seconds per step after ``SKIP`` steps, evaluations excluded) and the last evaluation's
-    and validation's times: what the projection and the bar's ETA use, measured on this machine."""
+    """The run's pace (seconds per step after ``SKIP`` steps, evaluations excluded) and the last
+    evaluation's time: what the projection and the bar's time left use."""
 
     def __init__(self, run: Run):
         self.run, self.start = run, run.step + SKIP
-        self.t0, self.excluded = None, 0.0
-        self.step_s = self.eval_s = self.val_s = None
+        self.t0, self.excluded, self.step_s, self.eval_s = None, 0.0, None, 0.0
 
     def exclude(self, seconds: float) -> None:
-        self.excluded += seconds
+        """An evaluation (with its validation) took ``seconds``: not training time, and what the next one takes."""
+        self.excluded, self.eval_s = self.excluded + seconds, seconds
 
     def tick(self) -> str | None:
         """After each step; returns the projection once, when the pace is first known (rank 0)."""
@@ -797,54 +792,37 @@ class Clock:
             self.t0, self.excluded = now, 0.0
         if self.t0 is None or n <= 0:
             return None
-        seconds = now - self.t0 - self.excluded
-        first = self.step_s is None
-        if first and not (n >= MEASURE_STEPS or (n >= 3 and seconds >= MEASURE_S)):
+        seconds, first = now - self.t0 - self.excluded, self.step_s is None
+        if first and n < MEASURE_STEPS and not (n >= 3 and seconds >= MEASURE_S):
             return None
         self.step_s = seconds / n
         return projection(self.run, self.step_s, self.start - SKIP, n) if first and self.run.dist.main else None
 
     def eta(self) -> str | None:
-        """Time left: the steps at the pace, the evaluations and validations still due at their last time."""
+        """Time left: the steps at the pace, and the evaluations still due at the last one's time (the final
+        one in proportionally many rounds of ``num_envs`` episodes)."""
         if self.step_s is None:
             return None
         cfg, e = self.run.cfg, self.run.cfg.eval
-        n = 0 if e.every <= 0 else (cfg.steps - 1) // e.every - self.run.step // e.every
-        left = (cfg.steps - self.run.step) * self.step_s + (n + 1) * (self.val_s or 0.0)
-        if self.eval_s is not None:  # the final evaluation runs its episodes in proportionally many rounds
-            rounds = lambda episodes: math.ceil(episodes * len(self.run.info.targets) / e.num_envs)  # noqa: E731
-            left += self.eval_s * (n + rounds(e.final_episodes) / rounds(e.episodes))
-        return duration(left)
+        due = 0 if e.every <= 0 else (cfg.steps - 1) // e.every - self.run.step // e.every
+        rounds = [math.ceil(n * len(self.run.info.targets) / e.num_envs) for n in (e.final_episodes, e.episodes)]
+        return duration((cfg.steps - self.run.step) * self.step_s + self.eval_s * (due + rounds[0] / rounds[1]))
 
 
 def projection(run: Run, step_s: float, start: int, measured: int) -> str:
-    """The training time left at the measured pace; for a recipe of hours, a warning and a command that fits
-    ``BUDGET_S`` (the CPU recipe on a CPU, else the same options with steps and cadences scaled)."""
-    cfg, threads = run.cfg, torch.get_num_threads()
-    left = cfg.steps - start
+    """The training time left at the measured pace; for a recipe of hours a note saying so, which on a CPU
+    gives the command of the CPU recipe."""
+    cfg, threads, left = run.cfg, torch.get_num_threads(), run.cfg.steps - start
     where = f"{run.device}" + (f", {threads} thread{'s' * (threads > 1)}" if run.device.type == "cpu" else "")
-    lines = [f"time on {where}, measured over {measured} steps: {left:,} {'remaining ' if start else ''}steps x "
-             f"{step_s * 1e3:.1f} ms = {duration(left * step_s)} of training; evaluations and validations are "
-             "timed as they run (the progress bar's eta includes them)"]
-    if left * step_s <= LONG_S:
-        return lines[0]
-    lines.append(f"note: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes.")
-    if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
-        lines[-1] += (f" The CPU recipe (configs/dt/recipes/cpu.yaml, chosen to learn in one run of at most "
-                      f"{BUDGET_S / 60:.0f} minutes on one core) is:\n  {command(run, {'recipe': 'cpu'}, 'cpu')}")
-        return "\n".join(lines)
-    steps = min(left, nice(BUDGET_S / step_s))
-    scale = {"steps": steps, "warmup_steps": cfg.warmup_steps, "eval.every": cfg.eval.every,
-             "checkpoint_every": cfg.checkpoint_every}
-    fit = {k: (v if k == "steps" else max(1, round(v * steps / left))) for k, v in scale.items() if v}
-    if cfg.resume:  # a resumed run can change its steps only: it stops after the budget's worth more
-        fit = {"steps": start + steps}
-    lines[-1] += (f" To see results in about {BUDGET_S / 60:.0f} minutes of training here, run it shorter (same "
-                  f"options, steps and cadences scaled):\n  {command(run, fit)}")
-    if cfg.checkpoint_minutes > 0:
-        lines.append(f"  This run writes last.pt by wall time (up to every {cfg.checkpoint_minutes:g} minutes): "
-                     f"stop it any time and continue with: python -m primal_dt.train resume={run.out}")
-    return "\n".join(lines)
+    text = (f"time on {where}, measured over {measured} steps: {left:,} {'remaining ' if start else ''}steps x "
+            f"{step_s * 1e3:.1f} ms = {duration(left * step_s)} of training; evaluations and validations are "
+            "timed as they run (the progress bar's eta includes them)")
+    if left * step_s > LONG_S:
+        text += f"\nnote: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes."
+        if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
+            text += (" The CPU recipe (configs/dt/recipes/cpu.yaml, chosen to learn in one run of at most 30 minutes "
+                     f"on one core) is:\n  {cpu_recipe_command(run)}")
+    return text
 
 
 def duration(seconds: float) -> str:
@@ -859,25 +837,12 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def nice(x: float) -> int:
-    """``x`` rounded down to two significant digits (4237 -> 4200), at least 1."""
-    if x < 1:
-        return 1
-    p = 10 ** max(int(math.log10(x)) - 1, 0)
-    return max(1, int(x // p) * p)
-
-
-def command(run: Run, options: dict, recipe: str | None = None) -> str:
-    """The command that ran this run, with ``options`` in place of its own: the command line's options kept,
-    defaults implicit; with ``recipe``, the options it sets left to it."""
-    launcher = (f"torchrun --nproc_per_node {run.dist.world} -m primal_dt.train" if run.dist.world > 1
-                else "python -m primal_dt.train")
+def cpu_recipe_command(run: Run) -> str:
+    """This run's command with ``recipe=cpu``: its command line's options kept, except those the recipe sets."""
     values = train_config.flat(dataclasses.asdict(run.cfg))
-    laid = train_config.flat({k: v for k, v in train_config.load_recipe(recipe).items()
-                              if k not in presets.META_KEYS}) if recipe else {}
+    laid = train_config.flat({k: v for k, v in train_config.load_recipe("cpu").items() if k not in presets.META_KEYS})
     given = {k: values[k] for k, where in run.built.provenance.items()
-             if where == "command line" and k in values and k not in laid}
-    given.update(options)
+             if where == "command line" and k in values and k not in laid} | {"recipe": "cpu"}
 
     def text(v) -> str:
         if isinstance(v, bool):
@@ -886,4 +851,4 @@ def command(run: Run, options: dict, recipe: str | None = None) -> str:
             return ",".join(text(x) for x in v)
         return repr(v) if isinstance(v, float) else str(v)
 
-    return " ".join([launcher, *(shlex.quote(f"{k}={text(v)}") for k, v in given.items())])
+    return " ".join(["python -m primal_dt.train", *(shlex.quote(f"{k}={text(v)}") for k, v in given.items())])
