@@ -9,16 +9,13 @@
         obs, reward, term, trunc, _ = venv.step(action)
         agent.reset_done(term | trunc)                           # restart finished rows only
 
-``Agent(model, info)`` is the one way an agent is built from a model and its run's ``DataInfo``
-(``load_agent`` reads both from a checkpoint; the evaluators, videos and benchmarks call it with a model
-in memory). It runs one step function on explicit state: ``DTStep`` (engine ``stream``, whose module
-documents the bookkeeping and what a streamed token sees) or ``RecomputeStep`` (engine ``recompute``: the
-same bookkeeping with the last K steps as its state, the papers' protocol).
+``Agent(model, info)`` is the one way an agent is built from a model and its run's ``DataInfo``. It runs
+one step function on explicit state: ``DTStep`` (engine ``stream``) or ``RecomputeStep`` (engine
+``recompute``: the same bookkeeping with the last K steps as its state, the papers' protocol).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import warnings
 from typing import Sequence
@@ -31,13 +28,12 @@ from primal_dt.run.runtime import pick_device
 from agents.train_config import ENGINES
 
 from . import dt_checkpoint, threads
+from .export import missing_package
 from .decision_transformer import DTStep, StepState
 from .onnx_policy import OnnxPolicy, Policy
 from .recompute import RecomputeStep
 
 RUNTIMES = ("auto", "torch", "onnx")
-"""``load_agent``'s runtimes: ``torch`` (the ``Agent``), ``onnx`` (its stream step exported, on onnxruntime),
-``auto`` (onnx where it is installed and exact for the request, else torch)"""
 
 
 class StreamNotTrainedWarning(UserWarning):
@@ -46,8 +42,7 @@ class StreamNotTrainedWarning(UserWarning):
 
 class Agent(Policy):
     """``model`` (a ``DecisionTransformer``) acting for B rows with the bookkeeping of its run, ``info``
-    (the checkpoint's ``DataInfo``: normalisation statistics, reward scale, targets); ``target`` defaults to
-    the run's first (the shared acting API, its checks and targets: ``agents.onnx_policy.Policy``)."""
+    (the checkpoint's ``DataInfo``); ``target`` defaults to the run's first."""
 
     runtime = "torch"
 
@@ -113,35 +108,22 @@ class Agent(Policy):
         return (rtg.double() * self.reward_scale).cpu().numpy()
 
 
-def onnx_runtime_installed() -> bool:
-    """Whether onnxruntime and the exporter (onnx, onnxscript: the ``export`` extra) are importable."""
-    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime", "onnxscript"))
-
-
 def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[float] | None = None,
                device: str | torch.device = "cpu", context: int | None = None, data=None,
                runtime: str = "auto") -> Agent | OnnxPolicy:
-    """An agent for a DT checkpoint written by ``primal_dt.train``: a file, its run directory (its
-    last.pt), a checkpoint dict or an ``agents.dt_checkpoint.DTCheckpoint``. Files are read without
-    running code (``weights_only=True``).
+    """An agent for a DT checkpoint written by ``primal_dt.train``: a file, its run directory, a checkpoint
+    dict or a ``DTCheckpoint`` (files are read without running code). ``target`` defaults to the
+    checkpoint's first evaluation target; ``agent.info`` is its ``DataInfo``.
 
-    ``target`` defaults to the checkpoint's first evaluation target (or, for a checkpoint that
-    recorded none, its environment's first: ``envs.get_spec(env).targets``). ``agent.info`` is the
-    checkpoint's ``DataInfo`` (env, simulator, statistics, targets, data source and fingerprint).
+    ``runtime``: ``"torch"``, the ``Agent``; ``"onnx"`` (stream engine, CPU), the same step exported and
+    run by ``OnnxPolicy``, the fastest exact runtime on a CPU (``agents.onnx_agent``: cached per checkpoint
+    file, checked against the torch agent), with the acting API only; ``"auto"`` (default): onnx where it
+    is installed and the request allows it (a checkpoint file, stream, CPU), else torch, saying which. A
+    checkpoint's first onnx load exports it (tens of seconds, once).
 
-    ``runtime``: ``"torch"``, the ``Agent``; ``"onnx"`` (stream engine, CPU), the same stream step
-    exported to ONNX and run by ``agents.onnx_policy.OnnxPolicy``, the fastest exact runtime on a CPU
-    (``agents.onnx_agent``: the export is cached per checkpoint file and checked against the torch agent to
-    1e-5 before it is returned). It has the acting API (``reset``, ``act``, ``reset_done``, ``keep_rows``,
-    ``info``), not the torch agent's model and engines. ``"auto"`` (default) takes onnx when it is installed
-    and the request allows it (a checkpoint file, stream, CPU), else torch, and prints which (the
-    result's ``runtime`` says it too). A checkpoint's first onnx load exports it (tens of seconds, once);
-    where that is more than a short use gains, ask for ``"torch"``.
-
-    ``data``: also make sure the checkpoint belongs to a dataset: ``True`` (read it where its run
-    read it), a source to read it from (``"auto"``, ``"d4rl:PATH"``, ... as ``primal_dt.train``'s
-    ``data_source``) or an ``envs.Trajectories``. Data whose content differs from what the
-    checkpoint was trained on is a ValueError naming both sources (``agents.dt_checkpoint.check_data``).
+    ``data``: also make sure the checkpoint belongs to a dataset: ``True`` (read where its run read it), a
+    source (as ``primal_dt.train``'s ``data_source``) or an ``envs.Trajectories``; other content is a
+    ValueError naming both sources.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
@@ -165,7 +147,7 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     if runtime == "auto":
         # a checkpoint in memory has no file to key a cached export by: every load would export again
         runtime = "onnx" if exact_onnx and not isinstance(checkpoint, (dict, dt_checkpoint.DTCheckpoint)) \
-            and onnx_runtime_installed() else "torch"
+            and missing_package() is None else "torch"
         print(f"load_agent: runtime={runtime} ({'the exported stream step on onnxruntime' if runtime == 'onnx' else 'torch'}"
               f"; runtime='torch' or 'onnx' to choose)", file=sys.stderr)
     if runtime == "onnx":

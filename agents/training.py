@@ -1,23 +1,12 @@
 """Train a Decision Transformer on an offline dataset: what ``python -m primal_dt.train`` runs.
 
-    summary = train(train_config.build(argv), evaluator)
-
-One file, read top to bottom, in the order a run happens:
-
-1. setup (``prepare``): config (resumed or new), data, model, optimizer; everything that can fail
-   on bad input fails here, as ``SetupError``, before anything is written;
-2. the loop (``train``): claim the run directory, then sample, step, log, evaluate, checkpoint;
-3. evaluation: in the simulator (``eval``'s code, handed in as an ``Evaluator`` because ``eval``
-   sits above ``agents``) and on held-out episodes (``agents.training_validation``);
-4. checkpoints: what a run puts into ``last.pt`` and takes back on resume (the file's schema is
-   ``agents.dt_checkpoint``'s), by steps and by wall time;
-5. logging: the announcement, TensorBoard, the progress bar, ``summary.json`` (``agents.summary``),
-   and how long the run will take, measured from its own steps and evaluations.
-
-A write that fails (disk full, a file-size limit, an unwritable directory) ends the run with one
-``WriteError`` naming the file, what was not written, and the last checkpoint, which is intact.
-Training is deterministic on CPU for a given seed and config, and a resumed run continues exactly
-where its checkpoint left it.
+One file, in the order a run happens: 1. setup (``prepare``: whatever can fail on bad input fails here,
+as ``SetupError``, before anything is written); 2. the loop (``train``); 3. evaluation, in the simulator
+(``eval``'s code handed in as an ``Evaluator``: ``eval`` sits above ``agents``) and on held-out episodes;
+4. checkpoints (``last.pt``; its schema is ``agents.dt_checkpoint``'s), by steps and by wall time;
+5. logging, and the run's duration measured from its own steps. A failed write ends the run with one
+``WriteError`` naming the file; the last checkpoint stays intact. Same seed and config, same run (on
+CPU), and a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -63,15 +52,10 @@ class Diverged(RuntimeError):
 
 @dataclass(frozen=True)
 class Evaluator:
-    """How the trainer rolls its model out in the simulator (the entry point builds it from
-    ``eval.rollout``, which ``agents`` may not import).
-
-    ``rollout(model, data, episodes, seed, settings, on_episode)`` plays ``episodes`` episodes per
-    target in ``data.targets`` (``data``: the run's ``DataInfo``; ``settings``: its ``EvalConfig``;
-    ``on_episode(n)``: called as ``n`` episodes end, for the progress bar) and returns {target:
-    {"normalized_mean", "normalized_std", "return_mean", "return_std", "length_mean", "returns", ...}};
-    ``line(results)`` says them in one line for the log.
-    """
+    """The simulator rollout, from ``eval.rollout``: ``rollout(model, data, episodes, seed, settings,
+    on_episode)`` plays ``episodes`` per target of ``data`` (the run's ``DataInfo``; ``settings``: its
+    ``EvalConfig``) and returns {target: {"normalized_mean", "return_mean", "length_mean", "returns", ...}};
+    ``line(results)`` says them in one line."""
 
     rollout: Callable[..., dict]
     line: Callable[[dict], str]
@@ -85,22 +69,20 @@ class Run:
     built: Built
     spec: envs.EnvSpec
     data: envs.Trajectories
-    """the whole dataset as loaded (its identity); training samples only the episodes not in ``info.held_out``"""
+    """the whole dataset; training samples only the episodes not in ``info.held_out``"""
     info: DataInfo
-    """what the checkpoint and the evaluator need to know about the data (statistics of the training episodes,
-    held-out episodes, targets, scale)"""
     sampler: envs.SegmentSampler
     model: DecisionTransformer
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     out: Path | None
-    """the run directory: a resumed run's own; a new run's is claimed when training starts (``open_run_dir``)"""
+    """the run directory (a new run's is claimed when training starts: ``open_run_dir``)"""
     device: torch.device
     dist: Dist
     validation: Validation | None = None
     """the held-out episodes' fixed segments (None: val_fraction=0)"""
     compile: str = "eager"
-    """the training step's form (``compile=`` resolved for the device: ``agents.train_step``)"""
+    """``compile=`` resolved for the device (``agents.train_step``)"""
     step: int = 0
     train_time: float = 0.0
     """seconds inside optimisation steps (no evaluation, no logging)"""
@@ -111,9 +93,9 @@ class Run:
 # == 1. setup: everything that can fail on bad input ================================================
 def prepare(built: Built, d: Dist | None = None) -> Run:
     """Config (resumed or new), data, model and optimizer; bad input raises ``SetupError`` before a
-    file is written. The order of random draws is part of the contract: same seed, same run. A resumed
-    run's directory is held (``lock``) before its checkpoint is read, so no run continues from a
-    checkpoint another process is about to replace; released again if preparing fails."""
+    file is written. The order of random draws is part of the contract. A resumed run's directory is
+    locked before its checkpoint is read, so no run continues from a checkpoint another process is about
+    to replace."""
     with errors.setup_errors():
         path = hold_resumed(built, d)
     try:
@@ -374,8 +356,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
 
 
 def next_batch(run: Run, exact_from: int | None) -> tuple[Batch, int]:
-    """The sampler's next batch on the device, and its real steps (read before it moves, so the step never
-    reads back); stream-exact runs count the steps from ``exact_from`` on."""
+    """The sampler's next batch on the device and its real steps (counted on the host: no read-back)."""
     sample = run.sampler.sample()
     real = int(sample.mask.sum())
     batch = sample._replace(trailing=trailing_padding(sample.mask)).to(run.device, non_blocking=True)
@@ -387,8 +368,8 @@ def _due(step: int, every: int) -> bool:
 
 
 def open_run_dir(run: Run) -> None:
-    """Give a new run its directory (rank 0 creates it exclusively and holds it) and remove temporary files
-    that killed writes left behind, before any training step, so an unwritable ``out`` costs nothing."""
+    """Claim a new run's directory (rank 0, exclusively, locked) and remove killed writes' temporaries, before
+    any training step, so an unwritable ``out`` costs nothing."""
     cfg, d = run.cfg, run.dist
     if run.out is None:
         name = [str(run_dir(cfg.out, cfg.env, model_label(cfg), seed=cfg.seed)) if d.main else None]
@@ -406,10 +387,9 @@ def open_run_dir(run: Run) -> None:
 
 
 class Interrupts:
-    """Ctrl-C and SIGTERM end training alike: a checkpoint at the step reached, and how to continue. An
-    interrupt during a step or its log line (``held``) waits for their end, so that checkpoint resumes
-    exactly; a second interrupt stops at once (the previous checkpoint kept). A SIGINT ignored when the
-    process started (a background job) stays ignored."""
+    """Ctrl-C and SIGTERM end training alike, with a checkpoint at the step reached. One during a step or
+    its log line (``held``) waits for their end, so that checkpoint resumes exactly; a second stops at once.
+    A SIGINT ignored when the process started (a background job) stays ignored."""
 
     def __init__(self):
         self.holding, self.pending = False, None
@@ -461,9 +441,8 @@ def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
 # == 3. evaluation: in the simulator, and on held-out episodes ==========================================
 def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
     """Roll the current model out (``episodes`` per target), leaving the training RNG untouched."""
-    bar = None
-    if run.cfg.progress:
-        bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False)
+    bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False) \
+        if run.cfg.progress else None
     try:
         with torch.random.fork_rng(devices=[]):  # evaluation never moves the training RNG
             return evaluator.rollout(run.model, run.info, episodes, seed, run.cfg.eval,
@@ -500,7 +479,6 @@ def final_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> dict | None:
 
 
 VAL_TAG = "val/action_mse"
-"""the held-out episodes' masked action MSE (``agents.training_validation``)"""
 
 
 def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
@@ -516,8 +494,8 @@ def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
 
 # == 4. checkpoints =====================================================================================
 def save(run: Run, mon: RunMonitor) -> None:
-    """Write ``last.pt`` (rank 0, atomically) after the logged events, so a resume purges only what came
-    after it. A collective: every process sends its random streams."""
+    """Write ``last.pt`` (rank 0, atomically) after flushing the logged events, so a resume purges only what
+    came after it. A collective: every process sends its random streams."""
     mine = {"torch": torch.get_rng_state(), "numpy": dt_checkpoint.numpy_state(), "sampler": run.sampler.state_dict()}
     if run.device.type == "cuda":
         mine["cuda"] = torch.cuda.get_rng_state(run.device)
@@ -538,8 +516,8 @@ def save(run: Run, mon: RunMonitor) -> None:
 
 def restore(run: Run, ck: DTCheckpoint) -> None:
     """Continue exactly where the checkpoint stopped (each rank its own streams; with another number of
-    processes the samplers are reseeded, and the run cannot repeat the uninterrupted one bit for bit)."""
-    try:  # the schema checked each part's form (dt_checkpoint); whether it fits this model shows only here
+    processes the samplers are reseeded)."""
+    try:  # the schema checked each part's form; whether it fits this model shows only here
         _restore(run, ck)
     except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
         raise SetupError(f"{ck.origin}: its training state does not fit the run it describes ({type(err).__name__}: "
@@ -570,8 +548,8 @@ def _restore(run: Run, ck: DTCheckpoint) -> None:
 
 
 class CheckpointClock:
-    """Checkpoints by wall time as well as by steps: the first after a minute, then at doubling intervals up
-    to ``checkpoint_minutes``, so a stop loses at most about half the time run so far. Under DDP rank 0's
+    """Checkpoints by wall time: the first after a minute, then at doubling intervals up to
+    ``checkpoint_minutes``, so a stop loses at most about half the time run so far. Under DDP rank 0's
     clock decides, broadcast every ``SYNC_EVERY`` steps (saving is a collective)."""
 
     SYNC_EVERY = 10
@@ -583,7 +561,7 @@ class CheckpointClock:
         self.restart()
 
     def restart(self) -> None:
-        """Count from now (after any checkpoint was written); the next interval doubles."""
+        """Count from now (a checkpoint was written); the next interval doubles."""
         self.deadline = time.monotonic() + self.interval
         self.interval = min(2 * self.interval, self.cap)
 
@@ -601,7 +579,7 @@ class CheckpointClock:
 
 
 def kept(run: Run) -> str:
-    """What survives a failure: the last checkpoint (never overwritten by a failed write) and how to go on."""
+    """What survives a failure: the last checkpoint (never overwritten by a failed write)."""
     last = run.out / dt_checkpoint.FILENAME
     if not last.exists():
         return "no checkpoint had been written yet"
@@ -613,7 +591,7 @@ def kept(run: Run) -> str:
 
 # == 5. logging: what a run shows and leaves behind (rank 0 writes; other monitors are off) ============
 def announcement(run: Run) -> str:
-    """What the run is about to do: every option with its provenance, the data, the model, where it writes."""
+    """What the run is about to do: the options with their provenance, the data, the model, where it writes."""
     cfg = run.cfg
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
@@ -630,7 +608,6 @@ def announcement(run: Run) -> str:
 
 
 def held_out(run: Run) -> str:
-    """The validation split in words."""
     n = len(run.info.held_out)
     if not n:
         return "no episodes held out (val_fraction=0)"
@@ -658,7 +635,7 @@ def open_monitor(run: Run) -> RunMonitor:
 
 
 def eval_history(mon: RunMonitor) -> dict:
-    """The evaluation and validation curves logged so far (what the checkpoint keeps of the log)."""
+    """The evaluation and validation curves (what the checkpoint keeps of the log)."""
     return {k: v for k, v in mon.history.items() if k.startswith(("eval/", "val/"))}
 
 
@@ -670,15 +647,9 @@ def last_logged(mon: RunMonitor) -> tuple[float | None, float | None]:
 
 
 def postfix(loss: float | None, score: float | None, val: float | None, eta: str | None) -> dict:
-    """The progress bar's postfix: loss, normalized score, validation MSE, time left."""
-    out = {} if loss is None else {"loss": f"{loss:.4f}"}
-    if score is not None:
-        out["score"] = f"{score:.1f}"
-    if val is not None:
-        out["val_mse"] = f"{val:.4f}"
-    if eta is not None:
-        out["eta"] = eta
-    return out
+    """The progress bar's postfix: loss, normalized score, validation MSE, time left (those known)."""
+    shown = {"loss": (loss, "{:.4f}"), "score": (score, "{:.1f}"), "val_mse": (val, "{:.4f}"), "eta": (eta, "{}")}
+    return {k: form.format(v) for k, (v, form) in shown.items() if v is not None}
 
 
 class Throughput:
@@ -688,16 +659,13 @@ class Throughput:
         self.seconds, self.steps, self.tokens = 0.0, 0, 0
 
     def add(self, seconds: float, tokens: int) -> None:
-        self.seconds += seconds
-        self.steps += 1
-        self.tokens += tokens
+        self.seconds, self.steps, self.tokens = self.seconds + seconds, self.steps + 1, self.tokens + tokens
 
     def take(self) -> dict:
         """Steps/s and tokens/s since the last call, and start counting again."""
-        t = max(self.seconds, 1e-9)
-        rates = {"throughput/steps_per_s": self.steps / t, "throughput/tokens_per_s": self.tokens / t}
-        self.seconds, self.steps, self.tokens = 0.0, 0, 0
-        return rates
+        t, steps, tokens = max(self.seconds, 1e-9), self.steps, self.tokens
+        self.__init__()
+        return {"throughput/steps_per_s": steps / t, "throughput/tokens_per_s": tokens / t}
 
 
 def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, rates: dict) -> None:
@@ -728,7 +696,7 @@ def eval_scalars(results: dict, prefix: str = "eval") -> dict:
 
 
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
-    """The run's summary; rank 0 also logs hyper-parameters with the final scores, draws the plots and
+    """The run's summary; rank 0 also logs the hyper-parameters with the final scores, draws the plots and
     writes ``summary.json``."""
     cfg = run.cfg
     summary = {
