@@ -115,7 +115,7 @@ class Stepper:
 
     def step(self, batch: Batch, detail: bool = False) -> tuple:
         """One step on ``batch``; returns (loss, grad norm, parts): floats in the eager form, device tensors
-        otherwise (``read`` them only when needed)."""
+        otherwise (read them back only when needed)."""
         self.steps += 1
         if self.eager:
             with self._mixed():
@@ -235,7 +235,3 @@ def align(opt: torch.optim.Optimizer, mode: str) -> None:
         if torch.is_tensor(st.get("step")):
             st["step"] = st["step"].to(p.device if fused else "cpu", torch.float32)
 
-
-def read(loss, gn) -> tuple[float, float]:
-    """The step's loss and gradient norm as floats (a read-back for the compiled forms' tensors)."""
-    return float(loss), float(gn)

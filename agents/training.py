@@ -18,7 +18,6 @@ import math
 import os
 import shlex
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -122,7 +121,10 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         built, resume = resumed_config(built, path)
         cfg = built.cfg
         train_config.check(cfg)
-        spec = env_spec(cfg.env)
+        try:
+            spec = envs.get_spec(cfg.env)
+        except (KeyError, ValueError) as err:
+            raise SetupError(f"env: {err.args[0] if err.args else err}") from err
         if cfg.eval.every > 0 or cfg.eval.final_episodes > 0:  # evaluation will build simulators: fail now, not at it
             envs.check_mujoco_gl()
         d = d or distributed.init_distributed(cfg.device)
@@ -198,13 +200,6 @@ def _few(xs) -> str:
     return f"[{', '.join(map(str, xs[:8]))}{', ...' if len(xs) > 8 else ''}] ({len(xs)})"
 
 
-def env_spec(name: str) -> envs.EnvSpec:
-    try:
-        return envs.get_spec(name)
-    except (KeyError, ValueError) as err:
-        raise SetupError(f"env: {err.args[0] if err.args else err}") from err
-
-
 def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
     """The network ``cfg`` describes, for data with these dimensions (stream-exact: every layer windowed)."""
     mc = DTConfig(**dataclasses.asdict(cfg.model), state_dim=state_dim, act_dim=act_dim, K=cfg.K,
@@ -265,7 +260,10 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     if d.main:
         print(announcement(run), flush=True)
     mon = open_monitor(run)
-    last_score, last_val = last_logged(mon)
+    # the bar shows the latest score (the first target's) and validation MSE, a resumed run's too
+    scores = [mon.history[t] for t in sorted(mon.history) if t.startswith("eval/normalized/")]
+    vals = mon.history.get(VAL_TAG)
+    last_score, last_val = scores[0][-1][1] if scores else None, vals[-1][1] if vals else None
     exact_from = stream_training.first_exact_step(run.model.cfg) if cfg.stream_window else None
     speed = Throughput()
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
@@ -296,7 +294,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     # the steps in between is counted at this read (their sum is right, each one is not)
                     if stepper.eager or logging:
                         settle()
-                        loss, gn = steps.read(*out[:2])
+                        loss, gn = float(out[0]), float(out[1])  # a read-back in the compiled forms
                     dt = time.perf_counter() - t0
                     run.step += 1
                     run.train_time += dt
@@ -307,7 +305,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     settle()
                     t0 = time.perf_counter()
                     if d.main:
-                        last_score = periodic_eval(run, mon, evaluator)
+                        last_score = next(iter(evaluate(run, mon, evaluator).values()))["normalized_mean"]
                         last_val = validate(run, mon) if run.validation is not None else last_val
                     d.barrier()
                     clock.exclude(time.perf_counter() - t0)
@@ -347,7 +345,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
             mon.close()
         raise
     settle()
-    final = final_eval(run, mon, evaluator)
+    final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
     val = validate(run, mon, final=True) if run.validation is not None else None
     d.barrier()
     summary = finish(run, mon, final, val)
@@ -378,12 +376,9 @@ def open_run_dir(run: Run) -> None:
         run.out = Path(name[0])
         if d.main:
             lock.hold(run.out)
-        stale = ck_io.remove_stale_temps(*run.out.parent.iterdir()) if d.main else []
-    else:  # a resumed run's directory is held since ``prepare``
-        stale = ck_io.remove_stale_temps(run.out) if d.main else []
-    if stale:
-        print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
-              f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
+            ck_io.remove_stale_temps(*run.out.parent.iterdir())
+    elif d.main:  # a resumed run's directory is held since ``prepare``
+        ck_io.remove_stale_temps(run.out)
 
 
 class Interrupts:
@@ -439,43 +434,26 @@ def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
 
 
 # == 3. evaluation: in the simulator, and on held-out episodes ==========================================
-def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
-    """Roll the current model out (``episodes`` per target), leaving the training RNG untouched."""
+def evaluate(run: Run, mon: RunMonitor, evaluator: Evaluator, final: bool = False) -> dict:
+    """Roll the current model out (``eval.episodes`` per target, at the end ``eval.final_episodes``) and log
+    the scores, leaving the training RNG untouched."""
+    e, t0 = run.cfg.eval, time.perf_counter()
+    episodes = e.final_episodes if final else e.episodes
     bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False) \
         if run.cfg.progress else None
     try:
-        with torch.random.fork_rng(devices=[]):  # evaluation never moves the training RNG
-            return evaluator.rollout(run.model, run.info, episodes, seed, run.cfg.eval,
-                                     bar.update if bar is not None else None)
+        with torch.random.fork_rng(devices=[]):
+            res = evaluator.rollout(run.model, run.info, episodes, run.cfg.seed + (20_000 if final else 10_000), e,
+                                    bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
-
-
-def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> float:
-    """Evaluate every ``eval.every`` steps; returns the first target's normalized score (for the bar)."""
-    t0 = time.perf_counter()
-    res = evaluate(run, evaluator, run.cfg.eval.episodes, run.cfg.seed + 10_000)
-    seconds = time.perf_counter() - t0
-    mon.scalars(eval_scalars(res), run.step)
-    mon.print(f"step {run.step}: eval ({run.cfg.eval.episodes} episodes/target, {seconds:.0f}s) "
-              f"normalized {evaluator.line(res)}")
+    mon.scalars(eval_scalars(res) | (eval_scalars(res, "eval_final") if final else {}), run.step)
+    took = f"({episodes} episodes/target, {time.perf_counter() - t0:.0f}s)"
+    mon.print(f"final eval {took}: normalized {evaluator.line(res)}" if final
+              else f"step {run.step}: eval {took} normalized {evaluator.line(res)}")
     run.history = eval_history(mon)
-    return next(iter(res.values()))["normalized_mean"]
-
-
-def final_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> dict | None:
-    """``eval.final_episodes`` per target at the end (rank 0; None when switched off)."""
-    e = run.cfg.eval
-    if not (run.dist.main and e.final_episodes > 0):
-        return None
-    t0 = time.perf_counter()
-    final = evaluate(run, evaluator, e.final_episodes, run.cfg.seed + 20_000)
-    mon.scalars(eval_scalars(final), run.step)
-    mon.scalars(eval_scalars(final, "eval_final"), run.step)
-    mon.print(f"final eval ({e.final_episodes} episodes/target, {time.perf_counter() - t0:.0f}s): "
-              f"normalized {evaluator.line(final)}")
-    return final
+    return res
 
 
 VAL_TAG = "val/action_mse"
@@ -519,10 +497,8 @@ def restore(run: Run, ck: DTCheckpoint) -> None:
     processes the samplers are reseeded)."""
     try:  # the schema checked each part's form; whether it fits this model shows only here
         _restore(run, ck)
-    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
-        raise SetupError(f"{ck.origin}: its training state does not fit the run it describes ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:200]}); the file is damaged: resume from another checkpoint "
-                         "or start a new run") from err
+    except ck_io.UNFIT as err:
+        raise ck_io.unfit(ck.origin, err) from err
 
 
 def _restore(run: Run, ck: DTCheckpoint) -> None:
@@ -637,13 +613,6 @@ def open_monitor(run: Run) -> RunMonitor:
 def eval_history(mon: RunMonitor) -> dict:
     """The evaluation and validation curves (what the checkpoint keeps of the log)."""
     return {k: v for k, v in mon.history.items() if k.startswith(("eval/", "val/"))}
-
-
-def last_logged(mon: RunMonitor) -> tuple[float | None, float | None]:
-    """The latest normalized score (the first target's) and validation MSE logged, for the progress bar."""
-    tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
-    val = mon.history.get(VAL_TAG)
-    return (mon.history[tags[0]][-1][1] if tags else None), (val[-1][1] if val else None)
 
 
 def postfix(loss: float | None, score: float | None, val: float | None, eta: str | None) -> dict:
