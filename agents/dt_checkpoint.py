@@ -124,14 +124,11 @@ class DTCheckpoint:
 
     def to_dict(self) -> dict:
         """The dict ``save`` writes: tensors and plain data only (arrays become tensors)."""
+        info = self.data
         d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config, "model_config": self.model_config.to_dict(),
              "model": self.model,
-             "data": {"env": self.data.env, "gym_id": self.data.gym_id, "source": self.data.source,
-                      "fingerprint": self.data.fingerprint,
-                      "state_mean": torch.as_tensor(self.data.state_mean),
-                      "state_std": torch.as_tensor(self.data.state_std),
-                      "reward_scale": self.data.reward_scale, "targets": list(self.data.targets),
-                      "held_out": list(self.data.held_out)}}
+             "data": {**vars(info), "state_mean": torch.as_tensor(info.state_mean), "targets": list(info.targets),
+                      "state_std": torch.as_tensor(info.state_std), "held_out": list(info.held_out)}}
         if self.training is not None:
             d.update(dataclasses.asdict(self.training))
         return d

@@ -41,7 +41,7 @@ from agents.train_config import Built, TrainConfig, model_label
 from . import dt_checkpoint, stream_training, train_step as steps
 from .decision_transformer import Batch, DecisionTransformer, DTConfig, trailing_padding
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
-from .summary import check_summary
+from .summary import SCORES, check_summary
 from .training_validation import Validation
 
 
@@ -655,13 +655,8 @@ def target_tag(t: float) -> str:
 
 
 def eval_scalars(results: dict, prefix: str = "eval") -> dict:
-    out = {}
-    for t, r in results.items():
-        tag = target_tag(t)
-        out[f"{prefix}/normalized/{tag}"] = r["normalized_mean"]
-        out[f"{prefix}/return/{tag}"] = r["return_mean"]
-        out[f"{prefix}/length/{tag}"] = r["length_mean"]
-    return out
+    return {f"{prefix}/{k}/{target_tag(t)}": r[f"{k}_mean"] for t, r in results.items()
+            for k in ("normalized", "return", "length")}
 
 
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
@@ -672,8 +667,7 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
         "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
         "steps": run.step, "data_source": run.data.source, "train_s": round(run.train_time, 2),
         "s_per_1k_steps": round(1000 * run.train_time / max(run.step, 1), 2), "processes": run.dist.world,
-        "final": ({target_tag(t): {k: r[k] for k in ("normalized_mean", "normalized_std", "return_mean",
-                                                      "return_std", "length_mean")} | {"episodes": len(r["returns"])}
+        "final": ({target_tag(t): {k: r[k] for k in SCORES} | {"episodes": len(r["returns"])}
                    for t, r in final.items()} if final else None),
         # which policy the final scores are of (agents.stream_training.Fidelity)
         **(stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).record() if final else {}),
