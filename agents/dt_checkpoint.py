@@ -1,22 +1,9 @@
-"""The Decision-Transformer checkpoint: one schema, one writer (``save``), one reader (``load``), so the
-layout is known in one place. On disk a checkpoint is a dict saved atomically by
-``primal_dt.run.checkpoint`` (tensors and plain data):
-
-    kind          "dt"
-    schema        SCHEMA_VERSION
-    config        the run's TrainConfig as a plain dict (``agents.train_config.from_dict``)
-    model_config  DTConfig as a plain dict: what builds the network back
-    model         the network's state_dict
-    data          DataInfo: dataset identity (source, content fingerprint), the episodes held out
-                  for validation, and the statistics the agent's bookkeeping needs
-    optimizer, scheduler, rng, step, train_time, history
-                  TrainingState: what an exact resume needs (absent in inference-only files)
-
-The return-to-go scale has one meaning everywhere in the package: returns-to-go are *divided* by
-``reward_scale`` (1000 in the DT papers) before they reach the model.
-
-Files are read without running code (``weights_only=True``). Data loaded for a checkpoint is compared
-with the fingerprint recorded here (``check_data``).
+"""The Decision-Transformer checkpoint: one schema (``DTCheckpoint``), one writer (``save``), one reader
+(``load``). On disk, a dict of tensors and plain data saved atomically by ``primal_dt.run.checkpoint``:
+``kind`` "dt", ``schema``, ``config`` (the run's TrainConfig), ``model_config`` (DTConfig: what builds the
+network back), ``model`` (state_dict), ``data`` (``DataInfo``), and for an exact resume the
+``TrainingState`` fields (absent in inference-only files). Every field is checked when read: a damaged
+or crafted file is one ValueError naming the file and the field.
 """
 
 from __future__ import annotations
@@ -50,7 +37,7 @@ class DataInfo:
     """[state_dim] float32: observations are normalised as (obs - state_mean) / state_std"""
     state_std: np.ndarray
     reward_scale: float
-    """returns-to-go are divided by this (the DT papers: 1000)"""
+    """returns-to-go are *divided* by this, everywhere in the package (the DT papers: 1000)"""
     targets: tuple[float, ...] = ()
     """return-to-go targets (raw returns) the run evaluated; the first is an agent's default"""
     gym_id: str | None = None
@@ -59,10 +46,9 @@ class DataInfo:
     """where the data came from (file path, Minari id, replica), as printed by envs.load_dataset"""
     fingerprint: str = ""
     """content hash of the arrays trained on (``envs.Trajectories.fingerprint``); '' only in checkpoints
-    made in code (``check_data`` refuses to vouch for data against those)"""
+    made in code"""
     held_out: tuple[int, ...] = ()
-    """episodes of the dataset (indices in its order) held out of training for validation; the
-    statistics above are those of the other episodes. () in checkpoints without a split"""
+    """episodes (indices in the dataset's order) held out for validation; the statistics are the others'"""
 
     def __post_init__(self):
         self.state_mean = np.asarray(self.state_mean, dtype=np.float32).reshape(-1)
@@ -77,9 +63,7 @@ class DataInfo:
 
     @property
     def eval_targets(self) -> tuple[float, ...]:
-        """The return-to-go targets to act for: the run's own, or (a checkpoint that recorded none)
-        the DT papers' targets for its environment, which ``envs`` keeps with the rest of what it
-        knows about a dataset name, so no reader carries a per-environment default."""
+        """The return-to-go targets to act for: the run's own, else the DT papers' for its environment."""
         if self.targets:
             return self.targets
         import envs
@@ -103,8 +87,7 @@ class TrainingState:
 
 @dataclass
 class DTCheckpoint:
-    """A DT checkpoint in memory (read it with ``load``, write it with ``save``; nothing else indexes the
-    dict on disk)."""
+    """A DT checkpoint in memory (nothing else indexes the dict on disk)."""
 
     model_config: DTConfig
     model: dict
@@ -121,8 +104,7 @@ class DTCheckpoint:
         return self.training.step if self.training is not None else 0
 
     def fidelity(self, engine: str):
-        """Whether ``engine``'s actions are the policy this checkpoint was trained as (its run's
-        ``stream_window``: ``agents.stream_training.Fidelity``)."""
+        """Whether ``engine``'s actions are the policy this checkpoint was trained as (``stream_training``)."""
         from .stream_training import fidelity
 
         return fidelity(engine, self.config)
@@ -142,22 +124,18 @@ class DTCheckpoint:
 
     def to_dict(self) -> dict:
         """The dict ``save`` writes: tensors and plain data only (arrays become tensors)."""
+        info = self.data
         d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config, "model_config": self.model_config.to_dict(),
              "model": self.model,
-             "data": {"env": self.data.env, "gym_id": self.data.gym_id, "source": self.data.source,
-                      "fingerprint": self.data.fingerprint,
-                      "state_mean": torch.as_tensor(self.data.state_mean),
-                      "state_std": torch.as_tensor(self.data.state_std),
-                      "reward_scale": self.data.reward_scale, "targets": list(self.data.targets),
-                      "held_out": list(self.data.held_out)}}
+             "data": {**vars(info), "state_mean": torch.as_tensor(info.state_mean), "targets": list(info.targets),
+                      "state_std": torch.as_tensor(info.state_std), "held_out": list(info.held_out)}}
         if self.training is not None:
             d.update(dataclasses.asdict(self.training))
         return d
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "checkpoint") -> "DTCheckpoint":
-        """Parse a checkpoint dict, every field checked (``_Fields``): a damaged or crafted file is one
-        ValueError naming ``where`` and the field, never a TypeError deep in a reader or a huge allocation."""
+        """Parse a checkpoint dict, every field checked (``_Fields``), ``where`` naming it in errors."""
         if not isinstance(d, dict):
             raise ValueError(f"{where} is not a primal-dt checkpoint (expected a dict, got {type(d).__name__})")
         if d.get("kind") != KIND:
@@ -189,8 +167,8 @@ class DTCheckpoint:
 
 
 class _Fields:
-    """The checks of a checkpoint's fields (a file read without running code may still hold strings where
-    numbers belong, or sizes no machine can allocate), each one ValueError naming the file and the field."""
+    """The checks of a checkpoint's fields: a file read without running code may still hold strings where
+    numbers belong, or sizes no machine can allocate."""
 
     def __init__(self, where: str):
         self.where = where
@@ -282,9 +260,8 @@ class _Fields:
         return mc
 
     def weights(self, v, mc: DTConfig) -> None:
-        """Tensors by name, about as many numbers as ``mc``'s network holds: a config asking for a network
-        larger than the file's weights is refused before anything is allocated (``build_model`` checks
-        names and shapes)."""
+        """Tensors by name, about as many as ``mc``'s network holds: a config asking for a network larger than
+        the file's weights is refused before anything is allocated (``build_model`` checks names and shapes)."""
         if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()):
             raise self.bad("model", "a state_dict (parameter name -> tensor)", v)
         layers = len(mc.layer_names()) or mc.n_layers
@@ -348,8 +325,7 @@ def _array(x) -> np.ndarray:
 
 
 def numpy_state() -> dict:
-    """numpy's global stream as tensors and plain data (what ``torch.load(weights_only=True)`` reads),
-    for ``TrainingState.rng``."""
+    """numpy's global stream as tensors and plain data (what ``torch.load(weights_only=True)`` reads)."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
             "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
@@ -362,21 +338,18 @@ def set_numpy_state(state: dict) -> None:
 
 
 def resolve(path: str | Path, option: str = "checkpoint") -> Path:
-    """A checkpoint file, a run directory meaning its last.pt, or a directory of runs meaning the
-    newest run's (``primal_dt.run.checkpoint.find``); a FileNotFoundError saying what to give otherwise."""
+    """A checkpoint file, a run directory's last.pt, or the newest run's of a directory of runs."""
     return ck_io.find(path, FILENAME, option)
 
 
 def save(ck: DTCheckpoint, path: str | Path) -> Path:
-    """Write ``ck`` atomically (a crash or a full disk never leaves a torn file; a failed write is a
-    ``primal_dt.run.errors.WriteError`` naming the file and the step it would have held)."""
+    """Write ``ck`` atomically (a failed write is a ``WriteError`` naming the file and the step)."""
     return ck_io.save_atomic(ck.to_dict(), path, what=f"checkpoint (step {ck.step})")
 
 
 def check_data(info: DataInfo, data, where: str = "checkpoint") -> None:
     """Refuse data (``envs.Trajectories``) other than what the checkpoint was trained on: the content
-    fingerprint decides (the same data moved passes; a file changed under its path does not). A checkpoint
-    without a fingerprint (made in code) cannot vouch for any data."""
+    fingerprint decides (the same data moved passes; a file changed under its path does not)."""
     if not info.fingerprint:
         raise ValueError(f"{where} records no dataset fingerprint (it was not written by primal_dt.train), so no data "
                          "can be checked against it; train the model with primal_dt.train")
@@ -406,4 +379,4 @@ def load(path: str | Path | dict) -> DTCheckpoint:
     if isinstance(path, dict):
         return DTCheckpoint.from_dict(path)
     p = resolve(path)
-    return DTCheckpoint.from_dict(ck_io.load(p, expect_kind=KIND), where=f"checkpoint {p}")
+    return DTCheckpoint.from_dict(ck_io.load(p), where=f"checkpoint {p}")

@@ -1,25 +1,18 @@
 """Export a Decision-Transformer checkpoint's stream step as one graph (ONNX or TorchScript).
 
     python -m agents.export checkpoint=runs/hopper-medium/primal+dt/<run> format=onnx out=policy.onnx
-    python -m agents.export checkpoint=runs/.../last.pt format=torchscript
 
-The artefact is ``agents.Agent(engine="stream")``'s whole ``act`` as one pure function, its
-recurrent state explicit input and output, any batch (``DTStep``):
+The artefact is ``DTStep.forward``, the one step function the torch agent runs (so actions agree to
+1e-5), as a pure function of explicit state, any batch:
 
-    (observation [B, obs_dim] float32 raw, reward [B] float32 (the previous step's), reset [B] bool
-     (the row starts a new episode this step), target [B] float32 (raw return), state.<name> ...)
-      -> (action [B, act_dim] float32, next_state.<name> ...)
+    (observation [B, obs_dim] raw, reward [B] (the previous step's), reset [B] bool, target [B] (raw
+     return), state.<name> ...) -> (action [B, act_dim], next_state.<name> ...)
 
-Inside: ``DTStep.forward``, the one step function the torch agent runs (``agents.decision_transformer``
-documents it), so actions agree to 1e-5. Metadata travels inside the artefact (ONNX ``metadata_props`` /
-TorchScript extra file, key ``agents.onnx_policy.METADATA_KEY``): dimensions, targets, reward scale, the
-state layout, the stream semantics in words, the package version and the source checkpoint's SHA-256.
-Runtimes with the ``Agent`` API: ``agents.onnx_policy.OnnxPolicy`` (numpy + onnxruntime only, one file
-to copy) and ``agents.torchscript_policy.TorchScriptPolicy``.
-
-ONNX goes through ``torch.export`` (``torch.onnx.export(dynamo=True)``, which needs ``onnxscript``: the
-``export`` extra) with a dynamic batch axis; TorchScript traces ``DTStep`` whole. A layer whose state
-grows with the episode (kernel-*, svr-*) or a non-causal layer cannot be exported: a ValueError names it.
+Its metadata travels inside it (ONNX ``metadata_props`` / a TorchScript extra file, key
+``onnx_policy.METADATA_KEY``): dimensions, targets, reward scale, the state layout, the stream semantics
+in words, versions and the source checkpoint's SHA-256. ONNX goes through ``torch.export`` (the
+``export`` extra) with a dynamic batch axis; a layer whose state grows with the episode cannot be
+exported (a ValueError names it).
 """
 
 from __future__ import annotations
@@ -60,7 +53,6 @@ OPSET = 18
 _BATCH = "batch"
 
 
-# -- the step as one module ---------------------------------------------------------------------------
 def stream_step(model, data: DataInfo) -> DTStep:
     """The model's ``DTStep`` with the dataset's bookkeeping; a ValueError naming every layer whose state
     cannot be a graph's."""
@@ -74,7 +66,6 @@ def stream_step(model, data: DataInfo) -> DTStep:
     return step
 
 
-# -- metadata -------------------------------------------------------------------------------------------
 SEMANTICS = """\
 One call = one environment step for B rows (episodes). Inputs: observation [B, obs_dim] float32 (raw, as the \
 simulator returns it), reward [B] float32 (the reward of the previous step; ignored at a row's first step), \
@@ -92,20 +83,26 @@ sees (the stream semantics, agents/decision_transformer.py): primal without a wi
 over the whole episode; primal or softmax with window=w, the last w tokens; softmax without a window, the last \
 {window} tokens; the linear family (linear, performer, cosformer, kerformer, flowformer), prefix sums over the \
 episode. A cosformer layer returns NaN for a row once its episode passes max_len tokens."""
-"""the metadata's ``semantics``, filled in by ``semantics``"""
 _SYMBOL = {"rtg": "R", "state": "s", "action": "a"}
 
 
 def semantics(step: DTStep) -> str:
-    """``SEMANTICS`` for this step's token layout and context."""
     tokens = step.model.tokens
     chunk = ", ".join(_SYMBOL[k] + ("_{t-1}" if dt else "_t") for k, dt in tokens.chunk)
     return SEMANTICS.format(chunk=chunk, predictor=f"{_SYMBOL[tokens.predict_from]}_t",
                             window=softmax_stream_window(step.model))
 
 
+def missing_package() -> str | None:
+    """The first package of the ``export`` extra that is not installed (onnx, onnxruntime, the exporter's
+    onnxscript), or None."""
+    import importlib.util
+
+    return next((m for m in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(m) is None), None)
+
+
 def package_version() -> str:
-    """The installed primal-dt's version ("unknown" when run from a source tree that was never installed)."""
+    """The installed primal-dt's version ("unknown" from a source tree never installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -115,11 +112,8 @@ def package_version() -> str:
 
 
 def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
-    """The JSON document stored in the artefact (read back by ``GraphPolicy``)."""
-    pkg = package_version()
-    cfg = ck.model_config
-    info = ck.data
-    kinds = step.model.layer_names
+    """The JSON document stored in the artefact (checked by ``onnx_policy.check_metadata`` when read)."""
+    cfg, info, kinds = ck.model_config, ck.data, step.model.layer_names
     return {
         "format": FORMAT, "schema": SCHEMA, "artefact": fmt,
         "obs_dim": cfg.state_dim, "act_dim": cfg.act_dim, "targets": list(info.eval_targets),
@@ -135,7 +129,7 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "state": [{"name": s.name, "shape": [_BATCH, *s.shape], "dtype": str(s.dtype).removeprefix("torch."),
                    "initial": 0, "what": _what(s.name, kinds), **({"masked_by": s.masked_by} if s.masked_by else {})}
                   for s in step.specs],
-        "semantics": semantics(step), "package_version": pkg, "torch_version": torch.__version__,
+        "semantics": semantics(step), "package_version": package_version(), "torch_version": torch.__version__,
         "checkpoint": source, "checkpoint_sha256": sha256, "train_step": ck.step,
         "data_source": info.source, "data_fingerprint": info.fingerprint or None,
         # whether this stream is the policy the checkpoint was trained as (agents.stream_training.Fidelity)
@@ -160,7 +154,6 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-# -- export -----------------------------------------------------------------------------------------------
 def export_policy(source, format: str = "onnx", out: str | Path | None = None, *, overwrite: bool = False) -> Path:
     """Write ``source``'s stream step (a checkpoint file, its run directory, or a ``DTCheckpoint``: then
     ``out`` is required) as ``format`` to ``out`` (default: ``FORMATS[format]`` next to the checkpoint),
@@ -204,15 +197,13 @@ def _example(step: DTStep, batch: int = 2):
             *state.flat())
 
 
-def _names(step: DTStep) -> tuple[list[str], list[str]]:
-    return ([*INPUTS, *(STATE_IN + s.name for s in step.specs)],
-            ["action", *(STATE_OUT + s.name for s in step.specs)])
+def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
+    """``DTStep.forward`` through ``torch.export`` to ONNX, batch axis dynamic, metadata inside."""
+    import onnx
 
-
-def _onnx_model(step: DTStep):
-    """``DTStep.forward`` exported through ``torch.export`` to an ONNX ModelProto, batch axis dynamic."""
     example = _example(step)
-    inputs, outputs = _names(step)
+    inputs = [*INPUTS, *(STATE_IN + s.name for s in step.specs)]
+    outputs = ["action", *(STATE_OUT + s.name for s in step.specs)]
     batch = torch.export.Dim(_BATCH)
     with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
         warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
@@ -220,7 +211,12 @@ def _onnx_model(step: DTStep):
                                     dynamic_shapes=(*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):])),
                                     opset_version=OPSET,
                                     verbose=False, custom_translation_table=onnx_translations())
-    return program.model_proto
+    model = program.model_proto
+    entry = model.metadata_props.add()
+    entry.key, entry.value = METADATA_KEY, json.dumps(meta)
+    model.producer_name = "primal-dt agents.export"
+    onnx.checker.check_model(model)
+    return model.SerializeToString()
 
 
 @contextlib.contextmanager
@@ -234,17 +230,6 @@ def _quiet_exporter():
             yield
     finally:
         log.setLevel(level)
-
-
-def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
-    import onnx
-
-    model = _onnx_model(step)
-    entry = model.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(meta)
-    model.producer_name = "primal-dt agents.export"
-    onnx.checker.check_model(model)
-    return model.SerializeToString()
 
 
 def _torchscript_bytes(step: DTStep, meta: dict) -> bytes:
@@ -276,7 +261,6 @@ def read_metadata(path: str | Path) -> dict:
     return json_reader.parse(text, f"{path} policy metadata")
 
 
-# -- command line ----------------------------------------------------------------------------------------
 @dataclass
 class ExportConfig:
     checkpoint: str = ""
@@ -299,12 +283,8 @@ def run(argv: list[str]) -> Path:
     with errors.setup_errors():
         if not cfg.checkpoint:
             raise ValueError("checkpoint=PATH is required (a last.pt written by primal_dt.train, or its run directory)")
-        if cfg.format == "onnx":
-            try:
-                import onnx  # noqa: F401
-                import onnxscript  # noqa: F401  (torch.export's ONNX exporter)
-            except ImportError as err:
-                raise ValueError(f"format=onnx needs the {err.name} package: pip install 'primal-dt[export]'") from err
+        if cfg.format == "onnx" and missing_package():
+            raise ValueError(f"format=onnx needs the {missing_package()} package: pip install 'primal-dt[export]'")
         out = export_policy(cfg.checkpoint, cfg.format, cfg.out or None, overwrite=cfg.overwrite)
     meta = read_metadata(out)
     print(f"exported {meta['checkpoint']} ({'/'.join(meta['layers'])}, obs {meta['obs_dim']} -> act "

@@ -1,16 +1,12 @@
-"""``load_agent(..., runtime="onnx")`` (and "auto"): the checkpoint's stream step on onnxruntime.
-
-The exported step is the torch agent's own function (``DTStep``), which onnxruntime runs faster on a
-CPU, most at batch 1 where torch's per-operator dispatch dominates (eval/bench/inference.py). Before it
-is handed out it plays a few steps beside the torch agent, a restart included; actions that differ by
-more than ``EXACT`` are an error, not a silently different policy.
+"""``load_agent(..., runtime="onnx")`` (and "auto"): the checkpoint's stream step on onnxruntime, which
+runs the torch agent's own step (``DTStep``) faster on a CPU. Before it is handed out it plays a few steps
+beside the torch agent, a restart included: actions more than ``EXACT`` apart are an error.
 
 The export is made once per checkpoint file and kept in the user's own cache (``cache_dir``), never read
-from the run directory: a ``policy.onnx`` beside a checkpoint names its checkpoint only in its own
-metadata, which anyone who can write there can copy into a graph that computes something else (and a
-few checked steps cannot tell a graph that deviates later). The entry is named by the checkpoint file's
-SHA-256 and what made the graph (``export_key``); the graph's own SHA-256, recorded beside it by this
-package, is checked before every reuse.
+from the run directory: a ``policy.onnx`` there names its checkpoint only in its own metadata, which
+anyone who can write there can copy into a graph that computes something else (and a few checked steps
+cannot tell a graph that deviates later). An entry is named by the checkpoint file's SHA-256 and what made
+the graph (``export_key``); the graph's own SHA-256, recorded beside it, is checked before every reuse.
 """
 
 from __future__ import annotations
@@ -22,6 +18,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from primal_dt.run import checkpoint as ck_io
+
+from .dt_checkpoint import resolve
+from .export import FORMATS, export_policy, missing_package, package_version, sha256_file
+from .onnx_policy import SCHEMA, OnnxPolicy
 
 EXACT = 1e-5
 """largest action difference the ONNX step may show against the torch stream step"""
@@ -31,16 +34,9 @@ def onnx_agent(checkpoint, ck, agent):
     """An ``OnnxPolicy`` on the export of ``checkpoint`` (a file or run directory: ``cached_export``; in
     memory, ``ck``: exported for this policy only), checked against the torch ``agent``, with its target
     and ``info``."""
-    from .dt_checkpoint import resolve
-    from .onnx_policy import OnnxPolicy
-
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-        import onnxscript  # noqa: F401  (torch.export's ONNX exporter)
-    except ImportError as err:
-        raise ValueError(f"runtime='onnx' needs the {err.name} package: pip install 'primal-dt[export]' (or use "
-                         "runtime='torch')") from err
+    if missing_package():
+        raise ValueError(f"runtime='onnx' needs the {missing_package()} package: pip install 'primal-dt[export]' "
+                         "(or use runtime='torch')")
     source = resolve(checkpoint) if isinstance(checkpoint, (str, Path)) else ck
     path = cached_export(source) if isinstance(source, Path) else None
     if path is not None:
@@ -57,8 +53,6 @@ def onnx_agent(checkpoint, ck, agent):
 
 
 def _export(source, directory: Path) -> Path:
-    from .export import FORMATS, export_policy
-
     return export_policy(source, "onnx", directory / FORMATS["onnx"], overwrite=True)
 
 
@@ -81,11 +75,6 @@ def cache_dir() -> Path | None:
 def export_key(checkpoint_sha256: str) -> str:
     """The cache entry's name: the checkpoint file's SHA-256 and what turns it into a graph (the package's
     release and policy schema, torch's version), so an upgrade exports again rather than reuse."""
-    import torch
-
-    from .export import package_version
-    from .onnx_policy import SCHEMA
-
     made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"
     return f"{checkpoint_sha256}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)}"
 
@@ -94,10 +83,6 @@ def cached_export(path: Path) -> Path | None:
     """The ONNX export of the checkpoint file ``path``, from the cache when this package wrote an entry for
     that file's bytes and the graph still has the digest recorded beside it, else exported into the cache
     now. None when there is no usable cache directory (``cache_dir``)."""
-    from primal_dt.run import checkpoint as ck_io
-
-    from .export import sha256_file
-
     d = cache_dir()
     if d is None:
         return None

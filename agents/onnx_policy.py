@@ -13,11 +13,9 @@ used on its own (it imports nothing but numpy, onnxruntime and the standard libr
         obs, reward, term, trunc, _ = venv.step(action)
         policy.reset_done(term | trunc)         # restart only the finished rows
 
-The API is every runtime's (``Policy``, defined here so that this file stands alone; ``agents.Agent``
-implements it too), and so are the actions: the graph is the torch agent's step, bookkeeping inside, with
-every layer's recurrent state as explicit inputs and outputs; this class keeps the state between calls and
-raises the reset flags of restarted rows. ``policy.metadata`` is the JSON document stored in the model
-under ``METADATA_KEY`` (``agents.export`` writes it).
+The graph is the torch agent's step (bookkeeping inside, recurrent state as explicit inputs and
+outputs); this class keeps the state between calls and flags restarted rows. ``Policy``, the acting API
+of every runtime, is defined here so that this file stands alone.
 """
 
 from __future__ import annotations
@@ -37,17 +35,13 @@ INPUTS = ("observation", "reward", "reset", "target")
 STATE_IN, STATE_OUT = "state.", "next_state."
 _DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "bool": np.bool_}
 DISABLED_FUSIONS = ["SkipLayerNormFusion"]
-"""onnxruntime graph fusions ``OnnxPolicy`` turns off: its CPU SkipLayerNormalization (a residual Add fused
-into the LayerNorm after it: the step's embedding and final norm) runs slower than the Add and the
-LayerNormalization it replaces at a stream step's few tokens per row (eval/bench/inference.py measures
-the step); without it the actions are the same to rounding (5e-8)"""
+"""onnxruntime fusions turned off: its CPU SkipLayerNormalization (a residual Add fused into the LayerNorm
+after it) is slower than the two operators at a stream step's few tokens per row (eval/bench/inference.py)"""
 _ONNX_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "int64": "tensor(int64)", "bool": "tensor(bool)"}
 
 
-def check_artefact(session, text: str | None, where: str) -> dict:
-    """The metadata document ``text`` of the ONNX model ``where`` (opened as ``session``), its fields and the
-    graph's inputs and outputs checked against it: one ``ValueError`` naming the file and the field at
-    load, not a raw onnxruntime error at the first ``act``."""
+def parse_metadata(text: str | None, where: str) -> dict:
+    """The metadata document ``text`` of the ONNX model ``where`` as a dict (``GraphPolicy`` checks its fields)."""
     if text is None:
         raise ValueError(f"{where} is an ONNX model without primal-dt policy metadata; export one with "
                          "python -m agents.export")
@@ -55,7 +49,14 @@ def check_artefact(session, text: str | None, where: str) -> dict:
         meta = json.loads(text)
     except (ValueError, RecursionError) as err:  # this file stands alone (no primal_dt.run.json_reader): nesting too
         raise ValueError(f"{where}: its policy metadata ({METADATA_KEY}) is not valid JSON ({err})") from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{where}: its policy metadata must be a JSON object, got {text[:60]}")
+    return meta
 
+
+def check_metadata(meta: dict, where: str) -> None:
+    """Every field a runtime reads, so a damaged or edited artefact is one ``ValueError`` naming the file and
+    the field at load, not a raw error at the first ``act``."""
     def bad(field: str, want: str, got) -> ValueError:
         return ValueError(f"{where}: policy metadata field {field} must be {want}, got {json.dumps(got)[:60]}")
 
@@ -65,8 +66,6 @@ def check_artefact(session, text: str | None, where: str) -> dict:
     def finite(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
 
-    if not isinstance(meta, dict):
-        raise ValueError(f"{where}: its policy metadata must be a JSON object, got {text[:60]}")
     if meta.get("format") != FORMAT:
         raise ValueError(f"{where} is not a primal-dt stream policy (its metadata says format "
                          f"{meta.get('format')!r}); export one with python -m agents.export")
@@ -103,7 +102,12 @@ def check_artefact(session, text: str | None, where: str) -> dict:
             raise bad(f"state[{i}].shape", "a list [batch, sizes >= 0 ...]", shape)
         if spec.get("dtype") not in _DTYPES:
             raise bad(f"state[{i}].dtype", f"one of {', '.join(_DTYPES)}", spec.get("dtype"))
-    # the graph, against the metadata: (dtype, shape without the batch) per input and output
+
+
+def check_graph(session, meta: dict, where: str) -> None:
+    """The ONNX graph's inputs and outputs (dtype, shape after the batch) against its checked metadata: a graph
+    exported for another policy under copied metadata is refused."""
+    state = meta["state"]
     want_in = {"observation": ("float32", [meta["obs_dim"]]), "reward": ("float32", []), "reset": ("bool", []),
                "target": ("float32", [])} | {STATE_IN + s["name"]: (s["dtype"], s["shape"][1:]) for s in state}
     want_out = {"action": ("float32", [meta["act_dim"]])} | {
@@ -124,15 +128,13 @@ def check_artefact(session, text: str | None, where: str) -> dict:
                     isinstance(g, int) and g != w for g, w in zip(graph[1:], dims)):
                 raise ValueError(f"{where}: graph {kind} {name} is {a.type} {graph}, but the metadata says "
                                  f"{_ONNX_TYPES[dtype]} [batch{''.join(f', {w}' for w in dims)}]")
-    return meta
 
 
 class Policy:
-    """The acting API every runtime implements (``agents.Agent``, ``OnnxPolicy``, ``TorchScriptPolicy``):
-    B rows (episodes) act at once, each restarted (``reset_done``) or dropped (``keep_rows``) on its own.
-    This class owns the row count, the targets and every check on what a caller passes, so the runtimes
-    agree on them; a runtime sets ``obs_dim``, ``act_dim``, ``default_target`` and fills the four hooks
-    below. Numpy only: this file must run copied out of the package."""
+    """The acting API of every runtime (``agents.Agent``, ``OnnxPolicy``, ``TorchScriptPolicy``): B rows
+    (episodes) act at once, each restarted (``reset_done``) or dropped (``keep_rows``) on its own. It owns
+    the row count, the targets and every check on what a caller passes, so the runtimes agree on them; a
+    runtime sets ``obs_dim``, ``act_dim``, ``default_target`` and fills the four hooks below."""
 
     obs_dim: int
     act_dim: int
@@ -141,10 +143,9 @@ class Policy:
     runtime: str = ""
     """which runtime acts: "torch", "onnx" or "torchscript" (what ``load_agent(runtime="auto")`` picked)"""
     fidelity: dict | None = None
-    """which policy this is: {"engine", "exact" (the policy the checkpoint was trained as), "stream_window"}
-    (``agents.stream_training.Fidelity``); None for an agent built from a bare model"""
+    """{"engine", "exact" (the policy the checkpoint was trained as), "stream_window"}; None for an agent
+    built from a bare model"""
 
-    # -- episode bookkeeping ------------------------------------------------------------------------
     def _targets(self, target, n: int) -> np.ndarray:
         """``target`` (None: the default) as ``n`` raw returns (float64)."""
         arr = np.asarray(self.default_target if target is None else target, dtype=np.float64).reshape(-1)
@@ -171,9 +172,8 @@ class Policy:
             self._restart(d, self._targets(target, int(d.sum())))
 
     def keep_rows(self, keep) -> None:
-        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order; the others
-        leave (the batch shrinks: an evaluator whose episodes are done stops paying for them). At
-        least one row must remain."""
+        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order (an evaluator whose
+        episodes are done stops paying for them); at least one must remain."""
         k = self._rows(keep, "keep")
         if not k.any():
             raise ValueError("keep_rows would drop every row; call reset(batch) to start over")
@@ -192,7 +192,6 @@ class Policy:
         if not self.batch:
             raise RuntimeError("call policy.reset(batch) before act / reset_done / keep_rows")
 
-    # -- acting -----------------------------------------------------------------------------------
     def _observation(self, obs) -> np.ndarray:
         o = np.asarray(obs)
         if o.dtype.kind != "f":
@@ -227,7 +226,7 @@ class Policy:
                                      "passes its max_len tokens (restart the row with reset_done)")
         return action
 
-    # -- what a runtime fills in --------------------------------------------------------------------
+    # -- what a runtime fills in
     def _start(self, batch: int, targets: np.ndarray) -> None:
         """``batch`` new rows aiming at ``targets`` (raw returns, float64)."""
         raise NotImplementedError
@@ -237,34 +236,28 @@ class Policy:
         raise NotImplementedError
 
     def _keep(self, rows: np.ndarray) -> None:
-        """Keep only the rows where ``rows`` is True (some, not all), in their order (``batch`` is
-        already their count)."""
+        """Keep only the rows where ``rows`` is True (some, not all; ``batch`` is already their count)."""
         raise NotImplementedError
 
     def _step(self, obs: np.ndarray, reward: np.ndarray | None) -> np.ndarray:
-        """Advance every row one step on checked ``obs`` [B, obs_dim] (any float dtype) and ``reward``
-        [B] float32 or None; the action [B, act_dim] float32, an array the caller owns."""
+        """Advance every row one step on checked ``obs`` and ``reward`` (float32 or None); the action
+        [B, act_dim] float32, an array the caller owns."""
         raise NotImplementedError
 
 
 class GraphPolicy(Policy):
-    """``Policy`` around an exported step graph (which does the bookkeeping and zeroes rows flagged
-    ``reset``): the state between calls, the flags, each row's target. Runtimes fill ``_run``."""
+    """``Policy`` around an exported step graph: the state between calls, the reset flags, each row's
+    target, from checked ``metadata``. Runtimes fill ``_run``."""
 
     def __init__(self, metadata: dict, where: str):
-        if metadata.get("format") != FORMAT:
-            raise ValueError(f"{where} is not a primal-dt stream policy (its metadata says format "
-                             f"{metadata.get('format')!r}); export one with python -m agents.export")
-        if int(metadata.get("schema", 0)) > SCHEMA:
-            raise ValueError(f"{where} was exported by a newer primal-dt (policy schema {metadata['schema']}, this "
-                             f"runtime reads <= {SCHEMA}); use the onnx_policy.py of that release")
+        check_metadata(metadata, where)
         self.metadata = metadata
         self.where = where
         self.obs_dim, self.act_dim = int(metadata["obs_dim"]), int(metadata["act_dim"])
         self.targets = tuple(float(t) for t in metadata["targets"])
         self.default_target = self.targets[0]
-        self.fidelity = {"engine": "stream", "exact": bool(metadata.get("stream_exact")),
-                         "stream_window": int(metadata.get("stream_window") or 0)}
+        self.fidelity = {"engine": "stream", "exact": metadata["stream_exact"],
+                         "stream_window": metadata["stream_window"]}
         self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]
         self._state: list[np.ndarray] = []
 
@@ -294,11 +287,9 @@ class GraphPolicy(Policy):
         return action
 
     def input_names(self) -> list[str]:
-        """The graph's inputs in order: ``INPUTS``, then ``state.<name>`` per state tensor."""
         return [*INPUTS, *(STATE_IN + name for name, _, _ in self.state_layout)]
 
     def output_names(self) -> list[str]:
-        """The graph's outputs in order: ``action``, then ``next_state.<name>`` per state tensor."""
         return ["action", *(STATE_OUT + name for name, _, _ in self.state_layout)]
 
     def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -307,16 +298,13 @@ class GraphPolicy(Policy):
 
 
 class OnnxPolicy(GraphPolicy):
-    """An exported ``policy.onnx`` on onnxruntime's CPU provider with the ``Agent`` API (module docstring).
+    """An exported ``policy.onnx`` on onnxruntime's CPU provider (module docstring). ``threads``: intra-op
+    threads (None: 1, fastest for a stream step's small matrices and never collapsing beside another busy
+    process; give more for batches in the hundreds).
 
-    ``threads``: onnxruntime's intra-op threads (None: 1, which is fastest for the small matrices of a
-    stream step at small batches and never collapses beside another busy process; give more for
-    batches in the hundreds).
-
-    ``act`` runs the graph through I/O bindings made when the rows change: inputs and outputs are bound
-    to arrays of this object, and the state lives in two sets of arrays that swap roles each step. At
-    batch 1 onnxruntime's per-call work is a large part of a step, which ``session.run`` with a dict
-    (wrapping every input, allocating every output) adds to; same bits. ``DISABLED_FUSIONS`` are off."""
+    ``act`` runs the graph through I/O bindings made when the rows change, the state in two sets of arrays
+    that swap roles each step: at batch 1, ``session.run``'s wrapping and allocating is a large part of a
+    step."""
 
     runtime = "onnx"
 
@@ -338,9 +326,9 @@ class OnnxPolicy(GraphPolicy):
                                                 disabled_optimizers=DISABLED_FUSIONS)
         except Exception as err:  # onnxruntime raises its own types for unreadable or foreign files
             raise ValueError(f"{path} is not a readable ONNX model: {err}") from err
-        meta = check_artefact(self.session, self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY),
-                              str(path))
-        super().__init__(meta, str(path))
+        super().__init__(parse_metadata(self.session.get_modelmeta().custom_metadata_map.get(METADATA_KEY),
+                                        str(path)), str(path))
+        check_graph(self.session, self.metadata, str(path))
         self._ort_value = ort.OrtValue.ortvalue_from_numpy
         present = {i.name for i in self.session.get_inputs()}  # an input the graph never reads is not one
         self._feed = [(i, n) for i, n in enumerate(self.input_names()) if n in present]

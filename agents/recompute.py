@@ -1,9 +1,7 @@
-"""The recompute engine: the papers' protocol, the model on the last K steps at every environment step.
+"""The recompute engine, the papers' protocol: the model on the last K steps at every environment step.
 
-It is ``DTStep`` (the same bookkeeping: return-to-go, normalisation, first steps, restarts) whose state
-past the bookkeeping is a K-step history instead of the layers' recurrent states. Rows keep their own
-history and length, so finished episodes restart independently; rows of different lengths are batched
-with the model's padding mask (real steps first, padding after)."""
+It is ``DTStep`` (the same bookkeeping) whose state is a K-step history per row instead of the layers'
+recurrent states; rows of different lengths are batched with the model's padding mask."""
 
 from __future__ import annotations
 

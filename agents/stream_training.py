@@ -1,29 +1,15 @@
-"""Stream-exact training: train on exactly what the stream engine will show the model.
+"""Stream-exact training (``stream_window``): train on exactly what the stream engine shows the model.
 
-The stream engine computes, at every step, ``model.forward`` over the whole episode so far (see
-``agents.stream``). Training sees K-step segments instead. The two agree when
+The stream engine computes ``model.forward`` over the whole episode so far; training sees K-step
+segments. The two agree when (1) every layer is windowed (``window=W_l`` tokens), so a token's output
+depends on a *reach* of R = sum_l (W_l - 1) earlier tokens, and (2) the loss counts only steps whose
+reach lies in their segment: the predicting token of step i (token n i + p, ``TokenLayout``) has
+n i + p >= R, or the segment starts its episode. Then every counted prediction is the stream's, and the
+trained objective is the deployed policy; K >= ``min_segment_steps`` for any step to count.
 
-1. every attention layer is windowed (``softmax`` / ``primal`` with ``window=W_l`` tokens), so a
-   state token's output depends on a bounded *reach* of R = sum_l (W_l - 1) earlier tokens; and
-2. the loss only counts steps whose reach lies inside their segment, i.e. the predicting token of
-   step i (token n i + p of the segment, n tokens per step, p the predicting token's offset:
-   ``TokenLayout``) has n i + p >= R, or the segment starts at the episode start (timestep 0: there
-   is nothing earlier to miss).
-
-Then every counted prediction equals the stream engine's prediction at that step bit for bit up to
-float rounding (tests/agents/test_stream_training.py), so the trained objective is the deployed
-policy. Segments must be long enough for some steps to count: K >= ``min_segment_steps`` (counted
-steps per segment = K - first counted index).
-
-Usage (what the trainer does with ``stream_window``):
-
-    cfg = stream_exact_config(cfg, window=60)                 # DTConfig with every layer windowed
-    batch = stream_exact_batch(batch, first_exact_step(cfg))  # its loss_mask: the steps dt_loss counts
-
-Which policy an engine measures (``Fidelity``): recompute (the model on the last K steps) is always the
-policy training optimised; the stream is only when the run trained stream-exact. A checkpoint records
-this through its config's ``stream_window`` (0: trained on K-step segments), and every evaluation output
-carries ``Fidelity.record()`` so a score always says which policy it is of.
+Which policy an engine measures (``Fidelity``): recompute always the trained one; the stream only when
+the run trained stream-exact, as its config's ``stream_window`` records. Every evaluation output carries
+``Fidelity.record()``.
 """
 
 from __future__ import annotations
@@ -92,10 +78,8 @@ def min_segment_steps(cfg_or_model, counted: int = 1) -> int:
 
 
 def stream_exact_loss_mask(timesteps: torch.Tensor, mask: torch.Tensor | None, first: int) -> torch.Tensor:
-    """[B, K] bool: real steps whose prediction equals the stream engine's (see module docstring).
-
-    ``timesteps`` [B, K] are the segment's timesteps (a segment starting at timestep 0 starts its
-    episode); ``mask`` [B, K] marks real steps (None: all real); ``first``: ``first_exact_step``."""
+    """[B, K] bool: real steps (``mask``; None: all) whose prediction equals the stream engine's: from
+    ``first`` (``first_exact_step``) on, or all of a segment starting at timestep 0."""
     B, K = timesteps.shape
     idx = torch.arange(K, device=timesteps.device)
     ok = (idx >= first).unsqueeze(0) | (timesteps[:, :1] == 0)
@@ -109,12 +93,9 @@ def stream_exact_batch(batch: Batch, first: int) -> Batch:
 
 @dataclass(frozen=True)
 class Fidelity:
-    """Whether ``engine``'s actions are the policy a checkpoint was trained as.
-
-    The stream engine computes the model's forward over the whole episode so far; training on K-step
-    segments never showed the model that (a softmax layer's cache reaches past K steps through the
-    layers below, a primal layer's running means span the episode), so the stream of such a checkpoint
-    is a policy no loss ever measured. Recompute shows the model what training showed it."""
+    """Whether ``engine``'s actions are the policy a checkpoint was trained as: a stream over whole episodes
+    shows a segment-trained model what no loss measured (a softmax cache reaching past K steps through the
+    layers below, primal running means over the episode)."""
 
     engine: str
     stream_window: int
@@ -125,7 +106,7 @@ class Fidelity:
         return self.engine == "recompute" or self.stream_window > 0
 
     def record(self) -> dict:
-        """The fields every evaluation output carries (rollout reports, summaries, exported metadata)."""
+        """The fields every evaluation output carries."""
         return {"engine": self.engine, "exact": self.exact, "stream_window": self.stream_window}
 
     def note(self, what: str = "this checkpoint") -> str | None:
@@ -139,7 +120,6 @@ class Fidelity:
 
 
 def fidelity(engine: str, config: dict) -> Fidelity:
-    """``engine``'s ``Fidelity`` for a checkpoint whose run config (a plain dict, as saved) is ``config``;
-    a checkpoint without one (not written by training) counts as trained on segments."""
+    """``engine``'s ``Fidelity`` for a checkpoint's saved run ``config`` (none: trained on segments)."""
     w = config.get("stream_window") or 0
     return Fidelity(engine, int(w) if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 0)

@@ -1,6 +1,5 @@
-"""``summary.json``, a training run's result: its one schema, checked by its writer (the trainer's
-``finish``) and by its readers (``eval.report``), so a file from another tool or an older release is one
-clear error naming the field, not a KeyError deep in a table."""
+"""``summary.json``, a training run's result: one schema, checked by its writer and its readers
+(``eval.report``), so a foreign file is one error naming the field, not a KeyError deep in a table."""
 
 from __future__ import annotations
 
@@ -10,10 +9,9 @@ import math
 from primal_dt.run import errors, json_reader
 
 SUMMARY_FIELDS = {"env": str, "model": str, "seed": int, "steps": int}
-"""the fields every summary names, with their JSON types; ``final`` and ``validation`` follow, each an
-object or null"""
+"""the fields every summary names; ``final`` and ``validation`` are each an object or null"""
 SCORES = ("normalized_mean", "normalized_std", "return_mean", "return_std", "length_mean")
-"""what each target's final evaluation records (numbers; NaN or inf when a rollout went wrong)"""
+"""each target's final scores (NaN or inf when a rollout went wrong)"""
 
 
 def _kind(value) -> str:
@@ -29,9 +27,8 @@ def _finite(text: str) -> bool:
 
 
 def check_summary(summary, where: str) -> dict:
-    """``summary`` as ``summary.json`` holds it, or a ValueError saying, for ``where`` (the file),
-    which field is wrong and how. Scores may be NaN or inf (JSON as Python writes it): a reader
-    decides what to do with them."""
+    """``summary``, or a ValueError saying which field of ``where`` is wrong and how (scores may be NaN or
+    inf: a reader decides what to do with them)."""
     def bad(field: str, want: str, got) -> ValueError:
         shown = "" if got is None else f" ({json.dumps(got)[:60]})"
         return ValueError(f"{where}: {field} must be {want}, got {_kind(got)}{shown}")
@@ -69,7 +66,6 @@ def check_summary(summary, where: str) -> dict:
 
 
 def read_summary(path) -> dict:
-    """A run's ``summary.json``, checked (``check_summary``); a ValueError naming the file otherwise."""
     try:
         return check_summary(json_reader.read(path, nonfinite=True), str(path))  # check_summary flags NaN
     except OSError as err:

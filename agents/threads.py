@@ -1,7 +1,6 @@
-"""How many CPU threads an inference process runs, and the allocator setting it runs with: the thread
-policy of the agents' runtimes (torch agents, exported runtimes), for the evaluators and benchmarks
-that host them. Threads are chosen for the engine and the batch, since a small batch's step is
-per-operator overhead that threads do not divide, and lanes side by side share the cores."""
+"""How many CPU threads an inference process runs (by engine and batch: a small batch's step is
+per-operator overhead that threads do not divide, and lanes side by side share the cores), and the
+allocator setting it runs with."""
 
 from __future__ import annotations
 
@@ -9,18 +8,15 @@ from primal_dt.run.runtime import usable_cores
 from agents.train_config import ENGINES
 
 INFERENCE_ENGINES = (*ENGINES, "onnx", "torchscript")
-"""the torch engines and the exported runtimes"""
 BIG_BATCH = {"stream": 32, "onnx": 32, "torchscript": 32, "recompute": 8}
-"""rows from which an engine's step is arithmetic (large matmuls) rather than per-operator overhead:
-below it no thread count helps (eval.bench.inference measures it); recompute runs 3K tokens per row, so
-its matmuls are large sooner."""
+"""rows from which an engine's step is large matmuls rather than per-operator overhead (below, no thread
+count helps: eval.bench.inference); recompute runs 3K tokens per row"""
 
 
 def inference_threads(engine: str, batch: int, cores: int | None = None) -> int:
-    """CPU threads for one inference process acting for ``batch`` rows with ``engine`` on ``cores`` cores
-    (``threads=0`` of the evaluators). Never more than half the cores: a multi-threaded step waits at every
-    operator for its slowest thread, so one busy process on a thread's core makes it collapse; small
-    batches get one (their step is per-operator overhead, which threads do not divide)."""
+    """CPU threads for one inference process acting for ``batch`` rows with ``engine`` (``threads=0`` of the
+    evaluators): one for small batches, else half the cores, since a multi-threaded step waits at every
+    operator for its slowest thread and collapses when a busy process shares a thread's core."""
     if engine not in INFERENCE_ENGINES:
         raise ValueError(f"unknown inference engine {engine!r}; choose one of {', '.join(INFERENCE_ENGINES)}")
     cores = usable_cores() if cores is None else max(1, int(cores))
@@ -34,17 +30,15 @@ def lane_threads(engine: str, batch: int, lanes: int, cores: int | None = None) 
     share of the cores, so the lanes together never oversubscribe the machine."""
     if inference_threads(engine, batch, cores) == 1 and batch < BIG_BATCH[engine]:
         return 1
-    cores = usable_cores() if cores is None else max(1, int(cores))
-    return max(1, cores // max(1, int(lanes)))
+    return max(1, (usable_cores() if cores is None else max(1, int(cores))) // max(1, int(lanes)))
 
 
 _ALLOCATOR_TUNED = False
 
 
 def keep_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse: an inference step allocates and frees the same large buffers
-    every step, which glibc would otherwise map fresh and unmap, paying page faults again each step. A
-    no-op where ``mallopt`` is absent; returns whether it applied."""
+    """Make glibc keep freed memory for reuse: a step frees and allocates the same large buffers, which glibc
+    would otherwise unmap and map afresh (page faults each step). Returns whether it applied."""
     global _ALLOCATOR_TUNED
     if _ALLOCATOR_TUNED:
         return True

@@ -1,5 +1,4 @@
-"""Run an exported TorchScript policy (``python -m agents.export format=torchscript``) with the ``Agent``
-API; ``agents.onnx_policy`` documents the artefact and shares the bookkeeping (``GraphPolicy``)."""
+"""Run an exported TorchScript policy with the ``Agent`` API (``agents.onnx_policy.GraphPolicy``)."""
 
 from __future__ import annotations
 

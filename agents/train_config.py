@@ -1,9 +1,8 @@
 """Configuration of ``python -m primal_dt.train``: dataclasses, presets, provenance, checks.
 
-Precedence: dataclass defaults < the preset (``configs/dt/<preset>.yaml``; by default the one named
-like ``env``, when there is one) < a recipe laid over it < the command line; each value remembers
-which set it, and ``describe`` prints that. Everything that can be wrong with the input is checked
-here, before any data is loaded.
+Precedence: dataclass defaults < the preset (``configs/dt/<preset>.yaml``, by default the one named like
+``env``) < a recipe laid over it < the command line; each value remembers which set it (``describe``).
+Everything that can be wrong with the input is checked here, before any data is loaded.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ import tyro
 from envs import sources
 
 from primal_dt.attention import available, get_class
-from primal_dt.attention.precision import check_precision
 from primal_dt.layouts import canonical
 from primal_dt.run import cli, presets
 from primal_dt.run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
@@ -58,7 +56,7 @@ class ModelConfig:
         self.attention_options = as_words(self.attention_options)
 
     def layer_names(self) -> tuple[str, ...]:
-        """The explicit per-layer mechanisms of ``layers`` (empty: the layout ``name`` decides)."""
+        """The explicit per-layer mechanisms (empty: the layout ``name`` decides)."""
         return tuple(x.strip() for x in self.layers.split(",") if x.strip())
 
     def options(self) -> dict:
@@ -66,7 +64,6 @@ class ModelConfig:
         return parse_attention_options(self.attention_options, "model.attention_options", {"primal": {"s": self.s}})
 
     def check(self) -> None:
-        """Raise ValueError naming the option (``model.*``), its value and what is allowed."""
         check_numbers(self, {"d_model": AT_LEAST_1, "n_heads": AT_LEAST_1, "n_layers": AT_LEAST_1, "s": AT_LEAST_1,
                              "dropout": FRACTION, "mlp_ratio": POSITIVE}, prefix="model.")
         if self.d_model % self.n_heads:
@@ -105,9 +102,6 @@ class RolloutOptions:
     """cap on episode length (0: the env's limit, 1000)"""
     engine: Engine = "recompute"
     """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step"""
-    precision: str = "fp32"
-    """engine=stream only: fp32 (exact) | bf16 (weight matmuls in bfloat16: faster at many rows on CPUs
-    with AVX512-BF16/AMX, actions within a few 1e-3 of fp32's)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
@@ -116,19 +110,11 @@ class RolloutOptions:
     """where a synchronous lane steps while the other acts: process (one subprocess per lane) | thread"""
 
     def check(self, prefix: str = "") -> None:
-        """Raise ValueError naming the option (``prefix``: where these options sit, "eval.")."""
+        """``prefix``: where these options sit ("eval.")."""
         check_numbers(self, ROLLOUT_NUMBERS, prefix)
-        try:
-            check_precision(self.precision)
-        except ValueError as err:
-            raise ValueError(prefix + str(err)) from None
-        if self.precision != "fp32" and self.engine != "stream":
-            raise ValueError(f"{prefix}precision={self.precision} applies to {prefix}engine=stream only (recompute "
-                             f"runs the model in its own dtype); add {prefix}engine=stream or drop {prefix}precision=")
 
 
 ENGINES = get_args(Engine)
-"""the torch engines an agent acts with (``agents.agent.Agent``): this list, and no other"""
 ROLLOUT_NUMBERS = {"targets": Range(-1e12, 1e12), "num_envs": AT_LEAST_1, "max_steps": AT_LEAST_0,
                    "lanes": AT_LEAST_0}
 """Returns-to-go reach the model as float32 ``target / reward_scale``, hence the bound on targets."""
@@ -214,9 +200,8 @@ RESUMABLE = {"steps", "eval", "checkpoint_every", "checkpoint_minutes", "log_eve
 class Built:
     cfg: TrainConfig
     preset: str | None
-    """preset name used (None: no preset)"""
     source: str
-    """where the settings come from: the preset's source line, then the recipe's"""
+    """the preset's source line, then the recipe's"""
     provenance: dict[str, str]
     """dotted option -> 'default' | 'preset <name>' | 'recipe <name>' | 'command line'"""
 
@@ -263,7 +248,7 @@ _DESCRIPTION = ("Train a Decision Transformer (dt | primal+dt | primalformer-dt 
 
 
 def from_dict(d: dict) -> TrainConfig:
-    """A config back from a checkpoint's plain dict, each value checked against its field."""
+    """A config back from a checkpoint's dict, each value checked against its field."""
     return presets.apply_preset(TrainConfig(), d, where="checkpoint config")
 
 
@@ -294,8 +279,8 @@ def resumed(built: Built, saved: dict, where: str) -> Built:
 
 
 def describe(b: Built, full: bool = False) -> str:
-    """The options one a line with where each came from: those given or differing from the defaults (``full``:
-    all, and the preset's and recipe's source lines). A resumed run names its checkpoint once, first."""
+    """The options given or differing from the defaults (``full``: all, and the source lines), one a line
+    with where each came from."""
     defaults = flat(dataclasses.asdict(TrainConfig()))
     values = flat(dataclasses.asdict(b.cfg))
     shown = {k: v for k, v in values.items()
@@ -311,7 +296,7 @@ def describe(b: Built, full: bool = False) -> str:
 
 
 def model_label(cfg: TrainConfig) -> str:
-    """The model's name in run directories, logs and summaries: the layout, or the explicit layers joined by '-'."""
+    """The model's name in run directories and summaries: the layout, or the layers joined by '-'."""
     return cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
 
 
@@ -328,7 +313,7 @@ NUMBERS = {
 
 def check(cfg: TrainConfig) -> None:
     """Raise ValueError naming the option, its value and what is allowed: each part's own checks, then what
-    spans parts (sizes no machine can build, the data source)."""
+    spans parts."""
     m = cfg.model
     RunOptions.check(cfg)
     m.check()

@@ -1,25 +1,17 @@
 """One optimisation step of the Decision Transformer, in the forms ``compile=`` chooses.
 
-``train_step`` is the reference: forward, loss, backward, gradient clipping, AdamW, and a host-side
-check that the loss and gradient norm are finite before the step is taken. ``Stepper`` runs the
-same computation as a run's loop calls it, in one of three forms:
-
-- ``eager``: ``train_step`` as it is; every step reads the loss back (on a GPU, one synchronisation
-  per step, which costs nothing on a CPU).
-- ``compile``: forward and loss through ``torch.compile`` (its backward compiled with it), AdamW
-  fused. Nothing is read back per step: the finiteness check runs on the device and a failed step
-  is skipped by the fused optimizer itself (``found_inf``, as mixed-precision loss scaling does),
-  and it stays failed (every later step is skipped too), so when the loop reads the flag (on
-  logging, evaluation and checkpoint steps, and at the end) the weights are exactly those before
-  the first failed step, as in the eager form.
-- ``cudagraphs`` (CUDA only): the ``compile`` step, the optimizer included, captured whole in one
-  CUDA graph after a few warm-up steps and replayed from then on: the batch is copied into the
-  graph's fixed input buffers and the learning rate into a device tensor, and one replay is one
-  launch. The warm-up steps are real training steps (run in the ``compile`` form), so no step is
-  taken twice or lost.
-
-Small models are bound by per-operator overhead (kernel launches on a GPU, dispatch on a CPU), which
-is what compilation and graphs remove; the model code keeps its one plain form.
+``train_step`` is the reference: forward, loss, backward, clipping, AdamW, and a host-side check that the
+loss and gradient norm are finite before the step is taken. ``Stepper`` runs the same computation as:
+- ``eager``: ``train_step`` itself, reading the loss back every step;
+- ``compile``: forward and loss through ``torch.compile``, AdamW fused, nothing read back per step: a
+  non-finite step is skipped on the device by the fused optimizer (``found_inf``, as loss scaling uses
+  it) and so is every later one, so when the loop reads the flag (logging, evaluation, checkpoint, end)
+  the weights are those before the first failed step, as in the eager form;
+- ``cudagraphs`` (CUDA only): the ``compile`` step, optimizer included, captured in one CUDA graph after
+  a few warm-up steps (real training steps) and replayed, batch and learning rate copied into the
+  graph's fixed buffers.
+Small models are bound by per-operator overhead, which compilation and graphs remove; the model code
+keeps its one plain form.
 """
 
 from __future__ import annotations
@@ -34,15 +26,10 @@ import torch.distributed as dist
 from .decision_transformer import Batch, dt_loss
 
 MODES = ("eager", "compile", "cudagraphs")
-"""what ``compile=`` may resolve to (``auto`` picks one per device: ``default_mode``)"""
-
 DEFAULT = {"cpu": "eager", "cuda": "cudagraphs"}
-"""``compile=auto`` per device type, chosen by ``python -m eval.bench.train --compile`` (CPU) and
-``python -m eval.bench.gpu`` (CUDA); docs/cpu.md and docs/gpu.md give the measurements"""
-
+"""``compile=auto`` per device type, as measured by ``eval.bench.train --compile`` and ``eval.bench.gpu``"""
 GRAPH_WARMUP = 3
-"""steps run in the ``compile`` form before the CUDA graph is captured (compiles, allocates the
-gradients and optimizer state where the graph will find them)"""
+"""steps in the ``compile`` form before the graph is captured (gradients and optimizer state allocated)"""
 
 
 def default_mode(device: torch.device, world: int = 1) -> str:
@@ -66,11 +53,8 @@ def resolve(mode: str, device: torch.device, world: int = 1) -> str:
 
 def train_step(net, params, opt, sched, batch: Batch, eta: float, grad_clip: float, detail: bool = False,
                world: int = 1):
-    """One optimisation step; returns (loss, grad norm, parts) without stepping on NaN/inf.
-
-    The finiteness check uses the loss (averaged over processes under DDP, so every process takes
-    the same decision) and the gradient norm (identical on every process after DDP's all-reduce).
-    """
+    """One optimisation step; returns (loss, grad norm, parts), not stepping on NaN/inf. Under DDP the loss is
+    averaged over processes (the gradient norm is already equal), so every process takes the same decision."""
     loss, parts = dt_loss(net, batch, eta, detail)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -99,11 +83,8 @@ class Failure:
 
 
 class Stepper:
-    """A run's training step in the form ``mode`` (``MODES``); the loop calls ``step`` and, when it
-    needs numbers (``read``) or before it evaluates or saves, ``failure``.
-
-    ``opt`` must be a fused AdamW for ``compile`` and ``cudagraphs`` (``build_optimizer(fused=True)``):
-    skipping a failed step on the device is the fused kernel's ``found_inf``."""
+    """A run's training step in the form ``mode``; the loop calls ``step`` and, before it reads numbers,
+    evaluates or saves, ``failure``. ``compile`` and ``cudagraphs`` need a fused AdamW (its ``found_inf``)."""
 
     def __init__(self, mode: str, net, params, opt, sched, eta: float, grad_clip: float, world: int = 1,
                  first_step: int = 0, backend: str = "inductor", graph_after: int = GRAPH_WARMUP,
@@ -132,10 +113,9 @@ class Stepper:
     def eager(self) -> bool:
         return self.mode == "eager"
 
-    # -- the step ---------------------------------------------------------------------------------------
     def step(self, batch: Batch, detail: bool = False) -> tuple:
-        """One step on ``batch`` (on the run's device); returns (loss, grad norm, parts): floats in the
-        eager form, device tensors otherwise (read them with ``read`` only when they are needed)."""
+        """One step on ``batch``; returns (loss, grad norm, parts): floats in the eager form, device tensors
+        otherwise (read them back only when needed)."""
         self.steps += 1
         if self.eager:
             with self._mixed():
@@ -174,7 +154,7 @@ class Stepper:
 
     def _device_step(self, batch: Batch):
         """Forward, backward, clip, the finiteness check and the (possibly skipped) AdamW step, with no
-        read-back: what the CUDA graph captures. The scheduler's step is the caller's (host work)."""
+        read-back: what the CUDA graph captures (the scheduler's step is host work, the caller's)."""
         loss, parts = self._forward(batch)
         if not self.capturing:  # captured: the gradients the graph allocated are overwritten by each replay
             self.opt.zero_grad(set_to_none=True)
@@ -232,7 +212,6 @@ class Stepper:
         for g, value in zip(self.opt.param_groups, floats):
             g["lr"] = value
 
-    # -- what the loop reads ---------------------------------------------------------------------------
     def failure(self) -> Failure | None:
         """The first failed step, or None (one read-back from the device in the compiled forms)."""
         if self.eager or self._failure is not None:
@@ -245,10 +224,9 @@ class Stepper:
 
 
 def align(opt: torch.optim.Optimizer, mode: str) -> None:
-    """Make ``opt`` run as ``mode`` needs, whatever checkpoint it was restored from: loading a state dict
-    brings back the saved run's implementation flags (a run resumed in another form would skip no
-    failed step, or keep its step counters on the wrong device). Fused (compiled forms) keeps them on
-    the parameters' device; the eager reference on the CPU, as a new optimizer would."""
+    """Make ``opt`` run as ``mode`` needs whatever checkpoint it was restored from (a state dict brings back
+    the saved run's flags: a run resumed in another form would skip no failed step, or keep its step
+    counters on the wrong device)."""
     fused = mode != "eager"
     for g in opt.param_groups:
         g.update(fused=fused, foreach=None if fused else opt.defaults.get("foreach"),
@@ -257,7 +235,3 @@ def align(opt: torch.optim.Optimizer, mode: str) -> None:
         if torch.is_tensor(st.get("step")):
             st["step"] = st["step"].to(p.device if fused else "cpu", torch.float32)
 
-
-def read(loss, gn) -> tuple[float, float]:
-    """The step's loss and gradient norm as floats (a read-back for the compiled forms' tensors)."""
-    return float(loss), float(gn)

@@ -1,23 +1,12 @@
 """Train a Decision Transformer on an offline dataset: what ``python -m primal_dt.train`` runs.
 
-    summary = train(train_config.build(argv), evaluator)
-
-One file, read top to bottom, in the order a run happens:
-
-1. setup (``prepare``): config (resumed or new), data, model, optimizer; everything that can fail
-   on bad input fails here, as ``SetupError``, before anything is written;
-2. the loop (``train``): claim the run directory, then sample, step, log, evaluate, checkpoint;
-3. evaluation: in the simulator (``eval``'s code, handed in as an ``Evaluator`` because ``eval``
-   sits above ``agents``) and on held-out episodes (``agents.training_validation``);
-4. checkpoints: what a run puts into ``last.pt`` and takes back on resume (the file's schema is
-   ``agents.dt_checkpoint``'s), by steps and by wall time;
-5. logging: the announcement, TensorBoard, the progress bar, ``summary.json`` (``agents.summary``),
-   and how long the run will take, measured from its own steps and evaluations.
-
-A write that fails (disk full, a file-size limit, an unwritable directory) ends the run with one
-``WriteError`` naming the file, what was not written, and the last checkpoint, which is intact.
-Training is deterministic on CPU for a given seed and config, and a resumed run continues exactly
-where its checkpoint left it.
+One file, in the order a run happens: 1. setup (``prepare``: whatever can fail on bad input fails here,
+as ``SetupError``, before anything is written); 2. the loop (``train``); 3. evaluation, in the simulator
+(``eval``'s code handed in as an ``Evaluator``: ``eval`` sits above ``agents``) and on held-out episodes;
+4. checkpoints (``last.pt``; its schema is ``agents.dt_checkpoint``'s), by steps and by wall time;
+5. logging, and the run's duration measured from its own steps. A failed write ends the run with one
+``WriteError`` naming the file; the last checkpoint stays intact. Same seed and config, same run (on
+CPU), and a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -29,7 +18,6 @@ import math
 import os
 import shlex
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -53,7 +41,7 @@ from agents.train_config import Built, TrainConfig, model_label
 from . import dt_checkpoint, stream_training, train_step as steps
 from .decision_transformer import Batch, DecisionTransformer, DTConfig, trailing_padding
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
-from .summary import check_summary
+from .summary import SCORES, check_summary
 from .training_validation import Validation
 
 
@@ -63,15 +51,10 @@ class Diverged(RuntimeError):
 
 @dataclass(frozen=True)
 class Evaluator:
-    """How the trainer rolls its model out in the simulator (the entry point builds it from
-    ``eval.rollout``, which ``agents`` may not import).
-
-    ``rollout(model, data, episodes, seed, settings, on_episode)`` plays ``episodes`` episodes per
-    target in ``data.targets`` (``data``: the run's ``DataInfo``; ``settings``: its ``EvalConfig``;
-    ``on_episode(n)``: called as ``n`` episodes end, for the progress bar) and returns {target:
-    {"normalized_mean", "normalized_std", "return_mean", "return_std", "length_mean", "returns", ...}};
-    ``line(results)`` says them in one line for the log.
-    """
+    """The simulator rollout, from ``eval.rollout``: ``rollout(model, data, episodes, seed, settings,
+    on_episode)`` plays ``episodes`` per target of ``data`` (the run's ``DataInfo``; ``settings``: its
+    ``EvalConfig``) and returns {target: {"normalized_mean", "return_mean", "length_mean", "returns", ...}};
+    ``line(results)`` says them in one line."""
 
     rollout: Callable[..., dict]
     line: Callable[[dict], str]
@@ -85,22 +68,20 @@ class Run:
     built: Built
     spec: envs.EnvSpec
     data: envs.Trajectories
-    """the whole dataset as loaded (its identity); training samples only the episodes not in ``info.held_out``"""
+    """the whole dataset; training samples only the episodes not in ``info.held_out``"""
     info: DataInfo
-    """what the checkpoint and the evaluator need to know about the data (statistics of the training episodes,
-    held-out episodes, targets, scale)"""
     sampler: envs.SegmentSampler
     model: DecisionTransformer
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     out: Path | None
-    """the run directory: a resumed run's own; a new run's is claimed when training starts (``open_run_dir``)"""
+    """the run directory (a new run's is claimed when training starts: ``open_run_dir``)"""
     device: torch.device
     dist: Dist
     validation: Validation | None = None
     """the held-out episodes' fixed segments (None: val_fraction=0)"""
     compile: str = "eager"
-    """the training step's form (``compile=`` resolved for the device: ``agents.train_step``)"""
+    """``compile=`` resolved for the device (``agents.train_step``)"""
     step: int = 0
     train_time: float = 0.0
     """seconds inside optimisation steps (no evaluation, no logging)"""
@@ -111,9 +92,9 @@ class Run:
 # == 1. setup: everything that can fail on bad input ================================================
 def prepare(built: Built, d: Dist | None = None) -> Run:
     """Config (resumed or new), data, model and optimizer; bad input raises ``SetupError`` before a
-    file is written. The order of random draws is part of the contract: same seed, same run. A resumed
-    run's directory is held (``lock``) before its checkpoint is read, so no run continues from a
-    checkpoint another process is about to replace; released again if preparing fails."""
+    file is written. The order of random draws is part of the contract. A resumed run's directory is
+    locked before its checkpoint is read, so no run continues from a checkpoint another process is about
+    to replace."""
     with errors.setup_errors():
         path = hold_resumed(built, d)
     try:
@@ -140,7 +121,10 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         built, resume = resumed_config(built, path)
         cfg = built.cfg
         train_config.check(cfg)
-        spec = env_spec(cfg.env)
+        try:
+            spec = envs.get_spec(cfg.env)
+        except (KeyError, ValueError) as err:
+            raise SetupError(f"env: {err.args[0] if err.args else err}") from err
         if cfg.eval.every > 0 or cfg.eval.final_episodes > 0:  # evaluation will build simulators: fail now, not at it
             envs.check_mujoco_gl()
         d = d or distributed.init_distributed(cfg.device)
@@ -216,13 +200,6 @@ def _few(xs) -> str:
     return f"[{', '.join(map(str, xs[:8]))}{', ...' if len(xs) > 8 else ''}] ({len(xs)})"
 
 
-def env_spec(name: str) -> envs.EnvSpec:
-    try:
-        return envs.get_spec(name)
-    except (KeyError, ValueError) as err:
-        raise SetupError(f"env: {err.args[0] if err.args else err}") from err
-
-
 def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
     """The network ``cfg`` describes, for data with these dimensions (stream-exact: every layer windowed)."""
     mc = DTConfig(**dataclasses.asdict(cfg.model), state_dim=state_dim, act_dim=act_dim, K=cfg.K,
@@ -283,7 +260,10 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     if d.main:
         print(announcement(run), flush=True)
     mon = open_monitor(run)
-    last_score, last_val = last_logged(mon)
+    # the bar shows the latest score (the first target's) and validation MSE, a resumed run's too
+    scores = [mon.history[t] for t in sorted(mon.history) if t.startswith("eval/normalized/")]
+    vals = mon.history.get(VAL_TAG)
+    last_score, last_val = scores[0][-1][1] if scores else None, vals[-1][1] if vals else None
     exact_from = stream_training.first_exact_step(run.model.cfg) if cfg.stream_window else None
     speed = Throughput()
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
@@ -314,7 +294,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     # the steps in between is counted at this read (their sum is right, each one is not)
                     if stepper.eager or logging:
                         settle()
-                        loss, gn = steps.read(*out[:2])
+                        loss, gn = float(out[0]), float(out[1])  # a read-back in the compiled forms
                     dt = time.perf_counter() - t0
                     run.step += 1
                     run.train_time += dt
@@ -325,8 +305,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     settle()
                     t0 = time.perf_counter()
                     if d.main:
-                        last_score = periodic_eval(run, mon, evaluator, clock)
-                        last_val = validate(run, mon, clock) if run.validation is not None else last_val
+                        last_score = next(iter(evaluate(run, mon, evaluator).values()))["normalized_mean"]
+                        last_val = validate(run, mon) if run.validation is not None else last_val
                     d.barrier()
                     clock.exclude(time.perf_counter() - t0)
                 if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
@@ -365,7 +345,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
             mon.close()
         raise
     settle()
-    final = final_eval(run, mon, evaluator)
+    final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
     val = validate(run, mon, final=True) if run.validation is not None else None
     d.barrier()
     summary = finish(run, mon, final, val)
@@ -374,8 +354,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
 
 
 def next_batch(run: Run, exact_from: int | None) -> tuple[Batch, int]:
-    """The sampler's next batch on the device, and its real steps (read before it moves, so the step never
-    reads back); stream-exact runs count the steps from ``exact_from`` on."""
+    """The sampler's next batch on the device and its real steps (counted on the host: no read-back)."""
     sample = run.sampler.sample()
     real = int(sample.mask.sum())
     batch = sample._replace(trailing=trailing_padding(sample.mask)).to(run.device, non_blocking=True)
@@ -387,8 +366,8 @@ def _due(step: int, every: int) -> bool:
 
 
 def open_run_dir(run: Run) -> None:
-    """Give a new run its directory (rank 0 creates it exclusively and holds it) and remove temporary files
-    that killed writes left behind, before any training step, so an unwritable ``out`` costs nothing."""
+    """Claim a new run's directory (rank 0, exclusively, locked) and remove killed writes' temporaries, before
+    any training step, so an unwritable ``out`` costs nothing."""
     cfg, d = run.cfg, run.dist
     if run.out is None:
         name = [str(run_dir(cfg.out, cfg.env, model_label(cfg), seed=cfg.seed)) if d.main else None]
@@ -397,19 +376,15 @@ def open_run_dir(run: Run) -> None:
         run.out = Path(name[0])
         if d.main:
             lock.hold(run.out)
-        stale = ck_io.remove_stale_temps(*run.out.parent.iterdir()) if d.main else []
-    else:  # a resumed run's directory is held since ``prepare``
-        stale = ck_io.remove_stale_temps(run.out) if d.main else []
-    if stale:
-        print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
-              f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
+            ck_io.remove_stale_temps(*run.out.parent.iterdir())
+    elif d.main:  # a resumed run's directory is held since ``prepare``
+        ck_io.remove_stale_temps(run.out)
 
 
 class Interrupts:
-    """Ctrl-C and SIGTERM end training alike: a checkpoint at the step reached, and how to continue. An
-    interrupt during a step or its log line (``held``) waits for their end, so that checkpoint resumes
-    exactly; a second interrupt stops at once (the previous checkpoint kept). A SIGINT ignored when the
-    process started (a background job) stays ignored."""
+    """Ctrl-C and SIGTERM end training alike, with a checkpoint at the step reached. One during a step or
+    its log line (``held``) waits for their end, so that checkpoint resumes exactly; a second stops at once.
+    A SIGINT ignored when the process started (a background job) stays ignored."""
 
     def __init__(self):
         self.holding, self.pending = False, None
@@ -459,58 +434,34 @@ def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
 
 
 # == 3. evaluation: in the simulator, and on held-out episodes ==========================================
-def evaluate(run: Run, evaluator: Evaluator, episodes: int, seed: int) -> dict:
-    """Roll the current model out (``episodes`` per target), leaving the training RNG untouched."""
-    bar = None
-    if run.cfg.progress:
-        bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False)
+def evaluate(run: Run, mon: RunMonitor, evaluator: Evaluator, final: bool = False) -> dict:
+    """Roll the current model out (``eval.episodes`` per target, at the end ``eval.final_episodes``) and log
+    the scores, leaving the training RNG untouched."""
+    e, t0 = run.cfg.eval, time.perf_counter()
+    episodes = e.final_episodes if final else e.episodes
+    bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False) \
+        if run.cfg.progress else None
     try:
-        with torch.random.fork_rng(devices=[]):  # evaluation never moves the training RNG
-            return evaluator.rollout(run.model, run.info, episodes, seed, run.cfg.eval,
-                                     bar.update if bar is not None else None)
+        with torch.random.fork_rng(devices=[]):
+            res = evaluator.rollout(run.model, run.info, episodes, run.cfg.seed + (20_000 if final else 10_000), e,
+                                    bar.update if bar is not None else None)
     finally:
         if bar is not None:
             bar.close()
-
-
-def periodic_eval(run: Run, mon: RunMonitor, evaluator: Evaluator, clock: Clock | None = None) -> float:
-    """Evaluate every ``eval.every`` steps; returns the first target's normalized score (for the bar)."""
-    t0 = time.perf_counter()
-    res = evaluate(run, evaluator, run.cfg.eval.episodes, run.cfg.seed + 10_000)
-    seconds = time.perf_counter() - t0
-    if clock is not None:
-        clock.eval_s = seconds
-    mon.scalars(eval_scalars(res), run.step)
-    mon.print(f"step {run.step}: eval ({run.cfg.eval.episodes} episodes/target, {seconds:.0f}s) "
-              f"normalized {evaluator.line(res)}")
+    mon.scalars(eval_scalars(res) | (eval_scalars(res, "eval_final") if final else {}), run.step)
+    took = f"({episodes} episodes/target, {time.perf_counter() - t0:.0f}s)"
+    mon.print(f"final eval {took}: normalized {evaluator.line(res)}" if final
+              else f"step {run.step}: eval {took} normalized {evaluator.line(res)}")
     run.history = eval_history(mon)
-    return next(iter(res.values()))["normalized_mean"]
-
-
-def final_eval(run: Run, mon: RunMonitor, evaluator: Evaluator) -> dict | None:
-    """``eval.final_episodes`` per target at the end (rank 0; None when switched off)."""
-    e = run.cfg.eval
-    if not (run.dist.main and e.final_episodes > 0):
-        return None
-    t0 = time.perf_counter()
-    final = evaluate(run, evaluator, e.final_episodes, run.cfg.seed + 20_000)
-    mon.scalars(eval_scalars(final), run.step)
-    mon.scalars(eval_scalars(final, "eval_final"), run.step)
-    mon.print(f"final eval ({e.final_episodes} episodes/target, {time.perf_counter() - t0:.0f}s): "
-              f"normalized {evaluator.line(final)}")
-    return final
+    return res
 
 
 VAL_TAG = "val/action_mse"
-"""the held-out episodes' masked action MSE (``agents.training_validation``)"""
 
 
-def validate(run: Run, mon: RunMonitor, clock: Clock | None = None, final: bool = False) -> float:
+def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
     """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse``."""
-    t0 = time.perf_counter()
     mse = run.validation.action_mse(run.model)
-    if clock is not None:
-        clock.val_s = time.perf_counter() - t0
     mon.scalar(VAL_TAG, mse, run.step)
     v = run.validation
     mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
@@ -521,8 +472,8 @@ def validate(run: Run, mon: RunMonitor, clock: Clock | None = None, final: bool 
 
 # == 4. checkpoints =====================================================================================
 def save(run: Run, mon: RunMonitor) -> None:
-    """Write ``last.pt`` (rank 0, atomically) after the logged events, so a resume purges only what came
-    after it. A collective: every process sends its random streams."""
+    """Write ``last.pt`` (rank 0, atomically) after flushing the logged events, so a resume purges only what
+    came after it. A collective: every process sends its random streams."""
     mine = {"torch": torch.get_rng_state(), "numpy": dt_checkpoint.numpy_state(), "sampler": run.sampler.state_dict()}
     if run.device.type == "cuda":
         mine["cuda"] = torch.cuda.get_rng_state(run.device)
@@ -543,13 +494,11 @@ def save(run: Run, mon: RunMonitor) -> None:
 
 def restore(run: Run, ck: DTCheckpoint) -> None:
     """Continue exactly where the checkpoint stopped (each rank its own streams; with another number of
-    processes the samplers are reseeded, and the run cannot repeat the uninterrupted one bit for bit)."""
-    try:  # the schema checked each part's form (dt_checkpoint); whether it fits this model shows only here
+    processes the samplers are reseeded)."""
+    try:  # the schema checked each part's form; whether it fits this model shows only here
         _restore(run, ck)
-    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
-        raise SetupError(f"{ck.origin}: its training state does not fit the run it describes ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0][:200]}); the file is damaged: resume from another checkpoint "
-                         "or start a new run") from err
+    except ck_io.UNFIT as err:
+        raise ck_io.unfit(ck.origin, err) from err
 
 
 def _restore(run: Run, ck: DTCheckpoint) -> None:
@@ -575,8 +524,8 @@ def _restore(run: Run, ck: DTCheckpoint) -> None:
 
 
 class CheckpointClock:
-    """Checkpoints by wall time as well as by steps: the first after a minute, then at doubling intervals up
-    to ``checkpoint_minutes``, so a stop loses at most about half the time run so far. Under DDP rank 0's
+    """Checkpoints by wall time: the first after a minute, then at doubling intervals up to
+    ``checkpoint_minutes``, so a stop loses at most about half the time run so far. Under DDP rank 0's
     clock decides, broadcast every ``SYNC_EVERY`` steps (saving is a collective)."""
 
     SYNC_EVERY = 10
@@ -588,7 +537,7 @@ class CheckpointClock:
         self.restart()
 
     def restart(self) -> None:
-        """Count from now (after any checkpoint was written); the next interval doubles."""
+        """Count from now (a checkpoint was written); the next interval doubles."""
         self.deadline = time.monotonic() + self.interval
         self.interval = min(2 * self.interval, self.cap)
 
@@ -606,7 +555,7 @@ class CheckpointClock:
 
 
 def kept(run: Run) -> str:
-    """What survives a failure: the last checkpoint (never overwritten by a failed write) and how to go on."""
+    """What survives a failure: the last checkpoint (never overwritten by a failed write)."""
     last = run.out / dt_checkpoint.FILENAME
     if not last.exists():
         return "no checkpoint had been written yet"
@@ -618,7 +567,7 @@ def kept(run: Run) -> str:
 
 # == 5. logging: what a run shows and leaves behind (rank 0 writes; other monitors are off) ============
 def announcement(run: Run) -> str:
-    """What the run is about to do: every option with its provenance, the data, the model, where it writes."""
+    """What the run is about to do: the options with their provenance, the data, the model, where it writes."""
     cfg = run.cfg
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
@@ -635,7 +584,6 @@ def announcement(run: Run) -> str:
 
 
 def held_out(run: Run) -> str:
-    """The validation split in words."""
     n = len(run.info.held_out)
     if not n:
         return "no episodes held out (val_fraction=0)"
@@ -663,27 +611,14 @@ def open_monitor(run: Run) -> RunMonitor:
 
 
 def eval_history(mon: RunMonitor) -> dict:
-    """The evaluation and validation curves logged so far (what the checkpoint keeps of the log)."""
+    """The evaluation and validation curves (what the checkpoint keeps of the log)."""
     return {k: v for k, v in mon.history.items() if k.startswith(("eval/", "val/"))}
 
 
-def last_logged(mon: RunMonitor) -> tuple[float | None, float | None]:
-    """The latest normalized score (the first target's) and validation MSE logged, for the progress bar."""
-    tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
-    val = mon.history.get(VAL_TAG)
-    return (mon.history[tags[0]][-1][1] if tags else None), (val[-1][1] if val else None)
-
-
 def postfix(loss: float | None, score: float | None, val: float | None, eta: str | None) -> dict:
-    """The progress bar's postfix: loss, normalized score, validation MSE, time left."""
-    out = {} if loss is None else {"loss": f"{loss:.4f}"}
-    if score is not None:
-        out["score"] = f"{score:.1f}"
-    if val is not None:
-        out["val_mse"] = f"{val:.4f}"
-    if eta is not None:
-        out["eta"] = eta
-    return out
+    """The progress bar's postfix: loss, normalized score, validation MSE, time left (those known)."""
+    shown = {"loss": (loss, "{:.4f}"), "score": (score, "{:.1f}"), "val_mse": (val, "{:.4f}"), "eta": (eta, "{}")}
+    return {k: form.format(v) for k, (v, form) in shown.items() if v is not None}
 
 
 class Throughput:
@@ -693,16 +628,13 @@ class Throughput:
         self.seconds, self.steps, self.tokens = 0.0, 0, 0
 
     def add(self, seconds: float, tokens: int) -> None:
-        self.seconds += seconds
-        self.steps += 1
-        self.tokens += tokens
+        self.seconds, self.steps, self.tokens = self.seconds + seconds, self.steps + 1, self.tokens + tokens
 
     def take(self) -> dict:
         """Steps/s and tokens/s since the last call, and start counting again."""
-        t = max(self.seconds, 1e-9)
-        rates = {"throughput/steps_per_s": self.steps / t, "throughput/tokens_per_s": self.tokens / t}
-        self.seconds, self.steps, self.tokens = 0.0, 0, 0
-        return rates
+        t, steps, tokens = max(self.seconds, 1e-9), self.steps, self.tokens
+        self.__init__()
+        return {"throughput/steps_per_s": steps / t, "throughput/tokens_per_s": tokens / t}
 
 
 def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, rates: dict) -> None:
@@ -723,25 +655,19 @@ def target_tag(t: float) -> str:
 
 
 def eval_scalars(results: dict, prefix: str = "eval") -> dict:
-    out = {}
-    for t, r in results.items():
-        tag = target_tag(t)
-        out[f"{prefix}/normalized/{tag}"] = r["normalized_mean"]
-        out[f"{prefix}/return/{tag}"] = r["return_mean"]
-        out[f"{prefix}/length/{tag}"] = r["length_mean"]
-    return out
+    return {f"{prefix}/{k}/{target_tag(t)}": r[f"{k}_mean"] for t, r in results.items()
+            for k in ("normalized", "return", "length")}
 
 
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
-    """The run's summary; rank 0 also logs hyper-parameters with the final scores, draws the plots and
+    """The run's summary; rank 0 also logs the hyper-parameters with the final scores, draws the plots and
     writes ``summary.json``."""
     cfg = run.cfg
     summary = {
         "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
         "steps": run.step, "data_source": run.data.source, "train_s": round(run.train_time, 2),
         "s_per_1k_steps": round(1000 * run.train_time / max(run.step, 1), 2), "processes": run.dist.world,
-        "final": ({target_tag(t): {k: r[k] for k in ("normalized_mean", "normalized_std", "return_mean",
-                                                      "return_std", "length_mean")} | {"episodes": len(r["returns"])}
+        "final": ({target_tag(t): {k: r[k] for k in SCORES} | {"episodes": len(r["returns"])}
                    for t, r in final.items()} if final else None),
         # which policy the final scores are of (agents.stream_training.Fidelity)
         **(stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).record() if final else {}),
@@ -774,21 +700,21 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
 SKIP, MEASURE_STEPS, MEASURE_S = 5, 20, 30.0
 """the first steps are slow (allocation, caches, kernel choice) and not timed; the pace is known after
 MEASURE_STEPS timed steps, or MEASURE_S seconds of at least 3"""
-LONG_S, BUDGET_S = 3600.0, 1800.0
-"""a run whose training alone takes more than LONG_S is told so, with a command that fits BUDGET_S"""
+LONG_S = 3600.0
+"""a run whose training alone takes longer is told so"""
 
 
 class Clock:
-    """The run's pace (seconds per step after ``SKIP`` steps, evaluations excluded) and the last evaluation's
-    and validation's times: what the projection and the bar's ETA use, measured on this machine."""
+    """The run's pace (seconds per step after ``SKIP`` steps, evaluations excluded) and the last
+    evaluation's time: what the projection and the bar's time left use."""
 
     def __init__(self, run: Run):
         self.run, self.start = run, run.step + SKIP
-        self.t0, self.excluded = None, 0.0
-        self.step_s = self.eval_s = self.val_s = None
+        self.t0, self.excluded, self.step_s, self.eval_s = None, 0.0, None, 0.0
 
     def exclude(self, seconds: float) -> None:
-        self.excluded += seconds
+        """An evaluation (with its validation) took ``seconds``: not training time, and what the next one takes."""
+        self.excluded, self.eval_s = self.excluded + seconds, seconds
 
     def tick(self) -> str | None:
         """After each step; returns the projection once, when the pace is first known (rank 0)."""
@@ -797,54 +723,37 @@ class Clock:
             self.t0, self.excluded = now, 0.0
         if self.t0 is None or n <= 0:
             return None
-        seconds = now - self.t0 - self.excluded
-        first = self.step_s is None
-        if first and not (n >= MEASURE_STEPS or (n >= 3 and seconds >= MEASURE_S)):
+        seconds, first = now - self.t0 - self.excluded, self.step_s is None
+        if first and n < MEASURE_STEPS and not (n >= 3 and seconds >= MEASURE_S):
             return None
         self.step_s = seconds / n
         return projection(self.run, self.step_s, self.start - SKIP, n) if first and self.run.dist.main else None
 
     def eta(self) -> str | None:
-        """Time left: the steps at the pace, the evaluations and validations still due at their last time."""
+        """Time left: the steps at the pace, and the evaluations still due at the last one's time (the final
+        one in proportionally many rounds of ``num_envs`` episodes)."""
         if self.step_s is None:
             return None
         cfg, e = self.run.cfg, self.run.cfg.eval
-        n = 0 if e.every <= 0 else (cfg.steps - 1) // e.every - self.run.step // e.every
-        left = (cfg.steps - self.run.step) * self.step_s + (n + 1) * (self.val_s or 0.0)
-        if self.eval_s is not None:  # the final evaluation runs its episodes in proportionally many rounds
-            rounds = lambda episodes: math.ceil(episodes * len(self.run.info.targets) / e.num_envs)  # noqa: E731
-            left += self.eval_s * (n + rounds(e.final_episodes) / rounds(e.episodes))
-        return duration(left)
+        due = 0 if e.every <= 0 else (cfg.steps - 1) // e.every - self.run.step // e.every
+        rounds = [math.ceil(n * len(self.run.info.targets) / e.num_envs) for n in (e.final_episodes, e.episodes)]
+        return duration((cfg.steps - self.run.step) * self.step_s + self.eval_s * (due + rounds[0] / rounds[1]))
 
 
 def projection(run: Run, step_s: float, start: int, measured: int) -> str:
-    """The training time left at the measured pace; for a recipe of hours, a warning and a command that fits
-    ``BUDGET_S`` (the CPU recipe on a CPU, else the same options with steps and cadences scaled)."""
-    cfg, threads = run.cfg, torch.get_num_threads()
-    left = cfg.steps - start
+    """The training time left at the measured pace; for a recipe of hours a note saying so, which on a CPU
+    gives the command of the CPU recipe."""
+    cfg, threads, left = run.cfg, torch.get_num_threads(), run.cfg.steps - start
     where = f"{run.device}" + (f", {threads} thread{'s' * (threads > 1)}" if run.device.type == "cpu" else "")
-    lines = [f"time on {where}, measured over {measured} steps: {left:,} {'remaining ' if start else ''}steps x "
-             f"{step_s * 1e3:.1f} ms = {duration(left * step_s)} of training; evaluations and validations are "
-             "timed as they run (the progress bar's eta includes them)"]
-    if left * step_s <= LONG_S:
-        return lines[0]
-    lines.append(f"note: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes.")
-    if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
-        lines[-1] += (f" The CPU recipe (configs/dt/recipes/cpu.yaml, chosen to learn in one run of at most "
-                      f"{BUDGET_S / 60:.0f} minutes on one core) is:\n  {command(run, {'recipe': 'cpu'}, 'cpu')}")
-        return "\n".join(lines)
-    steps = min(left, nice(BUDGET_S / step_s))
-    scale = {"steps": steps, "warmup_steps": cfg.warmup_steps, "eval.every": cfg.eval.every,
-             "checkpoint_every": cfg.checkpoint_every}
-    fit = {k: (v if k == "steps" else max(1, round(v * steps / left))) for k, v in scale.items() if v}
-    if cfg.resume:  # a resumed run can change its steps only: it stops after the budget's worth more
-        fit = {"steps": start + steps}
-    lines[-1] += (f" To see results in about {BUDGET_S / 60:.0f} minutes of training here, run it shorter (same "
-                  f"options, steps and cadences scaled):\n  {command(run, fit)}")
-    if cfg.checkpoint_minutes > 0:
-        lines.append(f"  This run writes last.pt by wall time (up to every {cfg.checkpoint_minutes:g} minutes): "
-                     f"stop it any time and continue with: python -m primal_dt.train resume={run.out}")
-    return "\n".join(lines)
+    text = (f"time on {where}, measured over {measured} steps: {left:,} {'remaining ' if start else ''}steps x "
+            f"{step_s * 1e3:.1f} ms = {duration(left * step_s)} of training; evaluations and validations are "
+            "timed as they run (the progress bar's eta includes them)")
+    if left * step_s > LONG_S:
+        text += f"\nnote: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes."
+        if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
+            text += (" The CPU recipe (configs/dt/recipes/cpu.yaml, chosen to learn in one run of at most 30 minutes "
+                     f"on one core) is:\n  {cpu_recipe_command(run)}")
+    return text
 
 
 def duration(seconds: float) -> str:
@@ -859,25 +768,12 @@ def duration(seconds: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
-def nice(x: float) -> int:
-    """``x`` rounded down to two significant digits (4237 -> 4200), at least 1."""
-    if x < 1:
-        return 1
-    p = 10 ** max(int(math.log10(x)) - 1, 0)
-    return max(1, int(x // p) * p)
-
-
-def command(run: Run, options: dict, recipe: str | None = None) -> str:
-    """The command that ran this run, with ``options`` in place of its own: the command line's options kept,
-    defaults implicit; with ``recipe``, the options it sets left to it."""
-    launcher = (f"torchrun --nproc_per_node {run.dist.world} -m primal_dt.train" if run.dist.world > 1
-                else "python -m primal_dt.train")
+def cpu_recipe_command(run: Run) -> str:
+    """This run's command with ``recipe=cpu``: its command line's options kept, except those the recipe sets."""
     values = train_config.flat(dataclasses.asdict(run.cfg))
-    laid = train_config.flat({k: v for k, v in train_config.load_recipe(recipe).items()
-                              if k not in presets.META_KEYS}) if recipe else {}
+    laid = train_config.flat({k: v for k, v in train_config.load_recipe("cpu").items() if k not in presets.META_KEYS})
     given = {k: values[k] for k, where in run.built.provenance.items()
-             if where == "command line" and k in values and k not in laid}
-    given.update(options)
+             if where == "command line" and k in values and k not in laid} | {"recipe": "cpu"}
 
     def text(v) -> str:
         if isinstance(v, bool):
@@ -886,4 +782,4 @@ def command(run: Run, options: dict, recipe: str | None = None) -> str:
             return ",".join(text(x) for x in v)
         return repr(v) if isinstance(v, float) else str(v)
 
-    return " ".join([launcher, *(shlex.quote(f"{k}={text(v)}") for k, v in given.items())])
+    return " ".join(["python -m primal_dt.train", *(shlex.quote(f"{k}={text(v)}") for k, v in given.items())])

@@ -1,15 +1,10 @@
-"""Validation without a simulator: the masked action MSE of the model on episodes it never trains on.
+"""Validation without a simulator: the masked action MSE on whole episodes the model never trains on.
 
-A rollout in the simulator is the score that matters, but it is slow, noisy and needs MuJoCo; the
-action error on held-out episodes is cheap, deterministic and tells over-fitting from under-fitting (d3rlpy
-users ask for it, d3rlpy issue 406). The split is by whole episode (``envs.Trajectories.hold_out``,
-drawn by the run's seed), the training episodes alone give the normalisation statistics, and the
-held-out episodes are read with those statistics, as the model sees any new data.
-
-The segments evaluated are fixed once per run: every K-step segment that starts at a step of a
-held-out episode (the segments the sampler would draw from them, padding and masks included), or
-when there are more than ``MAX_SEGMENTS``, a fixed sample of them drawn by the seed. So two calls on
-the same weights give the same number, and the curve moves only when the model does.
+A rollout is the score that matters, but slow, noisy and needs MuJoCo; the held-out action error is
+cheap, deterministic and tells over-fitting from under-fitting. The held-out episodes are read with the
+training episodes' statistics, as any new data. The segments are fixed once per run (every K-step
+segment starting in a held-out episode, or a seeded sample of ``MAX_SEGMENTS``), so the curve moves only
+when the model does.
 """
 
 from __future__ import annotations
@@ -24,21 +19,15 @@ from .decision_transformer import Batch
 from .dt_checkpoint import DataInfo
 
 MAX_SEGMENTS = 2048
-"""at most this many held-out segments per validation (a 5 % split of a D4RL dataset holds tens of
-thousands): a forward pass without gradients over them costs about what a few training steps cost, so
-validating every ``eval.every`` steps is cheap beside training (the trainer times it as it runs)"""
+"""held-out segments per validation at most: a forward pass over them costs a few training steps"""
 CHUNK = 256
 """segments per forward pass"""
 _SAMPLE_STREAM = 0x7661  # keys the fixed sample's generator apart from the split's and the sampler's
 
 
 class Validation:
-    """The fixed held-out segments of a run and their masked action MSE under a model.
-
-    ``held_out``: the held-out episodes as their own ``Trajectories``; ``info``: the run's ``DataInfo``
-    (training statistics, return-to-go scale); ``exact_from``: for stream-exact runs, the first segment step
-    counted (``stream_training.first_exact_step``: the same loss mask as training), else None.
-    """
+    """The fixed held-out segments of a run and their masked action MSE under a model. ``exact_from``: for
+    stream-exact runs, the first segment step counted (the same loss mask as training), else None."""
 
     def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
                  device: torch.device, exact_from: int | None = None):
@@ -58,9 +47,8 @@ class Validation:
         """action values the mean runs over"""
 
     def action_mse(self, model: torch.nn.Module) -> float:
-        """Mean squared action error over every counted step and action dimension of the held-out
-        segments (one mean over all of them, not a mean of chunk means); the model in eval mode (no
-        dropout), no gradients, and no random stream moved."""
+        """Mean squared action error over every counted step and action dimension (one mean, not a mean of
+        chunk means); in eval mode, no gradients, no random stream moved."""
         was_training = model.training
         model.eval()
         sse = torch.zeros((), dtype=torch.float64, device=self.batch.mask.device)

@@ -52,7 +52,7 @@ import tyro
 # differs between machines): the data found keys the group instead.
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
                    "checkpoint_minutes", "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs",
-                   "data_source", "eval.engine", "eval.precision", "print_config"}
+                   "data_source", "eval.engine", "print_config"}
 
 # Student's t quantile t_{0.975, df} for df = 1..30; beyond, the normal 1.96 is within 2 %.
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,

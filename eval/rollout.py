@@ -91,7 +91,7 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     ``model``: a DecisionTransformer with ``data``, the ``agents.DataInfo`` of its training data, or a
     checkpoint (path, run directory, dict or ``DTCheckpoint``), whose own ``DataInfo`` is used unless
     ``data`` is given. ``options`` (``RolloutOptions``, training's ``eval.*``): targets (empty:
-    ``data.eval_targets``), simulators, step cap, engine, precision, lanes. ``on_episode(n)``: called as
+    ``data.eval_targets``), simulators, step cap, engine, lanes. ``on_episode(n)``: called as
     ``n`` episodes end (the calls add up to ``episodes * len(targets)``). ``details`` receives the agent
     latency, wall time and layout. The model's training mode is restored afterwards."""
     import envs
@@ -118,7 +118,7 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     in_process = n_lanes > 1 and not options.asynchronous and options.lane_workers == "process"
     widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
-        agents = [Agent(model, data, target=float(targets[0]), engine=options.engine, precision=options.precision)
+        agents = [Agent(model, data, target=float(targets[0]), engine=options.engine)
                   for _ in widths]
         venvs = []
         t0 = time.perf_counter()
@@ -159,8 +159,8 @@ class RolloutConfig(RolloutOptions):
     seed: int = 0
     """episode e uses reset seed seed + e"""
     out: str = ""
-    """JSON report path ('' : rollout-<engine>.json next to the checkpoint (rollout-stream-bf16.json with
-    precision=bf16), or rollout-<engine>-2.json, ... when an earlier report holds the name)"""
+    """JSON report path ('' : rollout-<engine>.json next to the checkpoint, or rollout-<engine>-2.json, ... when
+    an earlier report holds the name)"""
     overwrite: bool = False
     """let an explicit out= replace an existing file (an earlier report is never replaced otherwise)"""
     check_data: bool = False
@@ -204,8 +204,7 @@ def report_path(cfg: RolloutConfig, checkpoint: Path) -> Path:
     or the first free of rollout-<engine>.json, rollout-<engine>-2.json, ..."""
     if cfg.out:
         return Path(cfg.out)
-    name = cfg.engine if cfg.precision == "fp32" else f"{cfg.engine}-{cfg.precision}"
-    return outputs.new_path(outputs.numbered(checkpoint.parent / f"rollout-{name}.json"), outputs.create_file,
+    return outputs.new_path(outputs.numbered(checkpoint.parent / f"rollout-{cfg.engine}.json"), outputs.create_file,
                             what="rollout report")
 
 
@@ -263,7 +262,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets, out_dir: 
         if bar is not None:
             bar.close()
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
-              **ck.fidelity(cfg.engine).record(), "precision": cfg.precision, "episodes_per_target": cfg.episodes, "seed": cfg.seed,
+              **ck.fidelity(cfg.engine).record(), "episodes_per_target": cfg.episodes, "seed": cfg.seed,
               "num_envs": details["num_envs"], "lanes": details["lanes"], "lane_workers": details["lane_workers"],
               "asynchronous": cfg.asynchronous, "max_steps": cfg.max_steps or spec.max_episode_steps,
               "model_layers": model.layer_names, "train_step": ck.step, "data_source": info.source,
@@ -298,10 +297,8 @@ def summary_line(results: dict) -> str:
 
 
 def summary_text(report: dict) -> str:
-    precision = report.get("precision", "fp32")
     policy = "the trained policy" if report.get("exact") else "NOT the trained policy"
-    lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']} ({policy})"
-             f"{'' if precision == 'fp32' else ' precision=' + precision}, "
+    lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']} ({policy}), "
              f"{report['episodes_per_target']} episodes/target on {report['num_envs']} "
              f"{'async' if report['asynchronous'] else 'sync'} envs in {report.get('lanes', 1)} lane(s), "
              f"{report['wall_s']:.1f}s "

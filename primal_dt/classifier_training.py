@@ -1,9 +1,8 @@
 """Train a sequence classifier and select its checkpoint: what ``python -m primal_dt.classify`` runs.
 
-``Trainer`` holds one classifier's optimisation state, ``step`` and ``evaluate`` apart so the benchmark
-(eval/bench/classify.py) can interleave two models on the same batches; ``fit`` is the loop (steps,
-logging, evaluation rounds that keep best.pt / last.pt), then the summary. Model selection:
-``classify_config.SELECTIONS``.
+``Trainer`` holds one classifier's optimisation state, ``step`` and ``evaluate`` apart so a benchmark can
+interleave two models on the same batches; ``fit`` is the loop, evaluation rounds keeping best.pt and
+last.pt (selection: ``classify_config.SELECTIONS``), then the summary.
 """
 
 from __future__ import annotations
@@ -69,7 +68,6 @@ def batches(split: Split, size: int, generator: torch.Generator | None = None):
 
 
 class Trainer:
-    """One classifier's optimisation state (see the module's docstring)."""
 
     def __init__(self, cfg: ClassifyConfig, data: TaskData, device: torch.device | str = "cpu"):
         self.cfg, self.data, self.device = cfg, data, torch.device(device)
@@ -228,8 +226,8 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
 
 def summarize(tr: Trainer, data: TaskData, out: Path, source: str, mon: RunMonitor, n_params: int,
               t_start: float) -> dict:
-    """The selected checkpoint's test accuracy (re-evaluated from best.pt under the val protocol, so
-    the figure comes from the saved weights), hyper-parameters, accuracy.png and summary.json."""
+    """The selected checkpoint's test accuracy (under the val protocol re-evaluated from best.pt: the saved
+    weights' figure), hyper-parameters, accuracy.png and summary.json."""
     cfg, t = tr.cfg, tr.cfg.train
     best = checkpoint.load(out / "best.pt", expect_kind=KIND)
     tr.model.load_state_dict(best["model"])

@@ -4,14 +4,11 @@
     python -m primal_dt.classify task=lra/listops-fast model=primal+trans train.steps=500 seed=1
     python -m primal_dt.classify resume=runs/classify/uea-JapaneseVowels/primalformer/<run> train.epochs=200
 
-Options, presets and their checks: ``classify_config``; the trainer and model selection:
-``classifier_training``. A run directory holds TensorBoard events, best.pt / last.pt (atomic),
-accuracy.png and summary.json. This module only wires them to the shared run infrastructure.
+Options and their checks: ``classify_config``; the trainer: ``classifier_training``. This module only
+wires them to the shared run infrastructure.
 """
 
 from __future__ import annotations
-
-import sys
 
 from .classifier_training import KIND, Diverged, Trainer, fit
 from .classify_config import PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, resumed_config
@@ -42,20 +39,15 @@ def run(argv: list[str]) -> dict:
         trainer = Trainer(cfg, data, device)
         try:
             trainer.restore(ck) if ck is not None else None
-        except (KeyError, TypeError, IndexError, RuntimeError, ValueError) as err:
-            raise SetupError(f"checkpoint {path}: its training state does not fit the run it describes "
-                             f"({type(err).__name__}: {str(err).splitlines()[0][:200]}); the file is damaged: resume "
-                             "from another checkpoint or start a new run") from err
+        except checkpoint.UNFIT as err:
+            raise checkpoint.unfit(f"checkpoint {path}", err) from err
     if ck is not None:
         out = path.parent
         outputs.check_writable(out, "run directory")
     else:
         out = run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
     lock.hold(out)  # one process per run: a second resume is refused, naming the first
-    stale = checkpoint.remove_stale_temps(*([out] if ck is not None else out.parent.iterdir()))
-    if stale:
-        print(f"removed {len(stale)} temporary file(s) of interrupted writes: "
-              f"{', '.join(map(str, stale))}", file=sys.stderr, flush=True)
+    checkpoint.remove_stale_temps(*([out] if ck is not None else out.parent.iterdir()))
     try:
         return fit(trainer, data, out, source, resumed=ck is not None)
     except WriteError as err:

@@ -6,9 +6,8 @@
     python -m primal_dt.train resume=runs/hopper-medium/primal+dt/20250101-120000-seed0
     torchrun --nproc_per_node 2 -m primal_dt.train env=hopper-medium      (DistributedDataParallel)
 
-Options and their checks: ``agents.train_config`` (``--help`` lists them); the trainer and what a run
-directory holds: ``agents.training``. This module only wires them, handing the trainer the simulator
-evaluation (``eval.rollout``), which the trainer's package may not import.
+Options and their checks: ``agents.train_config``; the trainer: ``agents.training``. This module only
+wires them, handing the trainer the simulator evaluation (``eval.rollout``), which ``agents`` may not import.
 """
 
 from __future__ import annotations

@@ -18,11 +18,11 @@ import numpy as np
 from . import timing
 
 
-def make_agent(model, info, engine: str, context: int | None = None, precision: str = "fp32"):
+def make_agent(model, info, engine: str, context: int | None = None):
     """An agent with the run's bookkeeping (``info``: the checkpoint's DataInfo), aiming at its first target."""
     from agents.agent import Agent
 
-    return Agent(model, info, engine=engine, context=context, precision=precision)
+    return Agent(model, info, engine=engine, context=context)
 
 
 def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> dict:

@@ -5,8 +5,8 @@
     python -m eval.bench.inference latency=false thread_table=false    # the evaluation only
 
 Every ratio is taken inside this run, on this machine; the bench measures, the reader judges. Sections
-(``BenchConfig`` says what each option adds): **latency** per ``act`` of every engine (torch stream, bf16
-stream, the exported ONNX / TorchScript step, recompute, HuggingFace's DT as its documentation uses it) per
+(``BenchConfig`` says what each option adds): **latency** per ``act`` of every engine (torch stream, the
+exported ONNX / TorchScript step, recompute, HuggingFace's DT as its documentation uses it) per
 size, context and batch, with ratios, then the stream's latency against the episode step (flat);
 **threads**: each engine at batch 1 and 100 with the runtime's default threads, 1, 2 and
 ``agents.threads.inference_threads``' choice, idle and beside one busy process; **evaluation**
@@ -38,7 +38,7 @@ from .train import hf_config
 
 RANDOM_MODEL_ENV = "hopper-medium"
 """the dataset whose dimensions, simulator and targets the random models (no checkpoint) take"""
-STREAM_PATHS = ("stream", "stream_bf16", "onnx", "torchscript")
+STREAM_PATHS = ("stream", "onnx", "torchscript")
 EXACT_PATHS = ("stream", "onnx", "torchscript")
 """the stream paths that reproduce the model's float32 actions (to 1e-5)"""
 RECOMPUTE_PATHS = ("recompute", "hf_recompute", "hf_recompute_bf16")
@@ -73,10 +73,9 @@ class BenchConfig:
     hf: bool = True
     """include the HuggingFace baseline (needs `transformers`)"""
     bf16: bool = True
-    """include the stream engine with precision=bf16 (and HF in bfloat16) in the latency section, on a CPU with
-    native bfloat16 matmuls (AVX512-BF16 or AMX)"""
+    """include HF in bfloat16 in the latency section, on a CPU with native bfloat16 matmuls (AVX512-BF16 or AMX)"""
     bf16_emulated: bool = False
-    """run the bf16 paths on a CPU without native bfloat16 too (emulated: far slower than fp32, minutes per size)"""
+    """run the bf16 path on a CPU without native bfloat16 too (emulated: far slower than fp32, minutes per size)"""
     thread_table: bool = True
     """run the threads section (first size, first context)"""
     compete: bool = True
@@ -251,21 +250,6 @@ def ratios(ms: dict) -> dict:
     return out | {f"stream/{fast}": ms["stream"] / ms[fast] for fast in streams[1:]}
 
 
-def bf16_max_da(model, info, B: int, steps: int = 50) -> float:
-    """Largest |action difference| between the bf16 and the fp32 stream engines fed the same observations
-    (drawn around the data's mean, so they look like the simulator's) and rewards for ``steps`` steps."""
-    a32, a16 = (make_agent(model, info, "stream", precision=p) for p in ("fp32", "bf16"))
-    g = np.random.default_rng(0)
-    worst, rew = 0.0, None
-    for a in (a32, a16):
-        a.reset(B)
-    for _ in range(steps):
-        obs = (info.state_mean + info.state_std * g.normal(size=(B, len(info.state_mean)))).astype(np.float32)
-        worst = max(worst, float(np.abs(a32.act(obs, rew) - a16.act(obs, rew)).max()))
-        rew = g.normal(size=B).astype(np.float32)
-    return worst
-
-
 def policy(name: str, model, info, engine: str, K: int, B: int, found: dict, exports, threads=None, t=None, **kw):
     """One ``act`` of ``engine`` (an agent engine or an exported format) at (K, B), advanced to step ``t`` (K)."""
     if engine in found:  # an exported runtime takes its thread count when it is made
@@ -286,8 +270,6 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -
                 hf["hf_recompute_bf16"] = hf_model(model.cfg, K, torch.bfloat16)
             for B in batches:
                 fns = {"stream": policy(name, model, info, "stream", K, B, found, exports)}
-                if bc.bf16:
-                    fns["stream_bf16"] = policy(name, model, info, "stream", K, B, found, exports, precision="bf16")
                 for engine in (*found, "recompute"):
                     fns[engine] = policy(name, model, info, engine, K, B, found, exports, threads=bc.threads)
                 fns.update({k: hf_step(m, model.cfg, B, K) for k, m in hf.items()})
@@ -298,14 +280,11 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -
                 e = {"K": K, "batch": B, "ms": ms, "ratios": ratios(ms), "best_stream": best, "best_exact": exact}
                 if hf:
                     e["hf_over_best"], e["hf_over_best_exact"] = ms["hf_recompute"] / ms[best], ms["hf_recompute"] / ms[exact]
-                if "stream_bf16" in ms:
-                    e["bf16_max_da"] = bf16_max_da(with_context(model, K), info, B)
                 res[name][f"K{K}_B{B}"] = e
                 print(f"{name} K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
                       + "\n    " + ", ".join(f"{k} {v:.1f}x" for k, v in e["ratios"].items())
                       + (f"; HF / best exact stream ({exact}) {e['hf_over_best_exact']:.1f}x, HF / best stream "
-                         f"({best}) {e['hf_over_best']:.1f}x" if hf else "")
-                      + (f"; bf16 max |da| {e['bf16_max_da']:.1e}" if "bf16_max_da" in e else ""), flush=True)
+                         f"({best}) {e['hf_over_best']:.1f}x" if hf else ""), flush=True)
     name, model = next(iter(models.items()))
     for B in batches:  # stream latency versus episode step t: flat, the state does not grow
         ms = timing.median_ms({f"t{t}": policy(name, model, info, "stream", contexts[0], B, found, exports, t=t)
@@ -368,7 +347,7 @@ def threads_section(models: dict, info, bc: BenchConfig, found: dict, exports) -
 
 
 def bf16_skipped(bc: BenchConfig) -> str | None:
-    """Why the bf16 paths are left out (None: they run). Without native bfloat16 matmuls oneDNN emulates
+    """Why the bf16 path is left out (None: they run). Without native bfloat16 matmuls oneDNN emulates
     them, so they time the emulation, not bf16, and take long enough to stall a whole run."""
     if not bc.bf16:
         return "bf16=false"
@@ -420,7 +399,7 @@ def run(argv: list[str]) -> dict:
     if no_bf16 is not None:
         bc = dataclasses.replace(bc, bf16=False)
         if no_bf16 != "bf16=false":
-            print(f"skipping the bf16 paths (stream_bf16, hf_recompute_bf16): {no_bf16}", flush=True)
+            print(f"skipping the bf16 path (hf_recompute_bf16): {no_bf16}", flush=True)
     machine = timing.machine(PROG, argv) | {"torch_default_threads": TORCH_DEFAULT_THREADS}
     print(f"models: {', '.join(f'{k} {m.layer_names}' for k, m in models.items())}; torch {torch.__version__}, "
           f"{bc.threads} thread(s) (torch default {TORCH_DEFAULT_THREADS}), {machine['cores']} cores, {machine['cpu']}",

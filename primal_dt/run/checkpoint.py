@@ -1,16 +1,9 @@
-"""Checkpoint files: written atomically, read without running code, cleaned up after a crash.
-
-A checkpoint is a dict of tensors and plain data saved with torch.save (``kind``, ``config``, ``model``,
-plus what the trainer needs to resume); its layout is its trainer's (``agents.dt_checkpoint``,
-``primal_dt.classifier_training``). Three promises:
-- **Atomic**: written to a temporary file beside it and renamed over the old one, so a crash, a kill
-  or a full disk leaves the previous file as it was; a failed write is one ``errors.WriteError``. Every
-  other file the package writes goes through ``write_atomic`` too, with the mode a new file gets from
-  the umask (a replaced file keeps its own).
-- **No code runs on load**: ``torch.load(weights_only=True)`` builds tensors and plain data only; a
-  pickle naming anything else (numpy objects included) is refused before any of it runs.
-- **No stale temporaries**: the writer holds an OS lock (``flock``) on its temporary, which the kernel
-  drops however it ends; ``remove_stale_temps`` deletes the temporaries whose lock it can take.
+"""Checkpoint files (a dict of tensors and plain data; its layout is its trainer's). Three promises:
+- **Atomic**: every file the package writes goes to a temporary beside it, renamed over the old one, so
+  a crash, a kill or a full disk leaves the previous file; a failed write is one ``errors.WriteError``.
+- **No code runs on load**: ``torch.load(weights_only=True)``; a pickle naming anything else is refused.
+- **No stale temporaries**: the writer holds a ``flock`` on its temporary, which the kernel drops however
+  it ends; ``remove_stale_temps`` deletes the temporaries whose lock it can take.
 """
 
 from __future__ import annotations
@@ -34,18 +27,18 @@ from . import errors
 
 # -- writing ---------------------------------------------------------------------------------------
 def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
-    """Write ``obj`` to ``path`` atomically; ``what`` ("checkpoint at step 40") names it in errors. Serialised in
-    memory first, so a failed write is an ``OSError`` of the file, not torch's zip-writer error."""
+    """Write ``obj`` to ``path`` atomically; serialised in memory first, so a failed write is an ``OSError`` of
+    the file, not torch's zip-writer error."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     return write_atomic(path, buf.getbuffer(), what)
 
 
 def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: bool = True) -> Path:
-    """Write ``data`` to ``path`` through a temporary file beside it renamed over the old one: a failure is one
-    ``errors.WriteError`` naming ``path`` and ``what``, leaving the previous file (or none) and no partial one.
-    ``replace=False``: an existing ``path`` is a ``FileExistsError``, left as it was; the complete temporary is
-    linked to ``path`` (which fails if a file is there), so of two writers only one succeeds."""
+    """Write ``data`` to ``path`` through a temporary beside it renamed over the old one (a new file gets the
+    umask's mode, a replaced one keeps its own); a failure is one ``WriteError`` naming ``path`` and ``what``.
+    ``replace=False``: the temporary is linked to ``path``, so an existing file is a ``FileExistsError`` and
+    of two writers only one succeeds."""
     path = Path(path)
     exists = False
     with errors.writing(path, what):
@@ -75,8 +68,7 @@ def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: boo
 
 
 def _locked_temp(path: Path) -> tuple[int, str]:
-    """A new temporary beside ``path``, open and locked by this writer (made again if a cleaner took it between
-    creation and locking)."""
+    """A new temporary beside ``path``, open and locked (made again if a cleaner took it before the lock)."""
     while True:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -97,8 +89,7 @@ def _mode(path: Path) -> int:
 
 
 def _umask() -> int:
-    """This process's umask, from /proc where Linux states it (``os.umask`` reads it only by changing it, a
-    race with other threads creating files)."""
+    """This process's umask, from /proc (``os.umask`` reads it only by changing it: a race with threads)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -116,7 +107,7 @@ _TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's
 
 def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None = None) -> list[Path]:
     """Delete the temporaries of interrupted writes in ``directories`` (of the files ``names`` only, if given)
-    whose lock can be taken, so a live writer's is never touched; returns what was removed."""
+    whose lock can be taken, so a live writer's is never touched; says so on stderr, returns them."""
     removed = []
     for d in directories:
         d = Path(d)
@@ -139,13 +130,15 @@ def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None =
                 pass  # a live writer holds it, or it was renamed or removed meanwhile
             finally:
                 os.close(fd)
+    if removed:
+        print(f"removed {len(removed)} temporary file(s) of interrupted writes: {', '.join(map(str, removed))}",
+              file=sys.stderr, flush=True)
     return removed
 
 
 def find(path: str | Path, filename: str, option: str) -> Path:
-    """The checkpoint ``option=path`` means: a file; a run directory's ``filename``; or, for a directory of runs,
-    the most recently written ``filename`` under it (said on stderr), never a run that holds none. A
-    ``FileNotFoundError`` saying what to give otherwise."""
+    """The checkpoint ``option=path`` means: a file; a run directory's ``filename``; or the most recently
+    written ``filename`` under a directory of runs (said on stderr). Else a ``FileNotFoundError``."""
     p = Path(path)
     if p.is_file():
         return p
@@ -173,9 +166,19 @@ def resume_checkpoint(path: str, filename: str = "last.pt") -> Path:
         raise errors.SetupError(str(err)) from err
 
 
+UNFIT = (KeyError, TypeError, ValueError, RuntimeError, IndexError)
+"""what loading a training state into a model and optimizer raises when it does not fit them"""
+
+
+def unfit(where: str, err: Exception) -> errors.SetupError:
+    """The error for a checkpoint whose parts passed their checks but do not fit the run they describe."""
+    return errors.SetupError(f"{where}: its training state does not fit the run it describes ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:200]}); the file is damaged: resume from another "
+                             "checkpoint or start a new run")
+
+
 def load(path: str | Path, expect_kind: str | None = None) -> dict:
-    """Read a checkpoint without running code, with a clear error for a missing, unreadable, corrupt, foreign
-    or unsafe file."""
+    """Read a checkpoint without running code; one clear error for a missing, corrupt, foreign or unsafe file."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")

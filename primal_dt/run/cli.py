@@ -1,9 +1,7 @@
-"""The command line of every entry point: tyro reads the config dataclass (types, ``Literal`` names,
-``--help`` from field docstrings) behind a front that only rewrites what tyro does not read itself:
-``key=value`` to ``--key=value``, a list ``a,b`` (or ``[a,b]``) to words, ``true``/``false`` of a boolean to
-``--key``/``--no_key``, ``none`` of an optional to ``None``, a shorthand (``model=``) to its option.
-Every mistake ends with exit status 2: tyro's message while parsing, one ``error:`` line (``fail``) after.
-Imports nothing from the project, so ``envs`` uses it too.
+"""The command line of every entry point: tyro reads the config dataclass (``--help`` from field
+docstrings) behind a front that only rewrites ``key=value`` to ``--key=value``, a list ``a,b`` (or
+``[a,b]``) to words, ``true``/``false`` to ``--key``/``--no_key``, ``none`` to ``None`` and a shorthand to its
+option. Every mistake ends with exit status 2. Imports nothing from the project (``envs`` uses it).
 """
 
 from __future__ import annotations
@@ -21,8 +19,7 @@ import tyro
 
 T = TypeVar("T")
 SPACED = {"cli": "spaced"}
-"""Field metadata of a list option whose elements hold commas (``primal:s=20,window=8``): only spaces
-separate its elements."""
+"""field metadata of a list option whose elements hold commas: only spaces separate them"""
 _KEY = re.compile(r"[A-Za-z_][\w.-]*$")
 
 
@@ -115,8 +112,7 @@ def parse(cls: type[T], argv: Sequence[str] | None = None, *, default: T | None 
 
 
 def peek(cls: type[T], argv: Sequence[str], shorthands: dict[str, str] | None = None, prog: str | None = None) -> T:
-    """A first reading of ``argv`` for the options that choose a preset or checkpoint (``env``, ``resume``);
-    ``--help`` and unknown words wait for the real parse."""
+    """A first reading of ``argv`` for the options that choose a preset or checkpoint (``env``, ``resume``)."""
     args = [a for a in rewrite(cls, argv, shorthands, strict=False)[0] if a not in ("-h", "--help")]
     return tyro.cli(cls, args=args, prog=prog or _main_module(), use_underscores=True, return_unknown_args=True)[0]
 

@@ -50,7 +50,7 @@ def init_distributed(device: str) -> Dist:
 
 def check_replicas(model: torch.nn.Module, d: Dist) -> bool:
     """Under DDP, confirm (and print, on rank 0) that every process ends with the same parameters, bit for
-    bit (a silent drift would make the saved model one replica's guess). A collective."""
+    bit. A collective."""
     if d.world <= 1:
         return True
     flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])

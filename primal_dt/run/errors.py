@@ -1,6 +1,5 @@
 """How every entry point fails: bad input (``SetupError``) is one ``error: ...`` line with exit status 2; a
-write the machine refused (``WriteError``) and the run's own expected failures, one line with status 1.
-Imports nothing that loads torch, so ``envs`` reports errors the same way."""
+refused write (``WriteError``) and a run's expected failures, one line with status 1. No torch here."""
 
 from __future__ import annotations
 
@@ -14,14 +13,13 @@ from .cli import fail
 
 
 class SetupError(ValueError):
-    """Bad input found before any work (unknown env or model, bad values, a missing or foreign checkpoint):
-    the input is at fault, not the code, so it ends as ``cli.fail``, not with a traceback."""
+    """Bad input found before any work: the input is at fault, not the code, so no traceback."""
 
 
 @contextmanager
 def setup_errors(*also: type[Exception]):
-    """Inside this block, ValueError, FileNotFoundError and ``also`` (what checks, loaders and constructors raise
-    for bad input, plain types for library users) become ``SetupError`` with the same message."""
+    """Inside this block, ValueError, FileNotFoundError and ``also`` (what checks and loaders raise for library
+    users) become ``SetupError``."""
     try:
         yield
     except SetupError:
@@ -31,8 +29,7 @@ def setup_errors(*also: type[Exception]):
 
 
 class WriteError(OSError):
-    """A write the machine refused (disk full, ``ulimit -f``, no permission, read-only file system): one
-    ``error:`` line naming the file and what was not written, not the writer's traceback."""
+    """A write the machine refused (disk full, ``ulimit -f``, no permission): one line naming the file."""
 
 
 _WHY = {errno.ENOSPC: "no space left on the device (disk full)", errno.EDQUOT: "disk quota exceeded",
@@ -50,7 +47,7 @@ def why(err: OSError) -> str:
 @contextmanager
 def writing(path: str | Path, what: str):
     """Inside this block, an ``OSError`` becomes ``WriteError`` naming ``path``, ``what`` it should have held
-    ("checkpoint at step 40") and why; callers add what survives."""
+    and why; callers add what survives."""
     try:
         yield
     except WriteError:
@@ -61,8 +58,8 @@ def writing(path: str | Path, what: str):
 
 def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
          expected: tuple[type[BaseException], ...] = ()):
-    """Run an entry point's ``run(argv)`` and return what it returns; failures as the module says (``expected``:
-    e.g. a diverged run), Ctrl-C with status 130; a DDP process group is always left."""
+    """Run an entry point's ``run(argv)``; failures as the module says (``expected``: e.g. a diverged run),
+    Ctrl-C with status 130; a DDP process group is always left."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         return run(argv)

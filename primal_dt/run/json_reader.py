@@ -1,9 +1,7 @@
-"""The one reader of JSON the package did not just write (summaries, rollout reports, ONNX metadata, HDF5
-and Minari provenance, the collector's files). Such a file may be damaged, planted or not a file, so
-whatever is wrong is one ``JSONError`` naming it, never a hang, an exhausted memory or a traceback: only
-a regular file is read, at most ``max_bytes``; nesting past ``MAX_DEPTH`` is refused before parsing (the
-parser recurses per level); numbers must be finite and at most ``MAX_MAGNITUDE``. Standard library only
-(``envs`` and the torch-free ONNX runtime use it).
+"""The one reader of JSON the package did not just write. Such a file may be damaged, planted or not a
+file, so whatever is wrong is one ``JSONError`` naming it, never a hang or an exhausted memory: only a
+regular file is read, at most ``max_bytes``; nesting past ``MAX_DEPTH`` is refused before parsing (the
+parser recurses per level); numbers must be finite and at most ``MAX_MAGNITUDE``. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,11 +15,9 @@ from pathlib import Path
 from typing import Any
 
 MAX_BYTES = 1 << 20
-"""largest file read by default (the package's JSON files are a few kB)"""
 MAX_DEPTH = 32
-"""deepest nesting accepted (the package's files nest a few levels)"""
 MAX_MAGNITUDE = 1e15
-"""largest number accepted: above any score, statistic, count or seed a primal-dt file records"""
+"""above any score, statistic, count or seed a primal-dt file records"""
 
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
@@ -31,8 +27,7 @@ class JSONError(ValueError):
 
 
 def read(path: str | Path, max_bytes: int = MAX_BYTES, nonfinite: bool = False) -> Any:
-    """The JSON document in the regular file ``path``, checked as ``parse`` checks it (a missing file is a
-    ``FileNotFoundError``)."""
+    """The JSON document in the regular file ``path``, checked as ``parse`` checks it."""
     path = Path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO opens without a writer
@@ -56,8 +51,8 @@ def read(path: str | Path, max_bytes: int = MAX_BYTES, nonfinite: bool = False) 
 
 
 def parse(text: str | bytes, where: str, nonfinite: bool = False) -> Any:
-    """The JSON document ``text`` from ``where``, refusing invalid UTF-8 or JSON, deep nesting, non-finite or
-    huge numbers. ``nonfinite``: accept NaN and +-Infinity (a summary's diverged score, flagged by its reader)."""
+    """The JSON document ``text`` from ``where``. ``nonfinite``: accept NaN and +-Infinity (a summary's diverged
+    score, flagged by its reader)."""
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8")

@@ -1,13 +1,8 @@
-"""One process at a time in a run directory (or a sweep's output).
-
-Two processes resuming one run would overwrite each other's checkpoints and logs; two sweeps on one
-output would start every grid point twice. Whoever works in a directory holds an advisory lock
-(``flock``) on its ``.lock`` file, which the kernel drops however the holder ends (SIGKILL included),
-and which a child handed the descriptor keeps. The file holds the holder's pid, for the refusal.
-
-The directory may not be the user's own (a run copied from elsewhere), so ``.lock`` is opened without
-following a link and written only when it is a plain file with one name: a planted link would
-otherwise have its target truncated. Imports nothing that loads torch (``envs`` uses it too).
+"""One process at a time in a run directory (or a sweep's output): two resuming one run would overwrite
+each other's checkpoints. The holder takes a ``flock`` on the ``.lock`` file (dropped by the kernel however
+it ends) and writes its pid there, for the refusal. The directory may not be the user's own, so ``.lock``
+is opened without following a link and written only when it is a plain file with one name: a planted
+link would otherwise have its target truncated. Imports nothing that loads torch (``envs`` uses it).
 """
 
 from __future__ import annotations
@@ -89,8 +84,7 @@ def release(directory: str | Path) -> None:
 
 
 def _holder(fd: int) -> str:
-    """The pid the holder wrote just after locking (an empty file is read again briefly); a child it handed
-    the lock (a sweep's runs) may hold it after that process ended, which the refusal says."""
+    """The pid the holder wrote just after locking (an empty file is read again briefly)."""
     for _ in range(20):
         text = os.pread(fd, 32, 0).decode(errors="replace").strip()
         if text:

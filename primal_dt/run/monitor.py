@@ -1,10 +1,8 @@
-"""Run directories and run monitoring shared by every trainer: TensorBoard, a progress bar, PNG plots.
+"""Run directories and monitoring shared by every trainer: TensorBoard, a progress bar, PNG plots.
 
-TensorBoard appends to its event file as it goes, so an event file cannot be written atomically; what
-holds instead: a write that fails (disk full, a file-size limit) is one ``errors.WriteError`` naming the
-directory, not the writer thread's traceback; the trainer's checkpoint is written apart (atomically) and
-stays intact; a resume purges the steps after its checkpoint, and TensorBoard stops reading a torn file
-at its last whole record, so the curve is read once, in order.
+An event file is appended to as the run goes, so it cannot be written atomically; instead a failed write
+is one ``errors.WriteError`` naming the directory, a resume purges the steps after its checkpoint, and
+TensorBoard stops reading a torn file at its last whole record.
 """
 
 from __future__ import annotations
@@ -26,9 +24,8 @@ from .presets import flat
 
 
 def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
-    """A new run directory ``root/part/.../<YYYYmmdd-HHMMSS>-seed<k>``, created exclusively (``outputs.new_path``):
-    a run started in the same second with the same seed takes ``<stamp>-1-seed<k>``, ... An unwritable
-    ``root`` is a ``WriteError``."""
+    """A new run directory ``root/part/.../<YYYYmmdd-HHMMSS>-seed<k>``, created exclusively (a run started in
+    the same second with the same seed takes ``<stamp>-1-seed<k>``, ...)."""
     base = Path(root).joinpath(*[p.replace("/", "-") for p in parts])
     stamp = time.strftime("%Y%m%d-%H%M%S")
     names = itertools.chain([f"{stamp}-seed{seed}"], (f"{stamp}-{i}-seed{seed}" for i in itertools.count(1)))
@@ -43,8 +40,8 @@ def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
 
 
 def warn_running_siblings(path: Path, seed: int) -> None:
-    """One line on stderr for each run of the same dataset, model and seed still running (holding its lock)
-    beside the new ``path``: a second run started by mistake says so at once, not both at half speed."""
+    """A line on stderr for each run of the same dataset, model and seed still running beside ``path``: a
+    second run started by mistake says so at once, not both at half speed."""
     for other in sorted(path.parent.glob(f"*-seed{seed}")):
         who = lock.holder(other) if other != path and other.is_dir() else None
         if who is not None:
@@ -53,7 +50,7 @@ def warn_running_siblings(path: Path, seed: int) -> None:
 
 
 def save_figure(fig, path: str | Path, what: str, dpi: int = 110) -> Path:
-    """A matplotlib figure as a PNG at ``path``, drawn in memory and written atomically (``write_atomic``)."""
+    """A matplotlib figure as a PNG at ``path``, written atomically."""
     from .checkpoint import write_atomic
 
     buf = io.BytesIO()
@@ -62,9 +59,8 @@ def save_figure(fig, path: str | Path, what: str, dpi: int = 110) -> Path:
 
 
 def _quiet_event_writer_thread() -> None:
-    """TensorBoard's writer thread hands a failed write to the thread that logs next (where
-    ``RunMonitor`` makes it a ``WriteError``) but first prints it as a thread traceback; that print is
-    dropped so a full disk reads as one message. The thread has no hook of its own, hence the global one."""
+    """TensorBoard's writer thread hands a failed write to the thread that logs next (where it becomes a
+    ``WriteError``) but first prints a traceback, which is dropped (the thread has no hook of its own)."""
     previous = threading.excepthook
     if not getattr(previous, "primal_dt", False):
         def hook(args):
@@ -76,10 +72,8 @@ def _quiet_event_writer_thread() -> None:
 
 
 def _wait_for_a_later_second(log_dir: Path) -> None:
-    """TensorBoard reads a directory's event files in name order (a live TensorBoard never goes back to
-    an earlier name), and names start with the creation second. A run resumed within the second its
-    killed predecessor started waits (< 1 s) for the next one, so its file sorts after and its purge of
-    the predecessor's post-checkpoint steps applies."""
+    """TensorBoard reads event files in name order, and names start with the creation second: a run resumed
+    within the second its killed predecessor started waits for the next, so its purge applies."""
     fields = [p.name.split(".") for p in log_dir.glob("events.out.tfevents.*")]
     latest = max((int(f[3]) for f in fields if len(f) > 3 and f[3].isdigit()), default=0)
     while int(time.time()) <= latest:
@@ -87,10 +81,8 @@ def _wait_for_a_later_second(log_dir: Path) -> None:
 
 
 class RunMonitor:
-    """Scalars go to TensorBoard as they come and are kept in ``history``, so the curves people look at
-    are drawn to PNG at the end without re-reading event files. ``purge_step``: a run continued in the
-    same directory has TensorBoard drop what a killed predecessor wrote at steps >= it (after its
-    last checkpoint)."""
+    """Scalars go to TensorBoard and are kept in ``history``, so the curves are drawn to PNG at the end without
+    re-reading event files. ``purge_step``: TensorBoard drops what a killed predecessor wrote from it on."""
 
     def __init__(self, log_dir: str | Path, enabled: bool = True, progress_total: int | None = None,
                  progress_desc: str = "train", progress: bool = True, initial: int = 0,
@@ -134,8 +126,8 @@ class RunMonitor:
         self._log(lambda: self.writer.add_text(tag, value, step))
 
     def image(self, tag: str, data: bytes, size: tuple[int, int], step: int = 0) -> None:
-        """An encoded image (a PNG, or a GIF from ``encode_gif``, which TensorBoard plays) of ``size`` (height,
-        width); torch's ``add_video`` is not used: it needs ``moviepy.editor``, which moviepy 2 removed."""
+        """An encoded PNG or GIF (``encode_gif``; TensorBoard plays it) of ``size`` (height, width); not torch's
+        ``add_video``, which needs the ``moviepy.editor`` that moviepy 2 removed."""
         from tensorboard.compat.proto.summary_pb2 import Summary
 
         image = Summary.Image(height=size[0], width=size[1], colorspace=3, encoded_image_string=data)
@@ -192,10 +184,8 @@ class RunMonitor:
 
 
 def encode_gif(frames, fps: float = 25.0) -> bytes:
-    """An animated GIF of ``frames`` ([T] of H x W x 3 uint8), looping. GIF frame delays are whole
-    centiseconds and browsers show a delay under 2 cs as 10 cs, so the delay is ``1 / fps`` rounded
-    to centiseconds, at least 2 (25 fps plays 4 cs frames exactly). Identical consecutive frames are
-    merged by the encoder (their delays add up)."""
+    """A looping GIF of ``frames`` ([T] of H x W x 3 uint8). Delays are whole centiseconds and browsers show
+    one under 2 cs as 10 cs, so the delay is ``1 / fps`` rounded to centiseconds, at least 2."""
     import numpy as np
     from PIL import Image
 
@@ -209,9 +199,8 @@ def encode_gif(frames, fps: float = 25.0) -> bytes:
 
 
 class EpisodeBar(tqdm):
-    """A progress bar over evaluation episodes (episodes x targets), so it ends at 100 % with the evaluation
-    whatever the episodes' lengths. ETA at the average rate so far (``smoothing=0``): simulators side by side
-    finish episodes in bursts. The final count is always drawn, also by a bar cleared on close."""
+    """A progress bar over evaluation episodes (x targets), ETA at the average rate (``smoothing=0``: side by
+    side simulators finish episodes in bursts); the final count is always drawn."""
 
     def __init__(self, total: int, desc: str, leave: bool = True):
         super().__init__(total=total, desc=desc, unit="episode", leave=leave, dynamic_ncols=True, smoothing=0)

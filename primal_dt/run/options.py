@@ -1,7 +1,6 @@
-"""What option values every command accepts: numeric ranges (never NaN or inf), integers where the field
-says int, sizes no machine can build, device names, output paths, the mechanisms' ``attention_options``
-words, and the options both trainers share. Entry points declare their rules next to their configs and
-call these before any work, so a bad value is one line naming the option."""
+"""What option values every command accepts (numeric ranges, never NaN or inf; sizes; devices; output
+paths; ``attention_options`` words) and the options both trainers share. Entry points declare their rules
+next to their configs and check them before any work: a bad value is one line naming the option."""
 
 from __future__ import annotations
 
@@ -53,8 +52,7 @@ def check_output_dir(path: str | None, option: str = "out") -> None:
 
 
 def check_output_file(path: str, option: str) -> None:
-    """A ValueError now, not after the whole run, when ``option`` (a file to write) names a directory or a
-    folder that does not exist or cannot be written."""
+    """A ValueError now, not after the whole run, when the file ``option`` names cannot be written."""
     p = Path(path)
     if p.is_dir():
         raise ValueError(f"{option}={path} is a directory; give a file name, e.g. {option}={p / 'bench.json'}")
@@ -66,23 +64,22 @@ def check_output_file(path: str, option: str) -> None:
 
 
 SECONDS = Range(0, 1e6, low_open=True)
-"""a duration: at most about eleven days (larger overflows the timers it reaches)"""
+"""a duration (larger overflows the timers it reaches)"""
 
 ANY = Range()
 AT_LEAST_0 = Range(0)
 AT_LEAST_1 = Range(1)
 POSITIVE = Range(0, low_open=True)
 FRACTION = Range(0, 1, high_open=True)
-"""in [0, 1): dropout, a validation share"""
 SEED = Range(0, 2**32, high_open=True)
 """what every seeded generator (torch, numpy, Gymnasium's reset) accepts"""
 THREADS = Range(0, 4096)
-"""torch CPU threads (0: ``set_threads`` chooses); torch overflows far above any machine's core count"""
+"""torch CPU threads (0: ``set_threads`` chooses); torch overflows far above it"""
 
 
 def check_number(option: str, value, rule: Range, integer: bool = False) -> None:
-    """Raise ValueError ``"<option> must be <rule>, got <value>"`` unless ``value`` is a number (or, for a tuple
-    option, numbers) within ``rule`` (an integer if ``integer``); None (an unset optional option) passes."""
+    """Raise ValueError ``"<option> must be <rule>, got <value>"`` unless ``value`` is a number (a tuple option:
+    numbers) within ``rule`` (an integer if ``integer``); None (unset) passes."""
     if value is None:
         return
     if integer and not (isinstance(value, int) and not isinstance(value, bool)):
@@ -97,9 +94,8 @@ def check_number(option: str, value, rule: Range, integer: bool = False) -> None
 
 
 def check_numbers(cfg, rules: Mapping[str, Range], prefix: str = "") -> None:
-    """``check_number`` for each option of ``cfg`` named in ``rules`` (dotted names reach nested configs),
-    an integer where the dataclass field says ``int`` (a config made in code may hold 2.5); ``prefix`` is
-    where ``cfg`` sits on its command line ("data.")."""
+    """``check_number`` for each (dotted) option of ``cfg`` in ``rules``, an integer where the field says
+    ``int`` (a config made in code may hold 2.5); ``prefix``: where ``cfg`` sits on its command line."""
     for name, rule in rules.items():
         *parents, leaf = name.split(".")
         owner = cfg
@@ -115,15 +111,14 @@ MAX_VALUES = 2**33
 
 def check_size(values: float, options: str, what: str = "parameters") -> None:
     """Refuse sizes no machine can build (d_model=10**9 would hang in allocation): ``values`` float32 numbers
-    (``what`` they are) asked for by ``options`` (their names and values)."""
+    asked for by ``options``."""
     if values > MAX_VALUES:
         raise ValueError(f"{options} need about {values:.3g} {what} ({4 * values / 2**30:.3g} GB of float32), more "
                          f"than the {MAX_VALUES:.3g} this accepts; lower them")
 
 
 def check_parsed(args, rules: Mapping[str, Range]) -> None:
-    """``check_number`` for a benchmark's parsed command line (``rules`` keyed by flag: ``--batch``); a bad value
-    ends as ``cli.fail``."""
+    """``check_number`` for a benchmark's argparse flags (``--batch``); a bad value ends as ``cli.fail``."""
     try:
         for flag, rule in rules.items():
             check_number(flag, getattr(args, flag.lstrip("-").replace("-", "_")), rule)
@@ -139,9 +134,8 @@ def check_device(name: str, option: str = "device") -> None:
 
 def attention_options(words: Sequence[str] | str, option: str = "attention_options",
                       defaults: dict[str, dict] | None = None) -> dict[str, dict]:
-    """{mechanism: {option: value}} from ``mechanism.option=value`` words (the command line's own ``key=value``:
-    no second grammar, no shell quoting), each typed by the constructor's annotation. ``defaults`` (options
-    with their own flags: ``model.s``, ``primal.s``) fill what the words leave out. ``option``: the flag."""
+    """{mechanism: {option: value}} from ``mechanism.option=value`` words, each typed by the constructor's
+    annotation; ``defaults`` (options with their own flags: ``model.s``) fill what the words leave out."""
     from ..attention import available
     from ..attention.registry import constructor_options
 
@@ -169,7 +163,7 @@ def attention_options(words: Sequence[str] | str, option: str = "attention_optio
 
 
 def attention_words(options: Mapping[str, Mapping]) -> tuple[str, ...]:
-    """``attention_options`` words for {mechanism: {option: value}}: what configs made in code hold."""
+    """``attention_options`` words for {mechanism: {option: value}}."""
     return tuple(f"{m}.{k}={'none' if v is None else v}" for m, values in options.items() for k, v in values.items())
 
 
@@ -206,8 +200,7 @@ def _typed(text: str, annotation, where: str):
 
 @dataclass
 class RunOptions:
-    """The options every training command has (``primal_dt.train``, ``primal_dt.classify``): one
-    definition, so both spell, document, default and check them alike."""
+    """The options both training commands have: one definition, spelt, documented and checked alike."""
 
     seed: int = 0
     """seeds everything random in the run: weight initialisation, dropout, batches (and evaluation episodes)"""
@@ -226,7 +219,6 @@ class RunOptions:
     """write TensorBoard event files into the run directory"""
 
     def check(self) -> None:
-        """Raise ValueError naming the option, its value and what is allowed."""
         check_numbers(self, {"seed": SEED, "threads": THREADS})
         check_output_dir(self.out)
         check_device(self.device)

@@ -14,9 +14,8 @@ from .errors import writing
 
 
 def new_path(candidates: Iterable[Path], create: Callable[[Path], None], what: str = "output") -> Path:
-    """The first of ``candidates`` that ``create`` makes; ``create`` fails with ``FileExistsError`` when the path
-    exists (``Path.mkdir``, ``create_file``), so two runs of one second never pick one name (a check, then a
-    create, would let them). Other failures are ``WriteError``s naming ``what``."""
+    """The first of ``candidates`` that ``create`` makes (it fails with ``FileExistsError`` when the path exists:
+    ``Path.mkdir``, ``create_file``), so two runs never pick one name, as a check then a create would let them."""
     for path in candidates:
         with writing(path, what):
             try:

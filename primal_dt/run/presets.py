@@ -1,7 +1,5 @@
-"""Named presets: YAML files under the top-level ``configs/`` (configs/<group>/<name>.yaml), nested
-mappings applied over a config dataclass's defaults, so the papers' settings are data a user reads and
-copies. A file's ``source`` line says where its numbers come from (entry points print it); a DT preset's
-``paper`` (model -> the paper's normalized score) is printed by ``eval.report``; neither is an option.
+"""Named presets: YAML files (configs/<group>/<name>.yaml) applied over a config dataclass's defaults, so
+the papers' settings are data a user reads and copies. ``META_KEYS`` are the file's own, not options.
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ def list_presets(group: str) -> list[str]:
 
 
 def load_preset(group: str, name: str) -> dict:
-    """The preset ``name`` of ``group``: a file of the package's configs/ only. A name is a bare file name
-    (``hopper-medium``), never a path, so ``preset=../../x`` cannot read a YAML outside configs/."""
+    """The preset ``name`` of ``group``: a bare file name, never a path, so ``preset=../../x`` reads nothing
+    outside configs/."""
     path = CONFIG_ROOT / group / f"{name}.yaml"
     if not _NAME.fullmatch(name) or not path.resolve().is_relative_to(CONFIG_ROOT.resolve() / group):
         raise ValueError(f"{group} preset {name!r} is not a preset name (letters, digits, '.', '-', '_', '+'; no "
@@ -49,7 +47,7 @@ def load_preset(group: str, name: str) -> dict:
 
 def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True) -> Any:
     """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) applied, each checked
-    against its field's annotation; ``META_KEYS`` are the file's own metadata at the top level only."""
+    against its field's annotation."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     hints = typing.get_type_hints(type(cfg))
     changes = {}
@@ -74,7 +72,7 @@ def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True
 
 def _fits(value: Any, hint: Any) -> bool:
     """Whether a preset's or a saved config's ``value`` is of the annotation's kind, so ``eval: 5`` is refused by
-    name here, not later in code that trusts the type; kinds not listed pass (their own checks apply)."""
+    name here, not later in code that trusts the type."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if hint is bool:
         return isinstance(value, bool)

@@ -13,7 +13,7 @@ from .options import check_device
 
 def pick_device(name: str, d: Dist = Dist(), option: str = "device") -> torch.device:
     """``auto``: CUDA when present, else CPU; ``cuda`` under DDP: this process's own GPU. No such device is a
-    ``SetupError`` naming ``option`` and what to write instead."""
+    ``SetupError``."""
     try:
         check_device(str(name), option)
     except ValueError as err:
@@ -50,9 +50,8 @@ def usable_cores() -> int:
 
 
 def set_threads(threads: int, d: Dist = Dist()) -> int:
-    """Set torch's CPU threads and return them: ``threads``, or for 0 one per process on a small CPU (where a
-    second busy process makes multi-threaded small operations collapse), else the process's share of the
-    cores among the DDP processes on this machine."""
+    """Set torch's CPU threads: ``threads``, or for 0 one per process on a small CPU (where a second busy
+    process makes multi-threaded small operations collapse), else the process's share of the cores."""
     if threads <= 0:
         cores = usable_cores()
         threads = 1 if cores <= SMALL_CPU else max(1, cores // max(1, _local_world(d)))
@@ -65,6 +64,5 @@ def _local_world(d: Dist) -> int:
 
 
 def seed_torch(seed: int) -> None:
-    """Seed torch's generators (CPU and CUDA): initialisation and dropout. Samplers own their numpy
-    Generators, so a run's streams are these plus the samplers' (what a checkpoint saves)."""
+    """Seed torch's generators (CPU and CUDA): initialisation and dropout (samplers own their generators)."""
     torch.manual_seed(seed)

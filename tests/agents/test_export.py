@@ -592,7 +592,6 @@ def test_a_read_only_run_leaves_no_temporary_export_behind(trained, tmp_path, ca
 @pytest.mark.parametrize("kw, message", [
     ({"runtime": "tensorrt"}, "unknown runtime 'tensorrt'; choose one of auto, torch, onnx"),
     ({"runtime": "onnx", "engine": "recompute"}, "runtime='onnx' runs the exact stream step on the CPU"),
-    ({"runtime": "onnx", "precision": "bf16"}, "needs engine='stream', precision='fp32'"),
 ])
 def test_onnx_runtime_errors(trained, kw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):

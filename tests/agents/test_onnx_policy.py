@@ -312,17 +312,18 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-3, 10**6) | st.floa
                                               "state", "K"]), JSON, min_size=1, max_size=3),
        drop=st.sets(st.sampled_from(["obs_dim", "act_dim", "targets", "reward_scale", "state"]), max_size=2))
 def test_any_metadata_loads_a_working_policy_or_is_one_named_error(exported, edits, drop):
-    """Whatever the metadata holds, ``check_artefact`` returns a document the policy runs with, or
-    raises one ValueError naming the file."""
+    """Whatever the metadata holds, the policy's checks accept a document it runs with, or raise one
+    ValueError naming the file."""
     policy = OnnxPolicy(exported[1])
     meta = {k: v for k, v in {**policy.metadata, **edits}.items() if k not in drop}
     text = json.dumps(meta)
     try:
-        checked = onnx_policy.check_artefact(policy.session, text, "crafted.onnx")
+        checked = onnx_policy.parse_metadata(text, "crafted.onnx")
+        p = onnx_policy.GraphPolicy(checked, "crafted.onnx")
+        onnx_policy.check_graph(policy.session, checked, "crafted.onnx")
     except ValueError as err:
         assert str(err).startswith("crafted.onnx")
         return
-    p = onnx_policy.GraphPolicy(checked, "crafted.onnx")
     assert p.obs_dim == 11 and p.act_dim == 3 and all(np.isfinite(p.targets))
     assert checked["reward_scale"] > 0
     policy.reset(2, target=p.targets[0])
