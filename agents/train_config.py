@@ -248,7 +248,14 @@ _DESCRIPTION = ("Train a Decision Transformer (dt | primal+dt | primalformer-dt 
 
 
 def from_dict(d: dict) -> TrainConfig:
-    """A config back from a checkpoint's dict, each value checked against its field."""
+    """A config back from a checkpoint's dict, each value checked against its field.
+
+    Checkpoints written while the stream engine still had a bf16 precision record ``eval.precision="fp32"``,
+    which is what every stream now runs: that one value is dropped so those runs stay resumable and
+    reportable; any other value is refused as an unknown option."""
+    ev = d.get("eval") if isinstance(d, dict) else None
+    if isinstance(ev, dict) and ev.get("precision") == "fp32":
+        d = {**d, "eval": {k: v for k, v in ev.items() if k != "precision"}}
     return presets.apply_preset(TrainConfig(), d, where="checkpoint config")
 
 

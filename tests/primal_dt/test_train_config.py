@@ -115,3 +115,14 @@ def test_sizes_no_machine_can_build_are_refused_by_name():
                       (["batch_size=1000000000", "K=1000"], "batch_size=1000000000, K=1000.* activation values")):
         with pytest.raises(ValueError, match=f"{msg}.*GB of float32"):
             check(build(["preset=smoke", *argv]).cfg)
+
+
+def test_a_checkpoint_config_from_before_the_bf16_stream_went_still_reads():
+    """Runs written while the stream had a precision option record eval.precision="fp32" (what every stream
+    now runs): they resume and report; a bf16 stream is no longer a policy the package runs."""
+    old = dataclasses.asdict(train_config.TrainConfig())
+    old["eval"]["precision"] = "fp32"
+    assert train_config.from_dict(old) == train_config.TrainConfig()
+    old["eval"]["precision"] = "bf16"
+    with pytest.raises(ValueError, match="precision"):
+        train_config.from_dict(old)
