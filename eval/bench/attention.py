@@ -178,15 +178,13 @@ def ratios(rows: list[dict], baseline: str, target: str) -> list[dict]:
     return out
 
 
-NUMBERS = {f"--{k}": options.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
-                                                 "step_heads", "step_repeat", "repeat", "threads")}
-NUMBERS.update({"--budget_s": options.SECONDS, "--timeout": options.SECONDS, "--mem_limit_gb": options.POSITIVE})
+NUMBERS = {k: options.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
+                                           "step_heads", "step_repeat", "repeat", "threads")}
+NUMBERS.update({"budget_s": options.SECONDS, "timeout": options.SECONDS, "mem_limit_gb": options.POSITIVE})
 
 
 @dataclass
 class AttentionBenchConfig:
-    """Options of ``python -m eval.bench.attention``."""
-
     lengths: tuple[int, ...] = (256, 1024, 4096)
     """sequence lengths of part 1 (forward+backward)"""
     batch: int = 8
@@ -234,20 +232,12 @@ class AttentionBenchConfig:
 PROG = "python -m eval.bench.attention"
 
 
-def parse_args(argv=None) -> AttentionBenchConfig:
-    """The command line, every numeric option and output file checked (``cli.fail`` otherwise)."""
-    args = cli.parse(AttentionBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
-    options.check_parsed(args, NUMBERS)
-    try:
-        timing.check_files(args.json, args.markdown)
-    except ValueError as err:
-        cli.fail(str(err))
-    return args
+def parse_args(argv=None) -> tuple[AttentionBenchConfig, list[str]]:
+    return timing.parse(AttentionBenchConfig, argv, PROG, __doc__, NUMBERS)
 
 
 def main(argv=None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
+    args, argv = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.all:
         args.mechanisms, args.causal_mechanisms, args.step_mechanisms = all_specs(max(args.lengths + args.contexts))

@@ -6,19 +6,15 @@ versus a DT training step, all measured in the same run.
 
 Methods, per batch of B x K (default 64 x 20, the papers' setting):
 - ``segment-sampler``: envs.SegmentSampler (uniform step draw + flat gathers, RTG precomputed).
-- ``dt-reference``: a per-sample Python loop in the style of the Decision Transformer reference
-  ``get_batch``: choose a trajectory (p proportional to length), slice it, compute the
-  return-to-go with a Python ``discount_cumsum`` over the rest of the trajectory, pad with
-  ``np.concatenate``, normalise, convert.
+- ``dt-reference``: the Decision Transformer reference's ``get_batch``, a per-sample Python loop (trajectory
+  drawn by length, return-to-go by a Python ``discount_cumsum``, padding by ``np.concatenate``).
 - ``loop-precomputed-rtg``: the same loop reading a precomputed RTG (isolates the loop cost).
-- ``dt-train-step`` (context, not a sampler): forward+backward+AdamW of a DT-sized stand-in
-  (torch TransformerEncoder, 3 layers, width 256, 4 heads, 3K tokens, batch B), so the
-  sampler's cost can be read as a fraction of a training step.
+- ``dt-train-step`` (context, not a sampler): forward+backward+AdamW of a DT-sized stand-in (torch
+  TransformerEncoder, 3 layers, width 256, 4 heads, 3K tokens), the sampler's cost read as its fraction.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -31,18 +27,16 @@ from primal_dt.run import cli, options
 from . import timing
 
 
-def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, env: str = "hopper-medium", seed: int = 0):
-    """Random data shaped like D4RL hopper-medium (1M steps, 2186 trajectories), with the
-    observation and action sizes of ``env``'s simulator (from ``envs``)."""
+def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, seed: int = 0):
+    """Random data of D4RL hopper-medium's size and shapes (1M steps, 2186 trajectories)."""
     from envs import Trajectories, get_spec
 
-    spec = get_spec(env)
-    obs_dim, act_dim = spec.obs_dim, spec.act_dim
+    spec = get_spec("hopper-medium")
     rng = np.random.default_rng(seed)
     w = rng.uniform(0.2, 1.8, episodes)
     lengths = np.maximum(1, (w / w.sum() * num_steps).astype(np.int64))
     n = int(lengths.sum())
-    return Trajectories(observations=rng.standard_normal((n, obs_dim)), actions=rng.uniform(-1, 1, (n, act_dim)),
+    return Trajectories(observations=rng.standard_normal((n, spec.obs_dim)), actions=rng.uniform(-1, 1, (n, spec.act_dim)),
                         rewards=rng.uniform(0, 4, n), starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]),
                         lengths=lengths, terminal=np.ones(episodes, bool), source="synthetic")
 
@@ -56,8 +50,7 @@ def _discount_cumsum(x, gamma):
 
 
 class ReferenceLoop:
-    """Per-sample sampler in the structure of the DT reference code (left as it is: a loop).
-    ``reward_scale`` divides the returns-to-go, as in the reference and in envs.SegmentSampler."""
+    """Per-sample sampler in the structure of the DT reference code (left as it is: a loop)."""
 
     def __init__(self, ds, K, batch_size, reward_scale, max_len=1000, precomputed_rtg=False, seed=0):
         self.trajs = [dict(observations=e["observations"], actions=e["actions"], rewards=e["rewards"],
@@ -113,8 +106,6 @@ def train_step_fn(batch: int, K: int, obs_dim: int, act_dim: int, width: int = 2
 
 @dataclass
 class DataBenchConfig:
-    """Options of ``python -m eval.bench.data``."""
-
     dataset: str | None = None
     """a dataset name to load (none: synthetic data of hopper-medium's size)"""
     batch: int = 64
@@ -136,24 +127,16 @@ class DataBenchConfig:
 
 
 PROG = "python -m eval.bench.data"
+NUMBERS = {"batch": options.AT_LEAST_1, "K": options.AT_LEAST_1, "reward_scale": options.POSITIVE,
+           "repeat": options.AT_LEAST_1, "threads": options.THREADS}
 
 
-def parse_args(argv=None) -> DataBenchConfig:
-    """The options, every numeric one and the output files checked (``cli.fail`` otherwise)."""
-    a = cli.parse(DataBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
-    options.check_parsed(a, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
-                             "--reward_scale": options.POSITIVE, "--repeat": options.AT_LEAST_1,
-                             "--threads": options.THREADS})
-    try:
-        timing.check_files(a.json, a.markdown)
-    except ValueError as err:
-        cli.fail(str(err))
-    return a
+def parse_args(argv=None) -> tuple[DataBenchConfig, list[str]]:
+    return timing.parse(DataBenchConfig, argv, PROG, __doc__, NUMBERS)
 
 
 def main(argv=None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    a = parse_args(argv)
+    a, argv = parse_args(argv)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
 
@@ -174,7 +157,7 @@ def main(argv=None) -> dict:
            "dt-reference": ReferenceLoop(ds, a.K, a.batch, a.reward_scale).sample}
     if not a.no_train_step:
         fns["dt-train-step"] = train_step_fn(a.batch, a.K, ds.observations.shape[1], ds.actions.shape[1])
-    rows = {k: ms / 1e3 for k, ms in timing.median_ms(fns, calls=10**6, rounds=a.repeat, round_s=0.2).items()}
+    rows = {k: ms / 1e3 for k, ms in timing.median_ms(fns, calls=10**6, rounds=a.repeat).items()}
     base = rows["segment-sampler"]
     print(f"{'method':<24}{'ms/batch':>12}{'x segment-sampler':>20}")
     for k, v in rows.items():

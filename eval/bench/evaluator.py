@@ -15,14 +15,9 @@ import time
 
 import numpy as np
 
+from agents.agent import Agent
+
 from . import timing
-
-
-def make_agent(model, info, engine: str, context: int | None = None, precision: str = "fp32"):
-    """An agent with the run's bookkeeping (``info``: the checkpoint's DataInfo), aiming at its first target."""
-    from agents.agent import Agent
-
-    return Agent(model, info, engine=engine, context=context, precision=precision)
 
 
 def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> dict:
@@ -32,7 +27,7 @@ def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, g
     from eval.episodes import run_episodes
     from eval.rollout import vector_env
 
-    ag = make_agent(model, info, "recompute")
+    ag = Agent(model, info, engine="recompute")
     venv = vector_env(spec.name, 1, gym_id=gym_id)
     try:
         t0 = time.perf_counter()
@@ -87,7 +82,7 @@ def act_costs(model, info, batch: int, calls: int = 20) -> dict:
     agent's bookkeeping and numpy <-> torch conversion."""
     import torch
 
-    ag = make_agent(model, info, "stream")
+    ag = Agent(model, info, engine="stream")
     ag.reset(batch)
     obs, rew = np.random.default_rng(0).normal(size=(batch, model.cfg.state_dim)), np.ones(batch)
     ag.act(obs)
@@ -163,4 +158,4 @@ if __name__ == "__main__":  # this section alone: eval.bench.inference with its 
 
     from eval.bench.inference import main
 
-    main(["latency=false", "thread_table=false", *sys.argv[1:]])
+    main(["latency=false", *sys.argv[1:]])

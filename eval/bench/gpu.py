@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from agents.train_step import Stepper, default_mode
-from primal_dt.run import cli, options, runtime
+from primal_dt.run import options, runtime
 
 from . import timing
 from .train import ACT_DIM, CLIP, ETA, OURS, SIZES, STATE_DIM, HuggingFace, Ours, batches
@@ -183,8 +183,6 @@ PROG = "python -m eval.bench.gpu"
 
 @dataclass
 class GpuBenchConfig:
-    """Options of ``python -m eval.bench.gpu``."""
-
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     budget: bool = False
@@ -221,18 +219,15 @@ class GpuBenchConfig:
     """(internal) run as one of the concurrent trainings, starting when this file appears"""
 
 
+NUMBERS = {"steps": options.AT_LEAST_1, "warmup": options.AT_LEAST_1, "batch": options.AT_LEAST_1,
+           "K": options.AT_LEAST_1, "acts": options.AT_LEAST_1, "concurrent": options.AT_LEAST_0,
+           "threads": options.THREADS, "budget_s": options.Range(0, 1e6)}
+
+
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = cli.parse(GpuBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
-    options.check_parsed(args, {"--steps": options.AT_LEAST_1, "--warmup": options.AT_LEAST_1,
-                                "--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
-                                "--acts": options.AT_LEAST_1, "--concurrent": options.AT_LEAST_0,
-                                "--threads": options.THREADS, "--budget_s": options.Range(0, 1e6)})
-    try:
-        device = runtime.pick_device(args.device, option="--device")
-        timing.check_files(args.json, args.markdown)
-    except ValueError as err:
-        cli.fail(str(err))
+    args, argv = timing.parse(GpuBenchConfig, argv, PROG, __doc__, NUMBERS,
+                              check=lambda a: runtime.pick_device(a.device, option="--device"))
+    device = runtime.pick_device(args.device)
     runtime.set_threads(args.threads)
     size = TINY if args.budget else SIZES["paper"]
     if args.budget:

@@ -1,4 +1,5 @@
-"""What every benchmark shares: interleaved median timing, the machine it ran on, and its output files.
+"""What every benchmark shares: its checked command line, interleaved median timing, the machine it ran on,
+and its output files.
 
 A benchmark writes its figures itself (``--json`` for the whole result, ``--markdown`` for the table a
 reader looks at, under ``docs/results/`` for the project's), headed by the machine and the command, so a
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
 import shlex
 import statistics
+import sys
 import time
 
-from primal_dt.run import checkpoint, options
+from primal_dt.run import checkpoint, cli, options, runtime
 
 
 def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.2, before: dict | None = None) -> dict:
@@ -51,18 +52,29 @@ def machine(prog: str, argv) -> dict:
     """The machine, the software and the command of a measurement (the header of its tables)."""
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": cpu_model(), "cores": cores, "torch_threads": torch.get_num_threads(), "gpu": gpu,
+    return {"cpu": cpu_model(), "cores": runtime.usable_cores(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
             "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join([prog, *map(shlex.quote, argv)])}
 
 
-def check_files(json_path: str | None, markdown: str | None, prefix: str = "--") -> None:
-    """A ValueError now, not after minutes of measuring, for an output file that cannot be written."""
-    for option, path in (("json", json_path), ("markdown", markdown)):
-        if path:
-            options.check_output_file(path, prefix + option)
+def parse(cls, argv, prog: str, doc: str, numbers: dict, prefix: str = "--", check=None) -> tuple:
+    """(options, the words given) of a bench's command line, checked before anything is measured: every option
+    in ``numbers`` ({name: Range}), the output files (``json``, ``markdown``) and ``check(options)``; a mistake
+    is one ``error:`` line naming the option as the bench spells it (``prefix``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = cli.parse(cls, argv, prog=prog, description=doc.split("\n\n")[0])
+    try:
+        for name, rule in numbers.items():
+            options.check_number(prefix + name, getattr(args, name), rule)
+        for name in ("json", "markdown"):
+            if getattr(args, name):
+                options.check_output_file(getattr(args, name), prefix + name)
+        if check is not None:
+            check(args)
+    except ValueError as err:
+        cli.fail(str(err))
+    return args, argv
 
 
 def table(columns: list[str], rows: list[list]) -> list[str]:

@@ -19,7 +19,6 @@ adds time). ``transformers`` is a benchmark-only extra (``pip install primal-dt[
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -30,7 +29,7 @@ import torch.nn.functional as F
 from agents.decision_transformer import Batch, DecisionTransformer, DTConfig
 from agents.stream_training import first_exact_step, stream_exact_batch, stream_exact_config
 from agents.train_step import Stepper
-from primal_dt.run import cli, errors, options
+from primal_dt.run import errors, options
 
 from . import timing
 
@@ -190,8 +189,6 @@ def report(r: dict) -> str:
 
 @dataclass
 class TrainBenchConfig:
-    """Options of ``python -m eval.bench.train``."""
-
     sizes: tuple[Literal["paper", "original"], ...] = tuple(SIZES)
     """model sizes to time: paper (width 256, 4 heads, 3 layers, the Primal-Attention paper's) | original (width
     128, 1 head, 3 layers, the original DT's)"""
@@ -222,31 +219,30 @@ class TrainBenchConfig:
 
 
 PROG = "python -m eval.bench.train"
+NUMBERS = {"batch": options.AT_LEAST_1, "K": options.AT_LEAST_1, "steps": options.AT_LEAST_1,
+           "rounds": options.AT_LEAST_1, "warmup": options.AT_LEAST_0, "threads": options.THREADS,
+           "stream_window": options.AT_LEAST_0}
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[str], bool]:
-    """(options, sizes, with HuggingFace): every option checked (``cli.fail`` otherwise)."""
-    args = cli.parse(TrainBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
+def check(args: TrainBenchConfig) -> None:
     if "eager" not in args.compile:
-        cli.fail("--compile must include eager (the reference the ratios are against)")
+        raise ValueError("--compile must include eager (the reference the ratios are against)")
     if not args.sizes:
-        cli.fail(f"--sizes names no size; give some of {', '.join(SIZES)}")
-    options.check_parsed(args, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
-                                "--steps": options.AT_LEAST_1, "--rounds": options.AT_LEAST_1,
-                                "--warmup": options.AT_LEAST_0, "--threads": options.THREADS,
-                                "--stream_window": options.AT_LEAST_0})
-    try:
-        timing.check_files(args.json, args.markdown)
-        if not args.no_hf:
+        raise ValueError(f"--sizes names no size; give some of {', '.join(SIZES)}")
+    if not args.no_hf:
+        try:
             hf_config(dict(SIZES["original"], state_dim=1, act_dim=1), 1, 0.0)
-    except ValueError as err:
-        cli.fail(str(err) + (" (or pass --no-hf)" if isinstance(err, errors.SetupError) else ""))
-    return args, list(args.sizes), not args.no_hf
+        except errors.SetupError as err:
+            raise ValueError(f"{err} (or pass --no-hf)") from None
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[str]]:
+    return timing.parse(TrainBenchConfig, argv, PROG, __doc__, NUMBERS, check=check)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args, sizes, with_hf = parse_args(argv)
+    args, argv = parse_args(argv)
+    with_hf = not args.no_hf
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     results = {"machine": timing.machine(PROG, argv), "results": []}
@@ -257,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"DT training-step benchmark (torch {torch.__version__}, {torch.get_num_threads()} thread(s)); "
           f"{args.rounds} rounds x {args.steps} steps per model", flush=True)
     rows = []
-    for s in sizes:
+    for s in args.sizes:
         r = bench_size(s, SIZES[s], args, with_hf)
         results["results"].append(r)
         print(report(r), flush=True)
