@@ -170,8 +170,7 @@ class SACPolicy:
         return self.low + 0.5 * (a + 1.0) * (self.high - self.low)
 
 
-def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, stochastic: bool = True,
-                     bar=None) -> list[dict]:
+def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, bar=None) -> list[dict]:
     """Run one episode per seed side by side; episode i resets with seeds[i] and draws its noise
     from np.random.default_rng(seeds[i]), so it does not depend on its neighbours."""
     envs = [make_env() for _ in seeds]
@@ -181,7 +180,7 @@ def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, stochasti
         ep["observations"].append(env.reset(seed=int(s))[0])
     live = list(range(len(seeds)))
     while live:
-        noise = np.stack([rngs[i].standard_normal(act_dim) for i in live]) if stochastic else None
+        noise = np.stack([rngs[i].standard_normal(act_dim) for i in live])
         actions = policy(np.stack([eps[i]["observations"][-1] for i in live]), noise)
         if bar is not None:
             bar.update(len(live))
