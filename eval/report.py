@@ -44,6 +44,8 @@ from primal_dt.run import checkpoint as ck_io
 from primal_dt.run import errors, json_reader, options, presets
 from primal_dt.run.monitor import save_figure
 
+from .bench.timing import cell, table
+
 # Options that do not change what a run learns; ``data_source`` is where the data was looked for (a path
 # differs between machines): the data found keys the group instead.
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
@@ -279,30 +281,20 @@ def paper_cell(r: dict) -> str:
     return _fmt(r["paper"]) + ("" if r["data"] == "D4RL" else f" (on D4RL data, not {r['data']})")
 
 
-def cell(text) -> str:
-    """One Markdown table cell: ``|`` escaped and control characters made spaces, so a name read from a run's
-    files can never break the table's rows."""
-    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(text)).replace("|", "\\|")
-
-
 def markdown(rows: list[dict], target: str) -> str:
-    lines = [f"### Normalized score, target {target.removeprefix('target')}", "",
-             "final: the last evaluation; best: each run's best evaluation during training (final included); "
-             "both mean +- 95% CI over seeds. episodes: in the final evaluation / in each one during training. "
-             "data episodes: the mean normalized return of the episodes trained on.", "",
-             "engine: what measured the final score; stream (not trained) is a policy training never optimised "
-             "(agents.stream_training.Fidelity).", "",
-             "| dataset | data | model | engine | seeds | steps | episodes | final | best | data episodes | paper | "
-             "val action MSE |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        best_cell = "" if r["best"] is None else score_cell(r["best"], r["best_ci95"], r["seeds"])
-        lines.append(f"| {cell(r['dataset'])} | {cell(r['data'])} | {cell(r['model'])} | {cell(r['engine'])} | "
-                     f"{r['seeds']} | {r['steps']} | "
-                     f"{r['episodes']} / {r['eval_episodes']} | {score_cell(r['mean'], r['ci95'], r['seeds'])} | "
-                     f"{best_cell} | {_fmt(r['data_level'])} | "
-                     f"{paper_cell(r)} | {val_cell(r)} |")
-    return "\n".join(lines)
+    return "\n".join([
+        f"### Normalized score, target {target.removeprefix('target')}", "",
+        "final: the last evaluation; best: each run's best evaluation during training (final included); both mean "
+        "+- 95% CI over seeds. episodes: in the final evaluation / in each one during training. data episodes: the "
+        "mean normalized return of the episodes trained on.", "",
+        "engine: what measured the final score; stream (not trained) is a policy training never optimised "
+        "(agents.stream_training.Fidelity).", "",
+        *table(["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "final", "best", "data episodes",
+                "paper", "val action MSE"],
+               [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"], r["steps"],
+                 f"{r['episodes']} / {r['eval_episodes']}", score_cell(r["mean"], r["ci95"], r["seeds"]),
+                 "" if r["best"] is None else score_cell(r["best"], r["best_ci95"], r["seeds"]),
+                 _fmt(r["data_level"]), paper_cell(r), val_cell(r)] for r in rows])])
 
 
 CSV_COLUMNS = ["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
@@ -334,11 +326,18 @@ def _pyplot():
     return plt
 
 
-def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
-    plt = _pyplot()
+def _save(fig, path: Path, what: str) -> Path:
+    fig.tight_layout()
+    try:
+        return save_figure(fig, path, what)
+    finally:
+        _pyplot().close(fig)
 
+
+def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
     envs = sorted({g.env for g in groups})
-    fig, axes = plt.subplots(len(envs), len(targets), figsize=(6.5 * len(targets), 4.6 * len(envs)), squeeze=False)
+    fig, axes = _pyplot().subplots(len(envs), len(targets), figsize=(6.5 * len(targets), 4.6 * len(envs)),
+                                   squeeze=False)
     for i, env in enumerate(envs):
         for j, target in enumerate(targets):
             ax = axes[i][j]
@@ -354,25 +353,18 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
             levels = {(g.data, g.runs[0].data_level) for g in groups if g.env == env and g.runs[0].data_level is not None}
             for data, level in sorted(levels):
                 ax.axhline(level, color="0.35", ls="--", lw=1.2, label=f"{data} data's episodes: {level:.1f}")
-            ax.set_title(f"{env}, target {target.removeprefix('target')}", fontsize=11)
-            ax.set_xlabel("training step")
-            ax.set_ylabel("normalized score")
+            ax.set(title=f"{env}, target {target.removeprefix('target')}", xlabel="training step",
+                   ylabel="normalized score")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=9, loc="upper left", framealpha=0.85)
     fig.suptitle("Evaluation during training: mean over seeds, shaded 95% confidence interval")
-    fig.tight_layout()
-    try:
-        return save_figure(fig, path, "report's learning curves")
-    finally:
-        plt.close(fig)
+    return _save(fig, path, "report's learning curves")
 
 
 def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
-    plt = _pyplot()
-
     targets = list(rows_by_target)
     n = max(len(r) for r in rows_by_target.values())
-    fig, axes = plt.subplots(1, len(targets), figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(targets), figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2), squeeze=False)
     for ax, target in zip(axes[0], targets):
         rows = rows_by_target[target]
         labels = [f"{r['dataset']}\n{r['model']}\n{r['engine']}\n{r['data']}" for r in rows]
@@ -390,15 +382,10 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
             ax.annotate(f"{r['mean']:.1f}\nn={r['seeds']}", (i, 0), ha="center", va="bottom", fontsize=8,
                         color="white", xytext=(0, 4), textcoords="offset points")
         ax.set_xticks(list(x), labels, fontsize=8)
-        ax.set_ylabel("final normalized score")
-        ax.set_title(f"target {target.removeprefix('target')}")
+        ax.set(ylabel="final normalized score", title=f"target {target.removeprefix('target')}")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        return save_figure(fig, path, "report's bar chart")
-    finally:
-        plt.close(fig)
+    return _save(fig, path, "report's bar chart")
 
 
 def capped(groups: list[Group]) -> list[str]:

@@ -4,18 +4,11 @@
     python -m eval.spectrum checkpoint=runs/.../best.pt [out=DIR] [n=64] [seed=0] [data_source=...]
     python -m eval.spectrum checkpoint=runs/hopper-medium/primal+dt     # a run, or a directory of runs
 
-The matrix is read from the mechanism's own ``forward``, so no mechanism needs a second implementation:
-one that mixes values computes y_i = sum_j A_ij v_j per head before its output projection, linear in v for
-fixed queries and keys, so one-hot values read A column by column; Primal-Attention mixes no values, but
-its scores e = We^T phi(q), r = Wr^T phi(k) are linear in the projection directions, so one-hot directions
-read phi(q), phi(k) and A = phi(q) phi(k)^T, the kernel whose asymmetric SVD the layer computes. A layer
-whose mechanism names neither (``Attention.value_projection`` / ``score_directions``) is listed as skipped.
-
-Per layer, over examples and heads, each example's real tokens only: singular values over the largest,
-cumulative explained variance and the components reaching 90% (attention matrices are low rank), and head
-redundancy, the mean Frobenius distance between two heads' matrices over sqrt(n) (a row-stochastic n x n
-matrix has norm <= sqrt(n), so values compare across lengths; lower = more redundant). Written as a PNG,
-a JSON file and TensorBoard events.
+The matrix is read from the mechanism's own ``forward``, so no mechanism needs a second implementation: one
+that mixes values computes y_i = sum_j A_ij v_j per head, linear in v, so one-hot values read A column by
+column; Primal-Attention's scores e = We^T phi(q), r = Wr^T phi(k) are linear in the projection directions,
+so one-hot directions read phi(q), phi(k) and A = phi(q) phi(k)^T. Head redundancy is the mean Frobenius
+distance between two heads' matrices over sqrt(n) (a row-stochastic n x n matrix has norm <= sqrt(n)).
 """
 
 from __future__ import annotations

@@ -3,15 +3,12 @@
     python -m eval.sweep env=hopper-medium,walker2d-medium model=dt,primal+dt seeds=0,1,2 steps=4000
     python -m eval.sweep env=hopper-medium model=dt,primal+dt seeds=0,1,2 steps=4000 print=slurm
 
-The options are training's (``python -m primal_dt.train --help``), in the same grammar; ``env``, ``model``
-and ``seeds`` take lists and span the grid, every other option goes to each run as given. The sweep's own
-options are ``SweepConfig``'s (``--help``).
-
-One sweep at a time holds ``out``, and its runs die with it, however it ends (Ctrl-C, ``kill``, a SIGKILL of
-the sweep alone), so no run goes on training beside the next call. Calling again is cheap and safe: a run
-whose directory (``<out>/<env>/<model>/*-seed<k>``, same configuration) holds a finished run of at least the
-asked steps is skipped, one killed or asked for fewer steps is resumed (exactly), the rest start. Every
-run's options are checked before the first starts. At the end the finished runs go through ``eval.report``.
+The options are training's, in the same grammar; ``env``, ``model`` and ``seeds`` take lists and span the
+grid, every other option goes to each run as given. One sweep at a time holds ``out``, and its runs die with
+it however it ends (Ctrl-C, ``kill``, a SIGKILL of the sweep alone), so no run trains on beside the next
+call. Calling again is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
+configuration) holds a finished run of at least the asked steps is skipped, one killed or asked for fewer
+steps is resumed (exactly), the rest start. At the end the finished runs go through ``eval.report``.
 """
 
 from __future__ import annotations
@@ -103,7 +100,7 @@ def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
 
 
 def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
-    """Every run of the grid, its options checked, and whether it starts, resumes or is done."""
+    """Every run of the grid, its options checked before any starts, and whether it starts, resumes or is done."""
     import envs
 
     sweep, rest = split_args(argv)

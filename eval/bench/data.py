@@ -1,16 +1,12 @@
-"""Data benchmark: cost of one K-step training batch versus the DT reference's sampler and
-versus a DT training step, all measured in the same run.
+"""Data benchmark: one K-step training batch (64 x 20, the papers') of ``envs.SegmentSampler`` against the
+DT reference's sampler and a DT training step, in the same run.
 
     python -m eval.bench.data                         # hopper-medium-shaped synthetic data (1M steps)
     python -m eval.bench.data --dataset hopper-medium --json bench-data.json --markdown data.md
 
-Methods, per batch of B x K (default 64 x 20, the papers' setting):
-- ``segment-sampler``: envs.SegmentSampler (uniform step draw + flat gathers, RTG precomputed).
-- ``dt-reference``: the Decision Transformer reference's ``get_batch``, a per-sample Python loop (trajectory
-  drawn by length, return-to-go by a Python ``discount_cumsum``, padding by ``np.concatenate``).
-- ``loop-precomputed-rtg``: the same loop reading a precomputed RTG (isolates the loop cost).
-- ``dt-train-step`` (context, not a sampler): forward+backward+AdamW of a DT-sized stand-in (torch
-  TransformerEncoder, 3 layers, width 256, 4 heads, 3K tokens), the sampler's cost read as its fraction.
+``dt-reference`` is the reference's ``get_batch``, a per-sample Python loop (return-to-go by a Python
+``discount_cumsum``), ``loop-precomputed-rtg`` the same loop reading a precomputed one (the loop's own
+cost), ``dt-train-step`` a DT-sized stand-in's forward+backward+AdamW, so the sampler reads as its fraction.
 """
 
 from __future__ import annotations
@@ -159,22 +155,18 @@ def main(argv=None) -> dict:
         fns["dt-train-step"] = train_step_fn(a.batch, a.K, ds.observations.shape[1], ds.actions.shape[1])
     rows = {k: ms / 1e3 for k, ms in timing.median_ms(fns, calls=10**6, rounds=a.repeat).items()}
     base = rows["segment-sampler"]
-    print(f"{'method':<24}{'ms/batch':>12}{'x segment-sampler':>20}")
-    for k, v in rows.items():
-        print(f"{k:<24}{v * 1e3:>12.3f}{v / base:>20.1f}")
     summary = {"speedup_vs_dt_reference": rows["dt-reference"] / base,
                "speedup_vs_loop_precomputed_rtg": rows["loop-precomputed-rtg"] / base}
     if "dt-train-step" in rows:
         summary["sampler_fraction_of_train_step"] = base / rows["dt-train-step"]
         summary["dt_reference_fraction_of_train_step"] = rows["dt-reference"] / rows["dt-train-step"]
-    for k, v in summary.items():
-        print(f"{k}: {v:.4g}")
     result = {"machine": timing.machine(PROG, argv), "dataset": ds.source, "steps": ds.num_steps,
               "trajectories": len(ds), "batch": a.batch, "K": a.K, "threads": a.threads, "sampler_setup_s": setup_s,
               "seconds_per_batch": rows, **summary}
     timing.write(result, a.json, a.markdown, f"One {a.batch} x {a.K} training batch ({ds.source} data)",
                  [timing.table(["method", "ms per batch", "x segment-sampler"],
-                               [[k, f"{v * 1e3:.3f}", f"{v / base:.1f}"] for k, v in rows.items()])])
+                               [[k, f"{v * 1e3:.3f}", f"{v / base:.1f}"] for k, v in rows.items()])],
+                 [f"{k}: {v:.4g}" for k, v in summary.items()])
     return result
 
 

@@ -4,11 +4,10 @@
     python -m eval.bench.inference episodes=0       # latency only, random models
     python -m eval.bench.inference latency=false    # the evaluation only
 
-Every ratio is taken inside this run, on this machine; the bench measures, the reader judges. **Latency**:
-ms per ``act`` of every engine (torch stream, the exported ONNX / TorchScript step, recompute, HuggingFace's
-DT as its documentation uses it) per size, context and batch, then the stream's latency against the episode
-step (flat). **Evaluation** (``eval/bench/evaluator.py``): the vectorised stream evaluator against the
-sequential recompute loop.
+**Latency**: ms per ``act`` of the torch stream agent, the exported ONNX / TorchScript step, recompute and
+HuggingFace's DT as its documentation uses it, per size, context and batch, then the stream's latency
+against the episode step (flat). **Evaluation** (``eval/bench/evaluator.py``): the vectorised stream
+evaluator against the sequential recompute loop.
 """
 
 from __future__ import annotations
@@ -166,7 +165,7 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
 
 class Exports:
     """Exported artefacts of the benchmarked models, one per (size, K, format), made on first use into a
-    temporary directory (``agents.export.export_policy`` of an in-memory checkpoint)."""
+    temporary directory."""
 
     def __init__(self, info):
         self.info, self.dir, self.paths, self.export_s = info, tempfile.TemporaryDirectory(prefix="bench-"), {}, {}
@@ -238,9 +237,8 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -
                 if bc.hf:
                     e["hf_over_best"] = ms["hf_recompute"] / ms[best]
                 res[name][f"K{K}_B{B}"] = e
-                print(f"{name} K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
-                      + "\n    " + ", ".join(f"{k} {v:.1f}x" for k, v in e["ratios"].items())
-                      + (f"; HF / best stream ({best}) {e['hf_over_best']:.1f}x" if bc.hf else ""), flush=True)
+                print(f"{name} K={K:4d} batch={B:4d}: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()),
+                      flush=True)
     name, model = next(iter(models.items()))
     for B in bc.batches:  # stream latency versus episode step t: flat, the state does not grow
         ms = timing.median_ms({f"t{t}": policy(name, model, info, "stream", bc.contexts[0], B, found, exports, t=t)
@@ -283,14 +281,12 @@ def run(argv: list[str]) -> dict:
           f"{bc.threads} thread(s), {machine['cores']} cores, {machine['cpu']}", flush=True)
     report = {"machine": machine, "config": dataclasses.asdict(bc), "sizes": list(models),
               "exported": {"formats": sorted(found), "skipped": skipped}}
-    exports = Exports(info) if found else None
+    exports = Exports(info)
     try:
         report["latency"] = latency_section(models, info, bc, found, exports) if bc.latency else {}
-        if exports is not None:
-            report["exported"]["export_s"] = exports.export_s
+        report["exported"]["export_s"] = exports.export_s
     finally:
-        if exports is not None:
-            exports.dir.cleanup()
+        exports.dir.cleanup()
     if bc.episodes > 0:
         report["evaluation"] = evaluation_section(trained if trained is not None else next(iter(models.values())), info, bc)
     timing.write(report, bc.json, bc.markdown, "Acting speed: stream, ONNX, TorchScript, recompute and HuggingFace"

@@ -1,9 +1,6 @@
 """What every benchmark shares: its checked command line, interleaved median timing, the machine it ran on,
-and its output files.
-
-A benchmark writes its figures itself (``--json`` for the whole result, ``--markdown`` for the table a
-reader looks at, under ``docs/results/`` for the project's), headed by the machine and the command, so a
-measured table is never typed by hand. Both writes are atomic: a failed write leaves the old file or none.
+and its output files, written by the benchmark itself (``--json``, ``--markdown``: under ``docs/results/``
+for the project's) headed by the machine and the command, so a measured table is never typed by hand.
 """
 
 from __future__ import annotations
@@ -77,15 +74,25 @@ def parse(cls, argv, prog: str, doc: str, numbers: dict, prefix: str = "--", che
     return args, argv
 
 
+def cell(text) -> str:
+    """One Markdown table cell: ``|`` escaped and control characters made spaces, so a name read from a file
+    can never break a table's rows."""
+    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(text)).replace("|", "\\|")
+
+
 def table(columns: list[str], rows: list[list]) -> list[str]:
-    """A Markdown table; a cell's ``|`` is escaped so a name can never break a row."""
-    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # noqa: E731
+    """A Markdown table of ``cell``s."""
+    line = lambda cells: "| " + " | ".join(map(cell, cells)) + " |"  # noqa: E731
     return [line(columns), "|" + "---|" * len(columns), *map(line, rows)]
 
 
 def write(result: dict, json_path: str | None, markdown: str | None, title: str, tables: list[list[str]],
-          notes: list[str] = ()) -> None:
-    """The result as JSON and its tables (from ``table``) as a Markdown page headed by ``result["machine"]``."""
+          notes: list[str] = (), echo: bool = True) -> None:
+    """The result as JSON and its tables (from ``table``) and notes as a Markdown page headed by
+    ``result["machine"]``; ``echo``: the page's body printed too, so the console shows what the page holds."""
+    body = [line for t in tables for line in ["", *t]] + (["", *notes] if notes else [])
+    if echo:
+        print("\n".join([title, *body]), flush=True)
     if json_path:
         checkpoint.write_atomic(json_path, json.dumps(result, indent=2, default=str), "benchmark's results")
         print(f"wrote {json_path}", flush=True)
@@ -94,8 +101,5 @@ def write(result: dict, json_path: str | None, markdown: str | None, title: str,
         head = [f"# {title}", "", f"Command: `{m['command']}`", "",
                 f"Machine: {m['cpu']}, {m['cores']} core(s), {m['torch_threads']} torch thread(s)"
                 + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; torch {m['torch']}; {m['date']}."]
-        body = [line for t in tables for line in ["", *t]]
-        text = "\n".join(head + body + (["", *notes] if notes else [])) + "\n"
-        checkpoint.write_atomic(markdown, text, "benchmark's table")
+        checkpoint.write_atomic(markdown, "\n".join(head + body) + "\n", "benchmark's table")
         print(f"wrote {markdown}", flush=True)
-
