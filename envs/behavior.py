@@ -1,13 +1,11 @@
-"""Behaviour-policy training for the collector: SAC in a Gymnasium MuJoCo simulator.
+"""Behaviour-policy training for the collector: SAC in a Gymnasium MuJoCo simulator, resumably.
 
-D4RL and Minari made their medium / expert / replay datasets from the checkpoints and replay buffer of
-one SAC run; this module produces those ingredients, resumably. ``workdir`` holds (each file written
-atomically): ``sac_step<N>.pt`` (the networks', optimizers' and counters' tensors, read with
-``torch.load(weights_only=True)``), ``replay.npz`` (the buffer as of the newest checkpoint, read with
-``allow_pickle=False``; append-only, so its first N transitions are the buffer "up to step N"),
-``evals.json``, ``meta.json`` and ``.lock`` (an OS file lock, ``primal_dt.run.lock``: one trainer per
-directory). Nothing here unpickles: stable-baselines3's own files are pickles, which run whatever code
-they name. stable-baselines3 is an optional extra (``pip install primal-dt[collect]``).
+D4RL and Minari made their medium / expert / replay datasets from the checkpoints and replay buffer of one
+SAC run. ``workdir`` holds, each written atomically: ``sac_step<N>.pt`` (tensors only, read with
+``weights_only=True``), ``replay.npz`` (append-only, so its first N transitions are the buffer "up to step
+N"; read with ``allow_pickle=False``), ``evals.json``, ``meta.json`` and ``.lock`` (one trainer per
+directory). Nothing here unpickles: stable-baselines3's own files are pickles, which run whatever code they
+name.
 """
 
 from __future__ import annotations
@@ -49,8 +47,8 @@ def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
 
 
 def save_checkpoint(model, path: Path) -> None:
-    """The SAC model's tensors (networks, optimizers, entropy coefficient) and step counters, as plain
-    data: what resuming training and rolling the policy out need, without a pickle."""
+    """What resuming SAC and rolling its policy out need (networks, optimizers, entropy coefficient, step
+    counters), as plain tensors."""
     import torch
 
     atomic_write(path, lambda tmp: torch.save({
@@ -59,8 +57,8 @@ def save_checkpoint(model, path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """A checkpoint of ``save_checkpoint``, read with ``weights_only=True`` (torch's pickle warnings silenced:
-    only this refusal prints); anything else is a ValueError naming the file."""
+    """A checkpoint of ``save_checkpoint`` (torch's pickle warnings silenced: only this refusal prints);
+    anything else is a ValueError naming the file."""
     import pickle
     import warnings
 
@@ -79,14 +77,12 @@ def load_checkpoint(path: str | Path) -> dict:
 
 
 def save_replay(model, path: Path) -> None:
-    """The replay buffer as arrays (``REPLAY_ARRAYS``, ``pos``, ``full``) in an ``.npz``."""
     rb = model.replay_buffer
     arrays = {k: getattr(rb, k) for k in REPLAY_ARRAYS}
     atomic_write(path, lambda tmp: np.savez(tmp, pos=rb.pos, full=rb.full, **arrays))
 
 
 def load_replay(path: str | Path) -> dict[str, np.ndarray]:
-    """The arrays of ``save_replay``'s file (``allow_pickle=False``: an object array is refused)."""
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in (*REPLAY_ARRAYS, "pos", "full")}
@@ -129,7 +125,6 @@ def _valid(entry, fields: dict, required: tuple) -> bool:
 
 
 def evaluate_policy(model, env_id: str, episodes: int, seed: int, deterministic: bool) -> np.ndarray:
-    """Undiscounted returns of ``episodes`` full episodes of an SB3 policy."""
     from envs.vector import make_sim
 
     env = make_sim(env_id)
@@ -167,7 +162,6 @@ class BehaviorConfig:
 
 
 def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = True) -> Path:
-    """Train (or resume) SAC until ``cfg.total_steps``; returns ``workdir``."""
     _require_sb3()
     import torch
 

@@ -5,13 +5,10 @@
 1. Train (or resume, or reuse) a SAC behaviour policy (``envs.behavior``).
 2. Expert: the best checkpoint. Medium: the earliest whose stochastic return is within
    ``medium_tolerance`` of ``medium_fraction`` x the D4RL expert score, else the closest.
-3. medium / expert: stochastic episodes of that policy, one seeded noise stream per episode, so every
-   episode is a pure function of policy and seed and an interrupted run resumes from its shards with
-   the same result. medium-replay: the SAC replay buffer up to the medium checkpoint.
-4. Write a D4RL-layout file (``<out>/<env>_<level>-replica.hdf5``, the replica source's) and a Minari
-   dataset (``primal-dt/<env>/<level>-v0``), atomically, with their provenance in their metadata.
-
-No file is unpickled (``envs.behavior``'s formats). Needs ``pip install 'primal-dt[collect]'``.
+3. medium / expert: stochastic episodes of that policy, one seeded noise stream per episode, so an
+   interrupted run resumes from its shards with the same result. medium-replay: the SAC replay buffer
+   up to the medium checkpoint.
+4. Write a D4RL-layout file and a Minari dataset (``primal-dt/<env>/<level>-v0``), with their provenance.
 """
 
 from __future__ import annotations
@@ -38,8 +35,6 @@ EPISODE = ("observations", "actions", "rewards", "terminations", "truncations")
 
 @dataclass
 class CollectConfig:
-    """Options of ``python -m envs.collect`` (every field is a ``key=value`` argument)."""
-
     env: str = "hopper"
     """hopper | halfcheetah | walker2d | ant"""
     level: Level = "medium"
@@ -116,8 +111,7 @@ def select_checkpoints(evals: list[dict], ref_max: float, medium_fraction: float
 
 
 def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, path: Path) -> Path | None:
-    """Return of every checkpoint with the chosen medium/expert policies marked (PNG), so the
-    choice can be checked at a glance."""
+    """Return of every checkpoint, the chosen medium/expert policies marked: the choice checked at a glance."""
     try:
         import matplotlib
 
@@ -170,8 +164,7 @@ class SACPolicy:
         return self.low + 0.5 * (a + 1.0) * (self.high - self.low)
 
 
-def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, stochastic: bool = True,
-                     bar=None) -> list[dict]:
+def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, bar=None) -> list[dict]:
     """Run one episode per seed side by side; episode i resets with seeds[i] and draws its noise
     from np.random.default_rng(seeds[i]), so it does not depend on its neighbours."""
     envs = [make_env() for _ in seeds]
@@ -181,7 +174,7 @@ def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, stochasti
         ep["observations"].append(env.reset(seed=int(s))[0])
     live = list(range(len(seeds)))
     while live:
-        noise = np.stack([rngs[i].standard_normal(act_dim) for i in live]) if stochastic else None
+        noise = np.stack([rngs[i].standard_normal(act_dim) for i in live])
         actions = policy(np.stack([eps[i]["observations"][-1] for i in live]), noise)
         if bar is not None:
             bar.update(len(live))
@@ -207,8 +200,8 @@ def _save_shard(path: Path, episodes: list[dict]) -> None:
 
 
 def _load_shard(path: Path) -> list[dict]:
-    """The episodes of a shard ``_save_shard`` wrote; a shard whose episode lengths do not add up to its
-    arrays (damaged, or written by something else) is a ValueError naming it, not episodes cut short."""
+    """The episodes of a shard ``_save_shard`` wrote; one whose episode lengths do not add up to its arrays is
+    a ValueError naming it, not episodes cut short."""
     try:
         z = np.load(path, allow_pickle=False)
         lengths, seeds = z["lengths"], z["seeds"]
@@ -228,8 +221,8 @@ def _load_shard(path: Path) -> list[dict]:
 
 def collect_rollouts(ckpt: Path, gym_id: str, act_dim: int, steps: int, seed0: int,
                      cache: Path, num_envs: int, progress: bool = True, desc: str = "") -> list[dict]:
-    """At least ``steps`` steps of whole stochastic episodes, saved in shards of ``num_envs``
-    episodes under ``cache`` so that a rerun continues where an interrupted one stopped."""
+    """At least ``steps`` steps of whole stochastic episodes, in shards of ``num_envs`` episodes under
+    ``cache``, so a rerun continues where an interrupted one stopped."""
     from envs.vector import make_sim
 
     cache.mkdir(parents=True, exist_ok=True)

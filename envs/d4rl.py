@@ -38,9 +38,8 @@ def d4rl_dir() -> Path:
 
 
 def check_declared_sizes(datasets, path: Path) -> None:
-    """Refuse h5py ``datasets`` of the file at ``path`` whose declared shapes are absurd, before any is read: a
-    file can declare 10**11 rows in a few hundred bytes (HDF5 allocates on write), and reading them would try
-    to allocate all of them."""
+    """Refuse h5py ``datasets`` whose declared shapes are absurd, before any is read: a file can declare 10**11
+    rows in a few hundred bytes, and reading them would try to allocate all of them."""
     total = 0
     for ds in datasets:
         values = math.prod(ds.shape or ())
@@ -95,9 +94,7 @@ def _text(value) -> str | None:
 
 
 def recorded_env(f, provenance: dict) -> tuple[str, str] | None:
-    """(environment id, where in the file) that a D4RL-format file records, if any: envs.collect's
-    provenance, else an ``env_id`` / ``env_name`` / ... attribute of the file or of its ``metadata``
-    group, or a ``metadata/<key>`` string dataset."""
+    """(environment id, where in the file) that a D4RL-format file records, if any (``ENV_KEYS``)."""
     if _text(provenance.get("gym_id")):
         return provenance["gym_id"], f"attribute {PROVENANCE_ATTR}.gym_id"
     meta = f.get("metadata")
@@ -132,8 +129,8 @@ def read_source(req: Request) -> Trajectories:
 
 
 def read_named(spec: EnvSpec, path_of, verbose: bool = True) -> Trajectories | None:
-    """The file ``path_of(level)`` of ``spec``'s level, or for medium-expert (which D4RL also ships as two
-    files) the medium and expert files joined; None when they are not there."""
+    """The file ``path_of(level)`` of ``spec``'s level (medium-expert: else its medium and expert files
+    joined); None when they are not there."""
     paths = [path_of(spec.level)]
     if not paths[0].exists():
         paths = [path_of(lv) for lv in ("medium", "expert")] if spec.level == "medium-expert" else []
@@ -227,7 +224,7 @@ def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: 
 
 
 def trajectories_to_arrays(traj: Trajectories) -> dict[str, np.ndarray]:
-    """The D4RL flag arrays of a Trajectories (next_observations needs final states, so not here)."""
+    """D4RL's arrays of a Trajectories (no next_observations: it holds no final states)."""
     ends = traj.starts + traj.lengths - 1
     terminals = np.zeros(traj.num_steps, dtype=bool)
     timeouts = np.zeros(traj.num_steps, dtype=bool)
@@ -238,8 +235,7 @@ def trajectories_to_arrays(traj: Trajectories) -> dict[str, np.ndarray]:
 
 
 def write_d4rl(path: str | Path, arrays: dict[str, np.ndarray], provenance: dict | None = None) -> Path:
-    """Write D4RL-layout arrays (observations, actions, rewards, terminals, timeouts and optionally
-    next_observations) atomically, gzip-compressed; floats as float32, flags as bool."""
+    """Write D4RL-layout arrays atomically, gzip-compressed; floats as float32, flags as bool."""
     import h5py
 
     missing = [k for k in REQUIRED_KEYS + ("timeouts",) if k not in arrays]

@@ -14,12 +14,9 @@ from envs.trajectories import Trajectories
 
 def load_dataset(name: str, source: str = "auto", verbose: bool = True,
                  download: bool | None = None, clip_actions: bool = False) -> Trajectories:
-    """Trajectories for a dataset name (``hopper-medium``) or a Minari dataset id.
-
-    source: what ``envs.sources.help_text()`` lists ("auto", "d4rl", "d4rl:/path/file.hdf5", ...).
-    download: allow the Minari download (default: yes, unless $PRIMAL_DT_OFFLINE=1).
-    clip_actions: clip actions outside the simulator's action box (default: ``check_actions`` refuses them).
-    """
+    """Trajectories for a dataset name (``hopper-medium``) or a Minari dataset id, from ``source`` (what
+    ``envs.sources.help_text()`` lists). ``download`` (default: unless $PRIMAL_DT_OFFLINE=1) allows Minari's
+    download; ``clip_actions`` clips actions outside the simulator's box, which are refused otherwise."""
     spec = get_spec(name)
     if download is None:
         download = os.environ.get("PRIMAL_DT_OFFLINE", "") not in ("1", "true", "yes")

@@ -137,7 +137,8 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
         raise DatasetError(f"{where}: episodes cannot be read ({exc}); the files are corrupt") from exc
     lost = [i for i in unfinished if i != last]
     if lost:
-        raise DatasetError(f"{where}: {len(lost)} of its {seen} episodes (ids {_few(lost)}) end with neither a "
+        ids = ", ".join(map(str, lost[:5])) + (", ..." if len(lost) > 5 else "")
+        raise DatasetError(f"{where}: {len(lost)} of its {seen} episodes (ids {ids}) end with neither a "
                            "termination nor a truncation; only the last may be unfinished, so their episode ends were "
                            "lost (flags zeroed?). Regenerate or re-download it")
     if not episodes:
@@ -147,10 +148,6 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
     meta.update(parse_provenance(meta.pop("primal_dt", "{}"), f"{where} metadata primal_dt"))
     return Trajectories.from_episodes(episodes, name=name, gym_id=recorded or gym_id,
                                       source=f"minari:{dataset_id}", metadata=meta)
-
-
-def _few(ids: list) -> str:
-    return ", ".join(map(str, ids[:5])) + (", ..." if len(ids) > 5 else "")
 
 
 def _check_layout(dataset_id: str, where: str) -> None:
@@ -179,8 +176,8 @@ def _check_layout(dataset_id: str, where: str) -> None:
 
 # --- download ---------------------------------------------------------------------------------
 def _reachable(host: str, port: int, timeout: float) -> str | None:
-    """None when a TCP connection to host:port opens within ``timeout`` s, else the reason.
-    DNS lookups ignore socket timeouts, so the attempt runs in a thread we stop waiting for."""
+    """None when a TCP connection to host:port opens within ``timeout`` s, else the reason (in a thread we stop
+    waiting for: DNS lookups ignore socket timeouts)."""
     result: list[str | None] = [f"timed out after {timeout:.0f} s"]
 
     def attempt():
@@ -197,8 +194,8 @@ def _reachable(host: str, port: int, timeout: float) -> str | None:
 
 
 def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
-    """Download a dataset with minari (Hugging Face remote), after a quick reachability probe so
-    that an offline machine gets a clear error within seconds instead of a hang."""
+    """Download with minari, after a reachability probe: an offline machine gets a clear error in seconds,
+    not a hang."""
     remote = os.environ.get("MINARI_REMOTE", "hf://farama-minari")
     if remote.startswith("hf://"):
         try:
@@ -228,12 +225,9 @@ def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
 def write_minari(dataset_id: str, episodes: list[dict], env_id: str, *, metadata: dict | None = None,
                  ref_min_score: float | None = None, ref_max_score: float | None = None,
                  description: str = "", overwrite: bool = False) -> Path:
-    """Create a Minari dataset with ``create_dataset_from_buffers``, atomically: built in a hidden folder of
-    the Minari root and renamed into place, so a crash leaves no half dataset.
-
-    ``episodes``: dicts with observations [T+1, obs] (final state included), actions [T, act], rewards,
-    terminations, truncations [T], and optionally seed; ``metadata`` (provenance) goes to its metadata.json.
-    """
+    """Create a Minari dataset, built in a hidden folder of the Minari root and renamed into place (a crash
+    leaves no half dataset). ``episodes``: observations [T+1] (final state included), actions, rewards,
+    terminations, truncations [T], optionally seed; ``metadata`` (provenance) goes to its metadata.json."""
     import minari
     from minari.data_collector import EpisodeBuffer
 

@@ -15,9 +15,8 @@ import numpy as np
 from envs.errors import DatasetError
 
 MAX_REWARD = 1e6
-"""largest reward magnitude of one step accepted: a Gymnasium MuJoCo task's rewards are a few units per
-step, so a larger one is a corrupt file; left in, it would overflow the float32 returns-to-go on the first
-step, which would look like a learning rate that is too high"""
+"""largest reward of one step accepted: a MuJoCo task's are a few units, so a larger one is a corrupt file
+(left in, it would overflow the float32 returns-to-go and look like a learning rate that is too high)"""
 CORRUPT = "The file is corrupt or was written by a diverged policy; regenerate or re-download it."
 
 
@@ -108,9 +107,8 @@ class Trajectories:
 
     @property
     def fingerprint(self) -> str:
-        """``sha256:<hex>`` of exactly what a model trains on (observations, actions, rewards as float32,
-        episode lengths, terminal flags), whatever file or format they came from. A checkpoint records it,
-        so a run resumed on data that changed under the same path is refused instead of silently trained on."""
+        """``sha256:<hex>`` of exactly what a model trains on, whatever file it came from: a checkpoint records
+        it, so a run resumed on data that changed under the same path is refused."""
         if self._fingerprint is None:
             h = hashlib.sha256()
             for name in ("observations", "actions", "rewards", "lengths", "terminal"):
@@ -121,11 +119,10 @@ class Trajectories:
         return self._fingerprint
 
     def hold_out(self, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """(training episodes, held-out episodes): sorted, disjoint indices covering all. ``round(fraction * E)``
-        episodes (at least one when ``fraction > 0``) are drawn by a generator of their own keyed by ``seed``, so
-        the split shares no draws with the sampler and is the same on every process and at every resume.
-        Whole episodes, because a step held out while its neighbours train would be seen through their
-        overlapping segments. A dataset that cannot spare an episode is a ``DatasetError``."""
+        """(training episodes, held-out episodes): sorted, disjoint indices. ``round(fraction * E)`` episodes (at
+        least one) drawn by a generator of their own keyed by ``seed``, so the split is the same on every
+        process and at every resume; whole episodes, since a held-out step would be seen through its
+        neighbours' overlapping segments."""
         n = len(self)
         if not 0 <= fraction < 1:
             raise DatasetError(f"{self.source}: a held-out fraction must be in [0, 1), got {fraction}")
@@ -137,8 +134,7 @@ class Trajectories:
         return np.setdiff1d(np.arange(n), held), held
 
     def subset(self, episodes) -> "Trajectories":
-        """These episodes (indices, in order) as a dataset of their own, with their own return-to-go and
-        statistics, so a split's training episodes normalise with statistics that never saw the held-out ones."""
+        """These episodes as a dataset of their own, with their own statistics (that never saw held-out ones)."""
         idx = np.asarray(episodes, dtype=np.int64).reshape(-1)
         if idx.size == 0 or idx.min() < 0 or idx.max() >= len(self):
             raise IndexError(f"{self.source}: episode indices must be in [0, {len(self)}) and not empty")
@@ -147,8 +143,7 @@ class Trajectories:
                                           source=self.source, metadata=dict(self.metadata))
 
     def clip_actions(self, low: float, high: float) -> int:
-        """Clip actions into [low, high] in place; returns how many values moved. Only on request
-        (``load_dataset(clip_actions=True)``): silently clipping would hide data recorded in other units."""
+        """Clip actions into [low, high] in place; returns how many values moved."""
         outside = int(((self.actions < low) | (self.actions > high)).sum())
         if outside:
             np.clip(self.actions, low, high, out=self.actions)
@@ -205,10 +200,9 @@ class Trajectories:
 
 def split_on_ends(terminals: np.ndarray, timeouts: np.ndarray, where: str, limit: int | None = None,
                   task: str = "the task"):
-    """(starts, lengths, terminal flag per episode, steps kept), by D4RL's convention: an episode ends at (and
-    with) a step flagged terminal or timeout; the unfinished fragment after the last end is dropped. An
-    episode or fragment longer than ``limit`` (the step limit of ``task``) means wrong flags (terminals lost
-    in a conversion merge every fall into the next timeout's episode), so it is refused."""
+    """(starts, lengths, terminal flag per episode, steps kept), by D4RL's convention: an episode ends with a
+    step flagged terminal or timeout; the unfinished fragment after the last end is dropped. One longer than
+    ``limit`` (``task``'s step limit) means lost flags, so it is refused."""
     terminals = np.asarray(terminals).reshape(-1).astype(bool)
     timeouts = np.asarray(timeouts).reshape(-1).astype(bool)
     n = len(terminals)

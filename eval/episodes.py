@@ -1,16 +1,13 @@
 """The episode loop behind ``eval.rollout``: many episodes at once, simulation overlapped with inference.
 
 Simulators are split into *lanes*, each a Gymnasium vector env with its own agent (the same model). With
-lane processes (``eval.simulators``) and a CPU agent, each lane's agent moves into its lane's process and
-the whole act-then-step loop (``run_lane``) runs there, one core per lane. Otherwise the agents act here,
-and while one lane's simulators step (in its process, or in a worker thread: torch releases the GIL, the
-simulators' Python does not) the next lane's agent computes, so simulation hides behind inference. With
-one lane (or subprocess vector envs) the loop is the plain act-then-step one.
-
-Jobs (target, episode index) come from one shared queue: a simulator whose episode ends is reset with the
-next job's own seed (``seed + episode index``) and its agent row restarted; with no job left the row leaves
-the batch (``agent.keep_rows``), so the tail of an evaluation costs only its long episodes. An episode's
-outcome depends only on its seed and target, never on lane, row or ``num_envs``.
+lane processes (``eval.simulators``) and a CPU agent, the whole act-then-step loop of a lane runs in its
+process, one core per lane. Otherwise the agents act here, and while one lane's simulators step (in its
+process, or a worker thread: torch releases the GIL, the simulators' Python does not) the next lane's agent
+computes. Jobs (target, episode index) come from one queue: a finished simulator is reset with the next
+job's seed (``seed + episode index``) and its agent row restarted; with no job left the row leaves the
+batch, so the tail of an evaluation costs only its long episodes. An episode's outcome depends only on its
+seed and target, never on lane, row or ``num_envs``.
 """
 
 from __future__ import annotations
@@ -40,9 +37,8 @@ def step_rows(venv, envs_idx: np.ndarray, actions: np.ndarray):
 
 class Jobs:
     """The evaluator's job queue, ``(job index, (target, episode))`` in order: ``take(step, n)`` hands up to
-    ``n`` jobs to a lane at its ``step`` (``n``: episodes that just ended there, possibly 0). Lanes take in
-    (step, lane) order, in-process or not, so which row gets which job, and every batch an agent sees,
-    does not depend on timing."""
+    ``n`` jobs to a lane at its ``step``. Lanes take in (step, lane) order, in-process or not, so every batch
+    an agent sees does not depend on timing."""
 
     def __init__(self, jobs):
         self.queue = deque(enumerate(jobs))
@@ -170,12 +166,10 @@ def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths,
 def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, max_steps: int,
                  on_episode: Callable[[int], None] | None = None, host: bool = True) -> dict:
     """Run every (target, episode index) job to its end; ``agents`` / ``venvs``: one each, or one per lane
-    (vector envs with autoreset disabled). Anything with the ``agents.onnx_policy.Policy`` API acts.
-
-    ``on_episode(n)`` is called as ``n`` >= 1 episodes end (the calls add up to ``len(jobs)``: progress in
-    episodes, since an episode's length is unknown until it ends). Returns {"returns", "lengths"} in job
-    order, "act_s" and "act_rows" (duration and batch of every ``act``), "env_steps"; with hosted lanes also
-    "hosted_s" and "lane_threads". ``host=False`` keeps the agents here even with lane processes."""
+    (vector envs with autoreset disabled); anything with the ``agents.onnx_policy.Policy`` API acts.
+    ``on_episode(n)`` is called as ``n`` episodes end. Returns {"returns", "lengths"} in job order, "act_s"
+    and "act_rows" (duration and batch of every ``act``), "env_steps"; with hosted lanes also "hosted_s" and
+    "lane_threads". ``host=False`` keeps the agents here even with lane processes."""
     agents = list(agents) if isinstance(agents, (list, tuple)) else [agents]
     venvs = list(venvs) if isinstance(venvs, (list, tuple)) else [venvs]
     if len(agents) != len(venvs) or not agents:

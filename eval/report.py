@@ -3,22 +3,17 @@
     python -m eval.report runs/hopper-medium                    # every finished run below it
     python -m eval.report 'runs/*/dt/*' 'runs/*/primal+dt/*' out=report
 
-Each argument is a run directory, a directory holding run directories (searched recursively), or a glob
-of either. A run counts when training finished (its ``summary.json`` exists); unfinished ones are listed
-and left out. Runs are grouped by dataset, model, the data they trained on and the configuration that
-matters (everything but seeds, paths and run-time options, ``RUNTIME_OPTIONS``); groups of one model that
-differ in anything else are kept apart and the report says in what, so a table never averages a 4k-step
-run with a 100k-step one. Scores are kept apart by the engine that measured them: the run's own final
-evaluation and every ``eval.rollout`` report of its final checkpoint (``rollout-*.json``) are rows of their
-own, each saying whether its engine's policy is the one the checkpoint was trained as (``engine_label``).
+Each argument is a run directory, a directory of runs (searched recursively), or a glob of either; a run
+counts once training finished (``summary.json``), unfinished ones are listed and left out. Runs are averaged
+over seeds only when dataset, model, data and every option but the run-time ones (``RUNTIME_OPTIONS``)
+agree, so a table never averages a 4k-step run with a 100k-step one; same-model groups kept apart are told
+apart by what differs. Each engine that scored a final checkpoint (the run's own evaluation, every
+``eval.rollout`` report beside it) is a row of its own, saying whether it is the trained policy.
 
-Per return-to-go target, ``out`` receives ``scores.md`` / ``scores-<target>.csv`` (per group: the final and
-the best-during-training normalized score, CORL's "last" and "best", each a mean and 95 % confidence
-interval over seeds (Student's t); seeds, steps, evaluation episodes; the data; the paper's number where
-the dataset's preset names one, marked as measured on D4RL data when the row's is not; the final held-out
-validation action MSE where recorded; the data's own episodes' mean normalized score), ``curves.png``
-(score during training, mean and 95 % band over seeds, the data's level dashed) and ``scores.png`` (a bar
-per group with its interval, the paper's value marked).
+Per return-to-go target, ``out`` receives ``scores.md`` / ``scores-<target>.csv`` (per group: CORL's "last"
+and "best" normalized score, mean and 95 % interval over seeds (Student's t); the paper's number, marked when
+the row's data is not D4RL's; the held-out action MSE; the data's own episodes' level), ``curves.png``
+(score during training, 95 % band) and ``scores.png`` (a bar per group, the paper's value marked).
 """
 
 from __future__ import annotations
@@ -38,15 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
+import tyro
+
 import envs
-from envs import sources
-from agents import dt_checkpoint
+from agents import dt_checkpoint, train_config
+from agents.stream_training import fidelity
 from agents.summary import read_summary
+from envs import sources
 from primal_dt.run import checkpoint as ck_io
 from primal_dt.run import errors, json_reader, options, presets
-from agents import train_config
 from primal_dt.run.monitor import save_figure
-import tyro
+
+from .bench.timing import cell, table
 
 # Options that do not change what a run learns; ``data_source`` is where the data was looked for (a path
 # differs between machines): the data found keys the group instead.
@@ -72,16 +70,12 @@ class Run:
     seed: int
     steps: int
     config: dict
-    final: dict
-    """target tag -> {"normalized_mean": ...} (the run's final evaluation)"""
-    curves: dict
-    """target tag -> [(step, normalized score), ...] during training, final evaluation last"""
+    final: dict  # target tag -> {"normalized_mean": ...}
+    curves: dict  # target tag -> [(step, normalized score), ...], the final evaluation last
     data: str = "unknown"
-    val_mse: float | None = None
-    """the final held-out action MSE; None when the run recorded none (val_fraction=0)"""
+    val_mse: float | None = None  # None: the run held nothing out
     data_level: float | None = None
-    engine: str = "recompute"
-    """the engine that measured ``final``, and whether it is the trained policy (``engine_label``)"""
+    engine: str = "recompute"  # ``engine_label`` of what measured ``final``
 
 
 @dataclass
@@ -112,16 +106,11 @@ def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
     return finished, unfinished
 
 
-def data_kind(source) -> str:
-    """What a run's ``data_source`` is in the report's words: ``D4RL``, ``replica``, ``Minari <id>``."""
-    return sources.label(str(source or ""))
-
-
 @functools.lru_cache(maxsize=None)
 def data_level(env: str, source: str) -> float | None:
-    """The mean normalized return of the episodes a run trained on: the level a Decision Transformer has to
-    beat to have learned more than to imitate. None when that data is not readable here."""
-    if "+" in source or data_kind(source) == "unknown":
+    """The mean normalized return of the episodes a run trained on, the level a Decision Transformer must
+    beat to have learned more than to imitate; None when that data is not readable here."""
+    if "+" in source or sources.label(source) == "unknown":
         return None
     try:
         with warnings.catch_warnings():  # the report marks replica data itself
@@ -130,11 +119,6 @@ def data_level(env: str, source: str) -> float | None:
     except (envs.DatasetError, OSError, ValueError, KeyError):
         return None
     return statistics.fmean(envs.normalized_score(env, float(r)) for r in ds.returns)
-
-
-def best(curve: list) -> float:
-    """The best evaluation of a run (CORL's "best" column); NaN when none is finite."""
-    return max((v for _, v in curve if math.isfinite(v)), default=float("nan"))
 
 
 def engine_label(f) -> str:
@@ -147,10 +131,8 @@ def engine_label(f) -> str:
 
 
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
-    """The rollout reports (``rollout-*.json``, fp32) of ``run``'s final checkpoint, each as a run scored by
-    its engine, and a note for each report left out (another checkpoint, bf16, not a report)."""
-    from agents.stream_training import fidelity
-
+    """The fp32 rollout reports of ``run``'s final checkpoint, each as a run scored by its engine, and a note
+    for each report left out."""
     out, notes = [], []
     for p in sorted(run.path.glob("rollout-*.json")):
         try:
@@ -158,8 +140,8 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
             engine, targets = rep["engine"], rep["targets"]
             if engine not in train_config.ENGINES or not isinstance(targets, dict):
                 raise ValueError("no engine or targets")
-            if rep.get("train_step") != run.steps or rep.get("precision", "fp32") != "fp32":
-                notes.append(f"{p}: not the final checkpoint's fp32 evaluation, left out")
+            if rep.get("train_step") != run.steps:
+                notes.append(f"{p}: not the final checkpoint's evaluation, left out")
                 continue
             final = {f"target{t}": {"normalized_mean": float(r["normalized_mean"]),
                                     "episodes": int(rep["episodes_per_target"])} for t, r in targets.items()}
@@ -177,8 +159,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
 
 
 def load_run(d: Path) -> Run:
-    """The run in ``d``; a ValueError naming the file and what is wrong with it (the summary is checked
-    against the schema training writes it with, ``agents.summary.check_summary``)."""
+    """The run in ``d``; a ValueError naming the file and what is wrong with it."""
     summary = read_summary(d / "summary.json")
     if not summary.get("final"):
         raise ValueError(f"{d}: the run finished without a final evaluation (eval.final_episodes=0); "
@@ -197,11 +178,10 @@ def load_run(d: Path) -> Run:
     except ValueError as err:
         raise ValueError(f"{ck.origin}: its run config cannot be read ({err})") from err
     val = (summary.get("validation") or {}).get("action_mse")
-    from agents.stream_training import fidelity
-
     f = fidelity(str(summary.get("engine") or (config.get("eval") or {}).get("engine", "recompute")), config)
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
-               summary["final"], curves, data_kind(summary.get("data_source")), None if val is None else float(val),
+               summary["final"], curves, sources.label(str(summary.get("data_source") or "")),
+               None if val is None else float(val),
                data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f))
 
 
@@ -229,8 +209,8 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
 
 
 def paper_scores(env: str) -> dict:
-    """model -> the paper's normalized score, from the dataset preset's ``paper:`` mapping (a Minari
-    id's: its D4RL task's, which the table marks as measured on D4RL data)."""
+    """model -> the paper's normalized score, from the dataset preset's ``paper:`` mapping (a Minari id's:
+    its D4RL task's)."""
     try:
         spec = envs.get_spec(env)
         return dict(presets.load_preset("dt", f"{spec.family}-{spec.level}").get("paper") or {})
@@ -242,7 +222,7 @@ NONE = {"mean": None, "std": None, "ci95": None, "n": 0}
 
 
 def stats(values: list[float]) -> dict:
-    """Mean, standard deviation, half-width of the 95 % interval (Student's t), count; ``NONE`` for no value."""
+    """Mean, standard deviation, half-width of the 95 % interval (Student's t), count."""
     n = len(values)
     if not n:
         return NONE
@@ -256,8 +236,8 @@ def _joined(values) -> str:
 
 
 def score_rows(groups: list[Group], target: str) -> list[dict]:
-    """One row per group with a finite score for ``target``; NaN and inf scores (and MSEs) are left out
-    of the averages (``nonfinite`` lists them for the report to flag)."""
+    """One row per group with a finite score for ``target``; NaN and inf are left out of the averages
+    (``nonfinite`` flags them)."""
     rows = []
     for g in groups:
         runs = [r for r in g.runs if target in r.final]
@@ -265,7 +245,7 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
         if not any(map(math.isfinite, vals)):
             continue
         s = stats([v for v in vals if math.isfinite(v)])
-        b = stats([x for x in (best(r.curves.get(target, [])) for r in runs) if math.isfinite(x)])  # rollouts: none
+        b = stats([max(v for _, v in c) for c in (r.curves.get(target) for r in runs) if c])  # rollouts: no curve
         v = stats([r.val_mse for r in runs if r.val_mse is not None and math.isfinite(r.val_mse)])
         levels = [r.data_level for r in g.runs if r.data_level is not None]
         rows.append({"dataset": g.env, "data": g.data, "model": g.model, "engine": g.engine, "seeds": s["n"],
@@ -286,8 +266,7 @@ def _fmt(x, nd=1) -> str:
 
 
 def val_cell(r: dict) -> str:
-    """``0.0412 +- 0.0031`` (mean, 95 % interval over seeds), ``(2 of 3 seeds)`` appended when some runs
-    recorded none; blank when none did. Significant digits: an MSE's scale depends on the dataset."""
+    """``0.0412 +- 0.0031 (2 of 3 seeds)``; significant digits, since an MSE's scale depends on the dataset."""
     if not r["val_seeds"]:
         return ""
     cell = f"{r['val_mse']:.3g}" + (f" +- {r['val_mse_ci95']:.2g}" if r["val_seeds"] > 1 else "")
@@ -295,7 +274,6 @@ def val_cell(r: dict) -> str:
 
 
 def score_cell(mean: float, ci95: float, seeds: int) -> str:
-    """``71.3 +- 4.2`` (mean, 95 % interval over seeds), or ``71.3 (1 seed)``."""
     return f"{_fmt(mean)} +- {_fmt(ci95)}" if seeds > 1 else f"{_fmt(mean)} (1 seed)"
 
 
@@ -306,30 +284,20 @@ def paper_cell(r: dict) -> str:
     return _fmt(r["paper"]) + ("" if r["data"] == "D4RL" else f" (on D4RL data, not {r['data']})")
 
 
-def cell(text) -> str:
-    """``text`` as one Markdown table cell: a ``|`` escaped and line breaks (any control character) made
-    spaces, so a name read from a run's files (a model, a dataset) can never break the table's rows."""
-    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(text)).replace("|", "\\|")
-
-
 def markdown(rows: list[dict], target: str) -> str:
-    lines = [f"### Normalized score, target {target.removeprefix('target')}", "",
-             "final: the last evaluation; best: each run's best evaluation during training (final included); "
-             "both mean +- 95% CI over seeds. episodes: in the final evaluation / in each one during training. "
-             "data episodes: the mean normalized return of the episodes trained on.", "",
-             "engine: what measured the final score; stream (not trained) is a policy training never optimised "
-             "(agents.stream_training.Fidelity).", "",
-             "| dataset | data | model | engine | seeds | steps | episodes | final | best | data episodes | paper | "
-             "val action MSE |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        best_cell = "" if r["best"] is None else score_cell(r["best"], r["best_ci95"], r["seeds"])
-        lines.append(f"| {cell(r['dataset'])} | {cell(r['data'])} | {cell(r['model'])} | {cell(r['engine'])} | "
-                     f"{r['seeds']} | {r['steps']} | "
-                     f"{r['episodes']} / {r['eval_episodes']} | {score_cell(r['mean'], r['ci95'], r['seeds'])} | "
-                     f"{best_cell} | {_fmt(r['data_level'])} | "
-                     f"{paper_cell(r)} | {val_cell(r)} |")
-    return "\n".join(lines)
+    return "\n".join([
+        f"### Normalized score, target {target.removeprefix('target')}", "",
+        "final: the last evaluation; best: each run's best evaluation during training (final included); both mean "
+        "+- 95% CI over seeds. episodes: in the final evaluation / in each one during training. data episodes: the "
+        "mean normalized return of the episodes trained on.", "",
+        "engine: what measured the final score; stream (not trained) is a policy training never optimised "
+        "(agents.stream_training.Fidelity).", "",
+        *table(["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "final", "best", "data episodes",
+                "paper", "val action MSE"],
+               [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"], r["steps"],
+                 f"{r['episodes']} / {r['eval_episodes']}", score_cell(r["mean"], r["ci95"], r["seeds"]),
+                 "" if r["best"] is None else score_cell(r["best"], r["best_ci95"], r["seeds"]),
+                 _fmt(r["data_level"]), paper_cell(r), val_cell(r)] for r in rows])])
 
 
 CSV_COLUMNS = ["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
@@ -345,8 +313,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 def _band(runs: list[Run], target: str):
-    """Steps evaluated by every run of the group, with the mean of their scores there and the half-width
-    of its 95 % interval over seeds (0 for one seed)."""
+    """(steps every run evaluated, mean score there, 95 % half-width over seeds: 0 for one seed)."""
     per_run = [dict(r.curves.get(target, [])) for r in runs]
     steps = sorted(set.intersection(*[set(p) for p in per_run])) if per_run else []
     at = [stats([p[s] for p in per_run]) for s in steps]
@@ -362,11 +329,18 @@ def _pyplot():
     return plt
 
 
-def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
-    plt = _pyplot()
+def _save(fig, path: Path, what: str) -> Path:
+    fig.tight_layout()
+    try:
+        return save_figure(fig, path, what)
+    finally:
+        _pyplot().close(fig)
 
+
+def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
     envs = sorted({g.env for g in groups})
-    fig, axes = plt.subplots(len(envs), len(targets), figsize=(6.5 * len(targets), 4.6 * len(envs)), squeeze=False)
+    fig, axes = _pyplot().subplots(len(envs), len(targets), figsize=(6.5 * len(targets), 4.6 * len(envs)),
+                                   squeeze=False)
     for i, env in enumerate(envs):
         for j, target in enumerate(targets):
             ax = axes[i][j]
@@ -382,25 +356,18 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
             levels = {(g.data, g.runs[0].data_level) for g in groups if g.env == env and g.runs[0].data_level is not None}
             for data, level in sorted(levels):
                 ax.axhline(level, color="0.35", ls="--", lw=1.2, label=f"{data} data's episodes: {level:.1f}")
-            ax.set_title(f"{env}, target {target.removeprefix('target')}", fontsize=11)
-            ax.set_xlabel("training step")
-            ax.set_ylabel("normalized score")
+            ax.set(title=f"{env}, target {target.removeprefix('target')}", xlabel="training step",
+                   ylabel="normalized score")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=9, loc="upper left", framealpha=0.85)
     fig.suptitle("Evaluation during training: mean over seeds, shaded 95% confidence interval")
-    fig.tight_layout()
-    try:
-        return save_figure(fig, path, "report's learning curves")
-    finally:
-        plt.close(fig)
+    return _save(fig, path, "report's learning curves")
 
 
 def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
-    plt = _pyplot()
-
     targets = list(rows_by_target)
     n = max(len(r) for r in rows_by_target.values())
-    fig, axes = plt.subplots(1, len(targets), figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2), squeeze=False)
+    fig, axes = _pyplot().subplots(1, len(targets), figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2), squeeze=False)
     for ax, target in zip(axes[0], targets):
         rows = rows_by_target[target]
         labels = [f"{r['dataset']}\n{r['model']}\n{r['engine']}\n{r['data']}" for r in rows]
@@ -418,20 +385,15 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
             ax.annotate(f"{r['mean']:.1f}\nn={r['seeds']}", (i, 0), ha="center", va="bottom", fontsize=8,
                         color="white", xytext=(0, 4), textcoords="offset points")
         ax.set_xticks(list(x), labels, fontsize=8)
-        ax.set_ylabel("final normalized score")
-        ax.set_title(f"target {target.removeprefix('target')}")
+        ax.set(ylabel="final normalized score", title=f"target {target.removeprefix('target')}")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    try:
-        return save_figure(fig, path, "report's bar chart")
-    finally:
-        plt.close(fig)
+    return _save(fig, path, "report's bar chart")
 
 
 def capped(groups: list[Group]) -> list[str]:
-    """A note for each group whose evaluation episodes were cut short of the simulator's limit
-    (``eval.max_steps``): its scores are not comparable with a paper's, whose episodes run to the limit."""
+    """A note for each group whose evaluation episodes were cut short of the simulator's limit: its scores
+    are not comparable with a paper's."""
     notes = []
     for g in groups:
         caps = sorted({int((r.config.get("eval") or {}).get("max_steps") or 0) for r in g.runs} - {0})
@@ -447,8 +409,7 @@ def capped(groups: list[Group]) -> list[str]:
 
 
 def nonfinite(runs: list[Run]) -> list[str]:
-    """A note for each NaN or inf score or validation MSE: such runs are left out of that average, never
-    counted as numbers."""
+    """A note for each NaN or inf score or validation MSE, which that average leaves out."""
     notes = [f"{r.path}: final score for {t} is {v['normalized_mean']}, not averaged"
              for r in runs for t, v in r.final.items() if not math.isfinite(v["normalized_mean"])]
     return notes + [f"{r.path}: validation MSE is {r.val_mse}, not averaged"
@@ -457,8 +418,7 @@ def nonfinite(runs: list[Run]) -> list[str]:
 
 def report(patterns: list[str], out: str | Path = "report") -> dict:
     """Write the tables and plots for the runs matched by ``patterns``; returns what was written. A run
-    whose files cannot be read or are not what training writes is left out with a line naming the file
-    and what is wrong; a file that cannot be written is one ``WriteError`` (no partial file is left)."""
+    whose files are unreadable is left out with a line naming the file and what is wrong."""
     finished, unfinished = find_runs(patterns)
     if not finished:
         raise ValueError(f"no finished run (a directory with summary.json) under {', '.join(patterns)}"
@@ -506,8 +466,6 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
 
 @dataclass
 class ReportConfig:
-    """Options of ``python -m eval.report``."""
-
     runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUNS")]
     """run directories, directories holding runs (searched recursively), or globs of either"""
     out: str = "report"
@@ -515,8 +473,6 @@ class ReportConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m eval.report``: 0 when written; runs that cannot be reported end as every mistake
-    does (``cli.fail``)."""
     from primal_dt.run.cli import fail, parse
 
     paragraphs = __doc__.split("\n\n")

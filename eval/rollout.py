@@ -4,17 +4,11 @@
     python -m eval.rollout checkpoint=PATH engine=recompute targets=3600 num_envs=50 asynchronous=true
     python -m eval.rollout checkpoint=PATH episodes=10 video=true          # + one recorded episode
 
-Episodes run in parallel on Gymnasium vector envs with autoreset disabled: a finished row's simulator is
-reset with the next episode's own seed and its agent row restarted; with no episode left the row leaves the
-batch (``eval.episodes``; lanes of simulators in their own processes: ``eval.simulators``). Episode e of
-every target uses reset seed ``seed + e``, so targets, engines, lanes and ``num_envs`` are compared on the
-same initial states.
-
-Reported per target: return and normalized score (mean, std), episode lengths, and the agent's time per
-``act``; written as JSON (default ``rollout-<engine>.json`` next to the checkpoint, ``-2``, ``-3``, ... when
-the name is taken: a report is never overwritten unless ``out=... overwrite=true``). Every option is checked
-before the checkpoint is read. ``check_data=true`` (or ``data_source=...``) also reads the training data and
-refuses a checkpoint whose recorded dataset fingerprint differs. ``evaluate`` is the trainer's entry point.
+Episodes run side by side in lanes of simulators (``eval.episodes``, ``eval.simulators``). Episode e of every
+target resets with seed ``seed + e``, so targets, engines, lanes and ``num_envs`` are compared on the same
+initial states. The report (return and normalized score per target, lengths, the agent's time per ``act``)
+goes to ``rollout-<engine>.json`` beside the checkpoint, numbered rather than overwriting one. ``evaluate``
+is the trainer's entry point.
 """
 
 from __future__ import annotations
@@ -54,8 +48,7 @@ def summarize(spec, targets: Sequence[float], jobs, result: dict) -> dict:
     out = {}
     for t in targets:
         idx = [k for k, (tt, _) in enumerate(jobs) if tt == float(t)]
-        rets = [result["returns"][k] for k in idx]
-        lens = [int(result["lengths"][k]) for k in idx]
+        rets, lens = [result["returns"][k] for k in idx], [int(result["lengths"][k]) for k in idx]
         norm = (100.0 * (np.asarray(rets) - spec.ref_min) / (spec.ref_max - spec.ref_min)).tolist()
         out[float(t)] = {"returns": rets, "lengths": lens, "normalized": norm,
                          "return_mean": float(np.mean(rets)), "return_std": float(np.std(rets)),
@@ -86,14 +79,10 @@ def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int] | None =
 def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutOptions(), *, data=None,
              on_episode: Callable[[int], None] | None = None, details: dict | None = None) -> dict:
     """Roll out ``episodes`` episodes per target; {target: {"returns", "lengths", "normalized",
-    "return_mean", "return_std", "normalized_mean", "normalized_std", "length_mean", ...}}.
-
-    ``model``: a DecisionTransformer with ``data``, the ``agents.DataInfo`` of its training data, or a
-    checkpoint (path, run directory, dict or ``DTCheckpoint``), whose own ``DataInfo`` is used unless
-    ``data`` is given. ``options`` (``RolloutOptions``, training's ``eval.*``): targets (empty:
-    ``data.eval_targets``), simulators, step cap, engine, lanes. ``on_episode(n)``: called as
-    ``n`` episodes end (the calls add up to ``episodes * len(targets)``). ``details`` receives the agent
-    latency, wall time and layout. The model's training mode is restored afterwards."""
+    "return_mean", "normalized_mean", "length_mean", ...}}. ``model``: a DecisionTransformer with ``data``
+    (its training data's ``DataInfo``), or a checkpoint (path, run directory, dict, ``DTCheckpoint``).
+    ``on_episode(n)``: called as ``n`` episodes end; ``details`` receives the agent latency, wall time and
+    lane layout."""
     import envs
     from agents import dt_checkpoint
     from agents.agent import Agent
@@ -172,8 +161,7 @@ class RolloutConfig(RolloutOptions):
     video: bool = False
     """also record one episode (MuJoCo off-screen rendering) as a GIF and into TensorBoard"""
     threads: int = 0
-    """torch CPU threads (0: chosen for the engine and batch by agents.threads.inference_threads: one on a
-    machine of 2-3 cores or for small batches, else half the cores)"""
+    """torch CPU threads (0: chosen for the engine and batch: one for small batches, else half the cores)"""
     device: str = TrainConfig.device
     """auto | cpu | cuda | cuda:N (auto: CUDA when present), as in training"""
     progress: bool = True
@@ -262,14 +250,12 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets, out_dir: 
         if bar is not None:
             bar.close()
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
-              **ck.fidelity(cfg.engine).record(), "episodes_per_target": cfg.episodes, "seed": cfg.seed,
-              "num_envs": details["num_envs"], "lanes": details["lanes"], "lane_workers": details["lane_workers"],
+              **ck.fidelity(cfg.engine).record(), "episodes_per_target": cfg.episodes,
+              "seed": cfg.seed, **{k: details[k] for k in ("num_envs", "lanes", "lane_workers", "env_steps")},
               "asynchronous": cfg.asynchronous, "max_steps": cfg.max_steps or spec.max_episode_steps,
               "model_layers": model.layer_names, "train_step": ck.step, "data_source": info.source,
               "data_fingerprint": info.fingerprint or None, "wall_s": round(details["wall_s"], 3),
-              "env_steps": details["env_steps"],
-              "env_steps_per_s": details["env_steps"] / max(details["wall_s"], 1e-9),
-              "agent_latency": details["latency"],
+              "env_steps_per_s": details["env_steps"] / max(details["wall_s"], 1e-9), "agent_latency": details["latency"],
               "reference_scores": {"random": spec.ref_min, "expert": spec.ref_max, "source": spec.ref_source},
               "targets": {_tag(t): r for t, r in res.items()}}
     if cfg.video:
@@ -282,7 +268,6 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets, out_dir: 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``python -m eval.rollout``: bad input and failed writes end with one ``error:`` line."""
     return errors.main(run, argv)
 
 
@@ -291,7 +276,7 @@ def _tag(t: float) -> str:
 
 
 def summary_line(results: dict) -> str:
-    """'3600: 55.1 +- 3.2 (return 1771, length 580), 1800: ...': one log line from ``evaluate``'s result."""
+    """'3600: 55.1 +- 3.2 (return 1771, length 580), 1800: ...' from ``evaluate``'s result."""
     return ", ".join(f"{_tag(t)}: {d['normalized_mean']:.1f} +- {d['normalized_std']:.1f} "
                      f"(return {d['return_mean']:.0f}, length {d['length_mean']:.0f})" for t, d in results.items())
 
@@ -301,8 +286,7 @@ def summary_text(report: dict) -> str:
     lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']} ({policy}), "
              f"{report['episodes_per_target']} episodes/target on {report['num_envs']} "
              f"{'async' if report['asynchronous'] else 'sync'} envs in {report.get('lanes', 1)} lane(s), "
-             f"{report['wall_s']:.1f}s "
-             f"({report['env_steps_per_s']:.0f} env steps/s)"]
+             f"{report['wall_s']:.1f}s ({report['env_steps_per_s']:.0f} env steps/s)"]
     for tag, r in report["targets"].items():
         lines.append(f"  target {tag}: normalized {r['normalized_mean']:.1f} +- {r['normalized_std']:.1f}, "
                      f"return {r['return_mean']:.0f} +- {r['return_std']:.0f}, length {r['length_mean']:.0f} "

@@ -1,19 +1,9 @@
 """A lane of simulators in its own process: a SyncVectorEnv stepped beside the agent, not under its GIL,
-and, where the agent can travel, the lane's agent in that process too.
+and, where the agent can travel, the lane's agent in that process too (``run_hosted``: the whole
+act-then-step loop there, jobs taken over the pipe in the order in-process lanes would; else the process
+only steps while the agent acts in the evaluator). Part of a MuJoCo step is Python, so a worker *thread*
+only half overlaps the agent; one process per lane, not per simulator, so 100 simulators on 2 cores cost 2.
 
-Most of a MuJoCo step is physics but part is Python (the env's observation, reward and health checks,
-Gymnasium's wrappers), so a worker *thread* only half overlaps the agent. One process per lane, not per
-simulator (AsyncVectorEnv's layout), so 100 simulators on 2 cores cost 2 processes. Two ways to use one:
-
-- *hosted* (``run_hosted``, what ``eval.episodes.run_episodes`` does with a CPU agent): the lane's agent is
-  sent to the process once and the whole act-then-step loop runs there, so lanes act *and* simulate in
-  parallel, one core each, and no observation or action crosses a process boundary. Lanes take jobs from
-  the evaluator's queue over the pipe in the order in-process lanes would (results do not depend on
-  timing), report ended episodes as they end, and send their results at the end.
-- *stepped* (``step_rows_async`` / ``step_rows_wait``): the agent stays in the evaluator (a CUDA model, or
-  one that cannot be pickled) and the process only steps the simulators while the other lane's agent acts.
-
-A hosted agent runs with the lane's ``threads`` (``agents.threads.lane_threads``: its share of the cores).
 A process that will run more than one torch thread starts from a clean interpreter (``forkserver``): GNU
 OpenMP hangs in a forked child whose parent already ran a parallel region; a one-thread child is forked.
 """

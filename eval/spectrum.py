@@ -4,46 +4,29 @@
     python -m eval.spectrum checkpoint=runs/.../best.pt [out=DIR] [n=64] [seed=0] [data_source=...]
     python -m eval.spectrum checkpoint=runs/hopper-medium/primal+dt     # a run, or a directory of runs
 
-For each attention layer the matrix is read from the mechanism's own ``forward`` by one probe
-(``attention_matrix``): a mechanism that mixes values (softmax, the linear family, kernel smoothers,
-Nystrom, ...) computes, before its output projection, y_i = sum_j A_ij v_j per head, linear in the
-values v for fixed queries and keys, so feeding one-hot values in place of v reads A column by
-column (the attention weights, or the weights its kernel implies). Primal-Attention mixes no values:
-its scores e = We^T phi(q), r = Wr^T phi(k) are linear in the projection directions, so one-hot
-directions read the features phi(q), phi(k) (prefix means when causal) and A = phi(q) phi(k)^T, the
-induced kernel whose asymmetric SVD the layer computes. Layers whose mechanism names neither
-(``Attention.value_projection`` / ``score_directions``) are listed as skipped. The layer inputs are captured with forward pre-hooks
-on each block's attention while the model runs on real inputs, so any model containing Stacks works.
-
-Per layer, averaged over examples and heads (each example's real tokens only):
-- singular values of the T x T matrix, divided by the largest;
-- cumulative explained variance sum_{k<=K} s_k^2 / sum_k s_k^2, and the number of components
-  reaching 90% (the paper's point: attention matrices are low rank);
-- head redundancy: mean Frobenius (L2) distance between the attention matrices of two heads, over
-  all head pairs, divided by sqrt(n) for n real tokens (a row-stochastic n x n matrix has Frobenius
-  norm <= sqrt(n)), so values compare across lengths. Lower = more redundant heads.
-Written as a PNG, a JSON file and to TensorBoard (figure, curves as scalars over k, rank90 and
-redundancy per layer).
+The matrix is read from the mechanism's own ``forward``, so no mechanism needs a second implementation: one
+that mixes values computes y_i = sum_j A_ij v_j per head, linear in v, so one-hot values read A column by
+column; Primal-Attention's scores e = We^T phi(q), r = Wr^T phi(k) are linear in the projection directions,
+so one-hot directions read phi(q), phi(k) and A = phi(q) phi(k)^T. Head redundancy is the mean Frobenius
+distance between two heads' matrices over sqrt(n) (a row-stochastic n x n matrix has norm <= sqrt(n)).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import torch
 from torch import nn
 
 from primal_dt.blocks import Stack
-
-if TYPE_CHECKING:
-    from envs.sampler import Batch
+from primal_dt.run import checkpoint, errors
 from primal_dt.run.checkpoint import write_atomic
+from primal_dt.run.cli import parse
 from primal_dt.run.monitor import save_figure
-from primal_dt.run.options import AT_LEAST_1, SEED
+from primal_dt.run.options import AT_LEAST_1, SEED, check_numbers
 
 
 @dataclass
@@ -90,9 +73,8 @@ def capture_attention_inputs(model: nn.Module, run: Callable[[], object]) -> lis
 
 @torch.no_grad()
 def attention_matrix(attn, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """[B, H, T, T]: the attention matrix of mechanism ``attn`` on its input x [B, T, D] (module
-    docstring), read from its own ``forward`` with one-hot inputs, d_head (or s) columns per call.
-    Rows and columns of padding are zero."""
+    """[B, H, T, T]: the attention matrix of ``attn`` on its input x [B, T, D] (module docstring), d_head (or
+    s) one-hot columns per call; rows and columns of padding are zero."""
     B, T, D = x.shape
     H = attn.n_heads
     if attn.value_projection:  # one-hot values: token start + c's value is e_c in every head
@@ -140,17 +122,20 @@ def _mixed_with_values(attn, x, mask, values):
     return seen[-1]
 
 
+def _examples(A: torch.Tensor, mask: torch.Tensor | None):
+    """Each example's [H, n, n] matrices over its n real tokens (float64, CPU); examples without one skipped."""
+    for b in range(A.shape[0]):
+        idx = torch.arange(A.shape[-1]) if mask is None else mask[b].nonzero().squeeze(-1).cpu()
+        if idx.numel():
+            yield A[b][:, idx][:, :, idx].double().cpu()
+
+
 def singular_spectrum(A: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A [B, H, T, T] -> (normalised singular values [T], cumulative explained variance [T], rank90 [])
-    averaged over examples and heads; each example uses its real tokens (shorter ones padded with
-    zeros / ones on the index axis)."""
-    B, H, T, _ = A.shape
+    averaged over examples and heads (shorter examples padded with zeros / ones on the index axis)."""
+    T = A.shape[-1]
     svs, cevs, r90 = [], [], []
-    for b in range(B):
-        idx = torch.arange(T) if mask is None else mask[b].nonzero().squeeze(-1).cpu()
-        if idx.numel() == 0:
-            continue
-        sub = A[b][:, idx][:, :, idx].double().cpu()
+    for sub in _examples(A, mask):
         s = torch.linalg.svdvals(sub)  # [H, n], descending
         energy = s.pow(2)
         cev = energy.cumsum(-1) / energy.sum(-1, keepdim=True).clamp(min=1e-300)
@@ -165,18 +150,13 @@ def singular_spectrum(A: torch.Tensor, mask: torch.Tensor | None) -> tuple[torch
 
 def head_redundancy(A: torch.Tensor, mask: torch.Tensor | None) -> float | None:
     """Mean over examples and head pairs of ||A_h - A_h'||_F / sqrt(n) (real tokens only)."""
-    B, H, T, _ = A.shape
+    H = A.shape[1]
     if H < 2:
         return None
-    vals = []
-    for b in range(B):
-        idx = torch.arange(T) if mask is None else mask[b].nonzero().squeeze(-1).cpu()
-        if idx.numel() == 0:
-            continue
-        sub = A[b][:, idx][:, :, idx].double().cpu().flatten(1)  # [H, n*n]
-        d = torch.cdist(sub[None], sub[None])[0]
-        iu = torch.triu_indices(H, H, 1)
-        vals.append(d[iu[0], iu[1]].mean() / idx.numel() ** 0.5)
+    iu, vals = torch.triu_indices(H, H, 1), []
+    for sub in _examples(A, mask):
+        d = torch.cdist(sub.flatten(1)[None], sub.flatten(1)[None])[0]
+        vals.append(d[iu[0], iu[1]].mean() / sub.shape[-1] ** 0.5)
     return float(torch.stack(vals).mean())
 
 
@@ -255,13 +235,10 @@ def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True)
 # -- command line -------------------------------------------------------------------------------
 def build_from_checkpoint(ckpt: dict, n: int = 64, seed: int = 0, *, where: str = "checkpoint",
                           data_source: str | None = None) -> tuple[nn.Module, Callable[[], object]]:
-    """(model, run) for a checkpoint dict: ``run()`` feeds the model ``n`` real examples.
-
-    Dispatches on ckpt["kind"] and imports the builders lazily (they live above eval's
-    dependencies on the core): "classifier" -> primal_dt.classifier_training (test split of the checkpoint's
-    task), "dt" -> agents.dt_checkpoint (K-step segments of the checkpoint's dataset, see
-    ``dt_segments``; ``data_source`` overrides where that dataset is read from).
-    """
+    """(model, run) for a checkpoint dict: ``run()`` feeds the model ``n`` real examples: a classifier's test
+    split, or a DT's own training segments drawn as its training drew them (the checkpoint's K, max_timestep
+    and reward_scale), so the spectrum describes the inputs the model learned from. The DT's data is read
+    where its run read it unless ``data_source`` says otherwise; other data than it recorded is refused."""
     kind = ckpt.get("kind")
     if kind == "classifier":
         from primal_dt.classifier_training import build_model
@@ -277,39 +254,19 @@ def build_from_checkpoint(ckpt: dict, n: int = 64, seed: int = 0, *, where: str 
         x, mask = data.test.x[pick], data.test.mask[pick]
         return model, lambda: model(x, mask)
     if kind == "dt":
-        from agents.dt_checkpoint import DTCheckpoint
+        from agents.dt_checkpoint import DTCheckpoint, training_data
+        from envs import SegmentSampler
 
         ck = DTCheckpoint.from_dict(ckpt, where)
-        model = ck.build_model()
-        b = dt_segments(ck, n, seed, data_source, where)
+        model, mc = ck.build_model(), ck.model_config
+        b = SegmentSampler(training_data(ck, data_source), K=mc.K, batch_size=n, reward_scale=ck.data.reward_scale,
+                           max_timestep=mc.max_timestep, seed=seed).sample()
         return model, lambda: model(b)
     raise ValueError(f"checkpoint kind {kind!r} has no model builder here; known kinds: 'classifier', 'dt'")
 
 
-def dt_segments(ck, n: int, seed: int, data_source: str | None = None, where: str = "checkpoint") -> "Batch":
-    """``n`` K-step segments of the data the DT checkpoint ``ck`` was trained on, drawn exactly as
-    its training drew them: ``envs.SegmentSampler`` with the checkpoint's K, max_timestep and
-    reward_scale (a divisor there as everywhere), seeded with ``seed``. So the spectrum describes
-    the attention on the inputs the model learned from, returns-to-go at their trained scale.
-
-    The data is read as the run read it (``agents.dt_checkpoint.training_data``: its own
-    ``data_source`` unless ``data_source`` is given); data other than the checkpoint's (by its
-    recorded fingerprint) is an error naming both sources.
-    """
-    from agents.dt_checkpoint import training_data
-    from envs import SegmentSampler
-
-    ds = training_data(ck, data_source)
-    mc = ck.model_config
-    sampler = SegmentSampler(ds, K=mc.K, batch_size=n, reward_scale=ck.data.reward_scale,
-                             max_timestep=mc.max_timestep, seed=seed)
-    return sampler.sample()
-
-
 @dataclass
 class SpectrumConfig:
-    """Options of ``python -m eval.spectrum``."""
-
     checkpoint: str
     """a checkpoint of primal_dt.train (kind dt) or primal_dt.classify"""
     out: str = ""
@@ -324,32 +281,17 @@ class SpectrumConfig:
     """dt checkpoints: where their dataset is read from ('' : where the run read it)"""
 
 
-NUMBERS = {"n": AT_LEAST_1, "seed": SEED}
-
-
-def options(argv: list[str]) -> SpectrumConfig:
-    """The command line, every value checked (a ValueError naming the option)."""
-    from primal_dt.run.cli import parse
-    from primal_dt.run.options import check_numbers
-
-    cfg = parse(SpectrumConfig, argv, prog="python -m eval.spectrum", description=__doc__.split("\n\n")[0])
-    check_numbers(cfg, NUMBERS)
-    return cfg
-
-
 def run(argv: list[str]) -> int:
     """What ``python -m eval.spectrum`` does; bad input is a ``SetupError`` before any work."""
-    from primal_dt.run import checkpoint, errors
-
     with errors.setup_errors():
-        o = options(argv)
+        o = parse(SpectrumConfig, argv, prog="python -m eval.spectrum", description=__doc__.split("\n\n")[0])
+        check_numbers(o, {"n": AT_LEAST_1, "seed": SEED})
         path = Path(o.checkpoint)
         if path.is_dir():  # a run directory (its last.pt) or a directory of runs (the newest), as everywhere
             path = checkpoint.find(path, "last.pt", "checkpoint")
         out = Path(o.out) if o.out else path.parent / "spectrum"
-        ckpt = checkpoint.load(path)
-        model, run_model = build_from_checkpoint(ckpt, n=o.n, seed=o.seed, where=f"checkpoint {path}",
-                                                 data_source=o.data_source or None)
+        model, run_model = build_from_checkpoint(checkpoint.load(path), n=o.n, seed=o.seed,
+                                                 where=f"checkpoint {path}", data_source=o.data_source or None)
     report = analyse(model, run_model)
     files = write(report, out, tensorboard=o.tensorboard)
     for layer in report.layers:
@@ -362,11 +304,8 @@ def run(argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m eval.spectrum``: 0 when written; a malformed command line ends with the usage (exit
-    status 2), bad values and unreadable files with one ``error:`` line."""
-    from primal_dt.run import errors
-
-    return errors.main(run, sys.argv[1:] if argv is None else argv)
+    """``python -m eval.spectrum``: 0 when written, else one ``error:`` line (exit status 2)."""
+    return errors.main(run, argv)
 
 
 if __name__ == "__main__":

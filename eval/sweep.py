@@ -3,20 +3,18 @@
     python -m eval.sweep env=hopper-medium,walker2d-medium model=dt,primal+dt seeds=0,1,2 steps=4000
     python -m eval.sweep env=hopper-medium model=dt,primal+dt seeds=0,1,2 steps=4000 print=slurm
 
-The options are training's (``python -m primal_dt.train --help``), in the same grammar; ``env``, ``model``
-and ``seeds`` take lists and span the grid, every other option goes to each run as given. The sweep's own
-options are ``SweepConfig``'s (``--help``).
-
-One sweep at a time holds ``out``, and its runs die with it, however it ends (Ctrl-C, ``kill``, a SIGKILL of
-the sweep alone), so no run goes on training beside the next call. Calling again is cheap and safe: a run
-whose directory (``<out>/<env>/<model>/*-seed<k>``, same configuration) holds a finished run of at least the
-asked steps is skipped, one killed or asked for fewer steps is resumed (exactly), the rest start. Every
-run's options are checked before the first starts. At the end the finished runs go through ``eval.report``.
+The options are training's, in the same grammar; ``env``, ``model`` and ``seeds`` take lists and span the
+grid, every other option goes to each run as given. One sweep at a time holds ``out``, and its runs die with
+it however it ends (Ctrl-C, ``kill``, a SIGKILL of the sweep alone), so no run trains on beside the next
+call. Calling again is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
+configuration) holds a finished run of at least the asked steps is skipped, one killed or asked for fewer
+steps is resumed (exactly), the rest start. At the end the finished runs go through ``eval.report``.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import shlex
 import signal
@@ -43,8 +41,7 @@ class Job:
     argv: list[str]
     label: str
     steps: int
-    action: str = "start"
-    """start | resume | skip"""
+    action: str = "start"  # start | resume | skip
     run_dir: Path | None = None
 
     @property
@@ -95,17 +92,15 @@ def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
     for key in ("env", "model", "seeds"):
         if not getattr(sweep, key) and key in cli.given(SweepConfig, argv, ALIASES):
             raise ValueError(f"{key}= needs at least one value")
-    options.check_numbers(sweep, {"seeds": options.SEED, "jobs": options.AT_LEAST_0})
+    options.check_numbers(sweep, {"seeds": options.SEED, "jobs": options.AT_LEAST_0, "threads": options.AT_LEAST_1})
     options.check_output_dir(sweep.out)
-    if sweep.threads < 1:
-        raise ValueError("threads must be >= 1 (torch threads per run)")
     if sweep.print and sweep.print not in PRINT_FORMATS:
         raise ValueError(f"print must be one of {', '.join(PRINT_FORMATS)}, got {sweep.print!r}")
     return sweep, rest
 
 
 def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
-    """Every run of the grid, its options checked, and whether it starts, resumes or is done."""
+    """Every run of the grid, its options checked before any starts, and whether it starts, resumes or is done."""
     import envs
 
     sweep, rest = split_args(argv)
@@ -141,8 +136,6 @@ def _fixed(cfg: dict) -> dict:
 
 
 def _match_existing(job: Job, cfg, out: Path) -> None:
-    import dataclasses
-
     want = _fixed(dataclasses.asdict(cfg))
     for d in sorted((out / job.env / job.label).glob(f"*-seed{job.seed}"), reverse=True):
         if not (d / dt_checkpoint.FILENAME).exists():
@@ -179,10 +172,6 @@ def scheduler_script(jobs: list[Job], fmt: str, threads: int, out: Path) -> str:
         f'# one run per array task; commands in {cmds}; afterwards: python -m eval.report {out}',
         f'eval "$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(cmds))})"',
     ])
-
-
-def cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _die_with(parent: int):
@@ -258,10 +247,11 @@ def run(argv: list[str]) -> dict:
 def _run(argv: list[str], held: int) -> dict:
     sweep, jobs = plan(argv)
     out, threads = Path(sweep.out), sweep.threads
-    parallel = sweep.jobs or max(1, cores() // threads)
+    cores = runtime.usable_cores()
+    parallel = sweep.jobs or max(1, cores // threads)
     counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip")}
     print(f"[sweep] {len(jobs)} runs: {counts['start']} to start, {counts['resume']} to resume, "
-          f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores()} cores); out {out}",
+          f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores} cores); out {out}",
           flush=True)
     if sweep.print:
         print(scheduler_script(jobs, sweep.print, threads, out))

@@ -1,10 +1,9 @@
 """Record one rollout episode with MuJoCo off-screen rendering: a GIF file and a TensorBoard entry.
 
-Rendering needs an off-screen OpenGL backend: EGL or OSMesa, tried in that order with ``MUJOCO_GL`` unset,
-only that one when it is set. ``rendering_available`` probes a backend in a child process (a failed GL
-context can abort the process that tries it), so without one the evaluator says why no video was recorded
-and still writes its results. The TensorBoard entry is the GIF itself as an image summary (played in the
-Images tab; torch's ``add_video`` needs ``moviepy.editor``, which moviepy 2 removed).
+Rendering needs an off-screen OpenGL backend (EGL, then OSMesa with ``MUJOCO_GL`` unset; only that one when
+it is set), probed in a child process since a failed GL context can abort the process that tries it: without
+one the evaluator says why and still writes its results. TensorBoard gets the GIF itself as an image summary
+(torch's ``add_video`` needs ``moviepy.editor``, which moviepy 2 removed).
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ print("ok")
 _UNAFFECTED = "the rollout results are unaffected"
 
 
-def rendering_available(backend: str | Sequence[str] | None = None, gym_id: str = "Hopper-v4",
-                        timeout: float = 60.0) -> tuple[bool, str]:
+def rendering_available(backend: str | Sequence[str] | None = None, gym_id: str = "Hopper-v4") -> tuple[bool, str]:
     """(True, the backend that renders) or (False, what failed and what to do); ``backend``: one or several
     to try in order (default: $MUJOCO_GL when set, else ``BACKENDS``)."""
     if backend is None:
@@ -45,7 +43,7 @@ def rendering_available(backend: str | Sequence[str] | None = None, gym_id: str 
         env = {**os.environ, "MUJOCO_GL": b, "PYOPENGL_PLATFORM": b}
         try:
             p = subprocess.run([sys.executable, "-c", _PROBE.format(gym_id=gym_id)], env=env, capture_output=True,
-                               text=True, timeout=timeout)
+                               text=True, timeout=60)
         except subprocess.TimeoutExpired:
             errors.append(f"MUJOCO_GL={b}: timed out")
             continue
@@ -67,11 +65,11 @@ def frame_every(dt: float, period: float = 0.04) -> int:
 
 def record_episode(model, spec, info, target: float, engine: str, seed: int, out_dir, gym_id=None,
                    max_steps: int | None = None, backend: str | Sequence[str] | None = None, size: int = 240,
-                   every: int | None = None, tensorboard: bool = True, step: int = 0) -> dict:
-    """Roll out one episode (reset seed ``seed``) rendering every ``every``-th step; writes
-    ``<out_dir>/episode-<engine>.gif`` (``-2``, ... when taken) and the same GIF to TensorBoard under
-    ``<out_dir>/video`` (tag ``rollout/<engine>`` at ``step``). Returns {"path", "frames", "fps", "return",
-    "length", "backend", "tensorboard"}, or {"path": None, "message"} (printed) when nothing can render."""
+                   step: int = 0) -> dict:
+    """Roll out one episode (reset seed ``seed``); writes ``<out_dir>/episode-<engine>.gif`` (``-2``, ... when
+    taken) and the same GIF to TensorBoard under ``<out_dir>/video`` (tag ``rollout/<engine>`` at ``step``).
+    Returns {"path", "frames", "fps", "return", "length", "backend", "tensorboard"}, or {"path": None,
+    "message"} (printed) when nothing can render."""
     ok, msg = rendering_available(backend, gym_id or spec.gym_id)
     if not ok:
         print(msg, file=sys.stderr)
@@ -91,7 +89,7 @@ def record_episode(model, spec, info, target: float, engine: str, seed: int, out
         print(message, file=sys.stderr)
         return {"path": None, "message": message}
     dt = float(getattr(env.unwrapped, "dt", 0.008))
-    every = every or frame_every(dt)
+    every = frame_every(dt)
     fps = 1.0 / (every * dt)
     agent = Agent(model, info, target=target, engine=engine)
     filmed = Frames(env, every)
@@ -101,7 +99,7 @@ def record_episode(model, spec, info, target: float, engine: str, seed: int, out
     finally:
         venv.close()
     frames = filmed.frames
-    return {**_write(frames, fps, Path(out_dir), engine, tensorboard, step), "frames": len(frames),
+    return {**_write(frames, fps, Path(out_dir), engine, step), "frames": len(frames),
             "fps": fps, "return": res["returns"][0], "length": res["lengths"][0], "backend": msg}
 
 
@@ -125,7 +123,7 @@ class Frames(gym.Wrapper):
         return out
 
 
-def _write(frames, fps: float, out_dir: Path, engine: str, tensorboard: bool, step: int) -> dict:
+def _write(frames, fps: float, out_dir: Path, engine: str, step: int) -> dict:
     """The GIF file, and the same GIF in TensorBoard (one encoding)."""
     from primal_dt.run import checkpoint, outputs
     from primal_dt.run.monitor import RunMonitor, encode_gif
@@ -142,11 +140,10 @@ def _write(frames, fps: float, out_dir: Path, engine: str, tensorboard: bool, st
     finally:
         if not written and path.exists() and path.stat().st_size == 0:
             path.unlink()  # the name claimed for a GIF that never came
-    if tensorboard:
-        mon = RunMonitor(out_dir / "video", progress=False)
-        try:
-            mon.image(f"rollout/{engine}", data, frames[0].shape[:2], step)
-        finally:
-            mon.close()
-        out["tensorboard"] = f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"
+    mon = RunMonitor(out_dir / "video", progress=False)
+    try:
+        mon.image(f"rollout/{engine}", data, frames[0].shape[:2], step)
+    finally:
+        mon.close()
+    out["tensorboard"] = f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"
     return out

@@ -2,18 +2,13 @@
 
     python -m eval.bench.attention                       # LRA width (64, 2 heads), batch 8
     python -m eval.bench.attention --lengths 256,1024,4096,16384 --markdown docs/results/attention.md
-    python -m eval.bench.attention --mechanisms softmax primal:s=20 linear performer
+    python -m eval.bench.attention --mechanisms softmax primal:s=20,data_dependent=true linear performer
     python -m eval.bench.attention --all --lengths 256,1024,4096     # every registered mechanism
 
-Part 1 times forward+backward of one attention layer and its peak memory, each configuration in a fresh
-child process (peak RSS above the RSS before the first call: a CPU has no allocator counter torch exposes).
-Softmax appears twice: fused SDPA (O(N) memory) and the materialised attention (O(N^2)) the papers
-compared against; ratios are against both.
-
-Part 2 prefills a causal recurrent state with t tokens and times single-token steps at batch 1:
-softmax's key/value cache versus Primal-Attention's running sums.
-
-A mechanism spec is ``name`` or ``name:key=value,key=value`` (e.g. ``primal:data_dependent=true``).
+Part 1 times forward+backward of one layer and its peak memory, each configuration in a fresh process (peak
+RSS above the RSS before the first call: a CPU has no allocator counter torch exposes), against both fused
+SDPA softmax (O(N) memory) and the materialised one (O(N^2)) the papers compared against. Part 2 prefills a
+causal recurrent state with t tokens and times single-token steps at batch 1.
 """
 
 from __future__ import annotations
@@ -128,7 +123,9 @@ def part1(args) -> list[dict]:
                 else:
                     row.update(run_child(job, args.timeout))
                 rows.append(row)
-                print(_fmt_train(row), flush=True)
+                what = f"{spec:<34} {'causal' if causal else 'bidir ':<6} N={n:>6}"
+                print(f"  train {what}: skipped ({row['skipped']})" if "skipped" in row else
+                      f"  train {what}: {row['ms']:9.1f} ms  {row['peak_mb']:9.1f} MB", flush=True)
     return rows
 
 
@@ -160,33 +157,27 @@ def part2(args) -> list[dict]:
     return rows
 
 
-def _fmt_train(r) -> str:
-    what = f"{r['mechanism']:<34} {'causal' if r['causal'] else 'bidir ':<6} N={r['length']:>6}"
-    if "skipped" in r:
-        return f"  train {what}: skipped ({r['skipped']})"
-    return f"  train {what}: {r['ms']:9.1f} ms  {r['peak_mb']:9.1f} MB"
-
-
-def ratios(rows: list[dict], baseline: str, target: str) -> list[dict]:
+def ratios(rows: list[dict]) -> list[dict]:
+    """Every mechanism against both softmax forms at each direction and length (> 1: the target is faster,
+    or smaller)."""
     idx = {(r["mechanism"], r["causal"], r["length"]): r for r in rows if r["part"] == "train" and "ms" in r}
     out = []
-    for (mech, causal, n), r in sorted(idx.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        for base in (b for b in (baseline, f"{baseline}:impl=materialized") if mech == target and (b, causal, n) in idx):
-            b = idx[(base, causal, n)]
-            out.append({"target": target, "baseline": base, "causal": causal, "length": n,
-                        "speedup": b["ms"] / r["ms"], "memory_ratio": b["peak_mb"] / max(r["peak_mb"], 0.1)})
+    for (mech, causal, n), r in sorted(idx.items()):
+        for base in ("softmax", "softmax:impl=materialized"):
+            if mech not in ("softmax", "softmax:impl=materialized") and (base, causal, n) in idx:
+                b = idx[(base, causal, n)]
+                out.append({"target": mech, "baseline": base, "causal": causal, "length": n,
+                            "speedup": b["ms"] / r["ms"], "memory_ratio": b["peak_mb"] / max(r["peak_mb"], 0.1)})
     return out
 
 
-NUMBERS = {f"--{k}": options.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
-                                                 "step_heads", "step_repeat", "repeat", "threads")}
-NUMBERS.update({"--budget_s": options.SECONDS, "--timeout": options.SECONDS, "--mem_limit_gb": options.POSITIVE})
+NUMBERS = {k: options.AT_LEAST_1 for k in ("lengths", "batch", "width", "heads", "contexts", "step_width",
+                                           "step_heads", "step_repeat", "repeat", "threads")}
+NUMBERS.update({"budget_s": options.SECONDS, "timeout": options.SECONDS, "mem_limit_gb": options.POSITIVE})
 
 
 @dataclass
 class AttentionBenchConfig:
-    """Options of ``python -m eval.bench.attention``."""
-
     lengths: tuple[int, ...] = (256, 1024, 4096)
     """sequence lengths of part 1 (forward+backward)"""
     batch: int = 8
@@ -234,20 +225,12 @@ class AttentionBenchConfig:
 PROG = "python -m eval.bench.attention"
 
 
-def parse_args(argv=None) -> AttentionBenchConfig:
-    """The command line, every numeric option and output file checked (``cli.fail`` otherwise)."""
-    args = cli.parse(AttentionBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
-    options.check_parsed(args, NUMBERS)
-    try:
-        timing.check_files(args.json, args.markdown)
-    except ValueError as err:
-        cli.fail(str(err))
-    return args
+def parse_args(argv=None) -> tuple[AttentionBenchConfig, list[str]]:
+    return timing.parse(AttentionBenchConfig, argv, PROG, __doc__, NUMBERS)
 
 
 def main(argv=None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parse_args(argv)
+    args, argv = parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.all:
         args.mechanisms, args.causal_mechanisms, args.step_mechanisms = all_specs(max(args.lengths + args.contexts))
@@ -255,28 +238,16 @@ def main(argv=None) -> dict:
           f"batch {args.batch}; fwd+bwd median of {args.repeat} after warm-up")
     rows = [] if args.skip_train else part1(args)
     rows += [] if args.skip_step else part2(args)
-    summary = []
-    for target in sorted({r["mechanism"] for r in rows if r["part"] == "train"} - {"softmax", "softmax:impl=materialized"}):
-        summary += ratios(rows, "softmax", target)
-    if summary:
-        print("\nratios (baseline / target; > 1 means the target is faster or smaller):")
-        for s in summary:
-            print(f"  {s['target']:<34} vs {s['baseline']:<26} {'causal' if s['causal'] else 'bidir '} "
-                  f"N={s['length']:>6}: {s['speedup']:6.1f}x faster, {s['memory_ratio']:6.1f}x less memory")
+    summary = ratios(rows)
     steps = [r for r in rows if r["part"] == "step"]
-    if steps:
-        print("\nstep latency growth from the shortest to the longest context (1.0 = flat):")
-        for spec in args.step_mechanisms:
-            s = sorted((r for r in steps if r["mechanism"] == spec), key=lambda r: r["context"])
-            print(f"  {spec:<34} {s[-1]['us'] / s[0]['us']:6.2f}x  ({s[0]['us']:.0f} -> {s[-1]['us']:.0f} us)")
     res = {"machine": timing.machine(PROG, argv), "config": vars(args), "rows": rows, "ratios": summary}
-    train = [[r["mechanism"], "causal" if r["causal"] else "bidirectional", r["length"],
-              r.get("skipped") or f"{r['ms']:.1f}", "" if "skipped" in r else f"{r['peak_mb']:.1f}"]
-             for r in rows if r["part"] == "train"]
+    direction = lambda r: "causal" if r["causal"] else "bidirectional"  # noqa: E731
+    train = [[r["mechanism"], direction(r), r["length"], r.get("skipped") or f"{r['ms']:.1f}",
+              "" if "skipped" in r else f"{r['peak_mb']:.1f}"] for r in rows if r["part"] == "train"]
     tables = [timing.table(["mechanism", "direction", "N", "fwd+bwd ms", "peak MB"], train)] if train else []
     tables += [timing.table(["target", "baseline", "direction", "N", "x faster", "x less memory"],
-                            [[s["target"], s["baseline"], "causal" if s["causal"] else "bidirectional", s["length"],
-                              f"{s['speedup']:.1f}", f"{s['memory_ratio']:.1f}"] for s in summary])] if summary else []
+                            [[s["target"], s["baseline"], direction(s), s["length"], f"{s['speedup']:.1f}",
+                              f"{s['memory_ratio']:.1f}"] for s in summary])] if summary else []
     tables += [timing.table(["mechanism", "context", "step us"], [[r["mechanism"], r["context"], f"{r['us']:.1f}"]
                                                                   for r in steps])] if steps else []
     timing.write(res, args.json, args.markdown, f"One attention layer: time and memory (batch {args.batch}, width "

@@ -2,16 +2,14 @@
 
     python -m eval.bench.classify task=lra/listops-fast models=transformer,primalformer train.steps=400
 
-Each model gets its own Trainer (same data, same seed, same batches in the same order); they run
-in alternating blocks of ``train.eval_every`` steps so that load on a shared machine hits them
-alike. Only optimisation steps are timed (forward, backward, optimizer); evaluation is not. Prints
-and writes (``out``/bench-<task>.json) the test accuracy of each model selected on validation,
-its seconds per 1K steps, and the ratio to the first model.
+Each model gets its own Trainer (same data, seed and batches), in alternating blocks of ``train.eval_every``
+steps so load on a shared machine hits them alike; only optimisation steps are timed. Writes
+``out``/bench-<task>.json: each model's test accuracy selected on validation, seconds per 1K steps, ratio.
 """
 
 from __future__ import annotations
 
-import json
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +20,8 @@ from primal_dt.run import cli, errors, runtime
 from primal_dt.classifier_training import Trainer
 from primal_dt.classify_config import build_config, check_config
 from primal_dt.tasks import load_task
+
+from . import timing
 
 
 @dataclass
@@ -38,7 +38,8 @@ DESCRIPTION = (__doc__.split("\n\n")[0] + " Every other option is every model's 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    bench, argv = cli.parse(ClassifyBenchConfig, argv, prog=PROG, description=DESCRIPTION, known=True)
+    given = sys.argv[1:] if argv is None else list(argv)
+    bench, argv = cli.parse(ClassifyBenchConfig, given, prog=PROG, description=DESCRIPTION, known=True)
     models = list(bench.models)
     with errors.setup_errors(RuntimeError):  # bad input: SetupError, printed as one line by errors.main
         if not models:
@@ -78,13 +79,13 @@ def main(argv: list[str] | None = None) -> dict:
         rows.append({"model": m, "layers": [sp.attention for sp in tr.model.stack.specs], "steps": total,
                      "s_per_1k_steps": round(s, 1), "ratio_to_first": round(s / base, 3),
                      "selected_val_acc": best[m][0], "test_acc": best[m][1], "selected_step": best[m][2]})
-    result = {"task": cfgs[0].task, "data": data.describe(), "seed": cfgs[0].seed,
-              "threads": torch.get_num_threads(), "timing": "optimisation steps only, interleaved blocks",
-              "results": rows}
-    print(json.dumps(result, indent=2))
-    out = Path(cfgs[0].out) / f"bench-{cfgs[0].task.replace('/', '-')}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    result = {"machine": timing.machine(PROG, given), "task": cfgs[0].task, "data": data.describe(),
+              "seed": cfgs[0].seed, "timing": "optimisation steps only, interleaved blocks", "results": rows}
+    timing.write(result, str(Path(cfgs[0].out) / f"bench-{cfgs[0].task.replace('/', '-')}.json"), None,
+                 f"{data.describe()}: seconds per 1K optimisation steps, test accuracy selected on validation",
+                 [timing.table(["model", "s per 1K steps", "x first", "test acc", "val acc", "at step"],
+                               [[r["model"], r["s_per_1k_steps"], r["ratio_to_first"], f"{r['test_acc']:.3f}",
+                                 f"{r['selected_val_acc']:.3f}", r["selected_step"]] for r in rows])])
     return result
 
 

@@ -1,24 +1,16 @@
-"""Data benchmark: cost of one K-step training batch versus the DT reference's sampler and
-versus a DT training step, all measured in the same run.
+"""Data benchmark: one K-step training batch (64 x 20, the papers') of ``envs.SegmentSampler`` against the
+DT reference's sampler and a DT training step, in the same run.
 
     python -m eval.bench.data                         # hopper-medium-shaped synthetic data (1M steps)
     python -m eval.bench.data --dataset hopper-medium --json bench-data.json --markdown data.md
 
-Methods, per batch of B x K (default 64 x 20, the papers' setting):
-- ``segment-sampler``: envs.SegmentSampler (uniform step draw + flat gathers, RTG precomputed).
-- ``dt-reference``: a per-sample Python loop in the style of the Decision Transformer reference
-  ``get_batch``: choose a trajectory (p proportional to length), slice it, compute the
-  return-to-go with a Python ``discount_cumsum`` over the rest of the trajectory, pad with
-  ``np.concatenate``, normalise, convert.
-- ``loop-precomputed-rtg``: the same loop reading a precomputed RTG (isolates the loop cost).
-- ``dt-train-step`` (context, not a sampler): forward+backward+AdamW of a DT-sized stand-in
-  (torch TransformerEncoder, 3 layers, width 256, 4 heads, 3K tokens, batch B), so the
-  sampler's cost can be read as a fraction of a training step.
+``dt-reference`` is the reference's ``get_batch``, a per-sample Python loop (return-to-go by a Python
+``discount_cumsum``), ``loop-precomputed-rtg`` the same loop reading a precomputed one (the loop's own
+cost), ``dt-train-step`` a DT-sized stand-in's forward+backward+AdamW, so the sampler reads as its fraction.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 
@@ -31,18 +23,16 @@ from primal_dt.run import cli, options
 from . import timing
 
 
-def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, env: str = "hopper-medium", seed: int = 0):
-    """Random data shaped like D4RL hopper-medium (1M steps, 2186 trajectories), with the
-    observation and action sizes of ``env``'s simulator (from ``envs``)."""
+def synthetic(num_steps: int = 1_000_000, episodes: int = 2186, seed: int = 0):
+    """Random data of D4RL hopper-medium's size and shapes (1M steps, 2186 trajectories)."""
     from envs import Trajectories, get_spec
 
-    spec = get_spec(env)
-    obs_dim, act_dim = spec.obs_dim, spec.act_dim
+    spec = get_spec("hopper-medium")
     rng = np.random.default_rng(seed)
     w = rng.uniform(0.2, 1.8, episodes)
     lengths = np.maximum(1, (w / w.sum() * num_steps).astype(np.int64))
     n = int(lengths.sum())
-    return Trajectories(observations=rng.standard_normal((n, obs_dim)), actions=rng.uniform(-1, 1, (n, act_dim)),
+    return Trajectories(observations=rng.standard_normal((n, spec.obs_dim)), actions=rng.uniform(-1, 1, (n, spec.act_dim)),
                         rewards=rng.uniform(0, 4, n), starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]),
                         lengths=lengths, terminal=np.ones(episodes, bool), source="synthetic")
 
@@ -56,8 +46,7 @@ def _discount_cumsum(x, gamma):
 
 
 class ReferenceLoop:
-    """Per-sample sampler in the structure of the DT reference code (left as it is: a loop).
-    ``reward_scale`` divides the returns-to-go, as in the reference and in envs.SegmentSampler."""
+    """Per-sample sampler in the structure of the DT reference code (left as it is: a loop)."""
 
     def __init__(self, ds, K, batch_size, reward_scale, max_len=1000, precomputed_rtg=False, seed=0):
         self.trajs = [dict(observations=e["observations"], actions=e["actions"], rewards=e["rewards"],
@@ -113,8 +102,6 @@ def train_step_fn(batch: int, K: int, obs_dim: int, act_dim: int, width: int = 2
 
 @dataclass
 class DataBenchConfig:
-    """Options of ``python -m eval.bench.data``."""
-
     dataset: str | None = None
     """a dataset name to load (none: synthetic data of hopper-medium's size)"""
     batch: int = 64
@@ -136,24 +123,16 @@ class DataBenchConfig:
 
 
 PROG = "python -m eval.bench.data"
+NUMBERS = {"batch": options.AT_LEAST_1, "K": options.AT_LEAST_1, "reward_scale": options.POSITIVE,
+           "repeat": options.AT_LEAST_1, "threads": options.THREADS}
 
 
-def parse_args(argv=None) -> DataBenchConfig:
-    """The options, every numeric one and the output files checked (``cli.fail`` otherwise)."""
-    a = cli.parse(DataBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
-    options.check_parsed(a, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
-                             "--reward_scale": options.POSITIVE, "--repeat": options.AT_LEAST_1,
-                             "--threads": options.THREADS})
-    try:
-        timing.check_files(a.json, a.markdown)
-    except ValueError as err:
-        cli.fail(str(err))
-    return a
+def parse_args(argv=None) -> tuple[DataBenchConfig, list[str]]:
+    return timing.parse(DataBenchConfig, argv, PROG, __doc__, NUMBERS)
 
 
 def main(argv=None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    a = parse_args(argv)
+    a, argv = parse_args(argv)
     if a.threads > 0:
         torch.set_num_threads(a.threads)
 
@@ -174,24 +153,20 @@ def main(argv=None) -> dict:
            "dt-reference": ReferenceLoop(ds, a.K, a.batch, a.reward_scale).sample}
     if not a.no_train_step:
         fns["dt-train-step"] = train_step_fn(a.batch, a.K, ds.observations.shape[1], ds.actions.shape[1])
-    rows = {k: ms / 1e3 for k, ms in timing.median_ms(fns, calls=10**6, rounds=a.repeat, round_s=0.2).items()}
+    rows = {k: ms / 1e3 for k, ms in timing.median_ms(fns, calls=10**6, rounds=a.repeat).items()}
     base = rows["segment-sampler"]
-    print(f"{'method':<24}{'ms/batch':>12}{'x segment-sampler':>20}")
-    for k, v in rows.items():
-        print(f"{k:<24}{v * 1e3:>12.3f}{v / base:>20.1f}")
     summary = {"speedup_vs_dt_reference": rows["dt-reference"] / base,
                "speedup_vs_loop_precomputed_rtg": rows["loop-precomputed-rtg"] / base}
     if "dt-train-step" in rows:
         summary["sampler_fraction_of_train_step"] = base / rows["dt-train-step"]
         summary["dt_reference_fraction_of_train_step"] = rows["dt-reference"] / rows["dt-train-step"]
-    for k, v in summary.items():
-        print(f"{k}: {v:.4g}")
     result = {"machine": timing.machine(PROG, argv), "dataset": ds.source, "steps": ds.num_steps,
               "trajectories": len(ds), "batch": a.batch, "K": a.K, "threads": a.threads, "sampler_setup_s": setup_s,
               "seconds_per_batch": rows, **summary}
     timing.write(result, a.json, a.markdown, f"One {a.batch} x {a.K} training batch ({ds.source} data)",
                  [timing.table(["method", "ms per batch", "x segment-sampler"],
-                               [[k, f"{v * 1e3:.3f}", f"{v / base:.1f}"] for k, v in rows.items()])])
+                               [[k, f"{v * 1e3:.3f}", f"{v / base:.1f}"] for k, v in rows.items()])],
+                 [f"{k}: {v:.4g}" for k, v in summary.items()])
     return result
 
 

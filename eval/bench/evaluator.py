@@ -1,11 +1,8 @@
-"""The evaluation part of ``python -m eval.bench.inference``: wall time of ``episodes`` Hopper episodes with
-the vectorised stream evaluator (``eval.rollout.evaluate``) vs the sequential one-episode-at-a-time
-recompute loop (the reference implementations' protocol), same checkpoint, same seeds, same run, and
-where each one's wall time goes. ``python -m eval.bench.evaluator`` runs this section alone (with
-``eval.bench.inference``'s options).
-
-Where the time goes is measured, not assumed: the agent's time is every ``act`` call's (the evaluator's own
-record); a simulator step is timed through Gymnasium's wrappers, unwrapped, and as the MuJoCo physics alone,
+"""The evaluation part of ``python -m eval.bench.inference`` (alone: ``python -m eval.bench.evaluator``, with
+its options): wall time of ``episodes`` Hopper episodes with the vectorised stream evaluator against the
+sequential one-episode-at-a-time recompute loop (the reference implementations' protocol), same
+checkpoint, seeds and run, and where each one's time goes, measured: the agent's time is every ``act``
+call's, and a simulator step is timed through Gymnasium's wrappers, unwrapped, and as MuJoCo physics alone,
 so the report says how much a bypass of Gymnasium's per-step Python could ever save.
 """
 
@@ -15,34 +12,9 @@ import time
 
 import numpy as np
 
+from agents.agent import Agent
+
 from . import timing
-
-
-def make_agent(model, info, engine: str, context: int | None = None):
-    """An agent with the run's bookkeeping (``info``: the checkpoint's DataInfo), aiming at its first target."""
-    from agents.agent import Agent
-
-    return Agent(model, info, engine=engine, context=context)
-
-
-def sequential_recompute(model, info, spec, n: int, seed: int, max_steps: int, gym_id=None) -> dict:
-    """The reference protocol: one episode at a time (the evaluators' loop on one simulator), batch-1
-    recompute agent; wall time, returns, steps, the time spent acting, and the rest ("env_s": stepping
-    the simulator, and the loop's own bookkeeping)."""
-    from eval.episodes import run_episodes
-    from eval.rollout import vector_env
-
-    ag = make_agent(model, info, "recompute")
-    venv = vector_env(spec.name, 1, gym_id=gym_id)
-    try:
-        t0 = time.perf_counter()
-        res = run_episodes(ag, venv, [(info.eval_targets[0], e) for e in range(n)], seed, max_steps)
-        wall = time.perf_counter() - t0
-    finally:
-        venv.close()
-    act_s = sum(res["act_s"])
-    return {"wall_s": wall, "returns": res["returns"], "steps": res["env_steps"], "act_s": act_s,
-            "env_s": wall - act_s}
 
 
 def simulator_costs(spec, gym_id=None, steps: int = 200, seed: int = 0) -> dict:
@@ -87,7 +59,7 @@ def act_costs(model, info, batch: int, calls: int = 20) -> dict:
     agent's bookkeeping and numpy <-> torch conversion."""
     import torch
 
-    ag = make_agent(model, info, "stream")
+    ag = Agent(model, info, engine="stream")
     ag.reset(batch)
     obs, rew = np.random.default_rng(0).normal(size=(batch, model.cfg.state_dim)), np.ones(batch)
     ag.act(obs)
@@ -107,7 +79,8 @@ def evaluation_section(model, info, bc) -> dict:
     lane) vs the sequential recompute loop, in one run; ratios printed."""
     import envs
     from agents.train_config import RolloutOptions
-    from eval.rollout import evaluate
+    from eval.episodes import run_episodes
+    from eval.rollout import evaluate, vector_env
 
     spec = envs.get_spec(info.env)
     target = info.eval_targets[0]
@@ -126,7 +99,17 @@ def evaluation_section(model, info, bc) -> dict:
             res, env_steps = r, d["env_steps"]
         print(f"  vectorised stream, {name}: {vec[name]:.2f} s (agent acting {d['latency']['total_act_s']:.2f} s "
               f"in all)", flush=True)
-    seq = sequential_recompute(model, info, spec, n_seq, bc.seed, bc.max_steps, info.gym_id)
+    # the reference protocol: one episode at a time, a batch-1 recompute agent, the evaluators' loop
+    venv = vector_env(spec.name, 1, gym_id=info.gym_id)
+    try:
+        t0 = time.perf_counter()
+        seq = run_episodes(Agent(model, info, engine="recompute"), venv, [(target, e) for e in range(n_seq)],
+                           bc.seed, bc.max_steps)
+        seq["wall_s"] = time.perf_counter() - t0
+    finally:
+        venv.close()
+    seq["act_s"] = sum(seq["act_s"])
+    seq["env_s"] = seq["wall_s"] - seq["act_s"]  # stepping the simulator and the loop's own bookkeeping
     scale = bc.episodes / n_seq
     seq_s = seq["wall_s"] * scale
     sims = simulator_costs(spec, info.gym_id, seed=bc.seed)
@@ -150,11 +133,6 @@ def evaluation_section(model, info, bc) -> dict:
           f"Python {100 * sims['env_python_share']:.0f}% + Gymnasium wrappers {100 * sims['wrappers_share']:.0f}%; "
           f"agent.act at batch {acts['batch']}: {acts['act_ms']:.2f} ms, of which bookkeeping and numpy/torch "
           f"conversion {100 * acts['bookkeeping_share']:.0f}%", flush=True)
-    print(f"{bc.episodes} Hopper episodes (mean length {res[target]['length_mean']:.0f}): vectorised stream "
-          f"{vec_s:.2f} s, sequential recompute {seq_s:.1f} s"
-          + (f" (scaled from {n_seq} episodes)" if n_seq != bc.episodes else "") + f"  -> {out['speedup']:.1f}x"
-          + "".join(f"; {k}: {v:.1f}x" for k, v in out["speedup_by_layout"].items() if k != "lanes=2 process"),
-          flush=True)
     return out
 
 
@@ -163,4 +141,4 @@ if __name__ == "__main__":  # this section alone: eval.bench.inference with its 
 
     from eval.bench.inference import main
 
-    main(["latency=false", "thread_table=false", *sys.argv[1:]])
+    main(["latency=false", *sys.argv[1:]])

@@ -3,17 +3,12 @@
     python -m eval.bench.gpu                        # on a GPU: bounded by --budget_s
     python -m eval.bench.gpu --budget               # tiny sizes, any device: a rehearsal in seconds
 
-1. ms per update (forward, loss, backward, clipping, AdamW) of dt, primal+dt and primalformer-dt at the
-   Primal-Attention paper's size (and HuggingFace's DT when ``transformers`` is installed), in the training
-   step's forms (``agents.train_step``: eager, compile, cudagraphs on CUDA), float32 and bf16 autocast,
-   against our dt, eager, float32. One model per layout and precision is compiled once: its first timed
-   steps are the compile form, then the same step is captured in a CUDA graph (``graph_after``).
-2. The stream agent's act latency (primal+dt) on the device at batch 1 and 100, observations from and
-   actions to the host as in a rollout.
-3. N processes each training primal+dt in the device's default form at once: their summed updates per
-   second against one alone.
-
-Batches are synthetic with the sampler's shapes and padding (``eval.bench.train.batches``), on the device.
+1. ms per update of dt, primal+dt and primalformer-dt at the paper's size (and HuggingFace's DT when
+   ``transformers`` is installed) in the training step's forms (eager, compile, cudagraphs on CUDA), float32
+   and bf16 autocast, against dt eager float32. One model per layout and precision is compiled once: its
+   first timed steps are the compile form, then the same step is captured in a CUDA graph.
+2. The stream agent's act latency (primal+dt) at batch 1 and 100, observations and actions on the host.
+3. N processes training primal+dt at once: their summed updates per second against one alone.
 """
 
 from __future__ import annotations
@@ -34,7 +29,7 @@ import numpy as np
 import torch
 
 from agents.train_step import Stepper, default_mode
-from primal_dt.run import cli, options, runtime
+from primal_dt.run import options, runtime
 
 from . import timing
 from .train import ACT_DIM, CLIP, ETA, OURS, SIZES, STATE_DIM, HuggingFace, Ours, batches
@@ -44,18 +39,14 @@ TINY = dict(d_model=32, n_heads=2, n_layers=2, s=8)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(step, data: list[dict], device: torch.device) -> float:
     """ms per call of ``step`` over ``data`` (the device synchronised before and after, once)."""
-    sync(device)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    sync()
     t0 = time.perf_counter()
     for b in data:
         step(b)
-    sync(device)
+    sync()
     return 1000 * (time.perf_counter() - t0) / len(data)
 
 
@@ -183,8 +174,6 @@ PROG = "python -m eval.bench.gpu"
 
 @dataclass
 class GpuBenchConfig:
-    """Options of ``python -m eval.bench.gpu``."""
-
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     budget: bool = False
@@ -221,18 +210,15 @@ class GpuBenchConfig:
     """(internal) run as one of the concurrent trainings, starting when this file appears"""
 
 
+NUMBERS = {"steps": options.AT_LEAST_1, "warmup": options.AT_LEAST_1, "batch": options.AT_LEAST_1,
+           "K": options.AT_LEAST_1, "acts": options.AT_LEAST_1, "concurrent": options.AT_LEAST_0,
+           "threads": options.THREADS, "budget_s": options.Range(0, 1e6)}
+
+
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = cli.parse(GpuBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
-    options.check_parsed(args, {"--steps": options.AT_LEAST_1, "--warmup": options.AT_LEAST_1,
-                                "--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
-                                "--acts": options.AT_LEAST_1, "--concurrent": options.AT_LEAST_0,
-                                "--threads": options.THREADS, "--budget_s": options.Range(0, 1e6)})
-    try:
-        device = runtime.pick_device(args.device, option="--device")
-        timing.check_files(args.json, args.markdown)
-    except ValueError as err:
-        cli.fail(str(err))
+    args, argv = timing.parse(GpuBenchConfig, argv, PROG, __doc__, NUMBERS,
+                              check=lambda a: runtime.pick_device(a.device, option="--device"))
+    device = runtime.pick_device(args.device)
     runtime.set_threads(args.threads)
     size = TINY if args.budget else SIZES["paper"]
     if args.budget:
@@ -263,7 +249,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [[k, f"{v:.2f}", f"{base / v:.2f}"] for k, v in sorted(ms.items(), key=lambda kv: kv[1])]
     timing.write(res, args.json, args.markdown, f"ms per update on {device} ({name}), batch {args.batch}, K {args.K}, "
                  f"width {size['d_model']}", [timing.table(["model form precision", "ms", f"x {BASELINE}"], rows)],
-                 [line.strip() for line in table(res).splitlines()[len(rows) + 2:]])
+                 [line.strip() for line in table(res).splitlines()[len(rows) + 2:]], echo=False)
     print(table(res), flush=True)
     return res
 

@@ -1,21 +1,19 @@
-"""What every benchmark shares: interleaved median timing, the machine it ran on, and its output files.
-
-A benchmark writes its figures itself (``--json`` for the whole result, ``--markdown`` for the table a
-reader looks at, under ``docs/results/`` for the project's), headed by the machine and the command, so a
-measured table is never typed by hand. Both writes are atomic: a failed write leaves the old file or none.
+"""What every benchmark shares: its checked command line, interleaved median timing, the machine it ran on,
+and its output files, written by the benchmark itself (``--json``, ``--markdown``: under ``docs/results/``
+for the project's) headed by the machine and the command, so a measured table is never typed by hand.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-import os
 import platform
 import shlex
 import statistics
+import sys
 import time
 
-from primal_dt.run import checkpoint, options
+from primal_dt.run import checkpoint, cli, options, runtime
 
 
 def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.2, before: dict | None = None) -> dict:
@@ -51,29 +49,50 @@ def machine(prog: str, argv) -> dict:
     """The machine, the software and the command of a measurement (the header of its tables)."""
     import torch
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": cpu_model(), "cores": cores, "torch_threads": torch.get_num_threads(), "gpu": gpu,
+    return {"cpu": cpu_model(), "cores": runtime.usable_cores(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
             "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join([prog, *map(shlex.quote, argv)])}
 
 
-def check_files(json_path: str | None, markdown: str | None, prefix: str = "--") -> None:
-    """A ValueError now, not after minutes of measuring, for an output file that cannot be written."""
-    for option, path in (("json", json_path), ("markdown", markdown)):
-        if path:
-            options.check_output_file(path, prefix + option)
+def parse(cls, argv, prog: str, doc: str, numbers: dict, prefix: str = "--", check=None) -> tuple:
+    """(options, the words given) of a bench's command line, checked before anything is measured: every option
+    in ``numbers`` ({name: Range}), the output files (``json``, ``markdown``) and ``check(options)``; a mistake
+    is one ``error:`` line naming the option as the bench spells it (``prefix``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = cli.parse(cls, argv, prog=prog, description=doc.split("\n\n")[0])
+    try:
+        for name, rule in numbers.items():
+            options.check_number(prefix + name, getattr(args, name), rule)
+        for name in ("json", "markdown"):
+            if getattr(args, name):
+                options.check_output_file(getattr(args, name), prefix + name)
+        if check is not None:
+            check(args)
+    except ValueError as err:
+        cli.fail(str(err))
+    return args, argv
+
+
+def cell(text) -> str:
+    """One Markdown table cell: ``|`` escaped and control characters made spaces, so a name read from a file
+    can never break a table's rows."""
+    return "".join(" " if ord(c) < 32 or ord(c) == 127 else c for c in str(text)).replace("|", "\\|")
 
 
 def table(columns: list[str], rows: list[list]) -> list[str]:
-    """A Markdown table; a cell's ``|`` is escaped so a name can never break a row."""
-    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"  # noqa: E731
+    """A Markdown table of ``cell``s."""
+    line = lambda cells: "| " + " | ".join(map(cell, cells)) + " |"  # noqa: E731
     return [line(columns), "|" + "---|" * len(columns), *map(line, rows)]
 
 
 def write(result: dict, json_path: str | None, markdown: str | None, title: str, tables: list[list[str]],
-          notes: list[str] = ()) -> None:
-    """The result as JSON and its tables (from ``table``) as a Markdown page headed by ``result["machine"]``."""
+          notes: list[str] = (), echo: bool = True) -> None:
+    """The result as JSON and its tables (from ``table``) and notes as a Markdown page headed by
+    ``result["machine"]``; ``echo``: the page's body printed too, so the console shows what the page holds."""
+    body = [line for t in tables for line in ["", *t]] + (["", *notes] if notes else [])
+    if echo:
+        print("\n".join([title, *body]), flush=True)
     if json_path:
         checkpoint.write_atomic(json_path, json.dumps(result, indent=2, default=str), "benchmark's results")
         print(f"wrote {json_path}", flush=True)
@@ -82,8 +101,5 @@ def write(result: dict, json_path: str | None, markdown: str | None, title: str,
         head = [f"# {title}", "", f"Command: `{m['command']}`", "",
                 f"Machine: {m['cpu']}, {m['cores']} core(s), {m['torch_threads']} torch thread(s)"
                 + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; torch {m['torch']}; {m['date']}."]
-        body = [line for t in tables for line in ["", *t]]
-        text = "\n".join(head + body + (["", *notes] if notes else [])) + "\n"
-        checkpoint.write_atomic(markdown, text, "benchmark's table")
+        checkpoint.write_atomic(markdown, "\n".join(head + body) + "\n", "benchmark's table")
         print(f"wrote {markdown}", flush=True)
-

@@ -4,22 +4,17 @@ HuggingFace ``transformers.DecisionTransformerModel`` at the same sizes, in the 
     python -m eval.bench.train                                   # paper and original-DT sizes
     python -m eval.bench.train --sizes paper --rounds 5 --json bench-train.json --markdown docs/results/training-step.md
 
-A step is what training does: forward on a batch of K-step segments (batch 64, K = 20, so 60
-tokens per segment), masked action MSE (+ eta * KSVD for primal layers), backward, grad-norm clip
-0.25, AdamW. Dropout 0.1 is on, as in training. Sizes: the Primal-Attention paper's (width 256,
-4 heads, 3 layers) and the original DT's (width 128, 1 head, 3 layers); Hopper's state/action
-dims. Batches are synthetic with the sampler's shapes and padding pattern (timing does not
-depend on values); every model sees the same batches.
-
-On a shared CPU load drifts, so the models take turns: each round runs ``--steps`` timed steps of every
-model, and a model's figure is the median over all its timed steps (the fastest step too: load only ever
-adds time). ``transformers`` is a benchmark-only extra (``pip install primal-dt[bench]``).
+A step is what training does: forward on K-step segments (batch 64, K = 20), masked action MSE (+ eta *
+KSVD for primal layers), backward, grad-norm clip 0.25, AdamW, dropout 0.1, on synthetic batches with the
+sampler's shapes and padding (timing does not depend on values), the same for every model. On a shared CPU
+load drifts, so the models take turns, ``--steps`` timed steps each per round; a figure is the median over
+all of a model's steps (and the fastest: load only ever adds time). ``transformers`` is the ``bench``
+extra.
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -30,7 +25,7 @@ import torch.nn.functional as F
 from agents.decision_transformer import Batch, DecisionTransformer, DTConfig
 from agents.stream_training import first_exact_step, stream_exact_batch, stream_exact_config
 from agents.train_step import Stepper
-from primal_dt.run import cli, errors, options
+from primal_dt.run import errors, options
 
 from . import timing
 
@@ -144,9 +139,7 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     for k, v in times.items():
         med = statistics.median(v)
         res["models"][k] = {"ms_per_step": round(1000 * med, 2), "ms_per_step_min": round(1000 * min(v), 2),
-                            "tokens_per_s": round(tokens / med),
-                            "s_per_1k_steps": round(1000 * med, 1),
-                            "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 2),
+                            "tokens_per_s": round(tokens / med), "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 2),
                             "params": sum(p.numel() for p in runners[k].params), "timed_steps": len(v)}
     ms = {k: v["ms_per_step"] for k, v in res["models"].items()}
     dt = ms["ours:dt"]
@@ -172,26 +165,8 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     return res
 
 
-def report(r: dict) -> str:
-    lines = [f"size {r['size']}: width {r['d_model']}, {r['n_heads']} head(s), {r['n_layers']} layers, K={r['K']}, "
-             f"batch {r['batch']}, s={r['s']}",
-             f"  {'model':<30} {'ms/step':>9} {'(min)':>8} {'tokens/s':>10} {'params':>10}"]
-    for k, v in r["models"].items():
-        lines.append(f"  {k:<30} {v['ms_per_step']:>9.1f} {v['ms_per_step_min']:>8.1f} {v['tokens_per_s']:>10,} "
-                     f"{v['params']:>10,}")
-    lines += [f"  ratio {k}: {v:.3f}" for k, v in r["ratios"].items()]
-    lines.append("  (fastest step of each, less sensitive to load: "
-                 + ", ".join(f"{k} {v:.3f}" for k, v in r["ratios_of_min"].items()) + ")")
-    if r["ratios_of_cpu_time"]:
-        lines.append("  (the process's CPU time per step, which others' load does not add: "
-                     + ", ".join(f"{k} {v:.3f}" for k, v in r["ratios_of_cpu_time"].items()) + ")")
-    return "\n".join(lines)
-
-
 @dataclass
 class TrainBenchConfig:
-    """Options of ``python -m eval.bench.train``."""
-
     sizes: tuple[Literal["paper", "original"], ...] = tuple(SIZES)
     """model sizes to time: paper (width 256, 4 heads, 3 layers, the Primal-Attention paper's) | original (width
     128, 1 head, 3 layers, the original DT's)"""
@@ -222,31 +197,30 @@ class TrainBenchConfig:
 
 
 PROG = "python -m eval.bench.train"
+NUMBERS = {"batch": options.AT_LEAST_1, "K": options.AT_LEAST_1, "steps": options.AT_LEAST_1,
+           "rounds": options.AT_LEAST_1, "warmup": options.AT_LEAST_0, "threads": options.THREADS,
+           "stream_window": options.AT_LEAST_0}
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[str], bool]:
-    """(options, sizes, with HuggingFace): every option checked (``cli.fail`` otherwise)."""
-    args = cli.parse(TrainBenchConfig, argv, prog=PROG, description=__doc__.split("\n\n")[0])
+def check(args: TrainBenchConfig) -> None:
     if "eager" not in args.compile:
-        cli.fail("--compile must include eager (the reference the ratios are against)")
+        raise ValueError("--compile must include eager (the reference the ratios are against)")
     if not args.sizes:
-        cli.fail(f"--sizes names no size; give some of {', '.join(SIZES)}")
-    options.check_parsed(args, {"--batch": options.AT_LEAST_1, "--K": options.AT_LEAST_1,
-                                "--steps": options.AT_LEAST_1, "--rounds": options.AT_LEAST_1,
-                                "--warmup": options.AT_LEAST_0, "--threads": options.THREADS,
-                                "--stream_window": options.AT_LEAST_0})
-    try:
-        timing.check_files(args.json, args.markdown)
-        if not args.no_hf:
+        raise ValueError(f"--sizes names no size; give some of {', '.join(SIZES)}")
+    if not args.no_hf:
+        try:
             hf_config(dict(SIZES["original"], state_dim=1, act_dim=1), 1, 0.0)
-    except ValueError as err:
-        cli.fail(str(err) + (" (or pass --no-hf)" if isinstance(err, errors.SetupError) else ""))
-    return args, list(args.sizes), not args.no_hf
+        except errors.SetupError as err:
+            raise ValueError(f"{err} (or pass --no-hf)") from None
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[str]]:
+    return timing.parse(TrainBenchConfig, argv, PROG, __doc__, NUMBERS, check=check)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args, sizes, with_hf = parse_args(argv)
+    args, argv = parse_args(argv)
+    with_hf = not args.no_hf
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     results = {"machine": timing.machine(PROG, argv), "results": []}
@@ -256,17 +230,20 @@ def main(argv: list[str] | None = None) -> dict:
         results["transformers"] = transformers.__version__
     print(f"DT training-step benchmark (torch {torch.__version__}, {torch.get_num_threads()} thread(s)); "
           f"{args.rounds} rounds x {args.steps} steps per model", flush=True)
-    rows = []
-    for s in sizes:
+    rows, notes = [], []
+    for s in args.sizes:
         r = bench_size(s, SIZES[s], args, with_hf)
         results["results"].append(r)
-        print(report(r), flush=True)
         rows += [[f"{s} ({r['d_model']}, {r['n_heads']} heads)", k, f"{v['ms_per_step']:.1f}", f"{v['ms_per_step_min']:.1f}",
                   f"{v['ms_per_step'] / r['models']['ours:dt']['ms_per_step']:.2f}", f"{v['params']:,}"]
                  for k, v in r["models"].items()]
+        notes += [f"{s}: " + "; ".join(f"{k} {v:.3f}" for k, v in r[key].items()) + f" ({what})"
+                  for key, what in (("ratios", "median step"), ("ratios_of_min", "fastest step, less sensitive to "
+                                    "load"), ("ratios_of_cpu_time", "the process's CPU time, which others' load does "
+                                    "not add")) if r[key]]
     timing.write(results, args.json, args.markdown, f"Training step: our DT models against HuggingFace's (batch "
                  f"{args.batch}, K = {args.K}; median of {args.rounds * args.steps} steps per model, models in turns)",
-                 [timing.table(["size", "model", "ms per step", "fastest step", "x ours:dt", "parameters"], rows)])
+                 [timing.table(["size", "model", "ms per step", "fastest step", "x ours:dt", "parameters"], rows)], notes)
     return results
 
 

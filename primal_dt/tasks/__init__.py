@@ -1,8 +1,6 @@
-"""Classification data sources (UEA archive, LRA) behind one ``load_task(DataConfig)``.
-
-Each source lives in its own module; this one only holds the options they share and dispatches.
-Everything here runs before training, so bad paths and files fail before any compute is spent.
-"""
+"""Classification data sources (UEA archive, LRA) behind one ``load_task(DataConfig)``: each source is a
+module of its own; this one holds the options they share and dispatches. It all runs before training, so
+bad paths and files fail before any compute is spent."""
 
 from __future__ import annotations
 
@@ -33,7 +31,7 @@ class DataConfig:
     split_seed: int = 0
     """seed of the validation carve, fixed apart from the training seed so all models share a split"""
     max_train: int = 0
-    """keep at most this many training examples (0 = all); likewise max_val, max_test"""
+    """keep at most this many training examples (0 = all)"""
     max_val: int = 0
     """keep at most this many validation examples (0 = all)"""
     max_test: int = 0
@@ -89,11 +87,8 @@ def load_task(cfg: DataConfig, with_val: bool = True) -> TaskData:
         else:
             data = lra.load_pathfinder(cfg.path, cfg.name)
     s = cfg.split_seed
-    data.train = subset(data.train, cfg.max_train, s)
-    data.val = subset(data.val, cfg.max_val, s) if data.val is not None else None
-    data.test = subset(data.test, cfg.max_test, s)
-    if not with_val:
-        data.val = None
+    data.train, data.test = subset(data.train, cfg.max_train, s), subset(data.test, cfg.max_test, s)
+    data.val = subset(data.val, cfg.max_val, s) if data.val is not None and with_val else None
     return data
 
 

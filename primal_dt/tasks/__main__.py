@@ -1,6 +1,5 @@
-"""Data tools: ``python -m primal_dt.tasks listops out=DIR n_train=2000 max_length=500`` writes ListOps
-files in the LRA release format (see listops.py). A package entry point, so that running the tool does
-not re-import the module the package has already loaded."""
+"""Data tools: ``python -m primal_dt.tasks listops out=DIR n_train=2000 max_length=500`` writes ListOps files
+in the LRA release format. A package entry point, so the tool does not re-import a module the package loaded."""
 
 import sys
 

@@ -1,16 +1,12 @@
 """ListOps (Nangia & Bowman 2018; the LRA version): generator, vocabulary and TSV reader.
 
-The LRA release cannot be downloaded here, so this module re-implements the published generator
-rules: a node is a digit with probability 0.75 (always at ``max_depth``), otherwise an operator
-from MAX, MIN, MED (median, floored), SM (sum mod 10) applied to 2..``max_args`` sub-trees; an
-expression's length counts digits, operators and closing brackets, and only expressions with
-``min_length < length < max_length`` are kept (LRA: 500 < length < 2000, depth 10, 10 args,
-96k / 2k / 2k distinct examples). Files are written in the release's format: a ``Source<TAB>Target``
-header, then the bracketed expression as the release prints it, e.g.
-``( ( ( [MAX 2 ) 9 ) ] )``, and its value.
-
-``python -m primal_dt.tasks listops out=DIR n_train=2000 max_length=500`` writes
-DIR/basic_{train,val,test}.tsv.
+The LRA release cannot be downloaded here, so this re-implements the published generator rules: a node is
+a digit with probability 0.75 (always at ``max_depth``), otherwise an operator from MAX, MIN, MED (median,
+floored), SM (sum mod 10) applied to 2..``max_args`` sub-trees; an expression's length counts digits,
+operators and closing brackets, and only ``min_length < length < max_length`` is kept (LRA: 500 < length
+< 2000, depth 10, 10 args, 96k / 2k / 2k distinct examples). Files are in the release's format: a
+``Source<TAB>Target`` header, then the expression as the release prints it (``( ( ( [MAX 2 ) 9 ) ] )``)
+and its value.
 """
 
 from __future__ import annotations
@@ -192,7 +188,6 @@ def read_tsv(path: str | Path) -> tuple[list[list[int]], list[int]]:
 
 @dataclass
 class GenerateArgs:
-    """Generate ListOps TSV files in the LRA release format."""
 
     out: str = "data/listops"
     """directory of basic_train.tsv, basic_val.tsv, basic_test.tsv"""

@@ -41,16 +41,13 @@ def _split(seqs, labels, max_len) -> Split:
     return Split(x, m, torch.as_tensor(labels, dtype=torch.long))
 
 
-def _carved(name, seqs, labels, test, max_len, val_fraction, split_seed, **kw) -> TaskData:
-    """TaskData from a train set without a validation split (carved unless val_fraction == 0)."""
-    labels = np.asarray(labels)
-    full = _split(seqs, labels, max_len)
+def _carved(name, full: Split, test, val_fraction, split_seed, **kw) -> TaskData:
+    """TaskData from a training set without a validation split (carved unless val_fraction == 0)."""
+    val = None
     if val_fraction > 0:
-        fit, val = carve_validation(labels, val_fraction, split_seed)
-        train, val = full.take(fit), full.take(val)
-    else:
-        train, val = full, None
-    return TaskData(name=name, train=train, val=val, test=test, max_len=max_len, input_kind="tokens", **kw)
+        fit, val = carve_validation(full.y.numpy(), val_fraction, split_seed)
+        full, val = full.take(fit), full.take(val)
+    return TaskData(name=name, train=full, val=val, test=test, input_kind="tokens", **kw)
 
 
 def bytes_ids(text: str) -> list[int]:
@@ -90,10 +87,9 @@ def load_text(path: str, max_len: int = 0, val_fraction: float = 0.1, split_seed
             raise ValueError(f"LRA Text: no *.txt reviews under {root / split}")
         return seqs, labels
 
-    seqs, labels = read("train")
-    test = _split(*read("test"), T)
-    return _carved("lra/text", seqs, labels, test, T, val_fraction, split_seed, n_classes=2, n_inputs=257,
-                   class_names=["neg", "pos"], notes=[f"IMDB bytes from {root}; truncated to {T}"])
+    return _carved("lra/text", _split(*read("train"), T), _split(*read("test"), T), val_fraction, split_seed,
+                   n_classes=2, n_inputs=257, max_len=T, class_names=["neg", "pos"],
+                   notes=[f"IMDB bytes from {root}; truncated to {T}"])
 
 
 def read_retrieval_tsv(path: Path, max_len: int) -> Split:
@@ -185,16 +181,9 @@ def load_image(path: str, val_fraction: float = 0.1, split_seed: int = 0) -> Tas
                 raise ValueError(f"{f}: not a CIFAR-10 python batch ({err})") from None
         return grey(np.concatenate(xs)), ys
 
-    px, ys = read([f"data_batch_{i}" for i in range(1, 6)])
-    test = _pixel_split(*read(["test_batch"]))
-    ys = np.asarray(ys)
-    if val_fraction > 0:
-        fit, val = carve_validation(ys, val_fraction, split_seed)
-        train, valid = _pixel_split(px[fit], ys[fit]), _pixel_split(px[val], ys[val])
-    else:
-        train, valid = _pixel_split(px, ys), None
-    return TaskData("lra/image", train, valid, test, n_classes=10, input_kind="tokens", n_inputs=257, max_len=1024,
-                    notes=[f"CIFAR-10 grey-scale pixels from {root}"])
+    return _carved("lra/image", _pixel_split(*read([f"data_batch_{i}" for i in range(1, 6)])),
+                   _pixel_split(*read(["test_batch"])), val_fraction, split_seed, n_classes=10, n_inputs=257,
+                   max_len=1024, notes=[f"CIFAR-10 grey-scale pixels from {root}"])
 
 
 def load_pathfinder(path: str, difficulty: str = "curv_contour_length_14") -> TaskData:

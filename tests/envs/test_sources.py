@@ -26,7 +26,6 @@ def npz_source():
 
 def test_a_source_registered_in_a_test_loads_and_trains(npz_source, hopper_file, tmp_path, tiny_train):
     from agents import dt_checkpoint
-    from eval import report
     from agents import train_config
     from primal_dt.train import run
 
@@ -39,7 +38,7 @@ def test_a_source_registered_in_a_test_loads_and_trains(npz_source, hopper_file,
     same = read_d4rl(hopper_file, "hopper-medium", "Hopper-v4")
     assert ds.fingerprint == same.fingerprint and ds.source == f"npz:{tmp_path / 'hopper.npz'}"
     assert "npz[:PATH]: flat D4RL arrays in a numpy .npz file" in sources.help_text()
-    assert report.data_kind(ds.source) == "npz"
+    assert sources.label(ds.source) == "npz"
     train_config.check(train_config.TrainConfig(data_source=f"npz:{tmp_path / 'hopper.npz'}"))
     args = [*tiny_train.TINY, f"data_source=npz:{tmp_path / 'hopper.npz'}", f"out={tmp_path / 'out'}", "steps=2",
             *tiny_train.QUIET]

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from envs import sources
 from eval import report
 from primal_dt.train import run as train
 
@@ -171,7 +172,7 @@ def test_replica_data_is_its_own_group_and_never_beside_a_paper_number_unmarked(
     assert "| 74.5 (on D4RL data, not replica) |" in md
     d4rl_line = next(x for x in md.splitlines() if x.startswith("| hopper-medium | D4RL |"))
     assert "| 74.5 |" in d4rl_line
-    assert report.data_kind("minari:mujoco/hopper/medium-v0") == "Minari mujoco/hopper/medium-v0"
+    assert sources.label("minari:mujoco/hopper/medium-v0") == "Minari mujoco/hopper/medium-v0"
     # the level each row is measured against: the mean normalized return of its own data's episodes,
     # here recomputed from the files with h5py (episodes end at a terminal or a timeout)
     for row, path in ((rows["replica"], replica["data_source"].removeprefix("replica:")), (rows["D4RL"], hopper_file)):

@@ -121,7 +121,7 @@ def test_a_gif_that_cannot_be_written_whole_leaves_no_file(tmp_path, run_code):
     GIF nor empty claimed name is left as the rollout's output."""
     code = ("import numpy as np\nfrom pathlib import Path\nfrom eval.video import _write\n"
             "frames = [np.random.default_rng(i).integers(0, 255, (64, 64, 3), dtype=np.uint8) for i in range(20)]\n"
-            f"_write(frames, 10.0, Path({str(tmp_path)!r}), 'stream', False, 0)\n")
+            f"_write(frames, 10.0, Path({str(tmp_path)!r}), 'stream', 0)\n")
     p = run_code(code, file_size=4096)
     assert p.returncode != 0 and "could not write the episode GIF" in p.stderr, p.stderr[-2000:]
     assert not list(tmp_path.iterdir())
