@@ -68,7 +68,7 @@ class Agent(Policy):
         stats = (info.state_mean, info.state_std, info.reward_scale)
         if engine == "stream":
             #: the one step function the agent runs (built here: its checks fail at construction)
-            self.step_fn = DTStep(model, *stats, precision=precision)
+            self.step_fn = DTStep(model, *stats, precision=precision, inplace=True)  # (the agent drops a passed state)
             if precision == "bf16" and not native_bf16(next(model.parameters()).device):
                 warnings.warn("precision='bf16': this CPU has no native bfloat16 matmuls (AVX512-BF16 or AMX), so "
                               "they are emulated and likely slower than fp32; use precision='fp32'", stacklevel=2)

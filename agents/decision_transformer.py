@@ -321,10 +321,11 @@ class DTStep(nn.Module):
     ``layer_specs``, as ``agents.recompute`` does).
 
     Built from a model in eval mode; a snapshot of the weights its layers fuse (build a new one after
-    the weights change). ``precision``: as ``Attention.recurrent``'s."""
+    the weights change). ``precision``: as ``Attention.recurrent``'s; ``inplace``: the caller never passes a state
+    twice, so the layers may write it in place (``Recurrent.inplace``: the torch agent)."""
 
     def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", inplace: bool = False):
         super().__init__()
         if model.training:
             raise ValueError(f"{type(self).__name__} needs the model in eval mode (model.eval())")
@@ -340,7 +341,7 @@ class DTStep(nn.Module):
         self.model = model
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
-        self.reward_scale = float(reward_scale)
+        self.reward_scale, self.inplace = float(reward_scale), inplace
         self.kinds = [k for k, _ in model.tokens.chunk]
         self.register_buffer("offsets", torch.tensor([dt for _, dt in model.tokens.chunk], device=p.device), False)
         self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
@@ -350,7 +351,8 @@ class DTStep(nn.Module):
     def layer_specs(self, precision: str) -> list[StateSpec]:
         """The state past the bookkeeping (``StepState.layers``): every layer's recurrent state."""
         self.layers = self.model.stack.recurrent(window=softmax_stream_window(self.model),
-                                                 chunk=self.model.tokens.per_step, precision=precision)
+                                                 chunk=self.model.tokens.per_step, precision=precision,
+                                                 inplace=self.inplace)
         return self.layers.specs
 
     def init(self, batch: int) -> StepState:

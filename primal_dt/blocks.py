@@ -98,9 +98,11 @@ class Stack(nn.Module):
             auxes.append(aux)
         return self.ln_f(x), auxes
 
-    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32") -> StackRecurrent:
-        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments). A
-        ValueError names every layer (index and kind) that has none, before any state is built."""
+    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32",
+                  inplace: bool = False) -> StackRecurrent:
+        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments; ``inplace``:
+        ``Recurrent.inplace``). A ValueError names every layer (index and kind) that has none, before any
+        state is built."""
         check_precision(precision)
         bad, forms = [], []
         for i, (spec, b) in enumerate(zip(self.specs, self.blocks)):
@@ -108,6 +110,7 @@ class Stack(nn.Module):
                 if b.norm != "pre":
                     raise ValueError("a post-norm block (the recurrent step is pre-norm, as the Decision Transformer's)")
                 forms.append(b.attn.recurrent(window=window, chunk=chunk, precision=precision))
+                forms[-1].inplace = inplace
             except ValueError as err:
                 bad.append(f"layer {i} ({spec.attention}): {err}")
         if bad:

@@ -152,7 +152,7 @@ class SoftmaxRecurrent(Recurrent):
         # written at the (row, head, slot) index tuples of [B, H, R, d], broadcast
         index = (torch.arange(real.shape[0], device=dev).view(-1, 1, 1), torch.arange(H, device=dev).view(1, H, 1),
                  at.unsqueeze(1))
-        K, V, valid = scatter_nd(K, index, k), scatter_nd(V, index, v), valid.scatter(1, at, real)
+        K, V, valid = scatter_nd(K, index, k, self.inplace), scatter_nd(V, index, v, self.inplace), valid.scatter(1, at, real)
         if last_only:
             q, ahead = q[:, :, -1:], ahead[-1:]
         # query i (chunk token ahead[i]) lies (pos + ahead[i] - j) mod R tokens after the one in slot j (R = w +
@@ -165,19 +165,19 @@ class SoftmaxRecurrent(Recurrent):
         return y, (K, V, valid, (pos + C) % R)
 
 
-def scatter_nd(data: torch.Tensor, index: tuple, updates: torch.Tensor) -> torch.Tensor:
-    """A copy of ``data`` with ``updates`` written at ``data[index]`` (``index``: one integer tensor per leading
-    axis, broadcast against each other). In an ONNX export one ScatterND operator (``_scatter_nd_op``, which
-    agents.export translates so, on the index tuples stacked) instead of the dozen broadcasting operators
-    torch.export makes of an indexed assignment; elsewhere (eager, TorchScript's trace) a clone and an
-    index_put."""
+def scatter_nd(data: torch.Tensor, index: tuple, updates: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """A copy of ``data`` (``inplace``: ``data`` itself) with ``updates`` written at ``data[index]`` (``index``:
+    one integer tensor per leading axis, broadcast against each other). In an ONNX export one ScatterND
+    operator (``_scatter_nd_op``, which agents.export translates so, on the index tuples stacked) instead of
+    the dozen broadcasting operators torch.export makes of an indexed assignment; elsewhere (eager,
+    TorchScript's trace) a clone and an index_put."""
     if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
         return _scatter_nd_op(data, torch.stack(torch.broadcast_tensors(*index), -1), updates)
-    return _written(data, index, updates)
+    return _written(data, index, updates, inplace)
 
 
-def _written(data, index: tuple, updates):
-    out = data.clone()
+def _written(data, index: tuple, updates, inplace: bool = False):
+    out = data if inplace else data.clone()
     out[index] = updates
     return out
 
