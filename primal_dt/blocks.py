@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .attention import available, build_attention, get_class
-from .attention.base import Recurrent, restart_rows
+from .attention.base import Recurrent
 from .attention.precision import check_precision, linear, weight
 
 
@@ -137,10 +137,6 @@ class StackRecurrent(Recurrent):
         self.mlps = [(weight(b.mlp[0].weight, precision), weight(b.mlp[0].bias, "fp32"),
                       weight(b.mlp[2].weight, precision), weight(b.mlp[2].bias, "fp32")) for b in stack.blocks]
         self.sizes = [len(f.specs) for f in forms]
-
-    def reset_rows(self, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``state`` with the rows flagged in ``rows`` ([B] bool) restarted (base.restart_rows)."""
-        return restart_rows(self.specs, state, rows)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         new, at, top = [], 0, len(self.forms) - 1

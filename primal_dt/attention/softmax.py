@@ -117,11 +117,9 @@ class SoftmaxRecurrent(Recurrent):
     ``k``, ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase: the slot its
     next token goes to (its tokens so far mod R, so bounded; zero at a fresh or restarted row).
 
-    Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice;
-    here the chunk's keys and values are scattered into their slots (``scatter_nd``: one copy, the least
-    a form whose state comes back new can do) and the attention reads the ring in slot order, through a
-    mask computed from the row's phase. ``chunk`` (the DT step's three tokens) sizes the ring; longer
-    chunks go in pieces.
+    Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice; a
+    ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read in slot order
+    through a mask computed from the row's phase. ``chunk`` (the DT step's three tokens) sizes the ring.
 
     ``precision="bf16"``: bfloat16 snapshots of the projections and a bfloat16 ring (each key and value
     rounded once, when written, never accumulated into); scores and softmax stay in the model's dtype."""
