@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from primal_dt.attention.base import select_rows
+from primal_dt.attention.base import restart_rows, select_rows
 from primal_dt.run.runtime import pick_device
 from agents.train_config import ENGINES
 
@@ -56,7 +56,7 @@ class Agent(Policy):
         stats = (info.state_mean, info.state_std, info.reward_scale)
         if engine == "stream":
             #: the one step function the agent runs (built here: its checks fail at construction)
-            self.step_fn = DTStep(model, *stats)
+            self.step_fn = DTStep(model, *stats, inplace=True)  # (the agent drops a passed state)
         else:
             self.step_fn = RecomputeStep(model, *stats, context=context)
         self.model, self.info = model, info
@@ -68,43 +68,39 @@ class Agent(Policy):
         self.mean, self.std, self.reward_scale = self.step_fn.mean, self.step_fn.std, self.step_fn.reward_scale
         self.default_target = info.eval_targets[0] if target is None else target
 
-    # -- the rows' state: a restarted row is flagged and the step zeroes its state at its next act,
-    #    as an exported graph's caller does ---------------------------------------------------------
+    # -- the rows' state: a row that ends goes back to zero then (restart_rows), so a step restarts none ---
     def _start(self, B, targets):
         self.state = self.step_fn.init(B)
         self.target = torch.as_tensor(targets, dtype=torch.float32, device=self.device)
-        self.restart = torch.zeros(B, dtype=torch.bool, device=self.device)
 
     def _restart(self, rows, targets):
         rows = torch.as_tensor(rows, device=self.device)
-        self.restart |= rows
+        self.state = StepState.of(restart_rows(self.step_fn.specs, self.state.flat(), rows))
         self.target[rows] = torch.as_tensor(targets, dtype=torch.float32, device=self.device)
 
     def _keep(self, rows):
         keep = torch.as_tensor(rows, device=self.device)
         self.state = StepState.of(select_rows(self.state.flat(), keep))
-        self.target, self.restart = self.target[keep], self.restart[keep]
+        self.target = self.target[keep]
 
     @torch.inference_mode()
     def _step(self, obs, reward):
         o = torch.from_numpy(np.ascontiguousarray(obs, dtype=np.float32)).to(self.device)
         r = torch.zeros(self.batch, device=self.device) if reward is None else torch.from_numpy(reward).to(self.device)
-        action, *state = self.step_fn(o, r, self.restart, self.target, *self.state.flat())
+        action, *state = self.step_fn(o, r, None, self.target, *self.state.flat())
         # prev_action is the returned action's own tensor: keep a copy, the caller may write into it
         self.state = StepState.of(state)._replace(prev_action=action.clone())
-        self.restart.zero_()
         return action.float().cpu().numpy()
 
     @property
     def timesteps(self) -> np.ndarray:
         """t per row: steps taken in the row's episode."""
-        return torch.where(self.restart, 0, self.state.t).cpu().numpy()
+        return self.state.t.cpu().numpy()
 
     @property
     def returns_to_go(self) -> np.ndarray:
         """Current R_t per row, unscaled (raw return units): the target at a row's first step."""
-        rtg = torch.where(torch.as_tensor(self.timesteps == 0, device=self.device), self.target / self.reward_scale,
-                          self.state.rtg)
+        rtg = torch.where(self.state.t == 0, self.target / self.reward_scale, self.state.rtg)
         return (rtg.double() * self.reward_scale).cpu().numpy()
 
 

@@ -309,7 +309,8 @@ class DTStep(nn.Module):
     """One environment step for B rows as one pure function of tensors (module docstring, "The stream"):
 
         forward(observation [B, obs_dim] raw, reward [B] (the previous step's), reset [B] bool (the row
-                starts a new episode now), target [B] (raw return), *state) -> (action [B, act_dim], *state)
+                starts a new episode now; None: no row does), target [B] (raw return), *state)
+                -> (action [B, act_dim], *state)
 
     ``state``: a ``StepState`` flat (``specs``), all zero at a fresh row. Inside: rows flagged ``reset`` get
     a zero state; a row whose timestep is 0 is at its episode's first step, where R = target / reward_scale
@@ -320,10 +321,11 @@ class DTStep(nn.Module):
     ``layer_specs``, as ``agents.recompute`` does).
 
     Built from a model in eval mode; a snapshot of the weights its layers fuse (build a new one after
-    the weights change). ``precision``: as ``Attention.recurrent``'s."""
+    the weights change). ``precision``: as ``Attention.recurrent``'s; ``inplace``: the caller never passes a state
+    twice, so the layers may write it in place (``Recurrent.inplace``: the torch agent)."""
 
     def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
-                 precision: str = "fp32"):
+                 precision: str = "fp32", inplace: bool = False):
         super().__init__()
         if model.training:
             raise ValueError(f"{type(self).__name__} needs the model in eval mode (model.eval())")
@@ -339,7 +341,9 @@ class DTStep(nn.Module):
         self.model = model
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
-        self.reward_scale = float(reward_scale)
+        self.reward_scale, self.inplace = float(reward_scale), inplace
+        self.kinds = [k for k, _ in model.tokens.chunk]
+        self.register_buffer("offsets", torch.tensor([dt for _, dt in model.tokens.chunk], device=p.device), False)
         self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
                       StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layer_specs(precision)]
         self.eval()
@@ -347,7 +351,8 @@ class DTStep(nn.Module):
     def layer_specs(self, precision: str) -> list[StateSpec]:
         """The state past the bookkeeping (``StepState.layers``): every layer's recurrent state."""
         self.layers = self.model.stack.recurrent(window=softmax_stream_window(self.model),
-                                                 chunk=self.model.tokens.per_step, precision=precision)
+                                                 chunk=self.model.tokens.per_step, precision=precision,
+                                                 inplace=self.inplace)
         return self.layers.specs
 
     def init(self, batch: int) -> StepState:
@@ -355,7 +360,9 @@ class DTStep(nn.Module):
         return StepState.of(s.zeros(batch, self.mean.device) for s in self.specs)
 
     def forward(self, observation, reward, reset, target, *state):
-        t, rtg, prev, layers = StepState.of(restart_rows(self.specs, state, reset))
+        if reset is not None:  # (None: no row restarts at this step; the torch agent restarts rows when they end)
+            state = restart_rows(self.specs, state, reset)
+        t, rtg, prev, layers = StepState.of(state)
         rtg = torch.where(t == 0, target / self.reward_scale, rtg - reward / self.reward_scale)
         s = ((observation - self.mean) / self.std).to(prev.dtype)
         action, layers = self.advance(t, rtg, s, prev, layers)
@@ -364,13 +371,10 @@ class DTStep(nn.Module):
     def advance(self, t, rtg, s, prev, layers):
         """The action from this step's values (t, scaled R_t, normalised s_t, a_{t-1}), and the new layer
         states: the chunk through every layer's recurrent form."""
-        first = t == 0
         now = {"rtg": rtg.unsqueeze(-1), "state": s}  # this step's values; the previous step's is its action
-        chunk = self.model.tokens.chunk
-        x = self.model.embed_tokens([k for k, _ in chunk], [prev if dt else now[k] for k, dt in chunk],
-                                    torch.stack([t + dt for _, dt in chunk], 1))
-        mask = torch.stack([~first if dt else t >= 0 for _, dt in chunk], 1)  # t = 0: the last step's are padding
-        y, layers = self.layers.forward(x, layers, mask, last_only=True)
+        times = t.unsqueeze(1) + self.offsets  # each token's timestep; one before the episode (a_{-1}) is padding
+        x = self.model.embed_tokens(self.kinds, [prev if dt else now[k] for k, dt in self.model.tokens.chunk], times)
+        y, layers = self.layers.forward(x, layers, times >= 0, last_only=True)
         return self.model.predict_action(y[:, -1]), layers
 
 

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from .attention import available, build_attention, get_class
-from .attention.base import Recurrent, restart_rows
+from .attention.base import Recurrent
 from .attention.precision import check_precision, linear, weight
 
 
@@ -98,9 +98,11 @@ class Stack(nn.Module):
             auxes.append(aux)
         return self.ln_f(x), auxes
 
-    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32") -> StackRecurrent:
-        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments). A
-        ValueError names every layer (index and kind) that has none, before any state is built."""
+    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32",
+                  inplace: bool = False) -> StackRecurrent:
+        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments; ``inplace``:
+        ``Recurrent.inplace``). A ValueError names every layer (index and kind) that has none, before any
+        state is built."""
         check_precision(precision)
         bad, forms = [], []
         for i, (spec, b) in enumerate(zip(self.specs, self.blocks)):
@@ -108,6 +110,7 @@ class Stack(nn.Module):
                 if b.norm != "pre":
                     raise ValueError("a post-norm block (the recurrent step is pre-norm, as the Decision Transformer's)")
                 forms.append(b.attn.recurrent(window=window, chunk=chunk, precision=precision))
+                forms[-1].inplace = inplace
             except ValueError as err:
                 bad.append(f"layer {i} ({spec.attention}): {err}")
         if bad:
@@ -134,10 +137,6 @@ class StackRecurrent(Recurrent):
         self.mlps = [(weight(b.mlp[0].weight, precision), weight(b.mlp[0].bias, "fp32"),
                       weight(b.mlp[2].weight, precision), weight(b.mlp[2].bias, "fp32")) for b in stack.blocks]
         self.sizes = [len(f.specs) for f in forms]
-
-    def reset_rows(self, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``state`` with the rows flagged in ``rows`` ([B] bool) restarted (base.restart_rows)."""
-        return restart_rows(self.specs, state, rows)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         new, at, top = [], 0, len(self.forms) - 1

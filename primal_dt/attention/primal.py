@@ -153,13 +153,9 @@ class PrimalAttention(Attention):
             aux["rows"] = rows
         return aux
 
-    def _qk(self, x):
-        B, T, _ = x.shape
-        return self.qk(x).view(B, T, 2, self.n_heads, self.d_head)
-
     def forward(self, x, mask=None):
         self.check_input(x, mask)
-        qk = self._qk(x)
+        qk = self.qk(x).view(*x.shape[:2], 2, self.n_heads, self.d_head)
         if self.causal:
             qk = prefix_means(qk, mask, self.window)
         W, rows = self._weights(x, mask)

@@ -117,11 +117,9 @@ class SoftmaxRecurrent(Recurrent):
     ``k``, ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase: the slot its
     next token goes to (its tokens so far mod R, so bounded; zero at a fresh or restarted row).
 
-    Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice;
-    here the chunk's keys and values are scattered into their slots (``scatter_nd``: one copy, the least
-    a form whose state comes back new can do) and the attention reads the ring in slot order, through a
-    mask computed from the row's phase. ``chunk`` (the DT step's three tokens) sizes the ring; longer
-    chunks go in pieces.
+    Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice; a
+    ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read in slot order
+    through a mask computed from the row's phase. ``chunk`` (the DT step's three tokens) sizes the ring.
 
     ``precision="bf16"``: bfloat16 snapshots of the projections and a bfloat16 ring (each key and value
     rounded once, when written, never accumulated into); scores and softmax stay in the model's dtype."""
@@ -147,46 +145,46 @@ class SoftmaxRecurrent(Recurrent):
         if K.dtype != k.dtype:  # (a bf16 ring: each key and value rounded here, once)
             k, v = k.to(K.dtype), v.to(V.dtype)
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
-        # the chunk's slots, as (row, head, slot) index tuples into [B, H, R, d] (scatter_nd's index)
-        at = (pos.view(-1, 1) + torch.arange(C, device=dev)) % R  # [B, C]
-        rows = torch.arange(real.shape[0], device=dev).view(-1, 1, 1).expand(-1, H, C)
-        heads = torch.arange(H, device=dev).view(1, H, 1).expand_as(rows)
-        index = torch.stack([rows, heads, at.unsqueeze(1).expand_as(rows)], -1)
-        K, V = scatter_nd(K, index, k), scatter_nd(V, index, v)
-        valid = valid.scatter(1, at, real)
-        # after the write, slot j holds the latest token == j (mod R), ``age`` tokens before the chunk's last
-        age = (pos.view(-1, 1) + (C - 1) - torch.arange(R, device=dev)) % R  # [B, R]
-        dist = age.unsqueeze(1) - (C - 1 - torch.arange(C, device=dev)).view(1, C, 1)  # query i - slot j
+        ahead = torch.arange(C, device=dev)
+        at = (pos.view(-1, 1) + ahead) % R  # [B, C]: the chunk's slots
+        # written at the (row, head, slot) index tuples of [B, H, R, d], broadcast
+        index = (torch.arange(real.shape[0], device=dev).view(-1, 1, 1), torch.arange(H, device=dev).view(1, H, 1),
+                 at.unsqueeze(1))
+        K, V, valid = scatter_nd(K, index, k, self.inplace), scatter_nd(V, index, v, self.inplace), valid.scatter(1, at, real)
         if last_only:
-            q, dist = q[:, :, -1:], dist[:, -1:]
-        # a query sees the valid slots 0 .. w - 1 positions back, and its own slot even when it is padding,
-        # so that no softmax row is empty
-        allowed = (((dist >= 0) & (dist < self.window) & valid.unsqueeze(1)) | (dist == 0)).unsqueeze(1)
+            q, ahead = q[:, :, -1:], ahead[-1:]
+        # query i (chunk token ahead[i]) lies (pos + ahead[i] - j) mod R tokens after the one in slot j (R = w +
+        # C - 1: a slot written after it reads R - C + 1 >= w or more); it sees the valid slots less than w
+        # back, and its own slot even when it is padding, so that no softmax row is empty
+        back = (pos.view(-1, 1, 1) + ahead.view(-1, 1) - torch.arange(R, device=dev)) % R  # [B, C, R]
+        allowed = (((back < self.window) & valid.unsqueeze(1)) | (back == 0)).unsqueeze(1)
         y = ring_attention(q, K, V, allowed)
         y = linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
         return y, (K, V, valid, (pos + C) % R)
 
 
-def scatter_nd(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    """A copy of ``data`` with ``updates`` written at the index tuples ``index`` [..., k] (tuple n names
-    ``data[n]``). In an ONNX export one ScatterND operator (``_scatter_nd_op``, which agents.export
-    translates so) instead of the dozen broadcasting operators torch.export makes of an indexed
-    assignment; elsewhere (eager, TorchScript's trace) a clone and an index_put."""
+def scatter_nd(data: torch.Tensor, index: tuple, updates: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """A copy of ``data`` (``inplace``: ``data`` itself) with ``updates`` written at ``data[index]`` (``index``:
+    one integer tensor per leading axis, broadcast against each other). In an ONNX export one ScatterND
+    operator (``_scatter_nd_op``, which agents.export translates so, on the index tuples stacked) instead of
+    the dozen broadcasting operators torch.export makes of an indexed assignment; elsewhere (eager,
+    TorchScript's trace) a clone and an index_put."""
     if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
-        return _scatter_nd_op(data, index, updates)
-    return _written(data, index, updates)
+        return _scatter_nd_op(data, torch.stack(torch.broadcast_tensors(*index), -1), updates)
+    return _written(data, index, updates, inplace)
 
 
-def _written(data, index, updates):
-    out = data.clone()
-    out[index.unbind(-1)] = updates
+def _written(data, index: tuple, updates, inplace: bool = False):
+    out = data if inplace else data.clone()
+    out[index] = updates
     return out
 
 
 @torch.library.custom_op("primal_dt::scatter_nd", mutates_args=())
 def _scatter_nd_op(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    """``scatter_nd`` as one operator that torch.export keeps whole (agents.export maps it to ScatterND)."""
-    return _written(data, index, updates)
+    """``scatter_nd`` as one operator that torch.export keeps whole (agents.export maps it to ScatterND); ``index``
+    [..., k]: tuple n names ``data[n]``."""
+    return _written(data, index.unbind(-1), updates)
 
 
 @_scatter_nd_op.register_fake

@@ -50,6 +50,25 @@ def test_stream_equals_forward_over_the_whole_episode(case, layout_cases, tiny_d
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
 
 
+def test_only_an_inplace_step_writes_the_state_it_is_given(tiny_dt):
+    """The step a graph traces is pure (the state passed in stays as it was); the agent's (``inplace``) writes its
+    softmax rings where they lie, and acts the same."""
+    m = tiny_dt("dt", K=4, options={})
+    pure, inplace = (DTStep(m, np.zeros(11), np.ones(11), 10.0, inplace=i) for i in (False, True))
+    S, rew, target, _, _ = episode(T=15)
+    sp, si, wrote = pure.init(2).flat(), inplace.init(2).flat(), False
+    with torch.no_grad():
+        for t in range(15):
+            r, before_p, before_i = rew[:, t - 1] if t else torch.zeros(2), [s.clone() for s in sp], si[3].clone()
+            ap, *new = pure(S[:, t], r, None, target, *sp)
+            assert all(torch.equal(a, b) for a, b in zip(before_p, sp)) and new[3] is not sp[3]
+            ai, *si_new = inplace(S[:, t], r, None, target, *si)
+            wrote |= si_new[3] is si[3] and not torch.equal(si[3], before_i)  # layer 0's keys, written where they lay
+            torch.testing.assert_close(ai, ap, atol=0, rtol=0)
+            sp, si = new, si_new
+    assert wrote
+
+
 def test_unwindowed_softmax_streams_with_a_3K_minus_1_window(tiny_dt):
     m = tiny_dt("dt", K=4, options={})
     assert softmax_stream_window(m) == 11
