@@ -320,6 +320,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                 mon.progress(1, **postfix(loss, last_score, last_val, clock.eta()))
     except KeyboardInterrupt as err:
         why = f" by {err.args[0]}" if err.args else ""
+        if mon.bar is not None:  # the bar ends here: nothing is drawn after the line that says how to continue
+            mon.bar.close()
         if d.world == 1 and run.step > saved_at:  # the state is that of a whole number of steps: keep it
             try:
                 settle()

@@ -117,17 +117,18 @@ def test_ctrl_c_writes_a_checkpoint_at_the_step_reached_which_resumes_exactly(ho
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     no_periodic = ("checkpoint_every=0", "checkpoint_minutes=0", "log_every=1")
     proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *tiny_train.args(
-        hopper_file, tmp_path / "cut", "steps=100000", *no_periodic, *tiny_train.QUIET)], cwd=ROOT, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_enabled)
+        hopper_file, tmp_path / "cut", "steps=100000", *no_periodic, *tiny_train.QUIET, "progress=true")], cwd=ROOT,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_enabled)
     run_dirs = tmp_path / "cut" / "hopper-medium" / "primal+dt"
     deadline = time.time() + 120
     while time.time() < deadline and not list(run_dirs.glob("*/events.*")) and proc.poll() is None:
         time.sleep(0.01)
     time.sleep(2.0)  # some steps in, with no checkpoint written by schedule
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    out, _ = proc.communicate(timeout=120)  # the progress bar and the lines, in the order they were written
+    assert proc.returncode == 130 and "Traceback" not in out, out[-2000:]
     (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted at step ")]
+    assert "it/s" in out and "it/s" not in out[out.index(line):]  # the bar is not drawn again after the line
     step = int(line.split()[3].rstrip(":"))
     (run_dir,) = run_dirs.iterdir()
     assert "checkpoint written at this step" in line and line.endswith(f"resume={run_dir}")
