@@ -320,12 +320,12 @@ class DTStep(nn.Module):
     recurrent form and the action head (``advance``: what a step on another state overrides, with
     ``layer_specs``, as ``agents.recompute`` does).
 
-    Built from a model in eval mode; a snapshot of the weights its layers fuse (build a new one after
-    the weights change). ``precision``: as ``Attention.recurrent``'s; ``inplace``: the caller never passes a state
-    twice, so the layers may write it in place (``Recurrent.inplace``: the torch agent)."""
+    Built from a model in eval mode; it holds the weights its layers multiply by detached (in-place updates
+    show; build a new one after the parameters are replaced, as ``.to(device)`` does). ``inplace``: the caller
+    never passes a state twice, so the layers may write it in place (``Recurrent.inplace``: the torch agent)."""
 
     def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
-                 precision: str = "fp32", inplace: bool = False):
+                 inplace: bool = False):
         super().__init__()
         if model.training:
             raise ValueError(f"{type(self).__name__} needs the model in eval mode (model.eval())")
@@ -345,14 +345,13 @@ class DTStep(nn.Module):
         self.kinds = [k for k, _ in model.tokens.chunk]
         self.register_buffer("offsets", torch.tensor([dt for _, dt in model.tokens.chunk], device=p.device), False)
         self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
-                      StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layer_specs(precision)]
+                      StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layer_specs()]
         self.eval()
 
-    def layer_specs(self, precision: str) -> list[StateSpec]:
+    def layer_specs(self) -> list[StateSpec]:
         """The state past the bookkeeping (``StepState.layers``): every layer's recurrent state."""
         self.layers = self.model.stack.recurrent(window=softmax_stream_window(self.model),
-                                                 chunk=self.model.tokens.per_step, precision=precision,
-                                                 inplace=self.inplace)
+                                                 chunk=self.model.tokens.per_step, inplace=self.inplace)
         return self.layers.specs
 
     def init(self, batch: int) -> StepState:

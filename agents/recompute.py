@@ -34,7 +34,7 @@ class RecomputeStep(DTStep):
         self.K = check_recomputable(model, context)  # (a plain attribute: set before Module.__init__ is fine)
         super().__init__(model, state_mean, state_std, reward_scale)
 
-    def layer_specs(self, precision: str) -> list[StateSpec]:
+    def layer_specs(self) -> list[StateSpec]:
         cfg, K = self.model.cfg, self.K
         dtype = next(self.model.parameters()).dtype
         return [StateSpec("history.states", (K, cfg.state_dim), dtype), StateSpec("history.actions", (K, cfg.act_dim), dtype),

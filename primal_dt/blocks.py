@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention import available, build_attention, get_class
-from .attention.base import Recurrent
-from .attention.precision import check_precision, linear, weight
+from .attention.base import Recurrent, detached
 
 
 @dataclass
@@ -67,12 +67,11 @@ class Block(nn.Module):
     def recurrent_step(self, x, form, state, mask, last_only: bool, mlp):
         """``forward``'s pre-norm residual around the attention's recurrent ``form``: x [B, C, D] -> (y, state),
         y [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes through the
-        residual and the MLP). No dropout (eval-mode computation). ``mlp``: the MLP's weights at the stream's
-        precision (``Stack.recurrent``)."""
+        residual and the MLP). No dropout (eval-mode computation). ``mlp``: the MLP's weights, ``detached``."""
         a, state = form(self.ln1(x), state, mask, last_only)
         x = (x[:, -1:] if last_only else x) + a
         w1, b1, w2, b2 = mlp
-        return x + linear(self.mlp[1](linear(self.ln2(x), w1, b1)), w2, b2), state
+        return x + F.linear(self.mlp[1](F.linear(self.ln2(x), w1, b1)), w2, b2), state
 
 
 class Stack(nn.Module):
@@ -98,28 +97,25 @@ class Stack(nn.Module):
             auxes.append(aux)
         return self.ln_f(x), auxes
 
-    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32",
-                  inplace: bool = False) -> StackRecurrent:
+    def recurrent(self, *, window: int | None = None, chunk: int = 1, inplace: bool = False) -> StackRecurrent:
         """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments; ``inplace``:
         ``Recurrent.inplace``). A ValueError names every layer (index and kind) that has none, before any
         state is built."""
-        check_precision(precision)
         bad, forms = [], []
         for i, (spec, b) in enumerate(zip(self.specs, self.blocks)):
             try:
                 if b.norm != "pre":
                     raise ValueError("a post-norm block (the recurrent step is pre-norm, as the Decision Transformer's)")
-                forms.append(b.attn.recurrent(window=window, chunk=chunk, precision=precision))
+                forms.append(b.attn.recurrent(window=window, chunk=chunk))
                 forms[-1].inplace = inplace
             except ValueError as err:
                 bad.append(f"layer {i} ({spec.attention}): {err}")
         if bad:
-            ok = [n for n in available() if get_class(n).supports_step and get_class(n).supports_causal
-                  and precision in get_class(n).stream_precisions]
+            ok = [n for n in available() if get_class(n).supports_step and get_class(n).supports_causal]
             raise ValueError("streaming needs every layer to have a causal recurrent form in a pre-norm block; "
-                             + "; ".join(bad) + f". Use engine='recompute', or train a model whose layers stream at "
-                             f"precision={precision!r} ({', '.join(ok)})")
-        return StackRecurrent(self, forms, precision)
+                             + "; ".join(bad) + ". Use engine='recompute', or train a model whose layers stream "
+                             f"({', '.join(ok)})")
+        return StackRecurrent(self, forms)
 
 
 class StackRecurrent(Recurrent):
@@ -128,14 +124,13 @@ class StackRecurrent(Recurrent):
     on: the chunk's tokens feed the upper layers' states). ``state``: every layer's state tensors in
     order, laid out by ``specs`` (``layer<i>.<name>``)."""
 
-    def __init__(self, stack: Stack, forms, precision: str):
+    def __init__(self, stack: Stack, forms):
         super().__init__(dataclasses.replace(s, name=f"layer{i}.{s.name}",
                                              masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
                          for i, f in enumerate(forms) for s in f.specs)
         self.stack = stack
         self.forms = nn.ModuleList(forms)
-        self.mlps = [(weight(b.mlp[0].weight, precision), weight(b.mlp[0].bias, "fp32"),
-                      weight(b.mlp[2].weight, precision), weight(b.mlp[2].bias, "fp32")) for b in stack.blocks]
+        self.mlps = [detached(b.mlp[0].weight, b.mlp[0].bias, b.mlp[2].weight, b.mlp[2].bias) for b in stack.blocks]
         self.sizes = [len(f.specs) for f in forms]
 
     def forward(self, x, state, mask=None, last_only: bool = False):

@@ -3,9 +3,9 @@
 - ``forward(x, mask=None) -> (y, aux)``: ``x`` [B, T, D], ``mask`` [B, T] bool, True = real token.
   Padding never influences a real token's output; outputs at padding positions are zero.
 - ``causal`` is fixed at construction.
-- A causal mechanism with a recurrent form has ONE: ``recurrent(window=None, chunk=1, precision="fp32")
-  -> Recurrent``, a pure function of tensors ``form(x_chunk, state, mask=None, last_only=False) -> (y,
-  state)`` (flash-linear-attention's shape) whose per-row state is declared once, as ``form.specs``.
+- A causal mechanism with a recurrent form has ONE: ``recurrent(window=None, chunk=1) -> Recurrent``, a
+  pure function of tensors ``form(x_chunk, state, mask=None, last_only=False) -> (y, state)``
+  (flash-linear-attention's shape) whose per-row state is declared once, as ``form.specs``.
   Stepping a sequence through it in any chunking reproduces ``forward`` on the whole sequence at every
   real token (at padding the outputs are unspecified, and padding never enters a state); ``last_only``
   asks only for the chunk's last token (y is [B, 1, D]; the others still advance the state). The stream
@@ -25,8 +25,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .precision import check_precision
-
 
 class Attention(nn.Module):
     """Base class: argument checks, head reshaping and state helpers shared by all mechanisms."""
@@ -35,7 +33,6 @@ class Attention(nn.Module):
     supports_window: bool = False  #: accepts a ``window`` option
     supports_causal: bool = True
     supports_bidirectional: bool = True
-    stream_precisions: tuple[str, ...] = ("fp32",)  #: matmul precisions the recurrent form runs (precision.py)
     #: What eval.spectrum's probe reads the attention matrix through (None: not probed): a mechanism that
     #: mixes values names the nn.Linear whose last d_model outputs are its values (its input to ``proj``
     #: linear in them); one in primal form names instead, in ``score_directions``, the parameter
@@ -84,25 +81,22 @@ class Attention(nn.Module):
         return x.transpose(1, 2).reshape(B, T, H * d)
 
     # -- the recurrent form ---------------------------------------------------------------------
-    def recurrent(self, *, window: int | None = None, chunk: int = 1, precision: str = "fp32") -> Recurrent:
+    def recurrent(self, *, window: int | None = None, chunk: int = 1) -> Recurrent:
         """This mechanism's recurrent form (module docstring); a mechanism with ``supports_step`` overrides it,
         after ``check_recurrent``. ``window``: a bound the caller imposes on attention that is otherwise
         unbounded and would need a cache of the whole sequence (the DT step passes its window); only
         mechanisms that need one use it (softmax), a mechanism's own ``window`` wins, and
         ``adopt_stream_window`` makes ``forward`` compute the same. ``chunk``: the chunk length the form
-        usually gets, to size ring buffers (longer chunks are still correct). ``precision``: one of
-        ``stream_precisions``."""
-        self.check_recurrent(precision)
+        usually gets, to size ring buffers (longer chunks are still correct)."""
+        self.check_recurrent()
         raise NotImplementedError(f"{type(self).__name__} declares supports_step but defines no recurrent form")
 
-    def check_recurrent(self, precision: str = "fp32") -> None:
-        """A ValueError when this mechanism has no recurrent form as built, or not at ``precision``."""
+    def check_recurrent(self) -> None:
+        """A ValueError when this mechanism has no recurrent form as built."""
         name = type(self).__name__
         if not (self.causal and self.supports_step):
             raise ValueError(f"{name} has no recurrent form when causal={self.causal}; build it with causal=True "
                              "(recurrent stepping needs a causal mechanism)")
-        if check_precision(precision) not in self.stream_precisions:
-            raise ValueError(f"{name} streams in {' or '.join(self.stream_precisions)} only, not precision={precision!r}")
 
     def adopt_stream_window(self, window: int | None) -> None:
         """Make ``forward`` compute what ``recurrent(window=window)`` streams (in place). Default: nothing."""
@@ -145,6 +139,13 @@ class Recurrent(nn.Module):
     def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         """A fresh state for ``batch`` rows: zeros, as every state starts."""
         return tuple(s.zeros(batch, device) for s in self.specs)
+
+
+def detached(*weights: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """``weights`` detached (None stays None; the storage is shared, so in-place updates show): what a recurrent
+    form multiplies by. Not the parameters themselves: a weight that requires grad sends ``F.linear`` on a
+    non-contiguous chunk down another matmul path, with other roundings, even under ``no_grad``."""
+    return tuple(None if w is None else w.detach() for w in weights)
 
 
 def restart_rows(specs, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -125,9 +125,9 @@ class KernelSmootherAttention(Attention):
         y, _ = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
         return zero_padding(y, mask), {}
 
-    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
+    def recurrent(self, *, window=None, chunk=1):
         """``KernelRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
-        self.check_recurrent(precision)
+        self.check_recurrent()
         return KernelRecurrent(self)
 
     def extra_repr(self) -> str:

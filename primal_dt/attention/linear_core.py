@@ -109,9 +109,9 @@ class FeatureMapAttention(Attention):
         y, state = self.attend(q, k, v, mask, state)
         return zero_padding(self.proj(self.merge_heads(y)), mask), state
 
-    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
+    def recurrent(self, *, window=None, chunk=1):
         """``LinearRecurrent`` (``window`` and ``chunk`` do not apply: the state is running sums)."""
-        self.check_recurrent(precision)
+        self.check_recurrent()
         return LinearRecurrent(self)
 
 

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, Recurrent, StateSpec, check_int, check_window, static, stream_in_pieces, zero_padding
+from .base import (Attention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces,
+                   zero_padding)
 from .prefix import masked, prefix_means, prefix_sums
-from .precision import linear, weight
 from .registry import register
 
 
@@ -74,7 +74,6 @@ def evenly_spaced_rows(x: torch.Tensor, mask: torch.Tensor | None, n_max: int):
 class PrimalAttention(Attention):
     supports_step = True
     supports_window = True
-    stream_precisions = ("fp32", "bf16")
     score_directions = "W"
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, s: int = 32,
@@ -162,14 +161,14 @@ class PrimalAttention(Attention):
         y, sc = self._scores_and_output(qk, W, mask)
         return y, self._aux(sc, rows, mask)
 
-    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
+    def recurrent(self, *, window=None, chunk=1):
         """``PrimalRecurrent`` (``window`` and ``chunk`` do not apply: the state is O(H d_head) without this
         layer's own window, a ring of that window with it)."""
         if self.data_dependent:
             raise ValueError("data-dependent Primal-Attention has no causal form to stream; use "
                              "data_dependent=False for a streamed (causal) layer")
-        self.check_recurrent(precision)
-        return PrimalRecurrent(self, precision)
+        self.check_recurrent()
+        return PrimalRecurrent(self)
 
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, s={self.s}, causal={self.causal}, "
@@ -179,10 +178,9 @@ class PrimalAttention(Attention):
 class PrimalRecurrent(Recurrent):
     """The recurrent form (see the module docstring): state ``sum`` [2D], the running sum of q|k over the
     row's real tokens; with the layer's ``window``, ``ring`` [window, 2D] (the last window positions' q|k,
-    oldest first) and ``S`` [2D] float64, their sum. ``precision="bf16"``: a bfloat16 snapshot of the q|k
-    projection (sums and the readout stay in the model's dtype)."""
+    oldest first) and ``S`` [2D] float64, their sum."""
 
-    def __init__(self, attn: PrimalAttention, precision: str = "fp32"):
+    def __init__(self, attn: PrimalAttention):
         dtype, D = attn.qk.weight.dtype, attn.d_model
         if attn.window is None:
             specs = [StateSpec("sum", (2 * D,), dtype)]
@@ -190,14 +188,14 @@ class PrimalRecurrent(Recurrent):
             specs = [StateSpec("ring", (attn.window, 2 * D), dtype), StateSpec("S", (2 * D,), torch.float64)]
         super().__init__(specs)
         self.attn = attn
-        self.wqk, self.bqk = weight(attn.qk.weight, precision), weight(attn.qk.bias, "fp32")
+        self.wqk, self.bqk = detached(attn.qk.weight, attn.qk.bias)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
         C = static(x.shape[1])
         if a.window is not None and C > a.window:  # the ring holds `window` new positions at a time
             return stream_in_pieces(self, x, state, mask, last_only, a.window)
-        qk = linear(x, self.wqk, self.bqk)
+        qk = F.linear(x, self.wqk, self.bqk)
         if a.window is None:
             sums = prefix_sums(qk, mask, total=state[0])
             new = (sums[:, -1],)

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Attention, Recurrent, StateSpec, check_int, check_window, static, stream_in_pieces, zero_padding
-from .precision import PRECISIONS, linear, weight
+from .base import (Attention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces,
+                   zero_padding)
 from .registry import register
 
 
@@ -32,10 +32,10 @@ def ring_attention(q, K, V, allowed):
     """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: two
     batched matmuls around a masked softmax, not SDPA, whose CPU kernel is built for long query blocks
     and whose exported form guards fully masked rows (IsNaN, Where), which cannot occur here (every
-    query sees its own slot). A bfloat16 ring: bf16 products, scores and softmax in q's dtype."""
-    scores = torch.matmul(q.to(K.dtype), K.transpose(-1, -2)).to(q.dtype)
+    query sees its own slot)."""
+    scores = torch.matmul(q, K.transpose(-1, -2))
     scores = torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), float("-inf"))  # (one Where; no Not)
-    return torch.matmul(torch.softmax(scores, -1).to(V.dtype), V).to(q.dtype)
+    return torch.matmul(torch.softmax(scores, -1), V)
 
 
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
@@ -56,7 +56,6 @@ class SoftmaxAttention(Attention):
     value_projection = "qkv"
     supports_step = True
     supports_window = True
-    stream_precisions = ("fp32", "bf16")
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, window: int | None = None,
                  dropout: float = 0.0, bias: bool = True, impl: str = "sdpa"):
@@ -101,15 +100,15 @@ class SoftmaxAttention(Attention):
         if self.window is None:
             self.window = check_window(window)
 
-    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
+    def recurrent(self, *, window=None, chunk=1):
         """``SoftmaxRecurrent`` over this layer's window, else the caller's, its ring sized for ``chunk``-token
         chunks."""
-        self.check_recurrent(precision)
+        self.check_recurrent()
         w = self.window or check_window(window)
         if w is None:
             raise ValueError(f"{type(self).__name__} without a window streams over a bounded one: build it with "
                              "window=w or pass recurrent(window=w) (the DT step passes 3K - 1)")
-        return SoftmaxRecurrent(self, w, check_int("chunk", chunk, low=1), precision)
+        return SoftmaxRecurrent(self, w, check_int("chunk", chunk, low=1))
 
 
 class SoftmaxRecurrent(Recurrent):
@@ -119,20 +118,17 @@ class SoftmaxRecurrent(Recurrent):
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice; a
     ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read in slot order
-    through a mask computed from the row's phase. ``chunk`` (the DT step's three tokens) sizes the ring.
+    through a mask computed from the row's phase. ``chunk`` (the DT step's three tokens) sizes the ring."""
 
-    ``precision="bf16"``: bfloat16 snapshots of the projections and a bfloat16 ring (each key and value
-    rounded once, when written, never accumulated into); scores and softmax stay in the model's dtype."""
-
-    def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1, precision: str = "fp32"):
+    def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1
-        cache = PRECISIONS[precision] or attn.qkv.weight.dtype
-        super().__init__([StateSpec("k", (H, R, d), cache, masked_by="valid"),
-                          StateSpec("v", (H, R, d), cache, masked_by="valid"),
+        dtype = attn.qkv.weight.dtype
+        super().__init__([StateSpec("k", (H, R, d), dtype, masked_by="valid"),
+                          StateSpec("v", (H, R, d), dtype, masked_by="valid"),
                           StateSpec("valid", (R,), torch.bool), StateSpec("pos", (), torch.int64)])
         self.attn, self.window, self.chunk, self.slots = attn, window, chunk, R
-        self.wqkv, self.bqkv = weight(attn.qkv.weight, precision), weight(attn.qkv.bias, "fp32")
-        self.wp, self.bp = weight(attn.proj.weight, precision), weight(attn.proj.bias, "fp32")
+        self.wqkv, self.bqkv = detached(attn.qkv.weight, attn.qkv.bias)
+        self.wp, self.bp = detached(attn.proj.weight, attn.proj.bias)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
@@ -141,9 +137,7 @@ class SoftmaxRecurrent(Recurrent):
             return stream_in_pieces(self, x, state, mask, last_only, self.chunk)
         K, V, valid, pos = state
         H, d, R, dev = a.n_heads, a.d_head, self.slots, x.device
-        q, k, v = linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
-        if K.dtype != k.dtype:  # (a bf16 ring: each key and value rounded here, once)
-            k, v = k.to(K.dtype), v.to(V.dtype)
+        q, k, v = F.linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
         ahead = torch.arange(C, device=dev)
         at = (pos.view(-1, 1) + ahead) % R  # [B, C]: the chunk's slots
@@ -159,7 +153,7 @@ class SoftmaxRecurrent(Recurrent):
         back = (pos.view(-1, 1, 1) + ahead.view(-1, 1) - torch.arange(R, device=dev)) % R  # [B, C, R]
         allowed = (((back < self.window) & valid.unsqueeze(1)) | (back == 0)).unsqueeze(1)
         y = ring_attention(q, K, V, allowed)
-        y = linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
+        y = F.linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
         return y, (K, V, valid, (pos + C) % R)
 
 

@@ -186,9 +186,9 @@ class SVRAttention(Attention):
         y = self._attend(q, qc, kc, vc, n, p)
         return zero_padding(self.proj(self.merge_heads(y)), mask), {}
 
-    def recurrent(self, *, window=None, chunk=1, precision="fp32"):
+    def recurrent(self, *, window=None, chunk=1):
         """``SVRRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
-        self.check_recurrent(precision)
+        self.check_recurrent()
         return SVRRecurrent(self)
 
     def extra_repr(self) -> str:

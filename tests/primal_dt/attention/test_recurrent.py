@@ -298,5 +298,3 @@ def test_recurrent_form_errors():
         a = build_attention(name, D, H, causal=not get_class(name).supports_bidirectional, **OPTIONS.get(name, {}))
         with pytest.raises(ValueError, match="recurrent"):
             a.recurrent(window=4)
-    with pytest.raises(ValueError, match="streams in fp32 only"):
-        build_attention("performer", D, H, causal=True).recurrent(precision="bf16")
