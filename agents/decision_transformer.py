@@ -388,7 +388,7 @@ def dt_loss(net, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.
     pred, auxes = net(batch)
     mse = action_mse(pred, batch.actions, batch.counted)
     reg = ksvd_regularizer(auxes, eta)
-    parts = {"mse": mse.detach(), "ksvd": torch.as_tensor(reg).detach()}
+    parts = {"mse": mse.detach(), "ksvd": torch.as_tensor(reg, device=mse.device).detach()}
     for i, aux in enumerate(auxes if detail else ()):
         if aux and "Lambda" in aux:
             parts[f"J/layer{i}"] = ksvd_objective(aux).detach().mean()

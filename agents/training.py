@@ -599,7 +599,8 @@ def open_monitor(run: Run) -> RunMonitor:
     cfg, d = run.cfg, run.dist
     mon = RunMonitor(run.out, enabled=cfg.tensorboard and d.main, progress_total=cfg.steps,
                      progress=cfg.progress and d.main, progress_desc=f"{cfg.env} {model_label(cfg)}",
-                     initial=min(run.step, cfg.steps), purge_step=run.step + 1 if run.step else None)
+                     initial=min(run.step, cfg.steps), purge_step=run.step + 1 if run.step else None,
+                     lines=d.main)
     if mon.bar is not None:  # tqdm's own "remaining" knows nothing of evaluations: the postfix's eta does
         mon.bar.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
     for tag, pts in run.history.items():

@@ -12,7 +12,7 @@
 # Everything must end within GPU_COMPARISON_BUDGET_S seconds (default 540): the sweep gets what the
 # benchmark left, and when time runs out its runs are stopped (each keeps a checkpoint to resume
 # from) and the output says how far they got. OUT_DIR receives at most 8 files: bench.txt, bench.json,
-# sweep.log, comparison.txt, scores.md, curves.png.
+# sweep.log, run-logs.tgz (every run's own log), comparison.txt, scores.md, curves.png.
 #
 # GPU_COMPARISON_REHEARSAL=1 rehearses every step on a CPU in a minute or two: the benchmark's budget
 # mode, and the same sweep with the steps, evaluations and model shrunk (the tests run it).
@@ -75,13 +75,14 @@ else
     BENCH=()
     RECIPE=()
     THREADS=2
-    BENCH_S=300
+    BENCH_S=${GPU_COMPARISON_BENCH_S:-300}
 fi
 say "device $DEVICE; budget ${BUDGET_S}s; runs in $WORK"
 
 # -- 2. the benchmark ----------------------------------------------------------------------------------
 t0=$(date +%s)
 timeout --signal=TERM "$BENCH_S" "$PY" -m eval.bench.gpu --device "$DEVICE" --json "$OUT/bench.json" "${BENCH[@]}" \
+    --budget_s $(( BENCH_S * 4 / 5 )) \
     > "$OUT/bench.txt" 2>&1
 status=$?
 say "benchmark: exit $status after $(( $(date +%s) - t0 ))s (bench.txt)"
@@ -105,8 +106,14 @@ finished=$(find "$WORK/runs" -name summary.json 2>/dev/null | wc -l)
 say "paper recipe (hopper-medium replica, dt and primal+dt x 3 seeds, 6 at once): exit $status, ${wall}s wall, $finished of 6 runs finished"
 if [ $status -eq 124 ] || [ $status -eq 137 ]; then
     say "  NOT FINISHED within the budget: the sweep was stopped after ${SWEEP_S}s; each run kept a checkpoint, so the same"
-    say "  eval.sweep command (out=$WORK/runs) continues them. Steps reached: $(grep -ho 'step [0-9]*' "$OUT/sweep.log" | tail -1)"
+    say "  eval.sweep command (out=$WORK/runs) continues them."
 fi
+for log in "$WORK"/runs/sweep-logs/*.log; do  # each run's last progress line (one a minute) and evaluation
+    [ -e "$log" ] || continue
+    line=$(grep -h '^step [0-9,]*/' "$log" | tail -1 | cut -c1-100)
+    say "  $(basename "$log" .log): ${line:-no progress line yet (one a minute)}"
+    grep -h '^step [0-9]*: eval' "$log" | tail -1 | cut -c1-120 | sed 's/^/    /' | tee -a "$SUMMARY"
+done
 # each finished run's own training time (summary.json), evaluations excluded
 "$PY" - "$WORK/runs" <<'EOF' | tee -a "$SUMMARY"
 import json, pathlib, sys
@@ -115,6 +122,8 @@ for p in sorted(pathlib.Path(sys.argv[1]).glob("*/*/*/summary.json")):
     print(f"  {s['model']} seed {s['seed']}: {s['steps']} steps, training {s['train_s']:.0f}s "
           f"({s['s_per_1k_steps']:.2f} s per 1k steps)")
 EOF
+
+tar -czf "$OUT/run-logs.tgz" -C "$WORK/runs" sweep-logs 2>/dev/null
 
 # -- 4. the report -------------------------------------------------------------------------------------
 if [ "$finished" -gt 0 ]; then

@@ -84,9 +84,13 @@ class RunMonitor:
     """Scalars go to TensorBoard and are kept in ``history``, so the curves are drawn to PNG at the end without
     re-reading event files. ``purge_step``: TensorBoard drops what a killed predecessor wrote from it on."""
 
+    LINE_EVERY_S = 60.0
+    """without a bar (``progress=false``, as ``eval.sweep`` runs), a plain progress line at most this often, so a
+    log read while the run goes on says how far it got"""
+
     def __init__(self, log_dir: str | Path, enabled: bool = True, progress_total: int | None = None,
                  progress_desc: str = "train", progress: bool = True, initial: int = 0,
-                 purge_step: int | None = None):
+                 purge_step: int | None = None, lines: bool = False):
         self.log_dir = Path(log_dir)
         self.enabled = enabled
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
@@ -96,6 +100,8 @@ class RunMonitor:
             _quiet_event_writer_thread()
             self.writer = self._log(lambda: SummaryWriter(str(self.log_dir), purge_step=purge_step), always=True)
         self.bar = None
+        self.total, self.n, self.lines = progress_total, initial, lines and bool(progress_total) and not progress
+        self.last_line = time.monotonic()
         if progress and progress_total:
             self.bar = tqdm(total=progress_total, initial=initial, desc=progress_desc, dynamic_ncols=True,
                             mininterval=1.0)
@@ -142,6 +148,12 @@ class RunMonitor:
                                                   run_name="."))
 
     def progress(self, n: int = 1, **postfix) -> None:
+        self.n += n
+        if self.lines and time.monotonic() - self.last_line >= self.LINE_EVERY_S:
+            self.last_line = time.monotonic()
+            done = ", ".join(f"{k} {v}" for k, v in postfix.items())
+            print(f"step {self.n:,}/{self.total:,} ({100 * self.n / self.total:.0f}%){': ' * bool(done)}{done}",
+                  flush=True)
         if self.bar is not None:
             self.bar.update(n)
             if postfix:

@@ -91,3 +91,14 @@ def test_a_restored_optimizer_runs_as_the_form_it_resumes_in():
     assert torch.equal(before, p[0]) and fused.state[p[0]]["step"].item() == 1
     align(fused, "eager")
     assert not fused.param_groups[0]["fused"] and fused.state[p[0]]["step"].device.type == "cpu"
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_part_of_the_loss_lives_on_the_models_device(layout):
+    """A CUDA graph cannot capture a step that copies a host tensor: dt's KSVD term (0, no primal layer) once
+    was one. The meta device stands in for a GPU here: any host tensor in the loss shows as ``cpu``."""
+    from agents.decision_transformer import dt_loss
+
+    model = tiny(layout).to("meta")
+    loss, parts = dt_loss(model, batches(1, 4, 5)[0].to("meta"), eta=0.05, detail=True)
+    assert {loss.device.type} | {v.device.type for v in parts.values()} == {"meta"}

@@ -142,3 +142,23 @@ def test_the_progress_bar_shows_loss_score_validation_and_time_left(hopper_file,
     shown = r"40/40 \[\S+, +[\d.]+it/s, loss=\d+\.\d{4}, score=-?\d+\.\d, val_mse=\d+\.\d{4}, eta=<?\d+s\]"
     assert re.search(shown, last), last
     assert math.isfinite(float(re.search(r"loss=(\S+?),", last)[1]))
+
+
+def test_without_a_bar_a_log_gets_plain_progress_lines(hopper_file, tmp_path, capsys, monkeypatch):
+    """``eval.sweep`` runs with ``progress=false`` into a log file: the log still says how far the run got."""
+    from primal_dt.run.monitor import RunMonitor
+
+    monkeypatch.setattr(RunMonitor, "LINE_EVERY_S", 0.0)
+    train_run(args(hopper_file, tmp_path, "steps=30", "eval.every=10", "eval.episodes=1", "eval.final_episodes=0",
+                   "eval.max_steps=3", "eval.num_envs=1"))
+    captured = capsys.readouterr()
+    lines = [x for x in captured.out.splitlines() if x.startswith("step ") and "/30 (" in x]
+    assert [x.split()[1] for x in lines] == [f"{n}/30" for n in range(1, 31)]
+    assert re.fullmatch(r"step 30/30 \(100%\): loss \d+\.\d{4}, score -?\d+\.\d, val_mse \d+\.\d{4}, eta <?\d+s",
+                        lines[-1]), lines[-1]
+    assert "\r" not in captured.err + captured.out
+
+
+def test_a_run_shorter_than_the_interval_prints_no_progress_line(hopper_file, tmp_path, capsys):
+    train_run(args(hopper_file, tmp_path, "steps=20", *QUIET))
+    assert not [x for x in capsys.readouterr().out.splitlines() if re.match(r"step \d+/20 ", x)]
