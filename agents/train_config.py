@@ -186,6 +186,10 @@ class TrainConfig(RunOptions):
     """the training step's form (same loss and gradients): auto (the measured fastest on the device: eager on a CPU,
     cudagraphs on one GPU, compile under DDP on GPUs) | eager (the reference) | compile (torch.compile, fused AdamW;
     compiles for a minute or more first) | cudagraphs (compile, then the whole step in one CUDA graph; CUDA only)"""
+    amp: Literal["off", "bf16"] = "off"
+    """mixed precision of the training step: off (float32) | bf16 (the forward and loss autocast to bfloat16;
+    weights, gradients and AdamW stay float32). It pays where bf16 matmuls are native: GPUs with bf16 tensor
+    cores, CPUs with AVX512-BF16 or AMX (docs/gpu.md); elsewhere they are emulated and slower"""
     print_config: bool = False
     """print every option at the start (default: those that differ from the defaults; TensorBoard has all)"""
 

@@ -270,7 +270,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     clock = Clock(run)
     saved_at = run.step if (run.out / dt_checkpoint.FILENAME).exists() else -1
     interrupts = Interrupts()
-    stepper = steps.Stepper(run.compile, net, params, run.opt, run.sched, cfg.eta, cfg.grad_clip, d.world, run.step)
+    stepper = steps.Stepper(run.compile, net, params, run.opt, run.sched, cfg.eta, cfg.grad_clip, d.world, run.step,
+                            autocast=torch.bfloat16 if cfg.amp == "bf16" else None)
     loss = None
 
     def settle() -> None:
@@ -578,7 +579,7 @@ def announcement(run: Run) -> str:
         f"({run.info.fingerprint[:19]}); {held_out(run)}",
         f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}, "
         f"training step {run.compile}" + (f" (compile={cfg.compile})" if cfg.compile == "auto" else "")
-        + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
+        + (" in bf16 autocast" if cfg.amp == "bf16" else "") + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
         f"eval targets {list(run.info.targets)} by engine={cfg.eval.engine}; run directory {run.out}"
         + (f"; resuming at step {run.step}" if run.step else ""),
         *filter(None, [stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).note("this run")]),
@@ -720,17 +721,24 @@ class Clock:
         self.excluded, self.eval_s = self.excluded + seconds, seconds
 
     def tick(self) -> str | None:
-        """After each step; returns the projection once, when the pace is first known (rank 0)."""
-        n, now = self.run.step - self.start, time.perf_counter()
+        """After each step; returns the projection once, when the pace is first known (rank 0). On a GPU the
+        first measurement waits for the device at both ends: a step is queued, not run, when the host returns
+        (later, the periodic read-backs keep the host's pace that of the device)."""
+        n, first = self.run.step - self.start, self.step_s is None
         if n == 0:
-            self.t0, self.excluded = now, 0.0
+            self.t0, self.excluded = self._now(), 0.0
         if self.t0 is None or n <= 0:
             return None
-        seconds, first = now - self.t0 - self.excluded, self.step_s is None
+        seconds = time.perf_counter() - self.t0 - self.excluded
         if first and n < MEASURE_STEPS and not (n >= 3 and seconds >= MEASURE_S):
             return None
-        self.step_s = seconds / n
+        self.step_s = ((self._now() - self.t0 - self.excluded) if first else seconds) / n
         return projection(self.run, self.step_s, self.start - SKIP, n) if first and self.run.dist.main else None
+
+    def _now(self) -> float:
+        if self.run.device.type == "cuda":
+            torch.cuda.synchronize(self.run.device)
+        return time.perf_counter()
 
     def eta(self) -> str | None:
         """Time left: the steps at the pace, and the evaluations still due at the last one's time (the final

@@ -102,3 +102,17 @@ def test_every_part_of_the_loss_lives_on_the_models_device(layout):
     model = tiny(layout).to("meta")
     loss, parts = dt_loss(model, batches(1, 4, 5)[0].to("meta"), eta=0.05, detail=True)
     assert {loss.device.type} | {v.device.type for v in parts.values()} == {"meta"}
+
+
+def test_bf16_autocast_runs_the_forward_in_bf16_and_keeps_the_weights_float32():
+    """``amp=bf16``: the step's losses differ from float32 by bf16 rounding only; weights stay float32."""
+    model, data = tiny("primal+dt"), batches(3, 8, 5)
+    full = steps(model, "eager", data)
+    m = copy.deepcopy(model)
+    params = list(m.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
+    mixed = Stepper("eager", m, params, opt, sched, eta=0.05, grad_clip=0.25, autocast=torch.bfloat16)
+    losses = [mixed.step(b)[0] for b in data]
+    assert losses != full[0] and losses == pytest.approx(full[0], rel=0.05)
+    assert {p.dtype for p in m.parameters()} == {torch.float32}

@@ -119,3 +119,11 @@ def test_a_resume_whose_random_state_is_truncated_is_one_error_naming_the_file(h
                                          r"run it describes \(RuntimeError: .*size.*\); the file is damaged"):
         train([f"resume={s['run_dir']}"])
     assert path.read_bytes() == before
+
+
+def test_amp_bf16_trains_says_so_and_stays_the_runs_precision_on_resume(hopper_file, tmp_path, capsys):
+    s = train(args(hopper_file, tmp_path, "steps=4", "amp=bf16", *QUIET))
+    assert "training step eager (compile=auto) in bf16 autocast" in capsys.readouterr().out
+    assert dt_checkpoint.load(s["run_dir"]).config["amp"] == "bf16"
+    with pytest.raises(SetupError, match="amp"):
+        train([f"resume={s['run_dir']}", "steps=6", "amp=off"])
