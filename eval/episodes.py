@@ -168,8 +168,8 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
     """Run every (target, episode index) job to its end; ``agents`` / ``venvs``: one each, or one per lane
     (vector envs with autoreset disabled); anything with the ``agents.onnx_policy.Policy`` API acts.
     ``on_episode(n)`` is called as ``n`` episodes end. Returns {"returns", "lengths"} in job order, "act_s"
-    and "act_rows" (duration and batch of every ``act``), "env_steps"; with hosted lanes also "hosted_s" and
-    "lane_threads". ``host=False`` keeps the agents here even with lane processes."""
+    and "act_rows" (duration and batch of every ``act``), "env_steps"; with hosted lanes also "lane_threads".
+    ``host=False`` keeps the agents here even with lane processes."""
     agents = list(agents) if isinstance(agents, (list, tuple)) else [agents]
     venvs = list(venvs) if isinstance(venvs, (list, tuple)) else [venvs]
     if len(agents) != len(venvs) or not agents:

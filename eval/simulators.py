@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
-import time
 import traceback
 from collections import deque
 from multiprocessing.connection import wait
@@ -220,7 +219,6 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
                 answer(k, n)
             turn[:] = [step + (k + 1) // lanes, (k + 1) % lanes]
 
-    t0 = time.perf_counter()
     busy = {p._conn: k for k, p in enumerate(procs)}
     while busy:
         for conn in wait(list(busy)):
@@ -242,4 +240,4 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
                 threads.append(payload["threads"])
         serve()
     return {"returns": returns.tolist(), "lengths": lengths.tolist(), "act_s": act_s, "act_rows": act_rows,
-            "env_steps": env_steps, "hosted_s": time.perf_counter() - t0, "lane_threads": threads}
+            "env_steps": env_steps, "lane_threads": threads}
