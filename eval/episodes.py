@@ -64,20 +64,13 @@ class _Lane:
 
     def start(self, jobs: Jobs, seed: int) -> None:
         n = self.venv.num_envs
-        seeds, targets = [], []
-        got = jobs.take(0, n)
-        for i in range(n):
-            if i < len(got):
-                j, (tgt, e) = got[i]
-                self.job[i] = j
-                seeds.append(seed + e)
-                targets.append(float(tgt))
-            else:  # no job: reset (the vector env wants every seed) but never stepped
-                seeds.append(seed + 10**6 + i)
-        obs, _ = self.venv.reset(seed=seeds)
-        self.running = np.array([i for i in range(n) if self.job[i] is not None], dtype=np.int64)
-        if len(self.running):
-            self.agent.reset(len(self.running), target=targets)
+        got = jobs.take(0, n)  # row i < len(got) runs job got[i]
+        self.job[:len(got)] = [j for j, _ in got]
+        # a row without a job is reset too (the vector env wants every seed), but never stepped
+        obs, _ = self.venv.reset(seed=[seed + e for _, (_, e) in got] + [seed + 10**6 + i for i in range(len(got), n)])
+        self.running = np.arange(len(got), dtype=np.int64)
+        if len(got):
+            self.agent.reset(len(got), target=[float(t) for _, (t, _) in got])
             self.obs = obs[self.running]
 
     def finish(self, stepped, jobs: Jobs, seed: int, returns: np.ndarray, lengths: np.ndarray,
@@ -132,9 +125,7 @@ def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths,
     outcome restarts or drops rows. A lane's step is taken in only after the next lane has acted."""
     for lane in lanes:
         lane.start(jobs, seed)
-    act_s: list[float] = []
-    act_rows: list[int] = []
-    env_steps = 0
+    act_s, act_rows = [], []  # duration and batch of every act
     pending = None  # (lane, its step's result or a function returning it): a lane whose simulators are stepping
 
     def finish(p):
@@ -154,13 +145,12 @@ def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths,
             action = lane.agent.act(lane.obs, lane.reward)
             act_s.append(time.perf_counter() - t0)
             act_rows.append(len(lane.running))
-            env_steps += len(lane.running)
             if pending is not None:  # the previous lane's simulators ran while this lane acted
                 finish(pending)
             pending = (lane, step_rows(lane.venv, lane.running, action) if submit is None else submit(lane, action))
     if pending is not None:
         finish(pending)
-    return {"act_s": act_s, "act_rows": act_rows, "env_steps": env_steps}
+    return {"act_s": act_s, "act_rows": act_rows, "env_steps": sum(act_rows)}
 
 
 def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, max_steps: int,

@@ -188,9 +188,7 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
         p._conn.send(("host", (blob, seed, max_steps, p.threads)))
     returns = np.zeros(len(jobs))
     lengths = np.zeros(len(jobs), dtype=np.int64)
-    act_s: list[float] = []
-    act_rows: list[int] = []
-    env_steps, threads = 0, []
+    act_s, act_rows, threads = [], [], []
     lanes = len(procs)
     asked = [deque() for _ in procs]  # (step, n) per lane, in the order sent
     done = [False] * lanes
@@ -236,8 +234,7 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
                     returns[j], lengths[j] = r, payload["lengths"][j]
                 act_s += payload["act_s"]
                 act_rows += payload["act_rows"]
-                env_steps += payload["env_steps"]
                 threads.append(payload["threads"])
         serve()
     return {"returns": returns.tolist(), "lengths": lengths.tolist(), "act_s": act_s, "act_rows": act_rows,
-            "env_steps": env_steps, "lane_threads": threads}
+            "env_steps": sum(act_rows), "lane_threads": threads}
