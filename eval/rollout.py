@@ -58,14 +58,12 @@ def summarize(spec, targets: Sequence[float], jobs, result: dict) -> dict:
     return out
 
 
-def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int] | None = None) -> dict:
+def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int]) -> dict:
     """Agent ms per act() call while all ``batch`` rows run (the batch shrinks in an evaluation's tail; the
     first 5 calls are warm-up) and ``per_row_mean_ms`` over all calls: total act time / rows acted for."""
-    rows = list(act_rows) if act_rows is not None else [batch] * len(act_s)
-    pairs = list(zip(act_s, rows))
+    pairs = list(zip(act_s, act_rows))
     pairs = pairs[5:] if len(pairs) > 10 else pairs
-    full = [1e3 * x for x, r in pairs if r == batch] or [1e3 * x for x, _ in pairs]
-    ms = sorted(full)
+    ms = sorted([1e3 * x for x, r in pairs if r == batch] or [1e3 * x for x, _ in pairs])
     if not ms:
         return {}
     p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
@@ -107,8 +105,7 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     in_process = n_lanes > 1 and not options.asynchronous and options.lane_workers == "process"
     widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
-        agents = [Agent(model, data, target=float(targets[0]), engine=options.engine)
-                  for _ in widths]
+        agents = [Agent(model, data, target=float(targets[0]), engine=options.engine) for _ in widths]
         venvs = []
         t0 = time.perf_counter()
         try:
@@ -177,14 +174,13 @@ NUMBERS = {"episodes": AT_LEAST_1, "seed": SEED, "threads": THREADS}
 """what the other numeric options accept (the shared ones: ``RolloutOptions.check``)"""
 
 
-def check(cfg: RolloutConfig) -> tuple[float, ...]:
-    """Every option, before anything is loaded or simulated; returns the targets given (may be ())."""
+def check(cfg: RolloutConfig) -> None:
+    """Every option, before anything is loaded or simulated."""
     cfg.check()
     check_numbers(cfg, NUMBERS)
     check_device(cfg.device)
     if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
         raise ValueError(f"out={cfg.out} exists (an earlier report?); choose another path, or pass overwrite=true")
-    return cfg.targets
 
 
 def report_path(cfg: RolloutConfig, checkpoint: Path) -> Path:
@@ -204,7 +200,7 @@ def run(argv: list[str]) -> dict:
 
     cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=SHORTHANDS)
     with errors.setup_errors(KeyError):
-        given = check(cfg)
+        check(cfg)
         path = dt_checkpoint.resolve(cfg.checkpoint)
         ck = dt_checkpoint.load(path)
         spec = envs.get_spec(ck.data.env)
@@ -212,9 +208,8 @@ def run(argv: list[str]) -> dict:
             dt_checkpoint.training_data(ck, cfg.data_source or None)
         device = runtime.pick_device(cfg.device)
         model = ck.build_model(device)
-    info = ck.data
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
-    targets = given or info.eval_targets
+    targets = cfg.targets or ck.data.eval_targets
     out = report_path(cfg, path)
     note = ck.fidelity(cfg.engine).note(f"checkpoint {path}")
     if note:
