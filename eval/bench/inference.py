@@ -136,22 +136,12 @@ def build_models(bc: BenchConfig):
     return models, info, trained
 
 
-def with_context(model, K: int):
-    """The same weights (shared) with context length K: it sets recompute's context and the softmax cache."""
-    m = copy.copy(model)
-    m.cfg = dataclasses.replace(model.cfg, K=K)
-    return m
-
-
 def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
     """({format: policy class}, {format: why it is skipped}) for the exported runtimes available here."""
     if not bc.exported:
         return {}, {f: "exported=false" for f in ("onnx", "torchscript")}
-    try:
-        from agents.export import export_policy  # noqa: F401
-        from agents.torchscript_policy import TorchScriptPolicy
-    except ImportError as err:
-        return {}, {f: f"agents.export is not available ({err})" for f in ("onnx", "torchscript")}
+    from agents.torchscript_policy import TorchScriptPolicy
+
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
@@ -190,8 +180,10 @@ def policy(name: str, model, info, engine: str, K: int, B: int, found: dict, exp
     if engine in found:  # an exported runtime takes its thread count when it is made
         p = found[engine](exports.path(name, model, K, engine), threads=threads)
         p.reset(B, target=info.eval_targets[0])
-    else:
-        p = Agent(with_context(model, K), info, engine=engine)
+    else:  # the same weights (shared) at context K: recompute's context and the softmax cache
+        m = copy.copy(model)
+        m.cfg = dataclasses.replace(model.cfg, K=K)
+        p = Agent(m, info, engine=engine)
         p.reset(B)
     obs, rew = np.random.default_rng(0).normal(size=(B, model.cfg.state_dim)).astype(np.float32), np.ones(B, np.float32)
     p.act(obs)
