@@ -28,6 +28,7 @@ from agents import train_config
 
 from . import report as report_mod
 
+
 @dataclass
 class Job:
     env: str
