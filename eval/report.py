@@ -86,20 +86,16 @@ class Group:
 
 def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
     """(finished run directories, unfinished ones) under the given paths / globs."""
-    finished, unfinished, seen = [], [], set()
+    found = {}  # run directories in the order found, each once
     for pat in patterns:
-        matches = [Path(p) for p in sorted(glob.glob(pat))] or [Path(pat)]
-        for m in matches:
+        for m in [Path(p) for p in sorted(glob.glob(pat))] or [Path(pat)]:
             if not m.exists():
                 raise ValueError(f"{pat}: no such file or directory (give run directories, their parents, or globs)")
             base = m.parent if m.is_file() else m
-            candidates = {p.parent for p in base.rglob("last.pt")} | {p.parent for p in base.rglob("summary.json")}
-            for d in sorted(candidates):
-                if d in seen:
-                    continue
-                seen.add(d)
-                (finished if (d / "summary.json").exists() else unfinished).append(d)
-    return finished, unfinished
+            found.update(dict.fromkeys(sorted({p.parent for name in ("last.pt", "summary.json")
+                                               for p in base.rglob(name)})))
+    finished = [d for d in found if (d / "summary.json").exists()]
+    return finished, [d for d in found if d not in finished]
 
 
 @functools.lru_cache(maxsize=None)
