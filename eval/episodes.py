@@ -112,17 +112,14 @@ class _Lane:
         return int(ended.sum())
 
 
-def run_lane(agent, venv, jobs, seed: int, max_steps: int, returns, lengths,
-             on_episode: Callable[[int], None] | None = None) -> dict:
-    """One lane's loop until its jobs run out (what a lane process runs): outcomes go to ``returns[job]`` /
-    ``lengths[job]``; returns the lane's "act_s", "act_rows" and "env_steps" as ``run_episodes`` does."""
-    return _loop([_Lane(agent, venv)], jobs, seed, max_steps, returns, lengths, on_episode)
-
-
-def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths, on_episode, submit=None) -> dict:
-    """The act-then-step loop of every evaluator: each lane's agent acts for its running rows, its simulators
-    step (``submit(lane, action)``: the result, or a function waiting for it; default: step here), and the
-    outcome restarts or drops rows. A lane's step is taken in only after the next lane has acted."""
+def run_lanes(agents, venvs, jobs, seed: int, max_steps: int, returns, lengths,
+              on_episode: Callable[[int], None] | None = None, submit=None) -> dict:
+    """The act-then-step loop of every evaluator (a lane process runs it for its one lane): each lane's agent
+    acts for its running rows, its simulators step (``submit(lane, action)``: the result, or a function waiting
+    for it; default: step here), and the outcome restarts or drops rows. A lane's step is taken in only after
+    the next lane has acted. Outcomes go to ``returns[job]`` / ``lengths[job]``; returns "act_s", "act_rows"
+    and "env_steps" as ``run_episodes`` does."""
+    lanes = [_Lane(a, v) for a, v in zip(agents, venvs)]
     for lane in lanes:
         lane.start(jobs, seed)
     act_s, act_rows = [], []  # duration and batch of every act
@@ -182,8 +179,8 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
         return pool.submit(step_rows, lane.venv, lane.running, action).result
 
     try:
-        out = _loop([_Lane(a, v) for a, v in zip(agents, venvs)], Jobs(jobs), seed, max_steps, returns, lengths,
-                    on_episode, submit if in_process or pool is not None else None)
+        out = run_lanes(agents, venvs, Jobs(jobs), seed, max_steps, returns, lengths, on_episode,
+                        submit if in_process or pool is not None else None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True)

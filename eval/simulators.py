@@ -10,6 +10,7 @@ OpenMP hangs in a forked child whose parent already ran a parallel region; a one
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import pickle
 import traceback
@@ -53,14 +54,14 @@ def _host(conn, venv, agent_bytes: bytes, seed: int, max_steps: int, threads: in
     import torch
 
     from agents.threads import keep_freed_memory
-    from eval.episodes import run_lane
+    from eval.episodes import run_lanes
 
     torch.set_num_threads(max(1, int(threads)))
     keep_freed_memory()
     agent = pickle.loads(agent_bytes)
     returns, lengths = {}, {}
-    out = run_lane(agent, venv, _JobsFromEvaluator(conn), seed, max_steps, returns, lengths,
-                   on_episode=lambda n: conn.send(("ended", n)))
+    out = run_lanes([agent], [venv], _JobsFromEvaluator(conn), seed, max_steps, returns, lengths,
+                    on_episode=lambda n: conn.send(("ended", n)))
     return {**out, "returns": returns, "lengths": lengths, "threads": torch.get_num_threads()}
 
 
@@ -88,10 +89,8 @@ def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
     except (EOFError, KeyboardInterrupt, _Closed):
         pass
     except Exception as err:  # reported to the evaluator, which raises it there
-        try:
+        with contextlib.suppress(OSError):
             conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
-        except OSError:
-            pass
     finally:
         if venv is not None:
             venv.close()
@@ -154,10 +153,8 @@ class SimulatorProcess:
         if self._closed:
             return
         self._closed = True
-        try:
+        with contextlib.suppress(OSError):
             self._conn.send(("close", None))
-        except OSError:
-            pass
         self._proc.join(timeout=10)
         if self._proc.is_alive():
             self._proc.kill()
