@@ -27,6 +27,7 @@ import torch
 
 from agents.threads import inference_threads, lane_threads
 from eval.episodes import run_episodes
+from eval.simulators import SimulatorProcess
 from primal_dt.run import checkpoint as checkpoint_io
 from primal_dt.run import errors, outputs, runtime
 from primal_dt.run.options import AT_LEAST_1, SEED, THREADS, check_device, check_numbers
@@ -110,13 +111,8 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
         t0 = time.perf_counter()
         try:
             for w in widths:
-                if in_process:
-                    from eval.simulators import SimulatorProcess
-
-                    venvs.append(SimulatorProcess(spec.name, w, data.gym_id,
-                                                  threads=lane_threads(options.engine, w, n_lanes)))
-                else:
-                    venvs.append(vector_env(spec.name, w, options.asynchronous, data.gym_id))
+                venvs.append(SimulatorProcess(spec.name, w, data.gym_id, threads=lane_threads(options.engine, w, n_lanes))
+                             if in_process else vector_env(spec.name, w, options.asynchronous, data.gym_id))
             res = run_episodes(agents, venvs, jobs, seed, options.max_steps or spec.max_episode_steps, on_episode)
         finally:
             for v in venvs:
