@@ -179,15 +179,6 @@ def check(cfg: RolloutConfig) -> None:
         raise ValueError(f"out={cfg.out} exists (an earlier report?); choose another path, or pass overwrite=true")
 
 
-def report_path(cfg: RolloutConfig, checkpoint: Path) -> Path:
-    """Where the report goes, claimed before the rollout so a run started alongside cannot take it: ``out``,
-    or the first free of rollout-<engine>.json, rollout-<engine>-2.json, ..."""
-    if cfg.out:
-        return Path(cfg.out)
-    return outputs.new_path(outputs.numbered(checkpoint.parent / f"rollout-{cfg.engine}.json"), outputs.create_file,
-                            what="rollout report")
-
-
 def run(argv: list[str]) -> dict:
     """What ``python -m eval.rollout`` does; bad input is a ``SetupError`` before any simulation."""
     import envs
@@ -206,7 +197,9 @@ def run(argv: list[str]) -> dict:
         model = ck.build_model(device)
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = cfg.targets or ck.data.eval_targets
-    out = report_path(cfg, path)
+    # the report's name is claimed before the rollout, so a run started alongside cannot take it
+    out = Path(cfg.out) if cfg.out else outputs.new_path(outputs.numbered(path.parent / f"rollout-{cfg.engine}.json"),
+                                                         outputs.create_file, what="rollout report")
     note = ck.fidelity(cfg.engine).note(f"checkpoint {path}")
     if note:
         print(note)
