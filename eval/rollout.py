@@ -200,8 +200,7 @@ def run(argv: list[str]) -> dict:
     # the report's name is claimed before the rollout, so a run started alongside cannot take it
     out = Path(cfg.out) if cfg.out else outputs.new_path(outputs.numbered(path.parent / f"rollout-{cfg.engine}.json"),
                                                          outputs.create_file, what="rollout report")
-    note = ck.fidelity(cfg.engine).note(f"checkpoint {path}")
-    if note:
+    if note := ck.fidelity(cfg.engine).note(f"checkpoint {path}"):
         print(note)
     written = False
     try:
@@ -275,13 +274,11 @@ def summary_text(report: dict) -> str:
         lines.append(f"  target {tag}: normalized {r['normalized_mean']:.1f} +- {r['normalized_std']:.1f}, "
                      f"return {r['return_mean']:.0f} +- {r['return_std']:.0f}, length {r['length_mean']:.0f} "
                      f"[{r['length_min']}, {r['length_max']}]")
-    lat = report.get("agent_latency") or {}
-    if lat:
+    if lat := report.get("agent_latency"):
         lines.append(f"  agent: {lat['mean_ms']:.3f} ms per act for {lat['batch']} rows "
                      f"(median {lat['median_ms']:.3f}, p90 {lat['p90_ms']:.3f}; "
                      f"{lat['per_row_mean_ms']:.4f} ms per row)")
-    if report.get("video"):
-        v = report["video"]
+    if v := report.get("video"):
         lines.append(f"  video: {v.get('message') or v['path']}"
                      + (f"; TensorBoard: {v['tensorboard']}" if v.get("tensorboard") else ""))
     return "\n".join(lines)

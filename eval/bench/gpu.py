@@ -270,8 +270,7 @@ def table(res: dict) -> str:
     if not res["budget"] and res["device"].startswith("cuda"):
         lines.append(f"  {'(d3rlpy DT, published, its GPU)':<34} {D3RLPY_MS:>8.2f} {base / D3RLPY_MS:>7.2f}")
     lines.append("  stream agent act (primal+dt): " + ", ".join(f"{k} {v:.2f} ms" for k, v in res["act_ms"].items()))
-    c = res["concurrent"]
-    if c:
+    if c := res["concurrent"]:
         lines.append(f"  {c['many']['processes']} trainings at once ({c['many']['mode']}): "
                      f"{c['many']['updates_per_s']:.0f} updates/s in all vs {c['one']['updates_per_s']:.0f} alone "
                      f"(x {c['many']['updates_per_s'] / c['one']['updates_per_s']:.2f}); each "

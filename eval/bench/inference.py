@@ -250,8 +250,7 @@ def tables(report: dict) -> list[list[str]]:
         out.append(timing.table(["size", "K", "batch", *[f"{c} ms" for c in cols], "HF / best stream"],
                                 [[s, e["K"], e["batch"], *[f"{e['ms'][c]:.3g}" if c in e["ms"] else "" for c in cols],
                                   f"{e['hf_over_best']:.1f}x" if "hf_over_best" in e else ""] for s, e in lat]))
-    ev = report.get("evaluation")
-    if ev:
+    if ev := report.get("evaluation"):
         out.append(timing.table(["evaluator", f"seconds for {ev['episodes']} episodes", "x faster than sequential"],
                                 [[k, f"{v:.2f}", f"{ev['speedup_by_layout'][k]:.1f}"]
                                  for k, v in ev["vectorized_by_layout_s"].items()]
