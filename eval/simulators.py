@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 
 import numpy as np
 
-_PRELOAD = ["torch", "gymnasium", "mujoco", "envs", "agents", "eval.episodes"]
+_PRELOAD = ["torch", "gymnasium", "mujoco", "envs", "agents", "eval.rollout"]
 """what a clean (forkserver) lane process imports once for all lanes: the expensive part of its start"""
 
 
@@ -66,14 +66,12 @@ def _host(conn, venv, agent_bytes: bytes, seed: int, max_steps: int, threads: in
 
 
 def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
-    from gymnasium.vector import AutoresetMode
-
-    from envs import make_vector_env
     from eval.episodes import step_rows
+    from eval.rollout import vector_env
 
     venv = None
     try:
-        venv = make_vector_env(name, num_envs, None, False, gym_id=gym_id, autoreset_mode=AutoresetMode.DISABLED)
+        venv = vector_env(name, num_envs, gym_id=gym_id)
         conn.send(("ok", None))
         while True:
             cmd, args = conn.recv()
