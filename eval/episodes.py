@@ -73,8 +73,7 @@ class _Lane:
             self.agent.reset(len(got), target=[float(t) for _, (t, _) in got])
             self.obs = obs[self.running]
 
-    def finish(self, stepped, jobs: Jobs, seed: int, returns: np.ndarray, lengths: np.ndarray,
-               max_steps: int) -> int:
+    def finish(self, stepped, jobs: Jobs, seed: int, returns: np.ndarray, lengths: np.ndarray, max_steps: int) -> int:
         """Take a step's results: record ended episodes, restart rows with new jobs (the first ended rows
         get them, in row order), drop the rest; returns how many episodes ended."""
         self.obs, self.reward, term, trunc = stepped
