@@ -65,8 +65,6 @@ def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int]) -> dict
     pairs = list(zip(act_s, act_rows))
     pairs = pairs[5:] if len(pairs) > 10 else pairs
     ms = sorted([1e3 * x for x, r in pairs if r == batch] or [1e3 * x for x, _ in pairs])
-    if not ms:
-        return {}
     p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
     return {"batch": batch, "calls": len(ms), "mean_ms": statistics.fmean(ms), "median_ms": p(0.5),
             "p90_ms": p(0.9), "p99_ms": p(0.99),
