@@ -345,8 +345,7 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
     targets = list(rows_by_target)
     n = max(len(r) for r in rows_by_target.values())
     fig = Figure(figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2))
-    axes = fig.subplots(1, len(targets), squeeze=False)
-    for ax, target in zip(axes[0], targets):
+    for ax, target in zip(fig.subplots(1, len(targets), squeeze=False)[0], targets):
         rows = rows_by_target[target]
         labels = [f"{r['dataset']}\n{r['model']}\n{r['engine']}\n{r['data']}" for r in rows]
         x = range(len(rows))

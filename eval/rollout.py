@@ -109,8 +109,9 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
         t0 = time.perf_counter()
         try:
             for w in widths:
-                venvs.append(SimulatorProcess(spec.name, w, data.gym_id, threads=lane_threads(options.engine, w, n_lanes))
-                             if in_process else vector_env(spec.name, w, options.asynchronous, data.gym_id))
+                threads = lane_threads(options.engine, w, n_lanes)
+                venvs.append(SimulatorProcess(spec.name, w, data.gym_id, threads=threads) if in_process
+                             else vector_env(spec.name, w, options.asynchronous, data.gym_id))
             res = run_episodes(agents, venvs, jobs, seed, options.max_steps or spec.max_episode_steps, on_episode)
         finally:
             for v in venvs:
@@ -191,8 +192,7 @@ def run(argv: list[str]) -> dict:
         spec = envs.get_spec(ck.data.env)
         if cfg.check_data or cfg.data_source:
             dt_checkpoint.training_data(ck, cfg.data_source or None)
-        device = runtime.pick_device(cfg.device)
-        model = ck.build_model(device)
+        model = ck.build_model(runtime.pick_device(cfg.device))
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = cfg.targets or ck.data.eval_targets
     # the report's name is claimed before the rollout, so a run started alongside cannot take it

@@ -125,8 +125,7 @@ class SimulatorProcess:
         try:
             status, payload = self._conn.recv()
         except EOFError:
-            code = self._proc.exitcode
-            raise RuntimeError(f"the simulator process died (exit code {code}); "
+            raise RuntimeError(f"the simulator process died (exit code {self._proc.exitcode}); "
                                "run with lanes=1 or asynchronous=true to see the simulator's own error") from None
         if status == "error":
             kind, message, trace = payload
@@ -191,8 +190,7 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
 
     def answer(k: int, n: int) -> None:
         if n:
-            got = queue.take(turn[0], n)
-            procs[k]._conn.send(("jobs", (got, len(queue) > 0)))
+            procs[k]._conn.send(("jobs", (queue.take(turn[0], n), len(queue) > 0)))
 
     def serve() -> None:
         """Answer what can be answered: in (step, lane) order while jobs are left, everything after."""

@@ -243,8 +243,7 @@ def build_from_checkpoint(ckpt: dict, n: int = 64, seed: int = 0, *, where: str 
         data = load_task(cfg.data, with_val=False)
         model = build_model(cfg, data)
         model.load_state_dict(ckpt["model"])
-        g = torch.Generator().manual_seed(seed)
-        pick = torch.randperm(data.test.y.shape[0], generator=g)[:n]
+        pick = torch.randperm(data.test.y.shape[0], generator=torch.Generator().manual_seed(seed))[:n]
         x, mask = data.test.x[pick], data.test.mask[pick]
         return model, lambda: model(x, mask)
     if kind == "dt":

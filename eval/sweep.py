@@ -141,8 +141,7 @@ def _match_existing(job: Job, cfg, out: Path) -> None:
         if _fixed(saved) != want:
             continue
         job.run_dir = d
-        done = (d / "summary.json").exists() and ck.step >= job.steps
-        job.action = "skip" if done else "resume"
+        job.action = "skip" if (d / "summary.json").exists() and ck.step >= job.steps else "resume"
         return
 
 

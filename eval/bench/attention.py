@@ -85,8 +85,7 @@ def child(job: dict) -> dict:
         if time.perf_counter() - t0 > job["budget_s"]:
             break
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    warm = times[1:] or times
-    return {"ms": 1e3 * statistics.median(warm), "peak_mb": max(peak - base, 0.0)}
+    return {"ms": 1e3 * statistics.median(times[1:] or times), "peak_mb": max(peak - base, 0.0)}
 
 
 CHILD = "import json, sys; from eval.bench.attention import child; print(json.dumps(child(json.load(sys.stdin))))"
