@@ -238,15 +238,11 @@ def _run(argv: list[str], held: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        run(argv)
-    except (ValueError, FileNotFoundError) as err:
-        cli.fail(str(err))
-    except (RuntimeError, errors.WriteError) as err:  # runs or writes that failed: not a mistake in the input
-        sys.exit(f"error: {err}")
-    except KeyboardInterrupt:
-        sys.exit(130)
+    def checked(argv: list[str]) -> dict:
+        with errors.setup_errors():  # a ValueError or FileNotFoundError of a sweep is a mistake in its input
+            return run(argv)
+
+    errors.main(checked, argv, expected=(RuntimeError,))  # runs that failed: one line, status 1
 
 
 if __name__ == "__main__":
