@@ -154,11 +154,11 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
 
 
 class Exports:
-    """Exported artefacts of the benchmarked models, one per (size, K, format), made on first use into a
-    temporary directory."""
+    """Exported artefacts of the benchmarked models, one per (size, K, format), made on first use into
+    ``directory``."""
 
-    def __init__(self, info):
-        self.info, self.dir, self.paths, self.export_s = info, tempfile.TemporaryDirectory(prefix="bench-"), {}, {}
+    def __init__(self, info, directory: str):
+        self.info, self.dir, self.paths, self.export_s = info, Path(directory), {}, {}
 
     def path(self, size: str, model, K: int, fmt: str) -> Path:
         if (size, K, fmt) not in self.paths:
@@ -168,7 +168,7 @@ class Exports:
             ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(),
                               data=self.info, origin="benchmark model")
             t0 = time.perf_counter()
-            out = Path(self.dir.name) / f"{size}-K{K}-{FORMATS[fmt]}"
+            out = self.dir / f"{size}-K{K}-{FORMATS[fmt]}"
             self.paths[(size, K, fmt)] = export_policy(ck, format=fmt, out=out)
             self.export_s[f"{size}-K{K}-{fmt}"] = time.perf_counter() - t0
         return self.paths[(size, K, fmt)]
@@ -272,12 +272,10 @@ def run(argv: list[str]) -> dict:
           f"{bc.threads} thread(s), {machine['cores']} cores, {machine['cpu']}", flush=True)
     report = {"machine": machine, "config": dataclasses.asdict(bc), "sizes": list(models),
               "exported": {"formats": sorted(found), "skipped": skipped}}
-    exports = Exports(info)
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        exports = Exports(info, tmp)
         report["latency"] = latency_section(models, info, bc, found, exports) if bc.latency else {}
         report["exported"]["export_s"] = exports.export_s
-    finally:
-        exports.dir.cleanup()
     if bc.episodes > 0:
         report["evaluation"] = evaluation_section(trained if trained is not None else next(iter(models.values())), info, bc)
     timing.write(report, bc.json, bc.markdown, "Acting speed: stream, ONNX, TorchScript, recompute and HuggingFace"
