@@ -21,6 +21,14 @@ import gymnasium as gym
 import numpy as np
 
 
+def vector_env(name: str, num_envs: int, asynchronous: bool = False, gym_id: str | None = None):
+    """``num_envs`` simulators of ``name``, autoreset disabled (the episode loop resets each one itself)."""
+    from envs import make_vector_env
+
+    return make_vector_env(name, num_envs, None, asynchronous, gym_id=gym_id,
+                           autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+
+
 def step_rows(venv, envs_idx: np.ndarray, actions: np.ndarray):
     """(obs, reward, terminated, truncated) of the simulators ``envs_idx`` stepped with ``actions``: only
     those on a SyncVectorEnv; every one on an AsyncVectorEnv, idle ones with zero actions."""

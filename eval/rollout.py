@@ -26,23 +26,13 @@ import numpy as np
 import torch
 
 from agents.threads import inference_threads, lane_threads
-from eval.episodes import run_episodes
+from eval.episodes import run_episodes, vector_env
 from eval.simulators import SimulatorProcess
 from primal_dt.run import checkpoint as checkpoint_io
 from primal_dt.run import errors, outputs, runtime
 from primal_dt.run.options import AT_LEAST_1, SEED, THREADS, check_device, check_numbers
 from agents.train_config import RolloutOptions, TrainConfig
 from primal_dt.run.monitor import EpisodeBar
-
-
-# -- simulators ------------------------------------------------------------------------------------
-def vector_env(name: str, num_envs: int, asynchronous: bool = False, gym_id: str | None = None):
-    """``num_envs`` simulators of ``name``, autoreset disabled (the episode loop resets each one itself)."""
-    from gymnasium.vector import AutoresetMode
-
-    from envs import make_vector_env
-
-    return make_vector_env(name, num_envs, None, asynchronous, gym_id=gym_id, autoreset_mode=AutoresetMode.DISABLED)
 
 
 def summarize(spec, targets: Sequence[float], jobs, result: dict) -> dict:

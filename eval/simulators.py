@@ -19,7 +19,7 @@ from multiprocessing.connection import wait
 
 import numpy as np
 
-_PRELOAD = ["torch", "gymnasium", "mujoco", "envs", "agents", "eval.rollout"]
+_PRELOAD = ["torch", "gymnasium", "mujoco", "envs", "agents", "eval.episodes"]
 """what a clean (forkserver) lane process imports once for all lanes: the expensive part of its start"""
 
 
@@ -66,8 +66,7 @@ def _host(conn, venv, agent_bytes: bytes, seed: int, max_steps: int, threads: in
 
 
 def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
-    from eval.episodes import step_rows
-    from eval.rollout import vector_env
+    from eval.episodes import step_rows, vector_env
 
     venv = None
     try:
