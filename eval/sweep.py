@@ -45,10 +45,8 @@ class Job:
         return f"{self.env} {self.label} seed {self.seed}"
 
     def command(self, threads: int) -> list[str]:
-        base = [sys.executable, "-m", "primal_dt.train"]
-        if self.action == "resume":
-            return base + [f"resume={self.run_dir}", f"steps={self.steps}", f"threads={threads}", "progress=false"]
-        return base + self.argv + [f"threads={threads}", "progress=false"]
+        run = [f"resume={self.run_dir}", f"steps={self.steps}"] if self.action == "resume" else self.argv
+        return [sys.executable, "-m", "primal_dt.train", *run, f"threads={threads}", "progress=false"]
 
 
 @dataclass
@@ -161,7 +159,7 @@ def _die_with(parent: int):
     return preexec
 
 
-def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int | None = None) -> list[Job]:
+def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int) -> list[Job]:
     """Run the jobs as local processes, ``parallel`` at a time; returns those that failed. ``held``: the
     lock of ``out`` (``lock.hold``), handed to each run so ``out`` stays held while any of them lives."""
     todo = [j for j in jobs if j.action != "skip"]
@@ -179,7 +177,7 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int 
                 with errors.writing(log, f"log of {j.name} (it was not started)"):
                     fh = log.open("a")
                 p = subprocess.Popen(j.command(threads), stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=_die_with(os.getpid()), pass_fds=() if held is None else (held,))
+                                     preexec_fn=_die_with(os.getpid()), pass_fds=(held,))
                 print(f"[sweep] {j.action} {j.name} (log {log})", flush=True)
                 running.append((j, p, time.time(), fh))
             time.sleep(1.0)
