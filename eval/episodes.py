@@ -21,6 +21,14 @@ import gymnasium as gym
 import numpy as np
 
 
+def vector_env(name: str, num_envs: int, asynchronous: bool = False, gym_id: str | None = None):
+    """``num_envs`` simulators of ``name``, autoreset disabled (the episode loop resets each one itself)."""
+    from envs import make_vector_env
+
+    return make_vector_env(name, num_envs, None, asynchronous, gym_id=gym_id,
+                           autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+
+
 def step_rows(venv, envs_idx: np.ndarray, actions: np.ndarray):
     """(obs, reward, terminated, truncated) of the simulators ``envs_idx`` stepped with ``actions``: only
     those on a SyncVectorEnv; every one on an AsyncVectorEnv, idle ones with zero actions."""
@@ -64,24 +72,16 @@ class _Lane:
 
     def start(self, jobs: Jobs, seed: int) -> None:
         n = self.venv.num_envs
-        seeds, targets = [], []
-        got = jobs.take(0, n)
-        for i in range(n):
-            if i < len(got):
-                j, (tgt, e) = got[i]
-                self.job[i] = j
-                seeds.append(seed + e)
-                targets.append(float(tgt))
-            else:  # no job: reset (the vector env wants every seed) but never stepped
-                seeds.append(seed + 10**6 + i)
-        obs, _ = self.venv.reset(seed=seeds)
-        self.running = np.array([i for i in range(n) if self.job[i] is not None], dtype=np.int64)
-        if len(self.running):
-            self.agent.reset(len(self.running), target=targets)
+        got = jobs.take(0, n)  # row i < len(got) runs job got[i]
+        self.job[:len(got)] = [j for j, _ in got]
+        # a row without a job is reset too (the vector env wants every seed), but never stepped
+        obs, _ = self.venv.reset(seed=[seed + e for _, (_, e) in got] + [seed + 10**6 + i for i in range(len(got), n)])
+        self.running = np.arange(len(got), dtype=np.int64)
+        if len(got):
+            self.agent.reset(len(got), target=[float(t) for _, (t, _) in got])
             self.obs = obs[self.running]
 
-    def finish(self, stepped, jobs: Jobs, seed: int, returns: np.ndarray, lengths: np.ndarray,
-               max_steps: int) -> int:
+    def finish(self, stepped, jobs: Jobs, seed: int, returns: np.ndarray, lengths: np.ndarray, max_steps: int) -> int:
         """Take a step's results: record ended episodes, restart rows with new jobs (the first ended rows
         get them, in row order), drop the rest; returns how many episodes ended."""
         self.obs, self.reward, term, trunc = stepped
@@ -119,22 +119,17 @@ class _Lane:
         return int(ended.sum())
 
 
-def run_lane(agent, venv, jobs, seed: int, max_steps: int, returns, lengths,
-             on_episode: Callable[[int], None] | None = None) -> dict:
-    """One lane's loop until its jobs run out (what a lane process runs): outcomes go to ``returns[job]`` /
-    ``lengths[job]``; returns the lane's "act_s", "act_rows" and "env_steps" as ``run_episodes`` does."""
-    return _loop([_Lane(agent, venv)], jobs, seed, max_steps, returns, lengths, on_episode)
-
-
-def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths, on_episode, submit=None) -> dict:
-    """The act-then-step loop of every evaluator: each lane's agent acts for its running rows, its simulators
-    step (``submit(lane, action)``: the result, or a function waiting for it; default: step here), and the
-    outcome restarts or drops rows. A lane's step is taken in only after the next lane has acted."""
+def run_lanes(agents, venvs, jobs, seed: int, max_steps: int, returns, lengths,
+              on_episode: Callable[[int], None] | None = None, submit=None) -> dict:
+    """The act-then-step loop of every evaluator (a lane process runs it for its one lane): each lane's agent
+    acts for its running rows, its simulators step (``submit(lane, action)``: the result, or a function waiting
+    for it; default: step here), and the outcome restarts or drops rows. A lane's step is taken in only after
+    the next lane has acted. Outcomes go to ``returns[job]`` / ``lengths[job]``; returns "act_s", "act_rows"
+    and "env_steps" as ``run_episodes`` does."""
+    lanes = [_Lane(a, v) for a, v in zip(agents, venvs)]
     for lane in lanes:
         lane.start(jobs, seed)
-    act_s: list[float] = []
-    act_rows: list[int] = []
-    env_steps = 0
+    act_s, act_rows = [], []  # duration and batch of every act
     pending = None  # (lane, its step's result or a function returning it): a lane whose simulators are stepping
 
     def finish(p):
@@ -154,13 +149,12 @@ def _loop(lanes: list[_Lane], jobs, seed: int, max_steps: int, returns, lengths,
             action = lane.agent.act(lane.obs, lane.reward)
             act_s.append(time.perf_counter() - t0)
             act_rows.append(len(lane.running))
-            env_steps += len(lane.running)
             if pending is not None:  # the previous lane's simulators ran while this lane acted
                 finish(pending)
             pending = (lane, step_rows(lane.venv, lane.running, action) if submit is None else submit(lane, action))
     if pending is not None:
         finish(pending)
-    return {"act_s": act_s, "act_rows": act_rows, "env_steps": env_steps}
+    return {"act_s": act_s, "act_rows": act_rows, "env_steps": sum(act_rows)}
 
 
 def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, max_steps: int,
@@ -168,8 +162,8 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
     """Run every (target, episode index) job to its end; ``agents`` / ``venvs``: one each, or one per lane
     (vector envs with autoreset disabled); anything with the ``agents.onnx_policy.Policy`` API acts.
     ``on_episode(n)`` is called as ``n`` episodes end. Returns {"returns", "lengths"} in job order, "act_s"
-    and "act_rows" (duration and batch of every ``act``), "env_steps"; with hosted lanes also "hosted_s" and
-    "lane_threads". ``host=False`` keeps the agents here even with lane processes."""
+    and "act_rows" (duration and batch of every ``act``), "env_steps"; with hosted lanes also "lane_threads".
+    ``host=False`` keeps the agents here even with lane processes."""
     agents = list(agents) if isinstance(agents, (list, tuple)) else [agents]
     venvs = list(venvs) if isinstance(venvs, (list, tuple)) else [venvs]
     if len(agents) != len(venvs) or not agents:
@@ -192,8 +186,8 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
         return pool.submit(step_rows, lane.venv, lane.running, action).result
 
     try:
-        out = _loop([_Lane(a, v) for a, v in zip(agents, venvs)], Jobs(jobs), seed, max_steps, returns, lengths,
-                    on_episode, submit if in_process or pool is not None else None)
+        out = run_lanes(agents, venvs, Jobs(jobs), seed, max_steps, returns, lengths, on_episode,
+                        submit if in_process or pool is not None else None)
     finally:
         if pool is not None:
             pool.shutdown(wait=True)

@@ -58,10 +58,6 @@ _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.045, 2.042]
 
 
-def t975(df: int) -> float:
-    return _T975[df - 1] if 1 <= df <= len(_T975) else 1.96
-
-
 @dataclass
 class Run:
     path: Path
@@ -90,20 +86,16 @@ class Group:
 
 def find_runs(patterns: list[str]) -> tuple[list[Path], list[Path]]:
     """(finished run directories, unfinished ones) under the given paths / globs."""
-    finished, unfinished, seen = [], [], set()
+    found = {}  # run directories in the order found, each once
     for pat in patterns:
-        matches = [Path(p) for p in sorted(glob.glob(pat))] or [Path(pat)]
-        for m in matches:
+        for m in [Path(p) for p in sorted(glob.glob(pat))] or [Path(pat)]:
             if not m.exists():
                 raise ValueError(f"{pat}: no such file or directory (give run directories, their parents, or globs)")
             base = m.parent if m.is_file() else m
-            candidates = {p.parent for p in base.rglob("last.pt")} | {p.parent for p in base.rglob("summary.json")}
-            for d in sorted(candidates):
-                if d in seen:
-                    continue
-                seen.add(d)
-                (finished if (d / "summary.json").exists() else unfinished).append(d)
-    return finished, unfinished
+            found.update(dict.fromkeys(sorted({p.parent for name in ("last.pt", "summary.json")
+                                               for p in base.rglob(name)})))
+    finished = [d for d in found if (d / "summary.json").exists()]
+    return finished, [d for d in found if d not in finished]
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,10 +157,9 @@ def load_run(d: Path) -> Run:
         raise ValueError(f"{d}: the run finished without a final evaluation (eval.final_episodes=0); "
                          "nothing to report")
     ck = dt_checkpoint.load(d)
-    curves = {}
-    for tag, pts in (ck.training.history if ck.training else {}).items():
-        if tag.startswith("eval/normalized/"):
-            curves[tag.rsplit("/", 1)[1]] = sorted((int(s), float(v)) for s, v in pts if math.isfinite(v))
+    history = ck.training.history if ck.training else {}
+    curves = {tag.rsplit("/", 1)[1]: sorted((int(s), float(v)) for s, v in pts if math.isfinite(v))
+              for tag, pts in history.items() if tag.startswith("eval/normalized/")}
     for tag, r in summary["final"].items():  # the final evaluation ends each curve
         pts = [p for p in curves.get(tag, []) if p[0] < summary["steps"]]
         end = [(summary["steps"], float(r["normalized_mean"]))] if math.isfinite(r["normalized_mean"]) else []
@@ -218,17 +209,15 @@ def paper_scores(env: str) -> dict:
         return {}
 
 
-NONE = {"mean": None, "std": None, "ci95": None, "n": 0}
-
-
 def stats(values: list[float]) -> dict:
     """Mean, standard deviation, half-width of the 95 % interval (Student's t), count."""
     n = len(values)
     if not n:
-        return NONE
+        return {"mean": None, "std": None, "ci95": None, "n": 0}
     std = statistics.stdev(values) if n > 1 else 0.0
+    t = _T975[n - 2] if n - 1 <= len(_T975) else 1.96
     return {"mean": statistics.fmean(values), "std": std, "n": n,
-            "ci95": t975(n - 1) * std / math.sqrt(n) if n > 1 else float("nan")}
+            "ci95": t * std / math.sqrt(n) if n > 1 else float("nan")}
 
 
 def _joined(values) -> str:
@@ -320,27 +309,12 @@ def _band(runs: list[Run], target: str):
     return steps, [a["mean"] for a in at], [a["ci95"] if a["n"] > 1 else 0.0 for a in at]
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path, what: str) -> Path:
-    fig.tight_layout()
-    try:
-        return save_figure(fig, path, what)
-    finally:
-        _pyplot().close(fig)
-
-
 def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
+    from matplotlib.figure import Figure  # not pyplot: no backend, no figure to close
+
     envs = sorted({g.env for g in groups})
-    fig, axes = _pyplot().subplots(len(envs), len(targets), figsize=(6.5 * len(targets), 4.6 * len(envs)),
-                                   squeeze=False)
+    fig = Figure(figsize=(6.5 * len(targets), 4.6 * len(envs)))
+    axes = fig.subplots(len(envs), len(targets), squeeze=False)
     for i, env in enumerate(envs):
         for j, target in enumerate(targets):
             ax = axes[i][j]
@@ -361,14 +335,17 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=9, loc="upper left", framealpha=0.85)
     fig.suptitle("Evaluation during training: mean over seeds, shaded 95% confidence interval")
-    return _save(fig, path, "report's learning curves")
+    fig.tight_layout()
+    return save_figure(fig, path, "report's learning curves")
 
 
 def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
+    from matplotlib.figure import Figure
+
     targets = list(rows_by_target)
     n = max(len(r) for r in rows_by_target.values())
-    fig, axes = _pyplot().subplots(1, len(targets), figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2), squeeze=False)
-    for ax, target in zip(axes[0], targets):
+    fig = Figure(figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2))
+    for ax, target in zip(fig.subplots(1, len(targets), squeeze=False)[0], targets):
         rows = rows_by_target[target]
         labels = [f"{r['dataset']}\n{r['model']}\n{r['engine']}\n{r['data']}" for r in rows]
         x = range(len(rows))
@@ -388,7 +365,8 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
         ax.set(ylabel="final normalized score", title=f"target {target.removeprefix('target')}")
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    return _save(fig, path, "report's bar chart")
+    fig.tight_layout()
+    return save_figure(fig, path, "report's bar chart")
 
 
 def capped(groups: list[Group]) -> list[str]:

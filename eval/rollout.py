@@ -26,22 +26,13 @@ import numpy as np
 import torch
 
 from agents.threads import inference_threads, lane_threads
-from eval.episodes import run_episodes
+from eval.episodes import run_episodes, vector_env
+from eval.simulators import SimulatorProcess
 from primal_dt.run import checkpoint as checkpoint_io
 from primal_dt.run import errors, outputs, runtime
 from primal_dt.run.options import AT_LEAST_1, SEED, THREADS, check_device, check_numbers
 from agents.train_config import RolloutOptions, TrainConfig
 from primal_dt.run.monitor import EpisodeBar
-
-
-# -- simulators ------------------------------------------------------------------------------------
-def vector_env(name: str, num_envs: int, asynchronous: bool = False, gym_id: str | None = None):
-    """``num_envs`` simulators of ``name``, autoreset disabled (the episode loop resets each one itself)."""
-    from gymnasium.vector import AutoresetMode
-
-    from envs import make_vector_env
-
-    return make_vector_env(name, num_envs, None, asynchronous, gym_id=gym_id, autoreset_mode=AutoresetMode.DISABLED)
 
 
 def summarize(spec, targets: Sequence[float], jobs, result: dict) -> dict:
@@ -58,16 +49,12 @@ def summarize(spec, targets: Sequence[float], jobs, result: dict) -> dict:
     return out
 
 
-def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int] | None = None) -> dict:
+def latency(act_s: Sequence[float], batch: int, act_rows: Sequence[int]) -> dict:
     """Agent ms per act() call while all ``batch`` rows run (the batch shrinks in an evaluation's tail; the
     first 5 calls are warm-up) and ``per_row_mean_ms`` over all calls: total act time / rows acted for."""
-    rows = list(act_rows) if act_rows is not None else [batch] * len(act_s)
-    pairs = list(zip(act_s, rows))
+    pairs = list(zip(act_s, act_rows))
     pairs = pairs[5:] if len(pairs) > 10 else pairs
-    full = [1e3 * x for x, r in pairs if r == batch] or [1e3 * x for x, _ in pairs]
-    ms = sorted(full)
-    if not ms:
-        return {}
+    ms = sorted([1e3 * x for x, r in pairs if r == batch] or [1e3 * x for x, _ in pairs])
     p = lambda q: ms[min(len(ms) - 1, int(q * len(ms)))]  # noqa: E731
     return {"batch": batch, "calls": len(ms), "mean_ms": statistics.fmean(ms), "median_ms": p(0.5),
             "p90_ms": p(0.9), "p99_ms": p(0.99),
@@ -107,19 +94,14 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     in_process = n_lanes > 1 and not options.asynchronous and options.lane_workers == "process"
     widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
-        agents = [Agent(model, data, target=float(targets[0]), engine=options.engine)
-                  for _ in widths]
+        agents = [Agent(model, data, target=float(targets[0]), engine=options.engine) for _ in widths]
         venvs = []
         t0 = time.perf_counter()
         try:
             for w in widths:
-                if in_process:
-                    from eval.simulators import SimulatorProcess
-
-                    venvs.append(SimulatorProcess(spec.name, w, data.gym_id,
-                                                  threads=lane_threads(options.engine, w, n_lanes)))
-                else:
-                    venvs.append(vector_env(spec.name, w, options.asynchronous, data.gym_id))
+                threads = lane_threads(options.engine, w, n_lanes)
+                venvs.append(SimulatorProcess(spec.name, w, data.gym_id, threads=threads) if in_process
+                             else vector_env(spec.name, w, options.asynchronous, data.gym_id))
             res = run_episodes(agents, venvs, jobs, seed, options.max_steps or spec.max_episode_steps, on_episode)
         finally:
             for v in venvs:
@@ -177,23 +159,13 @@ NUMBERS = {"episodes": AT_LEAST_1, "seed": SEED, "threads": THREADS}
 """what the other numeric options accept (the shared ones: ``RolloutOptions.check``)"""
 
 
-def check(cfg: RolloutConfig) -> tuple[float, ...]:
-    """Every option, before anything is loaded or simulated; returns the targets given (may be ())."""
+def check(cfg: RolloutConfig) -> None:
+    """Every option, before anything is loaded or simulated."""
     cfg.check()
     check_numbers(cfg, NUMBERS)
     check_device(cfg.device)
     if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
         raise ValueError(f"out={cfg.out} exists (an earlier report?); choose another path, or pass overwrite=true")
-    return cfg.targets
-
-
-def report_path(cfg: RolloutConfig, checkpoint: Path) -> Path:
-    """Where the report goes, claimed before the rollout so a run started alongside cannot take it: ``out``,
-    or the first free of rollout-<engine>.json, rollout-<engine>-2.json, ..."""
-    if cfg.out:
-        return Path(cfg.out)
-    return outputs.new_path(outputs.numbered(checkpoint.parent / f"rollout-{cfg.engine}.json"), outputs.create_file,
-                            what="rollout report")
 
 
 def run(argv: list[str]) -> dict:
@@ -204,20 +176,19 @@ def run(argv: list[str]) -> dict:
 
     cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=SHORTHANDS)
     with errors.setup_errors(KeyError):
-        given = check(cfg)
+        check(cfg)
         path = dt_checkpoint.resolve(cfg.checkpoint)
         ck = dt_checkpoint.load(path)
         spec = envs.get_spec(ck.data.env)
         if cfg.check_data or cfg.data_source:
             dt_checkpoint.training_data(ck, cfg.data_source or None)
-        device = runtime.pick_device(cfg.device)
-        model = ck.build_model(device)
-    info = ck.data
+        model = ck.build_model(runtime.pick_device(cfg.device))
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
-    targets = given or info.eval_targets
-    out = report_path(cfg, path)
-    note = ck.fidelity(cfg.engine).note(f"checkpoint {path}")
-    if note:
+    targets = cfg.targets or ck.data.eval_targets
+    # the report's name is claimed before the rollout, so a run started alongside cannot take it
+    out = Path(cfg.out) if cfg.out else outputs.new_path(outputs.numbered(path.parent / f"rollout-{cfg.engine}.json"),
+                                                         outputs.create_file, what="rollout report")
+    if note := ck.fidelity(cfg.engine).note(f"checkpoint {path}"):
         print(note)
     written = False
     try:
@@ -291,13 +262,11 @@ def summary_text(report: dict) -> str:
         lines.append(f"  target {tag}: normalized {r['normalized_mean']:.1f} +- {r['normalized_std']:.1f}, "
                      f"return {r['return_mean']:.0f} +- {r['return_std']:.0f}, length {r['length_mean']:.0f} "
                      f"[{r['length_min']}, {r['length_max']}]")
-    lat = report.get("agent_latency") or {}
-    if lat:
+    if lat := report.get("agent_latency"):
         lines.append(f"  agent: {lat['mean_ms']:.3f} ms per act for {lat['batch']} rows "
                      f"(median {lat['median_ms']:.3f}, p90 {lat['p90_ms']:.3f}; "
                      f"{lat['per_row_mean_ms']:.4f} ms per row)")
-    if report.get("video"):
-        v = report["video"]
+    if v := report.get("video"):
         lines.append(f"  video: {v.get('message') or v['path']}"
                      + (f"; TensorBoard: {v['tensorboard']}" if v.get("tensorboard") else ""))
     return "\n".join(lines)

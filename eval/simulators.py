@@ -10,9 +10,9 @@ OpenMP hangs in a forked child whose parent already ran a parallel region; a one
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import pickle
-import time
 import traceback
 from collections import deque
 from multiprocessing.connection import wait
@@ -54,26 +54,23 @@ def _host(conn, venv, agent_bytes: bytes, seed: int, max_steps: int, threads: in
     import torch
 
     from agents.threads import keep_freed_memory
-    from eval.episodes import run_lane
+    from eval.episodes import run_lanes
 
     torch.set_num_threads(max(1, int(threads)))
     keep_freed_memory()
     agent = pickle.loads(agent_bytes)
     returns, lengths = {}, {}
-    out = run_lane(agent, venv, _JobsFromEvaluator(conn), seed, max_steps, returns, lengths,
-                   on_episode=lambda n: conn.send(("ended", n)))
+    out = run_lanes([agent], [venv], _JobsFromEvaluator(conn), seed, max_steps, returns, lengths,
+                    on_episode=lambda n: conn.send(("ended", n)))
     return {**out, "returns": returns, "lengths": lengths, "threads": torch.get_num_threads()}
 
 
 def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
-    from gymnasium.vector import AutoresetMode
-
-    from envs import make_vector_env
-    from eval.episodes import step_rows
+    from eval.episodes import step_rows, vector_env
 
     venv = None
     try:
-        venv = make_vector_env(name, num_envs, None, False, gym_id=gym_id, autoreset_mode=AutoresetMode.DISABLED)
+        venv = vector_env(name, num_envs, gym_id=gym_id)
         conn.send(("ok", None))
         while True:
             cmd, args = conn.recv()
@@ -89,10 +86,8 @@ def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
     except (EOFError, KeyboardInterrupt, _Closed):
         pass
     except Exception as err:  # reported to the evaluator, which raises it there
-        try:
+        with contextlib.suppress(OSError):
             conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
-        except OSError:
-            pass
     finally:
         if venv is not None:
             venv.close()
@@ -129,8 +124,7 @@ class SimulatorProcess:
         try:
             status, payload = self._conn.recv()
         except EOFError:
-            code = self._proc.exitcode
-            raise RuntimeError(f"the simulator process died (exit code {code}); "
+            raise RuntimeError(f"the simulator process died (exit code {self._proc.exitcode}); "
                                "run with lanes=1 or asynchronous=true to see the simulator's own error") from None
         if status == "error":
             kind, message, trace = payload
@@ -155,10 +149,8 @@ class SimulatorProcess:
         if self._closed:
             return
         self._closed = True
-        try:
+        with contextlib.suppress(OSError):
             self._conn.send(("close", None))
-        except OSError:
-            pass
         self._proc.join(timeout=10)
         if self._proc.is_alive():
             self._proc.kill()
@@ -189,9 +181,7 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
         p._conn.send(("host", (blob, seed, max_steps, p.threads)))
     returns = np.zeros(len(jobs))
     lengths = np.zeros(len(jobs), dtype=np.int64)
-    act_s: list[float] = []
-    act_rows: list[int] = []
-    env_steps, threads = 0, []
+    act_s, act_rows, threads = [], [], []
     lanes = len(procs)
     asked = [deque() for _ in procs]  # (step, n) per lane, in the order sent
     done = [False] * lanes
@@ -199,8 +189,7 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
 
     def answer(k: int, n: int) -> None:
         if n:
-            got = queue.take(turn[0], n)
-            procs[k]._conn.send(("jobs", (got, len(queue) > 0)))
+            procs[k]._conn.send(("jobs", (queue.take(turn[0], n), len(queue) > 0)))
 
     def serve() -> None:
         """Answer what can be answered: in (step, lane) order while jobs are left, everything after."""
@@ -220,7 +209,6 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
                 answer(k, n)
             turn[:] = [step + (k + 1) // lanes, (k + 1) % lanes]
 
-    t0 = time.perf_counter()
     busy = {p._conn: k for k, p in enumerate(procs)}
     while busy:
         for conn in wait(list(busy)):
@@ -238,8 +226,7 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
                     returns[j], lengths[j] = r, payload["lengths"][j]
                 act_s += payload["act_s"]
                 act_rows += payload["act_rows"]
-                env_steps += payload["env_steps"]
                 threads.append(payload["threads"])
         serve()
     return {"returns": returns.tolist(), "lengths": lengths.tolist(), "act_s": act_s, "act_rows": act_rows,
-            "env_steps": env_steps, "hosted_s": time.perf_counter() - t0, "lane_threads": threads}
+            "env_steps": sum(act_rows), "lane_threads": threads}

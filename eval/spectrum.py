@@ -181,14 +181,12 @@ def analyse(model: nn.Module, run: Callable[[], object]) -> SpectrumReport:
         model.train(was_training)
 
 
-def plot(report: SpectrumReport, path: str | Path | None = None):
+def plot(report: SpectrumReport, path: Path):
     """Figure 1 style: singular values (left, log scale) and cumulative explained variance (right)."""
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: no backend, no figure to close
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    fig = Figure(figsize=(10, 4))
+    ax1, ax2 = fig.subplots(1, 2)
     for layer in report.layers:
         k = range(1, len(layer.singular_values) + 1)
         label = f"{layer.name} ({layer.mechanism}, rank90={layer.rank90:.1f})"
@@ -200,8 +198,7 @@ def plot(report: SpectrumReport, path: str | Path | None = None):
     ax2.axhline(0.9, color="grey", lw=0.8, ls="--")
     ax2.legend(fontsize=7)
     fig.tight_layout()
-    if path is not None:
-        save_figure(fig, path, "spectrum plot", dpi=120)
+    save_figure(fig, path, "spectrum plot", dpi=120)
     return fig
 
 
@@ -226,9 +223,6 @@ def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True)
                     mon.scalar(f"redundancy/{layer.name}", layer.redundancy, 0)
         finally:
             mon.writer.close()
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
     return {"png": out / "spectrum.png", "json": out / "spectrum.json"}
 
 
@@ -249,8 +243,7 @@ def build_from_checkpoint(ckpt: dict, n: int = 64, seed: int = 0, *, where: str 
         data = load_task(cfg.data, with_val=False)
         model = build_model(cfg, data)
         model.load_state_dict(ckpt["model"])
-        g = torch.Generator().manual_seed(seed)
-        pick = torch.randperm(data.test.y.shape[0], generator=g)[:n]
+        pick = torch.randperm(data.test.y.shape[0], generator=torch.Generator().manual_seed(seed))[:n]
         x, mask = data.test.x[pick], data.test.mask[pick]
         return model, lambda: model(x, mask)
     if kind == "dt":

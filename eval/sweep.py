@@ -1,7 +1,6 @@
 """Run a grid of training runs (datasets x models x seeds) and report them as a table.
 
     python -m eval.sweep env=hopper-medium,walker2d-medium model=dt,primal+dt seeds=0,1,2 steps=4000
-    python -m eval.sweep env=hopper-medium model=dt,primal+dt seeds=0,1,2 steps=4000 print=slurm
 
 The options are training's, in the same grammar; ``env``, ``model`` and ``seeds`` take lists and span the
 grid, every other option goes to each run as given. One sweep at a time holds ``out``, and its runs die with
@@ -16,7 +15,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import os
-import shlex
 import signal
 import subprocess
 import sys
@@ -25,12 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import dt_checkpoint
-from primal_dt.run import checkpoint, cli, errors, lock, options, runtime
+from primal_dt.run import cli, errors, lock, options, runtime
 from agents import train_config
 
 from . import report as report_mod
-
-PRINT_FORMATS = ("commands", "parallel", "slurm")
 
 
 @dataclass
@@ -49,10 +45,8 @@ class Job:
         return f"{self.env} {self.label} seed {self.seed}"
 
     def command(self, threads: int) -> list[str]:
-        base = [sys.executable, "-m", "primal_dt.train"]
-        if self.action == "resume":
-            return base + [f"resume={self.run_dir}", f"steps={self.steps}", f"threads={threads}", "progress=false"]
-        return base + self.argv + [f"threads={threads}", "progress=false"]
+        run = [f"resume={self.run_dir}", f"steps={self.steps}"] if self.action == "resume" else self.argv
+        return [sys.executable, "-m", "primal_dt.train", *run, f"threads={threads}", "progress=false"]
 
 
 @dataclass
@@ -71,8 +65,6 @@ class SweepConfig:
     """runs at once (0: as many as fit the cores at threads each)"""
     threads: int = 1
     """torch threads per run"""
-    print: str = ""
-    """commands | parallel | slurm: write one command per run for a scheduler instead of running them"""
     report: str = ""
     """where the report goes ('' : <out>/report)"""
 
@@ -94,8 +86,6 @@ def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
             raise ValueError(f"{key}= needs at least one value")
     options.check_numbers(sweep, {"seeds": options.SEED, "jobs": options.AT_LEAST_0, "threads": options.AT_LEAST_1})
     options.check_output_dir(sweep.out)
-    if sweep.print and sweep.print not in PRINT_FORMATS:
-        raise ValueError(f"print must be one of {', '.join(PRINT_FORMATS)}, got {sweep.print!r}")
     return sweep, rest
 
 
@@ -149,29 +139,8 @@ def _match_existing(job: Job, cfg, out: Path) -> None:
         if _fixed(saved) != want:
             continue
         job.run_dir = d
-        done = (d / "summary.json").exists() and ck.step >= job.steps
-        job.action = "skip" if done else "resume"
+        job.action = "skip" if (d / "summary.json").exists() and ck.step >= job.steps else "resume"
         return
-
-
-def scheduler_script(jobs: list[Job], fmt: str, threads: int, out: Path) -> str:
-    """One command per run for a cluster scheduler, written to ``<out>/sweep-commands.txt``."""
-    todo = [j for j in jobs if j.action != "skip"]
-    cmds = out / "sweep-commands.txt"
-    lines = [" ".join(shlex.quote(c) for c in (["python"] + j.command(threads)[1:])) for j in todo]
-    checkpoint.write_atomic(cmds, "\n".join(lines) + ("\n" if lines else ""), "sweep's commands")
-    if fmt == "commands":
-        return "\n".join(lines)
-    if fmt == "parallel":
-        return f"# GNU parallel, {len(todo)} runs:\nparallel --jobs {max(1, (os.cpu_count() or 1) // threads)} < {cmds}"
-    return "\n".join([
-        "#!/bin/bash",
-        f"#SBATCH --array=0-{max(len(todo) - 1, 0)}",
-        f"#SBATCH --cpus-per-task={threads}",
-        "#SBATCH --job-name=primal-dt-sweep",
-        f'# one run per array task; commands in {cmds}; afterwards: python -m eval.report {out}',
-        f'eval "$(sed -n "$((SLURM_ARRAY_TASK_ID + 1))p" {shlex.quote(str(cmds))})"',
-    ])
 
 
 def _die_with(parent: int):
@@ -190,7 +159,7 @@ def _die_with(parent: int):
     return preexec
 
 
-def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int | None = None) -> list[Job]:
+def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int) -> list[Job]:
     """Run the jobs as local processes, ``parallel`` at a time; returns those that failed. ``held``: the
     lock of ``out`` (``lock.hold``), handed to each run so ``out`` stays held while any of them lives."""
     todo = [j for j in jobs if j.action != "skip"]
@@ -208,7 +177,7 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int 
                 with errors.writing(log, f"log of {j.name} (it was not started)"):
                     fh = log.open("a")
                 p = subprocess.Popen(j.command(threads), stdout=fh, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=_die_with(os.getpid()), pass_fds=() if held is None else (held,))
+                                     preexec_fn=_die_with(os.getpid()), pass_fds=(held,))
                 print(f"[sweep] {j.action} {j.name} (log {log})", flush=True)
                 running.append((j, p, time.time(), fh))
             time.sleep(1.0)
@@ -253,9 +222,6 @@ def _run(argv: list[str], held: int) -> dict:
     print(f"[sweep] {len(jobs)} runs: {counts['start']} to start, {counts['resume']} to resume, "
           f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores} cores); out {out}",
           flush=True)
-    if sweep.print:
-        print(scheduler_script(jobs, sweep.print, threads, out))
-        return {"jobs": jobs, "printed": True}
     failed = execute(jobs, parallel, threads, out / "sweep-logs", held)
     _, jobs = plan(argv)  # where each run now lives (new runs named their directories themselves)
     finished_dirs = [str(j.run_dir) for j in jobs if j.action == "skip"]
@@ -270,15 +236,11 @@ def _run(argv: list[str], held: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        run(argv)
-    except (ValueError, FileNotFoundError) as err:
-        cli.fail(str(err))
-    except (RuntimeError, errors.WriteError) as err:  # runs or writes that failed: not a mistake in the input
-        sys.exit(f"error: {err}")
-    except KeyboardInterrupt:
-        sys.exit(130)
+    def checked(argv: list[str]) -> dict:
+        with errors.setup_errors():  # a ValueError or FileNotFoundError of a sweep is a mistake in its input
+            return run(argv)
+
+    errors.main(checked, argv, expected=(RuntimeError,))  # runs that failed: one line, status 1
 
 
 if __name__ == "__main__":

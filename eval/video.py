@@ -34,10 +34,8 @@ _UNAFFECTED = "the rollout results are unaffected"
 def rendering_available(backend: str | Sequence[str] | None = None, gym_id: str = "Hopper-v4") -> tuple[bool, str]:
     """(True, the backend that renders) or (False, what failed and what to do); ``backend``: one or several
     to try in order (default: $MUJOCO_GL when set, else ``BACKENDS``)."""
-    if backend is None:
-        tried = [os.environ["MUJOCO_GL"]] if os.environ.get("MUJOCO_GL") else list(BACKENDS)
-    else:
-        tried = [backend] if isinstance(backend, str) else list(backend)
+    backend = backend or os.environ.get("MUJOCO_GL") or BACKENDS
+    tried = [backend] if isinstance(backend, str) else list(backend)
     errors = []
     for b in tried:
         env = {**os.environ, "MUJOCO_GL": b, "PYOPENGL_PLATFORM": b}
@@ -131,7 +129,6 @@ def _write(frames, fps: float, out_dir: Path, engine: str, step: int) -> dict:
     # a new name (episode-stream-2.gif, ...) rather than over an earlier recording
     path = outputs.new_path(outputs.numbered(out_dir / f"episode-{engine}.gif"), outputs.create_file,
                             what="episode GIF")
-    out = {"path": str(path)}
     written = False
     try:  # the file first, atomically: a failed write (full disk, ulimit -f) leaves no truncated GIF
         data = encode_gif(frames, fps)
@@ -145,5 +142,4 @@ def _write(frames, fps: float, out_dir: Path, engine: str, step: int) -> dict:
         mon.image(f"rollout/{engine}", data, frames[0].shape[:2], step)
     finally:
         mon.close()
-    out["tensorboard"] = f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"
-    return out
+    return {"path": str(path), "tensorboard": f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"}

@@ -75,7 +75,7 @@ def child(job: dict) -> dict:
     x = torch.randn(job["batch"], job["length"], job["width"], requires_grad=True)
     base = _rss_mb()
     times = []
-    for i in range(job["repeat"] + 1):
+    for _ in range(job["repeat"] + 1):
         t0 = time.perf_counter()
         y, _ = layer(x)
         y.sum().backward()
@@ -85,8 +85,7 @@ def child(job: dict) -> dict:
         if time.perf_counter() - t0 > job["budget_s"]:
             break
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    warm = times[1:] or times
-    return {"ms": 1e3 * statistics.median(warm), "peak_mb": max(peak - base, 0.0)}
+    return {"ms": 1e3 * statistics.median(times[1:] or times), "peak_mb": max(peak - base, 0.0)}
 
 
 CHILD = "import json, sys; from eval.bench.attention import child; print(json.dumps(child(json.load(sys.stdin))))"
@@ -105,11 +104,6 @@ def run_child(job: dict, timeout: float) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def materialized_bytes(batch, heads, n) -> float:
-    """Score matrix + softmax + their gradients, float32: what the canonical form must hold."""
-    return 4.0 * batch * heads * n * n * 4
-
-
 def part1(args) -> list[dict]:
     rows = []
     for causal, specs in ((False, args.mechanisms), (True, args.causal_mechanisms)):
@@ -118,7 +112,8 @@ def part1(args) -> list[dict]:
                 job = dict(spec=spec, width=args.width, heads=args.heads, causal=causal, batch=args.batch,
                            length=n, repeat=args.repeat, threads=args.threads, budget_s=args.budget_s)
                 row = {"part": "train", "mechanism": spec, "causal": causal, "length": n, "batch": args.batch}
-                if "materialized" in spec and materialized_bytes(args.batch, args.heads, n) > args.mem_limit_gb * 2**30:
+                # the canonical form holds the score matrix, its softmax and their gradients, float32
+                if "materialized" in spec and 16.0 * args.batch * args.heads * n * n > args.mem_limit_gb * 2**30:
                     row["skipped"] = f"needs > {args.mem_limit_gb} GB"
                 else:
                     row.update(run_child(job, args.timeout))
@@ -151,8 +146,7 @@ def part2(args) -> list[dict]:
     for spec in args.step_mechanisms:
         for t in args.contexts:
             us = step_latency(spec, args.step_width, args.step_heads, t, args.step_repeat)
-            row = {"part": "step", "mechanism": spec, "context": t, "us": us}
-            rows.append(row)
+            rows.append({"part": "step", "mechanism": spec, "context": t, "us": us})
             print(f"  step  {spec:<34} context {t:>6}: {us:8.1f} us", flush=True)
     return rows
 

@@ -57,8 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{data.describe()}\nmodels {models}; {total} steps each in blocks of {block}, device {device}, torch "
           f"threads {torch.get_num_threads()}", flush=True)
     best = {m: (-1.0, 0.0, 0) for m in models}  # (val acc, test acc, step)
-    done = 0
-    while done < total:
+    for done in range(0, total, block):
         n = min(block, total - done)
         for m, tr in zip(models, trainers):
             for _ in range(n):
@@ -71,7 +70,6 @@ def main(argv: list[str] | None = None) -> dict:
                 best[m] = (val, test, tr.step_no)
             print(f"  step {tr.step_no:5d} {m:>14}: val {val:.3f} test {test:.3f} "
                   f"({1000 * tr.train_time / tr.step_no:.1f} s/1K steps so far)", flush=True)
-        done += n
     base = 1000 * trainers[0].train_time / total
     rows = []
     for m, tr in zip(models, trainers):

@@ -140,8 +140,7 @@ def worker(args, device: torch.device, size: dict, go: Path) -> None:
     print("ready", flush=True)
     while not go.exists():
         time.sleep(0.01)
-    ms = timed(runner.step, data[args.warmup + 3:], device)
-    print(json.dumps({"ms_per_update": ms, "mode": mode}), flush=True)
+    print(json.dumps({"ms_per_update": timed(runner.step, data[args.warmup + 3:], device), "mode": mode}), flush=True)
 
 
 def concurrent(args, device: torch.device, n: int) -> dict:
@@ -155,8 +154,7 @@ def concurrent(args, device: torch.device, n: int) -> dict:
         procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) for _ in range(n)]
         try:
             for p in procs:
-                line = p.stdout.readline()
-                if line.strip() != "ready":
+                if p.stdout.readline().strip() != "ready":
                     raise RuntimeError(f"a concurrent training did not start (exit {p.wait()})")
             go.touch()
             results = [json.loads(p.stdout.readline()) for p in procs]
@@ -245,8 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
     res = {"device": str(device), "name": name, "torch": torch.__version__, "size": size, "batch": args.batch,
            "K": args.K, "budget": args.budget, "ms_per_update": ms, "act_ms": acts, "concurrent": conc,
            "skipped": skipped, "seconds": round(time.perf_counter() - t0, 1), "machine": timing.machine(PROG, argv)}
-    base = ms[BASELINE]
-    rows = [[k, f"{v:.2f}", f"{base / v:.2f}"] for k, v in sorted(ms.items(), key=lambda kv: kv[1])]
+    rows = [[k, f"{v:.2f}", f"{ms[BASELINE] / v:.2f}"] for k, v in sorted(ms.items(), key=lambda kv: kv[1])]
     timing.write(res, args.json, args.markdown, f"ms per update on {device} ({name}), batch {args.batch}, K {args.K}, "
                  f"width {size['d_model']}", [timing.table(["model form precision", "ms", f"x {BASELINE}"], rows)],
                  [line.strip() for line in table(res).splitlines()[len(rows) + 2:]], echo=False)
@@ -270,8 +267,7 @@ def table(res: dict) -> str:
     if not res["budget"] and res["device"].startswith("cuda"):
         lines.append(f"  {'(d3rlpy DT, published, its GPU)':<34} {D3RLPY_MS:>8.2f} {base / D3RLPY_MS:>7.2f}")
     lines.append("  stream agent act (primal+dt): " + ", ".join(f"{k} {v:.2f} ms" for k, v in res["act_ms"].items()))
-    c = res["concurrent"]
-    if c:
+    if c := res["concurrent"]:
         lines.append(f"  {c['many']['processes']} trainings at once ({c['many']['mode']}): "
                      f"{c['many']['updates_per_s']:.0f} updates/s in all vs {c['one']['updates_per_s']:.0f} alone "
                      f"(x {c['many']['updates_per_s'] / c['one']['updates_per_s']:.2f}); each "

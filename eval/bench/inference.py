@@ -136,22 +136,12 @@ def build_models(bc: BenchConfig):
     return models, info, trained
 
 
-def with_context(model, K: int):
-    """The same weights (shared) with context length K: it sets recompute's context and the softmax cache."""
-    m = copy.copy(model)
-    m.cfg = dataclasses.replace(model.cfg, K=K)
-    return m
-
-
 def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
     """({format: policy class}, {format: why it is skipped}) for the exported runtimes available here."""
     if not bc.exported:
         return {}, {f: "exported=false" for f in ("onnx", "torchscript")}
-    try:
-        from agents.export import export_policy  # noqa: F401
-        from agents.torchscript_policy import TorchScriptPolicy
-    except ImportError as err:
-        return {}, {f: f"agents.export is not available ({err})" for f in ("onnx", "torchscript")}
+    from agents.torchscript_policy import TorchScriptPolicy
+
     try:
         import onnx  # noqa: F401
         import onnxruntime  # noqa: F401
@@ -164,11 +154,11 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
 
 
 class Exports:
-    """Exported artefacts of the benchmarked models, one per (size, K, format), made on first use into a
-    temporary directory."""
+    """Exported artefacts of the benchmarked models, one per (size, K, format), made on first use into
+    ``directory``."""
 
-    def __init__(self, info):
-        self.info, self.dir, self.paths, self.export_s = info, tempfile.TemporaryDirectory(prefix="bench-"), {}, {}
+    def __init__(self, info, directory: str):
+        self.info, self.dir, self.paths, self.export_s = info, Path(directory), {}, {}
 
     def path(self, size: str, model, K: int, fmt: str) -> Path:
         if (size, K, fmt) not in self.paths:
@@ -178,7 +168,7 @@ class Exports:
             ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(),
                               data=self.info, origin="benchmark model")
             t0 = time.perf_counter()
-            out = Path(self.dir.name) / f"{size}-K{K}-{FORMATS[fmt]}"
+            out = self.dir / f"{size}-K{K}-{FORMATS[fmt]}"
             self.paths[(size, K, fmt)] = export_policy(ck, format=fmt, out=out)
             self.export_s[f"{size}-K{K}-{fmt}"] = time.perf_counter() - t0
         return self.paths[(size, K, fmt)]
@@ -190,8 +180,10 @@ def policy(name: str, model, info, engine: str, K: int, B: int, found: dict, exp
     if engine in found:  # an exported runtime takes its thread count when it is made
         p = found[engine](exports.path(name, model, K, engine), threads=threads)
         p.reset(B, target=info.eval_targets[0])
-    else:
-        p = Agent(with_context(model, K), info, engine=engine)
+    else:  # the same weights (shared) at context K: recompute's context and the softmax cache
+        m = copy.copy(model)
+        m.cfg = dataclasses.replace(model.cfg, K=K)
+        p = Agent(m, info, engine=engine)
         p.reset(B)
     obs, rew = np.random.default_rng(0).normal(size=(B, model.cfg.state_dim)).astype(np.float32), np.ones(B, np.float32)
     p.act(obs)
@@ -258,8 +250,7 @@ def tables(report: dict) -> list[list[str]]:
         out.append(timing.table(["size", "K", "batch", *[f"{c} ms" for c in cols], "HF / best stream"],
                                 [[s, e["K"], e["batch"], *[f"{e['ms'][c]:.3g}" if c in e["ms"] else "" for c in cols],
                                   f"{e['hf_over_best']:.1f}x" if "hf_over_best" in e else ""] for s, e in lat]))
-    ev = report.get("evaluation")
-    if ev:
+    if ev := report.get("evaluation"):
         out.append(timing.table(["evaluator", f"seconds for {ev['episodes']} episodes", "x faster than sequential"],
                                 [[k, f"{v:.2f}", f"{ev['speedup_by_layout'][k]:.1f}"]
                                  for k, v in ev["vectorized_by_layout_s"].items()]
@@ -281,12 +272,10 @@ def run(argv: list[str]) -> dict:
           f"{bc.threads} thread(s), {machine['cores']} cores, {machine['cpu']}", flush=True)
     report = {"machine": machine, "config": dataclasses.asdict(bc), "sizes": list(models),
               "exported": {"formats": sorted(found), "skipped": skipped}}
-    exports = Exports(info)
-    try:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        exports = Exports(info, tmp)
         report["latency"] = latency_section(models, info, bc, found, exports) if bc.latency else {}
         report["exported"]["export_s"] = exports.export_s
-    finally:
-        exports.dir.cleanup()
     if bc.episodes > 0:
         report["evaluation"] = evaluation_section(trained if trained is not None else next(iter(models.values())), info, bc)
     timing.write(report, bc.json, bc.markdown, "Acting speed: stream, ONNX, TorchScript, recompute and HuggingFace"

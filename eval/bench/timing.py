@@ -16,20 +16,18 @@ import time
 from primal_dt.run import checkpoint, cli, options, runtime
 
 
-def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.2, before: dict | None = None) -> dict:
+def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.2) -> dict:
     """Interleaved rounds, so load drifting on a shared CPU hits every function alike: each round runs each
-    function ``n`` times (at most ``calls``, fewer for slow ones so a call group lasts about ``round_s``),
-    after ``before[name]()`` untimed; {name: median ms per call over the rounds}."""
-    before, n, out = before or {}, {}, {k: [] for k in fns}
+    function ``n`` times (at most ``calls``, fewer for slow ones so a call group lasts about ``round_s``);
+    {name: median ms per call over the rounds}."""
+    n, out = {}, {k: [] for k in fns}
     for k, f in fns.items():
-        before.get(k, lambda: None)()
         f()  # warm-up
         t0 = time.perf_counter()
         f()
         n[k] = max(1, min(calls, int(round_s / max(time.perf_counter() - t0, 1e-6))))
     for _ in range(rounds):
         for k, f in fns.items():
-            before.get(k, lambda: None)()
             t0 = time.perf_counter()
             for _ in range(n[k]):
                 f()

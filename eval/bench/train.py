@@ -119,8 +119,7 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     if with_hf:
         runners["hf:DecisionTransformerModel"] = HuggingFace(size, args.K)
     data = batches(args.warmup + args.rounds * args.steps, args.batch, args.K)
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    cpu: dict[str, list[float]] = {k: [] for k in runners}
+    times, cpu = {k: [] for k in runners}, {k: [] for k in runners}  # wall and process seconds per step
     for r in runners.values():
         for b in data[: args.warmup]:
             r.step(b)

@@ -37,7 +37,7 @@ def test_a_hosted_lane_runs_the_same_episodes_as_an_agent_acting_here(tiny_dt, h
     hosted, agents = run(model, hopper_stats, [SimulatorProcess("hopper-medium", 3)])
     here, _ = run(model, hopper_stats, [rollout.vector_env("hopper-medium", 3, False, None)])
     stepped, _ = run(model, hopper_stats, [SimulatorProcess("hopper-medium", 3)], host=False)
-    assert "hosted_s" in hosted and "hosted_s" not in here and "hosted_s" not in stepped
+    assert "lane_threads" in hosted and "lane_threads" not in here and "lane_threads" not in stepped
     assert agents[0].batch == 0, "the evaluator's own agent never acted: the lane's copy did"
     lengths = np.array(hosted["lengths"])
     assert (lengths < 49).any() and (lengths == 49).any(), "the test wants both kinds of episode end"
@@ -75,7 +75,7 @@ def test_hosted_lanes_share_one_queue_in_a_timing_free_order(tiny_dt, hopper_sta
         finally:
             for v in venvs:
                 v.close()
-        assert "hosted_s" in hosted and all(a.batch == 0 for a in agents)
+        assert "lane_threads" in hosted and all(a.batch == 0 for a in agents)
         assert hosted["lengths"] == here["lengths"] and sorted(hosted["act_rows"]) == sorted(here["act_rows"])
         np.testing.assert_array_equal(hosted["returns"], here["returns"])
         assert len(set(np.round(hosted["returns"], 4))) == len(JOBS)  # every job ran once, its own episode
@@ -95,7 +95,7 @@ def test_an_agent_that_cannot_travel_acts_here(tiny_dt, hopper_stats):
     finally:
         for v in venvs:
             v.close()
-    assert "hosted_s" not in res and len(res["returns"]) == 4
+    assert "lane_threads" not in res and len(res["returns"]) == 4
 
 
 def test_a_failing_lane_is_reported_and_every_lane_process_ends(tiny_dt, hopper_stats):

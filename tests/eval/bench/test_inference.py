@@ -66,9 +66,6 @@ def test_bench_reports_every_engine_section_and_ratio(tmp_path, tiny_dt, dt_chec
         "lanes=2 process", "lanes=2 thread", "lanes=1"}
     for k, v in ev["speedup_by_layout"].items():
         assert math.isclose(v, ev["sequential_recompute_s"] / ev["vectorized_by_layout_s"][k], rel_tol=1e-9)
-    where = ev["where_time_goes"]
-    sim = where["simulator_step"]
-    assert sim["env_step_ms"] > 0 and math.isclose(sim["physics_share"], sim["physics_ms"] / sim["env_step_ms"])
     assert ev["env_steps"] == round(ev["stream_mean_length"] * 3)
     # the bench measures, it does not grade
     assert "targets" not in rep and "goal" not in p.stdout
