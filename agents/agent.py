@@ -1,17 +1,8 @@
-"""A Decision-Transformer agent for B episodes at once: the object a simulator loop talks to.
+"""A Decision-Transformer agent for B episodes at once: ``load_agent("runs/.../last.pt")``, then the loop of
+every runtime (``agents.onnx_policy``'s docstring).
 
-    agent = load_agent("runs/.../last.pt")                       # engine="stream" (default) or "recompute"
-    agent.reset(batch=8)                                         # targets: the checkpoint's first
-    obs, _ = venv.reset(seed=...)
-    reward = None
-    while ...:
-        action = agent.act(obs, reward)                          # [B, act_dim] numpy, in [-1, 1]
-        obs, reward, term, trunc, _ = venv.step(action)
-        agent.reset_done(term | trunc)                           # restart finished rows only
-
-``Agent(model, info)`` is the one way an agent is built from a model and its run's ``DataInfo``. It runs
-one step function on explicit state: ``DTStep`` (engine ``stream``) or ``RecomputeStep`` (engine
-``recompute``: the same bookkeeping with the last K steps as its state, the papers' protocol).
+``Agent(model, info)`` runs one step function on explicit state: ``DTStep`` (engine ``stream``) or
+``RecomputeStep`` (engine ``recompute``, the papers' protocol: the last K steps as its state).
 """
 
 from __future__ import annotations
@@ -41,8 +32,7 @@ class StreamNotTrainedWarning(UserWarning):
 
 
 class Agent(Policy):
-    """``model`` (a ``DecisionTransformer``) acting for B rows with the bookkeeping of its run, ``info``
-    (the checkpoint's ``DataInfo``); ``target`` defaults to the run's first."""
+    """``model`` acting for B rows with the bookkeeping of its run's ``DataInfo`` ``info``."""
 
     runtime = "torch"
 
@@ -54,9 +44,8 @@ class Agent(Policy):
             raise ValueError("context applies to engine='recompute' only")
         model.eval()
         stats = (info.state_mean, info.state_std, info.reward_scale)
-        if engine == "stream":
-            #: the one step function the agent runs (built here: its checks fail at construction)
-            self.step_fn = DTStep(model, *stats, inplace=True)  # (the agent drops a passed state)
+        if engine == "stream":  # (inplace: the agent drops a passed state)
+            self.step_fn = DTStep(model, *stats, inplace=True)
         else:
             self.step_fn = RecomputeStep(model, *stats, context=context)
         self.model, self.info = model, info
@@ -111,15 +100,13 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     dict or a ``DTCheckpoint`` (files are read without running code). ``target`` defaults to the
     checkpoint's first evaluation target; ``agent.info`` is its ``DataInfo``.
 
-    ``runtime``: ``"torch"``, the ``Agent``; ``"onnx"`` (stream engine, CPU), the same step exported and
-    run by ``OnnxPolicy``, the fastest exact runtime on a CPU (``agents.onnx_agent``: cached per checkpoint
-    file, checked against the torch agent), with the acting API only; ``"auto"`` (default): onnx where it
-    is installed and the request allows it (a checkpoint file, stream, CPU), else torch, saying which. A
-    checkpoint's first onnx load exports it (tens of seconds, once).
+    ``runtime``: ``"torch"``, the ``Agent``; ``"onnx"`` (stream engine, CPU), the same step exported once
+    per checkpoint file and run by ``OnnxPolicy`` (``agents.onnx_agent``), the fastest exact runtime on a
+    CPU, with the acting API only; ``"auto"`` (default): onnx where it is installed and the request allows
+    it, else torch, saying which.
 
     ``data``: also make sure the checkpoint belongs to a dataset: ``True`` (read where its run read it), a
-    source (as ``primal_dt.train``'s ``data_source``) or an ``envs.Trajectories``; other content is a
-    ValueError naming both sources.
+    source (as ``data_source``) or an ``envs.Trajectories``.
     """
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")

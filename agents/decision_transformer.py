@@ -1,52 +1,37 @@
 """The Decision Transformer (Chen et al. 2021) on the shared attention stack.
 
-Read top to bottom: ``DTConfig`` (the model options as the user writes them, plus the data's dimensions
-and the context K); ``TokenLayout`` (the tokens each step contributes and the one that predicts the
-action: every token count derives from it; ``dt``: (R_t, s_t, a_t), ``bc``: (s_t, a_t)); the model
-(``embed`` interleaves a ``Batch``'s tokens, the causal stack, ``predict_action`` reads each predicting
-token); the loss (masked action MSE + eta * KSVD); ``DTStep``, one environment step for B rows on
-explicit state (``StepState``), what the torch agent runs and ``agents.export`` traces (the recompute
-protocol, ``agents.recompute``, is the same step with the last K steps as its state).
+Top to bottom: ``DTConfig`` (the model options plus the data's dimensions and the context K);
+``TokenLayout`` (the tokens one step contributes, from which every token count derives; ``dt``:
+(R_t, s_t, a_t), ``bc``: (s_t, a_t)); the model (``embed``, the causal stack, ``predict_action``);
+``DTStep``, one environment step for B rows on explicit state, what the torch agent runs and
+``agents.export`` traces (``agents.recompute``: the same step with the last K steps as its state); the
+loss (masked action MSE + eta * KSVD).
 
-The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``) through the
-stack, for the DT
+The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``; for the DT
+(a_{t-1}, R_t, s_t), the action slot padding at t = 0) through the stack, each token with its own step's
+timestep embedding, so over an episode the stream receives exactly ``embed``'s token sequence, cut after
+each predicting token. Rows advance in lock step but restart independently (a zero state is a fresh
+episode). What a streamed token sees, per layer kind (the *stream semantics*):
 
-    (a_{t-1}, R_t, s_t)          (at t = 0 the action slot is padding: masked, invisible),
+- ``primal`` without a window: the running means of q and k over every real token of the episode.
+- ``primal`` / ``softmax`` with ``window=w``: the last w token positions, its own included.
+- ``softmax`` without a window: a rolling key/value cache treated as ``window = 3K - 1`` tokens
+  (``TokenLayout.stream_window``): at the top layer the predicting token sees exactly what recompute
+  shows it, but lower layers' outputs came from their own windows, so the receptive field reaches
+  further back than recompute's K steps.
+- the linear-attention family (linear, performer, cosformer, kerformer, flowformer): prefix sums over
+  the episode; a cosformer layer gives NaN for a row once its episode passes ``max_len`` tokens.
+- ``kernel-*`` and ``svr-*``: a cache of every real token of the episode (it grows, and so does a
+  step's cost; no exported graph).
 
-each token with its own step's timestep embedding (a_{t-1} carries t - 1), so over an episode the
-stream receives exactly ``embed``'s token sequence, cut after each predicting token; only the state
-token s_t's top-layer output reaches the action head, and at the top layer the other tokens only
-update the layer's state. Rows (episodes) advance in lock step but restart independently: a row's
-state going back to zero is a fresh episode. What a streamed token sees, per layer kind (the *stream
-semantics*):
-
-- ``primal`` without a window: the running means of q and k over every real token of the episode
-  so far (O(H d) state). This is exactly ``forward`` over the whole episode.
-- ``primal`` / ``softmax`` with ``window=w``: the last w token positions (its own included), exactly
-  as ``forward`` over the whole episode computes it (a ring of w slots for primal, of w + 2 key/value
-  slots for softmax).
-- ``softmax`` without a window: a rolling key/value cache, treated as ``window = 3K - 1`` tokens
-  (``softmax_stream_window``; ``TokenLayout.stream_window`` for other layouts). At the top layer the
-  state token s_t then attends to exactly the tokens the recompute engine shows it (R, s, a of the
-  K - 1 previous steps, then R_t, s_t); lower
-  layers' outputs inside that window were themselves computed from their own windows, so the
-  receptive field reaches further back than recompute's K steps.
-- linear-attention family (linear, performer, cosformer, kerformer, flowformer): their own
-  recurrent state (prefix sums over the whole episode, constant size), i.e. ``forward`` over the
-  episode. A cosformer layer gives NaN for a row once its episode passes ``max_len`` tokens.
-- ``kernel-*`` and ``svr-*``: their recurrent state is a cache of every real token of the episode
-  (it grows with the episode, and so does a step's cost; no exported graph), i.e. ``forward``.
-
-So for every model, stream == ``streamed_model_equivalent(model).forward`` over the episode so far
-(the copy whose unwindowed softmax layers get ``window = 3K - 1``); ``agents.stream_training`` trains
-models whose training segments see the same thing.
+So for every model, stream == ``streamed_model_equivalent(model).forward`` over the episode so far;
+``agents.stream_training`` trains models whose training segments see the same thing.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -63,30 +48,17 @@ from primal_dt.layouts import layout
 from agents.train_config import ModelConfig
 
 
-
 @dataclass(frozen=True)
 class TokenLayout:
-    """The tokens one environment step contributes to the sequence, in order, and the token whose
-    top-layer output predicts the step's action (it must come before the action token, which it may
-    not see). Every token count of the package derives from this: tokens per step, the predicting
-    token's offset, the stream chunk, the unwindowed softmax's stream window."""
+    """The tokens one environment step contributes, in order, and the token whose top-layer output
+    predicts the step's action (directly before the action token, which it may not see)."""
 
     kinds: tuple[str, ...]
     """token kinds per step, in sequence order: ``rtg`` (return-to-go), ``state``, ``action``"""
     predict_from: str = "state"
 
-    def __post_init__(self):
-        unknown = set(self.kinds) - set(EMBEDDED)
-        if unknown or len(set(self.kinds)) != len(self.kinds) or self.predict_from not in self.kinds:
-            raise ValueError(f"a token layout names distinct kinds among {', '.join(EMBEDDED)} and predicts from "
-                             f"one of them, got {self.kinds} predicting from {self.predict_from!r}")
-        if self.kinds[self.predictor + 1:] != ("action",):
-            raise ValueError(f"the action token must directly follow the predicting token and end the step, got "
-                             f"{self.kinds} predicting from {self.predict_from!r}")
-
     @property
     def per_step(self) -> int:
-        """tokens per environment step"""
         return len(self.kinds)
 
     @property
@@ -97,9 +69,7 @@ class TokenLayout:
     @property
     def chunk(self) -> tuple[tuple[str, int], ...]:
         """What one stream step feeds the stack, as (kind, timestep offset): the tokens after the previous
-        step's predicting token (its action: known only now, offset -1), then this step's tokens up to its
-        own predicting token (offset 0). Over an episode the chunks are the sequence, cut after each
-        predicting token."""
+        step's predicting token (its action, known only now: offset -1), then this step's up to its own."""
         p = self.predictor
         return (*((k, -1) for k in self.kinds[p + 1:]), *((k, 0) for k in self.kinds[:p + 1]))
 
@@ -112,13 +82,11 @@ class TokenLayout:
         return h[:, self.predictor::self.per_step]
 
     def stream_window(self, K: int) -> int:
-        """Tokens a predicting token sees under recompute with K steps: the K - 1 previous steps' tokens,
-        then this step's up to itself."""
+        """Tokens a predicting token sees under recompute with K steps (its own included)."""
         return max(1, self.per_step * (K - 1) + self.predictor + 1)
 
     def first_exact_step(self, reach: int) -> int:
-        """Smallest segment step i whose predicting token (per_step * i + predictor) has ``reach``
-        earlier tokens inside the segment."""
+        """Smallest segment step whose predicting token has ``reach`` earlier tokens inside the segment."""
         return max(0, math.ceil((reach - self.predictor) / self.per_step))
 
 
@@ -135,9 +103,7 @@ TOKEN_LAYOUTS = {
 
 @dataclass(kw_only=True)
 class DTConfig(ModelConfig):
-    """The network: the model options exactly as the user writes them (``ModelConfig``, ``model.*`` on
-    the command line, every check of theirs in it), plus what the data and the run fix: the
-    dimensions, the context and the timestep range."""
+    """The network: the model options as the user writes them, plus what the data and the run fix."""
 
     state_dim: int
     act_dim: int
@@ -163,23 +129,9 @@ class DTConfig(ModelConfig):
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "DTConfig":
-        """Back from ``to_dict``; a missing or unknown field is a TypeError naming it, and a field whose value
-        is not of its default's kind (a list for ``layers``, a string for ``d_model``) a ValueError naming it."""
-        kinds = {int: (int,), float: (int, float), str: (str,), bool: (bool,), tuple: (list, tuple)}
-        for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            want = kinds.get(type(default))
-            v = d.get(f.name)
-            if f.name in d and want and (not isinstance(v, want) or (isinstance(v, bool) and bool not in want)):
-                raise ValueError(f"model_config.{f.name} must be {type(default).__name__}, got {json.dumps(v)[:40]}")
-        return cls(**d)
-
     @property
     def tokens(self) -> TokenLayout:
-        """The token layout (``TOKEN_LAYOUTS``: by model name, ``primal+<name>`` too; the Decision
-        Transformer's by default)."""
+        """``TOKEN_LAYOUTS`` by model name (``primal+<name>`` too), else the Decision Transformer's."""
         return TOKEN_LAYOUTS.get(self.name.removeprefix("primal+"), TOKEN_LAYOUTS["dt"])
 
 
@@ -208,10 +160,9 @@ class DecisionTransformer(nn.Module):
 
     # -- 1. embeddings -----------------------------------------------------------------------------
     def embed_tokens(self, kinds, values, timesteps) -> torch.Tensor:
-        """Tokens [..., n, D] of the n ``kinds``: each kind's linear embedding of its value (``values``, each
-        [..., dim of the kind]) plus the learned embedding of its timestep (``timesteps`` [..., n], or
-        [..., 1] for one shared timestep; clipped to max_timestep - 1), then the shared LayerNorm. The one
-        embedding: of a whole sequence (``embed``) and of a stream step's chunk (``DTStep``)."""
+        """Tokens [..., n, D] of the n ``kinds``: each kind's linear embedding of its value plus the learned
+        embedding of its timestep (``timesteps`` [..., n] or [..., 1]; clipped to max_timestep - 1), then the
+        shared LayerNorm. The one embedding, of a whole sequence (``embed``) and of a stream chunk."""
         embeds = [getattr(self, EMBEDDED[k]) for k in kinds]
         x = torch.stack([F.linear(v, e.weight, e.bias) for e, v in zip(embeds, values)], -2)
         x = x + F.embedding(timesteps.clamp(0, self.cfg.max_timestep - 1), self.embed_timestep.weight)
@@ -227,21 +178,17 @@ class DecisionTransformer(nn.Module):
 
     # -- 2. the stack and the head ------------------------------------------------------------------
     def predict_action(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states of predicting tokens [..., D] -> actions in [-1, 1] [..., act_dim] (``action_head``'s
-        Linear and Tanh called functionally, as ``embed_tokens``)."""
+        """Hidden states of predicting tokens [..., D] -> actions in [-1, 1] [..., act_dim]."""
         head = self.action_head[0]
         return torch.tanh(F.linear(hidden, head.weight, head.bias))
 
     def forward(self, batch: Batch):
         """Predicted action at every step [B, T, act_dim] and the stack's per-layer aux dicts.
 
-        Predictions at padding steps are meaningless (the loss masks them). When all padding
-        trails the real steps, as the segment sampler and the evaluators produce it, the causal
-        stack cannot see it from any real token, so the stack runs unmasked (its fast paths) and the
-        mask is handed to the aux dicts only, where the KSVD regulariser needs it. Other padding runs
-        the masked path. ``batch.trailing`` says whether the padding trails when the producer knows (the
-        sampler does); else the model looks, which reads the mask back from the device: a
-        synchronisation that a compiled or captured training step must not have.
+        Padding that trails the real steps is invisible to a causal stack, so the stack then runs unmasked
+        (its fast paths) and only the aux dicts get the mask (the KSVD regulariser needs it).
+        ``batch.trailing`` says so when the producer knows; else the model looks, which reads the mask back
+        from the device: a synchronisation a compiled or captured training step must not have.
         """
         x = self.drop(self.embed(batch))
         tmask = self.tokens.token_mask(batch.mask)
@@ -258,6 +205,7 @@ class DecisionTransformer(nn.Module):
         return dt_loss(self, batch, eta, detail)
 
     # -- inspection -----------------------------------------------------------------------------
+
     def primal_layers(self) -> dict[int, nn.Module]:
         """Layer index -> attention module for every layer that has a KSVD Lambda."""
         return {i: b.attn for i, b in enumerate(self.stack.blocks) if hasattr(b.attn, "Lambda")}
@@ -269,14 +217,12 @@ class DecisionTransformer(nn.Module):
 
 # -- 4. one environment step on explicit state (the stream) ----------------------------------------
 def softmax_stream_window(model) -> int:
-    """The window a softmax layer built without one streams over: what recompute shows the predicting
-    token (``TokenLayout.stream_window``; module docstring)."""
+    """The window a softmax layer built without one streams over (module docstring)."""
     return model.tokens.stream_window(model.cfg.K)
 
 
 def streamed_model_equivalent(model):
-    """A copy of ``model`` whose full-sequence ``forward`` equals what ``DTStep`` computes: every layer
-    adopts the window the step streams it with (unwindowed softmax: ``softmax_stream_window``)."""
+    """A copy of ``model`` whose full-sequence ``forward`` equals what ``DTStep`` computes."""
     twin = copy.deepcopy(model).eval()
     for b in twin.stack.blocks:
         b.attn.adopt_stream_window(softmax_stream_window(model))
@@ -284,8 +230,7 @@ def streamed_model_equivalent(model):
 
 
 class StepState(NamedTuple):
-    """A ``DTStep``'s state for B rows, by name; a graph takes it ``flat``, in ``DTStep.specs``' order. All
-    zero at a fresh row."""
+    """A ``DTStep``'s state for B rows, by name; a graph takes it ``flat``, in ``DTStep.specs``' order."""
 
     t: torch.Tensor
     """[B] int64: steps taken in the row's episode (0: its next step is its first)"""
@@ -308,21 +253,16 @@ class StepState(NamedTuple):
 class DTStep(nn.Module):
     """One environment step for B rows as one pure function of tensors (module docstring, "The stream"):
 
-        forward(observation [B, obs_dim] raw, reward [B] (the previous step's), reset [B] bool (the row
-                starts a new episode now; None: no row does), target [B] (raw return), *state)
-                -> (action [B, act_dim], *state)
+        forward(observation [B, obs_dim] raw, reward [B] (the previous step's), reset [B] bool (None: no
+                row restarts), target [B] (raw return), *state: ``StepState`` flat) -> (action, *state)
 
-    ``state``: a ``StepState`` flat (``specs``), all zero at a fresh row. Inside: rows flagged ``reset`` get
-    a zero state; a row whose timestep is 0 is at its episode's first step, where R = target / reward_scale
-    and the reward is ignored (so the reward that ended an episode never leaks into the next), afterwards
-    R -= reward / reward_scale; observations are normalised with the dataset's mean / std; the chunk
-    (``TokenLayout.chunk``: (a_{t-1}, R_t, s_t) for the DT) goes through the embedding, every layer's
-    recurrent form and the action head (``advance``: what a step on another state overrides, with
-    ``layer_specs``, as ``agents.recompute`` does).
+    At a row's first step (t = 0) R = target / reward_scale and the reward is ignored, so the reward that
+    ended an episode never leaks into the next; afterwards R -= reward / reward_scale. ``advance`` and
+    ``layer_specs`` are what a step on another state overrides (``agents.recompute``).
 
-    Built from a model in eval mode; it holds the weights its layers multiply by detached (in-place updates
-    show; build a new one after the parameters are replaced, as ``.to(device)`` does). ``inplace``: the caller
-    never passes a state twice, so the layers may write it in place (``Recurrent.inplace``: the torch agent)."""
+    It holds its layers' weights detached: build a new one after the parameters are replaced (as
+    ``.to(device)`` does). ``inplace``: the caller never passes a state twice, so the layers may write it
+    in place (the torch agent)."""
 
     def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
                  inplace: bool = False):
@@ -336,8 +276,7 @@ class DTStep(nn.Module):
         if mean.shape != (cfg.state_dim,) or std.shape != (cfg.state_dim,):
             raise ValueError(f"state_mean / state_std must have shape [{cfg.state_dim}], got "
                              f"{tuple(mean.shape)} / {tuple(std.shape)}")
-        if not reward_scale > 0:
-            raise ValueError(f"reward_scale must be > 0, got {reward_scale}")
+
         self.model = model
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
@@ -349,13 +288,12 @@ class DTStep(nn.Module):
         self.eval()
 
     def layer_specs(self) -> list[StateSpec]:
-        """The state past the bookkeeping (``StepState.layers``): every layer's recurrent state."""
+        """``StepState.layers``: every layer's recurrent state."""
         self.layers = self.model.stack.recurrent(window=softmax_stream_window(self.model),
                                                  chunk=self.model.tokens.per_step, inplace=self.inplace)
         return self.layers.specs
 
     def init(self, batch: int) -> StepState:
-        """A fresh state for ``batch`` rows (zeros)."""
         return StepState.of(s.zeros(batch, self.mean.device) for s in self.specs)
 
     def forward(self, observation, reward, reset, target, *state):
@@ -368,8 +306,7 @@ class DTStep(nn.Module):
         return (action, t + 1, rtg, action, *layers)
 
     def advance(self, t, rtg, s, prev, layers):
-        """The action from this step's values (t, scaled R_t, normalised s_t, a_{t-1}), and the new layer
-        states: the chunk through every layer's recurrent form."""
+        """The action from this step's t, scaled R_t, normalised s_t and a_{t-1}, and the new layer states."""
         now = {"rtg": rtg.unsqueeze(-1), "state": s}  # this step's values; the previous step's is its action
         times = t.unsqueeze(1) + self.offsets  # each token's timestep; one before the episode (a_{-1}) is padding
         x = self.model.embed_tokens(self.kinds, [prev if dt else now[k] for k, dt in self.model.tokens.chunk], times)
@@ -378,12 +315,10 @@ class DTStep(nn.Module):
 
 
 def dt_loss(net, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:
-    """Masked action MSE + eta * KSVD regulariser, and its parts for logging (detached).
+    """Masked action MSE (over ``batch.counted``) + eta * KSVD regulariser, and its parts for logging.
 
-    ``net`` is the model or its DistributedDataParallel wrapper: calling the wrapper (not
-    ``model.loss``) is what lets DDP synchronise gradients. ``detail`` adds J of every primal
-    layer (keyed by stack layer index), which costs a little, so only logging steps ask for it.
-    The MSE counts ``batch.counted`` (stream-exact training, ``agents.stream_training``, narrows it).
+    ``net`` is the model or its DistributedDataParallel wrapper: calling the wrapper is what lets DDP
+    synchronise gradients. ``detail`` adds J of every primal layer, which only logging steps pay for.
     """
     pred, auxes = net(batch)
     mse = action_mse(pred, batch.actions, batch.counted)
@@ -404,15 +339,9 @@ def action_mse(pred: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | No
 
 
 def _init_weights(module: nn.Module) -> None:
-    """GPT-2 / reference-code init: N(0, 0.02) linear and embedding weights, zero biases.
-
-    Primal-Attention's We, Wr, Lambda are plain parameters, not Linear layers, so they keep the
-    orthogonal / uniform init of their module.
-    """
+    """GPT-2 / reference-code init: N(0, 0.02) linear and embedding weights, zero biases (LayerNorms keep
+    torch's ones and zeros; Primal-Attention's We, Wr, Lambda, plain parameters, their module's init)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, mean=0.0, std=0.02)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)

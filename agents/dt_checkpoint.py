@@ -1,14 +1,13 @@
 """The Decision-Transformer checkpoint: one schema (``DTCheckpoint``), one writer (``save``), one reader
-(``load``). On disk, a dict of tensors and plain data saved atomically by ``primal_dt.run.checkpoint``:
-``kind`` "dt", ``schema``, ``config`` (the run's TrainConfig), ``model_config`` (DTConfig: what builds the
-network back), ``model`` (state_dict), ``data`` (``DataInfo``), and for an exact resume the
-``TrainingState`` fields (absent in inference-only files). Every field is checked when read: a damaged
-or crafted file is one ValueError naming the file and the field.
+(``load``). On disk, a dict of tensors and plain data (``DTCheckpoint.to_dict``), the ``TrainingState``
+fields absent in inference-only files. Every field is checked when read: a damaged or crafted file is one
+ValueError naming the file and the field.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,8 @@ from .decision_transformer import DecisionTransformer, DTConfig
 KIND = "dt"
 SCHEMA_VERSION = 1
 FILENAME = "last.pt"
-_TRAINING_KEYS = ("optimizer", "scheduler", "rng", "step", "train_time", "history")
+_RESUME_KEYS = ("optimizer", "scheduler", "rng", "step")
+"""what a resume needs (``train_time`` and ``history`` have defaults)"""
 
 
 @dataclass
@@ -45,8 +45,7 @@ class DataInfo:
     source: str = ""
     """where the data came from (file path, Minari id, replica), as printed by envs.load_dataset"""
     fingerprint: str = ""
-    """content hash of the arrays trained on (``envs.Trajectories.fingerprint``); '' only in checkpoints
-    made in code"""
+    """content hash of the arrays trained on (``envs.Trajectories.fingerprint``); '' only if made in code"""
     held_out: tuple[int, ...] = ()
     """episodes (indices in the dataset's order) held out for validation; the statistics are the others'"""
 
@@ -87,7 +86,7 @@ class TrainingState:
 
 @dataclass
 class DTCheckpoint:
-    """A DT checkpoint in memory (nothing else indexes the dict on disk)."""
+    """A DT checkpoint in memory (nothing else indexes the dict on disk: ``to_dict``, ``from_dict``)."""
 
     model_config: DTConfig
     model: dict
@@ -97,7 +96,7 @@ class DTCheckpoint:
     """the run's TrainConfig as a plain dict (empty for checkpoints not written by training)"""
     training: TrainingState | None = None
     origin: str = field(default="checkpoint", compare=False)
-    """how errors name it ("checkpoint runs/.../last.pt"); not stored"""
+    """how errors name it; not stored"""
 
     @property
     def step(self) -> int:
@@ -167,8 +166,8 @@ class DTCheckpoint:
 
 
 class _Fields:
-    """The checks of a checkpoint's fields: a file read without running code may still hold strings where
-    numbers belong, or sizes no machine can allocate."""
+    """A file read without running code may still hold strings where numbers belong, or sizes no machine
+    can allocate."""
 
     def __init__(self, where: str):
         self.where = where
@@ -186,8 +185,6 @@ class _Fields:
         v = self._get(d, field_)
         if v is None and (none or empty):
             return None if none else ""
-        if empty and v == "" and isinstance(v, str):
-            return v
         if not isinstance(v, str) or not (v or empty):
             raise self.bad(field_, "a string" if empty else "a non-empty string" + (" or None" if none else ""), v)
         return v
@@ -216,8 +213,8 @@ class _Fields:
     def vector(self, d: dict, field_: str, positive: bool = False) -> np.ndarray:
         v = self._get(d, field_)
         try:
-            a = np.asarray(_array(v), dtype=np.float64)
-        except (TypeError, ValueError):
+            a = np.asarray(v, dtype=np.float64)
+        except (TypeError, ValueError, RuntimeError):  # (RuntimeError: a tensor that requires grad)
             a = None
         if a is None or a.ndim != 1 or not a.size or not (np.abs(a) < 1e30).all() or (positive and not (a > 0).all()):
             raise self.bad(field_, "a vector of finite numbers" + (" > 0" if positive else ""), v)
@@ -238,17 +235,22 @@ class _Fields:
             raise ValueError(f"{self.where}: data: {err}") from None
 
     def model_config(self, v) -> DTConfig:
-        """The network's config, with the checks a new model's get (``DTConfig.check``)."""
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
             raise self.bad("model_config", "a mapping (DTConfig's fields)", v)
-        for name, default in ((f.name, f.default) for f in dataclasses.fields(DTConfig)):
-            if isinstance(default, tuple) and name in v and isinstance(v[name], (list, tuple)) and \
-                    not all(isinstance(w, str) for w in v[name]):
-                raise self.bad(f"model_config.{name}", "a list of strings", v[name])
-        try:
-            mc = DTConfig.from_dict(v)
+        kinds = {int: (int,), float: (int, float), str: (str,), bool: (bool,), tuple: (list, tuple)}
+        try:  # a field missing, unknown, of the wrong kind or out of range
+            for f in dataclasses.fields(DTConfig):
+                want, x = kinds.get(type(f.default)), v.get(f.name)
+                if f.name not in v or want is None:
+                    continue
+                if not isinstance(x, want) or (isinstance(x, bool) and bool not in want):
+                    raise ValueError(f"model_config.{f.name} must be {type(f.default).__name__}, got "
+                                     f"{json.dumps(x)[:40]}")
+                if isinstance(f.default, tuple) and not all(isinstance(w, str) for w in x):
+                    raise ValueError(f"model_config.{f.name} must be a list of strings, got {json.dumps(x)[:40]}")
+            mc = DTConfig(**v)
             mc.check()
-        except (TypeError, ValueError) as err:  # a field missing, unknown, of the wrong kind or out of range
+        except (TypeError, ValueError) as err:
             raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None
         # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
         layers = len(mc.layer_names()) or mc.n_layers
@@ -260,8 +262,7 @@ class _Fields:
         return mc
 
     def weights(self, v, mc: DTConfig) -> None:
-        """Tensors by name, about as many as ``mc``'s network holds: a config asking for a network larger than
-        the file's weights is refused before anything is allocated (``build_model`` checks names and shapes)."""
+        """A config asking for a network larger than the file's weights is refused before allocating it."""
         if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()):
             raise self.bad("model", "a state_dict (parameter name -> tensor)", v)
         layers = len(mc.layer_names()) or mc.n_layers
@@ -273,15 +274,15 @@ class _Fields:
                              f"holds {held:,} weights; the file is damaged or was not written by primal_dt.train")
 
     def training(self, d: dict) -> TrainingState | None:
-        """What a resume needs: all of it or none (an inference-only file); part of it is a damaged file."""
-        present = [k for k in _TRAINING_KEYS[:4] if k in d]
+        """All of a resume's state or none (an inference-only file)."""
+        present = [k for k in _RESUME_KEYS if k in d]
         if not present:
             return None
         if len(present) < 4:
-            lacks = [k for k in _TRAINING_KEYS[:4] if k not in d]
+            lacks = [k for k in _RESUME_KEYS if k not in d]
             raise ValueError(f"{self.where} holds {', '.join(present)} but lacks {', '.join(lacks)}: the file is "
                              "damaged or was not written by primal_dt.train")
-        opt, sched, rng, step = (d[k] for k in _TRAINING_KEYS[:4])
+        opt, sched, rng, step = (d[k] for k in _RESUME_KEYS)
         if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
                 and opt["param_groups"] and all(isinstance(g, dict) and isinstance(g.get("params"), list)
                                                 for g in opt["param_groups"])):
@@ -320,19 +321,14 @@ def _rng_state(r) -> bool:
             and isinstance(n.get("cached_gaussian"), (int, float)))
 
 
-def _array(x) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
 def numpy_state() -> dict:
-    """numpy's global stream as tensors and plain data (what ``torch.load(weights_only=True)`` reads)."""
+    """numpy's global stream as what ``torch.load(weights_only=True)`` reads."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     return {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
             "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
 
 
 def set_numpy_state(state: dict) -> None:
-    """Restore numpy's global stream from ``numpy_state``."""
     keys = state["keys"].numpy().astype(np.uint32)
     np.random.set_state((state["name"], keys, state["pos"], state["has_gauss"], state["cached_gaussian"]))
 
@@ -343,7 +339,7 @@ def resolve(path: str | Path, option: str = "checkpoint") -> Path:
 
 
 def save(ck: DTCheckpoint, path: str | Path) -> Path:
-    """Write ``ck`` atomically (a failed write is a ``WriteError`` naming the file and the step)."""
+    """Write ``ck`` atomically (a failed write is a ``WriteError``)."""
     return ck_io.save_atomic(ck.to_dict(), path, what=f"checkpoint (step {ck.step})")
 
 
@@ -362,8 +358,7 @@ def check_data(info: DataInfo, data, where: str = "checkpoint") -> None:
 
 
 def training_data(ck: DTCheckpoint, source: str | None = None, verbose: bool = True):
-    """The dataset ``ck`` was trained on, read the way its run read it (its env, ``data_source`` and
-    ``data_clip_actions``; ``source`` overrides where from) and checked with ``check_data``."""
+    """The dataset ``ck`` was trained on, read the way its run read it (``source`` overrides where from)."""
     import envs
 
     ds = envs.load_dataset(ck.data.env, source=source or ck.config.get("data_source") or "auto", verbose=verbose,

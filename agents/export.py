@@ -3,16 +3,9 @@
     python -m agents.export checkpoint=runs/hopper-medium/primal+dt/<run> format=onnx out=policy.onnx
 
 The artefact is ``DTStep.forward``, the one step function the torch agent runs (so actions agree to
-1e-5), as a pure function of explicit state, any batch:
-
-    (observation [B, obs_dim] raw, reward [B] (the previous step's), reset [B] bool, target [B] (raw
-     return), state.<name> ...) -> (action [B, act_dim], next_state.<name> ...)
-
-Its metadata travels inside it (ONNX ``metadata_props`` / a TorchScript extra file, key
-``onnx_policy.METADATA_KEY``): dimensions, targets, reward scale, the state layout, the stream semantics
-in words, versions and the source checkpoint's SHA-256. ONNX goes through ``torch.export`` (the
-``export`` extra) with a dynamic batch axis; a layer whose state grows with the episode cannot be
-exported (a ValueError names it).
+1e-5), with explicit state (``state.<name>`` in, ``next_state.<name>`` out) and any batch. Its metadata
+travels inside it (``SEMANTICS`` says the rest). ONNX goes through ``torch.export`` (the ``export``
+extra); a layer whose state grows with the episode cannot be exported (a ValueError names it).
 """
 
 from __future__ import annotations
@@ -37,14 +30,7 @@ from primal_dt.attention.softmax import onnx_translations
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
-from .onnx_policy import (
-    FORMAT,
-    INPUTS,
-    METADATA_KEY,
-    SCHEMA,
-    STATE_IN,
-    STATE_OUT,
-)
+from .onnx_policy import FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
 """format -> the artefact's default file name (next to the checkpoint)"""
@@ -54,8 +40,7 @@ _BATCH = "batch"
 
 
 def stream_step(model, data: DataInfo) -> DTStep:
-    """The model's ``DTStep`` with the dataset's bookkeeping; a ValueError naming every layer whose state
-    cannot be a graph's."""
+    """The model's ``DTStep``; a ValueError naming every layer whose state cannot be a graph's."""
     step = DTStep(model.eval(), data.state_mean, data.state_std, data.reward_scale)
     grows = [f"layer {i} ({spec.attention}): its recurrent state is a cache of every token of the sequence (it "
              "grows with the episode), which a graph with fixed-size state tensors cannot hold"
@@ -94,15 +79,13 @@ def semantics(step: DTStep) -> str:
 
 
 def missing_package() -> str | None:
-    """The first package of the ``export`` extra that is not installed (onnx, onnxruntime, the exporter's
-    onnxscript), or None."""
+    """The first package of the ``export`` extra that is not installed, or None."""
     import importlib.util
 
     return next((m for m in ("onnx", "onnxruntime", "onnxscript") if importlib.util.find_spec(m) is None), None)
 
 
 def package_version() -> str:
-    """The installed primal-dt's version ("unknown" from a source tree never installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     try:
@@ -155,9 +138,9 @@ def sha256_file(path: Path) -> str:
 
 
 def export_policy(source, format: str = "onnx", out: str | Path | None = None, *, overwrite: bool = False) -> Path:
-    """Write ``source``'s stream step (a checkpoint file, its run directory, or a ``DTCheckpoint``: then
-    ``out`` is required) as ``format`` to ``out`` (default: ``FORMATS[format]`` next to the checkpoint),
-    atomically; an existing file is replaced only with ``overwrite=True``, never the checkpoint itself."""
+    """Write ``source``'s stream step (a checkpoint file, its run directory, or a ``DTCheckpoint``) as
+    ``format`` to ``out`` (default: next to the checkpoint), atomically; an existing file is replaced only
+    with ``overwrite=True``, never the checkpoint itself."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
     if isinstance(source, DTCheckpoint):
@@ -189,7 +172,7 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
 
 
 def _example(step: DTStep, batch: int = 2):
-    """Inputs to trace with: two rows, one at its first step and one further on."""
+    """Two rows to trace with, one at its first step and one further on."""
     cfg = step.model.cfg
     obs = torch.randn(batch, cfg.state_dim)
     state = step.init(batch)._replace(t=torch.arange(batch, dtype=torch.int64))
@@ -198,7 +181,6 @@ def _example(step: DTStep, batch: int = 2):
 
 
 def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
-    """``DTStep.forward`` through ``torch.export`` to ONNX, batch axis dynamic, metadata inside."""
     import onnx
 
     example = _example(step)
@@ -244,7 +226,7 @@ def _torchscript_bytes(step: DTStep, meta: dict) -> bytes:
 
 
 def read_metadata(path: str | Path) -> dict:
-    """The metadata document of an exported policy (either format)."""
+    """The metadata document of an exported policy (ONNX or TorchScript)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"policy {path} does not exist")

@@ -1,12 +1,11 @@
-"""``load_agent(..., runtime="onnx")`` (and "auto"): the checkpoint's stream step on onnxruntime, which
-runs the torch agent's own step (``DTStep``) faster on a CPU. Before it is handed out it plays a few steps
-beside the torch agent, a restart included: actions more than ``EXACT`` apart are an error.
+"""``load_agent(..., runtime="onnx")`` (and "auto"): the torch agent's own step (``DTStep``) exported and
+run on onnxruntime, faster on a CPU; before it is handed out it plays a few steps beside the torch agent.
 
-The export is made once per checkpoint file and kept in the user's own cache (``cache_dir``), never read
-from the run directory: a ``policy.onnx`` there names its checkpoint only in its own metadata, which
-anyone who can write there can copy into a graph that computes something else (and a few checked steps
-cannot tell a graph that deviates later). An entry is named by the checkpoint file's SHA-256 and what made
-the graph (``export_key``); the graph's own SHA-256, recorded beside it, is checked before every reuse.
+The export is kept in the user's own cache (``cache_dir``), never read from the run directory: a
+``policy.onnx`` there names its checkpoint only in its own metadata, which anyone who can write there can
+copy into a graph that computes something else (and a few checked steps cannot tell a graph that deviates
+later). An entry is named by the checkpoint file's SHA-256 and what made the graph (``export_key``); the
+graph's own SHA-256, recorded beside it, is checked before every reuse.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ EXACT = 1e-5
 
 
 def onnx_agent(checkpoint, ck, agent):
-    """An ``OnnxPolicy`` on the export of ``checkpoint`` (a file or run directory: ``cached_export``; in
-    memory, ``ck``: exported for this policy only), checked against the torch ``agent``, with its target
-    and ``info``."""
+    """An ``OnnxPolicy`` on the export of ``checkpoint`` (a file or run directory, else ``ck``), checked
+    against the torch ``agent``, with its target and ``info``."""
     if missing_package():
         raise ValueError(f"runtime='onnx' needs the {missing_package()} package: pip install 'primal-dt[export]' "
                          "(or use runtime='torch')")
@@ -57,9 +55,8 @@ def _export(source, directory: Path) -> Path:
 
 
 def cache_dir() -> Path | None:
-    """Where exports are kept: ``$XDG_CACHE_HOME/primal-dt/onnx`` (``~/.cache/primal-dt/onnx``), created
-    readable by the user only; None when it cannot be made or is not a directory of the user's that only
-    the user can write (then nothing is cached)."""
+    """``$XDG_CACHE_HOME/primal-dt/onnx`` (``~/.cache/primal-dt/onnx``), created readable by the user only;
+    None when it cannot be made or is not a directory only the user can write (then nothing is cached)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     d = base / "primal-dt" / "onnx"
     try:
@@ -73,16 +70,14 @@ def cache_dir() -> Path | None:
 
 
 def export_key(checkpoint_sha256: str) -> str:
-    """The cache entry's name: the checkpoint file's SHA-256 and what turns it into a graph (the package's
-    release and policy schema, torch's version), so an upgrade exports again rather than reuse."""
+    """The checkpoint file's SHA-256 and what turns it into a graph, so an upgrade exports again."""
     made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"
     return f"{checkpoint_sha256}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)}"
 
 
 def cached_export(path: Path) -> Path | None:
-    """The ONNX export of the checkpoint file ``path``, from the cache when this package wrote an entry for
-    that file's bytes and the graph still has the digest recorded beside it, else exported into the cache
-    now. None when there is no usable cache directory (``cache_dir``)."""
+    """The ONNX export of the checkpoint file ``path``, from the cache when its graph still has the digest
+    recorded beside it, else exported into the cache now; None without a usable cache directory."""
     d = cache_dir()
     if d is None:
         return None
@@ -107,8 +102,8 @@ def cached_export(path: Path) -> Path | None:
 
 
 def checked(policy, torch_agent, steps: int = 12, batch: int = 2, seed: int = 0):
-    """``policy`` after ``steps`` steps of ``batch`` rows beside ``torch_agent`` (observations drawn around
-    the data's mean, a restart of row 0 halfway) agreed to ``EXACT``; a ValueError otherwise."""
+    """``policy`` once ``steps`` steps of ``batch`` rows (a restart of row 0 halfway) beside ``torch_agent``
+    agreed to ``EXACT``; a ValueError otherwise."""
     g = np.random.default_rng(seed)
     mean, std = np.asarray(torch_agent.mean.cpu()), np.asarray(torch_agent.std.cpu())
     worst, reward = 0.0, None

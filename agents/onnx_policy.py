@@ -13,9 +13,8 @@ used on its own (it imports nothing but numpy, onnxruntime and the standard libr
         obs, reward, term, trunc, _ = venv.step(action)
         policy.reset_done(term | trunc)         # restart only the finished rows
 
-The graph is the torch agent's step (bookkeeping inside, recurrent state as explicit inputs and
-outputs); this class keeps the state between calls and flags restarted rows. ``Policy``, the acting API
-of every runtime, is defined here so that this file stands alone.
+The graph is the torch agent's step, recurrent state as explicit inputs and outputs; ``Policy``, the
+acting API of every runtime, is defined here so that this file stands alone.
 """
 
 from __future__ import annotations
@@ -41,7 +40,6 @@ _ONNX_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "int64":
 
 
 def parse_metadata(text: str | None, where: str) -> dict:
-    """The metadata document ``text`` of the ONNX model ``where`` as a dict (``GraphPolicy`` checks its fields)."""
     if text is None:
         raise ValueError(f"{where} is an ONNX model without primal-dt policy metadata; export one with "
                          "python -m agents.export")
@@ -55,8 +53,7 @@ def parse_metadata(text: str | None, where: str) -> dict:
 
 
 def check_metadata(meta: dict, where: str) -> None:
-    """Every field a runtime reads, so a damaged or edited artefact is one ``ValueError`` naming the file and
-    the field at load, not a raw error at the first ``act``."""
+    """Every field a runtime reads, so a damaged or edited artefact is one ``ValueError`` at load."""
     def bad(field: str, want: str, got) -> ValueError:
         return ValueError(f"{where}: policy metadata field {field} must be {want}, got {json.dumps(got)[:60]}")
 
@@ -105,8 +102,8 @@ def check_metadata(meta: dict, where: str) -> None:
 
 
 def check_graph(session, meta: dict, where: str) -> None:
-    """The ONNX graph's inputs and outputs (dtype, shape after the batch) against its checked metadata: a graph
-    exported for another policy under copied metadata is refused."""
+    """The ONNX graph's inputs and outputs against its checked metadata: a graph exported for another
+    policy under copied metadata is refused."""
     state = meta["state"]
     want_in = {"observation": ("float32", [meta["obs_dim"]]), "reward": ("float32", []), "reset": ("bool", []),
                "target": ("float32", [])} | {STATE_IN + s["name"]: (s["dtype"], s["shape"][1:]) for s in state}
@@ -132,9 +129,9 @@ def check_graph(session, meta: dict, where: str) -> None:
 
 class Policy:
     """The acting API of every runtime (``agents.Agent``, ``OnnxPolicy``, ``TorchScriptPolicy``): B rows
-    (episodes) act at once, each restarted (``reset_done``) or dropped (``keep_rows``) on its own. It owns
-    the row count, the targets and every check on what a caller passes, so the runtimes agree on them; a
-    runtime sets ``obs_dim``, ``act_dim``, ``default_target`` and fills the four hooks below."""
+    (episodes) act at once, each restarted or dropped on its own. It owns every check on what a caller
+    passes, so the runtimes agree on them; a runtime sets ``obs_dim``, ``act_dim``, ``default_target`` and
+    fills the four hooks below (targets: raw returns, float64)."""
 
     obs_dim: int
     act_dim: int
@@ -143,11 +140,9 @@ class Policy:
     runtime: str = ""
     """which runtime acts: "torch", "onnx" or "torchscript" (what ``load_agent(runtime="auto")`` picked)"""
     fidelity: dict | None = None
-    """{"engine", "exact" (the policy the checkpoint was trained as), "stream_window"}; None for an agent
-    built from a bare model"""
+    """{"engine", "exact", "stream_window"} (``agents.stream_training.Fidelity``); None for a bare model's"""
 
     def _targets(self, target, n: int) -> np.ndarray:
-        """``target`` (None: the default) as ``n`` raw returns (float64)."""
         arr = np.asarray(self.default_target if target is None else target, dtype=np.float64).reshape(-1)
         if arr.size == 1:
             arr = np.full(n, arr[0])
@@ -165,15 +160,13 @@ class Policy:
         self._start(self.batch, targets)
 
     def reset_done(self, done, target=None) -> None:
-        """Restart the rows where ``done`` ([B] bool) is True; the others go on. ``target``: the new
-        episodes' return target (one, or one per restarted row)."""
+        """Restart the rows where ``done`` ([B] bool) is True; ``target``: one, or one per restarted row."""
         d = self._rows(done, "done")
         if d.any():
             self._restart(d, self._targets(target, int(d.sum())))
 
     def keep_rows(self, keep) -> None:
-        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order (an evaluator whose
-        episodes are done stops paying for them); at least one must remain."""
+        """Continue with the rows where ``keep`` ([B] bool) is True only, in their order."""
         k = self._rows(keep, "keep")
         if not k.any():
             raise ValueError("keep_rows would drop every row; call reset(batch) to start over")
@@ -207,9 +200,7 @@ class Policy:
 
     def act(self, obs, reward=None) -> np.ndarray:
         """One action per row ([B, act_dim] float32, the caller's to keep) for observations ``obs``
-        [B, obs_dim]; ``reward`` [B] is the reward of the previous step (None at the first; ignored
-        for rows at their episode's first step, so the reward that ended an episode never leaks into
-        the next one)."""
+        [B, obs_dim]; ``reward`` [B]: the previous step's (None at the first; ignored at a row's first step)."""
         self._require_reset()
         o = self._observation(obs)
         r = None
@@ -228,11 +219,9 @@ class Policy:
 
     # -- what a runtime fills in
     def _start(self, batch: int, targets: np.ndarray) -> None:
-        """``batch`` new rows aiming at ``targets`` (raw returns, float64)."""
         raise NotImplementedError
 
     def _restart(self, rows: np.ndarray, targets: np.ndarray) -> None:
-        """The rows where ``rows`` is True start new episodes aiming at ``targets`` (one per such row)."""
         raise NotImplementedError
 
     def _keep(self, rows: np.ndarray) -> None:
@@ -240,14 +229,14 @@ class Policy:
         raise NotImplementedError
 
     def _step(self, obs: np.ndarray, reward: np.ndarray | None) -> np.ndarray:
-        """Advance every row one step on checked ``obs`` and ``reward`` (float32 or None); the action
-        [B, act_dim] float32, an array the caller owns."""
+        """The action [B, act_dim] float32, an array the caller owns, for checked ``obs`` and ``reward``."""
         raise NotImplementedError
 
 
 class GraphPolicy(Policy):
     """``Policy`` around an exported step graph: the state between calls, the reset flags, each row's
-    target, from checked ``metadata``. Runtimes fill ``_run``."""
+    target. Runtimes fill ``_step``, the graph on (observation, reward, ``_reset``, ``_target_rows``,
+    *``_state``)."""
 
     def __init__(self, metadata: dict, where: str):
         check_metadata(metadata, where)
@@ -259,6 +248,8 @@ class GraphPolicy(Policy):
         self.fidelity = {"engine": "stream", "exact": metadata["stream_exact"],
                          "stream_window": metadata["stream_window"]}
         self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]
+        self.input_names = [*INPUTS, *(STATE_IN + name for name, _, _ in self.state_layout)]
+        self.output_names = ["action", *(STATE_OUT + name for name, _, _ in self.state_layout)]
         self._state: list[np.ndarray] = []
 
     def _start(self, batch, targets):
@@ -278,23 +269,6 @@ class GraphPolicy(Policy):
 
     def _rows_changed(self) -> None:
         """Hook: ``reset`` or ``keep_rows`` replaced the row arrays (the others write into them in place)."""
-
-    def _step(self, obs, reward):
-        r = np.zeros(self.batch, dtype=np.float32) if reward is None else reward
-        o = np.ascontiguousarray(obs, dtype=np.float32)
-        action, *self._state = self._run([o, r, self._reset, self._target_rows, *self._state])
-        self._reset.fill(False)
-        return action
-
-    def input_names(self) -> list[str]:
-        return [*INPUTS, *(STATE_IN + name for name, _, _ in self.state_layout)]
-
-    def output_names(self) -> list[str]:
-        return ["action", *(STATE_OUT + name for name, _, _ in self.state_layout)]
-
-    def _run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """The graph on ``input_names()``'s arrays; returns ``output_names()``'s."""
-        raise NotImplementedError
 
 
 class OnnxPolicy(GraphPolicy):
@@ -331,7 +305,7 @@ class OnnxPolicy(GraphPolicy):
         check_graph(self.session, self.metadata, str(path))
         self._ort_value = ort.OrtValue.ortvalue_from_numpy
         present = {i.name for i in self.session.get_inputs()}  # an input the graph never reads is not one
-        self._feed = [(i, n) for i, n in enumerate(self.input_names()) if n in present]
+        self._feed = [(i, n) for i, n in enumerate(self.input_names) if n in present]
 
     def _rows_changed(self) -> None:
         """Two bindings (even and odd steps), each kept with the arrays whose addresses it holds."""
@@ -347,7 +321,7 @@ class OnnxPolicy(GraphPolicy):
             io = self.session.io_binding()
             for i, name in self._feed:
                 io.bind_ortvalue_input(name, self._ort_value(inputs[i]))
-            for name, array in zip(self.output_names(), outputs):
+            for name, array in zip(self.output_names, outputs):
                 io.bind_ortvalue_output(name, self._ort_value(array))
             self._bindings.append((io, inputs, outputs))
 

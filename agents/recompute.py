@@ -27,8 +27,7 @@ def check_recomputable(model, context: int | None = None) -> int:
 
 
 class RecomputeStep(DTStep):
-    """``DTStep`` with a history of ``context`` steps (default: the model's K; at least the episode length
-    gives "recompute with the full history") as its state."""
+    """``DTStep`` with a history of ``context`` steps (default: the model's K) as its state."""
 
     def __init__(self, model, state_mean, state_std, reward_scale: float, *, context: int | None = None):
         self.K = check_recomputable(model, context)  # (a plain attribute: set before Module.__init__ is fine)

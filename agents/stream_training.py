@@ -26,23 +26,17 @@ from .decision_transformer import Batch, DTConfig
 
 
 def windowed() -> list[str]:
-    """The registered mechanisms that take a ``window`` option (softmax, primal, ...)."""
     return [n for n in available() if get_class(n).supports_window]
-
-
-def stream_exact_options(window: int, options: dict | None = None) -> dict:
-    """Mechanism options with ``window`` (tokens) set for every mechanism that takes one."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be an integer >= 1 (tokens), got {window!r}")
-    out = {k: dict(v) for k, v in (options or {}).items()}
-    for name in windowed():
-        out.setdefault(name, {})["window"] = window
-    return out
 
 
 def stream_exact_config(cfg: DTConfig, window: int) -> DTConfig:
     """``cfg`` with every attention layer windowed to ``window`` tokens (error if a layer cannot be)."""
-    new = dataclasses.replace(cfg, attention_options=attention_words(stream_exact_options(window, cfg.options())))
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an integer >= 1 (tokens), got {window!r}")
+    options = cfg.options()
+    for name in windowed():
+        options.setdefault(name, {})["window"] = window
+    new = dataclasses.replace(cfg, attention_options=attention_words(options))
     receptive_field(new)  # checks every layer
     return new
 
@@ -67,8 +61,7 @@ def receptive_field(cfg_or_model) -> int:
 
 
 def first_exact_step(cfg_or_model) -> int:
-    """Smallest segment step index whose predicting token has its whole reach (``receptive_field``) in the
-    segment (``TokenLayout.first_exact_step``)."""
+    """Smallest segment step index whose predicting token has its whole reach in the segment."""
     return cfg_or_model.tokens.first_exact_step(receptive_field(cfg_or_model))
 
 
@@ -78,8 +71,7 @@ def min_segment_steps(cfg_or_model, counted: int = 1) -> int:
 
 
 def stream_exact_loss_mask(timesteps: torch.Tensor, mask: torch.Tensor | None, first: int) -> torch.Tensor:
-    """[B, K] bool: real steps (``mask``; None: all) whose prediction equals the stream engine's: from
-    ``first`` (``first_exact_step``) on, or all of a segment starting at timestep 0."""
+    """[B, K] bool: real steps from ``first`` on, or all of a segment starting its episode."""
     B, K = timesteps.shape
     idx = torch.arange(K, device=timesteps.device)
     ok = (idx >= first).unsqueeze(0) | (timesteps[:, :1] == 0)
@@ -87,15 +79,14 @@ def stream_exact_loss_mask(timesteps: torch.Tensor, mask: torch.Tensor | None, f
 
 
 def stream_exact_batch(batch: Batch, first: int) -> Batch:
-    """``batch`` with its ``loss_mask`` for stream-exact training (``first``: ``first_exact_step``)."""
+    """``batch`` with its ``loss_mask`` for stream-exact training."""
     return batch._replace(loss_mask=stream_exact_loss_mask(batch.timesteps, batch.mask, first))
 
 
 @dataclass(frozen=True)
 class Fidelity:
     """Whether ``engine``'s actions are the policy a checkpoint was trained as: a stream over whole episodes
-    shows a segment-trained model what no loss measured (a softmax cache reaching past K steps through the
-    layers below, primal running means over the episode)."""
+    shows a segment-trained model what no loss measured."""
 
     engine: str
     stream_window: int

@@ -27,8 +27,7 @@ def _finite(text: str) -> bool:
 
 
 def check_summary(summary, where: str) -> dict:
-    """``summary``, or a ValueError saying which field of ``where`` is wrong and how (scores may be NaN or
-    inf: a reader decides what to do with them)."""
+    """``summary``, or a ValueError saying which field of ``where`` is wrong (scores may be NaN or inf)."""
     def bad(field: str, want: str, got) -> ValueError:
         shown = "" if got is None else f" ({json.dumps(got)[:60]})"
         return ValueError(f"{where}: {field} must be {want}, got {_kind(got)}{shown}")

@@ -1,6 +1,4 @@
-"""How many CPU threads an inference process runs (by engine and batch: a small batch's step is
-per-operator overhead that threads do not divide, and lanes side by side share the cores), and the
-allocator setting it runs with."""
+"""How many CPU threads an inference process runs, and the allocator setting it runs with."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ def inference_threads(engine: str, batch: int, cores: int | None = None) -> int:
 
 
 def lane_threads(engine: str, batch: int, lanes: int, cores: int | None = None) -> int:
-    """Threads for each of ``lanes`` processes acting side by side: one for small batches, else the lane's
-    share of the cores, so the lanes together never oversubscribe the machine."""
+    """Threads for each of ``lanes`` processes acting side by side: 1 for small batches, else a share."""
     if inference_threads(engine, batch, cores) == 1 and batch < BIG_BATCH[engine]:
         return 1
     return max(1, (usable_cores() if cores is None else max(1, int(cores))) // max(1, int(lanes)))
@@ -37,8 +34,8 @@ _ALLOCATOR_TUNED = False
 
 
 def keep_freed_memory() -> bool:
-    """Make glibc keep freed memory for reuse: a step frees and allocates the same large buffers, which glibc
-    would otherwise unmap and map afresh (page faults each step). Returns whether it applied."""
+    """Make glibc keep freed memory: a step frees and allocates the same large buffers, which glibc would
+    otherwise unmap and map afresh (page faults each step). Returns whether it applied."""
     global _ALLOCATOR_TUNED
     if _ALLOCATOR_TUNED:
         return True

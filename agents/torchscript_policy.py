@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from primal_dt.run import json_reader, options
@@ -12,8 +13,7 @@ from .onnx_policy import METADATA_KEY, GraphPolicy
 
 
 class TorchScriptPolicy(GraphPolicy):
-    """An exported TorchScript policy. ``threads``: torch's intra-op threads, set for the whole process
-    (None: left as they are)."""
+    """``threads``: torch's intra-op threads, set for the whole process (None: left as they are)."""
 
     runtime = "torchscript"
 
@@ -36,9 +36,11 @@ class TorchScriptPolicy(GraphPolicy):
             options.check_number("threads", threads, options.AT_LEAST_1)
             torch.set_num_threads(int(threads))
 
-    def _run(self, inputs):
+    def _step(self, obs, reward):
+        r = np.zeros(self.batch, dtype=np.float32) if reward is None else reward
+        inputs = [np.ascontiguousarray(obs, dtype=np.float32), r, self._reset, self._target_rows, *self._state]
         with torch.inference_mode():
-            out = self.module(*(torch.from_numpy(a) for a in inputs))
-        arrays = [o.numpy() for o in out]
-        arrays[0] = arrays[0].copy()  # action and next_state.prev_action are one tensor in the graph
-        return arrays
+            action, *state = self.module(*(torch.from_numpy(a) for a in inputs))
+        self._state = [s.numpy() for s in state]
+        self._reset.fill(False)
+        return action.numpy().copy()  # action and next_state.prev_action are one tensor in the graph

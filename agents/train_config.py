@@ -2,7 +2,6 @@
 
 Precedence: dataclass defaults < the preset (``configs/dt/<preset>.yaml``, by default the one named like
 ``env``) < a recipe laid over it < the command line; each value remembers which set it (``describe``).
-Everything that can be wrong with the input is checked here, before any data is loaded.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ GROUP = "dt"
 @dataclass
 class ModelConfig:
     """The Decision Transformer's layout and sizes (``model.*``): the network is built from exactly this
-    (``agents.DTConfig`` adds the data's dimensions), so each check of these fields is here, once."""
+    (``agents.DTConfig`` adds the data's dimensions), so each check of these fields is here."""
 
     name: str = "primal+dt"
     """layout: dt | primal+dt | primalformer-dt | primal+<mechanism> | any attention mechanism"""
@@ -167,7 +166,6 @@ class TrainConfig(RunOptions):
     """stream-exact training (0: off): window every layer to this many tokens and count only the steps
     the stream engine predicts identically (agents.stream_training); needs softmax/primal layers"""
     data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
-    """where the dataset comes from: auto, or a source of envs.sources (its prefix, or PREFIX:WHERE)"""
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
     how many values lie outside and their range)"""
@@ -217,8 +215,7 @@ SHORTHANDS = {"model": "model.name", "attention": "model.name"}
 def build(argv: list[str]) -> Built:
     first = cli.peek(TrainConfig, argv, SHORTHANDS, PROG)
     cfg, env, name = TrainConfig(), first.env, first.preset
-    available_presets = presets.list_presets(GROUP)
-    if not name and env in available_presets:
+    if not name and env in presets.list_presets(GROUP):
         name = env
     layers = [(f"preset {name}", presets.load_preset(GROUP, name))] if name else []  # unknown: error with suggestions
     if first.recipe != "preset":
@@ -264,9 +261,8 @@ def from_dict(d: dict) -> TrainConfig:
 
 
 def resumed(built: Built, saved: dict, where: str) -> Built:
-    """A resumed run's config: the checkpoint's (``saved``) plus the ``RESUMABLE`` options of the command
-    line; any other option given must agree with the checkpoint (resuming a primal+dt run as dt is an
-    error, not a silent mix)."""
+    """The checkpoint's config plus the ``RESUMABLE`` options of the command line; any other option given
+    must agree with the checkpoint (resuming a primal+dt run as dt is an error, not a silent mix)."""
     saved = dataclasses.asdict(from_dict(saved))
     saved_flat, asked = flat(saved), flat(dataclasses.asdict(built.cfg))
     prov = {k: f"checkpoint {where}" for k in saved_flat}
@@ -290,8 +286,7 @@ def resumed(built: Built, saved: dict, where: str) -> Built:
 
 
 def describe(b: Built, full: bool = False) -> str:
-    """The options given or differing from the defaults (``full``: all, and the source lines), one a line
-    with where each came from."""
+    """The options given or differing from the defaults (``full``: all), each with where it came from."""
     defaults = flat(dataclasses.asdict(TrainConfig()))
     values = flat(dataclasses.asdict(b.cfg))
     shown = {k: v for k, v in values.items()
@@ -323,8 +318,7 @@ NUMBERS = {
 
 
 def check(cfg: TrainConfig) -> None:
-    """Raise ValueError naming the option, its value and what is allowed: each part's own checks, then what
-    spans parts."""
+    """Raise ValueError naming the option, its value and what is allowed."""
     m = cfg.model
     RunOptions.check(cfg)
     m.check()

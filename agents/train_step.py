@@ -4,14 +4,10 @@
 loss and gradient norm are finite before the step is taken. ``Stepper`` runs the same computation as:
 - ``eager``: ``train_step`` itself, reading the loss back every step;
 - ``compile``: forward and loss through ``torch.compile``, AdamW fused, nothing read back per step: a
-  non-finite step is skipped on the device by the fused optimizer (``found_inf``, as loss scaling uses
-  it) and so is every later one, so when the loop reads the flag (logging, evaluation, checkpoint, end)
-  the weights are those before the first failed step, as in the eager form;
+  non-finite step is skipped on the device by the fused optimizer (``found_inf``) and so is every later
+  one, so when the loop reads the flag the weights are those before the first failed step, as in eager;
 - ``cudagraphs`` (CUDA only): the ``compile`` step, optimizer included, captured in one CUDA graph after
-  a few warm-up steps (real training steps) and replayed, batch and learning rate copied into the
-  graph's fixed buffers.
-Small models are bound by per-operator overhead, which compilation and graphs remove; the model code
-keeps its one plain form.
+  a few warm-up steps and replayed, batch and learning rate copied into the graph's fixed buffers.
 """
 
 from __future__ import annotations
@@ -26,17 +22,16 @@ import torch.distributed as dist
 from .decision_transformer import Batch, dt_loss
 
 MODES = ("eager", "compile", "cudagraphs")
-DEFAULT = {"cpu": "eager", "cuda": "cudagraphs"}
-"""``compile=auto`` per device type, as measured by ``eval.bench.train --compile`` and ``eval.bench.gpu``"""
 GRAPH_WARMUP = 3
 """steps in the ``compile`` form before the graph is captured (gradients and optimizer state allocated)"""
 
 
 def default_mode(device: torch.device, world: int = 1) -> str:
-    """What ``compile=auto`` means on ``device`` (under DDP, never graphs: a collective inside a
-    captured graph is left to those who measure it)."""
-    mode = DEFAULT.get(device.type, "eager")
-    return "compile" if mode == "cudagraphs" and world > 1 else mode
+    """What ``compile=auto`` means on ``device``, as measured by ``eval.bench.train --compile`` and
+    ``eval.bench.gpu`` (under DDP never graphs: a collective inside a captured graph is not measured)."""
+    if device.type != "cuda":
+        return "eager"
+    return "compile" if world > 1 else "cudagraphs"
 
 
 def resolve(mode: str, device: torch.device, world: int = 1) -> str:
@@ -53,8 +48,7 @@ def resolve(mode: str, device: torch.device, world: int = 1) -> str:
 
 def train_step(net, params, opt, sched, batch: Batch, eta: float, grad_clip: float, detail: bool = False,
                world: int = 1):
-    """One optimisation step; returns (loss, grad norm, parts), not stepping on NaN/inf. Under DDP the loss is
-    averaged over processes (the gradient norm is already equal), so every process takes the same decision."""
+    """(loss, grad norm, parts), not stepping on NaN/inf (the loss averaged over DDP's processes)."""
     loss, parts = dt_loss(net, batch, eta, detail)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -65,10 +59,9 @@ def train_step(net, params, opt, sched, batch: Batch, eta: float, grad_clip: flo
         dist.all_reduce(stat)
         stat /= world
     loss_value = float(stat)
-    if not (math.isfinite(loss_value) and math.isfinite(float(gn))):
-        return loss_value, float(gn), parts
-    opt.step()
-    sched.step()
+    if math.isfinite(loss_value) and math.isfinite(float(gn)):
+        opt.step()
+        sched.step()
     return loss_value, float(gn), parts
 
 
@@ -83,8 +76,7 @@ class Failure:
 
 
 class Stepper:
-    """A run's training step in the form ``mode``; the loop calls ``step`` and, before it reads numbers,
-    evaluates or saves, ``failure``. ``compile`` and ``cudagraphs`` need a fused AdamW (its ``found_inf``)."""
+    """A run's training step in the form ``mode``; ``failure`` before the loop reads numbers or saves."""
 
     def __init__(self, mode: str, net, params, opt, sched, eta: float, grad_clip: float, world: int = 1,
                  first_step: int = 0, backend: str = "inductor", graph_after: int = GRAPH_WARMUP,
@@ -114,8 +106,7 @@ class Stepper:
         return self.mode == "eager"
 
     def step(self, batch: Batch, detail: bool = False) -> tuple:
-        """One step on ``batch``; returns (loss, grad norm, parts): floats in the eager form, device tensors
-        otherwise (read them back only when needed)."""
+        """(loss, grad norm, parts): floats in the eager form, else device tensors (read back when needed)."""
         self.steps += 1
         if self.eager:
             with self._mixed():
@@ -126,15 +117,14 @@ class Stepper:
             return loss, gn, parts
         if self.mode == "cudagraphs" and self.steps > self.graph_after:
             return self._replay(batch)
-        if self.mode == "cudagraphs":  # warm-up on a side stream, as graph capture requires
+        if self.mode == "compile":
+            out = self._device_step(batch)
+        else:  # cudagraphs' warm-up, on a side stream as graph capture requires
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 out = self._device_step(batch)
             torch.cuda.current_stream().wait_stream(side)
-            self.sched.step()
-            return out
-        out = self._device_step(batch)
         self.sched.step()
         return out
 
@@ -148,14 +138,11 @@ class Stepper:
         # no cache of cast weights: a captured graph must not keep tensors a later replay would reuse stale
         return torch.autocast(self.params[0].device.type, dtype=self.autocast, cache_enabled=False)
 
-    def _forward(self, batch: Batch):
-        with self._mixed():
-            return self.loss_fn(batch)
-
     def _device_step(self, batch: Batch):
         """Forward, backward, clip, the finiteness check and the (possibly skipped) AdamW step, with no
         read-back: what the CUDA graph captures (the scheduler's step is host work, the caller's)."""
-        loss, parts = self._forward(batch)
+        with self._mixed():
+            loss, parts = self.loss_fn(batch)
         if not self.capturing:  # captured: the gradients the graph allocated are overwritten by each replay
             self.opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -1,12 +1,11 @@
 """Train a Decision Transformer on an offline dataset: what ``python -m primal_dt.train`` runs.
 
-One file, in the order a run happens: 1. setup (``prepare``: whatever can fail on bad input fails here,
-as ``SetupError``, before anything is written); 2. the loop (``train``); 3. evaluation, in the simulator
-(``eval``'s code handed in as an ``Evaluator``: ``eval`` sits above ``agents``) and on held-out episodes;
-4. checkpoints (``last.pt``; its schema is ``agents.dt_checkpoint``'s), by steps and by wall time;
+In the order a run happens: 1. setup (``prepare``: bad input fails here, as ``SetupError``, before anything
+is written); 2. the loop; 3. evaluation, in the simulator (``eval``'s code handed in as an ``Evaluator``:
+``eval`` sits above ``agents``) and on held-out episodes; 4. checkpoints, by steps and by wall time;
 5. logging, and the run's duration measured from its own steps. A failed write ends the run with one
-``WriteError`` naming the file; the last checkpoint stays intact. Same seed and config, same run (on
-CPU), and a resumed run continues exactly.
+``WriteError``; the last checkpoint stays intact. Same seed and config, same run (on CPU), and a resumed
+run continues exactly.
 """
 
 from __future__ import annotations
@@ -51,10 +50,8 @@ class Diverged(RuntimeError):
 
 @dataclass(frozen=True)
 class Evaluator:
-    """The simulator rollout, from ``eval.rollout``: ``rollout(model, data, episodes, seed, settings,
-    on_episode)`` plays ``episodes`` per target of ``data`` (the run's ``DataInfo``; ``settings``: its
-    ``EvalConfig``) and returns {target: {"normalized_mean", "return_mean", "length_mean", "returns", ...}};
-    ``line(results)`` says them in one line."""
+    """``rollout(model, info, episodes, seed, eval_config, on_episode)`` plays ``episodes`` per target and
+    returns {target: {"normalized_mean", "return_mean", "length_mean", "returns", ...}}; ``line`` says them."""
 
     rollout: Callable[..., dict]
     line: Callable[[dict], str]
@@ -66,7 +63,6 @@ class Run:
 
     cfg: TrainConfig
     built: Built
-    spec: envs.EnvSpec
     data: envs.Trajectories
     """the whole dataset; training samples only the episodes not in ``info.held_out``"""
     info: DataInfo
@@ -91,10 +87,9 @@ class Run:
 
 # == 1. setup: everything that can fail on bad input ================================================
 def prepare(built: Built, d: Dist | None = None) -> Run:
-    """Config (resumed or new), data, model and optimizer; bad input raises ``SetupError`` before a
-    file is written. The order of random draws is part of the contract. A resumed run's directory is
-    locked before its checkpoint is read, so no run continues from a checkpoint another process is about
-    to replace."""
+    """Config (resumed or new), data, model and optimizer. The order of random draws is part of the
+    contract. A resumed run's directory is locked before its checkpoint is read, so no run continues from
+    a checkpoint another process is about to replace."""
     with errors.setup_errors():
         path = hold_resumed(built, d)
     try:
@@ -118,7 +113,13 @@ def hold_resumed(built: Built, d: Dist | None) -> Path | None:
 
 def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     with errors.setup_errors():
-        built, resume = resumed_config(built, path)
+        resume = None  # (path, checkpoint); a resumed run's config is the checkpoint's plus the options given now
+        if path is not None:
+            ck = dt_checkpoint.load(path)
+            if ck.training is None:
+                raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so "
+                                 "it cannot be resumed; start a new run")
+            built, resume = train_config.resumed(built, ck.config, str(path)), (path, ck)
         cfg = built.cfg
         train_config.check(cfg)
         try:
@@ -159,22 +160,11 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     if len(held_out) and d.main:
         exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
         validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from)
-    run = Run(cfg, built, spec, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d,
+    run = Run(cfg, built, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d,
               validation, mode)
     if resume is not None:
         restore(run, resume[1])
     return run
-
-
-def resumed_config(built: Built, path: Path | None) -> tuple[Built, tuple[Path, DTCheckpoint] | None]:
-    """With ``resume=``: the checkpoint's config plus the run-time options given now, and (path, checkpoint)."""
-    if path is None:
-        return built, None
-    ck = dt_checkpoint.load(path)
-    if ck.training is None:
-        raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so it "
-                         "cannot be resumed; start a new run")
-    return train_config.resumed(built, ck.config, str(path)), (path, ck)
 
 
 def hold_out(cfg: TrainConfig, data: envs.Trajectories, resumed: DTCheckpoint | None):
@@ -200,25 +190,20 @@ def _few(xs) -> str:
     return f"[{', '.join(map(str, xs[:8]))}{', ...' if len(xs) > 8 else ''}] ({len(xs)})"
 
 
-def model_config(cfg: TrainConfig, state_dim: int, act_dim: int) -> DTConfig:
-    """The network ``cfg`` describes, for data with these dimensions (stream-exact: every layer windowed)."""
-    mc = DTConfig(**dataclasses.asdict(cfg.model), state_dim=state_dim, act_dim=act_dim, K=cfg.K,
-                  max_timestep=cfg.max_timestep)
-    if cfg.stream_window:
-        mc = stream_training.stream_exact_config(mc, cfg.stream_window)
-        need = stream_training.min_segment_steps(mc)
-        if cfg.K < need:
-            raise ValueError(f"stream_window={cfg.stream_window} over {len(mc.layer_specs())} layers reaches "
-                             f"{stream_training.receptive_field(mc)} tokens back, so K must be >= {need} for any "
-                             f"step of a segment to count; got K={cfg.K}. Raise K or lower stream_window")
-    return mc
-
-
 def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTransformer:
-    """The network, or a ValueError naming the ``model.*`` options (a mechanism's own check names its
-    constructor arguments, not what the user wrote)."""
+    """The network ``cfg`` describes for data of these dimensions (stream-exact: every layer windowed), or a
+    ValueError naming the options (a mechanism's own check names its arguments)."""
     try:
-        return DecisionTransformer(model_config(cfg, state_dim, act_dim))
+        mc = DTConfig(**dataclasses.asdict(cfg.model), state_dim=state_dim, act_dim=act_dim, K=cfg.K,
+                      max_timestep=cfg.max_timestep)
+        if cfg.stream_window:
+            mc = stream_training.stream_exact_config(mc, cfg.stream_window)
+            need = stream_training.min_segment_steps(mc)
+            if cfg.K < need:
+                raise ValueError(f"stream_window={cfg.stream_window} over {len(mc.layer_specs())} layers reaches "
+                                 f"{stream_training.receptive_field(mc)} tokens back, so K must be >= {need} for "
+                                 f"any step of a segment to count; got K={cfg.K}. Raise K or lower stream_window")
+        return DecisionTransformer(mc)
     except ValueError as err:
         m = cfg.model
         raise ValueError(f"model options (model.name={m.name}, model.layers={m.layers or '-'}, "
@@ -228,8 +213,7 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False):
-    """AdamW, linear warm-up over ``warmup_steps`` then constant (the DT recipe); ``fused`` for the compiled
-    steps (it skips a failed step on the device)."""
+    """AdamW, linear warm-up then constant (the DT recipe); ``fused`` for the compiled steps."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
     w = cfg.warmup_steps
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
@@ -265,7 +249,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     vals = mon.history.get(VAL_TAG)
     last_score, last_val = scores[0][-1][1] if scores else None, vals[-1][1] if vals else None
     exact_from = stream_training.first_exact_step(run.model.cfg) if cfg.stream_window else None
-    speed = Throughput()
+    speed = (0.0, 0, 0)  # seconds, steps and tokens of the optimisation steps since the last logged step
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
     clock = Clock(run)
     saved_at = run.step if (run.out / dt_checkpoint.FILENAME).exists() else -1
@@ -299,9 +283,10 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     dt = time.perf_counter() - t0
                     run.step += 1
                     run.train_time += dt
-                    speed.add(dt, run.model.tokens.per_step * real * d.world)
+                    speed = (speed[0] + dt, speed[1] + 1, speed[2] + run.model.tokens.per_step * real * d.world)
                     if logging:
-                        log_step(run, mon, loss, gn, out[2], speed.take())
+                        log_step(run, mon, loss, gn, out[2], *speed)
+                        speed = (0.0, 0, 0)
                 if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
                     settle()
                     t0 = time.perf_counter()
@@ -323,21 +308,19 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         why = f" by {err.args[0]}" if err.args else ""
         if mon.bar is not None:  # the bar ends here: nothing is drawn after the line that says how to continue
             mon.bar.close()
+        written, last = False, run.out / dt_checkpoint.FILENAME
         if d.world == 1 and run.step > saved_at:  # the state is that of a whole number of steps: keep it
             try:
                 settle()
                 save(run, mon)
+                written = True
             except KeyboardInterrupt:  # a second interrupt: stop at once, the previous checkpoint kept
                 why = f"{why}, then again while its checkpoint was written,"
-            else:
-                last = run.out / dt_checkpoint.FILENAME
-                mon.print(f"interrupted{why} at step {run.step}: checkpoint written at this step ({last}); continue "
-                          f"with: python -m primal_dt.train resume={run.out}")
-                mon.close()
-                raise
-        if (run.out / dt_checkpoint.FILENAME).exists():
-            mon.print(f"interrupted{why} at step {run.step}; {kept(run)}; continue with: python -m primal_dt.train "
-                      f"resume={run.out}")
+        resume = f"continue with: python -m primal_dt.train resume={run.out}"
+        if written:
+            mon.print(f"interrupted{why} at step {run.step}: checkpoint written at this step ({last}); {resume}")
+        elif last.exists():
+            mon.print(f"interrupted{why} at step {run.step}; {kept(run)}; {resume}")
         else:
             mon.print(f"interrupted{why} at step {run.step}, before the first checkpoint (checkpoint_every="
                       f"{cfg.checkpoint_every}, checkpoint_minutes={cfg.checkpoint_minutes:g}): nothing to resume")
@@ -369,8 +352,7 @@ def _due(step: int, every: int) -> bool:
 
 
 def open_run_dir(run: Run) -> None:
-    """Claim a new run's directory (rank 0, exclusively, locked) and remove killed writes' temporaries, before
-    any training step, so an unwritable ``out`` costs nothing."""
+    """Claim a new run's directory (rank 0, locked) before any step, so an unwritable ``out`` costs nothing."""
     cfg, d = run.cfg, run.dist
     if run.out is None:
         name = [str(run_dir(cfg.out, cfg.env, model_label(cfg), seed=cfg.seed)) if d.main else None]
@@ -438,8 +420,7 @@ def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
 
 # == 3. evaluation: in the simulator, and on held-out episodes ==========================================
 def evaluate(run: Run, mon: RunMonitor, evaluator: Evaluator, final: bool = False) -> dict:
-    """Roll the current model out (``eval.episodes`` per target, at the end ``eval.final_episodes``) and log
-    the scores, leaving the training RNG untouched."""
+    """Roll the current model out and log the scores, leaving the training RNG untouched."""
     e, t0 = run.cfg.eval, time.perf_counter()
     episodes = e.final_episodes if final else e.episodes
     bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False) \
@@ -540,7 +521,6 @@ class CheckpointClock:
         self.restart()
 
     def restart(self) -> None:
-        """Count from now (a checkpoint was written); the next interval doubles."""
         self.deadline = time.monotonic() + self.interval
         self.interval = min(2 * self.interval, self.cap)
 
@@ -620,36 +600,21 @@ def eval_history(mon: RunMonitor) -> dict:
 
 
 def postfix(loss: float | None, score: float | None, val: float | None, eta: str | None) -> dict:
-    """The progress bar's postfix: loss, normalized score, validation MSE, time left (those known)."""
     shown = {"loss": (loss, "{:.4f}"), "score": (score, "{:.1f}"), "val_mse": (val, "{:.4f}"), "eta": (eta, "{}")}
     return {k: form.format(v) for k, (v, form) in shown.items() if v is not None}
 
 
-class Throughput:
-    """Seconds and tokens of the optimisation steps since the last logged step."""
-
-    def __init__(self):
-        self.seconds, self.steps, self.tokens = 0.0, 0, 0
-
-    def add(self, seconds: float, tokens: int) -> None:
-        self.seconds, self.steps, self.tokens = self.seconds + seconds, self.steps + 1, self.tokens + tokens
-
-    def take(self) -> dict:
-        """Steps/s and tokens/s since the last call, and start counting again."""
-        t, steps, tokens = max(self.seconds, 1e-9), self.steps, self.tokens
-        self.__init__()
-        return {"throughput/steps_per_s": steps / t, "throughput/tokens_per_s": tokens / t}
-
-
-def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, rates: dict) -> None:
+def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, seconds: float, steps: int,
+             tokens: int) -> None:
     """Loss and its parts, learning rate, grad norm, throughput, KSVD J and Lambda per primal layer."""
+    t = max(seconds, 1e-9)
     vals = {"loss/total": loss, "loss/action_mse": float(parts["mse"]), "loss/ksvd": float(parts["ksvd"]),
-            "train/lr": run.sched.get_last_lr()[0], "train/grad_norm": gn, **rates}
+            "train/lr": run.sched.get_last_lr()[0], "train/grad_norm": gn, "throughput/steps_per_s": steps / t,
+            "throughput/tokens_per_s": tokens / t}
     vals.update({f"ksvd/J_{k.split('/')[1]}": float(v) for k, v in parts.items() if k.startswith("J/")})
     for i, attn in run.model.primal_layers().items():
         lam = attn.Lambda.detach()
-        vals.update({f"lambda/layer{i}_mean": float(lam.mean()), f"lambda/layer{i}_min": float(lam.min()),
-                     f"lambda/layer{i}_max": float(lam.max())})
+        vals.update({f"lambda/layer{i}_{stat}": float(getattr(lam, stat)()) for stat in ("mean", "min", "max")})
         mon.histogram(f"lambda/layer{i}", lam.cpu(), run.step)
     mon.scalars(vals, run.step)
 
@@ -664,8 +629,7 @@ def eval_scalars(results: dict, prefix: str = "eval") -> dict:
 
 
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
-    """The run's summary; rank 0 also logs the hyper-parameters with the final scores, draws the plots and
-    writes ``summary.json``."""
+    """The run's summary; rank 0 also logs the hyper-parameters, draws the plots, writes ``summary.json``."""
     cfg = run.cfg
     summary = {
         "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,

@@ -1,10 +1,8 @@
 """Validation without a simulator: the masked action MSE on whole episodes the model never trains on.
 
 A rollout is the score that matters, but slow, noisy and needs MuJoCo; the held-out action error is
-cheap, deterministic and tells over-fitting from under-fitting. The held-out episodes are read with the
-training episodes' statistics, as any new data. The segments are fixed once per run (every K-step
-segment starting in a held-out episode, or a seeded sample of ``MAX_SEGMENTS``), so the curve moves only
-when the model does.
+cheap, deterministic and tells over-fitting from under-fitting. The segments are fixed once per run, so
+the curve moves only when the model does.
 """
 
 from __future__ import annotations
@@ -26,8 +24,8 @@ _SAMPLE_STREAM = 0x7661  # keys the fixed sample's generator apart from the spli
 
 
 class Validation:
-    """The fixed held-out segments of a run and their masked action MSE under a model. ``exact_from``: for
-    stream-exact runs, the first segment step counted (the same loss mask as training), else None."""
+    """Every K-step segment starting in a held-out episode (or a seeded sample of ``MAX_SEGMENTS``), read
+    with the training statistics. ``exact_from``: for stream-exact runs, the first segment step counted."""
 
     def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
                  device: torch.device, exact_from: int | None = None):
@@ -47,8 +45,7 @@ class Validation:
         """action values the mean runs over"""
 
     def action_mse(self, model: torch.nn.Module) -> float:
-        """Mean squared action error over every counted step and action dimension (one mean, not a mean of
-        chunk means); in eval mode, no gradients, no random stream moved."""
+        """One mean over every counted action value (not a mean of chunk means); no random stream moved."""
         was_training = model.training
         model.eval()
         sse = torch.zeros((), dtype=torch.float64, device=self.batch.mask.device)
