@@ -559,7 +559,8 @@ def announcement(run: Run) -> str:
         f"({run.info.fingerprint[:19]}); {held_out(run)}",
         f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}, "
         f"training step {run.compile}" + (f" (compile={cfg.compile})" if cfg.compile == "auto" else "")
-        + (" in bf16 autocast" if cfg.amp == "bf16" else "") + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
+        + (" in bf16 autocast" if cfg.amp == "bf16" else "")
+        + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
         f"eval targets {list(run.info.targets)} by engine={cfg.eval.engine}; run directory {run.out}"
         + (f"; resuming at step {run.step}" if run.step else ""),
         *filter(None, [stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).note("this run")]),
