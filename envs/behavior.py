@@ -42,13 +42,12 @@ def atomic_write(path: Path, write) -> None:
 
 
 def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
-    """(step, path) of every policy checkpoint in ``workdir``, oldest first."""
+    """(step, path) of every policy checkpoint, oldest first."""
     return sorted((int(m.group(1)), p) for p in Path(workdir).glob("sac_step*.pt") if (m := CKPT_RE.search(p.name)))
 
 
 def save_checkpoint(model, path: Path) -> None:
-    """What resuming SAC and rolling its policy out need (networks, optimizers, entropy coefficient, step
-    counters), as plain tensors."""
+    """What resuming SAC and rolling its policy out need, as plain tensors."""
     import torch
 
     atomic_write(path, lambda tmp: torch.save({
@@ -57,8 +56,8 @@ def save_checkpoint(model, path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """A checkpoint of ``save_checkpoint`` (torch's pickle warnings silenced: only this refusal prints);
-    anything else is a ValueError naming the file."""
+    """A checkpoint of ``save_checkpoint``; anything else is a ValueError naming the file (torch's pickle
+    warnings silenced: only this refusal prints)."""
     import pickle
     import warnings
 
@@ -91,7 +90,7 @@ def load_replay(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def read_evals(workdir: str | Path) -> list[dict]:
-    """``evals.json``'s entries, each checked (a damaged file is one ValueError naming it); [] before any."""
+    """``evals.json``'s entries, each checked; [] before any."""
     p = Path(workdir) / "evals.json"
     if not p.exists():
         return []
@@ -105,7 +104,7 @@ def read_evals(workdir: str | Path) -> list[dict]:
 
 
 def read_meta(workdir: str | Path) -> dict | None:
-    """``meta.json`` (env id, seed, total steps), checked; None before a trainer wrote one."""
+    """``meta.json``, checked; None before a trainer wrote one."""
     p = Path(workdir) / "meta.json"
     if not p.exists():
         return None
@@ -133,8 +132,7 @@ def evaluate_policy(model, env_id: str, episodes: int, seed: int, deterministic:
         obs, _ = env.reset(seed=seed + ep)
         done, total = False, 0.0
         while not done:
-            act, _ = model.predict(obs, deterministic=deterministic)
-            obs, r, term, trunc, _ = env.step(act)
+            obs, r, term, trunc, _ = env.step(model.predict(obs, deterministic=deterministic)[0])
             total += float(r)
             done = term or trunc
         returns.append(total)

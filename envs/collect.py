@@ -29,8 +29,7 @@ from primal_dt.run.cli import fail
 from envs.registry import FAMILIES, get_spec
 
 Level = Literal["medium", "expert", "medium-replay", "medium-expert"]  # random: D4RL's file
-EPISODE = ("observations", "actions", "rewards", "terminations", "truncations")
-"""an episode's arrays (observations [T+1]: the final state included, the others [T])"""
+EPISODE = ("observations", "actions", "rewards", "terminations", "truncations")  # observations [T+1], others [T]
 
 
 @dataclass
@@ -83,7 +82,6 @@ class CollectConfig:
     """show progress bars"""
 
 
-# --- choosing policies ------------------------------------------------------------------------
 def _score(e: dict) -> float:
     return float(e.get("stoch_return_mean", e["return_mean"]))
 
@@ -91,9 +89,8 @@ def _score(e: dict) -> float:
 def select_checkpoints(evals: list[dict], ref_max: float, medium_fraction: float = 1 / 3,
                        medium_return: float | None = None, tolerance: float = 0.1,
                        medium_step: int | None = None, expert_step: int | None = None):
-    """(medium eval entry, expert eval entry) from ``evals.json`` entries (see the module's step 2). D4RL
-    stopped its medium policy early, at about a third of the expert score; the earliest such checkpoint
-    also keeps the medium-replay buffer as D4RL defined it."""
+    """(medium eval entry, expert eval entry) from ``evals.json`` entries (the module's step 2): the earliest
+    medium checkpoint also keeps the medium-replay buffer as D4RL defined it."""
     if not evals:
         raise ValueError("no evaluated checkpoints yet (evals.json is empty); train first")
     by_step = {e["step"]: e for e in evals}
@@ -134,7 +131,6 @@ def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, pat
     return path
 
 
-# --- rolling out a checkpoint -----------------------------------------------------------------
 class SACPolicy:
     """A SAC actor of ``behavior.save_checkpoint`` as a batched numpy policy whose noise the caller supplies:
     action = tanh(mean + std * eps) rescaled to the box (stable-baselines3's MLP actor: ReLU layers, then
@@ -165,8 +161,8 @@ class SACPolicy:
 
 
 def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, bar=None) -> list[dict]:
-    """Run one episode per seed side by side; episode i resets with seeds[i] and draws its noise
-    from np.random.default_rng(seeds[i]), so it does not depend on its neighbours."""
+    """One episode per seed, side by side; episode i resets with seeds[i] and draws its noise from its own
+    np.random.default_rng(seeds[i]), so it does not depend on its neighbours."""
     envs = [make_env() for _ in seeds]
     rngs = [np.random.default_rng(s) for s in seeds]
     eps = [{k: [] for k in EPISODE} for _ in seeds]
@@ -200,8 +196,7 @@ def _save_shard(path: Path, episodes: list[dict]) -> None:
 
 
 def _load_shard(path: Path) -> list[dict]:
-    """The episodes of a shard ``_save_shard`` wrote; one whose episode lengths do not add up to its arrays is
-    a ValueError naming it, not episodes cut short."""
+    """The episodes of a shard; one whose episode lengths do not add up to its arrays is a ValueError."""
     try:
         z = np.load(path, allow_pickle=False)
         lengths, seeds = z["lengths"], z["seeds"]
@@ -221,8 +216,8 @@ def _load_shard(path: Path) -> list[dict]:
 
 def collect_rollouts(ckpt: Path, gym_id: str, act_dim: int, steps: int, seed0: int,
                      cache: Path, num_envs: int, progress: bool = True, desc: str = "") -> list[dict]:
-    """At least ``steps`` steps of whole stochastic episodes, in shards of ``num_envs`` episodes under
-    ``cache``, so a rerun continues where an interrupted one stopped."""
+    """At least ``steps`` steps of whole episodes, in shards of ``num_envs`` episodes under ``cache``, so a rerun
+    continues where an interrupted one stopped."""
     from envs.vector import make_sim
 
     cache.mkdir(parents=True, exist_ok=True)
@@ -246,7 +241,6 @@ def collect_rollouts(ckpt: Path, gym_id: str, act_dim: int, steps: int, seed0: i
     return episodes
 
 
-# --- the replay buffer ------------------------------------------------------------------------
 def replay_episodes(replay_path: Path, upto: int, action_space=None) -> list[dict]:
     """Episodes of the (append-only) replay buffer's first ``upto`` transitions: the buffer as it was at that
     checkpoint, its unfinished last episode dropped, actions mapped back from SAC's [-1, 1] to the box."""
@@ -271,20 +265,16 @@ def replay_episodes(replay_path: Path, upto: int, action_space=None) -> list[dic
 
 
 def episodes_to_d4rl(episodes: list[dict], next_observations: bool = True) -> dict[str, np.ndarray]:
-    """Flat D4RL arrays: terminals at true terminations, timeouts at time-limit cuts."""
-    out = {
-        "observations": np.concatenate([ep["observations"][:-1] for ep in episodes]),
-        "actions": np.concatenate([ep["actions"] for ep in episodes]),
-        "rewards": np.concatenate([ep["rewards"] for ep in episodes]),
-        "terminals": np.concatenate([ep["terminations"] for ep in episodes]),
-        "timeouts": np.concatenate([ep["truncations"] & ~ep["terminations"] for ep in episodes]),
-    }
+    out = {"observations": np.concatenate([ep["observations"][:-1] for ep in episodes]),
+           "actions": np.concatenate([ep["actions"] for ep in episodes]),
+           "rewards": np.concatenate([ep["rewards"] for ep in episodes]),
+           "terminals": np.concatenate([ep["terminations"] for ep in episodes]),
+           "timeouts": np.concatenate([ep["truncations"] & ~ep["terminations"] for ep in episodes])}
     if next_observations:
         out["next_observations"] = np.concatenate([ep["observations"][1:] for ep in episodes])
     return out
 
 
-# --- the command ------------------------------------------------------------------------------
 def _versions() -> dict:
     import importlib.metadata as md
 
@@ -320,7 +310,7 @@ def check(cfg: CollectConfig) -> None:
 
 
 def run(cfg: CollectConfig) -> dict:
-    """Do the whole collection; returns the provenance dict written with the data."""
+    """The whole collection; returns the provenance written with the data."""
     from envs import d4rl as d4rl_io
     from envs.replica import replica_dirs, replica_file
     from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, write_minari
@@ -388,26 +378,22 @@ def run(cfg: CollectConfig) -> dict:
     episodes = [ep for _, eps in parts.values() for ep in eps]
     returns = np.array([float(np.sum(ep["rewards"], dtype=np.float64)) for ep in episodes])
     train_meta = behavior.read_meta(workdir) or {}
-    policies = {
-        k: {"step": e["step"], "return_stochastic": round(_score(e), 2),
-            "return_deterministic": round(float(e["return_mean"]), 2),
-            "episode_seeds": ([eps[0]["seed"], eps[-1]["seed"]] if eps and eps[0]["seed"] is not None
-                              else "SAC training (replay buffer)")}
-        for k, (e, eps) in parts.items()
-    }
-    main_part = policies["medium"] if "medium" in policies else next(iter(policies.values()))
+    policies = {k: {"step": e["step"], "return_stochastic": round(_score(e), 2),
+                    "return_deterministic": round(float(e["return_mean"]), 2),
+                    "episode_seeds": ([eps[0]["seed"], eps[-1]["seed"]] if eps and eps[0]["seed"] is not None
+                                      else "SAC training (replay buffer)")}
+                for k, (e, eps) in parts.items()}
+    main_part = next(iter(policies.values()))  # the medium policy where there is one (it comes first)
     provenance = {
         "collector": "envs.collect", "name": spec.name, "level": cfg.level, "gym_id": gym_id,
         "not_published_data": True, "policies": policies,
         "policy_step": main_part["step"], "policy_return": main_part["return_stochastic"],
         "steps": int(sum(len(ep["rewards"]) for ep in episodes)), "episodes": len(episodes),
-        "dataset_return_mean": round(float(returns.mean()), 2),
-        "dataset_return_std": round(float(returns.std()), 2),
+        "dataset_return_mean": round(float(returns.mean()), 2), "dataset_return_std": round(float(returns.std()), 2),
         "train_seed": train_meta.get("seed", cfg.seed), "train_steps_available": max(ckpts),
         "medium_target_return": target, "ref_min_score": spec.ref_min, "ref_max_score": spec.ref_max,
         "workdir": str(workdir), "config": asdict(cfg), "versions": _versions(),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     # 3. files
     if cfg.write_d4rl:

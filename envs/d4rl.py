@@ -23,7 +23,7 @@ REQUIRED_KEYS = ("observations", "actions", "rewards", "terminals")
 PROVENANCE_ATTR = "primal_dt_provenance"  # JSON written by envs.collect
 ENV_KEYS = ("env_id", "env_name", "gym_id", "env", "environment")
 """names under which D4RL-format files record their environment (file or ``metadata`` attributes,
-``metadata/<key>`` datasets); envs.collect's provenance records ``gym_id``"""
+``metadata/<key>`` datasets)"""
 STEP_ARRAYS = ("rewards", "terminals", "timeouts")  # one value per step: [N] (or [N, 1])
 FLAGS = ("terminals", "timeouts")
 MAX_VALUES = 2**33
@@ -33,7 +33,6 @@ MAX_RATIO = 1000
 
 
 def d4rl_dir() -> Path:
-    """Where D4RL keeps its downloads: $D4RL_DATASET_DIR or ~/.d4rl/datasets."""
     return Path(os.environ.get("D4RL_DATASET_DIR") or Path.home() / ".d4rl" / "datasets").expanduser()
 
 
@@ -75,7 +74,7 @@ def _read_array(f, key: str, where: str) -> np.ndarray:
 
 
 def parse_provenance(text, where: str) -> dict:
-    """``envs.collect``'s provenance (JSON text, bounded by ``json_reader``); a damaged one is one error."""
+    """``envs.collect``'s provenance (JSON text); a damaged one is one error."""
     try:
         value = json_reader.parse(text, where)
         problem = None if isinstance(value, dict) else f"{where} must be a JSON object"
@@ -94,7 +93,7 @@ def _text(value) -> str | None:
 
 
 def recorded_env(f, provenance: dict) -> tuple[str, str] | None:
-    """(environment id, where in the file) that a D4RL-format file records, if any (``ENV_KEYS``)."""
+    """(environment id, where in the file) that a D4RL-format file records, if any."""
     if _text(provenance.get("gym_id")):
         return provenance["gym_id"], f"attribute {PROVENANCE_ATTR}.gym_id"
     meta = f.get("metadata")
@@ -129,8 +128,8 @@ def read_source(req: Request) -> Trajectories:
 
 
 def read_named(spec: EnvSpec, path_of, verbose: bool = True) -> Trajectories | None:
-    """The file ``path_of(level)`` of ``spec``'s level (medium-expert: else its medium and expert files
-    joined); None when they are not there."""
+    """The file ``path_of(level)`` of ``spec``'s level (medium-expert: else its medium and expert files joined);
+    None when they are not there."""
     paths = [path_of(spec.level)]
     if not paths[0].exists():
         paths = [path_of(lv) for lv in ("medium", "expert")] if spec.level == "medium-expert" else []
@@ -145,9 +144,8 @@ def read_named(spec: EnvSpec, path_of, verbose: bool = True) -> Trajectories | N
 
 def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = None,
               max_episode_steps: int = 1000, verbose: bool = True) -> Trajectories:
-    """Episodes of a D4RL-format file, split on terminals or timeouts, float32. ``name``/``gym_id`` switch on
-    the check that dimensions match that simulator; a file without ``timeouts`` (D4RL v0) is cut at its
-    step limit (``_cut_at_limit``)."""
+    """Episodes of a D4RL-format file, split on terminals or timeouts. ``name``/``gym_id`` switch on the check
+    that dimensions match that simulator; a file without ``timeouts`` (D4RL v0) is cut at its step limit."""
     import h5py
 
     path = Path(path).expanduser()
@@ -171,12 +169,9 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         if missing:
             raise DatasetError(f"{where}: missing key(s) {missing}; a D4RL Gym-MuJoCo file has "
                                f"{list(REQUIRED_KEYS) + ['timeouts']} (found {sorted(f.keys())})")
-        has_timeouts = "timeouts" in f
-        keys = REQUIRED_KEYS + (("timeouts",) if has_timeouts else ())
+        keys = REQUIRED_KEYS + (("timeouts",) if "timeouts" in f else ())
         check_declared_sizes([f[k] for k in keys if hasattr(f[k], "shape")], path)
-        data = {k: _read_array(f, k, where) for k in REQUIRED_KEYS}
-        if has_timeouts:
-            data["timeouts"] = _read_array(f, "timeouts", where)
+        data = {k: _read_array(f, k, where) for k in keys}
         provenance = parse_provenance(f.attrs.get(PROVENANCE_ATTR, "{}"), f"{where} attribute {PROVENANCE_ATTR}")
         recorded = recorded_env(f, provenance)
     n = len(data["rewards"])
@@ -186,7 +181,7 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
                            "Delete it and download or regenerate it.")
     if n == 0:
         raise DatasetError(f"{where}: the dataset is empty (0 steps)")
-    if not has_timeouts:
+    if "timeouts" not in data:
         data["timeouts"] = _cut_at_limit(data["terminals"], where, gym_id, max_episode_steps, verbose)
     if recorded is not None and gym_id:
         env_id, found = recorded
@@ -223,19 +218,8 @@ def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: 
     return timeouts
 
 
-def trajectories_to_arrays(traj: Trajectories) -> dict[str, np.ndarray]:
-    """D4RL's arrays of a Trajectories (no next_observations: it holds no final states)."""
-    ends = traj.starts + traj.lengths - 1
-    terminals = np.zeros(traj.num_steps, dtype=bool)
-    timeouts = np.zeros(traj.num_steps, dtype=bool)
-    terminals[ends] = traj.terminal
-    timeouts[ends] = ~traj.terminal
-    return {"observations": traj.observations, "actions": traj.actions, "rewards": traj.rewards,
-            "terminals": terminals, "timeouts": timeouts}
-
-
 def write_d4rl(path: str | Path, arrays: dict[str, np.ndarray], provenance: dict | None = None) -> Path:
-    """Write D4RL-layout arrays atomically, gzip-compressed; floats as float32, flags as bool."""
+    """Write D4RL-layout arrays atomically, gzip-compressed."""
     import h5py
 
     missing = [k for k in REQUIRED_KEYS + ("timeouts",) if k not in arrays]

@@ -30,7 +30,7 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
     notes: list[str] = []
     for prefix in ([chosen.prefix] if chosen else sources.order(spec)):
         try:
-            ds = sources.read(sources.get(prefix), sources.Request(spec, "", download, verbose))
+            ds = sources.read(sources.parse(prefix)[0], sources.Request(spec, "", download, verbose))
         except DatasetNotFound as exc:  # kept in ds.metadata["searched"]; the replica's warning says what to do
             notes.append(f"{prefix}: {exc}")
             continue

@@ -34,17 +34,13 @@ def minari_root() -> Path:
     return Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").expanduser()
 
 
-def local_path(dataset_id: str) -> Path:
-    return minari_root() / dataset_id
-
-
 def has_local(dataset_id: str) -> bool:
-    return (local_path(dataset_id) / "data").is_dir()
+    return (minari_root() / dataset_id / "data").is_dir()
 
 
 def local_metadata(dataset_id: str) -> tuple[dict, Path]:
     """(a local dataset's metadata.json, its path); ({}, path) when it is not local or not readable."""
-    path = local_path(dataset_id) / "data" / "metadata.json"
+    path = minari_root() / dataset_id / "data" / "metadata.json"
     try:
         meta = json_reader.read(path)
     except (OSError, ValueError):
@@ -92,8 +88,7 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
     Episode ends cannot vanish: the episode groups must be as many as the metadata counts, only the last
     episode may lack an end flag (a collection stopped mid-episode), and none may be longer than the
     simulator's step limit (the one the dataset records, else ``max_episode_steps``)."""
-    path = local_path(dataset_id)
-    where = f"Minari dataset {dataset_id} at {path}"
+    where = f"Minari dataset {dataset_id} at {minari_root() / dataset_id}"
     if not has_local(dataset_id):
         raise DatasetNotFound(f"no local Minari dataset {dataset_id} under {minari_root()}")
     _check_layout(dataset_id, where)
@@ -128,12 +123,12 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
             if len(term) == 0 or not (term[-1] or trunc[-1]):
                 unfinished.append(ep.id)
                 continue
-            obs = np.asarray(ep.observations)
-            episodes.append({"observations": obs[: len(term)], "actions": np.asarray(ep.actions),
-                             "rewards": np.asarray(ep.rewards), "terminal": bool(term[-1])})
+            episodes.append({"observations": np.asarray(ep.observations)[: len(term)],
+                             "actions": np.asarray(ep.actions), "rewards": np.asarray(ep.rewards),
+                             "terminal": bool(term[-1])})
+    except DatasetError:
+        raise
     except (OSError, KeyError, ValueError) as exc:
-        if isinstance(exc, DatasetError):
-            raise
         raise DatasetError(f"{where}: episodes cannot be read ({exc}); the files are corrupt") from exc
     lost = [i for i in unfinished if i != last]
     if lost:
@@ -156,7 +151,7 @@ def _check_layout(dataset_id: str, where: str) -> None:
     import h5py
 
     meta = local_metadata(dataset_id)[0]
-    files = sorted((local_path(dataset_id) / "data").glob("*.hdf5"))
+    files = sorted((minari_root() / dataset_id / "data").glob("*.hdf5"))
     for f_path in files:
         try:
             with h5py.File(f_path, "r") as f:
@@ -174,7 +169,6 @@ def _check_layout(dataset_id: str, where: str) -> None:
                                "re-download it")
 
 
-# --- download ---------------------------------------------------------------------------------
 def _reachable(host: str, port: int, timeout: float) -> str | None:
     """None when a TCP connection to host:port opens within ``timeout`` s, else the reason (in a thread we stop
     waiting for: DNS lookups ignore socket timeouts)."""
@@ -221,7 +215,6 @@ def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
                               f"{type(exc).__name__}: {exc}") from exc
 
 
-# --- writing ----------------------------------------------------------------------------------
 def write_minari(dataset_id: str, episodes: list[dict], env_id: str, *, metadata: dict | None = None,
                  ref_min_score: float | None = None, ref_max_score: float | None = None,
                  description: str = "", overwrite: bool = False) -> Path:

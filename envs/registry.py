@@ -81,20 +81,13 @@ class EnvSpec:
         return self.minari_obs_dim if gym_id == self.minari_gym_id else self.obs_dim
 
 
-def _build() -> dict[str, EnvSpec]:
-    out = {}
-    for fam, f in FAMILIES.items():
-        for level in LEVELS:
-            parts = _MINARI_LEVELS.get(level, ())
-            out[f"{fam}-{level}"] = EnvSpec(
-                name=f"{fam}-{level}", family=fam, level=level, gym_id=f"{f.sim}-v4", obs_dim=f.obs_dim,
-                act_dim=f.act_dim, ref_min=f.ref_min, ref_max=f.ref_max, targets=f.targets,
-                minari_gym_id=f"{f.sim}-v5", minari_obs_dim=f.minari_obs_dim,
-                minari_ids=tuple(f"mujoco/{fam}/{p}-v0" for p in parts))
-    return out
-
-
-REGISTRY: dict[str, EnvSpec] = _build()
+REGISTRY: dict[str, EnvSpec] = {
+    f"{fam}-{level}": EnvSpec(
+        name=f"{fam}-{level}", family=fam, level=level, gym_id=f"{f.sim}-v4", obs_dim=f.obs_dim, act_dim=f.act_dim,
+        ref_min=f.ref_min, ref_max=f.ref_max, targets=f.targets, minari_gym_id=f"{f.sim}-v5",
+        minari_obs_dim=f.minari_obs_dim,
+        minari_ids=tuple(f"mujoco/{fam}/{p}-v0" for p in _MINARI_LEVELS.get(level, ())))
+    for fam, f in FAMILIES.items() for level in LEVELS}
 
 
 def _minari_spec(dataset_id: str) -> EnvSpec:
@@ -129,10 +122,7 @@ def _minari_spec(dataset_id: str) -> EnvSpec:
 
 def sim_kwargs_for(gym_id: str) -> dict:
     """gym.make kwargs that give a simulator our datasets' observation layout (Ant-v4: D4RL's contact forces)."""
-    for f in FAMILIES.values():
-        if gym_id == f"{f.sim}-v4":
-            return dict(f.v4_kwargs)
-    return {}
+    return next((dict(f.v4_kwargs) for f in FAMILIES.values() if gym_id == f"{f.sim}-v4"), {})
 
 
 def family_of(env_id: str) -> str | None:
@@ -154,9 +144,7 @@ def get_spec(name: str) -> EnvSpec:
     """Spec of a dataset name or Minari MuJoCo dataset id; unknown names raise KeyError listing the valid ones."""
     if MINARI_ID.fullmatch(str(name).strip()):
         return _minari_spec(str(name).strip())
-    key = str(name).strip().lower().replace("_", "-")
-    if key.endswith("-v2"):  # accept D4RL-style "hopper-medium-v2"
-        key = key[:-3]
+    key = str(name).strip().lower().replace("_", "-").removesuffix("-v2")  # D4RL-style "hopper-medium-v2" too
     if key in REGISTRY:
         return REGISTRY[key]
     close = difflib.get_close_matches(key, REGISTRY, n=3, cutoff=0.6)

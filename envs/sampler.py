@@ -62,8 +62,7 @@ class SegmentSampler:
         self.K, self.batch_size, self.reward_scale = int(K), int(batch_size), float(reward_scale)
         self.max_timestep, self.device = int(max_timestep), torch.device(device)
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        n = ds.num_steps
-        self.num_steps = n
+        self.num_steps = ds.num_steps
         # One trailing zero row lets padded positions gather index n instead of being masked
         # after the gather: every padded token reads zeros.
         mean, std = (ds.state_mean, ds.state_std) if stats is None else (np.asarray(s, np.float32) for s in stats)
@@ -72,8 +71,7 @@ class SegmentSampler:
         self._actions = np.concatenate([ds.actions, np.zeros((1, ds.actions.shape[1]), np.float32)])
         self._rewards = np.append(ds.rewards, np.float32(0))
         self._rtg = np.append(ds.rtg / np.float32(self.reward_scale), np.float32(0))
-        ts = np.minimum(ds.timesteps, self.max_timestep - 1)
-        self._timesteps = np.append(ts, 0)
+        self._timesteps = np.append(np.minimum(ds.timesteps, self.max_timestep - 1), 0)
         self._end = ds.step_end
         self._offsets = np.arange(self.K, dtype=np.int64)
 
@@ -99,14 +97,12 @@ class SegmentSampler:
         """Gather the segments of ``indices``."""
         b, k = idx.shape
         flat = idx.reshape(-1)  # np.take on flat indices is faster than 2-D fancy indexing
-        out = Batch(
-            states=torch.from_numpy(np.take(self._states, flat, axis=0).reshape(b, k, -1)),
-            actions=torch.from_numpy(np.take(self._actions, flat, axis=0).reshape(b, k, -1)),
-            rewards=torch.from_numpy(np.take(self._rewards, flat).reshape(b, k, 1)),
-            rtg=torch.from_numpy(np.take(self._rtg, flat).reshape(b, k, 1)),
-            timesteps=torch.from_numpy(np.take(self._timesteps, flat).reshape(b, k)),
-            mask=torch.from_numpy(mask),
-        )
+        out = Batch(states=torch.from_numpy(np.take(self._states, flat, axis=0).reshape(b, k, -1)),
+                    actions=torch.from_numpy(np.take(self._actions, flat, axis=0).reshape(b, k, -1)),
+                    rewards=torch.from_numpy(np.take(self._rewards, flat).reshape(b, k, 1)),
+                    rtg=torch.from_numpy(np.take(self._rtg, flat).reshape(b, k, 1)),
+                    timesteps=torch.from_numpy(np.take(self._timesteps, flat).reshape(b, k)),
+                    mask=torch.from_numpy(mask))
         return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
 
     def state_dict(self) -> dict:

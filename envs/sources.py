@@ -56,10 +56,6 @@ def register(prefix: str, where: str, help: str, label: str | None = None):
     return deco
 
 
-def unregister(prefix: str) -> None:
-    _REGISTRY.pop(prefix, None)
-
-
 def available() -> list[str]:
     """The registered prefixes, the auto order first."""
     for m in _MODULES:
@@ -89,10 +85,6 @@ def parse(source: str) -> tuple[Source | None, str]:
 
 
 check = parse
-
-
-def get(prefix: str) -> Source:
-    return parse(prefix)[0]
 
 
 def label(source: str) -> str:

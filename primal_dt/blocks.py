@@ -5,9 +5,7 @@ A stack is a list of ``LayerSpec``s, so "PrimalFormer" (every layer primal) and 
 in parallel (``forward``, the training form) or recurrently (``recurrent`` -> ``StackRecurrent``):
 each pre-norm block around its mechanism's recurrent form (attention/base.py), threading the layers'
 states as one tuple. Blocks are otherwise token-wise, so the two agree whenever every mechanism's
-recurrent form agrees with its ``forward``. With ``last_only`` the top block carries only the chunk's
-last token through its residual and MLP (the other tokens only advance the top layer's attention
-state). The recurrent form applies no dropout: it is the eval-mode computation.
+recurrent form agrees with its ``forward``.
 """
 
 from __future__ import annotations
@@ -65,9 +63,8 @@ class Block(nn.Module):
         return self._residual(x, lambda h: self.attn(h, mask))
 
     def recurrent_step(self, x, form, state, mask, last_only: bool, mlp):
-        """``forward``'s pre-norm residual around the attention's recurrent ``form``: x [B, C, D] -> (y, state),
-        y [B, C, D], or [B, 1, D] for the last token when ``last_only`` (then only that token goes through the
-        residual and the MLP). No dropout (eval-mode computation). ``mlp``: the MLP's weights, ``detached``."""
+        """``forward``'s pre-norm residual around the attention's recurrent ``form``, without dropout (the eval-mode
+        computation); with ``last_only`` only the chunk's last token goes through the residual and the MLP."""
         a, state = form(self.ln1(x), state, mask, last_only)
         x = (x[:, -1:] if last_only else x) + a
         w1, b1, w2, b2 = mlp
@@ -81,12 +78,10 @@ class Stack(nn.Module):
         super().__init__()
         if not layers:
             raise ValueError("a stack needs at least one layer")
-        specs = [LayerSpec(s) if isinstance(s, str) else s for s in layers]
-        self.specs = specs
+        self.specs = [LayerSpec(s) if isinstance(s, str) else s for s in layers]
         self.causal = causal
-        self.blocks = nn.ModuleList(
-            Block(d_model, n_heads, s, causal, mlp_ratio, dropout, norm, activation, d_ff) for s in specs
-        )
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, s, causal, mlp_ratio, dropout, norm, activation, d_ff)
+                                    for s in self.specs)
         self.ln_f = nn.LayerNorm(d_model) if final_norm else nn.Identity()
 
     def forward(self, x, mask=None):
@@ -98,9 +93,8 @@ class Stack(nn.Module):
         return self.ln_f(x), auxes
 
     def recurrent(self, *, window: int | None = None, chunk: int = 1, inplace: bool = False) -> StackRecurrent:
-        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments; ``inplace``:
-        ``Recurrent.inplace``). A ValueError names every layer (index and kind) that has none, before any
-        state is built."""
+        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments); a ValueError
+        names every layer that has none, before any state is built."""
         bad, forms = [], []
         for i, (spec, b) in enumerate(zip(self.specs, self.blocks)):
             try:
@@ -119,10 +113,9 @@ class Stack(nn.Module):
 
 
 class StackRecurrent(Recurrent):
-    """A stack's recurrent form: ``forward(x [B, C, D], state, mask, last_only) -> (y, state)`` with the
-    final norm applied, y [B, C, D] or [B, 1, D] when ``last_only`` (lower blocks still pass every token
-    on: the chunk's tokens feed the upper layers' states). ``state``: every layer's state tensors in
-    order, laid out by ``specs`` (``layer<i>.<name>``)."""
+    """A stack's recurrent form, the final norm applied: with ``last_only`` y is [B, 1, D] (lower blocks still
+    pass every token on, to feed the upper layers' states). ``state``: every layer's state tensors in order,
+    laid out by ``specs`` (``layer<i>.<name>``)."""
 
     def __init__(self, stack: Stack, forms):
         super().__init__(dataclasses.replace(s, name=f"layer{i}.{s.name}",

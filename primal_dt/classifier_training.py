@@ -31,12 +31,9 @@ class Diverged(RuntimeError):
     """The loss or gradient became NaN/inf: the run stops rather than report a model with NaN weights."""
 
 
-# -- model and optimisation ------------------------------------------------------------------------
 def build_model(cfg: ClassifyConfig, data: TaskData) -> SequenceClassifier:
     a = cfg.arch
-    head = a.head
-    if head == "auto":
-        head = "pair" if data.pair else ("flatten" if cfg.data.kind == "uea" else "mean")
+    head = a.head if a.head != "auto" else "pair" if data.pair else "flatten" if cfg.data.kind == "uea" else "mean"
     if (head == "pair") != data.pair:
         raise ValueError(f"arch.head={head!r} does not fit {data.name} ({'pairs' if data.pair else 'single sequences'})")
     return SequenceClassifier(
@@ -60,10 +57,8 @@ def build_optimizer(cfg: ClassifyConfig, model, total_steps: int):
 
 def batches(split: Split, size: int, generator: torch.Generator | None = None):
     """(x, mask, y) mini-batches; shuffled when a generator is given."""
-    n = len(split)
-    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
-    for i in range(0, n, size):
-        idx = order[i: i + size]
+    order = torch.randperm(len(split), generator=generator) if generator is not None else torch.arange(len(split))
+    for idx in order.split(size):
         yield split.x[idx], split.mask[idx], split.y[idx]
 
 
@@ -132,8 +127,8 @@ class Trainer:
         cuda = {"cuda_rng": torch.cuda.get_rng_state(self.device)} if self.device.type == "cuda" else {}
         return cuda | {"kind": KIND, "config": dataclasses.asdict(self.cfg), "model": self.model.state_dict(),
                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(), "step": self.step_no,
-                "train_time": self.train_time,
-                "best": dict(self.best), "rng": self.gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "train_time": self.train_time, "best": dict(self.best), "rng": self.gen.get_state(),
+                "torch_rng": torch.get_rng_state(),
                 "task": {"name": self.data.name, "n_classes": self.data.n_classes, "max_len": self.data.max_len,
                          "class_names": [str(c) for c in self.data.class_names]}}  # plain str, not numpy's
 
@@ -167,7 +162,6 @@ def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
     return res
 
 
-# -- the run ---------------------------------------------------------------------------------------
 def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = False) -> dict:
     """Train ``tr`` to its total steps with evaluation rounds, then report the selected checkpoint."""
     cfg, t = tr.cfg, tr.cfg.train

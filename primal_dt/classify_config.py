@@ -121,15 +121,10 @@ class ClassifyConfig(RunOptions):
         self.attention_options = as_words(self.attention_options)
 
 
-# -- building a config ----------------------------------------------------------------------------
-def preset_names() -> list[str]:
-    return [f"{g}/{n}" for g in GROUPS for n in presets.list_presets(g)]
-
-
 def load_task_preset(task: str) -> dict:
     group, _, name = task.partition("/")
-    if group not in GROUPS or not name or f"{group}/{name}" not in preset_names():
-        names = preset_names()
+    names = [f"{g}/{n}" for g in GROUPS for n in presets.list_presets(g)]
+    if group not in GROUPS or not name or task not in names:
         close = difflib.get_close_matches(task, names, n=3, cutoff=0.5)
         hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
         raise ValueError(f"unknown task {task!r}.{hint} Available: {', '.join(names)}")

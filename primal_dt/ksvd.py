@@ -30,10 +30,8 @@ def ksvd_objective(aux: dict) -> torch.Tensor:
     e, r, lam = aux["e"], aux["r"], aux["Lambda"]
     B, H, T, _ = e.shape
     l2 = (lam**2)[None, :, None, :]
-    if aux.get("mask") is None:
-        m = torch.ones(B, 1, T, dtype=e.dtype, device=e.device)
-    else:
-        m = aux["mask"][:, None, :].to(e.dtype)
+    mask = aux.get("mask")
+    m = torch.ones(B, 1, T, dtype=e.dtype, device=e.device) if mask is None else mask[:, None].to(e.dtype)
     n = m.sum(-1).squeeze(1).clamp(min=1)  # real tokens per sequence
     E = ((l2 * e**2).sum(-1) * m).sum((1, 2)) / (2 * H * n)
     R = ((l2 * r**2).sum(-1) * m).sum((1, 2)) / (2 * H * n)
@@ -55,6 +53,4 @@ def ksvd_layers(auxes) -> list[torch.Tensor]:
 def ksvd_regularizer(auxes, eta: float) -> torch.Tensor | float:
     """eta * mean_batch(mean_layers J_l^2); 0.0 when the stack has no primal layer."""
     Js = ksvd_layers(auxes)
-    if not Js or eta == 0:
-        return 0.0
-    return eta * torch.stack([J**2 for J in Js]).mean(0).mean()
+    return eta * torch.stack([J**2 for J in Js]).mean(0).mean() if Js and eta != 0 else 0.0

@@ -16,8 +16,7 @@ from .blocks import LayerSpec
 
 ALIASES = {"transformer": "softmax", "trans": "softmax", "dt": "softmax", "bc": "softmax", "primalformer": "primal",
            "primalformer-dt": "primal"}
-"""Layout names that mean "every layer this mechanism": the papers' model names. The one table
-every command (``primal_dt.train``'s ``model=``, ``primal_dt.classify``'s ``model=``) reads."""
+"""the papers' model names for "every layer this mechanism": the one table every command's ``model=`` reads"""
 
 
 def canonical(name: str) -> str:

@@ -33,10 +33,8 @@ class Attention(nn.Module):
     supports_window: bool = False  #: accepts a ``window`` option
     supports_causal: bool = True
     supports_bidirectional: bool = True
-    #: What eval.spectrum's probe reads the attention matrix through (None: not probed): a mechanism that
-    #: mixes values names the nn.Linear whose last d_model outputs are its values (its input to ``proj``
-    #: linear in them); one in primal form names instead, in ``score_directions``, the parameter
-    #: [2, H, rows, s] its scores ``aux["e"]``, ``aux["r"]`` are linear in.
+    #: What eval.spectrum's probe reads attention through (None: not probed): the nn.Linear whose last d_model
+    #: outputs are the values, or (primal form) the parameter [2, H, rows, s] its scores are linear in.
     value_projection: str | None = None
     score_directions: str | None = None
 
@@ -53,7 +51,6 @@ class Attention(nn.Module):
         if not self.causal and not self.supports_bidirectional:
             raise ValueError(f"{type(self).__name__} is causal only; build it with causal=True")
 
-    # -- argument checks -------------------------------------------------------------------
     def check_input(self, x: torch.Tensor, mask: torch.Tensor | None) -> None:
         name = type(self).__name__
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.d_model:
@@ -68,11 +65,9 @@ class Attention(nn.Module):
             if mask.dtype != torch.bool:
                 raise ValueError(f"{name}: mask must be a bool tensor (True = real token), got dtype {mask.dtype}")
 
-    # -- reshaping ---------------------------------------------------------------------------
     def split_heads(self, x: torch.Tensor) -> torch.Tensor:
         """[B, T, H*d] -> [B, H, T, d]"""
-        B, T, _ = x.shape
-        return x.view(B, T, self.n_heads, -1).transpose(1, 2)
+        return x.view(*x.shape[:2], self.n_heads, -1).transpose(1, 2)
 
     @staticmethod
     def merge_heads(x: torch.Tensor) -> torch.Tensor:
@@ -80,23 +75,18 @@ class Attention(nn.Module):
         B, H, T, d = x.shape
         return x.transpose(1, 2).reshape(B, T, H * d)
 
-    # -- the recurrent form ---------------------------------------------------------------------
     def recurrent(self, *, window: int | None = None, chunk: int = 1) -> Recurrent:
-        """This mechanism's recurrent form (module docstring); a mechanism with ``supports_step`` overrides it,
-        after ``check_recurrent``. ``window``: a bound the caller imposes on attention that is otherwise
-        unbounded and would need a cache of the whole sequence (the DT step passes its window); only
-        mechanisms that need one use it (softmax), a mechanism's own ``window`` wins, and
-        ``adopt_stream_window`` makes ``forward`` compute the same. ``chunk``: the chunk length the form
-        usually gets, to size ring buffers (longer chunks are still correct)."""
+        """This mechanism's recurrent form (module docstring), overridden after ``check_recurrent``. ``window``: a
+        bound the caller imposes where the state would otherwise cache the whole sequence (softmax; a layer's own
+        ``window`` wins, ``adopt_stream_window`` makes ``forward`` agree); ``chunk``: the usual chunk length, to
+        size rings (longer chunks stay correct)."""
         self.check_recurrent()
         raise NotImplementedError(f"{type(self).__name__} declares supports_step but defines no recurrent form")
 
     def check_recurrent(self) -> None:
-        """A ValueError when this mechanism has no recurrent form as built."""
-        name = type(self).__name__
         if not (self.causal and self.supports_step):
-            raise ValueError(f"{name} has no recurrent form when causal={self.causal}; build it with causal=True "
-                             "(recurrent stepping needs a causal mechanism)")
+            raise ValueError(f"{type(self).__name__} has no recurrent form when causal={self.causal}; build it with "
+                             "causal=True (recurrent stepping needs a causal mechanism)")
 
     def adopt_stream_window(self, window: int | None) -> None:
         """Make ``forward`` compute what ``recurrent(window=window)`` streams (in place). Default: nothing."""
@@ -105,8 +95,7 @@ class Attention(nn.Module):
 @dataclass(frozen=True)
 class StateSpec:
     """One tensor of a recurrent state: ``name``, ``shape`` per row (batch left out; a 0 marks an axis that
-    grows with the sequence) and ``dtype``. Every entry starts at zero, and a restarted row goes back to
-    zero; an entry ``masked_by`` a flag only needs its flag to go back to zero."""
+    grows with the sequence) and ``dtype``."""
 
     name: str
     shape: tuple[int, ...]
@@ -137,7 +126,6 @@ class Recurrent(nn.Module):
         return any(0 in s.shape for s in self.specs)
 
     def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
-        """A fresh state for ``batch`` rows: zeros, as every state starts."""
         return tuple(s.zeros(batch, device) for s in self.specs)
 
 
@@ -149,8 +137,8 @@ def detached(*weights: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
 
 
 def restart_rows(specs, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``state`` (laid out as ``specs``) with the rows flagged in ``rows`` [B] bool back at zero, as tensor
-    arithmetic an exported graph runs too; an entry ``masked_by`` a flag passes unchanged."""
+    """``state`` with the rows flagged in ``rows`` [B] bool back at zero, as tensor arithmetic an exported graph
+    runs too; an entry ``masked_by`` a flag passes unchanged."""
     def zeroed(s):  # onnxruntime has no Where for bool tensors: flags are cleared with And
         r = rows.view(-1, *[1] * (s.dim() - 1))
         return s & ~r if s.dtype == torch.bool else torch.where(r, 0, s)
@@ -159,13 +147,11 @@ def restart_rows(specs, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def select_rows(state, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The state of the rows where ``keep`` ([B] bool) is True, in order (a smaller batch)."""
     return tuple(s[keep] for s in state)
 
 
 def stream_in_pieces(form, x: torch.Tensor, state, mask: torch.Tensor | None, last_only: bool, size: int):
-    """Run ``form`` over chunk x [B, C, D] in pieces of at most ``size`` tokens: how a form whose ring
-    holds ``size`` new tokens takes a longer chunk."""
+    """Run ``form`` over chunk x [B, C, D] in pieces of at most ``size`` tokens (what its ring holds)."""
     outs = []
     for i in range(0, x.shape[1], size):
         y, state = form(x[:, i:i + size], state, None if mask is None else mask[:, i:i + size], last_only)
@@ -180,7 +166,6 @@ def static(n) -> int:
 
 
 def zero_padding(y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Zero outputs at padding positions ([B, T, D] with mask [B, T])."""
     return y if mask is None else y * mask.unsqueeze(-1).to(y.dtype)
 
 
@@ -195,6 +180,4 @@ def check_int(name: str, value, low: int | None = None, high: int | None = None)
 
 
 def check_window(window) -> int | None:
-    if window is None:
-        return None
-    return check_int("window", window, low=1)
+    return None if window is None else check_int("window", window, low=1)

@@ -43,9 +43,6 @@ class CosformerAttention(FeatureMapAttention):
         return [StateSpec("count", (), torch.int64)]
 
     def features(self, q, k, mask, fstate):
-        """(phi(q), phi(k), fstate). Past ``max_len`` the parallel form raises; the recurrent form, which
-        a graph traces and a graph cannot raise, makes phi(q) NaN (so the outputs) in the chunks of rows
-        whose count passed it."""
         B, H, T, _ = q.shape
         m = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
         pos = torch.cumsum(m.long(), dim=1)  # 1-based index among real tokens

@@ -16,8 +16,7 @@ divided by its count n_i (sums become means, so flows stay O(1) as the prefix gr
 competition is the running softmax c_j = n_j exp(Ohat_j) / sum_{l<=j} exp(Ohat_l):
     I_i = phi(q_i)^T mean_{j<=i} phi(k_j),   O_j = phi(k_j)^T mean_{l<=j} phi(q_l),
     Ihat_i = phi(q_i)^T mean_{j<=i} phi(k_j)/O_j,   Ohat_j = phi(k_j)^T mean_{l<=j} phi(q_l)/I_l.
-Each quantity at position t uses only prefix sums up to t, so the recurrent form keeps three
-running sums and the real tokens' count besides the S/z of the aggregation.
+Each quantity at position t uses only prefix sums up to t, so the recurrent form keeps running sums.
 """
 
 from __future__ import annotations
@@ -76,8 +75,7 @@ class FlowAttention(FeatureMapAttention):
         return y * torch.sigmoid(Ihat)[..., None], (None if state is None else (*new, kv))
 
     def _bidirectional(self, fq, fk, v, mask):
-        B, H, T, _ = fq.shape
-        m = torch.ones(B, T, dtype=torch.bool, device=fq.device) if mask is None else mask
+        m = torch.ones(fq.shape[0], fq.shape[2], dtype=torch.bool, device=fq.device) if mask is None else mask
         w = m[:, None, :, None].to(fq.dtype)
         n = m.sum(1).to(fq.dtype)[:, None, None]  # [B, 1, 1]
         fq, fk = fq * w, fk * w

@@ -85,7 +85,3 @@ class KerformerAttention(FeatureMapAttention):
                 z, fstate = sums / counts.clamp(min=1)[..., None, None], (sums[:, -1], counts[:, -1])
             fk = fk * self._gate(z).transpose(1, 2)
         return fq, fk, fstate
-
-    def extra_repr(self) -> str:
-        return (f"softmax_axis={self.softmax_axis!r}, se={self.se!r}, se_reduction={self.se_reduction}, "
-                f"normalizer={self.normalizer!r}, causal={self.causal}")

@@ -24,7 +24,6 @@ weights blow up (the paper reports it does not converge; outputs then swing with
 changes in the projections). By default (``normalizer="abs"``) the weights are divided by
 sum_j |<q_i, k_j>| + eps instead, which keeps them bounded (|w| <= 1) and is identical for the
 non-negative kernels; ``normalizer="signed"`` gives the literal formula.
-The recurrent form (causal) is a key/value cache, like softmax's.
 """
 
 from __future__ import annotations
@@ -51,16 +50,13 @@ def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
 def smoother_weights(qf, kf, kernel: str, allowed: torch.Tensor, d: int, eps: float,
                      signed: bool = False) -> torch.Tensor:
     """Normalised kernel-smoother weights [B, H, Tq, Tk] for features qf [.., Tq, e], kf [.., Tk, e].
-
-    Non-exponential kernels divide by sum |k| + eps, or with ``signed`` by the literal sum k (+-eps).
-    """
+    Non-exponential kernels divide by sum |k| + eps, or with ``signed`` by the literal sum k (+-eps)."""
+    dots = qf @ kf.transpose(-1, -2)
     if kernel in ("exponential", "rbf"):
-        dots = qf @ kf.transpose(-1, -2)
         logk = dots / math.sqrt(d)
         if kernel == "rbf":  # -||q - k||^2 / sqrt(d); the ||q||^2 term is constant per row but kept
             logk = (2 * dots - qf.pow(2).sum(-1, keepdim=True) - kf.pow(2).sum(-1).unsqueeze(-2)) / math.sqrt(d)
         return torch.softmax(logk.masked_fill(~allowed, torch.finfo(logk.dtype).min), dim=-1) * allowed
-    dots = qf @ kf.transpose(-1, -2)
     kmat = (dots if kernel == "linear" else dots.pow(2)) * allowed
     if signed:
         den = kmat.sum(-1, keepdim=True)
@@ -100,8 +96,7 @@ class KernelSmootherAttention(Attention):
         else:
             qf, kf = map(self.split_heads, qk.split(self.d_model, dim=-1))
         if self.positional:
-            B, T, _ = x.shape
-            m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+            m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
             pos = torch.cumsum(m.long(), 1) - 1 + offset[:, None]
             t = self.split_heads(self.pos_proj(sinusoidal(pos.to(x.dtype), self.d_model)))
             qf = kf = torch.cat([qf, t], dim=-1)
@@ -126,12 +121,8 @@ class KernelSmootherAttention(Attention):
         return zero_padding(y, mask), {}
 
     def recurrent(self, *, window=None, chunk=1):
-        """``KernelRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
         self.check_recurrent()
         return KernelRecurrent(self)
-
-    def extra_repr(self) -> str:
-        return f"kernel={self.kernel!r}, symmetric={self.symmetric}, positional={self.positional}, causal={self.causal}"
 
 
 class KernelRecurrent(Recurrent):

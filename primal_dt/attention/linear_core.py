@@ -1,20 +1,14 @@
-"""The one normalised linear-attention kernel and module base shared by the linear family.
-
-Given non-negative feature maps fq = phi(q), fk = phi(k) (per head), every member of the family
-(linear, performer, cosformer, flowformer's aggregation, kerformer, the linear SVR versions)
-computes
+"""The one normalised linear-attention kernel and module base of the linear family (linear, performer,
+cosformer, flowformer's aggregation, kerformer, the linear SVR versions). With non-negative feature maps
+fq = phi(q), fk = phi(k) per head:
 
     y_i = fq_i^T S_i / (fq_i^T z_i + eps),   S_i = sum_{j in M(i)} fk_j v_j^T,   z_i = sum_{j in M(i)} fk_j
 
-with M(i) = all real keys (bidirectional) or the real keys j <= i (causal). The normaliser rides
-along as an extra value column of ones, so S and z are one tensor [m, d_v + 1].
-
-- Bidirectional: two matmuls, O(T m d_v).
-- Causal: chunked (flash-linear-attention's "chunk" form): inside a chunk of ``chunk`` tokens an
-  explicit masked L x L product, across chunks an exclusive prefix sum of per-chunk states, after
-  the S/z ``state`` of the tokens before (zero for a whole sequence). Memory O(T L + (T/L) m d_v)
-  instead of the O(T m d_v) of a cumulative sum of outer products. The recurrent form is the same
-  function fed a chunk and its state, so a stream costs O(m d_v) per token whatever its length.
+with M(i) = all real keys (bidirectional) or the real keys j <= i (causal); the normaliser rides along
+as an extra value column of ones, so S and z are one tensor [m, d_v + 1]. The causal form is chunked
+(flash-linear-attention's "chunk" form: a masked L x L product inside a chunk, an exclusive prefix sum of
+per-chunk states across chunks, after the S/z ``state`` of the tokens before): memory O(T L + (T/L) m d_v)
+instead of a cumulative sum's O(T m d_v), and the recurrent form is the same function fed a chunk.
 """
 
 from __future__ import annotations
@@ -31,9 +25,8 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_ma
                      state: torch.Tensor | None = None):
     """fq [B, H, Tq, m], fk [B, H, Tk, m], v [B, H, Tk, dv], key_mask [B, Tk] -> y [B, H, Tq, dv], or with
     the causal running ``state`` S/z [B, H, m, dv + 1] (z the last column), (y, the state after).
-
-    ``eps=None`` drops the normaliser (returns fq^T S). Causal requires Tq == Tk (query i sees keys
-    j <= i). Padding keys are zeroed here; padding queries produce finite garbage the caller zeroes."""
+    ``eps=None`` drops the normaliser (fq^T S). Causal requires Tq == Tk. Padding queries produce finite
+    garbage the caller zeroes."""
     if key_mask is not None:
         fk = fk * key_mask[:, None, :, None].to(fk.dtype)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
@@ -59,13 +52,11 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_ma
 
 
 class FeatureMapAttention(Attention):
-    """Base of the linear family: q, k, v projections, ``attend``, output projection, recurrent form.
-
-    ``attend(q, k, v, mask, state) -> (y, state)`` on [B, H, T, d_head] heads; ``state`` is None in the
-    parallel form and in the recurrent form a tuple laid out as ``specs()``. The default is the feature
-    map ``features(q, k, mask, fstate) -> (fq, fk, fstate)`` and the shared kernel, its state the S/z
-    ``kv`` followed by the map's own (``feature_specs``: positions, prefix statistics), so that a chunk's
-    features are computed exactly as the parallel form computes them at those positions."""
+    """Base of the linear family: ``attend(q, k, v, mask, state) -> (y, state)`` on [B, H, T, d_head] heads
+    between the projections; ``state`` is None in the parallel form, else laid out as ``specs()``. By default
+    the feature map ``features(q, k, mask, fstate) -> (fq, fk, fstate)`` and the shared kernel, its state
+    the S/z ``kv`` followed by the map's own (``feature_specs``), so that a chunk's features are computed
+    exactly as the parallel form computes them at those positions."""
 
     value_projection = "qkv"
     supports_step = True
@@ -110,7 +101,6 @@ class FeatureMapAttention(Attention):
         return zero_padding(self.proj(self.merge_heads(y)), mask), state
 
     def recurrent(self, *, window=None, chunk=1):
-        """``LinearRecurrent`` (``window`` and ``chunk`` do not apply: the state is running sums)."""
         self.check_recurrent()
         return LinearRecurrent(self)
 

@@ -21,7 +21,6 @@ on V is not included.
 
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
@@ -66,9 +65,9 @@ class NystromAttention(Attention):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def _factors(self, x, mask):
-        B, T, _ = x.shape
-        m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+    def forward(self, x, mask=None):
+        self.check_input(x, mask)
+        m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
         q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
         scale = self.d_head ** -0.25  # 1/sqrt(d) split between q and k, as in the paper's code
         q, k = q * scale, k * scale
@@ -81,10 +80,5 @@ class NystromAttention(Attention):
         eye = torch.eye(self.landmarks, device=x.device, dtype=x.dtype)
         A = torch.where(both[:, None], A.nan_to_num(0.0), eye)
         B3 = torch.softmax((ql @ k.transpose(-1, -2)).masked_fill(~m[:, None, None, :], neg), -1)
-        return F1, newton_schulz_pinv(A, self.pinv_iters), B3, v
-
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        F1, Z, B3, v = self._factors(x, mask)
-        y = F1 @ (Z @ (B3 @ v))
+        y = F1 @ (newton_schulz_pinv(A, self.pinv_iters) @ (B3 @ v))
         return zero_padding(self.proj(self.merge_heads(y)), mask), {}

@@ -77,6 +77,3 @@ class PerformerAttention(FeatureMapAttention):
         lk = (k * scale) @ self.omega.T - 0.5 * (k * scale).pow(2).sum(-1, keepdim=True) - w2
         fq = torch.exp(lq - lq.amax(-1, keepdim=True))
         return fq, torch.exp(lk), fstate
-
-    def extra_repr(self) -> str:
-        return f"n_features={self.m}, redraw_every={self.redraw_every}, causal={self.causal}"

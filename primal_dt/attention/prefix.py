@@ -1,11 +1,9 @@
 """Masked running (prefix) sums, the statistic behind every causal linear-time mechanism.
 
-Causal Primal-Attention needs running means of q and k over the real tokens; the linear-attention
-family running sums of phi(k) v^T and phi(k); flowformer its flows; kerformer its SE squeeze. They
-all reduce to: for each position t, the sum of x_j over real positions j <= t (or over the last
-``window`` positions), and how many real positions that was. The parallel form starts from zero; a
-recurrent form passes ``total``, the sum before the chunk (its state), and reads the next state
-at the chunk's last position.
+Causal Primal-Attention's running means of q and k, flowformer's flows and kerformer's SE squeeze all
+reduce to: for each position t, the sum of x_j over real positions j <= t (or over the last ``window``
+positions), and how many real positions that was. The parallel form starts from zero; a recurrent form
+passes ``total``, the sum before the chunk (its state), and reads the next state at the chunk's end.
 
 Windowed sums subtract two cumulative sums, so they accumulate in float64 to stay exact to float32
 precision on long sequences; unwindowed sums accumulate in the input's dtype.

@@ -17,12 +17,11 @@ Forms:
   reference code divides by the position and so counts padding; we count real tokens only).
   With ``window``, means over the last ``window`` positions.
 
-Recurrent form (``recurrent``, ``PrimalRecurrent``; causal, data-independent): running sums of q|k,
-O(H * d_head) per sequence, read out by the parallel form's own scores and output (phi normalises, so
-the running sum gives the features of the running mean and the count is not needed). With a window:
-a ring of the last ``window`` positions' q|k, oldest first (positions are implicit in the order: no
-clock), and their sum kept in float64 (it is updated by adding and subtracting, so it must not
-drift); chunks longer than the window go through in pieces.
+Recurrent form (``PrimalRecurrent``; causal, data-independent): running sums of q|k, O(H * d_head) per
+sequence, read out by the parallel form's own scores and output (phi normalises, so the running sum
+gives the features of the running mean: no count). With a window: a ring of the last ``window``
+positions' q|k (no clock: the order is the position), their sum in float64 (added to and subtracted
+from, so it must not drift).
 """
 
 from __future__ import annotations
@@ -40,16 +39,12 @@ from .registry import register
 
 
 def cosine_features(z: torch.Tensor) -> torch.Tensor:
-    """phi(z) = z / ||z||_2 along the last axis (0 for a zero vector)."""
     return F.normalize(z, dim=-1, eps=1e-12)
 
 
 def evenly_spaced_rows(x: torch.Tensor, mask: torch.Tensor | None, n_max: int):
-    """f(X): up to n_max evenly spaced real rows of x [B, T, D] per sequence.
-
-    Returns rows [B, n, D] (zero rows where a sequence has fewer than n real tokens, so they add
-    nothing to f(X)^T We) with n = min(n_max, T). Padding is never sampled.
-    """
+    """f(X): n = min(n_max, T) evenly spaced real rows of x [B, T, D] per sequence, [B, n, D] (zero rows where a
+    sequence has fewer than n real tokens, so they add nothing to f(X)^T We)."""
     B, T, _ = x.shape
     n = min(n_max, T)
     if mask is None:
@@ -82,11 +77,9 @@ class PrimalAttention(Attention):
         super().__init__(d_model, n_heads, causal)
         self.s = check_int("s", s, low=1)
         if s > d_model:
-            raise ValueError(
-                f"s={s} projection directions exceed d_model={d_model}: the induced kernel of a head "
-                f"has rank <= d_head={self.d_head}, so s beyond d_model is a configuration error; "
-                f"use s <= {d_model} (the papers use 20-96)"
-            )
+            raise ValueError(f"s={s} projection directions exceed d_model={d_model}: the induced kernel of a head has "
+                             f"rank <= d_head={self.d_head}, so s beyond d_model is a configuration error; use "
+                             f"s <= {d_model} (the papers use 20-96)")
         if s > self.d_head and not data_dependent:
             warnings.warn(f"s={s} > d_head={self.d_head}: directions beyond the kernel's rank are redundant",
                           stacklevel=2)
@@ -101,8 +94,7 @@ class PrimalAttention(Attention):
         self.data_dependent = bool(data_dependent)
         rows = s * rank_multi if data_dependent else self.d_head
         self.qk = nn.Linear(d_model, 2 * d_model, bias=bias)
-        # We and Wr stacked as W[0], W[1], so both score sets come from one einsum
-        self.W = nn.Parameter(torch.empty(2, n_heads, rows, s))
+        self.W = nn.Parameter(torch.empty(2, n_heads, rows, s))  # [We, Wr]: both score sets from one einsum
         self.Lambda = nn.Parameter(torch.rand(n_heads, s))
         self.Wo = nn.Linear(2 * s, self.d_head, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
@@ -110,14 +102,6 @@ class PrimalAttention(Attention):
         with torch.no_grad():
             for w in self.W:
                 nn.init.orthogonal_(w)
-
-    @property
-    def We(self) -> torch.Tensor:
-        return self.W[0]
-
-    @property
-    def Wr(self) -> torch.Tensor:
-        return self.W[1]
 
     def _weights(self, x, mask):
         """(W, rows): W = [We; Wr] as the scores use it, [2, H, d_head, s], or in the data-dependent
@@ -133,18 +117,15 @@ class PrimalAttention(Attention):
         return torch.einsum("bnhd,chns->bchds", f, self.W[:, :, :n]), lengths.clamp(max=n)
 
     def _scores_and_output(self, qk, W, mask):
-        """qk: [B, T, 2, H, d] (running means when causal) -> (y [B, T, D], scores [B, H, T, 2s]).
-
-        scores[..., :s] = e (from queries), scores[..., s:] = r (from keys), laid out as Wo reads them.
-        """
+        """qk: [B, T, 2, H, d] (running means when causal) -> (y [B, T, D], scores [B, H, T, 2s] = [e, r])."""
         eq = "btchd,chds->bhtcs" if W.dim() == 4 else "btchd,bchds->bhtcs"
         sc = torch.einsum(eq, cosine_features(qk), W).flatten(-2)  # [B, H, T, 2s]
         y = zero_padding(self.proj(self.merge_heads(self.Wo(sc))), mask)
         return y, sc
 
     def _aux(self, sc, rows, mask):
-        """What the KSVD regulariser reads (ksvd.py: its trace term uses the parameters We, Wr in every
-        form). ``rows`` ([B] or None): how many leading rows of We, Wr each sequence used."""
+        """What the KSVD regulariser reads; ``rows`` ([B] or None): how many leading rows of We, Wr each sequence
+        used."""
         n = self.W.shape[2] if rows is None else int(rows.max()) if rows.numel() else 0
         aux = {"e": sc[..., : self.s], "r": sc[..., self.s :], "We": self.W[0, :, :n], "Wr": self.W[1, :, :n],
                "Lambda": self.Lambda, "mask": mask}
@@ -162,23 +143,16 @@ class PrimalAttention(Attention):
         return y, self._aux(sc, rows, mask)
 
     def recurrent(self, *, window=None, chunk=1):
-        """``PrimalRecurrent`` (``window`` and ``chunk`` do not apply: the state is O(H d_head) without this
-        layer's own window, a ring of that window with it)."""
         if self.data_dependent:
             raise ValueError("data-dependent Primal-Attention has no causal form to stream; use "
                              "data_dependent=False for a streamed (causal) layer")
         self.check_recurrent()
         return PrimalRecurrent(self)
 
-    def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, n_heads={self.n_heads}, s={self.s}, causal={self.causal}, "
-                f"data_dependent={self.data_dependent}, window={self.window}")
-
 
 class PrimalRecurrent(Recurrent):
-    """The recurrent form (see the module docstring): state ``sum`` [2D], the running sum of q|k over the
-    row's real tokens; with the layer's ``window``, ``ring`` [window, 2D] (the last window positions' q|k,
-    oldest first) and ``S`` [2D] float64, their sum."""
+    """State ``sum`` [2D], the running sum of q|k over the row's real tokens; with the layer's ``window``,
+    ``ring`` [window, 2D] (oldest first) and ``S`` [2D] float64, their sum (module docstring)."""
 
     def __init__(self, attn: PrimalAttention):
         dtype, D = attn.qk.weight.dtype, attn.d_model

@@ -99,8 +99,7 @@ class ReformerAttention(Attention):
 
     def forward(self, x, mask=None):
         self.check_input(x, mask)
-        B, T, _ = x.shape
-        m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+        m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
         q = self.split_heads(self.qk(x))
         k = F.normalize(q, dim=-1)
         v = self.split_heads(self.v(x))

@@ -45,17 +45,14 @@ def constructor_options(name: str) -> dict[str, object]:
     what a config may set for it, read from its constructor so no list of options is kept by hand."""
     init = get_class(name).__init__
     hints = typing.get_type_hints(init)
-    return {n: hints.get(n) for n, p in inspect.signature(init).parameters.items()
-            if n not in SHARED and p.kind is not p.VAR_KEYWORD}
+    return {n: hints.get(n) for n in inspect.signature(init).parameters if n not in SHARED}
 
 
 def build_attention(name: str, d_model: int, n_heads: int, causal: bool = False, **options) -> Attention:
     """Instantiate mechanism ``name``; unknown options are reported with the accepted ones."""
-    cls = get_class(name)
-    accepts_any = any(p.kind is p.VAR_KEYWORD for p in inspect.signature(cls.__init__).parameters.values())
     ok = list(constructor_options(name))
-    bad = [k for k in options if k not in ok and not accepts_any]
+    bad = [k for k in options if k not in ok]
     if bad:
         raise ValueError(f"attention {name!r} does not accept option(s) {bad}; accepted: {ok}")
-    return cls(d_model, n_heads, causal=causal, **options)
+    return get_class(name)(d_model, n_heads, causal=causal, **options)
 

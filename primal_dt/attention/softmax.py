@@ -1,7 +1,6 @@
 """Canonical multi-head softmax attention (Vaswani et al. 2017) on PyTorch's fused SDPA kernel.
 
-softmax(q k^T / sqrt(d)) v per head, with padding, causal and sliding-window masks. The recurrent
-form is a key/value cache, bounded to the last ``window - 1`` positions when a window is set.
+softmax(q k^T / sqrt(d)) v per head, with padding, causal and sliding-window masks.
 
 Window semantics (shared with every windowed mechanism): position t sees positions
 t - window < j <= t; padding inside the window is invisible but still occupies its slot.
@@ -11,9 +10,8 @@ A padding query attends to itself only (so no row is empty) and its output is ze
 ``impl="materialized"`` forms the T x T score matrix explicitly, the canonical attention the
 papers compared against (same parameters, same outputs, O(T^2) memory).
 
-Recurrent form (``recurrent``, ``SoftmaxRecurrent``): a key/value ring of ``w + chunk - 1`` slots,
-with w the layer's window or else the bounded window the caller passes (an unwindowed cache would
-grow with the sequence), each row with its own phase in its state (no clock outside the row).
+Recurrent form (``SoftmaxRecurrent``): a key/value ring over the layer's window, else the bounded window
+the caller passes (an unwindowed cache would grow with the sequence).
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ def ring_attention(q, K, V, allowed):
 
 
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
-    """[Tq, Tk] bool: may the query at absolute position q_pos[i] see the key at k_pos[j]?"""
+    """[Tq, Tk] bool: may the query at position q_pos[i] see the key at k_pos[j]?"""
     d = q_pos[:, None] - k_pos[None, :]
     ok = torch.ones_like(d, dtype=torch.bool)
     if causal:
@@ -75,8 +73,7 @@ class SoftmaxAttention(Attention):
             return self.proj(self.merge_heads(y))
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
         if is_causal:
-            T = q.shape[2]
-            allowed = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+            allowed = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device).tril()
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
         w = F.dropout(torch.softmax(scores, dim=-1), p, self.training)
@@ -101,8 +98,6 @@ class SoftmaxAttention(Attention):
             self.window = check_window(window)
 
     def recurrent(self, *, window=None, chunk=1):
-        """``SoftmaxRecurrent`` over this layer's window, else the caller's, its ring sized for ``chunk``-token
-        chunks."""
         self.check_recurrent()
         w = self.window or check_window(window)
         if w is None:
@@ -113,12 +108,12 @@ class SoftmaxAttention(Attention):
 
 class SoftmaxRecurrent(Recurrent):
     """The recurrent form over a ``window`` of w positions, on a ring of R = w + chunk - 1 slots: state
-    ``k``, ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase: the slot its
-    next token goes to (its tokens so far mod R, so bounded; zero at a fresh or restarted row).
+    ``k``, ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase (the slot its next
+    token goes to; zero at a fresh or restarted row: no clock outside the row).
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice; a
-    ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read in slot order
-    through a mask computed from the row's phase. ``chunk`` (the DT step's three tokens) sizes the ring."""
+    ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read through a
+    mask computed from the row's phase."""
 
     def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1
@@ -158,11 +153,9 @@ class SoftmaxRecurrent(Recurrent):
 
 
 def scatter_nd(data: torch.Tensor, index: tuple, updates: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-    """A copy of ``data`` (``inplace``: ``data`` itself) with ``updates`` written at ``data[index]`` (``index``:
-    one integer tensor per leading axis, broadcast against each other). In an ONNX export one ScatterND
-    operator (``_scatter_nd_op``, which agents.export translates so, on the index tuples stacked) instead of
-    the dozen broadcasting operators torch.export makes of an indexed assignment; elsewhere (eager,
-    TorchScript's trace) a clone and an index_put."""
+    """A copy of ``data`` (``inplace``: ``data`` itself) with ``updates`` written at ``data[index]`` (one integer
+    tensor per leading axis, broadcast). In an ONNX export one ScatterND operator instead of the dozen
+    broadcasting operators torch.export makes of an indexed assignment; elsewhere a clone and an index_put."""
     if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
         return _scatter_nd_op(data, torch.stack(torch.broadcast_tensors(*index), -1), updates)
     return _written(data, index, updates, inplace)
@@ -176,8 +169,7 @@ def _written(data, index: tuple, updates, inplace: bool = False):
 
 @torch.library.custom_op("primal_dt::scatter_nd", mutates_args=())
 def _scatter_nd_op(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    """``scatter_nd`` as one operator that torch.export keeps whole (agents.export maps it to ScatterND); ``index``
-    [..., k]: tuple n names ``data[n]``."""
+    """``scatter_nd`` as one operator that torch.export keeps whole; ``index`` [..., k]: tuple n names ``data[n]``."""
     return _written(data, index.unbind(-1), updates)
 
 

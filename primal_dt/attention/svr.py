@@ -178,8 +178,7 @@ class SVRAttention(Attention):
 
     def forward(self, x, mask=None):
         self.check_input(x, mask)
-        B, T, _ = x.shape
-        m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+        m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
         q, k, v = self._qkv(x)
         (qc, kc, vc), n = compact([q, k, v], m)
         p = (torch.cumsum(m.long(), 1) - 1).clamp(min=0)  # compact position of each token
@@ -187,19 +186,13 @@ class SVRAttention(Attention):
         return zero_padding(self.proj(self.merge_heads(y)), mask), {}
 
     def recurrent(self, *, window=None, chunk=1):
-        """``SVRRecurrent`` (``window`` and ``chunk`` do not apply: the cache holds every real token)."""
         self.check_recurrent()
         return SVRRecurrent(self)
 
-    def extra_repr(self) -> str:
-        return (f"kernel={self.kernel!r}, beta={self.beta if self.use_bn else None}, "
-                f"scale_variance={self.scale_variance}, factors={self.factors}, causal={self.causal}")
-
 
 class SVRRecurrent(Recurrent):
-    """A cache of the real tokens' projections, compacted: ``q``, ``k``, ``v`` [H, n, d] (n grows with the
-    longest row) and ``n`` [] int64, the real tokens each row holds; every chunk's outputs are recomputed
-    from it, so the form equals ``forward`` exactly."""
+    """State: the real tokens' projections, compacted, ``q``, ``k``, ``v`` [H, n, d] (n grows with the longest
+    row) and ``n`` [] int64, the real tokens each row holds (module docstring)."""
 
     def __init__(self, attn: SVRAttention):
         H, d, dtype = attn.n_heads, attn.d_head, attn.qkv.weight.dtype

@@ -25,7 +25,6 @@ import torch
 from . import errors
 
 
-# -- writing ---------------------------------------------------------------------------------------
 def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
     """Write ``obj`` to ``path`` atomically; serialised in memory first, so a failed write is an ``OSError`` of
     the file, not torch's zip-writer error."""
@@ -110,10 +109,7 @@ def remove_stale_temps(*directories: str | Path, names: tuple[str, ...] | None =
     whose lock can be taken, so a live writer's is never touched; says so on stderr, returns them."""
     removed = []
     for d in directories:
-        d = Path(d)
-        if not d.is_dir():
-            continue
-        for p in d.glob(".*.tmp"):
+        for p in Path(d).glob(".*.tmp"):  # none in what is not a directory
             m = _TEMP.match(p.name)
             if not m or (names is not None and m["name"] not in names):
                 continue

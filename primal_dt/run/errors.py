@@ -69,12 +69,7 @@ def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
         sys.exit(f"error: {err}")
     except KeyboardInterrupt:
         sys.exit(130)
-    finally:
-        _close_process_group()
-
-
-def _close_process_group() -> None:
-    """Leave a DDP process group if this process joined one (looked up, not imported: no torch here)."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    finally:  # leave a DDP process group if this process joined one (looked up, not imported: no torch here)
+        dist = sys.modules.get("torch.distributed")
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

@@ -26,7 +26,7 @@ class JSONError(ValueError):
     """A JSON file or text that cannot be used, with its name and why."""
 
 
-def read(path: str | Path, max_bytes: int = MAX_BYTES, nonfinite: bool = False) -> Any:
+def read(path: str | Path, nonfinite: bool = False) -> Any:
     """The JSON document in the regular file ``path``, checked as ``parse`` checks it."""
     path = Path(path)
     try:
@@ -39,13 +39,13 @@ def read(path: str | Path, max_bytes: int = MAX_BYTES, nonfinite: bool = False) 
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise JSONError(f"{path} is not a regular file (a FIFO, device or directory); give a JSON file")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            data = f.read(max_bytes + 1)
+            data = f.read(MAX_BYTES + 1)
     except OSError as err:
         raise JSONError(f"{path} cannot be read: {err.strerror}") from None
     finally:
         os.close(fd)
-    if len(data) > max_bytes:
-        raise JSONError(f"{path} is larger than {max_bytes:,} bytes, more than any file of this kind holds; "
+    if len(data) > MAX_BYTES:
+        raise JSONError(f"{path} is larger than {MAX_BYTES:,} bytes, more than any file of this kind holds; "
                         "it is not one primal-dt wrote")
     return parse(data, str(path), nonfinite)
 

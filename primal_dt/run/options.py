@@ -13,8 +13,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .cli import fail
-
 
 @dataclass(frozen=True)
 class Range:
@@ -115,15 +113,6 @@ def check_size(values: float, options: str, what: str = "parameters") -> None:
     if values > MAX_VALUES:
         raise ValueError(f"{options} need about {values:.3g} {what} ({4 * values / 2**30:.3g} GB of float32), more "
                          f"than the {MAX_VALUES:.3g} this accepts; lower them")
-
-
-def check_parsed(args, rules: Mapping[str, Range]) -> None:
-    """``check_number`` for a benchmark's argparse flags (``--batch``); a bad value ends as ``cli.fail``."""
-    try:
-        for flag, rule in rules.items():
-            check_number(flag, getattr(args, flag.lstrip("-").replace("-", "_")), rule)
-    except ValueError as err:
-        fail(str(err))
 
 
 def check_device(name: str, option: str = "device") -> None:

@@ -61,11 +61,11 @@ def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True
         cur = getattr(cfg, key)
         if dataclasses.is_dataclass(cur):
             if not isinstance(val, dict):
-                raise ValueError(f"{where}: {key} must be a mapping of its options, got {_shown(val)}")
+                raise ValueError(f"{where}: {key} must be a mapping of its options, got {repr(val)[:60]}")
             changes[key] = apply_preset(cur, val, f"{where}.{key}", top=False)
         else:
             if not _fits(val, hints[key]):
-                raise ValueError(f"{where}: {key} must be {_kind(hints[key])}, got {_shown(val)}")
+                raise ValueError(f"{where}: {key} must be {_kind(hints[key])}, got {repr(val)[:60]}")
             changes[key] = tuple(val) if typing.get_origin(hints[key]) is tuple else val  # YAML and JSON give lists
     return dataclasses.replace(cfg, **changes)
 
@@ -74,14 +74,9 @@ def _fits(value: Any, hint: Any) -> bool:
     """Whether a preset's or a saved config's ``value`` is of the annotation's kind, so ``eval: 5`` is refused by
     name here, not later in code that trusts the type."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
+    if hint in (bool, int, float, str):  # a bool is no number
+        kinds = (int, float) if hint is float else hint
+        return isinstance(value, kinds) and (hint is bool or not isinstance(value, bool))
     if origin is typing.Literal:
         return any(value == a and type(value) is type(a) for a in args)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
@@ -97,10 +92,6 @@ def _kind(hint: Any) -> str:
     if typing.get_origin(hint) is tuple:
         return f"a list of {_kind(typing.get_args(hint)[0])}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
-
-
-def _shown(value: Any) -> str:
-    return repr(value)[:60]
 
 
 def flat(d: dict, prefix: str = "") -> dict:

@@ -54,13 +54,10 @@ def set_threads(threads: int, d: Dist = Dist()) -> int:
     process makes multi-threaded small operations collapse), else the process's share of the cores."""
     if threads <= 0:
         cores = usable_cores()
-        threads = 1 if cores <= SMALL_CPU else max(1, cores // max(1, _local_world(d)))
+        world = int(os.environ.get("LOCAL_WORLD_SIZE", d.world))
+        threads = 1 if cores <= SMALL_CPU else max(1, cores // max(1, world))
     torch.set_num_threads(threads)
     return threads
-
-
-def _local_world(d: Dist) -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", d.world))
 
 
 def seed_torch(seed: int) -> None:

@@ -12,9 +12,13 @@ and its value.
 from __future__ import annotations
 
 import csv
+import io
 import random
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from ..run.checkpoint import write_atomic
+from ..run.options import AT_LEAST_1, Range, check_numbers
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -46,11 +50,8 @@ class ListOpsSpec:
     """generator seed"""
 
     def check(self) -> None:
-        for k in ("n_train", "n_val", "n_test", "max_depth"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"listops.{k} must be >= 1, got {getattr(self, k)}")
-        if self.max_args < 2:
-            raise ValueError(f"listops.max_args must be >= 2, got {self.max_args}")
+        check_numbers(self, {**dict.fromkeys(("n_train", "n_val", "n_test", "max_depth"), AT_LEAST_1),
+                             "max_args": Range(2)}, prefix="listops.")
         if not 0 <= self.min_length < self.max_length - 1:
             raise ValueError(f"listops needs 0 <= min_length < max_length - 1, got "
                              f"min_length={self.min_length}, max_length={self.max_length}")
@@ -78,16 +79,10 @@ def evaluate(tree) -> int:
     if isinstance(tree, int):
         return tree
     op, children = tree
-    vals = [evaluate(c) for c in children]
-    if op == "[MIN":
-        return min(vals)
-    if op == "[MAX":
-        return max(vals)
-    if op == "[SM":
-        return sum(vals) % 10
-    vals.sort()  # [MED: the generator's int(np.median(...)), i.e. the floored mean of the middle pair
-    mid = len(vals) // 2
-    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) // 2
+    vals = sorted(evaluate(c) for c in children)
+    mid = len(vals) // 2  # [MED: the generator's int(np.median(...)), i.e. the floored mean of the middle pair
+    return {"[MIN": vals[0], "[MAX": vals[-1], "[SM": sum(vals) % 10,
+            "[MED": vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) // 2}[op]
 
 
 def to_string(tree) -> str:
@@ -122,13 +117,11 @@ def generate(spec: ListOpsSpec) -> dict[str, list[tuple[str, int]]]:
 
 
 def write_tsv(examples: list[tuple[str, int]], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tsv.tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f, delimiter="\t", lineterminator="\n")
-        w.writerow(["Source", "Target"])
-        w.writerows(examples)
-    tmp.replace(path)
+    text = io.StringIO()
+    w = csv.writer(text, delimiter="\t", lineterminator="\n")
+    w.writerow(["Source", "Target"])
+    w.writerows(examples)
+    write_atomic(path, text.getvalue(), "ListOps file")
 
 
 def write_dataset(spec: ListOpsSpec, out: str | Path) -> Path:
@@ -137,7 +130,7 @@ def write_dataset(spec: ListOpsSpec, out: str | Path) -> Path:
     data = generate(spec)
     for split in SPLITS:
         write_tsv(data[split], out / f"basic_{split}.tsv")
-    (out / "spec.txt").write_text("".join(f"{k}: {v}\n" for k, v in asdict(spec).items()))
+    write_atomic(out / "spec.txt", "".join(f"{k}: {v}\n" for k, v in asdict(spec).items()), "ListOps spec")
     return out
 
 

@@ -30,10 +30,9 @@ DEFAULT_LEN = {"listops": 2000, "text": 4000, "retrieval": 4000, "image": 1024, 
 
 
 def _need_dir(path: str, what: str, hint: str) -> Path:
-    p = Path(path) if path else None
-    if p is None or not p.is_dir():
+    if not path or not Path(path).is_dir():
         raise FileNotFoundError(f"{what}: directory {path!r} does not exist; set data.path to {hint}")
-    return p
+    return Path(path)
 
 
 def _split(seqs, labels, max_len) -> Split:
@@ -58,11 +57,8 @@ def load_listops(path: str, max_len: int = 0) -> TaskData:
     root = _need_dir(path, "ListOps", "the folder holding basic_train.tsv, basic_val.tsv, basic_test.tsv "
                                        "(or set data.generate=true)")
     T = max_len or DEFAULT_LEN["listops"]
-    splits = {}
-    for s in listops.SPLITS:
-        seqs, targets = listops.read_tsv(root / f"basic_{s}.tsv")
-        splits[s] = _split(seqs, targets, T)
-    cut = int((splits["train"].mask[:, -1]).sum())
+    splits = {s: _split(*listops.read_tsv(root / f"basic_{s}.tsv"), T) for s in listops.SPLITS}
+    cut = int(splits["train"].mask[:, -1].sum())
     notes = [f"ListOps from {root}; padded/truncated to {T}"] + ([f"{cut} training expressions reach the length "
                                                                   f"limit {T} (truncated)"] if cut else [])
     return TaskData("lra/listops", splits["train"], splits["val"], splits["test"], n_classes=10,

@@ -102,9 +102,7 @@ def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: i
     else:
         fit_idx, val_idx = np.arange(len(train)), np.array([], dtype=int)
     fit_rows = np.concatenate([train[i] for i in fit_idx])
-    mean = np.nanmean(fit_rows, axis=0)
-    std = np.nanstd(fit_rows, axis=0)
-    mean = np.nan_to_num(mean)
+    mean, std = np.nan_to_num(np.nanmean(fit_rows, axis=0)), np.nanstd(fit_rows, axis=0)
     std = np.where(np.isfinite(std) & (std > 1e-8), std, 1.0)
 
     longest = max(len(s) for s in train)
@@ -120,9 +118,7 @@ def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: i
         x, m = _to_tensors([series[i] for i in idx], mean, std, T)
         return Split(x, m, torch.as_tensor(labels[idx], dtype=torch.long))
 
-    return TaskData(
-        name=f"uea/{name}", train=split(train, yt, fit_idx),
-        val=split(train, yt, val_idx) if len(val_idx) else None, test=split(test, ys, np.arange(len(test))),
-        n_classes=len(classes), input_kind="continuous", n_inputs=int(mean.shape[0]), max_len=T,
-        class_names=classes, notes=notes,
-    )
+    return TaskData(name=f"uea/{name}", train=split(train, yt, fit_idx),
+                    val=split(train, yt, val_idx) if len(val_idx) else None, test=split(test, ys, np.arange(len(test))),
+                    n_classes=len(classes), input_kind="continuous", n_inputs=int(mean.shape[0]), max_len=T,
+                    class_names=classes, notes=notes)

@@ -9,8 +9,17 @@ import numpy as np
 import pytest
 
 from envs import DatasetError, Trajectories, load_dataset
-from envs.d4rl import read_d4rl, trajectories_to_arrays, write_d4rl
+from envs.d4rl import read_d4rl, write_d4rl
 from envs.errors import DatasetNotFound
+
+
+def d4rl_arrays(traj):
+    """D4RL's arrays of a Trajectories: its episode ends as terminals or timeouts."""
+    ends = traj.starts + traj.lengths - 1
+    terminals, timeouts = np.zeros(traj.num_steps, bool), np.zeros(traj.num_steps, bool)
+    terminals[ends], timeouts[ends] = traj.terminal, ~traj.terminal
+    return {"observations": traj.observations, "actions": traj.actions, "rewards": traj.rewards,
+            "terminals": terminals, "timeouts": timeouts}
 
 
 def test_split_on_terminals_and_timeouts_drops_fragment(tmp_path, write_h5, toy):
@@ -46,7 +55,7 @@ def test_missing_timeouts_falls_back_to_episode_limit(tmp_path, write_h5, toy, c
 
 def test_write_then_read_round_trip_is_atomic(tmp_path, write_h5, toy):
     ds = read_d4rl(write_h5(tmp_path / "src.hdf5", **toy))
-    out = write_d4rl(tmp_path / "out" / "x.hdf5", trajectories_to_arrays(ds), {"policy_step": 7})
+    out = write_d4rl(tmp_path / "out" / "x.hdf5", d4rl_arrays(ds), {"policy_step": 7})
     assert sorted(os.listdir(out.parent)) == ["x.hdf5"]  # no temporary left behind
     back = read_d4rl(out)
     for k in ("observations", "actions", "rewards", "lengths", "terminal"):

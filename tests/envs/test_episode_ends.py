@@ -9,7 +9,7 @@ import pytest
 
 from envs import DatasetError, load_dataset
 from envs.d4rl import read_d4rl
-from envs.minari_source import local_path, write_minari
+from envs.minari_source import minari_root, write_minari
 
 
 def _episodes(lengths, ends, obs_dim=11, act_dim=3, seed=0):
@@ -37,7 +37,7 @@ def test_minari_episodes_whose_end_flags_were_zeroed_are_an_error(data_dirs):
 
 def test_minari_metadata_counting_other_episodes_than_stored_is_an_error(data_dirs):
     write_minari("mujoco/hopper/medium-v0", _episodes([3, 2, 4], ["term", "trunc", "term"]), "Hopper-v5")
-    meta_path = local_path("mujoco/hopper/medium-v0") / "data" / "metadata.json"
+    meta_path = minari_root() / "mujoco/hopper/medium-v0" / "data" / "metadata.json"
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "total_episodes": 1}))  # minari would read only the first
     with pytest.raises(DatasetError, match="its metadata counts 1 episodes but main_data.hdf5 holds 3 episode groups"):
@@ -90,7 +90,7 @@ def test_d4rl_file_declaring_absurd_sizes_is_refused_before_reading(tmp_path, wr
 
 def test_minari_file_declaring_absurd_sizes_is_refused_before_minari_reads_it(data_dirs):
     write_minari("mujoco/hopper/medium-v0", _episodes([3, 2], ["term", "trunc"]), "Hopper-v5")
-    with h5py.File(local_path("mujoco/hopper/medium-v0") / "data" / "main_data.hdf5", "a") as f:
+    with h5py.File(minari_root() / "mujoco/hopper/medium-v0" / "data" / "main_data.hdf5", "a") as f:
         del f["episode_0/rewards"]
         f.create_dataset("episode_0/rewards", shape=(10**11,), dtype="f8", chunks=(4096,))
     with pytest.raises(DatasetError, match=r"main_data.hdf5: dataset 'episode_0/rewards' declares shape "

@@ -21,7 +21,7 @@ def npz_source():
                                 terminal, name=req.spec.name, gym_id=req.spec.gym_id, source=f"npz:{req.where}")
 
     yield "npz"
-    sources.unregister("npz")
+    sources._REGISTRY.pop("npz", None)
 
 
 def test_a_source_registered_in_a_test_loads_and_trains(npz_source, hopper_file, tmp_path, tiny_train):
@@ -45,7 +45,7 @@ def test_a_source_registered_in_a_test_loads_and_trains(npz_source, hopper_file,
     s = run(args)
     ck = dt_checkpoint.load(s["run_dir"])
     assert s["steps"] == 2 and ck.data.source == ds.source and ck.data.fingerprint == ds.fingerprint
-    sources.unregister("npz")
+    sources._REGISTRY.pop("npz", None)
     with pytest.raises(ValueError, match="data source 'npz:.*' is not one of auto, d4rl, minari, replica"):
         train_config.check(train_config.TrainConfig(data_source=f"npz:{tmp_path / 'hopper.npz'}"))
 

@@ -134,7 +134,7 @@ def dataset_file(path, seed=0):
     """A real D4RL-format file (hopper's dimensions) of 30 episodes with known rewards, so returns-to-go
     reach a few hundred: scaled right they are below 1, scaled 10^6 too large they are not."""
     from envs import Trajectories
-    from envs.d4rl import trajectories_to_arrays, write_d4rl
+    from envs.d4rl import write_d4rl
 
     rng = np.random.default_rng(seed)
     lengths = rng.integers(20, 80, size=30)
@@ -142,7 +142,11 @@ def dataset_file(path, seed=0):
     ds = Trajectories(observations=rng.normal(size=(n, 11)) * 2 + 1, actions=rng.uniform(-1, 1, (n, 3)),
                       rewards=rng.uniform(1, 4, n), starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]),
                       lengths=lengths, terminal=rng.random(30) < 0.5)
-    return write_d4rl(path, trajectories_to_arrays(ds))
+    ends = ds.starts + ds.lengths - 1
+    terminals, timeouts = np.zeros(n, bool), np.zeros(n, bool)
+    terminals[ends], timeouts[ends] = ds.terminal, ~ds.terminal
+    return write_d4rl(path, {"observations": ds.observations, "actions": ds.actions, "rewards": ds.rewards,
+                             "terminals": terminals, "timeouts": timeouts})
 
 
 @pytest.fixture

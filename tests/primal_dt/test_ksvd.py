@@ -21,8 +21,8 @@ def stationary_point(a, x):
             K = pq @ pk.T  # [T, T] asymmetric kernel matrix
             U, Sv, Vh = torch.linalg.svd(K)
             U, Sv, V = U[:, :S], Sv[:S], Vh[:S].T
-            a.We[h] = (pk.T @ V).float()  # sum_j phi_k(x_j) h_r_j^T, H_r = V
-            a.Wr[h] = (pq.T @ U).float()  # sum_i phi_q(x_i) h_e_i^T, H_e = U
+            a.W[0][h] = (pk.T @ V).float()  # sum_j phi_k(x_j) h_r_j^T, H_r = V
+            a.W[1][h] = (pq.T @ U).float()  # sum_i phi_q(x_i) h_e_i^T, H_e = U
             # paper's Lambda_p = S^-1; ours enters as Lambda^2 / T (see primal_dt/ksvd.py)
             a.Lambda[h] = (T / Sv).sqrt().float()
 
@@ -42,8 +42,8 @@ def data_dependent_stationary_point(a, x):
             psi_k = cosine_features(qk[:, D + h * dh: D + (h + 1) * dh].double()) @ fh.T
             U, Sv, Vh = torch.linalg.svd(psi_q @ psi_k.T)
             U, Sv, V = U[:, :S], Sv[:S], Vh[:S].T
-            a.We[h, :n] = (psi_k.T @ V).float()
-            a.Wr[h, :n] = (psi_q.T @ U).float()
+            a.W[0][h, :n] = (psi_k.T @ V).float()
+            a.W[1][h, :n] = (psi_q.T @ U).float()
             a.Lambda[h] = (T / Sv).sqrt().float()
 
 
@@ -63,7 +63,7 @@ def test_J_vanishes_at_the_data_dependent_stationary_point(rank_multi):
         per_sample = (We_X[0, 0] * We_X[0, 1]).sum() / H
     assert (per_sample - (a(x)[1]["We"] * a(x)[1]["Wr"]).sum() / H).abs().item() > 1e-2
     with torch.no_grad():
-        a.Wr.add_(0.05 * torch.randn_like(a.Wr))
+        a.W[1].add_(0.05 * torch.randn_like(a.W[1]))
     assert ksvd_objective(a(x)[1]).abs().item() > 10 * J.abs().item()
 
 
@@ -78,7 +78,7 @@ def test_J_vanishes_at_the_ksvd_stationary_point():
     assert J_random.abs().item() > 1e-2  # random weights are far from it
     # and it is a genuine optimum of the regulariser: perturbing the weights raises J^2
     with torch.no_grad():
-        a.We.add_(0.05 * torch.randn_like(a.We))
+        a.W[0].add_(0.05 * torch.randn_like(a.W[0]))
     assert ksvd_objective(a(x)[1]).abs().item() > 10 * J.abs().item()
 
 

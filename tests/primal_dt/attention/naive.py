@@ -62,8 +62,8 @@ def naive_primal(a: PrimalAttention, x, mask, window):
     """e_i = We^T phi(mean of q_j), r_i = Wr^T phi(mean of k_j) over the real j <= i in the window, phi(z) =
     z / ||z||; o_i = Wo [e_i; r_i] per head, then the output projection."""
     fq, fk = primal_features(a, x, mask)
-    e = torch.einsum("bhid,hds->bhis", fq, a.We)
-    r = torch.einsum("bhid,hds->bhis", fk, a.Wr)
+    e = torch.einsum("bhid,hds->bhis", fq, a.W[0])
+    r = torch.einsum("bhid,hds->bhis", fk, a.W[1])
     return a.proj(merge(a.Wo(torch.cat([e, r], -1))))
 
 

@@ -32,10 +32,10 @@ def naive_primal(a, x, mask, rows=None):
             per_head = []
             for h in range(H):
                 sl = slice(h * dh, (h + 1) * dh)
-                We, Wr = a.We[h], a.Wr[h]
+                We, Wr = a.W[0][h], a.W[1][h]
                 if a.data_dependent:
                     f = rows[b][:, sl]  # [n, dh]
-                    We, Wr = f.T @ a.We[h, : f.shape[0]], f.T @ a.Wr[h, : f.shape[0]]
+                    We, Wr = f.T @ a.W[0][h, : f.shape[0]], f.T @ a.W[1][h, : f.shape[0]]
                 e = We.T @ (qt[sl] / qt[sl].norm())
                 r = Wr.T @ (kt[sl] / kt[sl].norm())
                 per_head.append(a.Wo(torch.cat([e, r])))
@@ -84,8 +84,8 @@ def test_data_dependent_matches_naive_reference(masked):
     rows = naive_rows(x, mask, S)
     torch.testing.assert_close(y, naive_primal(a, x, mask, rows), atol=1e-5, rtol=1e-5)
     # the KSVD reads the parameters' rows this input used (n = 5), not the per-sample f(X)^T We
-    torch.testing.assert_close(aux["We"], a.We[:, :5], rtol=0, atol=0)
-    torch.testing.assert_close(aux["Wr"], a.Wr[:, :5], rtol=0, atol=0)
+    torch.testing.assert_close(aux["We"], a.W[0][:, :5], rtol=0, atol=0)
+    torch.testing.assert_close(aux["Wr"], a.W[1][:, :5], rtol=0, atol=0)
 
 
 def test_evenly_spaced_rows_never_sample_padding():
