@@ -14,6 +14,9 @@
 # from) and the output says how far they got. OUT_DIR receives at most 8 files: bench.txt, bench.json,
 # sweep.log, run-logs.tgz (every run's own log), comparison.txt, scores.md, curves.png.
 #
+# GPU_COMPARISON_AMP=bf16 trains in bf16 autocast (default off: float32). On a GPU the runs share it through
+# an MPS daemon of the command's own where the driver offers one (GPU_COMPARISON_MPS=off: never).
+#
 # GPU_COMPARISON_REHEARSAL=1 rehearses every step on a CPU in a minute or two: the benchmark's budget
 # mode, and the same sweep with the steps, evaluations and model shrunk (the tests run it).
 set -uo pipefail
@@ -77,7 +80,30 @@ else
     THREADS=2
     BENCH_S=${GPU_COMPARISON_BENCH_S:-300}
 fi
-say "device $DEVICE; budget ${BUDGET_S}s; runs in $WORK"
+AMP=${GPU_COMPARISON_AMP:-off}
+case "$AMP" in off|bf16) ;; *) echo "error: GPU_COMPARISON_AMP=$AMP: give off or bf16" >&2; exit 2;; esac
+say "device $DEVICE; budget ${BUDGET_S}s; amp=$AMP; runs in $WORK"
+
+# -- MPS: without it, processes take turns on a GPU; with it their small kernels run side by side ----------
+# A daemon of this command's own (its pipe and log folders under WORK), stopped when the command ends; the
+# device's settings are not changed. GPU_COMPARISON_MPS=off leaves it out.
+if [ "$DEVICE" = cuda ] && [ "${GPU_COMPARISON_MPS:-auto}" != off ]; then
+    if command -v nvidia-cuda-mps-control > /dev/null; then
+        export CUDA_MPS_PIPE_DIRECTORY="$WORK/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$WORK/mps-log"
+        mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+        if nvidia-cuda-mps-control -d && timeout 120 "$PY" -c \
+            "import torch; torch.ones(1, device='cuda').add_(1); torch.cuda.synchronize()" > /dev/null 2>&1; then
+            trap 'echo quit | nvidia-cuda-mps-control' EXIT
+            say "MPS: on (this command's own daemon)"
+        else
+            echo quit | nvidia-cuda-mps-control > /dev/null 2>&1
+            unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+            say "MPS: could not start (its log: $WORK/mps-log); the runs take turns on the GPU"
+        fi
+    else
+        say "MPS: nvidia-cuda-mps-control not found; the runs take turns on the GPU"
+    fi
+fi
 
 # -- 2. the benchmark ----------------------------------------------------------------------------------
 t0=$(date +%s)
@@ -98,7 +124,7 @@ if [ "$SWEEP_S" -lt 30 ]; then
 fi
 t0=$(date +%s)
 timeout --signal=TERM --kill-after=30 "$SWEEP_S" "$PY" -m eval.sweep env=hopper-medium model=dt,primal+dt seeds=0,1,2 \
-    jobs=6 threads=$THREADS out="$WORK/runs" device=$DEVICE data_source=replica "${RECIPE[@]}" \
+    jobs=6 threads=$THREADS out="$WORK/runs" device=$DEVICE data_source=replica amp=$AMP "${RECIPE[@]}" \
     > "$OUT/sweep.log" 2>&1
 status=$?
 wall=$(( $(date +%s) - t0 ))

@@ -3,6 +3,7 @@ here, and its table printed last; the prepared GPU command (eval/gpu_comparison.
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -40,10 +41,10 @@ def test_the_budget_run_times_every_form_and_prints_the_table_last(tmp_path, cap
 
 
 @pytest.mark.slow
-def test_the_gpu_command_rehearses_on_the_cpu(tmp_path):
+def test_the_gpu_command_rehearses_on_the_cpu(tmp_path):  # in bf16 autocast, to check GPU_COMPARISON_AMP
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "GPU_COMPARISON_REHEARSAL": "1", "GPU_COMPARISON_WORK": str(work),
-           "GPU_COMPARISON_BUDGET_S": "900", "PYTHONPATH": str(ROOT)}
+           "GPU_COMPARISON_BUDGET_S": "900", "GPU_COMPARISON_AMP": "bf16", "PYTHONPATH": str(ROOT)}
     p = subprocess.run(["bash", str(ROOT / "eval" / "gpu_comparison.sh"), str(tmp_path / "no-wheels"), str(out)],
                        env=env, capture_output=True, text=True, timeout=1200)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -51,7 +52,9 @@ def test_the_gpu_command_rehearses_on_the_cpu(tmp_path):
     assert len(files) <= 8 and {"bench.txt", "bench.json", "sweep.log", "comparison.txt", "scores.md"} <= set(files)
     summary = (out / "comparison.txt").read_text()
     assert "6 of 6 runs finished" in summary and "== ms per update" in summary
-    assert len(list(work.glob("runs/hopper-medium/*/*/summary.json"))) == 6
+    assert len(list(work.glob("runs/hopper-medium/*/*/summary.json"))) == 6 and "amp=bf16" in summary
+    logs = [p.read_text() for p in work.glob("runs/sweep-logs/*.log")]  # each run's config dump
+    assert len(logs) == 6 and all(re.search(r"^\s*amp\s+= 'bf16'", log, re.M) for log in logs), logs[0][:2000]
 
 
 @pytest.mark.slow
