@@ -189,7 +189,6 @@ def run(argv: list[str]) -> dict:
                                                          outputs.create_file, what="rollout report")
     if note := ck.fidelity(cfg.engine).note(f"checkpoint {path}"):
         print(note)
-    written = False
     try:
         try:
             # the video beside the report: in out='s folder when given, else in the run directory
@@ -199,10 +198,10 @@ def run(argv: list[str]) -> dict:
             raise
         # atomic: a write that fails (a full disk, ulimit -f) leaves no truncated report under the name
         checkpoint_io.write_atomic(out, json.dumps(report, indent=2), "rollout report")
-        written = True
-    finally:
-        if not written and not cfg.out and out.exists() and out.stat().st_size == 0:
+    except BaseException:
+        if not cfg.out and out.exists() and out.stat().st_size == 0:
             out.unlink()  # the name claimed for a report that never came
+        raise
     print(summary_text(report))
     print(f"report: {out}")
     return report
