@@ -250,8 +250,8 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
     return rows
 
 
-def _fmt(x, nd=1) -> str:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+def _fmt(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
 
 def val_cell(r: dict) -> str:
