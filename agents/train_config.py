@@ -105,8 +105,6 @@ class RolloutOptions:
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
     """vector envs the simulators are split into, one stepping while the next one's agent acts (0: 2 sync, 1 async)"""
-    lane_workers: Literal["process", "thread"] = "process"
-    """where a synchronous lane steps while the other acts: process (one subprocess per lane) | thread"""
 
     def check(self, prefix: str = "") -> None:
         """``prefix``: where these options sit ("eval.")."""
@@ -248,15 +246,17 @@ _DESCRIPTION = ("Train a Decision Transformer (dt | primal+dt | primalformer-dt 
                 "preset (env's or preset=); each run prints every value with where it came from.")
 
 
-def from_dict(d: dict) -> TrainConfig:
-    """A config back from a checkpoint's dict, each value checked against its field.
+RETIRED_EVAL = {"precision": ("fp32",), "lane_workers": ("process", "thread")}
+"""``eval.*`` options that are gone, with the values older checkpoints record that mean what every run does
+now (a float32 stream; lanes, which never changed a result): dropped on read, so those runs stay resumable
+and reportable; any other value is refused as an unknown option."""
 
-    Checkpoints written while the stream engine still had a bf16 precision record ``eval.precision="fp32"``,
-    which is what every stream now runs: that one value is dropped so those runs stay resumable and
-    reportable; any other value is refused as an unknown option."""
+
+def from_dict(d: dict) -> TrainConfig:
+    """A config back from a checkpoint's dict, each value checked against its field (``RETIRED_EVAL``)."""
     ev = d.get("eval") if isinstance(d, dict) else None
-    if isinstance(ev, dict) and ev.get("precision") == "fp32":
-        d = {**d, "eval": {k: v for k, v in ev.items() if k != "precision"}}
+    if isinstance(ev, dict):
+        d = {**d, "eval": {k: v for k, v in ev.items() if v not in RETIRED_EVAL.get(k, ())}}
     return presets.apply_preset(TrainConfig(), d, where="checkpoint config")
 
 

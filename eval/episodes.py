@@ -2,19 +2,17 @@
 
 Simulators are split into *lanes*, each a Gymnasium vector env with its own agent (the same model). With
 lane processes (``eval.simulators``) and a CPU agent, the whole act-then-step loop of a lane runs in its
-process, one core per lane. Otherwise the agents act here, and while one lane's simulators step (in its
-process, or a worker thread: torch releases the GIL, the simulators' Python does not) the next lane's agent
-computes. Jobs (target, episode index) come from one queue: a finished simulator is reset with the next
-job's seed (``seed + episode index``) and its agent row restarted; with no job left the row leaves the
-batch, so the tail of an evaluation costs only its long episodes. An episode's outcome depends only on its
-seed and target, never on lane, row or ``num_envs``.
+process, one core per lane. Otherwise the agents act here, and while one lane's simulators step in its
+process the next lane's agent computes. Jobs (target, episode index) come from one queue: a finished
+simulator is reset with the next job's seed (``seed + episode index``) and its agent row restarted; with no
+job left the row leaves the batch, so the tail of an evaluation costs only its long episodes. An episode's
+outcome depends only on its seed and target, never on lane, row or ``num_envs``.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import gymnasium as gym
@@ -43,19 +41,16 @@ def step_rows(venv, envs_idx: np.ndarray, actions: np.ndarray):
     return obs[envs_idx], reward[envs_idx], term[envs_idx], trunc[envs_idx]
 
 
-class Jobs:
+class Jobs(deque):
     """The evaluator's job queue, ``(job index, (target, episode))`` in order: ``take(step, n)`` hands up to
     ``n`` jobs to a lane at its ``step``. Lanes take in (step, lane) order, in-process or not, so every batch
     an agent sees does not depend on timing."""
 
     def __init__(self, jobs):
-        self.queue = deque(enumerate(jobs))
+        super().__init__(enumerate(jobs))
 
     def take(self, step: int, n: int) -> list:
-        return [self.queue.popleft() for _ in range(min(n, len(self.queue)))]
-
-    def __len__(self) -> int:
-        return len(self.queue)
+        return [self.popleft() for _ in range(min(n, len(self)))]
 
 
 class _Lane:
@@ -120,12 +115,11 @@ class _Lane:
 
 
 def run_lanes(agents, venvs, jobs, seed: int, max_steps: int, returns, lengths,
-              on_episode: Callable[[int], None] | None = None, submit=None) -> dict:
+              on_episode: Callable[[int], None] | None = None) -> dict:
     """The act-then-step loop of every evaluator (a lane process runs it for its one lane): each lane's agent
-    acts for its running rows, its simulators step (``submit(lane, action)``: the result, or a function waiting
-    for it; default: step here), and the outcome restarts or drops rows. A lane's step is taken in only after
-    the next lane has acted. Outcomes go to ``returns[job]`` / ``lengths[job]``; returns "act_s", "act_rows"
-    and "env_steps" as ``run_episodes`` does."""
+    acts for its running rows, its simulators step (a lane process's while the next lane acts), and the outcome
+    restarts or drops rows. A lane's step is taken in only after the next lane has acted. Outcomes go to
+    ``returns[job]`` / ``lengths[job]``; returns "act_s", "act_rows" and "env_steps" as ``run_episodes`` does."""
     lanes = [_Lane(a, v) for a, v in zip(agents, venvs)]
     for lane in lanes:
         lane.start(jobs, seed)
@@ -151,7 +145,11 @@ def run_lanes(agents, venvs, jobs, seed: int, max_steps: int, returns, lengths,
             act_rows.append(len(lane.running))
             if pending is not None:  # the previous lane's simulators ran while this lane acted
                 finish(pending)
-            pending = (lane, step_rows(lane.venv, lane.running, action) if submit is None else submit(lane, action))
+            if hasattr(lane.venv, "step_rows_async"):  # eval.simulators: its process steps while we go on
+                lane.venv.step_rows_async(lane.running, action)
+                pending = (lane, lane.venv.step_rows_wait)
+            else:
+                pending = (lane, step_rows(lane.venv, lane.running, action))
     if pending is not None:
         finish(pending)
     return {"act_s": act_s, "act_rows": act_rows, "env_steps": sum(act_rows)}
@@ -168,8 +166,7 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
     venvs = list(venvs) if isinstance(venvs, (list, tuple)) else [venvs]
     if len(agents) != len(venvs) or not agents:
         raise ValueError(f"one agent per vector env: got {len(agents)} agents for {len(venvs)} vector envs")
-    in_process = all(hasattr(v, "step_rows_async") for v in venvs)
-    if host and in_process:  # lane processes: host the agents there
+    if host and all(hasattr(v, "step_rows_async") for v in venvs):  # lane processes: host the agents there
         from eval import simulators
 
         blobs = [simulators.hostable(a) for a in agents]
@@ -177,18 +174,5 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
             return simulators.run_hosted(blobs, venvs, jobs, seed, max_steps, on_episode)
     returns = np.zeros(len(jobs))
     lengths = np.zeros(len(jobs), dtype=np.int64)
-    pool = ThreadPoolExecutor(1, thread_name_prefix="simulators") if len(venvs) > 1 and not in_process else None
-
-    def submit(lane, action):
-        if in_process:  # eval.simulators: the lane's own process steps while we go on
-            lane.venv.step_rows_async(lane.running, action)
-            return lane.venv.step_rows_wait
-        return pool.submit(step_rows, lane.venv, lane.running, action).result
-
-    try:
-        out = run_lanes(agents, venvs, Jobs(jobs), seed, max_steps, returns, lengths, on_episode,
-                        submit if in_process or pool is not None else None)
-    finally:
-        if pool is not None:
-            pool.shutdown(wait=True)
+    out = run_lanes(agents, venvs, Jobs(jobs), seed, max_steps, returns, lengths, on_episode)
     return {"returns": returns.tolist(), "lengths": lengths.tolist(), **out}

@@ -123,7 +123,7 @@ def engine_label(f) -> str:
 
 
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
-    """The fp32 rollout reports of ``run``'s final checkpoint, each as a run scored by its engine, and a note
+    """The rollout reports of ``run``'s final checkpoint, each as a run scored by its engine, and a note
     for each report left out."""
     out, notes = [], []
     for p in sorted(run.path.glob("rollout-*.json")):
@@ -250,8 +250,8 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
     return rows
 
 
-def _fmt(x, nd=1) -> str:
-    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{nd}f}"
+def _fmt(x) -> str:
+    return "" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.1f}"
 
 
 def val_cell(r: dict) -> str:
@@ -291,14 +291,6 @@ def markdown(rows: list[dict], target: str) -> str:
 
 CSV_COLUMNS = ["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
                "best", "best_std", "best_ci95", "data_level", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds"]
-
-
-def write_csv(rows: list[dict], path: Path) -> None:
-    text = io.StringIO(newline="")
-    w = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-    w.writeheader()
-    w.writerows(rows)
-    ck_io.write_atomic(path, text.getvalue(), "report's score table")
 
 
 def _band(runs: list[Run], target: str):
@@ -432,7 +424,11 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     md += [f"- left out (unreadable): {e}" for e in skipped]
     for t in targets:
         md += ["", markdown(rows[t], t)]
-        write_csv(rows[t], out / f"scores-{t}.csv")
+        text = io.StringIO(newline="")
+        w = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows[t])
+        ck_io.write_atomic(out / f"scores-{t}.csv", text.getvalue(), "report's score table")
     md += ["", "![learning curves](curves.png)", "", "![final scores](scores.png)", ""]
     ck_io.write_atomic(out / "scores.md", "\n".join(md), "report's tables")
     curves = plot_curves(groups, targets, out / "curves.png")

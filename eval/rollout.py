@@ -91,7 +91,7 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     model.eval()
     n = max(1, min(options.num_envs, len(jobs)))
     n_lanes = min(n, options.lanes or (1 if options.asynchronous else 2))
-    in_process = n_lanes > 1 and not options.asynchronous and options.lane_workers == "process"
+    in_process = n_lanes > 1 and not options.asynchronous
     widths = [n // n_lanes + (k < n % n_lanes) for k in range(n_lanes)]
     try:
         agents = [Agent(model, data, target=float(targets[0]), engine=options.engine) for _ in widths]
@@ -111,9 +111,8 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
         model.train(was_training)
     if details is not None:
         details.update({"latency": latency(res["act_s"], widths[0], res["act_rows"]), "wall_s": wall,
-                        "env_steps": res["env_steps"], "num_envs": n, "lanes": n_lanes,
-                        "lane_workers": "process" if in_process else "thread" if n_lanes > 1 else "none",
-                        "engine": options.engine, "asynchronous": options.asynchronous})
+                        "env_steps": res["env_steps"], "num_envs": n, "lanes": n_lanes, "engine": options.engine,
+                        "asynchronous": options.asynchronous})
     return summarize(spec, targets, jobs, res)
 
 
@@ -190,7 +189,6 @@ def run(argv: list[str]) -> dict:
                                                          outputs.create_file, what="rollout report")
     if note := ck.fidelity(cfg.engine).note(f"checkpoint {path}"):
         print(note)
-    written = False
     try:
         try:
             # the video beside the report: in out='s folder when given, else in the run directory
@@ -200,10 +198,10 @@ def run(argv: list[str]) -> dict:
             raise
         # atomic: a write that fails (a full disk, ulimit -f) leaves no truncated report under the name
         checkpoint_io.write_atomic(out, json.dumps(report, indent=2), "rollout report")
-        written = True
-    finally:
-        if not written and not cfg.out and out.exists() and out.stat().st_size == 0:
+    except BaseException:
+        if not cfg.out and out.exists() and out.stat().st_size == 0:
             out.unlink()  # the name claimed for a report that never came
+        raise
     print(summary_text(report))
     print(f"report: {out}")
     return report
@@ -222,7 +220,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets, out_dir: 
             bar.close()
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
               **ck.fidelity(cfg.engine).record(), "episodes_per_target": cfg.episodes,
-              "seed": cfg.seed, **{k: details[k] for k in ("num_envs", "lanes", "lane_workers", "env_steps")},
+              "seed": cfg.seed, **{k: details[k] for k in ("num_envs", "lanes", "env_steps")},
               "asynchronous": cfg.asynchronous, "max_steps": cfg.max_steps or spec.max_episode_steps,
               "model_layers": model.layer_names, "train_step": ck.step, "data_source": info.source,
               "data_fingerprint": info.fingerprint or None, "wall_s": round(details["wall_s"], 3),

@@ -45,7 +45,7 @@ class SpectrumReport:
     skipped: list[str] = field(default_factory=list)  # layers whose mechanism the probe cannot read
 
 
-def capture_attention_inputs(model: nn.Module, run: Callable[[], object]) -> list[tuple[str, nn.Module, torch.Tensor, torch.Tensor | None]]:
+def capture_attention_inputs(model: nn.Module, run: Callable[[], object]) -> list[tuple]:
     """Run ``run()`` (which calls the model) and return (layer name, attention module, x, mask) per
     attention call of every block of every Stack inside ``model``."""
     stacks = [(n, m) for n, m in model.named_modules() if isinstance(m, Stack)]
@@ -165,9 +165,8 @@ def analyse(model: nn.Module, run: Callable[[], object]) -> SpectrumReport:
     was_training = model.training
     model.eval()
     try:
-        captured = capture_attention_inputs(model, run)
         report = SpectrumReport()
-        for name, attn, x, mask in captured:
+        for name, attn, x, mask in capture_attention_inputs(model, run):
             mech = type(attn).__name__
             if not (attn.value_projection or attn.score_directions):
                 report.skipped.append(f"{name} ({mech})")

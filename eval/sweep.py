@@ -208,27 +208,22 @@ def run(argv: list[str]) -> dict:
     out = Path(plan(argv)[0].out)  # every option checked before anything is written
     held = lock.hold(out, "sweep's output")  # then planned again under the lock: no two sweeps plan the same runs
     try:
-        return _run(argv, held)
+        sweep, jobs = plan(argv)
+        threads, cores = sweep.threads, runtime.usable_cores()
+        parallel = sweep.jobs or max(1, cores // threads)
+        counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip")}
+        print(f"[sweep] {len(jobs)} runs: {counts['start']} to start, {counts['resume']} to resume, "
+              f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores} cores); out {out}",
+              flush=True)
+        failed = execute(jobs, parallel, threads, out / "sweep-logs", held)
+        _, jobs = plan(argv)  # where each run now lives (new runs named their directories themselves)
+        finished_dirs = [str(j.run_dir) for j in jobs if j.action == "skip"]
+        result = {"jobs": jobs, "failed": failed}
+        if finished_dirs:
+            result["report"] = report_mod.report(finished_dirs, sweep.report or out / "report")
+            print(Path(result["report"]["markdown"]).read_text(), flush=True)
     finally:
         lock.release(out)
-
-
-def _run(argv: list[str], held: int) -> dict:
-    sweep, jobs = plan(argv)
-    out, threads = Path(sweep.out), sweep.threads
-    cores = runtime.usable_cores()
-    parallel = sweep.jobs or max(1, cores // threads)
-    counts = {a: sum(j.action == a for j in jobs) for a in ("start", "resume", "skip")}
-    print(f"[sweep] {len(jobs)} runs: {counts['start']} to start, {counts['resume']} to resume, "
-          f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores} cores); out {out}",
-          flush=True)
-    failed = execute(jobs, parallel, threads, out / "sweep-logs", held)
-    _, jobs = plan(argv)  # where each run now lives (new runs named their directories themselves)
-    finished_dirs = [str(j.run_dir) for j in jobs if j.action == "skip"]
-    result = {"jobs": jobs, "failed": failed}
-    if finished_dirs:
-        result["report"] = report_mod.report(finished_dirs, sweep.report or out / "report")
-        print(Path(result["report"]["markdown"]).read_text(), flush=True)
     if failed:
         names = ", ".join(j.name for j in failed)
         raise RuntimeError(f"{len(failed)} run(s) failed: {names}; see {out / 'sweep-logs'}")

@@ -129,14 +129,13 @@ def _write(frames, fps: float, out_dir: Path, engine: str, step: int) -> dict:
     # a new name (episode-stream-2.gif, ...) rather than over an earlier recording
     path = outputs.new_path(outputs.numbered(out_dir / f"episode-{engine}.gif"), outputs.create_file,
                             what="episode GIF")
-    written = False
     try:  # the file first, atomically: a failed write (full disk, ulimit -f) leaves no truncated GIF
         data = encode_gif(frames, fps)
         checkpoint.write_atomic(path, data, "episode GIF")
-        written = True
-    finally:
-        if not written and path.exists() and path.stat().st_size == 0:
+    except BaseException:
+        if path.exists() and path.stat().st_size == 0:
             path.unlink()  # the name claimed for a GIF that never came
+        raise
     mon = RunMonitor(out_dir / "video", progress=False)
     try:
         mon.image(f"rollout/{engine}", data, frames[0].shape[:2], step)

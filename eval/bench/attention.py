@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -36,14 +37,12 @@ def all_specs(max_len: int) -> tuple[list[str], list[str], list[str]]:
     """Every registered mechanism, split by the directions and forms it supports."""
     from primal_dt.attention import available, get_class
 
-    # options a mechanism needs at long lengths (its learned/positional tables are sized by max_len)
-    length_opts = {"linformer": f"max_len={max_len}", "cosformer": f"max_len={max_len}"}
     bidir, causal, step = list(DEFAULT_MECHANISMS), list(CAUSAL_MECHANISMS), ["softmax", "primal:s=20"]
     for name in available():
         if name in ("softmax", "primal"):
             continue
-        cls = get_class(name)
-        spec = f"{name}:{length_opts[name]}" if name in length_opts else name
+        cls = get_class(name)  # linformer's and cosformer's tables are sized by max_len
+        spec = f"{name}:max_len={max_len}" if name in ("linformer", "cosformer") else name
         if cls.supports_bidirectional:
             bidir.append(spec)
         if cls.supports_causal:
@@ -62,18 +61,13 @@ def build(spec: str, width: int, heads: int, causal: bool):
     return build_attention(name, width, heads, causal=causal, **opts.get(name, {}))
 
 
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-
-
 def child(job: dict) -> dict:
     """Runs in a fresh process: time fwd+bwd, report peak RSS above the pre-run baseline."""
     torch.set_num_threads(job["threads"])
     torch.manual_seed(0)
     layer = build(job["spec"], job["width"], job["heads"], job["causal"])
     x = torch.randn(job["batch"], job["length"], job["width"], requires_grad=True)
-    base = _rss_mb()
+    base = int(Path("/proc/self/statm").read_text().split()[1]) * resource.getpagesize() / 2**20  # RSS, MB
     times = []
     for _ in range(job["repeat"] + 1):
         t0 = time.perf_counter()
@@ -135,13 +129,12 @@ def step_latency(spec: str, width: int, heads: int, context: int, steps: int) ->
         times = []
         for _ in range(steps):
             t0 = time.perf_counter()
-            _, new = form(x, state)
+            form(x, state)
             times.append(time.perf_counter() - t0)
     return 1e6 * statistics.median(times)
 
 
 def part2(args) -> list[dict]:
-    torch.set_num_threads(args.threads)
     rows = []
     for spec in args.step_mechanisms:
         for t in args.contexts:

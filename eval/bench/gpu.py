@@ -28,11 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from agents.train_step import Stepper, default_mode
+from agents.train_step import default_mode
 from primal_dt.run import options, runtime
 
 from . import timing
-from .train import ACT_DIM, CLIP, ETA, OURS, SIZES, STATE_DIM, HuggingFace, Ours, batches
+from .train import ACT_DIM, OURS, SIZES, STATE_DIM, HuggingFace, Ours, batches
 
 TINY = dict(d_model=32, n_heads=2, n_layers=2, s=8)
 """``--budget``'s model size (a rehearsal of every part, in seconds on a CPU)"""
@@ -65,15 +65,13 @@ def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[
                 skipped.append(f"{layout} {precision}")
                 continue
             torch.manual_seed(0)
-            eager = Ours(layout, size, args.K, "eager", str(device))
-            eager.stepper.autocast = dtype
+            eager = Ours(layout, size, args.K, "eager", str(device), autocast=dtype)
             timed(eager.step, data[: args.warmup], device)
             out[f"{layout} eager {precision}"] = timed(eager.step, data[args.warmup: args.warmup + n], device)
             torch.manual_seed(0)
-            comp = Ours(layout, size, args.K, "compile", str(device))
             # one compiled step, timed first as it is, then captured whole in a CUDA graph
-            comp.stepper = Stepper(forms[-1], comp.model, comp.params, comp.opt, comp.sched, ETA, CLIP,
-                                   graph_after=args.warmup + n, autocast=dtype, backend=args.backend)
+            comp = Ours(layout, size, args.K, forms[-1], str(device), graph_after=args.warmup + n, autocast=dtype,
+                        backend=args.backend)
             t0 = time.perf_counter()
             timed(comp.step, data[: args.warmup], device)
             print(f"  {layout} {precision}: compiled in {time.perf_counter() - t0:.0f}s", flush=True)

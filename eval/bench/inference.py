@@ -6,8 +6,9 @@
 
 **Latency**: ms per ``act`` of the torch stream agent, the exported ONNX / TorchScript step, recompute and
 HuggingFace's DT as its documentation uses it, per size, context and batch, then the stream's latency
-against the episode step (flat). **Evaluation** (``eval/bench/evaluator.py``): the vectorised stream
-evaluator against the sequential recompute loop.
+against the episode step (flat). **Evaluation**: wall time of ``episodes`` Hopper episodes with the vectorised
+stream evaluator against the sequential one-episode-at-a-time recompute loop (the reference implementations'
+protocol), same checkpoint, seeds and run.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import torch
 
 from agents.threads import keep_freed_memory
 from agents.agent import Agent
-from eval.bench.evaluator import evaluation_section
 from primal_dt.run import errors, options, runtime
 
 from . import timing
@@ -64,7 +64,7 @@ class BenchConfig:
     episodes: int = 100
     """Hopper episodes for the evaluation wall-time comparison (0: skip)"""
     lane_layouts: bool = True
-    """also time the evaluator with thread lanes and with one lane (what the process lanes buy)"""
+    """also time the evaluator with one lane (what the second lane buys)"""
     seq_episodes: int = 0
     """episodes actually run by the sequential loop (0: all); its time is scaled to ``episodes``"""
     max_steps: int = 1000
@@ -239,6 +239,45 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -
         print(f"{name} stream batch={B:4d} vs t: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
               + f"  (max/min {e['max_over_min']:.2f})", flush=True)
     return res
+
+
+def evaluation_section(model, info, bc: BenchConfig) -> dict:
+    """The vectorised stream evaluator (two lanes, and with ``bc.lane_layouts`` one) vs the sequential recompute
+    loop, in one run; ratios printed."""
+    import envs
+    from agents.train_config import RolloutOptions
+    from eval.episodes import run_episodes, vector_env
+    from eval.rollout import evaluate
+
+    target = info.eval_targets[0]
+    n_seq = bc.seq_episodes or bc.episodes
+    vec, res = {}, None
+    layouts = {"lanes=2 process": 2, "lanes=1": 1} if bc.lane_layouts else {"lanes=2 process": 2}
+    for name, lanes in layouts.items():  # two lanes: the agents in their lanes' processes
+        d = {}
+        t0 = time.perf_counter()
+        options = RolloutOptions(targets=(target,), num_envs=bc.episodes, max_steps=bc.max_steps, engine="stream",
+                                 lanes=lanes)
+        r = evaluate(model, bc.episodes, bc.seed, options, data=info, details=d)
+        vec[name] = time.perf_counter() - t0
+        if res is None:
+            res, env_steps = r, d["env_steps"]
+        print(f"  vectorised stream, {name}: {vec[name]:.2f} s", flush=True)
+    venv = vector_env(envs.get_spec(info.env).name, 1, gym_id=info.gym_id)
+    try:  # the reference protocol: one episode at a time, a batch-1 recompute agent, the evaluators' loop
+        t0 = time.perf_counter()
+        seq = run_episodes(Agent(model, info, engine="recompute"), venv, [(target, e) for e in range(n_seq)],
+                           bc.seed, bc.max_steps)
+        seq_s = (time.perf_counter() - t0) * bc.episodes / n_seq
+    finally:
+        venv.close()
+    vec_s = vec["lanes=2 process"]
+    print(f"  sequential recompute: {seq_s:.2f} s ({n_seq} episodes run, scaled to {bc.episodes})", flush=True)
+    return {"episodes": bc.episodes, "env_steps": env_steps, "stream_mean_length": res[target]["length_mean"],
+            "stream_return_mean": res[target]["return_mean"], "vectorized_stream_s": vec_s,
+            "vectorized_by_layout_s": vec, "sequential_recompute_s": seq_s, "sequential_episodes_run": n_seq,
+            "sequential_return_mean_over_run": float(np.mean(seq["returns"])), "speedup": seq_s / vec_s,
+            "speedup_by_layout": {k: seq_s / v for k, v in vec.items()}}
 
 
 def tables(report: dict) -> list[list[str]]:

@@ -35,20 +35,17 @@ def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.2) -> dict:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def machine(prog: str, argv) -> dict:
     """The machine, the software and the command of a measurement (the header of its tables)."""
     import torch
 
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        cpu = platform.processor() or platform.machine()
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": cpu_model(), "cores": runtime.usable_cores(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
+    return {"cpu": cpu, "cores": runtime.usable_cores(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
             "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join([prog, *map(shlex.quote, argv)])}
 

@@ -52,9 +52,11 @@ def batches(n: int, batch: int, K: int, seed: int = 0) -> list[Batch]:
 
 
 class Ours:
-    """Our DT's training step in one of ``agents.train_step.MODES`` (eager: the reference), on ``device``."""
+    """Our DT's training step in a mode of ``agents.train_step.MODES`` (eager: the reference), more ``Stepper``
+    options in ``stepper``."""
 
-    def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu", window: int = 0):
+    def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu", window: int = 0,
+                 **stepper):
         cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
                        n_layers=size["n_layers"], name=layout, s=size["s"], dropout=0.1)
         self.first = None
@@ -65,7 +67,7 @@ class Ours:
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4, fused=mode != "eager")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
-        self.stepper = Stepper(mode, self.model, self.params, self.opt, self.sched, ETA, CLIP)
+        self.stepper = Stepper(mode, self.model, self.params, self.opt, self.sched, ETA, CLIP, **stepper)
 
     def step(self, b: Batch) -> None:
         self.stepper.step(b if self.first is None else stream_exact_batch(b, self.first))

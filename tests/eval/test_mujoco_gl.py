@@ -12,8 +12,7 @@ NONSENSE = ("MUJOCO_GL=nonsense is not a value MuJoCo accepts, so no MuJoCo simu
             "video; valid values: egl, osmesa, glfw, or unset; run `unset MUJOCO_GL` (or set MUJOCO_GL=egl) and "
             "start again")
 
-LAYOUTS = {"one-env": ["num_envs=1"], "process-lanes": ["num_envs=2"],
-           "thread-lanes": ["num_envs=2", "lane_workers=thread"], "async": ["num_envs=2", "asynchronous=true"]}
+LAYOUTS = {"one-env": ["num_envs=1"], "process-lanes": ["num_envs=2"], "async": ["num_envs=2", "asynchronous=true"]}
 
 
 @pytest.fixture

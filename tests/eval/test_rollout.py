@@ -49,18 +49,14 @@ def sequential(ckpt, target, episodes, seed, engine="stream", max_steps=MAX):
 
 
 def test_sync_and_async_agree_and_match_the_sequential_protocol(ckpt):
-    d_sync, d_thr, d_one, d_asyn = {}, {}, {}, {}
+    d_sync, d_one, d_asyn = {}, {}, {}
     sync = run(ckpt, details=d_sync)  # two lanes of 2 simulators, each lane in its own process
-    thr = run(ckpt, lane_workers="thread", details=d_thr)  # the same lanes stepped by a worker thread
     one = run(ckpt, lanes=1, details=d_one)
     asyn = run(ckpt, asynchronous=True, details=d_asyn)
     assert (d_sync["lanes"], d_one["lanes"], d_asyn["lanes"]) == (2, 1, 1)
-    assert (d_sync["lane_workers"], d_thr["lane_workers"], d_one["lane_workers"]) == ("process", "thread", "none")
     for t in (3600.0, 1800.0):
         assert len(sync[t]["returns"]) == 3
         np.testing.assert_allclose(one[t]["returns"], asyn[t]["returns"], rtol=0, atol=1e-9)  # same batches
-        np.testing.assert_allclose(sync[t]["returns"], thr[t]["returns"], rtol=0, atol=1e-9)
-        assert sync[t]["lengths"] == thr[t]["lengths"]
         np.testing.assert_allclose(sync[t]["returns"], asyn[t]["returns"], rtol=1e-6)
         assert sync[t]["lengths"] == asyn[t]["lengths"] == one[t]["lengths"]
         np.testing.assert_allclose(sync[t]["returns"], sequential(ckpt, t, 3, 5), rtol=1e-4)
@@ -245,7 +241,6 @@ def test_cli_refuses_a_crafted_checkpoint_and_its_payload_never_runs(tmp_path, c
     ("num_envs=-1", "num_envs must be >= 1, got -1"),
     ("seed=-3", r"seed must be in [0, 4294967296), got -3"),
     ("lanes=-1", "lanes must be >= 0, got -1"),
-    ("lane_workers=fork", "'fork'"),  # tyro's message: the names it accepts
     ("device=gpu", "device must be auto, cpu, cuda or cuda:N"),
     ("precision=bf16", "precision"),  # gone: the stream runs in float32 only, tyro names the unknown option
 ])

@@ -55,7 +55,7 @@ def entry_points() -> list[tuple[str, ...]]:
 
 def test_the_entry_points_are_found_and_each_recorded_one_still_exists():
     names = {" ".join(e) for e in entry_points()}
-    assert set(recorded()) <= names and "eval.bench.evaluator" in names
+    assert set(recorded()) <= names and "eval.bench.inference" in names
 
 
 HELP_ALL = """

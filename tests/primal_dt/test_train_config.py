@@ -122,6 +122,7 @@ def test_a_checkpoint_config_from_before_the_bf16_stream_went_still_reads():
     now runs): they resume and report; a bf16 stream is no longer a policy the package runs."""
     old = dataclasses.asdict(train_config.TrainConfig())
     old["eval"]["precision"] = "fp32"
+    old["eval"]["lane_workers"] = "thread"  # gone too: thread lanes; lanes never changed a result
     assert train_config.from_dict(old) == train_config.TrainConfig()
     old["eval"]["precision"] = "bf16"
     with pytest.raises(ValueError, match="precision"):
