@@ -21,9 +21,8 @@ Numerics: exponential kernels are evaluated in the log domain (a masked log-sum-
 the others divide by the kernel sum + eps. The linear kernel is the exception the paper itself
 flags: it can be negative, so its literal normaliser sum_j <q_i, k_j> can cross zero and the
 weights blow up (the paper reports it does not converge; outputs then swing with rounding-level
-changes in the projections). By default (``normalizer="abs"``) the weights are divided by
-sum_j |<q_i, k_j>| + eps instead, which keeps them bounded (|w| <= 1) and is identical for the
-non-negative kernels; ``normalizer="signed"`` gives the literal formula.
+changes in the projections). The weights are therefore divided by sum_j |<q_i, k_j>| + eps, which
+keeps them bounded (|w| <= 1) and is identical for the non-negative kernels.
 """
 
 from __future__ import annotations
@@ -47,10 +46,8 @@ def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([ang.sin(), ang.cos()], dim=-1)[..., :dim]
 
 
-def smoother_weights(qf, kf, kernel: str, allowed: torch.Tensor, d: int, eps: float,
-                     signed: bool = False) -> torch.Tensor:
-    """Normalised kernel-smoother weights [B, H, Tq, Tk] for features qf [.., Tq, e], kf [.., Tk, e].
-    Non-exponential kernels divide by sum |k| + eps, or with ``signed`` by the literal sum k (+-eps)."""
+def smoother_weights(qf, kf, kernel: str, allowed: torch.Tensor, d: int, eps: float) -> torch.Tensor:
+    """Normalised kernel-smoother weights [B, H, Tq, Tk] for features qf [.., Tq, e], kf [.., Tk, e]."""
     dots = qf @ kf.transpose(-1, -2)
     if kernel in ("exponential", "rbf"):
         logk = dots / math.sqrt(d)
@@ -58,9 +55,6 @@ def smoother_weights(qf, kf, kernel: str, allowed: torch.Tensor, d: int, eps: fl
             logk = (2 * dots - qf.pow(2).sum(-1, keepdim=True) - kf.pow(2).sum(-1).unsqueeze(-2)) / math.sqrt(d)
         return torch.softmax(logk.masked_fill(~allowed, torch.finfo(logk.dtype).min), dim=-1) * allowed
     kmat = (dots if kernel == "linear" else dots.pow(2)) * allowed
-    if signed:
-        den = kmat.sum(-1, keepdim=True)
-        return kmat / torch.where(den >= 0, den + eps, den - eps)
     return kmat / (kmat.abs().sum(-1, keepdim=True) + eps)
 
 
@@ -73,14 +67,10 @@ class KernelSmootherAttention(Attention):
     symmetric: bool = False
     positional: bool = False
 
-    def __init__(self, d_model: int, n_heads: int, causal: bool = False, eps: float = 1e-6,
-                 normalizer: str = "abs", bias: bool = True):
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, eps: float = 1e-6, bias: bool = True):
         super().__init__(d_model, n_heads, causal)
         if not eps > 0:
             raise ValueError(f"eps must be > 0, got {eps}")
-        if normalizer not in ("abs", "signed"):
-            raise ValueError(f"normalizer must be 'abs' or 'signed', got {normalizer!r}")
-        self.signed = normalizer == "signed"
         self.eps = float(eps)
         n_qk = 1 if (self.symmetric or self.positional) else 2
         self.qk = nn.Linear(d_model, n_qk * d_model, bias=bias)  # WF for the positional form
@@ -103,7 +93,7 @@ class KernelSmootherAttention(Attention):
         return qf, kf, self.split_heads(self.v(x))
 
     def _attend(self, qf, kf, v, allowed):
-        w = smoother_weights(qf, kf, self.kernel, allowed, self.d_head, self.eps, self.signed)
+        w = smoother_weights(qf, kf, self.kernel, allowed, self.d_head, self.eps)
         return self.proj(self.merge_heads(w @ v)), w
 
     def _allowed(self, mask, Tq, Tk, device):
