@@ -1,8 +1,8 @@
 """Behaviour-policy training for the collector: SAC in a Gymnasium MuJoCo simulator, resumably.
 
 D4RL and Minari made their medium / expert / replay datasets from the checkpoints and replay buffer of one
-SAC run. ``workdir`` holds, each written atomically: ``sac_step<N>.pt`` (tensors only, read with
-``weights_only=True``), ``replay.npz`` (append-only, so its first N transitions are the buffer "up to step
+SAC run. ``workdir`` holds, each written atomically (``checkpoint.write_atomic``): ``sac_step<N>.pt``
+(tensors only, read with ``weights_only=True``), ``replay.npz`` (append-only, so its first N transitions are the buffer "up to step
 N"; read with ``allow_pickle=False``), ``evals.json``, ``meta.json`` and ``.lock`` (one trainer per
 directory). Nothing here unpickles: stable-baselines3's own files are pickles, which run whatever code they
 name.
@@ -10,6 +10,7 @@ name.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from primal_dt.run import json_reader, lock
+from primal_dt.run.checkpoint import save_atomic, write_atomic
 
 CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
 REPLAY = "replay.npz"
@@ -33,14 +35,6 @@ def _require_sb3():
                           "(or pip install stable-baselines3)") from exc
 
 
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp)``, then ``tmp`` renamed to ``path``: a killed run leaves the previous file, never half of one
-    (``tmp`` keeps ``path``'s suffix, which numpy and matplotlib read the format from)."""
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every policy checkpoint, oldest first."""
     return sorted((int(m.group(1)), p) for p in Path(workdir).glob("sac_step*.pt") if (m := CKPT_RE.search(p.name)))
@@ -48,11 +42,9 @@ def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
 
 def save_checkpoint(model, path: Path) -> None:
     """What resuming SAC and rolling its policy out need, as plain tensors."""
-    import torch
-
-    atomic_write(path, lambda tmp: torch.save({
-        "params": model.get_parameters(), "log_ent_coef": model.log_ent_coef.detach().clone(),
-        "num_timesteps": int(model.num_timesteps), "n_updates": int(model._n_updates)}, tmp))
+    save_atomic({"params": model.get_parameters(), "log_ent_coef": model.log_ent_coef.detach().clone(),
+                 "num_timesteps": int(model.num_timesteps), "n_updates": int(model._n_updates)}, path,
+                "behaviour-policy checkpoint")
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -77,8 +69,9 @@ def load_checkpoint(path: str | Path) -> dict:
 
 def save_replay(model, path: Path) -> None:
     rb = model.replay_buffer
-    arrays = {k: getattr(rb, k) for k in REPLAY_ARRAYS}
-    atomic_write(path, lambda tmp: np.savez(tmp, pos=rb.pos, full=rb.full, **arrays))
+    buf = io.BytesIO()
+    np.savez(buf, pos=rb.pos, full=rb.full, **{k: getattr(rb, k) for k in REPLAY_ARRAYS})
+    write_atomic(path, buf.getbuffer(), "replay buffer")
 
 
 def load_replay(path: str | Path) -> dict[str, np.ndarray]:
@@ -173,7 +166,7 @@ def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = Tr
             raise ValueError(f"{workdir} holds a behaviour policy for {meta['env_id']}, not {cfg.env_id}; "
                              "use another work directory")
         meta = json.dumps({"env_id": cfg.env_id, "seed": cfg.seed, "total_steps": cfg.total_steps})
-        atomic_write(workdir / "meta.json", lambda tmp: tmp.write_text(meta))
+        write_atomic(workdir / "meta.json", meta, "behaviour-policy metadata")
         return _train(workdir, cfg, progress)
     finally:
         lock.release(workdir)
@@ -220,7 +213,7 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
                 save_replay(self.model, workdir / REPLAY)
                 evals.append({"step": t, "return_mean": float(det.mean()), "return_std": float(det.std()),
                               "stoch_return_mean": float(sto.mean()), "episodes": cfg.eval_episodes})
-                atomic_write(workdir / "evals.json", lambda tmp: tmp.write_text(json.dumps(evals, indent=1)))
+                write_atomic(workdir / "evals.json", json.dumps(evals, indent=1), "checkpoint evaluations")
                 bar.set_postfix(ret=f"{det.mean():.0f}")
                 if not progress:
                     print(f"[behavior] step {t}: return {det.mean():.1f} +- {det.std():.1f}", flush=True)

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import platform
 import time
@@ -25,6 +26,7 @@ import numpy as np
 
 from envs import behavior
 from primal_dt.run import lock
+from primal_dt.run.checkpoint import write_atomic
 from primal_dt.run.cli import fail
 from envs.registry import FAMILIES, get_spec
 
@@ -107,15 +109,13 @@ def select_checkpoints(evals: list[dict], ref_max: float, medium_fraction: float
     return medium, expert
 
 
-def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, path: Path) -> Path | None:
+def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, path: Path) -> Path:
     """Return of every checkpoint, the chosen medium/expert policies marked: the choice checked at a glance."""
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     ev = sorted(evals, key=lambda e: e["step"])
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([e["step"] for e in ev], [e["return_mean"] for e in ev], "o-", ms=3, label="deterministic")
@@ -126,9 +126,10 @@ def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, pat
     ax.set(xlabel="SAC environment steps", ylabel="episode return")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    behavior.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    return path
+    return write_atomic(path, buf.getbuffer(), "plot of the checkpoints' returns")
 
 
 class SACPolicy:
@@ -192,7 +193,9 @@ def _save_shard(path: Path, episodes: list[dict]) -> None:
     arrays = {k: np.concatenate([ep[k] for ep in episodes]) for k in EPISODE}
     arrays["lengths"] = np.array([len(ep["rewards"]) for ep in episodes])
     arrays["seeds"] = np.array([ep["seed"] for ep in episodes])
-    behavior.atomic_write(path, lambda tmp: np.savez(tmp, **arrays))
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_atomic(path, buf.getbuffer(), "rollout shard")
 
 
 def _load_shard(path: Path) -> list[dict]:
@@ -356,8 +359,8 @@ def run(cfg: CollectConfig) -> dict:
     print(f"[collect] medium policy: step {medium['step']} (stochastic return {_score(medium):.1f}, "
           f"target {target:.0f}); expert policy: step {expert['step']} ({_score(expert):.1f})", flush=True)
 
-    if png := plot_evals(evals, medium, expert, target, workdir / "evals.png"):
-        print(f"[collect] checkpoint returns drawn in {png}", flush=True)
+    print(f"[collect] checkpoint returns drawn in {plot_evals(evals, medium, expert, target, workdir / 'evals.png')}",
+          flush=True)
 
     # 2. episodes
     def rollouts(entry, seed0, tag):
