@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from primal_dt.run import json_reader, lock
+from primal_dt.run import checkpoint
 from primal_dt.run.checkpoint import save_atomic, write_atomic
 
 CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
@@ -48,21 +49,9 @@ def save_checkpoint(model, path: Path) -> None:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """A checkpoint of ``save_checkpoint``; anything else is a ValueError naming the file (torch's pickle
-    warnings silenced: only this refusal prints)."""
-    import pickle
-    import warnings
-
-    import torch
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ck = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as err:
-        raise ValueError(f"{path} is not a primal-dt behaviour checkpoint (plain tensors only; "
-                         f"{type(err).__name__}: {str(err).splitlines()[0][:200]})") from err
-    if not (isinstance(ck, dict) and isinstance(ck.get("params"), dict) and "policy" in ck["params"]):
+    """A checkpoint of ``save_checkpoint``; anything else is a ValueError naming the file."""
+    ck = checkpoint.load(path, keys=("params",))
+    if not (isinstance(ck["params"], dict) and "policy" in ck["params"]):
         raise ValueError(f"{path} is not a primal-dt behaviour checkpoint (expected params.policy)")
     return ck
 
