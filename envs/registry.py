@@ -77,9 +77,6 @@ class EnvSpec:
         """D4RL v2 file name: hopper_medium_replay-v2.hdf5."""
         return f"{self.family}_{self.level.replace('-', '_')}-v2.hdf5"
 
-    def obs_dim_for(self, gym_id: str) -> int:
-        return self.minari_obs_dim if gym_id == self.minari_gym_id else self.obs_dim
-
 
 REGISTRY: dict[str, EnvSpec] = {
     f"{fam}-{level}": EnvSpec(

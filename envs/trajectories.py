@@ -73,7 +73,7 @@ class Trajectories:
             from envs.registry import get_spec
 
             spec = get_spec(self.name)
-            want = spec.obs_dim_for(self.gym_id), spec.act_dim
+            want = spec.minari_obs_dim if self.gym_id == spec.minari_gym_id else spec.obs_dim, spec.act_dim
             if (self.observations.shape[1], self.actions.shape[1]) != want:
                 raise DatasetError(
                     f"{where}: observations have {self.observations.shape[1]} dims and actions "

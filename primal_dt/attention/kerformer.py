@@ -40,10 +40,6 @@ class KerformerAttention(FeatureMapAttention):
         """the SE's running squeeze: the sum of the real keys' K' so far, and their count"""
         return [StateSpec("se_sum", (self.n_heads, self.d_head), dtype), StateSpec("se_count", (), dtype)]
 
-    def _gate(self, z):
-        """z [..., H, d] -> sigmoid(W2 W1 z) [..., H, d] (the excitation on all D channels)."""
-        return torch.sigmoid(self.se_gate(z.flatten(-2))).view(z.shape)
-
     def features(self, q, k, mask, fstate):
         fk = torch.softmax(k, dim=-1)
         kt = fk.transpose(1, 2)  # [B, T, H, d]
@@ -54,4 +50,5 @@ class KerformerAttention(FeatureMapAttention):
             real = kt.new_ones(kt.shape[:2]) if mask is None else mask.to(kt.dtype)
             sums, counts = prefix_sums(kt, mask, total=fstate[0]), prefix_sums(real, total=fstate[1])
             z, fstate = sums / counts.clamp(min=1)[..., None, None], (sums[:, -1], counts[:, -1])
-        return torch.sigmoid(q), fk * self._gate(z).transpose(1, 2), fstate
+        gate = torch.sigmoid(self.se_gate(z.flatten(-2))).view(z.shape)  # the excitation on all D channels
+        return torch.sigmoid(q), fk * gate.transpose(1, 2), fstate

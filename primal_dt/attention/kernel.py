@@ -46,18 +46,6 @@ def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([ang.sin(), ang.cos()], dim=-1)[..., :dim]
 
 
-def smoother_weights(qf, kf, kernel: str, allowed: torch.Tensor, d: int, eps: float) -> torch.Tensor:
-    """Normalised kernel-smoother weights [B, H, Tq, Tk] for features qf [.., Tq, e], kf [.., Tk, e]."""
-    dots = qf @ kf.transpose(-1, -2)
-    if kernel in ("exponential", "rbf"):
-        logk = dots / math.sqrt(d)
-        if kernel == "rbf":  # -||q - k||^2 / sqrt(d); the ||q||^2 term is constant per row but kept
-            logk = (2 * dots - qf.pow(2).sum(-1, keepdim=True) - kf.pow(2).sum(-1).unsqueeze(-2)) / math.sqrt(d)
-        return torch.softmax(logk.masked_fill(~allowed, torch.finfo(logk.dtype).min), dim=-1) * allowed
-    kmat = (dots if kernel == "linear" else dots.pow(2)) * allowed
-    return kmat / (kmat.abs().sum(-1, keepdim=True) + eps)
-
-
 class KernelSmootherAttention(Attention):
     """One kernel-smoother core for every kernel-* variant (class attributes pick the variant)."""
 
@@ -93,8 +81,17 @@ class KernelSmootherAttention(Attention):
         return qf, kf, self.split_heads(self.v(x))
 
     def _attend(self, qf, kf, v, allowed):
-        w = smoother_weights(qf, kf, self.kernel, allowed, self.d_head, self.eps)
-        return self.proj(self.merge_heads(w @ v)), w
+        """The normalised weights [B, H, Tq, Tk] of features qf [.., Tq, e], kf [.., Tk, e] applied to v."""
+        dots, d = qf @ kf.transpose(-1, -2), self.d_head
+        if self.kernel in ("exponential", "rbf"):
+            logk = dots / math.sqrt(d)
+            if self.kernel == "rbf":  # -||q - k||^2 / sqrt(d); the ||q||^2 term is constant per row but kept
+                logk = (2 * dots - qf.pow(2).sum(-1, keepdim=True) - kf.pow(2).sum(-1).unsqueeze(-2)) / math.sqrt(d)
+            w = torch.softmax(logk.masked_fill(~allowed, torch.finfo(logk.dtype).min), dim=-1) * allowed
+        else:
+            kmat = (dots if self.kernel == "linear" else dots.pow(2)) * allowed
+            w = kmat / (kmat.abs().sum(-1, keepdim=True) + self.eps)
+        return self.proj(self.merge_heads(w @ v))
 
     def _allowed(self, mask, Tq, Tk, device):
         allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=device)
@@ -107,7 +104,7 @@ class KernelSmootherAttention(Attention):
         self.check_input(x, mask)
         zeros = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         qf, kf, v = self._features(x, mask, zeros)
-        y, _ = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
+        y = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
         return zero_padding(y, mask), {}
 
     def recurrent(self, *, window=None, chunk=1):
@@ -133,7 +130,7 @@ class KernelRecurrent(Recurrent):
         m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
         qf, kf, v = a._features(x, m, count)
         K, V, M = torch.cat([K, kf], 2), torch.cat([V, v], 2), torch.cat([M, m], 1)
-        y, _ = a._attend(qf, K, V, a._allowed(M, C, K.shape[2], x.device))
+        y = a._attend(qf, K, V, a._allowed(M, C, K.shape[2], x.device))
         y = zero_padding(y, mask)
         return (y[:, -1:] if last_only else y), (K, V, M, count + m.sum(1))
 

@@ -141,7 +141,8 @@ class SVRAttention(Attention):
             return wts[..., :G] @ pv + wts[..., G:] * v_cur
         # linear: completed groups enter a causal linear attention at the first position after them
         fq_all = elu_feature(self._shift(qc, mu))
-        fk_g = elu_feature(self._shift(pk, at(mu, _ends(B, G, r, qc.device))))
+        ends = (torch.arange(G, device=qc.device) * r + r - 1)[None].expand(B, G)  # each group's last member
+        fk_g = elu_feature(self._shift(pk, at(mu, ends)))
         fk_seq, v_seq = torch.zeros_like(kc), torch.zeros(B, h, Np, d + 1, device=qc.device, dtype=qc.dtype)
         fk_seq[:, :, r::r] = fk_g[:, :, : G - 1]
         v_seq[:, :, r::r] = torch.cat([pv, torch.ones_like(pv[..., :1])], -1)[:, :, : G - 1]
@@ -200,11 +201,6 @@ class SVRRecurrent(Recurrent):
         p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
         y = zero_padding(a.proj(a.merge_heads(a._attend(q, qc, kc, vc, n, p))), mask)
         return (y[:, -1:] if last_only else y), (qc, kc, vc, n)
-
-
-def _ends(B, G, r, device):
-    """Compact positions of each group's last member, [B, G]."""
-    return (torch.arange(G, device=device) * r + r - 1)[None].expand(B, G)
 
 
 @register("svr-bn")

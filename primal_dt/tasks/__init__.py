@@ -76,16 +76,11 @@ def load_task(cfg: DataConfig, with_val: bool = True) -> TaskData:
     else:
         from . import lra
 
-        if cfg.kind == "listops":
-            data = lra.load_listops(str(listops_dir(cfg)), cfg.max_len)
-        elif cfg.kind == "text":
-            data = lra.load_text(cfg.path, cfg.max_len, frac, cfg.split_seed)
-        elif cfg.kind == "retrieval":
-            data = lra.load_retrieval(cfg.path, cfg.max_len)
-        elif cfg.kind == "image":
-            data = lra.load_image(cfg.path, frac, cfg.split_seed)
-        else:
-            data = lra.load_pathfinder(cfg.path, cfg.name)
+        data = {"listops": lambda: lra.load_listops(str(listops_dir(cfg)), cfg.max_len),
+                "text": lambda: lra.load_text(cfg.path, cfg.max_len, frac, cfg.split_seed),
+                "retrieval": lambda: lra.load_retrieval(cfg.path, cfg.max_len),
+                "image": lambda: lra.load_image(cfg.path, frac, cfg.split_seed),
+                "pathfinder": lambda: lra.load_pathfinder(cfg.path, cfg.name)}[cfg.kind]()
     s = cfg.split_seed
     data.train, data.test = subset(data.train, cfg.max_train, s), subset(data.test, cfg.max_test, s)
     data.val = subset(data.val, cfg.max_val, s) if data.val is not None and with_val else None

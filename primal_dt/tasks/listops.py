@@ -116,20 +116,14 @@ def generate(spec: ListOpsSpec) -> dict[str, list[tuple[str, int]]]:
     return {"train": items[:a], "val": items[a:b], "test": items[b:]}
 
 
-def write_tsv(examples: list[tuple[str, int]], path: Path) -> None:
-    text = io.StringIO()
-    w = csv.writer(text, delimiter="\t", lineterminator="\n")
-    w.writerow(["Source", "Target"])
-    w.writerows(examples)
-    write_atomic(path, text.getvalue(), "ListOps file")
-
-
 def write_dataset(spec: ListOpsSpec, out: str | Path) -> Path:
     """Generate and write basic_{train,val,test}.tsv under ``out`` (atomically, per file)."""
     out = Path(out)
     data = generate(spec)
     for split in SPLITS:
-        write_tsv(data[split], out / f"basic_{split}.tsv")
+        text = io.StringIO()
+        csv.writer(text, delimiter="\t", lineterminator="\n").writerows([("Source", "Target"), *data[split]])
+        write_atomic(out / f"basic_{split}.tsv", text.getvalue(), "ListOps file")
     write_atomic(out / "spec.txt", "".join(f"{k}: {v}\n" for k, v in asdict(spec).items()), "ListOps spec")
     return out
 
