@@ -1,11 +1,10 @@
 """Behaviour-policy training for the collector: SAC in a Gymnasium MuJoCo simulator, resumably.
 
 D4RL and Minari made their medium / expert / replay datasets from the checkpoints and replay buffer of one
-SAC run. ``workdir`` holds, each written atomically (``checkpoint.write_atomic``): ``sac_step<N>.pt``
-(tensors only, read with ``weights_only=True``), ``replay.npz`` (append-only, so its first N transitions are the buffer "up to step
-N"; read with ``allow_pickle=False``), ``evals.json``, ``meta.json`` and ``.lock`` (one trainer per
-directory). Nothing here unpickles: stable-baselines3's own files are pickles, which run whatever code they
-name.
+SAC run. ``workdir`` holds, each written atomically: ``sac_step<N>.pt`` (tensors only, read with
+``weights_only=True``), ``replay.npz`` (append-only, so its first N transitions are the buffer "up to step N";
+read with ``allow_pickle=False``), ``evals.json``, ``meta.json`` and ``.lock`` (one trainer per directory).
+Nothing here unpickles: stable-baselines3's own files are pickles, which run whatever code they name.
 """
 
 from __future__ import annotations
@@ -18,10 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
-from primal_dt.run import json_reader, lock
-from primal_dt.run import checkpoint
+from envs.vector import make_sim
+from primal_dt.run import checkpoint, errors, json_reader, lock
 from primal_dt.run.checkpoint import save_atomic, write_atomic
+from primal_dt.run.cli import parse
 
 CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
 REPLAY = "replay.npz"
@@ -106,8 +108,6 @@ def _valid(entry, fields: dict, required: tuple) -> bool:
 
 
 def evaluate_policy(model, env_id: str, episodes: int, seed: int, deterministic: bool) -> np.ndarray:
-    from envs.vector import make_sim
-
     env = make_sim(env_id)
     returns = []
     for ep in range(episodes):
@@ -143,8 +143,6 @@ class BehaviorConfig:
 
 def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = True) -> Path:
     _require_sb3()
-    import torch
-
     torch.set_num_threads(cfg.threads)
     workdir = Path(workdir)
     # one trainer per directory (two would interleave files), held before anything in it is read
@@ -165,8 +163,6 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
 
-    from envs.vector import make_sim
-
     env = make_sim(cfg.env_id)
     ckpts = list_checkpoints(workdir)
     model = SAC("MlpPolicy", env, buffer_size=cfg.total_steps, seed=cfg.seed, device="cpu", verbose=0)
@@ -185,9 +181,6 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
             rb.pos, rb.full = min(int(replay["pos"]), n) % rb.buffer_size, bool(replay["full"]) and n == rb.buffer_size
         print(f"[behavior] resuming {cfg.env_id} SAC from {path.name} (step {step0})", flush=True)
     evals = [e for e in read_evals(workdir) if e["step"] <= step0]
-
-    from tqdm import tqdm
-
     bar = tqdm(total=cfg.total_steps, initial=step0, desc=f"SAC {cfg.env_id}", unit="step", mininterval=5,
                disable=not progress)
 
@@ -217,8 +210,6 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
 
 def main(argv: list[str] | None = None) -> Path:
     """``python -m envs.behavior``: train (or resume) the SAC behaviour policy on its own."""
-    from primal_dt.run import errors
-    from primal_dt.run.cli import parse
 
     def run(argv):
         args = parse(BehaviorConfig, argv, prog="python -m envs.behavior", description=__doc__.split("\n\n")[0])

@@ -23,12 +23,16 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
 
 from envs import behavior
+from envs.registry import FAMILIES, get_spec
+from envs.vector import make_sim
 from primal_dt.run import lock
 from primal_dt.run.checkpoint import write_atomic
-from primal_dt.run.cli import fail
-from envs.registry import FAMILIES, get_spec
+from primal_dt.run.cli import fail, parse as parse_cli
 
 Level = Literal["medium", "expert", "medium-replay", "medium-expert"]  # random: D4RL's file
 EPISODE = ("observations", "actions", "rewards", "terminations", "truncations")  # observations [T+1], others [T]
@@ -138,9 +142,6 @@ class SACPolicy:
     the mean and the log std clipped to [-20, 2])."""
 
     def __init__(self, path: str | Path, action_space):
-        import torch
-
-        self.torch = torch
         weights = behavior.load_checkpoint(path)["params"]["policy"]
         hidden = sorted({int(k.split(".")[2]) for k in weights if k.startswith("actor.latent_pi.")})
         self.layers = [(weights[f"actor.latent_pi.{i}.weight"], weights[f"actor.latent_pi.{i}.bias"]) for i in hidden]
@@ -149,9 +150,8 @@ class SACPolicy:
         self.low, self.high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
 
     def __call__(self, obs: np.ndarray, eps: np.ndarray | None) -> np.ndarray:
-        F = self.torch.nn.functional
-        with self.torch.no_grad():
-            h = self.torch.as_tensor(obs, dtype=self.torch.float32)
+        with torch.no_grad():
+            h = torch.as_tensor(obs, dtype=torch.float32)
             for w, b in self.layers:
                 h = F.relu(F.linear(h, w, b))
             u = F.linear(h, *self.mu).double().numpy()
@@ -221,15 +221,11 @@ def collect_rollouts(ckpt: Path, gym_id: str, act_dim: int, steps: int, seed0: i
                      cache: Path, num_envs: int, progress: bool = True, desc: str = "") -> list[dict]:
     """At least ``steps`` steps of whole episodes, in shards of ``num_envs`` episodes under ``cache``, so a rerun
     continues where an interrupted one stopped."""
-    from envs.vector import make_sim
-
     cache.mkdir(parents=True, exist_ok=True)
     episodes: list[dict] = []
     for shard in sorted(cache.glob("shard_*.npz")):
         episodes += _load_shard(shard)
     done = sum(len(ep["rewards"]) for ep in episodes)
-    from tqdm import tqdm
-
     bar = tqdm(total=steps, initial=min(done, steps), desc=desc or f"rollouts {gym_id}", unit="step", mininterval=2,
                disable=not progress)
     if done < steps:
@@ -320,8 +316,6 @@ def run(cfg: CollectConfig) -> dict:
 
     check(cfg)
     behavior._require_sb3()
-    import torch
-
     torch.set_num_threads(cfg.threads)
     spec = get_spec(f"{cfg.env}-{cfg.level}")
     gym_id = f"{FAMILIES[cfg.env].sim}-{cfg.sim}"
@@ -374,8 +368,6 @@ def run(cfg: CollectConfig) -> dict:
     if cfg.level in ("expert", "medium-expert"):
         parts["expert"] = (expert, rollouts(expert, cfg.rollout_seed + 1_000_000, "expert"))
     if cfg.level == "medium-replay":
-        from envs.vector import make_sim
-
         space = make_sim(gym_id).action_space
         parts["replay"] = (medium, replay_episodes(workdir / behavior.REPLAY, medium["step"], space))
     episodes = [ep for _, eps in parts.values() for ep in eps]
@@ -413,8 +405,6 @@ def run(cfg: CollectConfig) -> dict:
 
 
 def parse(argv: list[str] | None = None) -> CollectConfig:
-    from primal_dt.run.cli import parse as parse_cli
-
     return parse_cli(CollectConfig, argv, prog="python -m envs.collect", description=__doc__.split("\n\n")[0])
 
 
