@@ -221,7 +221,6 @@ def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: 
 
 
 def write_d4rl(path: str | Path, arrays: dict[str, np.ndarray], provenance: dict | None = None) -> Path:
-    """Write D4RL-layout arrays atomically, gzip-compressed."""
     import h5py
 
     missing = [k for k in REQUIRED_KEYS + ("timeouts",) if k not in arrays]

@@ -74,7 +74,6 @@ class EnvSpec:
 
     @property
     def d4rl_file(self) -> str:
-        """D4RL v2 file name: hopper_medium_replay-v2.hdf5."""
         return f"{self.family}_{self.level.replace('-', '_')}-v2.hdf5"
 
 

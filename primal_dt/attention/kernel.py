@@ -81,7 +81,6 @@ class KernelSmootherAttention(Attention):
         return qf, kf, self.split_heads(self.v(x))
 
     def _attend(self, qf, kf, v, allowed):
-        """The normalised weights [B, H, Tq, Tk] of features qf [.., Tq, e], kf [.., Tk, e] applied to v."""
         dots, d = qf @ kf.transpose(-1, -2), self.d_head
         if self.kernel in ("exponential", "rbf"):
             logk = dots / math.sqrt(d)

@@ -88,7 +88,6 @@ class SVRAttention(Attention):
         self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def _shift(self, x, mu):
-        """x - beta mu; identity without BN."""
         return x - self.beta * mu if self.use_bn else x
 
     def _bidirectional(self, q, kc, vc, n, r):

@@ -25,7 +25,6 @@ class Dist:
         return self.rank == 0
 
     def barrier(self) -> None:
-        """Wait for every process (a no-op for one process)."""
         if self.world > 1:
             dist.barrier()
 

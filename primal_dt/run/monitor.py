@@ -50,7 +50,6 @@ def warn_running_siblings(path: Path, seed: int) -> None:
 
 
 def save_figure(fig, path: str | Path, what: str, dpi: int = 110) -> Path:
-    """A matplotlib figure as a PNG at ``path``, written atomically."""
     from .checkpoint import write_atomic
 
     buf = io.BytesIO()

@@ -117,7 +117,6 @@ def generate(spec: ListOpsSpec) -> dict[str, list[tuple[str, int]]]:
 
 
 def write_dataset(spec: ListOpsSpec, out: str | Path) -> Path:
-    """Generate and write basic_{train,val,test}.tsv under ``out`` (atomically, per file)."""
     out = Path(out)
     data = generate(spec)
     for split in SPLITS:
