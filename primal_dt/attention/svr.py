@@ -46,9 +46,7 @@ from .registry import register
 
 def compact(xs, mask):
     """Move each sequence's real tokens to the front (in order): xs [B, H, T, d] -> same, plus n [B]."""
-    B, T = mask.shape
-    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices  # real tokens first
-    idx = order[:, None, :, None]
+    idx = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, None, :, None]  # real tokens first
     return [x.gather(2, idx.expand(-1, x.shape[1], -1, x.shape[3])) for x in xs], mask.sum(1)
 
 
@@ -100,10 +98,8 @@ class SVRAttention(Attention):
         pk = (kc.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1)
         pv = (vc.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1)
         pmask = cnt[:, 0, :, 0] > 0  # [B, G]
-        mu = None
-        if self.use_bn:
-            pw = pmask[:, None, :, None].to(q.dtype)
-            mu = (pk * pw).sum(2, keepdim=True) / pw.sum(2, keepdim=True).clamp(min=1)
+        pw = pmask[:, None, :, None].to(q.dtype)
+        mu = (pk * pw).sum(2, keepdim=True) / pw.sum(2, keepdim=True).clamp(min=1)  # (read by BN only)
         if self.kernel == "softmax":
             qq = self._shift(q, mu)  # fused kernel: O(T) memory like softmax's
             return torch.nn.functional.scaled_dot_product_attention(qq, pk, pv, attn_mask=pmask[:, None, None, :])
@@ -122,12 +118,10 @@ class SVRAttention(Attention):
         run_k = (kc.view(B, h, G, r, d).cumsum(3) / within).view(B, h, Np, d)  # own group's running mean
         run_v = (vc.view(B, h, G, r, d).cumsum(3) / within).view(B, h, Np, d)
         pk, pv = run_k[:, :, r - 1 :: r], run_v[:, :, r - 1 :: r]  # completed-group means [B, h, G, d]
-        mu = None
-        if self.use_bn:
-            mu = kc.cumsum(2) / torch.arange(1, Np + 1, device=qc.device, dtype=qc.dtype)[:, None]
+        mu = kc.cumsum(2) / torch.arange(1, Np + 1, device=qc.device, dtype=qc.dtype)[:, None]  # (read by BN only)
 
         def at(x, pos):  # gather [B, h, Np, d] at positions pos [B, Tq]
-            return None if x is None else x.gather(2, pos[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+            return x.gather(2, pos[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
 
         mu_q, k_cur, v_cur = at(mu, p), at(run_k, p), at(run_v, p)
         if self.kernel == "softmax":
