@@ -47,13 +47,9 @@ def evenly_spaced_rows(x: torch.Tensor, mask: torch.Tensor | None, n_max: int):
     sequence has fewer than n real tokens, so they add nothing to f(X)^T We)."""
     B, T, _ = x.shape
     n = min(n_max, T)
-    if mask is None:
-        lengths = torch.full((B,), T, device=x.device)
-        order = torch.arange(T, device=x.device).expand(B, T)
-    else:
-        lengths = mask.sum(1)
-        # indices of real tokens first (stable, so in sequence order)
-        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices
+    m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+    lengths = m.sum(1)
+    order = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices  # real tokens first, in sequence order
     n_b = lengths.clamp(max=n)  # rows used per sequence
     j = torch.arange(n, device=x.device).expand(B, n)
     denom = (n_b - 1).clamp(min=1).unsqueeze(1)
