@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata as md
 import io
 import math
 import platform
@@ -28,7 +29,10 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from envs import behavior
+from envs import d4rl as d4rl_io
+from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, write_minari
 from envs.registry import FAMILIES, get_spec
+from envs.replica import replica_dirs, replica_file
 from envs.vector import make_sim
 from primal_dt.run import lock
 from primal_dt.run.checkpoint import write_atomic
@@ -275,8 +279,6 @@ def episodes_to_d4rl(episodes: list[dict], next_observations: bool = True) -> di
 
 
 def _versions() -> dict:
-    import importlib.metadata as md
-
     out = {"python": platform.python_version()}
     for p in ("gymnasium", "mujoco", "stable-baselines3", "minari", "torch", "numpy"):
         with contextlib.suppress(md.PackageNotFoundError):
@@ -310,10 +312,6 @@ def check(cfg: CollectConfig) -> None:
 
 def run(cfg: CollectConfig) -> dict:
     """The whole collection; returns the provenance written with the data."""
-    from envs import d4rl as d4rl_io
-    from envs.replica import replica_dirs, replica_file
-    from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, write_minari
-
     check(cfg)
     behavior._require_sb3()
     torch.set_num_threads(cfg.threads)

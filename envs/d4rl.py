@@ -12,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
@@ -148,8 +149,6 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
               max_episode_steps: int = 1000, verbose: bool = True) -> Trajectories:
     """Episodes of a D4RL-format file, split on terminals or timeouts. ``name``/``gym_id`` switch on the check
     that dimensions match that simulator; a file without ``timeouts`` (D4RL v0) is cut at its step limit."""
-    import h5py
-
     path = Path(path).expanduser()
     where = str(path)
     if not path.exists():
@@ -221,8 +220,6 @@ def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: 
 
 
 def write_d4rl(path: str | Path, arrays: dict[str, np.ndarray], provenance: dict | None = None) -> Path:
-    import h5py
-
     missing = [k for k in REQUIRED_KEYS + ("timeouts",) if k not in arrays]
     if missing:
         raise ValueError(f"write_d4rl needs arrays {missing}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from unittest import mock
 from urllib.parse import urlparse
 
+import h5py
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
@@ -148,8 +149,6 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
 def _check_layout(dataset_id: str, where: str) -> None:
     """Before minari reads anything: the episode groups are as many as the metadata counts (minari reads
     only as many as it counts, so others would vanish silently), and no array declares an absurd size."""
-    import h5py
-
     meta = local_metadata(dataset_id)[0]
     files = sorted((minari_root() / dataset_id / "data").glob("*.hdf5"))
     for f_path in files:

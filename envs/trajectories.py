@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from envs.errors import DatasetError
+from envs.registry import get_spec
 
 MAX_REWARD = 1e6
 """largest reward of one step accepted: a MuJoCo task's are a few units, so a larger one is a corrupt file
@@ -70,8 +71,6 @@ class Trajectories:
                                f"(the largest {float(np.abs(self.rewards).max()):.3g}, first at step "
                                f"{int(np.argmax(big))}), far beyond any simulator's reward per step. {CORRUPT}")
         if self.name is not None and self.gym_id is not None:
-            from envs.registry import get_spec
-
             spec = get_spec(self.name)
             want = spec.minari_obs_dim if self.gym_id == spec.minari_gym_id else spec.obs_dim, spec.act_dim
             if (self.observations.shape[1], self.actions.shape[1]) != want:

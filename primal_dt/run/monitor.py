@@ -20,6 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from . import errors, lock, outputs
+from .checkpoint import write_atomic
 from .presets import flat
 
 
@@ -50,8 +51,6 @@ def warn_running_siblings(path: Path, seed: int) -> None:
 
 
 def save_figure(fig, path: str | Path, what: str, dpi: int = 110) -> Path:
-    from .checkpoint import write_atomic
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return write_atomic(path, buf.getvalue(), what)

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..run.checkpoint import write_atomic
+from ..run.cli import fail, parse
 from ..run.options import AT_LEAST_1, Range, check_numbers
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -186,8 +187,6 @@ SHORTHANDS = {f.name: f"spec.{f.name}" for f in fields(ListOpsSpec)}
 
 
 def main(argv=None) -> None:
-    from ..run.cli import fail, parse
-
     args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
                  shorthands=SHORTHANDS)
     try:
