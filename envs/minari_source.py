@@ -49,17 +49,6 @@ def local_metadata(dataset_id: str) -> tuple[dict, Path]:
     return (meta if isinstance(meta, dict) else {}), path
 
 
-def recorded_simulator(dataset_id: str) -> tuple[str, int] | None:
-    """(simulator id, its episode step limit) a local dataset records in its env spec; None when it is
-    not local or records none (the limit: 1000 where it records none)."""
-    try:
-        env_spec = json_reader.parse(local_metadata(dataset_id)[0]["env_spec"], f"{dataset_id} metadata env_spec")
-        limit = env_spec.get("max_episode_steps") or 1000
-        return str(env_spec["id"]), int(limit)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-
-
 @register("minari", "ID", "a Minari dataset id, local (in $MINARI_DATASETS_PATH or ~/.minari/datasets) or downloaded "
           "(without ID: Minari's dataset of the name)", label="Minari {where}")
 def read_source(req: Request) -> Trajectories:
