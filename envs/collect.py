@@ -278,14 +278,6 @@ def episodes_to_d4rl(episodes: list[dict], next_observations: bool = True) -> di
     return out
 
 
-def _versions() -> dict:
-    out = {"python": platform.python_version()}
-    for p in ("gymnasium", "mujoco", "stable-baselines3", "minari", "torch", "numpy"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            out[p] = md.version(p)
-    return out
-
-
 def check(cfg: CollectConfig) -> None:
     """Every option, before a policy is trained or a file touched: a bad one is one ``error:`` line."""
     def need(ok: bool, msg: str) -> None:
@@ -376,6 +368,10 @@ def run(cfg: CollectConfig) -> dict:
                     "episode_seeds": ([eps[0]["seed"], eps[-1]["seed"]] if eps and eps[0]["seed"] is not None
                                       else "SAC training (replay buffer)")}
                 for k, (e, eps) in parts.items()}
+    versions = {"python": platform.python_version()}
+    for package in ("gymnasium", "mujoco", "stable-baselines3", "minari", "torch", "numpy"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            versions[package] = md.version(package)
     main_part = next(iter(policies.values()))  # the medium policy where there is one (it comes first)
     provenance = {
         "collector": "envs.collect", "name": spec.name, "level": cfg.level, "gym_id": gym_id,
@@ -385,7 +381,7 @@ def run(cfg: CollectConfig) -> dict:
         "dataset_return_mean": round(float(returns.mean()), 2), "dataset_return_std": round(float(returns.std()), 2),
         "train_seed": train_meta.get("seed", cfg.seed), "train_steps_available": max(ckpts),
         "medium_target_return": target, "ref_min_score": spec.ref_min, "ref_max_score": spec.ref_max,
-        "workdir": str(workdir), "config": asdict(cfg), "versions": _versions(),
+        "workdir": str(workdir), "config": asdict(cfg), "versions": versions,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     # 3. files
