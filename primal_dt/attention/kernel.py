@@ -35,9 +35,6 @@ from torch import nn
 from .base import Attention, Recurrent, StateSpec, zero_padding
 from .registry import register
 
-KERNELS = ("linear", "polynomial", "exponential", "rbf")
-
-
 def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding [*, dim] of (float) positions [*] (Vaswani et al.)."""
     half = (dim + 1) // 2
@@ -129,8 +126,7 @@ class KernelRecurrent(Recurrent):
         m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
         qf, kf, v = a._features(x, m, count)
         K, V, M = torch.cat([K, kf], 2), torch.cat([V, v], 2), torch.cat([M, m], 1)
-        y = a._attend(qf, K, V, a._allowed(M, C, K.shape[2], x.device))
-        y = zero_padding(y, mask)
+        y = zero_padding(a._attend(qf, K, V, a._allowed(M, C, K.shape[2], x.device)), mask)
         return (y[:, -1:] if last_only else y), (K, V, M, count + m.sum(1))
 
 
@@ -143,7 +139,7 @@ def _variant(name: str, kernel: str, symmetric: bool, positional: bool = False):
     globals()[cls_name] = register(name)(cls)
 
 
-for _k in KERNELS:
+for _k in ("linear", "polynomial", "exponential", "rbf"):
     _variant(f"kernel-{_k}-asym", _k, False)
     _variant(f"kernel-{_k}-sym", _k, True)
 _variant("kernel-positional", "exponential", True, positional=True)
