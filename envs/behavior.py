@@ -2,14 +2,14 @@
 
 D4RL and Minari made their medium / expert / replay datasets from the checkpoints and replay buffer of one
 SAC run. ``workdir`` holds, each written atomically: ``sac_step<N>.pt`` (tensors only, read with
-``weights_only=True``), ``replay.npz`` (append-only, so its first N transitions are the buffer "up to step
-N"; read with ``allow_pickle=False``), ``evals.json``, ``meta.json`` and ``.lock`` (one trainer per
-directory). Nothing here unpickles: stable-baselines3's own files are pickles, which run whatever code they
-name.
+``weights_only=True``), ``replay.npz`` (append-only, so its first N transitions are the buffer "up to step N";
+read with ``allow_pickle=False``), ``evals.json``, ``meta.json`` and ``.lock`` (one trainer per directory).
+Nothing here unpickles: stable-baselines3's own files are pickles, which run whatever code they name.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -17,8 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm import tqdm
 
-from primal_dt.run import json_reader, lock
+from envs.vector import make_sim
+from primal_dt.run import checkpoint, errors, json_reader, lock
+from primal_dt.run.checkpoint import save_atomic, write_atomic
+from primal_dt.run.cli import parse
 
 CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
 REPLAY = "replay.npz"
@@ -33,14 +38,6 @@ def _require_sb3():
                           "(or pip install stable-baselines3)") from exc
 
 
-def atomic_write(path: Path, write) -> None:
-    """``write(tmp)``, then ``tmp`` renamed to ``path``: a killed run leaves the previous file, never half of one
-    (``tmp`` keeps ``path``'s suffix, which numpy and matplotlib read the format from)."""
-    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
-    write(tmp)
-    os.replace(tmp, path)
-
-
 def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
     """(step, path) of every policy checkpoint, oldest first."""
     return sorted((int(m.group(1)), p) for p in Path(workdir).glob("sac_step*.pt") if (m := CKPT_RE.search(p.name)))
@@ -48,37 +45,24 @@ def list_checkpoints(workdir: str | Path) -> list[tuple[int, Path]]:
 
 def save_checkpoint(model, path: Path) -> None:
     """What resuming SAC and rolling its policy out need, as plain tensors."""
-    import torch
-
-    atomic_write(path, lambda tmp: torch.save({
-        "params": model.get_parameters(), "log_ent_coef": model.log_ent_coef.detach().clone(),
-        "num_timesteps": int(model.num_timesteps), "n_updates": int(model._n_updates)}, tmp))
+    save_atomic({"params": model.get_parameters(), "log_ent_coef": model.log_ent_coef.detach().clone(),
+                 "num_timesteps": int(model.num_timesteps), "n_updates": int(model._n_updates)}, path,
+                "behaviour-policy checkpoint")
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """A checkpoint of ``save_checkpoint``; anything else is a ValueError naming the file (torch's pickle
-    warnings silenced: only this refusal prints)."""
-    import pickle
-    import warnings
-
-    import torch
-
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ck = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, OSError, EOFError) as err:
-        raise ValueError(f"{path} is not a primal-dt behaviour checkpoint (plain tensors only; "
-                         f"{type(err).__name__}: {str(err).splitlines()[0][:200]})") from err
-    if not (isinstance(ck, dict) and isinstance(ck.get("params"), dict) and "policy" in ck["params"]):
+    """A checkpoint of ``save_checkpoint``; anything else is a ValueError naming the file."""
+    ck = checkpoint.load(path, keys=("params",))
+    if not (isinstance(ck["params"], dict) and "policy" in ck["params"]):
         raise ValueError(f"{path} is not a primal-dt behaviour checkpoint (expected params.policy)")
     return ck
 
 
 def save_replay(model, path: Path) -> None:
     rb = model.replay_buffer
-    arrays = {k: getattr(rb, k) for k in REPLAY_ARRAYS}
-    atomic_write(path, lambda tmp: np.savez(tmp, pos=rb.pos, full=rb.full, **arrays))
+    buf = io.BytesIO()
+    np.savez(buf, pos=rb.pos, full=rb.full, **{k: getattr(rb, k) for k in REPLAY_ARRAYS})
+    write_atomic(path, buf.getbuffer(), "replay buffer")
 
 
 def load_replay(path: str | Path) -> dict[str, np.ndarray]:
@@ -124,8 +108,6 @@ def _valid(entry, fields: dict, required: tuple) -> bool:
 
 
 def evaluate_policy(model, env_id: str, episodes: int, seed: int, deterministic: bool) -> np.ndarray:
-    from envs.vector import make_sim
-
     env = make_sim(env_id)
     returns = []
     for ep in range(episodes):
@@ -161,8 +143,6 @@ class BehaviorConfig:
 
 def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = True) -> Path:
     _require_sb3()
-    import torch
-
     torch.set_num_threads(cfg.threads)
     workdir = Path(workdir)
     # one trainer per directory (two would interleave files), held before anything in it is read
@@ -173,7 +153,7 @@ def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = Tr
             raise ValueError(f"{workdir} holds a behaviour policy for {meta['env_id']}, not {cfg.env_id}; "
                              "use another work directory")
         meta = json.dumps({"env_id": cfg.env_id, "seed": cfg.seed, "total_steps": cfg.total_steps})
-        atomic_write(workdir / "meta.json", lambda tmp: tmp.write_text(meta))
+        write_atomic(workdir / "meta.json", meta, "behaviour-policy metadata")
         return _train(workdir, cfg, progress)
     finally:
         lock.release(workdir)
@@ -182,8 +162,6 @@ def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = Tr
 def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
-
-    from envs.vector import make_sim
 
     env = make_sim(cfg.env_id)
     ckpts = list_checkpoints(workdir)
@@ -203,9 +181,6 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
             rb.pos, rb.full = min(int(replay["pos"]), n) % rb.buffer_size, bool(replay["full"]) and n == rb.buffer_size
         print(f"[behavior] resuming {cfg.env_id} SAC from {path.name} (step {step0})", flush=True)
     evals = [e for e in read_evals(workdir) if e["step"] <= step0]
-
-    from tqdm import tqdm
-
     bar = tqdm(total=cfg.total_steps, initial=step0, desc=f"SAC {cfg.env_id}", unit="step", mininterval=5,
                disable=not progress)
 
@@ -220,7 +195,7 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
                 save_replay(self.model, workdir / REPLAY)
                 evals.append({"step": t, "return_mean": float(det.mean()), "return_std": float(det.std()),
                               "stoch_return_mean": float(sto.mean()), "episodes": cfg.eval_episodes})
-                atomic_write(workdir / "evals.json", lambda tmp: tmp.write_text(json.dumps(evals, indent=1)))
+                write_atomic(workdir / "evals.json", json.dumps(evals, indent=1), "checkpoint evaluations")
                 bar.set_postfix(ret=f"{det.mean():.0f}")
                 if not progress:
                     print(f"[behavior] step {t}: return {det.mean():.1f} +- {det.std():.1f}", flush=True)
@@ -235,8 +210,6 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
 
 def main(argv: list[str] | None = None) -> Path:
     """``python -m envs.behavior``: train (or resume) the SAC behaviour policy on its own."""
-    from primal_dt.run import errors
-    from primal_dt.run.cli import parse
 
     def run(argv):
         args = parse(BehaviorConfig, argv, prog="python -m envs.behavior", description=__doc__.split("\n\n")[0])

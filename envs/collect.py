@@ -14,6 +14,8 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata as md
+import io
 import math
 import platform
 import time
@@ -22,11 +24,19 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
 
 from envs import behavior
-from primal_dt.run import lock
-from primal_dt.run.cli import fail
+from envs import d4rl as d4rl_io
+from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, write_minari
 from envs.registry import FAMILIES, get_spec
+from envs.replica import replica_dirs, replica_file
+from envs.vector import make_sim
+from primal_dt.run import lock
+from primal_dt.run.checkpoint import write_atomic
+from primal_dt.run.cli import fail, parse as parse_cli
 
 Level = Literal["medium", "expert", "medium-replay", "medium-expert"]  # random: D4RL's file
 EPISODE = ("observations", "actions", "rewards", "terminations", "truncations")  # observations [T+1], others [T]
@@ -107,15 +117,13 @@ def select_checkpoints(evals: list[dict], ref_max: float, medium_fraction: float
     return medium, expert
 
 
-def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, path: Path) -> Path | None:
+def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, path: Path) -> Path:
     """Return of every checkpoint, the chosen medium/expert policies marked: the choice checked at a glance."""
-    try:
-        import matplotlib
+    import matplotlib
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     ev = sorted(evals, key=lambda e: e["step"])
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([e["step"] for e in ev], [e["return_mean"] for e in ev], "o-", ms=3, label="deterministic")
@@ -126,9 +134,10 @@ def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, pat
     ax.set(xlabel="SAC environment steps", ylabel="episode return")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    behavior.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=100))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    return path
+    return write_atomic(path, buf.getbuffer(), "plot of the checkpoints' returns")
 
 
 class SACPolicy:
@@ -137,9 +146,6 @@ class SACPolicy:
     the mean and the log std clipped to [-20, 2])."""
 
     def __init__(self, path: str | Path, action_space):
-        import torch
-
-        self.torch = torch
         weights = behavior.load_checkpoint(path)["params"]["policy"]
         hidden = sorted({int(k.split(".")[2]) for k in weights if k.startswith("actor.latent_pi.")})
         self.layers = [(weights[f"actor.latent_pi.{i}.weight"], weights[f"actor.latent_pi.{i}.bias"]) for i in hidden]
@@ -148,9 +154,8 @@ class SACPolicy:
         self.low, self.high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
 
     def __call__(self, obs: np.ndarray, eps: np.ndarray | None) -> np.ndarray:
-        F = self.torch.nn.functional
-        with self.torch.no_grad():
-            h = self.torch.as_tensor(obs, dtype=self.torch.float32)
+        with torch.no_grad():
+            h = torch.as_tensor(obs, dtype=torch.float32)
             for w, b in self.layers:
                 h = F.relu(F.linear(h, w, b))
             u = F.linear(h, *self.mu).double().numpy()
@@ -192,7 +197,9 @@ def _save_shard(path: Path, episodes: list[dict]) -> None:
     arrays = {k: np.concatenate([ep[k] for ep in episodes]) for k in EPISODE}
     arrays["lengths"] = np.array([len(ep["rewards"]) for ep in episodes])
     arrays["seeds"] = np.array([ep["seed"] for ep in episodes])
-    behavior.atomic_write(path, lambda tmp: np.savez(tmp, **arrays))
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    write_atomic(path, buf.getbuffer(), "rollout shard")
 
 
 def _load_shard(path: Path) -> list[dict]:
@@ -218,15 +225,11 @@ def collect_rollouts(ckpt: Path, gym_id: str, act_dim: int, steps: int, seed0: i
                      cache: Path, num_envs: int, progress: bool = True, desc: str = "") -> list[dict]:
     """At least ``steps`` steps of whole episodes, in shards of ``num_envs`` episodes under ``cache``, so a rerun
     continues where an interrupted one stopped."""
-    from envs.vector import make_sim
-
     cache.mkdir(parents=True, exist_ok=True)
     episodes: list[dict] = []
     for shard in sorted(cache.glob("shard_*.npz")):
         episodes += _load_shard(shard)
     done = sum(len(ep["rewards"]) for ep in episodes)
-    from tqdm import tqdm
-
     bar = tqdm(total=steps, initial=min(done, steps), desc=desc or f"rollouts {gym_id}", unit="step", mininterval=2,
                disable=not progress)
     if done < steps:
@@ -275,16 +278,6 @@ def episodes_to_d4rl(episodes: list[dict], next_observations: bool = True) -> di
     return out
 
 
-def _versions() -> dict:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for p in ("gymnasium", "mujoco", "stable-baselines3", "minari", "torch", "numpy"):
-        with contextlib.suppress(md.PackageNotFoundError):
-            out[p] = md.version(p)
-    return out
-
-
 def check(cfg: CollectConfig) -> None:
     """Every option, before a policy is trained or a file touched: a bad one is one ``error:`` line."""
     def need(ok: bool, msg: str) -> None:
@@ -311,14 +304,8 @@ def check(cfg: CollectConfig) -> None:
 
 def run(cfg: CollectConfig) -> dict:
     """The whole collection; returns the provenance written with the data."""
-    from envs import d4rl as d4rl_io
-    from envs.replica import replica_dirs, replica_file
-    from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, write_minari
-
     check(cfg)
     behavior._require_sb3()
-    import torch
-
     torch.set_num_threads(cfg.threads)
     spec = get_spec(f"{cfg.env}-{cfg.level}")
     gym_id = f"{FAMILIES[cfg.env].sim}-{cfg.sim}"
@@ -356,8 +343,8 @@ def run(cfg: CollectConfig) -> dict:
     print(f"[collect] medium policy: step {medium['step']} (stochastic return {_score(medium):.1f}, "
           f"target {target:.0f}); expert policy: step {expert['step']} ({_score(expert):.1f})", flush=True)
 
-    if png := plot_evals(evals, medium, expert, target, workdir / "evals.png"):
-        print(f"[collect] checkpoint returns drawn in {png}", flush=True)
+    print(f"[collect] checkpoint returns drawn in {plot_evals(evals, medium, expert, target, workdir / 'evals.png')}",
+          flush=True)
 
     # 2. episodes
     def rollouts(entry, seed0, tag):
@@ -371,8 +358,6 @@ def run(cfg: CollectConfig) -> dict:
     if cfg.level in ("expert", "medium-expert"):
         parts["expert"] = (expert, rollouts(expert, cfg.rollout_seed + 1_000_000, "expert"))
     if cfg.level == "medium-replay":
-        from envs.vector import make_sim
-
         space = make_sim(gym_id).action_space
         parts["replay"] = (medium, replay_episodes(workdir / behavior.REPLAY, medium["step"], space))
     episodes = [ep for _, eps in parts.values() for ep in eps]
@@ -383,6 +368,10 @@ def run(cfg: CollectConfig) -> dict:
                     "episode_seeds": ([eps[0]["seed"], eps[-1]["seed"]] if eps and eps[0]["seed"] is not None
                                       else "SAC training (replay buffer)")}
                 for k, (e, eps) in parts.items()}
+    versions = {"python": platform.python_version()}
+    for package in ("gymnasium", "mujoco", "stable-baselines3", "minari", "torch", "numpy"):
+        with contextlib.suppress(md.PackageNotFoundError):
+            versions[package] = md.version(package)
     main_part = next(iter(policies.values()))  # the medium policy where there is one (it comes first)
     provenance = {
         "collector": "envs.collect", "name": spec.name, "level": cfg.level, "gym_id": gym_id,
@@ -392,7 +381,7 @@ def run(cfg: CollectConfig) -> dict:
         "dataset_return_mean": round(float(returns.mean()), 2), "dataset_return_std": round(float(returns.std()), 2),
         "train_seed": train_meta.get("seed", cfg.seed), "train_steps_available": max(ckpts),
         "medium_target_return": target, "ref_min_score": spec.ref_min, "ref_max_score": spec.ref_max,
-        "workdir": str(workdir), "config": asdict(cfg), "versions": _versions(),
+        "workdir": str(workdir), "config": asdict(cfg), "versions": versions,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     # 3. files
@@ -410,8 +399,6 @@ def run(cfg: CollectConfig) -> dict:
 
 
 def parse(argv: list[str] | None = None) -> CollectConfig:
-    from primal_dt.run.cli import parse as parse_cli
-
     return parse_cli(CollectConfig, argv, prog="python -m envs.collect", description=__doc__.split("\n\n")[0])
 
 

@@ -1,20 +1,23 @@
 """D4RL Gym-MuJoCo HDF5 files, read with h5py (the ``d4rl`` package needs mujoco-py and old gym) and
 written in the same layout. Every failure mode of a file (absent, unreadable, not HDF5, truncated, keys
 missing, arrays of unequal length, type or shape, another environment's) is one ``DatasetError`` naming the
-file and the fix; files are only opened read-only, and written to a temporary file renamed into place."""
+file and the fix; files are only opened read-only, and written atomically (``checkpoint.write_atomic``)."""
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import sys
 from pathlib import Path
 
+import h5py
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
 from primal_dt.run import json_reader
+from primal_dt.run.checkpoint import write_atomic
 from envs.registry import FAMILIES, EnvSpec, family_of
 from envs.sources import Request, register
 from envs.trajectories import Trajectories, split_on_ends
@@ -146,8 +149,6 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
               max_episode_steps: int = 1000, verbose: bool = True) -> Trajectories:
     """Episodes of a D4RL-format file, split on terminals or timeouts. ``name``/``gym_id`` switch on the check
     that dimensions match that simulator; a file without ``timeouts`` (D4RL v0) is cut at its step limit."""
-    import h5py
-
     path = Path(path).expanduser()
     where = str(path)
     if not path.exists():
@@ -219,26 +220,16 @@ def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: 
 
 
 def write_d4rl(path: str | Path, arrays: dict[str, np.ndarray], provenance: dict | None = None) -> Path:
-    """Write D4RL-layout arrays atomically, gzip-compressed."""
-    import h5py
-
     missing = [k for k in REQUIRED_KEYS + ("timeouts",) if k not in arrays]
     if missing:
         raise ValueError(f"write_d4rl needs arrays {missing}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            for key, arr in arrays.items():
-                arr = np.asarray(arr)
-                arr = arr.astype(bool) if key in ("terminals", "timeouts") else arr.astype(np.float32)
-                kw = {"compression": "gzip", "compression_opts": 9, "shuffle": True, "chunks": True} if arr.size else {}
-                f.create_dataset(key, data=arr, **kw)
-            if provenance is not None:
-                f.attrs[PROVENANCE_ATTR] = json.dumps(provenance, sort_keys=True, default=str)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        for key, arr in arrays.items():
+            arr = np.asarray(arr)
+            arr = arr.astype(bool) if key in ("terminals", "timeouts") else arr.astype(np.float32)
+            kw = {"compression": "gzip", "compression_opts": 9, "shuffle": True, "chunks": True} if arr.size else {}
+            f.create_dataset(key, data=arr, **kw)
+        if provenance is not None:
+            f.attrs[PROVENANCE_ATTR] = json.dumps(provenance, sort_keys=True, default=str)
+    return write_atomic(path, buf.getbuffer(), "D4RL-layout dataset")

@@ -17,6 +17,7 @@ from pathlib import Path
 from unittest import mock
 from urllib.parse import urlparse
 
+import h5py
 import numpy as np
 
 from envs.errors import DatasetError, DatasetNotFound
@@ -46,17 +47,6 @@ def local_metadata(dataset_id: str) -> tuple[dict, Path]:
     except (OSError, ValueError):
         return {}, path
     return (meta if isinstance(meta, dict) else {}), path
-
-
-def recorded_simulator(dataset_id: str) -> tuple[str, int] | None:
-    """(simulator id, its episode step limit) a local dataset records in its env spec; None when it is
-    not local or records none (the limit: 1000 where it records none)."""
-    try:
-        env_spec = json_reader.parse(local_metadata(dataset_id)[0]["env_spec"], f"{dataset_id} metadata env_spec")
-        limit = env_spec.get("max_episode_steps") or 1000
-        return str(env_spec["id"]), int(limit)
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
 
 
 @register("minari", "ID", "a Minari dataset id, local (in $MINARI_DATASETS_PATH or ~/.minari/datasets) or downloaded "
@@ -148,8 +138,6 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
 def _check_layout(dataset_id: str, where: str) -> None:
     """Before minari reads anything: the episode groups are as many as the metadata counts (minari reads
     only as many as it counts, so others would vanish silently), and no array declares an absurd size."""
-    import h5py
-
     meta = local_metadata(dataset_id)[0]
     files = sorted((minari_root() / dataset_id / "data").glob("*.hdf5"))
     for f_path in files:

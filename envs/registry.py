@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from primal_dt.run import json_reader
+
 LEVELS = ("random", "medium", "medium-replay", "medium-expert", "expert")
 
 # Minari publishes only simple / medium / expert for the MuJoCo locomotion tasks; "simple" is a
@@ -74,11 +76,7 @@ class EnvSpec:
 
     @property
     def d4rl_file(self) -> str:
-        """D4RL v2 file name: hopper_medium_replay-v2.hdf5."""
         return f"{self.family}_{self.level.replace('-', '_')}-v2.hdf5"
-
-    def obs_dim_for(self, gym_id: str) -> int:
-        return self.minari_obs_dim if gym_id == self.minari_gym_id else self.obs_dim
 
 
 REGISTRY: dict[str, EnvSpec] = {
@@ -93,9 +91,14 @@ REGISTRY: dict[str, EnvSpec] = {
 def _minari_spec(dataset_id: str) -> EnvSpec:
     """The spec of a Minari dataset id: its simulator and step limit the local dataset's env spec, else the v5
     simulator of the family its id names; its reference scores its metadata's, else D4RL's."""
-    from envs.minari_source import local_metadata, recorded_simulator
+    from envs.minari_source import local_metadata
 
-    recorded = recorded_simulator(dataset_id)
+    meta, path = local_metadata(dataset_id)
+    try:  # (simulator id, episode step limit) the local dataset's env spec records; the limit 1000 if none
+        env_spec = json_reader.parse(meta["env_spec"], f"{dataset_id} metadata env_spec")
+        recorded = str(env_spec["id"]), int(env_spec.get("max_episode_steps") or 1000)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        recorded = None
     fam = family_of(recorded[0] if recorded else dataset_id)
     sim, limit = recorded or (f"{FAMILIES[fam].sim}-v5" if fam else None, 1000)
     supported = {f"{f.sim}-v{v}": name for name, f in FAMILIES.items() for v in (4, 5)}
@@ -104,7 +107,6 @@ def _minari_spec(dataset_id: str) -> EnvSpec:
         raise KeyError(f"Minari dataset {dataset_id!r} {what}; the supported simulators are "
                        f"{', '.join(supported)}")
     f, v4 = FAMILIES[fam], sim.endswith("-v4")
-    meta, path = local_metadata(dataset_id)
     try:
         ref_min, ref_max = float(meta["ref_min_score"]), float(meta["ref_max_score"])
         ref_source = f"the Minari dataset's metadata (ref_min_score, ref_max_score in {path})"

@@ -94,7 +94,6 @@ class SegmentSampler:
         return self.batch(*self.indices(first=first))
 
     def batch(self, idx: np.ndarray, mask: np.ndarray) -> Batch:
-        """Gather the segments of ``indices``."""
         b, k = idx.shape
         flat = idx.reshape(-1)  # np.take on flat indices is faster than 2-D fancy indexing
         out = Batch(states=torch.from_numpy(np.take(self._states, flat, axis=0).reshape(b, k, -1)),

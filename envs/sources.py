@@ -57,14 +57,12 @@ def register(prefix: str, where: str, help: str, label: str | None = None):
 
 
 def available() -> list[str]:
-    """The registered prefixes, the auto order first."""
     for m in _MODULES:
         importlib.import_module(m)
     return [p for p in AUTO if p in _REGISTRY] + sorted(p for p in _REGISTRY if p not in AUTO)
 
 
 def help_text() -> str:
-    """What ``data_source`` accepts, one clause per source."""
     names = available()
     return "; ".join([f"auto: the first of {', '.join(p for p in AUTO if p in names)} that has the data (default)"]
                      + [f"{p}[:{_REGISTRY[p].where}]: {_REGISTRY[p].help}" for p in names])

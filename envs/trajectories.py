@@ -13,26 +13,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from envs.errors import DatasetError
+from envs.registry import get_spec
 
 MAX_REWARD = 1e6
 """largest reward of one step accepted: a MuJoCo task's are a few units, so a larger one is a corrupt file
 (left in, it would overflow the float32 returns-to-go and look like a learning rate that is too high)"""
 CORRUPT = "The file is corrupt or was written by a diverged policy; regenerate or re-download it."
-
-
-def _check_values(ds: "Trajectories", where: str) -> None:
-    for what in ("observations", "actions", "rewards"):
-        bad = np.argwhere(~np.isfinite(getattr(ds, what)))
-        if len(bad):
-            raise DatasetError(f"{where}: {what} holds {len(bad)} NaN/inf value(s), first at index "
-                               f"{tuple(bad[0])}. {CORRUPT}")
-    big = np.abs(ds.rewards) > MAX_REWARD
-    if big.any():
-        raise DatasetError(f"{where}: rewards holds {int(big.sum())} value(s) larger than {MAX_REWARD:g} in size (the "
-                           f"largest {float(np.abs(ds.rewards).max()):.3g}, first at step {int(np.argmax(big))}), far "
-                           f"beyond any simulator's reward per step. {CORRUPT}")
-
-
 _HOLD_OUT_STREAM = 0x6864  # keys the held-out split's generator apart from every other stream of a seed
 
 
@@ -74,21 +60,24 @@ class Trajectories:
             raise DatasetError(f"{where}: episode starts/lengths do not tile the {n} steps")
         if not (len(self.starts) == len(self.lengths) == len(self.terminal)):
             raise DatasetError(f"{where}: starts, lengths and terminal flags differ in count")
-        _check_values(self, where)
+        for what in ("observations", "actions", "rewards"):
+            bad = np.argwhere(~np.isfinite(getattr(self, what)))
+            if len(bad):
+                raise DatasetError(f"{where}: {what} holds {len(bad)} NaN/inf value(s), first at index "
+                                   f"{tuple(bad[0])}. {CORRUPT}")
+        big = np.abs(self.rewards) > MAX_REWARD
+        if big.any():
+            raise DatasetError(f"{where}: rewards holds {int(big.sum())} value(s) larger than {MAX_REWARD:g} in size "
+                               f"(the largest {float(np.abs(self.rewards).max()):.3g}, first at step "
+                               f"{int(np.argmax(big))}), far beyond any simulator's reward per step. {CORRUPT}")
         if self.name is not None and self.gym_id is not None:
-            from envs.registry import get_spec
-
             spec = get_spec(self.name)
-            want = spec.obs_dim_for(self.gym_id), spec.act_dim
+            want = spec.minari_obs_dim if self.gym_id == spec.minari_gym_id else spec.obs_dim, spec.act_dim
             if (self.observations.shape[1], self.actions.shape[1]) != want:
                 raise DatasetError(
                     f"{where}: observations have {self.observations.shape[1]} dims and actions "
                     f"{self.actions.shape[1]}, but {self.gym_id} (the simulator of {spec.name}) has {want[0]} and "
                     f"{want[1]}. The file belongs to another environment; check the dataset name.")
-        self._build_index()
-
-    def _build_index(self) -> None:
-        n = self.num_steps
         ends = self.starts + self.lengths
         ep_of_step = np.repeat(np.arange(len(self.lengths)), self.lengths)
         self.step_end = ends[ep_of_step]  # [N] one past the last row of the step's episode

@@ -22,8 +22,6 @@ from torch import nn
 from .blocks import LayerSpec, Stack
 from .ksvd import ksvd_objective, ksvd_regularizer
 
-HEADS = ("flatten", "mean", "pair")
-
 
 @dataclass
 class Output:
@@ -36,10 +34,6 @@ class SequenceClassifier(nn.Module):
                  head: str, d_model: int = 64, n_heads: int = 2, d_ff: int | None = None, dropout: float = 0.1,
                  norm: str = "pre", activation: str = "gelu"):
         super().__init__()
-        if input_kind not in ("continuous", "tokens"):
-            raise ValueError(f"input_kind must be 'continuous' or 'tokens', got {input_kind!r}")
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {HEADS}, got {head!r}")
         self.input_kind, self.head_kind, self.max_len = input_kind, head, max_len
         self.embed = (nn.Linear(n_inputs, d_model) if input_kind == "continuous"
                       else nn.Embedding(n_inputs, d_model, padding_idx=0))

@@ -111,7 +111,6 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, split: Split) -> dict[str, float]:
-        """Accuracy and mean loss on ``split``, in eval mode."""
         self.model.eval()
         correct, loss, n = 0, 0.0, 0
         for batch in batches(split, self.cfg.train.eval_batch_size or self.cfg.train.batch_size):

@@ -121,21 +121,16 @@ class ClassifyConfig(RunOptions):
         self.attention_options = as_words(self.attention_options)
 
 
-def load_task_preset(task: str) -> dict:
-    group, _, name = task.partition("/")
-    names = [f"{g}/{n}" for g in GROUPS for n in presets.list_presets(g)]
-    if group not in GROUPS or not name or task not in names:
-        close = difflib.get_close_matches(task, names, n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown task {task!r}.{hint} Available: {', '.join(names)}")
-    return presets.load_preset(group, name)
-
-
 def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str]:
     """(config, preset source line) from the command line, applying preset layers in order (``prog``:
     the command whose line it is, named in its errors)."""
     first = cli.peek(ClassifyConfig, argv, SHORTHANDS, prog)
-    values = load_task_preset(first.task)
+    names = [f"{g}/{n}" for g in GROUPS for n in presets.list_presets(g)]
+    if first.task not in names:
+        close = difflib.get_close_matches(first.task, names, n=3, cutoff=0.5)
+        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise ValueError(f"unknown task {first.task!r}.{hint} Available: {', '.join(names)}")
+    values = presets.load_preset(*first.task.split("/", 1))
     by_model = values.pop("by_model", {}) or {}
     cfg = presets.apply_preset(ClassifyConfig(), {**values, "task": first.task}, where=f"preset {first.task}")
     model = first.model if "model" in cli.given(ClassifyConfig, argv, SHORTHANDS) else cfg.model

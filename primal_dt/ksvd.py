@@ -46,7 +46,6 @@ def ksvd_objective(aux: dict) -> torch.Tensor:
 
 
 def ksvd_layers(auxes) -> list[torch.Tensor]:
-    """J [B] of every primal layer in a stack's list of aux dicts."""
     return [ksvd_objective(a) for a in auxes if a and "Lambda" in a]
 
 

@@ -33,10 +33,7 @@ class CosformerAttention(FeatureMapAttention):
                  chunk: int = 64, bias: bool = True):
         super().__init__(d_model, n_heads, causal, bias=bias, chunk=chunk)
         self.max_len = check_int("max_len", max_len, low=1)
-
-    @property
-    def n_features(self) -> int:
-        return 2 * self.d_head
+        self.n_features = 2 * self.d_head
 
     def feature_specs(self, dtype):
         """the real tokens so far"""

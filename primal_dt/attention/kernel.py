@@ -21,9 +21,8 @@ Numerics: exponential kernels are evaluated in the log domain (a masked log-sum-
 the others divide by the kernel sum + eps. The linear kernel is the exception the paper itself
 flags: it can be negative, so its literal normaliser sum_j <q_i, k_j> can cross zero and the
 weights blow up (the paper reports it does not converge; outputs then swing with rounding-level
-changes in the projections). By default (``normalizer="abs"``) the weights are divided by
-sum_j |<q_i, k_j>| + eps instead, which keeps them bounded (|w| <= 1) and is identical for the
-non-negative kernels; ``normalizer="signed"`` gives the literal formula.
+changes in the projections). The weights are therefore divided by sum_j |<q_i, k_j>| + eps, which
+keeps them bounded (|w| <= 1) and is identical for the non-negative kernels.
 """
 
 from __future__ import annotations
@@ -36,32 +35,12 @@ from torch import nn
 from .base import Attention, Recurrent, StateSpec, zero_padding
 from .registry import register
 
-KERNELS = ("linear", "polynomial", "exponential", "rbf")
-
-
 def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding [*, dim] of (float) positions [*] (Vaswani et al.)."""
     half = (dim + 1) // 2
     freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=pos.device, dtype=pos.dtype) / half)
     ang = pos[..., None] * freq
     return torch.cat([ang.sin(), ang.cos()], dim=-1)[..., :dim]
-
-
-def smoother_weights(qf, kf, kernel: str, allowed: torch.Tensor, d: int, eps: float,
-                     signed: bool = False) -> torch.Tensor:
-    """Normalised kernel-smoother weights [B, H, Tq, Tk] for features qf [.., Tq, e], kf [.., Tk, e].
-    Non-exponential kernels divide by sum |k| + eps, or with ``signed`` by the literal sum k (+-eps)."""
-    dots = qf @ kf.transpose(-1, -2)
-    if kernel in ("exponential", "rbf"):
-        logk = dots / math.sqrt(d)
-        if kernel == "rbf":  # -||q - k||^2 / sqrt(d); the ||q||^2 term is constant per row but kept
-            logk = (2 * dots - qf.pow(2).sum(-1, keepdim=True) - kf.pow(2).sum(-1).unsqueeze(-2)) / math.sqrt(d)
-        return torch.softmax(logk.masked_fill(~allowed, torch.finfo(logk.dtype).min), dim=-1) * allowed
-    kmat = (dots if kernel == "linear" else dots.pow(2)) * allowed
-    if signed:
-        den = kmat.sum(-1, keepdim=True)
-        return kmat / torch.where(den >= 0, den + eps, den - eps)
-    return kmat / (kmat.abs().sum(-1, keepdim=True) + eps)
 
 
 class KernelSmootherAttention(Attention):
@@ -73,14 +52,10 @@ class KernelSmootherAttention(Attention):
     symmetric: bool = False
     positional: bool = False
 
-    def __init__(self, d_model: int, n_heads: int, causal: bool = False, eps: float = 1e-6,
-                 normalizer: str = "abs", bias: bool = True):
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, eps: float = 1e-6, bias: bool = True):
         super().__init__(d_model, n_heads, causal)
         if not eps > 0:
             raise ValueError(f"eps must be > 0, got {eps}")
-        if normalizer not in ("abs", "signed"):
-            raise ValueError(f"normalizer must be 'abs' or 'signed', got {normalizer!r}")
-        self.signed = normalizer == "signed"
         self.eps = float(eps)
         n_qk = 1 if (self.symmetric or self.positional) else 2
         self.qk = nn.Linear(d_model, n_qk * d_model, bias=bias)  # WF for the positional form
@@ -103,8 +78,16 @@ class KernelSmootherAttention(Attention):
         return qf, kf, self.split_heads(self.v(x))
 
     def _attend(self, qf, kf, v, allowed):
-        w = smoother_weights(qf, kf, self.kernel, allowed, self.d_head, self.eps, self.signed)
-        return self.proj(self.merge_heads(w @ v)), w
+        dots, d = qf @ kf.transpose(-1, -2), self.d_head
+        if self.kernel in ("exponential", "rbf"):
+            logk = dots / math.sqrt(d)
+            if self.kernel == "rbf":  # -||q - k||^2 / sqrt(d); the ||q||^2 term is constant per row but kept
+                logk = (2 * dots - qf.pow(2).sum(-1, keepdim=True) - kf.pow(2).sum(-1).unsqueeze(-2)) / math.sqrt(d)
+            w = torch.softmax(logk.masked_fill(~allowed, torch.finfo(logk.dtype).min), dim=-1) * allowed
+        else:
+            kmat = (dots if self.kernel == "linear" else dots.pow(2)) * allowed
+            w = kmat / (kmat.abs().sum(-1, keepdim=True) + self.eps)
+        return self.proj(self.merge_heads(w @ v))
 
     def _allowed(self, mask, Tq, Tk, device):
         allowed = torch.ones(Tq, Tk, dtype=torch.bool, device=device)
@@ -117,7 +100,7 @@ class KernelSmootherAttention(Attention):
         self.check_input(x, mask)
         zeros = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         qf, kf, v = self._features(x, mask, zeros)
-        y, _ = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
+        y = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
         return zero_padding(y, mask), {}
 
     def recurrent(self, *, window=None, chunk=1):
@@ -143,8 +126,7 @@ class KernelRecurrent(Recurrent):
         m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
         qf, kf, v = a._features(x, m, count)
         K, V, M = torch.cat([K, kf], 2), torch.cat([V, v], 2), torch.cat([M, m], 1)
-        y, _ = a._attend(qf, K, V, a._allowed(M, C, K.shape[2], x.device))
-        y = zero_padding(y, mask)
+        y = zero_padding(a._attend(qf, K, V, a._allowed(M, C, K.shape[2], x.device)), mask)
         return (y[:, -1:] if last_only else y), (K, V, M, count + m.sum(1))
 
 
@@ -157,7 +139,7 @@ def _variant(name: str, kernel: str, symmetric: bool, positional: bool = False):
     globals()[cls_name] = register(name)(cls)
 
 
-for _k in KERNELS:
+for _k in ("linear", "polynomial", "exponential", "rbf"):
     _variant(f"kernel-{_k}-asym", _k, False)
     _variant(f"kernel-{_k}-sym", _k, True)
 _variant("kernel-positional", "exponential", True, positional=True)

@@ -66,13 +66,9 @@ class FeatureMapAttention(Attention):
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, bias: bool = True, chunk: int = 64):
         super().__init__(d_model, n_heads, causal)
         self.chunk = check_int("chunk", chunk, low=1)
+        self.n_features = self.d_head  #: feature dimension m of fq, fk (a feature map may widen it)
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
-
-    #: feature dimension m of fq, fk
-    @property
-    def n_features(self) -> int:
-        return self.d_head
 
     def features(self, q, k, mask, fstate):
         raise NotImplementedError

@@ -49,19 +49,17 @@ class PerformerAttention(FeatureMapAttention):
                  redraw_every: int = 0, chunk: int = 64, bias: bool = True):
         super().__init__(d_model, n_heads, causal, bias=bias, chunk=chunk)
         d = self.d_head
-        self.m = max(d, int(d * math.log(d))) if n_features is None else check_int("n_features", n_features, low=1)
+        self.n_features = max(d, int(d * math.log(d))) if n_features is None else \
+            check_int("n_features", n_features, low=1)
         self.redraw_every = check_int("redraw_every", redraw_every, low=0)
         self._calls = 0
-        self.register_buffer("omega", orthogonal_gaussian(self.m, d))
-
-    @property
-    def n_features(self) -> int:
-        return self.m
+        self.register_buffer("omega", orthogonal_gaussian(self.n_features, d))
 
     @torch.no_grad()
     def redraw(self, generator: torch.Generator | None = None) -> None:
         """Draw a fresh Omega (in place; a running recurrent state is then stale)."""
-        self.omega.copy_(orthogonal_gaussian(self.m, self.d_head, generator, self.omega.device, self.omega.dtype))
+        omega = self.omega
+        omega.copy_(orthogonal_gaussian(self.n_features, self.d_head, generator, omega.device, omega.dtype))
 
     def forward(self, x, mask=None):
         if self.training and self.redraw_every:

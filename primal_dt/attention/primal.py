@@ -47,13 +47,9 @@ def evenly_spaced_rows(x: torch.Tensor, mask: torch.Tensor | None, n_max: int):
     sequence has fewer than n real tokens, so they add nothing to f(X)^T We)."""
     B, T, _ = x.shape
     n = min(n_max, T)
-    if mask is None:
-        lengths = torch.full((B,), T, device=x.device)
-        order = torch.arange(T, device=x.device).expand(B, T)
-    else:
-        lengths = mask.sum(1)
-        # indices of real tokens first (stable, so in sequence order)
-        order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices
+    m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+    lengths = m.sum(1)
+    order = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices  # real tokens first, in sequence order
     n_b = lengths.clamp(max=n)  # rows used per sequence
     j = torch.arange(n, device=x.device).expand(B, n)
     denom = (n_b - 1).clamp(min=1).unsqueeze(1)
@@ -123,16 +119,6 @@ class PrimalAttention(Attention):
         y = zero_padding(self.proj(self.merge_heads(self.Wo(sc))), mask)
         return y, sc
 
-    def _aux(self, sc, rows, mask):
-        """What the KSVD regulariser reads; ``rows`` ([B] or None): how many leading rows of We, Wr each sequence
-        used."""
-        n = self.W.shape[2] if rows is None else int(rows.max()) if rows.numel() else 0
-        aux = {"e": sc[..., : self.s], "r": sc[..., self.s :], "We": self.W[0, :, :n], "Wr": self.W[1, :, :n],
-               "Lambda": self.Lambda, "mask": mask}
-        if rows is not None:
-            aux["rows"] = rows
-        return aux
-
     def forward(self, x, mask=None):
         self.check_input(x, mask)
         qk = self.qk(x).view(*x.shape[:2], 2, self.n_heads, self.d_head)
@@ -140,7 +126,10 @@ class PrimalAttention(Attention):
             qk = prefix_means(qk, mask, self.window)
         W, rows = self._weights(x, mask)
         y, sc = self._scores_and_output(qk, W, mask)
-        return y, self._aux(sc, rows, mask)
+        n = self.W.shape[2] if rows is None else int(rows.max()) if rows.numel() else 0
+        # what the KSVD regulariser reads; rows: [B] how many leading rows of We, Wr each sequence used (None: all)
+        return y, {"e": sc[..., : self.s], "r": sc[..., self.s :], "We": self.W[0, :, :n], "Wr": self.W[1, :, :n],
+                   "Lambda": self.Lambda, "mask": mask, "rows": rows}
 
     def recurrent(self, *, window=None, chunk=1):
         if self.data_dependent:

@@ -2,23 +2,23 @@
 ICLR 2023, "A Primal-Dual Framework for Transformers and Neural Networks"): attentions derived as
 the dual of a support-vector regression with different primal feature maps.
 
-Per head (width d), mu = mean of the keys over the sequence, s = their per-feature std:
-    svr-bn:    score(i, j) = ((q_i - beta mu) / s)^T ((k_j - beta mu) / s) / sqrt(d)
-               (``scale_variance=False``, the paper's experiments: s = 1, re-centring only)
+Per head (width d), mu = mean of the keys over the sequence:
+    svr-bn:    score(i, j) = (q_i - beta mu)^T (k_j - beta mu) / sqrt(d)
+               (the paper's experiments: re-centring only, the keys' variance is not divided out)
     svr-sh:    head h attends to the keys/values average-pooled by factor r_h along the sequence
                (queries keep full length); default r = 2^(h // max(1, H // 4)), which gives the
                paper's [1,1,2,2,4,4,8,8] for 8 heads and [1,2] for 2 heads
-    svr-bn-sh: both; mu, s per head over that head's pooled keys
+    svr-bn-sh: both; mu per head over that head's pooled keys
     ``kernel="softmax"``: y_i = sum_j softmax_j(score(i, j)) v_j
-    ``kernel="linear"``:  the elu+1 linear attention on the re-centred (scaled) queries and keys
+    ``kernel="linear"``:  the elu+1 linear attention on the re-centred queries and keys
 Pooling runs over real tokens only (real tokens are compacted first, so padding on either side
 changes nothing); the last group of a bidirectional sequence may be partial (mean of its members).
 
-In the softmax form, (q - beta mu)^T (k_j - beta mu) / s^2 differs from ((q - beta mu)/s^2)^T k_j
-by a term constant in j, which softmax cancels: only the queries need shifting.
+In the softmax form, (q - beta mu)^T (k_j - beta mu) differs from (q - beta mu)^T k_j by a term
+constant in j, which softmax cancels: only the queries need shifting.
 
 Causal forms (not in the paper; our choices, no future leakage):
-- Statistics: query i uses mu_i, s_i of the real keys j <= i (token level, also with SH, where a
+- Statistics: query i uses mu_i of the real keys j <= i (token level, also with SH, where a
   prefix is not always a whole number of groups). In the softmax form every visible key is thus
   re-centred by the query's own prefix statistics: the bidirectional formula applied to the prefix.
   The linear form cannot re-centre old keys without losing its running sums, so each key (and each
@@ -46,9 +46,7 @@ from .registry import register
 
 def compact(xs, mask):
     """Move each sequence's real tokens to the front (in order): xs [B, H, T, d] -> same, plus n [B]."""
-    B, T = mask.shape
-    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices  # real tokens first
-    idx = order[:, None, :, None]
+    idx = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, None, :, None]  # real tokens first
     return [x.gather(2, idx.expand(-1, x.shape[1], -1, x.shape[3])) for x in xs], mask.sum(1)
 
 
@@ -70,15 +68,12 @@ class SVRAttention(Attention):
     use_sh: bool = False
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax",
-                 beta: float = 0.5, scale_variance: bool = False, factors=None, eps: float = 1e-5,
-                 bias: bool = True):
+                 beta: float = 0.5, factors=None, bias: bool = True):
         super().__init__(d_model, n_heads, causal)
         if kernel not in ("softmax", "linear"):
             raise ValueError(f"kernel must be 'softmax' or 'linear', got {kernel!r}")
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
             raise ValueError(f"beta must be a finite number, got {beta!r}")
-        if not eps > 0:
-            raise ValueError(f"eps must be > 0, got {eps}")
         if factors is None:
             factors = default_factors(n_heads) if self.use_sh else (1,) * n_heads
         factors = tuple(factors) if isinstance(factors, (list, tuple)) else factors
@@ -86,18 +81,12 @@ class SVRAttention(Attention):
             raise ValueError(f"factors must list one pooling factor per head ({n_heads}), got {factors!r}")
         for f in factors:
             check_int("factors entry", f, low=1)
-        self.kernel, self.beta, self.scale_variance, self.eps = kernel, float(beta), bool(scale_variance), float(eps)
-        self.factors = factors
+        self.kernel, self.beta, self.factors = kernel, float(beta), factors
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
         self.proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def _shift(self, x, mu, var, power=0.5):
-        """(x - beta mu) / s^(2 power) (s = 1 unless scale_variance); identity without BN. power=0.5: the
-        linear kernel's features; power=1: the softmax query, the only shift softmax does not cancel."""
-        if not self.use_bn:
-            return x
-        x = x - self.beta * mu
-        return x / var.pow(power) if self.scale_variance else x
+    def _shift(self, x, mu):
+        return x - self.beta * mu if self.use_bn else x
 
     def _bidirectional(self, q, kc, vc, n, r):
         B, h, _, d = q.shape
@@ -109,16 +98,12 @@ class SVRAttention(Attention):
         pk = (kc.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1)
         pv = (vc.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1)
         pmask = cnt[:, 0, :, 0] > 0  # [B, G]
-        mu = var = None
-        if self.use_bn:
-            pw = pmask[:, None, :, None].to(q.dtype)
-            npool = pw.sum(2, keepdim=True).clamp(min=1)
-            mu = (pk * pw).sum(2, keepdim=True) / npool
-            var = (((pk - mu) * pw) ** 2).sum(2, keepdim=True) / npool + self.eps
+        pw = pmask[:, None, :, None].to(q.dtype)
+        mu = (pk * pw).sum(2, keepdim=True) / pw.sum(2, keepdim=True).clamp(min=1)  # (read by BN only)
         if self.kernel == "softmax":
-            qq = self._shift(q, mu, var, 1)  # fused kernel: O(T) memory like softmax's
+            qq = self._shift(q, mu)  # fused kernel: O(T) memory like softmax's
             return torch.nn.functional.scaled_dot_product_attention(qq, pk, pv, attn_mask=pmask[:, None, None, :])
-        fq, fk = elu_feature(self._shift(q, mu, var)), elu_feature(self._shift(pk, mu, var))
+        fq, fk = elu_feature(self._shift(q, mu)), elu_feature(self._shift(pk, mu))
         return linear_attention(fq, fk, pv, pmask)
 
     def _causal(self, qc, kc, vc, n, p, r):
@@ -133,18 +118,14 @@ class SVRAttention(Attention):
         run_k = (kc.view(B, h, G, r, d).cumsum(3) / within).view(B, h, Np, d)  # own group's running mean
         run_v = (vc.view(B, h, G, r, d).cumsum(3) / within).view(B, h, Np, d)
         pk, pv = run_k[:, :, r - 1 :: r], run_v[:, :, r - 1 :: r]  # completed-group means [B, h, G, d]
-        mu = var = None
-        if self.use_bn:
-            cnt = torch.arange(1, Np + 1, device=qc.device, dtype=qc.dtype)[:, None]
-            mu = kc.cumsum(2) / cnt
-            var = (kc.pow(2).cumsum(2) / cnt - mu.pow(2)).clamp(min=0) + self.eps
+        mu = kc.cumsum(2) / torch.arange(1, Np + 1, device=qc.device, dtype=qc.dtype)[:, None]  # (read by BN only)
 
         def at(x, pos):  # gather [B, h, Np, d] at positions pos [B, Tq]
-            return None if x is None else x.gather(2, pos[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+            return x.gather(2, pos[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
 
-        mu_q, var_q, k_cur, v_cur = at(mu, p), at(var, p), at(run_k, p), at(run_v, p)
+        mu_q, k_cur, v_cur = at(mu, p), at(run_k, p), at(run_v, p)
         if self.kernel == "softmax":
-            qq = self._shift(at(qc, p), mu_q, var_q, 1)
+            qq = self._shift(at(qc, p), mu_q)
             logits = qq @ pk.transpose(-1, -2) / math.sqrt(d)  # [B, h, Tq, G]
             seen = torch.arange(G, device=qc.device)[None, None, :] < (p // r)[:, :, None]
             logits = logits.masked_fill(~seen[:, None], float("-inf"))
@@ -152,14 +133,15 @@ class SVRAttention(Attention):
             wts = torch.softmax(torch.cat([logits, cur], -1), -1)
             return wts[..., :G] @ pv + wts[..., G:] * v_cur
         # linear: completed groups enter a causal linear attention at the first position after them
-        fq_all = elu_feature(self._shift(qc, mu, var))
-        fk_g = elu_feature(self._shift(pk, at(mu, _ends(B, G, r, qc.device)), at(var, _ends(B, G, r, qc.device))))
+        fq_all = elu_feature(self._shift(qc, mu))
+        ends = (torch.arange(G, device=qc.device) * r + r - 1)[None].expand(B, G)  # each group's last member
+        fk_g = elu_feature(self._shift(pk, at(mu, ends)))
         fk_seq, v_seq = torch.zeros_like(kc), torch.zeros(B, h, Np, d + 1, device=qc.device, dtype=qc.dtype)
         fk_seq[:, :, r::r] = fk_g[:, :, : G - 1]
         v_seq[:, :, r::r] = torch.cat([pv, torch.ones_like(pv[..., :1])], -1)[:, :, : G - 1]
         numden = at(linear_attention(fq_all, fk_seq, v_seq, causal=True, eps=None), p)  # [B, h, Tq, d+1]
         fq = at(fq_all, p)
-        wc = (fq * elu_feature(self._shift(k_cur, mu_q, var_q))).sum(-1, keepdim=True)
+        wc = (fq * elu_feature(self._shift(k_cur, mu_q))).sum(-1, keepdim=True)
         return (numden[..., :d] + wc * v_cur) / (numden[..., d:] + wc + 1e-6)
 
     def _attend(self, q, qc, kc, vc, n, p):
@@ -214,19 +196,13 @@ class SVRRecurrent(Recurrent):
         return (y[:, -1:] if last_only else y), (qc, kc, vc, n)
 
 
-def _ends(B, G, r, device):
-    """Compact positions of each group's last member, [B, G]."""
-    return (torch.arange(G, device=device) * r + r - 1)[None].expand(B, G)
-
-
 @register("svr-bn")
 class SVRBNAttention(SVRAttention):
     use_bn, use_sh = True, False
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax",
-                 beta: float = 0.5, scale_variance: bool = False, eps: float = 1e-5, bias: bool = True):
-        super().__init__(d_model, n_heads, causal, kernel=kernel, beta=beta, scale_variance=scale_variance,
-                         eps=eps, bias=bias)
+                 beta: float = 0.5, bias: bool = True):
+        super().__init__(d_model, n_heads, causal, kernel=kernel, beta=beta, bias=bias)
 
 
 @register("svr-sh")

@@ -173,8 +173,9 @@ def unfit(where: str, err: Exception) -> errors.SetupError:
                              "checkpoint or start a new run")
 
 
-def load(path: str | Path, expect_kind: str | None = None) -> dict:
-    """Read a checkpoint without running code; one clear error for a missing, corrupt, foreign or unsafe file."""
+def load(path: str | Path, expect_kind: str | None = None, keys: tuple[str, ...] = ("model", "config")) -> dict:
+    """Read a checkpoint (a dict with ``keys``) without running code; one clear error for a missing, corrupt,
+    foreign or unsafe file."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
@@ -189,8 +190,8 @@ def load(path: str | Path, expect_kind: str | None = None) -> dict:
     except Exception as err:  # torch raises many kinds for a corrupt file
         raise ValueError(f"checkpoint {path} could not be read ({type(err).__name__}: {err}); "
                          "it may be truncated or not a primal-dt checkpoint") from err
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
-        raise ValueError(f"{path} is not a primal-dt checkpoint (expected a dict with 'model' and 'config')")
+    if not isinstance(ckpt, dict) or not all(k in ckpt for k in keys):
+        raise ValueError(f"{path} is not a primal-dt checkpoint (expected a dict with {' and '.join(map(repr, keys))})")
     if expect_kind is not None and ckpt.get("kind") != expect_kind:
         raise ValueError(f"checkpoint {path} holds a {ckpt.get('kind')!r} model, expected {expect_kind!r}")
     return ckpt

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .errors import SetupError
+
 
 @dataclass(frozen=True)
 class Dist:
@@ -25,7 +27,6 @@ class Dist:
         return self.rank == 0
 
     def barrier(self) -> None:
-        """Wait for every process (a no-op for one process)."""
         if self.world > 1:
             dist.barrier()
 
@@ -38,8 +39,6 @@ def init_distributed(device: str) -> Dist:
     local = int(os.environ.get("LOCAL_RANK", "0"))
     gpu = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if gpu and not torch.cuda.is_available():  # before NCCL would fail with its own traceback
-        from .errors import SetupError
-
         raise SetupError(f"device={device} but CUDA is not available; use device=cpu (DDP over gloo)")
     if not dist.is_initialized():  # ranks > 0 wait at a barrier while rank 0 evaluates: allow long evaluations
         if gpu:

@@ -40,7 +40,6 @@ _WHY = {errno.ENOSPC: "no space left on the device (disk full)", errno.EDQUOT: "
 
 
 def why(err: OSError) -> str:
-    """A failed write's cause in words."""
     return _WHY.get(err.errno, err.strerror or str(err))
 
 

@@ -20,6 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from . import errors, lock, outputs
+from .checkpoint import write_atomic
 from .presets import flat
 
 
@@ -35,24 +36,15 @@ def run_dir(root: str | Path, *parts: str, seed: int) -> Path:
         path = outputs.new_path((base / n for n in names), Path.mkdir, what="run directory")
     except errors.WriteError as err:
         raise errors.WriteError(f"{err}; nothing was written. Choose a writable out= (now {root})") from err
-    warn_running_siblings(path, seed)
-    return path
-
-
-def warn_running_siblings(path: Path, seed: int) -> None:
-    """A line on stderr for each run of the same dataset, model and seed still running beside ``path``: a
-    second run started by mistake says so at once, not both at half speed."""
-    for other in sorted(path.parent.glob(f"*-seed{seed}")):
+    for other in sorted(path.parent.glob(f"*-seed{seed}")):  # a second run started by mistake says so at once
         who = lock.holder(other) if other != path and other.is_dir() else None
         if who is not None:
             print(f"warning: {who} is running the same dataset, model and seed in {other}; this run starts beside "
                   f"it in {path} (stop one if that was not meant)", file=sys.stderr, flush=True)
+    return path
 
 
 def save_figure(fig, path: str | Path, what: str, dpi: int = 110) -> Path:
-    """A matplotlib figure as a PNG at ``path``, written atomically."""
-    from .checkpoint import write_atomic
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return write_atomic(path, buf.getvalue(), what)

@@ -95,7 +95,6 @@ def _kind(hint: Any) -> str:
 
 
 def flat(d: dict, prefix: str = "") -> dict:
-    """A nested config dict as {dotted option: value}."""
     out = {}
     for k, v in d.items():
         out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})

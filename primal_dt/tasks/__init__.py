@@ -4,12 +4,13 @@ bad paths and files fail before any compute is spent."""
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..run.options import AT_LEAST_0, FRACTION, SEED, check_numbers
 from .dataset import Split, TaskData, subset
-from .listops import ListOpsSpec
+from .listops import ListOpsSpec, write_dataset
 
 SOURCES = ("uea", "listops", "text", "retrieval", "image", "pathfinder")
 
@@ -42,8 +43,6 @@ class DataConfig:
 
     def check(self) -> None:
         if self.kind not in SOURCES:
-            import difflib
-
             close = difflib.get_close_matches(self.kind, SOURCES, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(f"data.kind={self.kind!r} is not one of {', '.join(SOURCES)}{hint}")
@@ -55,8 +54,6 @@ class DataConfig:
 
 def listops_dir(cfg: DataConfig) -> Path:
     """Where ListOps files are read from, generating them first when asked and missing."""
-    from .listops import write_dataset
-
     d = Path(cfg.path) if cfg.path else Path("data/listops") / cfg.listops.tag()
     if not (d / "basic_train.tsv").exists() and cfg.generate:
         print(f"generating ListOps ({cfg.listops.tag()}) into {d} ...", flush=True)
@@ -76,16 +73,11 @@ def load_task(cfg: DataConfig, with_val: bool = True) -> TaskData:
     else:
         from . import lra
 
-        if cfg.kind == "listops":
-            data = lra.load_listops(str(listops_dir(cfg)), cfg.max_len)
-        elif cfg.kind == "text":
-            data = lra.load_text(cfg.path, cfg.max_len, frac, cfg.split_seed)
-        elif cfg.kind == "retrieval":
-            data = lra.load_retrieval(cfg.path, cfg.max_len)
-        elif cfg.kind == "image":
-            data = lra.load_image(cfg.path, frac, cfg.split_seed)
-        else:
-            data = lra.load_pathfinder(cfg.path, cfg.name)
+        data = {"listops": lambda: lra.load_listops(str(listops_dir(cfg)), cfg.max_len),
+                "text": lambda: lra.load_text(cfg.path, cfg.max_len, frac, cfg.split_seed),
+                "retrieval": lambda: lra.load_retrieval(cfg.path, cfg.max_len),
+                "image": lambda: lra.load_image(cfg.path, frac, cfg.split_seed),
+                "pathfinder": lambda: lra.load_pathfinder(cfg.path, cfg.name)}[cfg.kind]()
     s = cfg.split_seed
     data.train, data.test = subset(data.train, cfg.max_train, s), subset(data.test, cfg.max_test, s)
     data.val = subset(data.val, cfg.max_val, s) if data.val is not None and with_val else None

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..run.checkpoint import write_atomic
+from ..run.cli import fail, parse
 from ..run.options import AT_LEAST_1, Range, check_numbers
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
@@ -116,20 +117,13 @@ def generate(spec: ListOpsSpec) -> dict[str, list[tuple[str, int]]]:
     return {"train": items[:a], "val": items[a:b], "test": items[b:]}
 
 
-def write_tsv(examples: list[tuple[str, int]], path: Path) -> None:
-    text = io.StringIO()
-    w = csv.writer(text, delimiter="\t", lineterminator="\n")
-    w.writerow(["Source", "Target"])
-    w.writerows(examples)
-    write_atomic(path, text.getvalue(), "ListOps file")
-
-
 def write_dataset(spec: ListOpsSpec, out: str | Path) -> Path:
-    """Generate and write basic_{train,val,test}.tsv under ``out`` (atomically, per file)."""
     out = Path(out)
     data = generate(spec)
     for split in SPLITS:
-        write_tsv(data[split], out / f"basic_{split}.tsv")
+        text = io.StringIO()
+        csv.writer(text, delimiter="\t", lineterminator="\n").writerows([("Source", "Target"), *data[split]])
+        write_atomic(out / f"basic_{split}.tsv", text.getvalue(), "ListOps file")
     write_atomic(out / "spec.txt", "".join(f"{k}: {v}\n" for k, v in asdict(spec).items()), "ListOps spec")
     return out
 
@@ -193,8 +187,6 @@ SHORTHANDS = {f.name: f"spec.{f.name}" for f in fields(ListOpsSpec)}
 
 
 def main(argv=None) -> None:
-    from ..run.cli import fail, parse
-
     args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
                  shorthands=SHORTHANDS)
     try:

@@ -70,17 +70,6 @@ def clean_series(s: np.ndarray) -> np.ndarray:
     return s
 
 
-def _to_tensors(series: list[np.ndarray], mean, std, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    C = mean.shape[0]
-    x = torch.zeros(len(series), T, C)
-    mask = torch.zeros(len(series), T, dtype=torch.bool)
-    for i, s in enumerate(series):
-        z = np.nan_to_num((s[:T] - mean) / std, nan=0.0)
-        x[i, : len(z)] = torch.from_numpy(z).float()
-        mask[i, : len(z)] = True
-    return x, mask
-
-
 def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: int = 0,
              max_len: int = 0) -> TaskData:
     """Load, clean, standardise and pad one UEA set; ``val_fraction=0`` keeps the whole training
@@ -115,7 +104,10 @@ def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: i
                      f"to the longest of train and test, {max(len(s) for s in train + test)}: data.max_len=N)")
 
     def split(series, labels, idx):
-        x, m = _to_tensors([series[i] for i in idx], mean, std, T)
+        x, m = torch.zeros(len(idx), T, mean.shape[0]), torch.zeros(len(idx), T, dtype=torch.bool)
+        for row, i in enumerate(idx):
+            z = np.nan_to_num((series[i][:T] - mean) / std, nan=0.0)
+            x[row, : len(z)], m[row, : len(z)] = torch.from_numpy(z).float(), True
         return Split(x, m, torch.as_tensor(labels[idx], dtype=torch.long))
 
     return TaskData(name=f"uea/{name}", train=split(train, yt, fit_idx),

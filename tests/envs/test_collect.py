@@ -286,7 +286,7 @@ def test_pickled_files_are_never_run(tmp_path):
     (crafted / "evals.json").write_text(json.dumps([{"step": 100, "return_mean": 1.0, "stoch_return_mean": 1.0}]))
     p = collect_cli(crafted)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert "sac_step0000100.pt is not a primal-dt behaviour checkpoint" in p.stderr
+    assert "sac_step0000100.pt was not loaded: it holds pickled objects" in p.stderr
 
     with pytest.raises(ValueError, match="replay.npz is not a replay buffer of arrays"):
         replay_episodes(crafted / "replay.npz", 10)  # absent: replay.pkl beside it is not read instead

@@ -21,7 +21,7 @@ KERNELS = {
 }
 
 
-def naive_smoother(a, x, mask, kernel, signed=False):
+def naive_smoother(a, x, mask, kernel):
     B, T, _ = x.shape
     qk = a.qk(x)
     q, k = (qk, qk) if a.symmetric or a.positional else qk.split(D, -1)
@@ -46,8 +46,8 @@ def naive_smoother(a, x, mask, kernel, signed=False):
                     else:
                         kij = kernel(q[b, i, sl], k[b, j, sl])
                     ws.append((kij, v[b, j, sl]))
-                den = sum(w for w, _ in ws) if signed else sum(abs(w) for w, _ in ws)  # abs: no-op if k >= 0
-                eps = 0 if a.kernel in ("exponential", "rbf") else (1e-6 if den >= 0 else -1e-6)
+                den = sum(abs(w) for w, _ in ws)  # abs: no-op if k >= 0
+                eps = 0 if a.kernel in ("exponential", "rbf") else 1e-6
                 heads.append(sum(w * vj for w, vj in ws) / (den + eps))
             out[b, i] = a.proj(torch.cat(heads))
     return out
@@ -63,16 +63,6 @@ def test_matches_explicit_kernel(name, causal):
         y, _ = a(x, MASK)
         ref = naive_smoother(a, x, MASK, KERNELS[a.kernel] if not a.positional else None)
     torch.testing.assert_close(y, ref.to(y.dtype), atol=1e-8, rtol=1e-7)
-
-
-def test_signed_normaliser_is_the_literal_formula():
-    torch.manual_seed(0)
-    a = build_attention("kernel-linear-asym", D, H, normalizer="signed").double().eval()
-    x = torch.randn(2, 7, D, dtype=torch.float64)
-    with torch.no_grad():
-        y, _ = a(x, MASK)
-        ref = naive_smoother(a, x, MASK, KERNELS["linear"], signed=True)
-    torch.testing.assert_close(y, ref.to(y.dtype), atol=1e-6, rtol=1e-6)
 
 
 def test_exponential_kernel_is_softmax_attention_and_stable():
@@ -106,7 +96,5 @@ def test_positional_form_shifts_with_real_positions_only():
 
 
 def test_bad_arguments():
-    with pytest.raises(ValueError, match="normalizer"):
-        build_attention("kernel-linear-asym", D, H, normalizer="l1")
     with pytest.raises(ValueError, match="eps"):
         build_attention("kernel-rbf-asym", D, H, eps=-1.0)
