@@ -81,17 +81,6 @@ class Agent(Policy):
         self.state = StepState.of(state)._replace(prev_action=action.clone())
         return action.float().cpu().numpy()
 
-    @property
-    def timesteps(self) -> np.ndarray:
-        """t per row: steps taken in the row's episode."""
-        return self.state.t.cpu().numpy()
-
-    @property
-    def returns_to_go(self) -> np.ndarray:
-        """Current R_t per row, unscaled (raw return units): the target at a row's first step."""
-        rtg = torch.where(self.state.t == 0, self.target / self.reward_scale, self.state.rtg)
-        return (rtg.double() * self.reward_scale).cpu().numpy()
-
 
 def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[float] | None = None,
                device: str | torch.device = "cpu", context: int | None = None, data=None,
