@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -46,8 +46,7 @@ def resolve(mode: str, device: torch.device, world: int = 1) -> str:
     return mode
 
 
-@dataclass
-class Failure:
+class Failure(NamedTuple):
     """The first step whose loss or gradient norm was not finite (1-based), and what it computed."""
 
     step: int
