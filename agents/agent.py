@@ -43,13 +43,10 @@ class Agent(Policy):
         if context is not None and engine != "recompute":
             raise ValueError("context applies to engine='recompute' only")
         model.eval()
-        stats = (info.state_mean, info.state_std, info.reward_scale)
-        if engine == "stream":  # (inplace: the agent drops a passed state)
-            self.step_fn = DTStep(model, *stats, inplace=True)
-        else:
-            self.step_fn = RecomputeStep(model, *stats, context=context)
+        stats = (info.state_mean, info.state_std, info.reward_scale)  # (inplace: the agent drops a passed state)
+        self.step_fn = DTStep(model, *stats, inplace=True) if engine == "stream" \
+            else RecomputeStep(model, *stats, context=context)
         self.model, self.info = model, info
-        self.engine, self.context = engine, context
         self.obs_dim, self.act_dim = model.cfg.state_dim, model.cfg.act_dim
         self.device = self.step_fn.mean.device
         if self.device.type == "cpu":  # steps reallocate the same large buffers: keep them mapped (page faults)
