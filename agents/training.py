@@ -531,8 +531,7 @@ def announcement(run: Run) -> str:
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
         train_config.describe(run.built, full=cfg.print_config),
-        f"data {cfg.env}: {len(run.data)} episodes, {run.data.num_steps:,} steps, source: {run.data.source} "
-        f"({run.info.fingerprint[:19]}); {held_out(run)}",
+        data_line(run),
         f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}, "
         f"training step {run.compile}" + (f" (compile={cfg.compile})" if cfg.compile == "auto" else "")
         + (" in bf16 autocast" if cfg.amp == "bf16" else "")
@@ -543,13 +542,14 @@ def announcement(run: Run) -> str:
     ])
 
 
-def held_out(run: Run) -> str:
-    n = len(run.info.held_out)
-    if not n:
-        return "no episodes held out (val_fraction=0)"
-    steps = int(run.data.lengths[list(run.info.held_out)].sum())
-    return (f"{n} held out for validation ({steps:,} steps, val_fraction={run.cfg.val_fraction:g}, drawn by "
-            f"seed {run.cfg.seed}; statistics from the other {len(run.data) - n})")
+def data_line(run: Run) -> str:
+    """The data trained on and held out (printed, and in TensorBoard's ``data/source``)."""
+    data, n = run.data, len(run.info.held_out)
+    held = (f"{n} held out for validation ({int(data.lengths[list(run.info.held_out)].sum()):,} steps, "
+            f"val_fraction={run.cfg.val_fraction:g}, drawn by seed {run.cfg.seed}; statistics from the other "
+            f"{len(data) - n})") if n else "no episodes held out (val_fraction=0)"
+    return (f"data {run.cfg.env}: {len(data)} episodes, {data.num_steps:,} steps, source: {data.source} "
+            f"({run.info.fingerprint[:19]}); {held}")
 
 
 def open_monitor(run: Run) -> RunMonitor:
@@ -565,8 +565,7 @@ def open_monitor(run: Run) -> RunMonitor:
     if d.main and run.step == 0:
         mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
         mon.text("config/provenance", "```\n" + train_config.describe(run.built, full=True) + "\n```")
-        mon.text("data/source", f"{run.data.source} ({cfg.env}, {len(run.data)} episodes, "
-                                f"{run.data.num_steps} steps, fingerprint {run.info.fingerprint}); {held_out(run)}")
+        mon.text("data/source", data_line(run))
     return mon
 
 
