@@ -140,7 +140,10 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         model = model.to(device)
         if d.world > 1:  # same initial weights everywhere (DDP also broadcasts them), own dropout masks per rank
             runtime.seed_torch(cfg.seed + 1000 * d.rank)
-        opt, sched = build_optimizer(model, cfg, fused=mode != "eager")
+        # AdamW (fused for the compiled steps), linear warm-up then constant: the DT recipe
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=mode != "eager")
+        w = cfg.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
         train_eps, held_out = hold_out(cfg, data, ck)
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
@@ -201,14 +204,6 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
                          f"model.d_model={m.d_model}, model.n_heads={m.n_heads}, model.s={m.s}, "
                          f"model.attention_options={','.join(m.attention_options) or '-'}, K={cfg.K}, "
                          f"stream_window={cfg.stream_window}): {err}") from err
-
-
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False):
-    """AdamW, linear warm-up then constant (the DT recipe); ``fused`` for the compiled steps."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
-    w = cfg.warmup_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
-    return opt, sched
 
 
 # == 2. the loop ========================================================================================
