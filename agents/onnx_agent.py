@@ -42,16 +42,12 @@ def onnx_agent(checkpoint, ck, agent):
     else:  # no cache (a checkpoint in memory, or no usable cache directory): a temporary file, gone once read
         tmp = Path(tempfile.mkdtemp(prefix="primal-dt-policy-"))
         try:
-            policy = OnnxPolicy(_export(source, tmp))
+            policy = OnnxPolicy(export_policy(source, "onnx", tmp / FORMATS["onnx"], overwrite=True))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # onnxruntime holds the graph in memory
     policy = checked(policy, agent)
     policy.default_target, policy.info = agent.default_target, agent.info
     return policy
-
-
-def _export(source, directory: Path) -> Path:
-    return export_policy(source, "onnx", directory / FORMATS["onnx"], overwrite=True)
 
 
 def cache_dir() -> Path | None:
@@ -86,7 +82,7 @@ def cached_export(path: Path) -> Path | None:
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=d))
         try:
-            fresh = _export(path, tmp)
+            fresh = export_policy(path, "onnx", tmp / FORMATS["onnx"], overwrite=True)
             ck_io.write_atomic(digest, sha256_file(fresh) + "\n", "digest of a cached ONNX export")
             os.replace(fresh, graph)
         finally:
