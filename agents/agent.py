@@ -109,9 +109,9 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     elif data is not None and data is not False:
         dt_checkpoint.check_data(ck.data, data, ck.origin)
     agent = Agent(ck.build_model(device), ck.data, engine=engine, target=target, context=context)
-    agent.fidelity = ck.fidelity(engine).record()
-    note = ck.fidelity(engine).note(ck.origin)
-    if note:
+    fidelity = ck.fidelity(engine)
+    agent.fidelity = fidelity.record()
+    if note := fidelity.note(ck.origin):
         warnings.warn(note.removeprefix("note: "), StreamNotTrainedWarning, stacklevel=2)
     if runtime == "auto":
         # a checkpoint in memory has no file to key a cached export by: every load would export again
