@@ -227,7 +227,7 @@ class _Fields:
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
             raise self.bad("model_config", "a mapping (DTConfig's fields)", v)
         kinds = {int: (int,), float: (int, float), str: (str,), bool: (bool,), tuple: (list, tuple)}
-        try:  # a field missing, unknown, of the wrong kind or out of range
+        try:  # a field missing, unknown, of the wrong kind or out of range, or sizes no machine allocates
             for f in dataclasses.fields(DTConfig):
                 want, x = kinds.get(type(f.default)), v.get(f.name)
                 if f.name not in v or want is None:
@@ -239,15 +239,12 @@ class _Fields:
                     raise ValueError(f"model_config.{f.name} must be a list of strings, got {json.dumps(x)[:40]}")
             mc = DTConfig(**v)
             mc.check()
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None
-        # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
-        layers = len(mc.layer_names()) or mc.n_layers
-        try:
+            # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
+            layers = len(mc.layer_names()) or mc.n_layers
             check_size(mc.K * 3 * mc.d_model * layers * 8, f"model_config K={mc.K}, d_model={mc.d_model} and "
                        f"{layers} layers", "activation values per row")
-        except ValueError as err:
-            raise ValueError(f"{self.where}: {err}") from None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None
         return mc
 
     def weights(self, v, mc: DTConfig) -> None:
