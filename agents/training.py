@@ -1,11 +1,8 @@
-"""Train a Decision Transformer on an offline dataset: what ``python -m primal_dt.train`` runs.
-
-In the order a run happens: 1. setup (``prepare``: bad input fails here, as ``SetupError``, before anything
-is written); 2. the loop; 3. evaluation, in the simulator (``eval``'s code handed in as an ``Evaluator``:
-``eval`` sits above ``agents``) and on held-out episodes; 4. checkpoints, by steps and by wall time;
-5. logging, and the run's duration measured from its own steps. A failed write ends the run with one
-``WriteError``; the last checkpoint stays intact. Same seed and config, same run (on CPU), and a resumed
-run continues exactly.
+"""Train a Decision Transformer on an offline dataset: what ``python -m primal_dt.train`` runs, in the order a
+run happens (the numbered sections). Bad input fails in setup, as ``SetupError``, before anything is written;
+the simulator's evaluation is ``eval``'s code handed in as an ``Evaluator`` (``eval`` sits above ``agents``).
+A failed write ends the run with one ``WriteError``; the last checkpoint stays intact. Same seed and config,
+same run (on CPU), and a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -430,7 +427,7 @@ def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
     return mse
 
 
-# == 4. checkpoints =====================================================================================
+# == 4. checkpoints, by steps and by wall time ===========================================================
 def save(run: Run, mon: RunMonitor) -> None:
     """Write ``last.pt`` (rank 0, atomically) after flushing the logged events, so a resume purges only what
     came after it. A collective: every process sends its random streams."""
