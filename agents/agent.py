@@ -43,13 +43,10 @@ class Agent(Policy):
         if context is not None and engine != "recompute":
             raise ValueError("context applies to engine='recompute' only")
         model.eval()
-        stats = (info.state_mean, info.state_std, info.reward_scale)
-        if engine == "stream":  # (inplace: the agent drops a passed state)
-            self.step_fn = DTStep(model, *stats, inplace=True)
-        else:
-            self.step_fn = RecomputeStep(model, *stats, context=context)
+        stats = (info.state_mean, info.state_std, info.reward_scale)  # (inplace: the agent drops a passed state)
+        self.step_fn = DTStep(model, *stats, inplace=True) if engine == "stream" \
+            else RecomputeStep(model, *stats, context=context)
         self.model, self.info = model, info
-        self.engine, self.context = engine, context
         self.obs_dim, self.act_dim = model.cfg.state_dim, model.cfg.act_dim
         self.device = self.step_fn.mean.device
         if self.device.type == "cpu":  # steps reallocate the same large buffers: keep them mapped (page faults)
@@ -80,17 +77,6 @@ class Agent(Policy):
         # prev_action is the returned action's own tensor: keep a copy, the caller may write into it
         self.state = StepState.of(state)._replace(prev_action=action.clone())
         return action.float().cpu().numpy()
-
-    @property
-    def timesteps(self) -> np.ndarray:
-        """t per row: steps taken in the row's episode."""
-        return self.state.t.cpu().numpy()
-
-    @property
-    def returns_to_go(self) -> np.ndarray:
-        """Current R_t per row, unscaled (raw return units): the target at a row's first step."""
-        rtg = torch.where(self.state.t == 0, self.target / self.reward_scale, self.state.rtg)
-        return (rtg.double() * self.reward_scale).cpu().numpy()
 
 
 def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[float] | None = None,
@@ -123,9 +109,9 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     elif data is not None and data is not False:
         dt_checkpoint.check_data(ck.data, data, ck.origin)
     agent = Agent(ck.build_model(device), ck.data, engine=engine, target=target, context=context)
-    agent.fidelity = ck.fidelity(engine).record()
-    note = ck.fidelity(engine).note(ck.origin)
-    if note:
+    fidelity = ck.fidelity(engine)
+    agent.fidelity = fidelity.record()
+    if note := fidelity.note(ck.origin):
         warnings.warn(note.removeprefix("note: "), StreamNotTrainedWarning, stacklevel=2)
     if runtime == "auto":
         # a checkpoint in memory has no file to key a cached export by: every load would export again

@@ -140,10 +140,10 @@ class DTCheckpoint:
         if d.get("kind") != KIND:
             raise ValueError(f"{where} holds a {d.get('kind')!r} model, expected {KIND!r}")
         schema = d.get("schema")
+        if type(schema) is int and schema > SCHEMA_VERSION:
+            raise ValueError(f"{where} was written by a newer primal-dt (checkpoint schema {schema}, this release "
+                             f"reads {SCHEMA_VERSION}); upgrade primal-dt to read it")
         if type(schema) is not int or schema != SCHEMA_VERSION:
-            if type(schema) is int and schema > SCHEMA_VERSION:
-                raise ValueError(f"{where} was written by a newer primal-dt (checkpoint schema {schema}, this "
-                                 f"release reads {SCHEMA_VERSION}); upgrade primal-dt to read it")
             raise ValueError(f"{where} has checkpoint schema {schema!r}, not {SCHEMA_VERSION}: it was not written by "
                              "primal-dt's agents.dt_checkpoint.save")
         missing = [k for k in ("model_config", "model", "data") if k not in d]
@@ -152,11 +152,8 @@ class DTCheckpoint:
         if missing:
             raise ValueError(f"{where} lacks {', '.join(missing)}: it was not written by primal_dt.train")
         f = _Fields(where)
-        info = f.data_info(data)
         mc = f.model_config(d.get("model_config"))
-        if info.state_mean.shape != (mc.state_dim,) or info.state_std.shape != (mc.state_dim,):
-            raise ValueError(f"{where}: data.state_mean and data.state_std have {info.state_mean.size} and "
-                             f"{info.state_std.size} entries but the model observes state_dim={mc.state_dim}")
+        info = f.data_info(data, mc.state_dim)
         f.weights(d.get("model"), mc)
         config = d.get("config", {})
         if not (isinstance(config, dict) and all(isinstance(k, str) for k in config)):
@@ -177,12 +174,7 @@ class _Fields:
         return ValueError(f"{self.where}: {field_} must be {want}, got {shown}; the file is damaged or was not "
                           "written by primal_dt.train")
 
-    @staticmethod
-    def _get(d: dict, field_: str):
-        return d.get(field_.rsplit(".", 1)[-1])
-
-    def text(self, d: dict, field_: str, none: bool = False, empty: bool = False):
-        v = self._get(d, field_)
+    def text(self, v, field_: str, none: bool = False, empty: bool = False):
         if v is None and (none or empty):
             return None if none else ""
         if not isinstance(v, str) or not (v or empty):
@@ -196,22 +188,17 @@ class _Fields:
                            else "a finite number", v)
         return float(v)
 
-    def numbers(self, d: dict, field_: str) -> tuple[float, ...]:
-        v = self._get(d, field_)
-        v = () if v is None else v
-        if not isinstance(v, (list, tuple)):
+    def numbers(self, v, field_: str) -> tuple[float, ...]:
+        if not isinstance(v, (list, tuple, type(None))):
             raise self.bad(field_, "a list of finite numbers", v)
-        return tuple(self.number(x, field_) for x in v)
+        return tuple(self.number(x, field_) for x in v or ())
 
-    def counts(self, d: dict, field_: str) -> tuple[int, ...]:
-        v = self._get(d, field_)
-        v = () if v is None else v
-        if not isinstance(v, (list, tuple)) or not all(_integer(x, 0) for x in v):
+    def counts(self, v, field_: str) -> tuple[int, ...]:
+        if not isinstance(v, (list, tuple, type(None))) or not all(_integer(x, 0) for x in v or ()):
             raise self.bad(field_, "a list of integers >= 0", v)
-        return tuple(v)
+        return tuple(v or ())
 
-    def vector(self, d: dict, field_: str, positive: bool = False) -> np.ndarray:
-        v = self._get(d, field_)
+    def vector(self, v, field_: str, positive: bool = False) -> np.ndarray:
         try:
             a = np.asarray(v, dtype=np.float64)
         except (TypeError, ValueError, RuntimeError):  # (RuntimeError: a tensor that requires grad)
@@ -220,25 +207,27 @@ class _Fields:
             raise self.bad(field_, "a vector of finite numbers" + (" > 0" if positive else ""), v)
         return a.astype(np.float32)
 
-    def data_info(self, data: dict) -> DataInfo:
-        try:  # DataInfo's own checks (the two statistics' shapes agree) name the file too
-            return DataInfo(env=self.text(data, "data.env"), state_mean=self.vector(data, "data.state_mean"),
-                            state_std=self.vector(data, "data.state_std", positive=True),
-                            reward_scale=self.number(data.get("reward_scale"), "data.reward_scale", low=0.0, strict=True),
-                            targets=self.numbers(data, "data.targets"), gym_id=self.text(data, "data.gym_id", none=True),
-                            source=self.text(data, "data.source", empty=True),
-                            fingerprint=self.text(data, "data.fingerprint", empty=True),
-                            held_out=self.counts(data, "data.held_out"))
-        except ValueError as err:
-            if str(err).startswith(self.where):
-                raise
-            raise ValueError(f"{self.where}: data: {err}") from None
+    def data_info(self, data: dict, state_dim: int) -> DataInfo:
+        """Every field checked here, so ``DataInfo``'s own checks pass."""
+        g = data.get
+        mean = self.vector(g("state_mean"), "data.state_mean")
+        std = self.vector(g("state_std"), "data.state_std", positive=True)
+        if mean.shape != (state_dim,) or std.shape != (state_dim,):
+            raise ValueError(f"{self.where}: data.state_mean and data.state_std have {mean.size} and {std.size} entries "
+                             f"but the model observes state_dim={state_dim}")
+        return DataInfo(env=self.text(g("env"), "data.env"), state_mean=mean, state_std=std,
+                        reward_scale=self.number(g("reward_scale"), "data.reward_scale", low=0.0, strict=True),
+                        targets=self.numbers(g("targets"), "data.targets"),
+                        gym_id=self.text(g("gym_id"), "data.gym_id", none=True),
+                        source=self.text(g("source"), "data.source", empty=True),
+                        fingerprint=self.text(g("fingerprint"), "data.fingerprint", empty=True),
+                        held_out=self.counts(g("held_out"), "data.held_out"))
 
     def model_config(self, v) -> DTConfig:
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
             raise self.bad("model_config", "a mapping (DTConfig's fields)", v)
         kinds = {int: (int,), float: (int, float), str: (str,), bool: (bool,), tuple: (list, tuple)}
-        try:  # a field missing, unknown, of the wrong kind or out of range
+        try:  # a field missing, unknown, of the wrong kind or out of range, or sizes no machine allocates
             for f in dataclasses.fields(DTConfig):
                 want, x = kinds.get(type(f.default)), v.get(f.name)
                 if f.name not in v or want is None:
@@ -250,15 +239,12 @@ class _Fields:
                     raise ValueError(f"model_config.{f.name} must be a list of strings, got {json.dumps(x)[:40]}")
             mc = DTConfig(**v)
             mc.check()
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None
-        # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
-        layers = len(mc.layer_names()) or mc.n_layers
-        try:
+            # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
+            layers = len(mc.layer_names()) or mc.n_layers
             check_size(mc.K * 3 * mc.d_model * layers * 8, f"model_config K={mc.K}, d_model={mc.d_model} and "
                        f"{layers} layers", "activation values per row")
-        except ValueError as err:
-            raise ValueError(f"{self.where}: {err}") from None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None
         return mc
 
     def weights(self, v, mc: DTConfig) -> None:

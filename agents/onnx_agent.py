@@ -4,7 +4,7 @@ run on onnxruntime, faster on a CPU; before it is handed out it plays a few step
 The export is kept in the user's own cache (``cache_dir``), never read from the run directory: a
 ``policy.onnx`` there names its checkpoint only in its own metadata, which anyone who can write there can
 copy into a graph that computes something else (and a few checked steps cannot tell a graph that deviates
-later). An entry is named by the checkpoint file's SHA-256 and what made the graph (``export_key``); the
+later). An entry is named by the checkpoint file's SHA-256 and what made the graph (``cached_export``); the
 graph's own SHA-256, recorded beside it, is checked before every reuse.
 """
 
@@ -42,16 +42,12 @@ def onnx_agent(checkpoint, ck, agent):
     else:  # no cache (a checkpoint in memory, or no usable cache directory): a temporary file, gone once read
         tmp = Path(tempfile.mkdtemp(prefix="primal-dt-policy-"))
         try:
-            policy = OnnxPolicy(_export(source, tmp))
+            policy = OnnxPolicy(export_policy(source, "onnx", tmp / FORMATS["onnx"], overwrite=True))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)  # onnxruntime holds the graph in memory
     policy = checked(policy, agent)
     policy.default_target, policy.info = agent.default_target, agent.info
     return policy
-
-
-def _export(source, directory: Path) -> Path:
-    return export_policy(source, "onnx", directory / FORMATS["onnx"], overwrite=True)
 
 
 def cache_dir() -> Path | None:
@@ -69,19 +65,14 @@ def cache_dir() -> Path | None:
     return d
 
 
-def export_key(checkpoint_sha256: str) -> str:
-    """The checkpoint file's SHA-256 and what turns it into a graph, so an upgrade exports again."""
-    made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"
-    return f"{checkpoint_sha256}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)}"
-
-
 def cached_export(path: Path) -> Path | None:
     """The ONNX export of the checkpoint file ``path``, from the cache when its graph still has the digest
     recorded beside it, else exported into the cache now; None without a usable cache directory."""
     d = cache_dir()
     if d is None:
         return None
-    key = export_key(sha256_file(path))
+    made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"  # an upgrade exports again
+    key = f"{sha256_file(path)}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)}"
     graph, digest = d / f"{key}.onnx", d / f"{key}.onnx.sha256"
     try:
         if graph.is_file() and digest.read_text().strip() == sha256_file(graph):
@@ -91,7 +82,7 @@ def cached_export(path: Path) -> Path | None:
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=d))
         try:
-            fresh = _export(path, tmp)
+            fresh = export_policy(path, "onnx", tmp / FORMATS["onnx"], overwrite=True)
             ck_io.write_atomic(digest, sha256_file(fresh) + "\n", "digest of a cached ONNX export")
             os.replace(fresh, graph)
         finally:

@@ -12,25 +12,20 @@ from primal_dt.attention.base import StateSpec
 from .decision_transformer import Batch, DTStep
 
 
-def check_recomputable(model, context: int | None = None) -> int:
-    """The context (steps shown to the model) this engine would use, or a ValueError saying why the model
-    cannot act with it (a bidirectional layer would see the future)."""
-    bad = [f"layer {i} ({spec.attention})" for i, (spec, b) in enumerate(zip(model.stack.specs, model.stack.blocks))
-           if not b.attn.causal]
-    if not model.stack.causal or bad:
-        raise ValueError(f"engine='recompute' needs a causal model (an action must not see the future); "
-                         f"{', '.join(bad) or 'the stack'} is bidirectional. Train with causal mechanisms")
-    K = int(context or model.cfg.K)
-    if K < 1:
-        raise ValueError(f"context must be >= 1, got {context}")
-    return K
-
-
 class RecomputeStep(DTStep):
-    """``DTStep`` with a history of ``context`` steps (default: the model's K) as its state."""
+    """``DTStep`` with a history of ``context`` steps (default: the model's K) as its state; a causal model
+    only (a bidirectional layer would see the future)."""
 
     def __init__(self, model, state_mean, state_std, reward_scale: float, *, context: int | None = None):
-        self.K = check_recomputable(model, context)  # (a plain attribute: set before Module.__init__ is fine)
+        stack = model.stack
+        bad = [f"layer {i} ({spec.attention})" for i, (spec, b) in enumerate(zip(stack.specs, stack.blocks))
+               if not b.attn.causal]
+        if not stack.causal or bad:
+            raise ValueError(f"engine='recompute' needs a causal model (an action must not see the future); "
+                             f"{', '.join(bad) or 'the stack'} is bidirectional. Train with causal mechanisms")
+        self.K = int(context or model.cfg.K)  # (a plain attribute: set before Module.__init__ is fine)
+        if self.K < 1:
+            raise ValueError(f"context must be >= 1, got {context}")
         super().__init__(model, state_mean, state_std, reward_scale)
 
     def layer_specs(self) -> list[StateSpec]:

@@ -5,7 +5,7 @@ segments. The two agree when (1) every layer is windowed (``window=W_l`` tokens)
 depends on a *reach* of R = sum_l (W_l - 1) earlier tokens, and (2) the loss counts only steps whose
 reach lies in their segment: the predicting token of step i (token n i + p, ``TokenLayout``) has
 n i + p >= R, or the segment starts its episode. Then every counted prediction is the stream's, and the
-trained objective is the deployed policy; K >= ``min_segment_steps`` for any step to count.
+trained objective is the deployed policy; K > ``first_exact_step`` for any step to count.
 
 Which policy an engine measures (``Fidelity``): recompute always the trained one; the stream only when
 the run trained stream-exact, as its config's ``stream_window`` records. Every evaluation output carries
@@ -65,22 +65,12 @@ def first_exact_step(cfg_or_model) -> int:
     return cfg_or_model.tokens.first_exact_step(receptive_field(cfg_or_model))
 
 
-def min_segment_steps(cfg_or_model, counted: int = 1) -> int:
-    """Segment length K giving ``counted`` loss-counted steps per segment away from episode starts."""
-    return first_exact_step(cfg_or_model) + counted
-
-
-def stream_exact_loss_mask(timesteps: torch.Tensor, mask: torch.Tensor | None, first: int) -> torch.Tensor:
-    """[B, K] bool: real steps from ``first`` on, or all of a segment starting its episode."""
-    B, K = timesteps.shape
-    idx = torch.arange(K, device=timesteps.device)
-    ok = (idx >= first).unsqueeze(0) | (timesteps[:, :1] == 0)
-    return ok if mask is None else ok & mask
-
-
 def stream_exact_batch(batch: Batch, first: int) -> Batch:
-    """``batch`` with its ``loss_mask`` for stream-exact training."""
-    return batch._replace(loss_mask=stream_exact_loss_mask(batch.timesteps, batch.mask, first))
+    """``batch`` whose ``loss_mask`` counts the real steps from ``first`` on, or all of a segment starting its
+    episode."""
+    t = batch.timesteps
+    ok = (torch.arange(t.shape[1], device=t.device) >= first).unsqueeze(0) | (t[:, :1] == 0)
+    return batch._replace(loss_mask=ok if batch.mask is None else ok & batch.mask)
 
 
 @dataclass(frozen=True)

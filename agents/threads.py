@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 from primal_dt.run.runtime import usable_cores
 from agents.train_config import ENGINES
 
@@ -30,22 +32,15 @@ def lane_threads(engine: str, batch: int, lanes: int, cores: int | None = None) 
     return max(1, (usable_cores() if cores is None else max(1, int(cores))) // max(1, int(lanes)))
 
 
-_ALLOCATOR_TUNED = False
-
-
+@functools.cache
 def keep_freed_memory() -> bool:
-    """Make glibc keep freed memory: a step frees and allocates the same large buffers, which glibc would
-    otherwise unmap and map afresh (page faults each step). Returns whether it applied."""
-    global _ALLOCATOR_TUNED
-    if _ALLOCATOR_TUNED:
-        return True
+    """Make glibc keep freed memory (once per process): a step frees and allocates the same large buffers, which
+    glibc would otherwise unmap and map afresh (page faults each step). Returns whether it applied."""
     try:
         import ctypes
 
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-    _ALLOCATOR_TUNED = bool(mallopt(M_MMAP_THRESHOLD, 64 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
-    return _ALLOCATOR_TUNED
+    return bool(mallopt(M_MMAP_THRESHOLD, 64 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))

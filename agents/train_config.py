@@ -199,7 +199,6 @@ RESUMABLE = {"steps", "eval", "checkpoint_every", "checkpoint_minutes", "log_eve
 @dataclass
 class Built:
     cfg: TrainConfig
-    preset: str | None
     source: str
     """the preset's source line, then the recipe's"""
     provenance: dict[str, str]
@@ -212,26 +211,21 @@ SHORTHANDS = {"model": "model.name", "attention": "model.name"}
 
 def build(argv: list[str]) -> Built:
     first = cli.peek(TrainConfig, argv, SHORTHANDS, PROG)
-    cfg, env, name = TrainConfig(), first.env, first.preset
-    if not name and env in presets.list_presets(GROUP):
-        name = env
+    name = first.preset or (first.env if first.env in presets.list_presets(GROUP) else "")
     layers = [(f"preset {name}", presets.load_preset(GROUP, name))] if name else []  # unknown: error with suggestions
     if first.recipe != "preset":
         layers.append((f"recipe {first.recipe}", load_recipe(first.recipe)))
     source = "; ".join(f"{where}: {values.get('source', '(no source line)')}" for where, values in layers) \
         or "(no preset: dataclass defaults)"
+    cfg, prov = TrainConfig(), dict.fromkeys(flat(dataclasses.asdict(TrainConfig())), "default")
     for where, values in layers:
         cfg = presets.apply_preset(cfg, values, where=where)
+        prov.update(dict.fromkeys(flat({k: v for k, v in values.items() if k not in presets.META_KEYS}), where))
     cfg = cli.parse(TrainConfig, argv, default=cfg, prog=PROG, description=_DESCRIPTION, shorthands=SHORTHANDS)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
-    prov = {k: "default" for k in flat(dataclasses.asdict(TrainConfig()))}
-    for where, values in layers:
-        for k in flat({k: v for k, v in values.items() if k not in presets.META_KEYS}):
-            prov[k] = where
-    for k in cli.given(TrainConfig, argv, SHORTHANDS):
-        prov[k] = "command line"
-    return Built(cfg, name or None, source, prov)
+    prov.update(dict.fromkeys(cli.given(TrainConfig, argv, SHORTHANDS), "command line"))
+    return Built(cfg, source, prov)
 
 
 def load_recipe(name: str) -> dict:
@@ -282,7 +276,7 @@ def resumed(built: Built, saved: dict, where: str) -> Built:
         node[leaf] = asked[key]
         prov[key] = "command line"
     cfg = from_dict(saved)
-    return Built(cfg, cfg.preset or None, f"resumed from {where}", prov)
+    return Built(cfg, f"resumed from {where}", prov)
 
 
 def describe(b: Built, full: bool = False) -> str:

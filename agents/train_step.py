@@ -1,8 +1,8 @@
 """One optimisation step of the Decision Transformer, in the forms ``compile=`` chooses.
 
-``train_step`` is the reference: forward, loss, backward, clipping, AdamW, and a host-side check that the
-loss and gradient norm are finite before the step is taken. ``Stepper`` runs the same computation as:
-- ``eager``: ``train_step`` itself, reading the loss back every step;
+``Stepper`` runs forward, loss, backward, clipping and AdamW in one of three forms:
+- ``eager`` (the reference): the loss and gradient norm read back every step and checked finite on the host
+  before the step is taken;
 - ``compile``: forward and loss through ``torch.compile``, AdamW fused, nothing read back per step: a
   non-finite step is skipped on the device by the fused optimizer (``found_inf``) and so is every later
   one, so when the loop reads the flag the weights are those before the first failed step, as in eager;
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -46,27 +46,7 @@ def resolve(mode: str, device: torch.device, world: int = 1) -> str:
     return mode
 
 
-def train_step(net, params, opt, sched, batch: Batch, eta: float, grad_clip: float, detail: bool = False,
-               world: int = 1):
-    """(loss, grad norm, parts), not stepping on NaN/inf (the loss averaged over DDP's processes)."""
-    loss, parts = dt_loss(net, batch, eta, detail)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gn = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip > 0 else math.inf)
-    stat = loss.detach().reshape(1)
-    if world > 1:
-        stat = stat.clone()
-        dist.all_reduce(stat)
-        stat /= world
-    loss_value = float(stat)
-    if math.isfinite(loss_value) and math.isfinite(float(gn)):
-        opt.step()
-        sched.step()
-    return loss_value, float(gn), parts
-
-
-@dataclass
-class Failure:
+class Failure(NamedTuple):
     """The first step whose loss or gradient norm was not finite (1-based), and what it computed."""
 
     step: int
@@ -110,10 +90,14 @@ class Stepper:
         self.steps += 1
         if self.eager:
             with self._mixed():
-                loss, gn, parts = train_step(self.net, self.params, self.opt, self.sched, batch, self.eta,
-                                             self.clip, detail, self.world)
-            if not (math.isfinite(loss) and math.isfinite(gn)):
-                self._failure = Failure(self.start + self.steps, loss, gn, parts)
+                loss, parts = dt_loss(self.net, batch, self.eta, detail)
+                self.opt.zero_grad(set_to_none=True)
+                loss, gn = map(float, self._backward(loss))
+                if math.isfinite(loss) and math.isfinite(gn):
+                    self.opt.step()
+                    self.sched.step()
+                else:
+                    self._failure = Failure(self.start + self.steps, loss, gn, parts)
             return loss, gn, parts
         if self.mode == "cudagraphs" and self.steps > self.graph_after:
             return self._replay(batch)
@@ -138,13 +122,8 @@ class Stepper:
         # no cache of cast weights: a captured graph must not keep tensors a later replay would reuse stale
         return torch.autocast(self.params[0].device.type, dtype=self.autocast, cache_enabled=False)
 
-    def _device_step(self, batch: Batch):
-        """Forward, backward, clip, the finiteness check and the (possibly skipped) AdamW step, with no
-        read-back: what the CUDA graph captures (the scheduler's step is host work, the caller's)."""
-        with self._mixed():
-            loss, parts = self.loss_fn(batch)
-        if not self.capturing:  # captured: the gradients the graph allocated are overwritten by each replay
-            self.opt.zero_grad(set_to_none=True)
+    def _backward(self, loss):
+        """Backward and clipping: (the loss averaged over DDP's processes, the gradient norm), on the device."""
         loss.backward()
         gn = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         stat = loss.detach()
@@ -152,6 +131,16 @@ class Stepper:
             stat = stat.clone()
             dist.all_reduce(stat)
             stat = stat / self.world
+        return stat, gn
+
+    def _device_step(self, batch: Batch):
+        """Forward, backward, clip, the finiteness check and the (possibly skipped) AdamW step, with no
+        read-back: what the CUDA graph captures (the scheduler's step is host work, the caller's)."""
+        with self._mixed():
+            loss, parts = self.loss_fn(batch)
+        if not self.capturing:  # captured: the gradients the graph allocated are overwritten by each replay
+            self.opt.zero_grad(set_to_none=True)
+        stat, gn = self._backward(loss)
         ok = torch.isfinite(stat) & torch.isfinite(gn)
         self.count.add_(1)
         newly = (~ok) & (self.bad == 0)

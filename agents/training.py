@@ -1,11 +1,8 @@
-"""Train a Decision Transformer on an offline dataset: what ``python -m primal_dt.train`` runs.
-
-In the order a run happens: 1. setup (``prepare``: bad input fails here, as ``SetupError``, before anything
-is written); 2. the loop; 3. evaluation, in the simulator (``eval``'s code handed in as an ``Evaluator``:
-``eval`` sits above ``agents``) and on held-out episodes; 4. checkpoints, by steps and by wall time;
-5. logging, and the run's duration measured from its own steps. A failed write ends the run with one
-``WriteError``; the last checkpoint stays intact. Same seed and config, same run (on CPU), and a resumed
-run continues exactly.
+"""Train a Decision Transformer on an offline dataset: what ``python -m primal_dt.train`` runs, in the order a
+run happens (the numbered sections). Bad input fails in setup, as ``SetupError``, before anything is written;
+the simulator's evaluation is ``eval``'s code handed in as an ``Evaluator`` (``eval`` sits above ``agents``).
+A failed write ends the run with one ``WriteError``; the last checkpoint stays intact. Same seed and config,
+same run (on CPU), and a resumed run continues exactly.
 """
 
 from __future__ import annotations
@@ -71,7 +68,7 @@ class Run:
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     out: Path | None
-    """the run directory (a new run's is claimed when training starts: ``open_run_dir``)"""
+    """the run directory (a new run's is claimed when training starts: ``train``)"""
     device: torch.device
     dist: Dist
     validation: Validation | None = None
@@ -82,7 +79,7 @@ class Run:
     train_time: float = 0.0
     """seconds inside optimisation steps (no evaluation, no logging)"""
     history: dict = field(default_factory=dict)
-    """logged evaluation curves, kept in the checkpoint so a resumed run draws them whole"""
+    """a resumed run's evaluation curves (from its checkpoint), so it draws them whole"""
 
 
 # == 1. setup: everything that can fail on bad input ================================================
@@ -90,8 +87,13 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
     """Config (resumed or new), data, model and optimizer. The order of random draws is part of the
     contract. A resumed run's directory is locked before its checkpoint is read, so no run continues from
     a checkpoint another process is about to replace."""
+    path = None  # resume='s checkpoint file, its run directory held by rank 0
     with errors.setup_errors():
-        path = hold_resumed(built, d)
+        if built.cfg.resume:
+            path = ck_io.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
+            if d.main if d is not None else int(os.environ.get("RANK", "0")) == 0:  # torchrun's rank, before joining
+                outputs.check_writable(path.parent, "run directory")
+                lock.hold(path.parent)
     try:
         return _prepare(built, d, path)
     except BaseException:
@@ -100,26 +102,15 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
         raise
 
 
-def hold_resumed(built: Built, d: Dist | None) -> Path | None:
-    """``resume=``'s checkpoint file, its run directory held by rank 0; None for a new run."""
-    if not built.cfg.resume:
-        return None
-    path = ck_io.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
-    if d.main if d is not None else int(os.environ.get("RANK", "0")) == 0:  # torchrun's rank, before joining
-        outputs.check_writable(path.parent, "run directory")
-        lock.hold(path.parent)
-    return path
-
-
 def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     with errors.setup_errors():
-        resume = None  # (path, checkpoint); a resumed run's config is the checkpoint's plus the options given now
+        ck = None  # a resumed run's checkpoint: its config plus the options given now
         if path is not None:
             ck = dt_checkpoint.load(path)
             if ck.training is None:
                 raise SetupError(f"checkpoint {path} holds no training state (optimizer, random streams, step), so "
                                  "it cannot be resumed; start a new run")
-            built, resume = train_config.resumed(built, ck.config, str(path)), (path, ck)
+            built = train_config.resumed(built, ck.config, str(path))
         cfg = built.cfg
         train_config.check(cfg)
         try:
@@ -137,8 +128,8 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         runtime.seed_torch(cfg.seed)
         model = build_model(cfg, spec.obs_dim, spec.act_dim)  # bad options raise here
         data = envs.load_dataset(cfg.env, source=cfg.data_source, verbose=d.main, clip_actions=cfg.data_clip_actions)
-        if resume is not None:  # the data must be what the checkpoint was trained on
-            dt_checkpoint.check_data(resume[1].data, data, resume[1].origin)
+        if ck is not None:  # the data must be what the checkpoint was trained on
+            dt_checkpoint.check_data(ck.data, data, ck.origin)
         dims = (data.observations.shape[1], data.actions.shape[1])
         if dims != (spec.obs_dim, spec.act_dim):  # e.g. Minari (v5) data observing differently
             runtime.seed_torch(cfg.seed)
@@ -146,8 +137,11 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         model = model.to(device)
         if d.world > 1:  # same initial weights everywhere (DDP also broadcasts them), own dropout masks per rank
             runtime.seed_torch(cfg.seed + 1000 * d.rank)
-        opt, sched = build_optimizer(model, cfg, fused=mode != "eager")
-        train_eps, held_out = hold_out(cfg, data, resume[1] if resume else None)
+        # AdamW (fused for the compiled steps), linear warm-up then constant: the DT recipe
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=mode != "eager")
+        w = cfg.warmup_steps
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
+        train_eps, held_out = hold_out(cfg, data, ck)
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
     sampler = envs.SegmentSampler(trained, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
@@ -160,23 +154,20 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     if len(held_out) and d.main:
         exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
         validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from)
-    run = Run(cfg, built, data, info, sampler, model, opt, sched, resume[0].parent if resume else None, device, d,
+    run = Run(cfg, built, data, info, sampler, model, opt, sched, path.parent if path else None, device, d,
               validation, mode)
-    if resume is not None:
-        restore(run, resume[1])
+    if ck is not None:
+        restore(run, ck)
     return run
 
 
 def hold_out(cfg: TrainConfig, data: envs.Trajectories, resumed: DTCheckpoint | None):
     """(training episodes, held-out episodes) for ``val_fraction``, drawn by the seed; checked on resume."""
-    if cfg.val_fraction == 0:
-        train, held = np.arange(len(data)), np.zeros(0, dtype=np.int64)
-    else:
-        try:
-            train, held = data.hold_out(cfg.val_fraction, cfg.seed)
-        except envs.DatasetError as err:
-            raise ValueError(f"val_fraction={cfg.val_fraction:g} holds out whole episodes for validation: {err}. Set "
-                             "val_fraction=0 to train on every episode (no validation)") from err
+    try:
+        train, held = data.hold_out(cfg.val_fraction, cfg.seed)
+    except envs.DatasetError as err:
+        raise ValueError(f"val_fraction={cfg.val_fraction:g} holds out whole episodes for validation: {err}. Set "
+                         "val_fraction=0 to train on every episode (no validation)") from err
     if resumed is not None and tuple(held.tolist()) != resumed.data.held_out:
         raise ValueError(f"{resumed.origin} held out episodes {_few(resumed.data.held_out)} for validation, but the "
                          f"split recomputed from seed={cfg.seed} and val_fraction={cfg.val_fraction:g} holds out "
@@ -198,7 +189,7 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
                       max_timestep=cfg.max_timestep)
         if cfg.stream_window:
             mc = stream_training.stream_exact_config(mc, cfg.stream_window)
-            need = stream_training.min_segment_steps(mc)
+            need = stream_training.first_exact_step(mc) + 1
             if cfg.K < need:
                 raise ValueError(f"stream_window={cfg.stream_window} over {len(mc.layer_specs())} layers reaches "
                                  f"{stream_training.receptive_field(mc)} tokens back, so K must be >= {need} for "
@@ -212,19 +203,22 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
                          f"stream_window={cfg.stream_window}): {err}") from err
 
 
-def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, fused: bool = False):
-    """AdamW, linear warm-up then constant (the DT recipe); ``fused`` for the compiled steps."""
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=fused)
-    w = cfg.warmup_steps
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
-    return opt, sched
-
-
 # == 2. the loop ========================================================================================
 def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
-    """Prepare, train, evaluate at the end; returns the summary (also in ``summary.json``)."""
+    """Prepare, claim a new run's directory (rank 0, locked) before any step so an unwritable ``out`` costs
+    nothing, train, evaluate at the end; returns the summary (also in ``summary.json``)."""
     run = prepare(built, d)
-    open_run_dir(run)
+    cfg, d = run.cfg, run.dist
+    if run.out is None:
+        name = [str(run_dir(cfg.out, cfg.env, model_label(cfg), seed=cfg.seed)) if d.main else None]
+        if d.world > 1:
+            torch.distributed.broadcast_object_list(name, src=0)
+        run.out = Path(name[0])
+        if d.main:
+            lock.hold(run.out)
+            ck_io.remove_stale_temps(*run.out.parent.iterdir())
+    elif d.main:  # a resumed run's directory is held since ``prepare``
+        ck_io.remove_stale_temps(run.out)
     try:
         return _train(run, evaluator)
     except WriteError as err:
@@ -259,11 +253,18 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     loss = None
 
     def settle() -> None:
-        """Stop at the first failed step (the compiled forms report it when asked: one read-back)."""
+        """Stop at the first failed step (the compiled forms report it when asked: one read-back), saying what
+        diverged and what is kept; the step was not taken."""
         failed = stepper.failure()
         if failed is not None:
             run.step = failed.step - 1
-            diverged(run, mon, failed.loss, failed.grad_norm, failed.parts)
+            msg = (f"training diverged at step {failed.step}: loss={failed.loss}, grad norm={failed.grad_norm}, action "
+                   f"mse={float(failed.parts['mse'])}, ksvd={float(failed.parts['ksvd'])}. The optimizer step was not "
+                   f"taken; {kept(run)}. Try a lower lr (now {cfg.lr}), a smaller eta (now {cfg.eta}) or grad_clip > 0 "
+                   f"(now {cfg.grad_clip}).")
+            mon.print(msg)
+            mon.close()
+            raise Diverged(msg)
 
     try:
         with interrupts.installed():
@@ -300,10 +301,11 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     save(run, mon)
                     saved_at = run.step
                     by_time.restart()
-                note = clock.tick()
-                if note:
+                if note := clock.tick():
                     mon.print(note)
-                mon.progress(1, **postfix(loss, last_score, last_val, clock.eta()))
+                shown = {"loss": (loss, "{:.4f}"), "score": (last_score, "{:.1f}"), "val_mse": (last_val, "{:.4f}"),
+                         "eta": (clock.eta(), "{}")}
+                mon.progress(1, **{k: form.format(v) for k, (v, form) in shown.items() if v is not None})
     except KeyboardInterrupt as err:
         why = f" by {err.args[0]}" if err.args else ""
         if mon.bar is not None:  # the bar ends here: nothing is drawn after the line that says how to continue
@@ -351,21 +353,6 @@ def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
-def open_run_dir(run: Run) -> None:
-    """Claim a new run's directory (rank 0, locked) before any step, so an unwritable ``out`` costs nothing."""
-    cfg, d = run.cfg, run.dist
-    if run.out is None:
-        name = [str(run_dir(cfg.out, cfg.env, model_label(cfg), seed=cfg.seed)) if d.main else None]
-        if d.world > 1:
-            torch.distributed.broadcast_object_list(name, src=0)
-        run.out = Path(name[0])
-        if d.main:
-            lock.hold(run.out)
-            ck_io.remove_stale_temps(*run.out.parent.iterdir())
-    elif d.main:  # a resumed run's directory is held since ``prepare``
-        ck_io.remove_stale_temps(run.out)
-
-
 class Interrupts:
     """Ctrl-C and SIGTERM end training alike, with a checkpoint at the step reached. One during a step or
     its log line (``held``) waits for their end, so that checkpoint resumes exactly; a second stops at once.
@@ -408,35 +395,22 @@ class Interrupts:
             raise KeyboardInterrupt(*args)
 
 
-def diverged(run: Run, mon: RunMonitor, loss, gn, parts) -> None:
-    """Stop with a message saying what diverged and what is kept; the step was not taken."""
-    msg = (f"training diverged at step {run.step + 1}: loss={loss}, grad norm={gn}, action mse={float(parts['mse'])}, "
-           f"ksvd={float(parts['ksvd'])}. The optimizer step was not taken; {kept(run)}. Try a lower lr "
-           f"(now {run.cfg.lr}), a smaller eta (now {run.cfg.eta}) or grad_clip > 0 (now {run.cfg.grad_clip}).")
-    mon.print(msg)
-    mon.close()
-    raise Diverged(msg)
-
-
 # == 3. evaluation: in the simulator, and on held-out episodes ==========================================
 def evaluate(run: Run, mon: RunMonitor, evaluator: Evaluator, final: bool = False) -> dict:
     """Roll the current model out and log the scores, leaving the training RNG untouched."""
     e, t0 = run.cfg.eval, time.perf_counter()
     episodes = e.final_episodes if final else e.episodes
     bar = EpisodeBar(episodes * len(run.info.targets), f"eval at step {run.step}", leave=False) \
-        if run.cfg.progress else None
-    try:
-        with torch.random.fork_rng(devices=[]):
-            res = evaluator.rollout(run.model, run.info, episodes, run.cfg.seed + (20_000 if final else 10_000), e,
-                                    bar.update if bar is not None else None)
-    finally:
-        if bar is not None:
-            bar.close()
-    mon.scalars(eval_scalars(res) | (eval_scalars(res, "eval_final") if final else {}), run.step)
+        if run.cfg.progress else contextlib.nullcontext()
+    with bar, torch.random.fork_rng(devices=[]):
+        res = evaluator.rollout(run.model, run.info, episodes, run.cfg.seed + (20_000 if final else 10_000), e,
+                                bar.update if run.cfg.progress else None)
+    prefixes = ("eval", "eval_final") if final else ("eval",)
+    mon.scalars({f"{prefix}/{k}/{target_tag(t)}": r[f"{k}_mean"] for prefix in prefixes for t, r in res.items()
+                 for k in ("normalized", "return", "length")}, run.step)
     took = f"({episodes} episodes/target, {time.perf_counter() - t0:.0f}s)"
     mon.print(f"final eval {took}: normalized {evaluator.line(res)}" if final
               else f"step {run.step}: eval {took} normalized {evaluator.line(res)}")
-    run.history = eval_history(mon)
     return res
 
 
@@ -450,11 +424,10 @@ def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
     v = run.validation
     mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
               f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} segments)")
-    run.history = eval_history(mon)
     return mse
 
 
-# == 4. checkpoints =====================================================================================
+# == 4. checkpoints, by steps and by wall time ===========================================================
 def save(run: Run, mon: RunMonitor) -> None:
     """Write ``last.pt`` (rank 0, atomically) after flushing the logged events, so a resume purges only what
     came after it. A collective: every process sends its random streams."""
@@ -466,10 +439,10 @@ def save(run: Run, mon: RunMonitor) -> None:
         rngs = [None] * run.dist.world
         dist.all_gather_object(rngs, mine)
     if run.dist.main:
-        run.history = eval_history(mon)
         mon.flush()
+        history = {k: v for k, v in mon.history.items() if k.startswith(("eval/", "val/"))}  # a resume draws them
         state = TrainingState(optimizer=run.opt.state_dict(), scheduler=run.sched.state_dict(), rng=rngs,
-                              step=run.step, train_time=run.train_time, history=run.history)
+                              step=run.step, train_time=run.train_time, history=history)
         ck = DTCheckpoint(model_config=run.model.cfg, model=run.model.state_dict(), data=run.info,
                           config=dataclasses.asdict(run.cfg), training=state)
         dt_checkpoint.save(ck, run.out / dt_checkpoint.FILENAME)
@@ -479,31 +452,26 @@ def save(run: Run, mon: RunMonitor) -> None:
 def restore(run: Run, ck: DTCheckpoint) -> None:
     """Continue exactly where the checkpoint stopped (each rank its own streams; with another number of
     processes the samplers are reseeded)."""
+    t, rank = ck.training, run.dist.rank
     try:  # the schema checked each part's form; whether it fits this model shows only here
-        _restore(run, ck)
+        run.model.load_state_dict(ck.model)
+        run.opt.load_state_dict(t.optimizer)
+        run.sched.load_state_dict(t.scheduler)
+        mine = t.rng[rank] if len(t.rng) == run.dist.world else t.rng[0]
+        torch.set_rng_state(mine["torch"])
+        dt_checkpoint.set_numpy_state(mine["numpy"])
+        if "cuda" in mine and run.device.type == "cuda":
+            torch.cuda.set_rng_state(mine["cuda"], run.device)
+        if len(t.rng) == run.dist.world:
+            run.sampler.load_state_dict(mine["sampler"])
+        else:
+            if run.dist.main:
+                print(f"note: the checkpoint was written by {len(t.rng)} process(es), this run has {run.dist.world}; "
+                      "batches are reseeded, so results will differ from an uninterrupted run", flush=True)
+            fresh = np.random.default_rng([run.cfg.seed, rank, t.step]).bit_generator.state
+            run.sampler.load_state_dict({**mine["sampler"], "bit_generator": fresh})
     except ck_io.UNFIT as err:
         raise ck_io.unfit(ck.origin, err) from err
-
-
-def _restore(run: Run, ck: DTCheckpoint) -> None:
-    t = ck.training
-    run.model.load_state_dict(ck.model)
-    run.opt.load_state_dict(t.optimizer)
-    run.sched.load_state_dict(t.scheduler)
-    rngs, rank = t.rng, run.dist.rank
-    mine = rngs[rank] if len(rngs) == run.dist.world else rngs[0]
-    torch.set_rng_state(mine["torch"])
-    dt_checkpoint.set_numpy_state(mine["numpy"])
-    if "cuda" in mine and run.device.type == "cuda":
-        torch.cuda.set_rng_state(mine["cuda"], run.device)
-    if len(rngs) == run.dist.world:
-        run.sampler.load_state_dict(mine["sampler"])
-    else:
-        if run.dist.main:
-            print(f"note: the checkpoint was written by {len(rngs)} process(es), this run has {run.dist.world}; "
-                  "batches are reseeded, so results will differ from an uninterrupted run", flush=True)
-        fresh = np.random.default_rng([run.cfg.seed, rank, t.step]).bit_generator.state
-        run.sampler.load_state_dict({**mine["sampler"], "bit_generator": fresh})
     run.step, run.train_time, run.history = t.step, t.train_time, t.history
 
 
@@ -555,8 +523,7 @@ def announcement(run: Run) -> str:
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
         train_config.describe(run.built, full=cfg.print_config),
-        f"data {cfg.env}: {len(run.data)} episodes, {run.data.num_steps:,} steps, source: {run.data.source} "
-        f"({run.info.fingerprint[:19]}); {held_out(run)}",
+        data_line(run),
         f"model {model_label(cfg)}: layers {run.model.layer_names}, {n_params:,} parameters, device {run.device}, "
         f"training step {run.compile}" + (f" (compile={cfg.compile})" if cfg.compile == "auto" else "")
         + (" in bf16 autocast" if cfg.amp == "bf16" else "")
@@ -567,13 +534,14 @@ def announcement(run: Run) -> str:
     ])
 
 
-def held_out(run: Run) -> str:
-    n = len(run.info.held_out)
-    if not n:
-        return "no episodes held out (val_fraction=0)"
-    steps = int(run.data.lengths[list(run.info.held_out)].sum())
-    return (f"{n} held out for validation ({steps:,} steps, val_fraction={run.cfg.val_fraction:g}, drawn by "
-            f"seed {run.cfg.seed}; statistics from the other {len(run.data) - n})")
+def data_line(run: Run) -> str:
+    """The data trained on and held out (printed, and in TensorBoard's ``data/source``)."""
+    data, n = run.data, len(run.info.held_out)
+    held = (f"{n} held out for validation ({int(data.lengths[list(run.info.held_out)].sum()):,} steps, "
+            f"val_fraction={run.cfg.val_fraction:g}, drawn by seed {run.cfg.seed}; statistics from the other "
+            f"{len(data) - n})") if n else "no episodes held out (val_fraction=0)"
+    return (f"data {run.cfg.env}: {len(data)} episodes, {data.num_steps:,} steps, source: {data.source} "
+            f"({run.info.fingerprint[:19]}); {held}")
 
 
 def open_monitor(run: Run) -> RunMonitor:
@@ -585,24 +553,12 @@ def open_monitor(run: Run) -> RunMonitor:
                      lines=d.main)
     if mon.bar is not None:  # tqdm's own "remaining" knows nothing of evaluations: the postfix's eta does
         mon.bar.bar_format = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}, {rate_fmt}{postfix}]"
-    for tag, pts in run.history.items():
-        mon.history[tag] = [tuple(p) for p in pts]
+    mon.history.update(run.history)  # (step, value) tuples, as the checkpoint reader gives them
     if d.main and run.step == 0:
         mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
         mon.text("config/provenance", "```\n" + train_config.describe(run.built, full=True) + "\n```")
-        mon.text("data/source", f"{run.data.source} ({cfg.env}, {len(run.data)} episodes, "
-                                f"{run.data.num_steps} steps, fingerprint {run.info.fingerprint}); {held_out(run)}")
+        mon.text("data/source", data_line(run))
     return mon
-
-
-def eval_history(mon: RunMonitor) -> dict:
-    """The evaluation and validation curves (what the checkpoint keeps of the log)."""
-    return {k: v for k, v in mon.history.items() if k.startswith(("eval/", "val/"))}
-
-
-def postfix(loss: float | None, score: float | None, val: float | None, eta: str | None) -> dict:
-    shown = {"loss": (loss, "{:.4f}"), "score": (score, "{:.1f}"), "val_mse": (val, "{:.4f}"), "eta": (eta, "{}")}
-    return {k: form.format(v) for k, (v, form) in shown.items() if v is not None}
 
 
 def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, seconds: float, steps: int,
@@ -622,11 +578,6 @@ def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, sec
 
 def target_tag(t: float) -> str:
     return f"target{int(t)}" if float(t).is_integer() else f"target{t:g}"
-
-
-def eval_scalars(results: dict, prefix: str = "eval") -> dict:
-    return {f"{prefix}/{k}/{target_tag(t)}": r[f"{k}_mean"] for t, r in results.items()
-            for k in ("normalized", "return", "length")}
 
 
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:

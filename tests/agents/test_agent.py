@@ -47,7 +47,7 @@ def test_keep_rows_continues_the_kept_episodes_unchanged(engine, case, layout_ca
     ag.reset(4)
     head = run_agent(ag, obs[:t_drop], rew[:t_drop])
     ag.keep_rows(keep)
-    assert ag.batch == 2 and ag.timesteps.tolist() == [t_drop, t_drop]
+    assert ag.batch == 2
     tail, reward = [], rew[t_drop - 1][keep]
     for t in range(t_drop, 20):
         tail.append(ag.act(obs[t][keep], reward))
@@ -60,24 +60,29 @@ def test_keep_rows_continues_the_kept_episodes_unchanged(engine, case, layout_ca
         ag.keep_rows(np.zeros(2, bool))
 
 
+def returns_to_go(agent) -> list[float]:
+    """R_t of each row's last step in raw returns (the step state holds it divided by reward_scale)."""
+    return (agent.state.rtg.double() * agent.reward_scale).tolist()
+
+
 def test_return_to_go_and_timestep_bookkeeping(tiny_dt, make_agent):
     m = tiny_dt()
     ag = make_agent(m, "stream")
     ag.reset(2, target=[3600.0, 1800.0])
-    np.testing.assert_allclose(ag.returns_to_go, [3600.0, 1800.0], atol=1e-3)
     o = np.zeros((2, 11), np.float32)
-    ag.act(o)  # t = 0: no reward yet
-    assert ag.timesteps.tolist() == [1, 1]
+    ag.act(o)  # t = 0: no reward yet, R_0 is the target
+    np.testing.assert_allclose(returns_to_go(ag), [3600.0, 1800.0], atol=1e-3)
+    assert ag.state.t.tolist() == [1, 1]
     ag.act(o, np.array([10.0, 20.0]))
-    np.testing.assert_allclose(ag.returns_to_go, [3590.0, 1780.0], atol=1e-3)
+    np.testing.assert_allclose(returns_to_go(ag), [3590.0, 1780.0], atol=1e-3)
     ag.act(o, np.array([5.0, 5.0]))
-    np.testing.assert_allclose(ag.returns_to_go, [3585.0, 1775.0], atol=1e-3)
-    assert ag.timesteps.tolist() == [3, 3]
+    np.testing.assert_allclose(returns_to_go(ag), [3585.0, 1775.0], atol=1e-3)
+    assert ag.state.t.tolist() == [3, 3]
     ag.reset_done(np.array([True, False]), target=1000.0)
-    assert ag.timesteps.tolist() == [0, 3]
+    assert ag.state.t.tolist() == [0, 3]
     ag.act(o, np.array([7.0, 7.0]))  # row 0 is at t = 0: the reward that ended its episode is ignored
-    np.testing.assert_allclose(ag.returns_to_go, [1000.0, 1768.0], atol=1e-3)
-    assert ag.timesteps.tolist() == [1, 4]
+    np.testing.assert_allclose(returns_to_go(ag), [1000.0, 1768.0], atol=1e-3)
+    assert ag.state.t.tolist() == [1, 4]
 
 
 def test_load_agent_reads_the_checkpoint_bookkeeping(tmp_path, tiny_dt, hopper_stats, dt_checkpoint_file):
@@ -85,16 +90,17 @@ def test_load_agent_reads_the_checkpoint_bookkeeping(tmp_path, tiny_dt, hopper_s
     p = dt_checkpoint_file(tmp_path, m, targets=(3000.0, 1500.0), reward_scale=500.0)
     ag = load_agent(p, engine="stream", runtime="torch")
     ag.reset(1)
-    np.testing.assert_allclose(ag.returns_to_go, [3000.0], atol=1e-3)
     assert ag.reward_scale == 500.0
     np.testing.assert_allclose(ag.mean.numpy(), hopper_stats[0])
     ag.act(np.zeros((1, 11), np.float32))
+    np.testing.assert_allclose(returns_to_go(ag), [3000.0], atol=1e-3)
     ag.act(np.zeros((1, 11), np.float32), np.array([100.0]))
-    np.testing.assert_allclose(ag.returns_to_go, [2900.0], atol=1e-3)
+    np.testing.assert_allclose(returns_to_go(ag), [2900.0], atol=1e-3)
     assert isinstance(ag.info, DataInfo) and ag.info.env == "hopper-medium" and ag.info.targets == (3000.0, 1500.0)
     same = load_agent(tmp_path, engine="recompute")  # the run directory means its last.pt
     same.reset(1)
-    np.testing.assert_allclose(same.returns_to_go, [3000.0], atol=1e-3)
+    same.act(np.zeros((1, 11), np.float32))
+    np.testing.assert_allclose(returns_to_go(same), [3000.0], atol=1e-3)
 
 
 def test_load_agent_without_targets_aims_at_the_environments_first(tmp_path, tiny_dt, dt_checkpoint_file):
@@ -106,7 +112,8 @@ def test_load_agent_without_targets_aims_at_the_environments_first(tmp_path, tin
     for env in ("hopper-medium", "walker2d-medium"):
         ag = load_agent(dt_checkpoint_file(tmp_path / env, m, targets=(), env=env), runtime="torch")
         ag.reset(1)
-        np.testing.assert_allclose(ag.returns_to_go, [envs.get_spec(env).targets[0]], atol=1e-3)
+        ag.act(np.zeros((1, 11), np.float32))
+        np.testing.assert_allclose(returns_to_go(ag), [envs.get_spec(env).targets[0]], atol=1e-3)
         assert ag.info.eval_targets == envs.get_spec(env).targets
 
 
@@ -116,7 +123,8 @@ def test_agent_needs_the_bookkeeping_it_cannot_guess(tiny_dt, hopper_info):
         Agent(tiny_dt())
     ag = Agent(tiny_dt(), hopper_info)
     ag.reset(1)
-    np.testing.assert_allclose(ag.returns_to_go, [3600.0], atol=1e-3)
+    ag.act(np.zeros((1, 11), np.float32))
+    np.testing.assert_allclose(returns_to_go(ag), [3600.0], atol=1e-3)
 
 
 def test_clear_errors(tmp_path, tiny_dt, make_agent, dt_checkpoint, dt_checkpoint_file, foreign_checkpoint_file):

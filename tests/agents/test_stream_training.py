@@ -9,8 +9,7 @@ import torch
 
 from agents import Agent, DataInfo, DTConfig
 from agents.decision_transformer import Batch
-from agents.stream_training import (first_exact_step, min_segment_steps, receptive_field, stream_exact_config,
-                                    stream_exact_loss_mask)
+from agents.stream_training import first_exact_step, receptive_field, stream_exact_batch, stream_exact_config
 
 W = 9  # tokens per window: 3 layers reach R = 3 * 8 = 24 tokens back
 
@@ -69,8 +68,7 @@ def test_loss_mask_keeps_exactly_the_steps_that_match_the_stream(tiny_dt):
     assert reach == 3 * (W - 1)
     first = first_exact_step(m)
     assert 3 * first + 1 >= reach > 3 * (first - 1) + 1
-    K = min_segment_steps(m, counted=4)
-    assert K == first + 4
+    K = first + 4  # 4 counted steps in a segment away from its episode's start
     g = torch.Generator().manual_seed(0)
     T = 40
     S, A = torch.randn(1, T, 11, generator=g), torch.rand(1, T, 3, generator=g) * 2 - 1
@@ -82,7 +80,8 @@ def test_loss_mask_keeps_exactly_the_steps_that_match_the_stream(tiny_dt):
         segs = [m(Batch(S[:, s:s + K], A[:, s:s + K], R[:, s:s + K], Tt[:, s:s + K]))[0] for s in starts]
     mask = torch.ones(len(starts), K, dtype=torch.bool)
     mask[-1, K - 2:] = False  # a padded tail stays excluded
-    loss_mask = stream_exact_loss_mask(torch.cat([Tt[:, s:s + K] for s in starts]), mask, first)
+    timesteps = torch.cat([Tt[:, s:s + K] for s in starts])
+    loss_mask = stream_exact_batch(Batch(None, None, None, timesteps, mask), first).loss_mask
     assert loss_mask[0].all()  # the episode start: every step counts
     assert loss_mask[1].tolist() == [i >= first for i in range(K)]
     assert not loss_mask[-1, K - 2:].any()

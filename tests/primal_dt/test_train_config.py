@@ -22,11 +22,11 @@ def test_issue_example_and_flag_spelling_agree():
     assert a.cfg == b.cfg
     c = a.cfg
     assert (c.env, c.model.name, c.seed, c.steps, c.model.s) == ("hopper-medium", "primal+dt", 3, 20000, 64)
-    assert a.preset == "hopper-medium" and "Primal-Attention" in a.source
+    assert a.cfg.preset == "hopper-medium" and "Primal-Attention" in a.source
     assert a.provenance["steps"] == "command line" and a.provenance["lr"] == "preset hopper-medium"
     assert a.provenance["eval.num_envs"] == "default"
     assert build(["attention=softmax"]).cfg.model.name == "softmax"
-    assert build(["env=hopper-random"]).preset is None  # no preset of that name: defaults
+    assert build(["env=hopper-random"]).cfg.preset == ""  # no preset of that name: defaults
     smoke = build(["preset=smoke", "eval.targets=3000"]).cfg
     assert smoke.steps == 300 and smoke.eval.targets == (3000.0,)
     assert build(["eval.targets=3600,1800"]).cfg.eval.targets == (3600.0, 1800.0)
