@@ -117,6 +117,7 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "data_source": info.source, "data_fingerprint": info.fingerprint or None,
         # whether this stream is the policy the checkpoint was trained as (agents.stream_training.Fidelity)
         "stream_exact": ck.fidelity("stream").exact, "stream_window": ck.fidelity("stream").stream_window,
+        "stream_from_start": ck.fidelity("stream").from_start,
     }
 
 

@@ -84,6 +84,9 @@ def check_metadata(meta: dict, where: str) -> None:
                   meta.get("stream_exact"))
     if not integer(meta.get("stream_window"), 0):
         raise bad("stream_window", "an integer >= 0", meta.get("stream_window"))
+    if not isinstance(meta.get("stream_from_start"), bool):
+        raise bad("stream_from_start", "true or false (whether the checkpoint trained on episode prefixes)",
+                  meta.get("stream_from_start"))
     state = meta.get("state")
     if not isinstance(state, list):
         raise bad("state", "a list of state tensors {name, shape, dtype}", state)
@@ -140,7 +143,8 @@ class Policy:
     runtime: str = ""
     """which runtime acts: "torch", "onnx" or "torchscript" (what ``load_agent(runtime="auto")`` picked)"""
     fidelity: dict | None = None
-    """{"engine", "exact", "stream_window"} (``agents.stream_training.Fidelity``); None for a bare model's"""
+    """{"engine", "exact", "stream_window", "from_start"} (``agents.stream_training.Fidelity``); None for a bare
+    model's"""
 
     def _targets(self, target, n: int) -> np.ndarray:
         arr = np.asarray(self.default_target if target is None else target, dtype=np.float64).reshape(-1)
@@ -246,7 +250,7 @@ class GraphPolicy(Policy):
         self.targets = tuple(float(t) for t in metadata["targets"])
         self.default_target = self.targets[0]
         self.fidelity = {"engine": "stream", "exact": metadata["stream_exact"],
-                         "stream_window": metadata["stream_window"]}
+                         "stream_window": metadata["stream_window"], "from_start": metadata["stream_from_start"]}
         self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]
         self.input_names = [*INPUTS, *(STATE_IN + name for name, _, _ in self.state_layout)]
         self.output_names = ["action", *(STATE_OUT + name for name, _, _ in self.state_layout)]

@@ -7,9 +7,14 @@ reach lies in their segment: the predicting token of step i (token n i + p, ``To
 n i + p >= R, or the segment starts its episode. Then every counted prediction is the stream's, and the
 trained objective is the deployed policy; K > ``first_exact_step`` for any step to count.
 
+The other way to an exact stream (``from_start``): train on episode prefixes, segments of K >= max_timestep
+steps from an episode's first, so every prediction sees its whole episode so far, which is what the stream
+engine computes (unwindowed primal running means from the episode's start; a softmax ring of 3K - 1 tokens
+holds the whole episode). No window, no step left out of the loss; each segment costs K steps of compute.
+
 Which policy an engine measures (``Fidelity``): recompute always the trained one; the stream only when
-the run trained stream-exact, as its config's ``stream_window`` records. Every evaluation output carries
-``Fidelity.record()``.
+the run trained stream-exact, as its config's ``stream_window`` or ``from_start`` records. Every evaluation
+output carries ``Fidelity.record()``.
 """
 
 from __future__ import annotations
@@ -80,15 +85,18 @@ class Fidelity:
 
     engine: str
     stream_window: int
-    """the run's ``stream_window`` (tokens per layer; 0: trained on K-step segments)"""
+    """the run's ``stream_window`` (tokens per layer; 0: not windowed)"""
+    from_start: bool = False
+    """the run trained on episode prefixes (``from_start``)"""
 
     @property
     def exact(self) -> bool:
-        return self.engine == "recompute" or self.stream_window > 0
+        return self.engine == "recompute" or self.stream_window > 0 or self.from_start
 
     def record(self) -> dict:
         """The fields every evaluation output carries."""
-        return {"engine": self.engine, "exact": self.exact, "stream_window": self.stream_window}
+        return {"engine": self.engine, "exact": self.exact, "stream_window": self.stream_window,
+                "from_start": self.from_start}
 
     def note(self, what: str = "this checkpoint") -> str | None:
         """One line for a stream that is not the trained policy (None when it is)."""
@@ -97,10 +105,11 @@ class Fidelity:
         return (f"note: {what} is trained on K-step segments (stream_window=0), so engine=stream (every layer over the whole "
                 "episode so far) is not the policy training optimises, and its scores are not that policy's; "
                 "engine=recompute is (the papers' protocol), and a run trained with stream_window=W streams "
-                "exactly (e.g. stream_window=10)")
+                "exactly (e.g. stream_window=10), as does one trained on episode prefixes (from_start=true K=1000)")
 
 
 def fidelity(engine: str, config: dict) -> Fidelity:
     """``engine``'s ``Fidelity`` for a checkpoint's saved run ``config`` (none: trained on segments)."""
     w = config.get("stream_window") or 0
-    return Fidelity(engine, int(w) if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 0)
+    return Fidelity(engine, int(w) if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 0,
+                    config.get("from_start") is True)

@@ -163,6 +163,11 @@ class TrainConfig(RunOptions):
     stream_window: int = 0
     """stream-exact training (0: off): window every layer to this many tokens and count only the steps
     the stream engine predicts identically (agents.stream_training); needs softmax/primal layers"""
+    from_start: bool = False
+    """train on episode prefixes: every segment starts at its episode's first step, so each prediction sees its
+    whole episode so far, as the stream engine does: the stream is then the trained policy for any layout
+    (agents.stream_training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt) keep an O(1)
+    stream step, softmax layers' stream step costs O(K)"""
     data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving

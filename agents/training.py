@@ -145,7 +145,7 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
     sampler = envs.SegmentSampler(trained, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
-                                  cfg.seed + 1000 * d.rank)
+                                  cfg.seed + 1000 * d.rank, from_start=cfg.from_start)
     targets = tuple(float(t) for t in (cfg.eval.targets or spec.targets))
     info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
                     reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
@@ -153,7 +153,8 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     validation = None
     if len(held_out) and d.main:
         exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
-        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from)
+        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from,
+                                cfg.from_start)
     run = Run(cfg, built, data, info, sampler, model, opt, sched, path.parent if path else None, device, d,
               validation, mode)
     if ck is not None:
@@ -187,6 +188,10 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
     try:
         mc = DTConfig(**dataclasses.asdict(cfg.model), state_dim=state_dim, act_dim=act_dim, K=cfg.K,
                       max_timestep=cfg.max_timestep)
+        if cfg.from_start and (cfg.stream_window or cfg.K < cfg.max_timestep):
+            raise ValueError(f"from_start=true trains on whole episodes from their first step: it needs K >= "
+                             f"max_timestep (K={cfg.K}, max_timestep={cfg.max_timestep}; e.g. K={cfg.max_timestep}) "
+                             "and no stream_window (the two are alternative ways to an exact stream)")
         if cfg.stream_window:
             mc = stream_training.stream_exact_config(mc, cfg.stream_window)
             need = stream_training.first_exact_step(mc) + 1
@@ -200,7 +205,8 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
         raise ValueError(f"model options (model.name={m.name}, model.layers={m.layers or '-'}, "
                          f"model.d_model={m.d_model}, model.n_heads={m.n_heads}, model.s={m.s}, "
                          f"model.attention_options={','.join(m.attention_options) or '-'}, K={cfg.K}, "
-                         f"stream_window={cfg.stream_window}): {err}") from err
+                         f"stream_window={cfg.stream_window}, from_start={str(cfg.from_start).lower()}): "
+                         f"{err}") from err
 
 
 # == 2. the loop ========================================================================================

@@ -25,13 +25,14 @@ _SAMPLE_STREAM = 0x7661  # keys the fixed sample's generator apart from the spli
 
 class Validation:
     """Every K-step segment starting in a held-out episode (or a seeded sample of ``MAX_SEGMENTS``), read
-    with the training statistics. ``exact_from``: for stream-exact runs, the first segment step counted."""
+    with the training statistics. ``exact_from``: for stream-exact runs, the first segment step counted;
+    ``from_start``: the prefix of every held-out episode, as such runs train."""
 
     def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
-                 device: torch.device, exact_from: int | None = None):
+                 device: torch.device, exact_from: int | None = None, from_start: bool = False):
         sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None,
                                       stats=(info.state_mean, info.state_std))
-        first = np.arange(held_out.num_steps)
+        first = held_out.starts if from_start else np.arange(held_out.num_steps)
         if len(first) > MAX_SEGMENTS:
             rng = np.random.default_rng((int(seed), _SAMPLE_STREAM))
             first = np.sort(rng.choice(len(first), MAX_SEGMENTS, replace=False))

@@ -47,14 +47,17 @@ class Batch(NamedTuple):
 
 
 class SegmentSampler:
-    """Batches of K-step segments (``Batch``) as torch tensors. The return-to-go is undiscounted and divided
-    by ``reward_scale`` (a divisor everywhere in the package: the DT papers' 1000; 1 leaves returns raw).
+    """Batches of K-step segments (``Batch``) as torch tensors, or with ``from_start`` episode prefixes: K
+    steps from an episode's first, so that each step's context is everything its episode showed before it.
+    The return-to-go is undiscounted and divided by ``reward_scale`` (a divisor everywhere in the package:
+    the DT papers' 1000; 1 leaves returns raw).
     ``stats`` = (state_mean, state_std) normalises with other statistics than the dataset's own: held-out
     episodes are read with the training episodes', as the model sees them."""
 
     def __init__(self, ds: Trajectories, K: int = 20, batch_size: int = 64, reward_scale: float = 1.0,
                  max_timestep: int = 1000, seed: int | np.random.Generator | None = 0,
-                 device: str | torch.device = "cpu", stats: tuple[np.ndarray, np.ndarray] | None = None):
+                 device: str | torch.device = "cpu", stats: tuple[np.ndarray, np.ndarray] | None = None,
+                 from_start: bool = False):
         if K < 1 or batch_size < 1:
             raise ValueError(f"K and batch_size must be >= 1, got K={K}, batch_size={batch_size}")
         if not reward_scale > 0:
@@ -73,12 +76,16 @@ class SegmentSampler:
         self._rtg = np.append(ds.rtg / np.float32(self.reward_scale), np.float32(0))
         self._timesteps = np.append(np.minimum(ds.timesteps, self.max_timestep - 1), 0)
         self._end = ds.step_end
+        self._starts = ds.starts if from_start else None
         self._offsets = np.arange(self.K, dtype=np.int64)
 
     def indices(self, batch_size: int | None = None, first: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Row indices [B,K] into the padded flat arrays (n = padding) and the mask [B,K], of segments starting
-        at random steps, or at the dataset steps ``first`` [B]."""
-        if first is None:
+        at random steps (``from_start``: at the first step of episodes drawn uniformly), or at the dataset
+        steps ``first`` [B]."""
+        if first is None and self._starts is not None:
+            first = self._starts[self.rng.integers(0, len(self._starts), size=batch_size or self.batch_size)]
+        elif first is None:
             first = self.rng.integers(0, self.num_steps, size=batch_size or self.batch_size)
         first = np.asarray(first, dtype=np.int64)
         idx = first[:, None] + self._offsets[None, :]

@@ -8,13 +8,16 @@
 #   (b) the same checkpoint evaluated by the stream engine (eval.rollout), a policy training never optimised;
 #   (c) stream-exact training (stream_window=W: every layer windowed, the loss on exact steps), its final
 #       evaluation by the stream engine, which is then exact;
-# then one eval.report over all of it, whose engine column keeps (a), (b) and (c) apart.
+#   (d) for FIDELITY_PREFIX_MODELS, training on episode prefixes (from_start=true, K = max_timestep), by the
+#       stream engine, which is then exact with no window;
+# then one eval.report over all of it, whose engine column keeps (a) to (d) apart.
 #
 # Every step is eval.sweep or eval.rollout, which skip what is finished and resume what was stopped, so
 # calling the script again continues where it stopped. Settings (environment variables, defaults in
 # brackets): FIDELITY_ENVS [hopper-medium hopper-medium-replay], FIDELITY_MODELS [dt,primal+dt],
 # FIDELITY_SEEDS [0 1 2], FIDELITY_WINDOWS [10], FIDELITY_EPISODES [50, per target], FIDELITY_RECIPE
-# [cpu], FIDELITY_THREADS [1]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
+# [cpu], FIDELITY_THREADS [1], FIDELITY_PREFIX_MODELS [primalformer-dt; empty: no (d)], FIDELITY_PREFIX_K
+# [1000, Hopper's episode limit], FIDELITY_PREFIX_BATCH [16: each segment is K steps]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
 # path runs in a minute or two (the tests run it).
 set -uo pipefail
 
@@ -32,10 +35,17 @@ SEEDS=${FIDELITY_SEEDS:-0 1 2}
 WINDOWS=${FIDELITY_WINDOWS:-10}
 EPISODES=${FIDELITY_EPISODES:-50}
 THREADS=${FIDELITY_THREADS:-1}
+PREFIX_MODELS=${FIDELITY_PREFIX_MODELS-primalformer-dt}
+PREFIX_K=${FIDELITY_PREFIX_K:-1000}
+PREFIX_BATCH=${FIDELITY_PREFIX_BATCH:-16}
 RECIPE=(recipe=${FIDELITY_RECIPE:-cpu})
+SEGMENTS=()
 if [ "${FIDELITY_REHEARSAL:-0}" = 1 ]; then
     RECIPE=(steps=12 warmup_steps=2 eval.every=6 eval.episodes=1 eval.max_steps=15 eval.num_envs=2
-            checkpoint_every=6 K=5 batch_size=8 model.d_model=32 model.n_heads=2 model.s=8 model.n_layers=2)
+            checkpoint_every=6 model.d_model=32 model.n_heads=2 model.s=8 model.n_layers=2)
+    SEGMENTS=(K=5 batch_size=8)
+    PREFIX_K=15
+    PREFIX_BATCH=4
     ROLLOUT=(max_steps=15 num_envs=2)
 else
     ROLLOUT=(num_envs=25)
@@ -43,17 +53,17 @@ fi
 mkdir -p "$OUT" || exit 2
 
 failed=0
-sweep() {  # sweep ROOT ENV SEED OPTIONS...
-    local root=$1 env=$2 seed=$3
-    shift 3
-    "$PY" -m eval.sweep env="$env" model="$MODELS" seeds="$seed" "${RECIPE[@]}" eval.final_episodes="$EPISODES" \
+sweep() {  # sweep ROOT ENV SEED MODELS OPTIONS...
+    local root=$1 env=$2 seed=$3 models=$4
+    shift 4
+    "$PY" -m eval.sweep env="$env" model="$models" seeds="$seed" "${RECIPE[@]}" eval.final_episodes="$EPISODES" \
         "$@" jobs=1 threads="$THREADS" out="$root" || { echo "error: the sweep into $root failed (above)" >&2; failed=1; }
 }
 
 for env in $ENVS; do
     for seed in $SEEDS; do
         echo "== $(date +%T) $env seed $seed: (a) standard training, by recompute"
-        sweep "$OUT/standard" "$env" "$seed" eval.engine=recompute
+        sweep "$OUT/standard" "$env" "$seed" "$MODELS" "${SEGMENTS[@]}" eval.engine=recompute
         for run in "$OUT/standard/$env"/*/*-seed"$seed"; do
             [ -e "$run/summary.json" ] && [ ! -e "$run/rollout-stream.json" ] || continue
             echo "== $(date +%T) (b) $run by stream"
@@ -62,12 +72,18 @@ for env in $ENVS; do
         done
         for w in $WINDOWS; do
             echo "== $(date +%T) $env seed $seed: (c) stream-exact training, window $w, by stream"
-            sweep "$OUT/window$w" "$env" "$seed" stream_window="$w" eval.engine=stream
+            sweep "$OUT/window$w" "$env" "$seed" "$MODELS" "${SEGMENTS[@]}" stream_window="$w" eval.engine=stream
         done
+        if [ -n "$PREFIX_MODELS" ]; then
+            echo "== $(date +%T) $env seed $seed: (d) episode prefixes ($PREFIX_MODELS), by stream"
+            sweep "$OUT/prefix" "$env" "$seed" "$PREFIX_MODELS" from_start=true K="$PREFIX_K" max_timestep="$PREFIX_K" \
+                batch_size="$PREFIX_BATCH" eval.engine=stream
+        fi
     done
 done
 
 windows=()
 for w in $WINDOWS; do windows+=("$OUT/window$w"); done
+[ -n "$PREFIX_MODELS" ] && windows+=("$OUT/prefix")
 "$PY" -m eval.report "$OUT/standard" "${windows[@]}" out="$OUT/report" || failed=1
 exit $failed

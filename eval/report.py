@@ -114,12 +114,14 @@ def data_level(env: str, source: str) -> float | None:
 
 
 def engine_label(f) -> str:
-    """``recompute``, ``stream (exact, window W)`` when the stream is the policy the checkpoint was trained as,
-    ``stream (not trained)`` when it is not (``agents.stream_training.Fidelity``): never averaged with the
-    others, nor are two windows."""
+    """``recompute``, ``stream (exact, window W)`` or ``stream (exact, from start)`` when the stream is the
+    policy the checkpoint was trained as, ``stream (not trained)`` when it is not
+    (``agents.stream_training.Fidelity``): never averaged with the others, nor are two windows."""
     if f.engine == "recompute":
         return f.engine
-    return f"{f.engine} (exact, window {f.stream_window})" if f.exact else f"{f.engine} (not trained)"
+    if not f.exact:
+        return f"{f.engine} (not trained)"
+    return f"{f.engine} (exact, from start)" if f.from_start else f"{f.engine} (exact, window {f.stream_window})"
 
 
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:

@@ -30,11 +30,15 @@ def _train(out, model, *extra):
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """layout -> run directory trained stream-exact; "segments" -> a primal+dt run trained on K-step segments."""
+    """layout -> run directory trained stream-exact; "segments" -> a primal+dt run trained on K-step segments;
+    "from_start" -> a primalformer-dt run trained on episode prefixes."""
     root = tmp_path_factory.mktemp("fidelity")
     runs = {m: _train(root / m, m, f"stream_window={W}") for m in LAYOUTS}
     runs["segments"] = _train(root / "segments", "primal+dt", "eval.final_episodes=2", "eval.max_steps=30",
                               "eval.num_envs=2")
+    # episode prefixes: K = max_timestep = 40 steps from each episode's first (play's episodes stay shorter)
+    runs["from_start"] = _train(root / "from_start", "primalformer-dt", "from_start=true", "K=40", "max_timestep=40",
+                                "batch_size=4")
     return runs
 
 
@@ -68,16 +72,26 @@ def test_a_stream_exact_checkpoint_streams_its_recompute_policy_in_hopper(layout
         warnings.simplefilter("error", StreamNotTrainedWarning)  # an exact stream is not warned about
         stream = load_agent(trained[layout], engine="stream", runtime="torch")
     recompute = load_agent(trained[layout], engine="recompute")
-    assert stream.fidelity == {"engine": "stream", "exact": True, "stream_window": W}
-    assert recompute.fidelity == {"engine": "recompute", "exact": True, "stream_window": W}
+    assert stream.fidelity == {"engine": "stream", "exact": True, "stream_window": W, "from_start": False}
+    assert recompute.fidelity == {"engine": "recompute", "exact": True, "stream_window": W, "from_start": False}
     assert play(stream, recompute) <= 1e-5
+
+
+def test_a_checkpoint_trained_on_episode_prefixes_streams_its_recompute_policy_in_hopper(trained):
+    """from_start=true: no window, every layer over the whole episode so far, and still the trained policy."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StreamNotTrainedWarning)
+        stream = load_agent(trained["from_start"], engine="stream", runtime="torch")
+    recompute = load_agent(trained["from_start"], engine="recompute")
+    assert stream.fidelity == {"engine": "stream", "exact": True, "stream_window": 0, "from_start": True}
+    assert play(stream, recompute, T=40) <= 1e-5  # every step of both rows within K (row 0 restarts at 20)
 
 
 def test_a_checkpoint_trained_on_segments_streams_another_policy_and_says_so(trained):
     with pytest.warns(StreamNotTrainedWarning, match="stream_window=W") as caught:
         stream = load_agent(trained["segments"], engine="stream", runtime="torch")
     assert len(caught) == 1
-    assert stream.fidelity == {"engine": "stream", "exact": False, "stream_window": 0}
+    assert stream.fidelity == {"engine": "stream", "exact": False, "stream_window": 0, "from_start": False}
     with warnings.catch_warnings():
         warnings.simplefilter("error", StreamNotTrainedWarning)
         recompute = load_agent(trained["segments"], engine="recompute")
@@ -91,9 +105,11 @@ def test_the_exported_policy_records_whether_its_stream_is_exact(trained, tmp_pa
     from agents.export import export_policy
     from agents.onnx_policy import OnnxPolicy
 
-    for key, exact, window in (("dt", True, W), ("segments", False, 0)):
+    for key, exact, window, start in (("dt", True, W, False), ("segments", False, 0, False),
+                                      ("from_start", True, 0, True)):
         path = export_policy(trained[key] / "last.pt", "onnx", tmp_path / f"{key}.onnx")
-        assert OnnxPolicy(path).fidelity == {"engine": "stream", "exact": exact, "stream_window": window}
+        assert OnnxPolicy(path).fidelity == {"engine": "stream", "exact": exact, "stream_window": window,
+                                             "from_start": start}
 
 
 def test_rollout_and_report_name_the_engine_and_whether_it_is_the_trained_policy(trained, run_cli, tmp_path):

@@ -79,6 +79,15 @@ def test_batches_divide_returns_to_go_by_reward_scale(hopper_file, tmp_path):
     assert run.info.reward_scale == 500.0 and batch.states.shape == (8, 5, 11)
 
 
+def test_from_start_trains_and_validates_on_episode_prefixes(hopper_file, tmp_path):
+    run = training.prepare(train_config.build(args(hopper_file, tmp_path, "from_start=true", "K=40",
+                                                   "max_timestep=40", "val_fraction=0.2", *QUIET)))
+    batch = run.sampler.sample()
+    assert (batch.timesteps[:, 0] == 0).all() and batch.states.shape[1] == 40  # each segment begins its episode
+    v = run.validation
+    assert v.segments == v.episodes > 0 and (v.batch.timesteps[:, 0] == 0).all()  # one prefix per held-out episode
+
+
 def test_checkpoint_is_the_schema_and_resume_refuses_what_it_cannot_continue(hopper_file, tmp_path,
                                                                            write_hopper_file):
     s = train(args(hopper_file, tmp_path, "steps=2", *QUIET))

@@ -72,6 +72,23 @@ def test_trajectory_probability_is_proportional_to_length(tiny):
     assert mask[:, 0].all() and (mask[:, 1] == np.isin(first, [0, 1, 3])).all()
 
 
+def test_from_start_draws_whole_episode_prefixes_one_episode_as_likely_as_another(tiny):
+    s = SegmentSampler(tiny, K=4, batch_size=20_000, reward_scale=2.0, seed=2, from_start=True)
+    b = s.sample()
+    first = b.timesteps[:, 0].numpy()
+    assert (first == 0).all()  # every segment is its episode's beginning
+    a = b.rtg[:, 0, 0].numpy() == 3.0  # episode A's return-to-go at its start is 6 / 2
+    assert abs(a.mean() - 0.5) < 0.02  # by episode, not by length (A is 3 steps, B 2)
+    for i in (int(np.argmax(a)), int(np.argmin(a))):
+        exp = _expected_row(tiny, 0 if a[i] else 3)
+        np.testing.assert_allclose(b.states[i].numpy(), exp["states"], atol=1e-6)
+        np.testing.assert_array_equal(b.mask[i].numpy(), exp["mask"])
+        np.testing.assert_array_equal(b.timesteps[i].numpy(), exp["timesteps"])
+    s2 = SegmentSampler(tiny, K=4, batch_size=20_000, reward_scale=2.0, seed=2, from_start=True)
+    s2.load_state_dict(s.state_dict())
+    assert torch.equal(s.sample().states, s2.sample().states)  # resume draws the same prefixes
+
+
 def test_real_tokens_first_then_padding(tiny):
     b = SegmentSampler(tiny, K=4, batch_size=256, seed=2).sample()
     m = b.mask.numpy()

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_the_fidelity_comparison_rehearses_and_resumes(tmp_path):
     env = {**os.environ, "FIDELITY_REHEARSAL": "1", "FIDELITY_ENVS": "hopper-medium", "FIDELITY_MODELS": "dt",
-           "FIDELITY_SEEDS": "0", "FIDELITY_WINDOWS": "4", "FIDELITY_EPISODES": "2", "PYTHON": sys.executable,
+           "FIDELITY_SEEDS": "0", "FIDELITY_WINDOWS": "4",
+           "FIDELITY_PREFIX_MODELS": "primalformer-dt", "FIDELITY_EPISODES": "2", "PYTHON": sys.executable,
            "PYTHONPATH": str(ROOT)}
     cmd = ["bash", str(ROOT / "eval" / "fidelity_comparison.sh"), str(tmp_path)]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -23,9 +24,12 @@ def test_the_fidelity_comparison_rehearses_and_resumes(tmp_path):
     md = (tmp_path / "report" / "scores.md").read_text()
     engines = {ln.split("|")[4].strip() for ln in md.splitlines() if ln.startswith("| hopper-medium | replica | dt")}
     assert engines == {"recompute", "stream (not trained)", "stream (exact, window 4)"}
+    prefix = {ln.split("|")[4].strip() for ln in md.splitlines()
+              if ln.startswith("| hopper-medium | replica | primalformer-dt")}
+    assert prefix == {"stream (exact, from start)"}
     (run,) = (tmp_path / "standard" / "hopper-medium" / "dt").glob("*-seed0")
     assert (run / "rollout-stream.json").exists()
 
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "(b)" not in again.stdout and again.stdout.count("0 to start, 0 to resume, 1 finished") == 2
+    assert "(b)" not in again.stdout and again.stdout.count("0 to start, 0 to resume, 1 finished") == 3

@@ -173,6 +173,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path
 
     (["stream_window=10"], "K must be >= 7"),  # 2 layers x 9 tokens of reach > a 5-step segment
     (["model=linear", "stream_window=4"], "needs every layer windowed"),
+    (["from_start=true"], "from_start=true .* needs K >= max_timestep"),  # a 5-step segment is no episode prefix
+    (["from_start=true", "K=40", "max_timestep=40", "stream_window=4"], "and no stream_window"),
 ])
 def test_bad_input_fails_before_training(hopper_file, tmp_path, extra, msg, tiny_train):
     with pytest.raises(SetupError, match=msg):
