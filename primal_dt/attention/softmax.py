@@ -29,11 +29,12 @@ from .registry import register
 def ring_attention(q, K, V, allowed):
     """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: two
     batched matmuls around a masked softmax, not SDPA, whose CPU kernel is built for long query blocks
-    and whose exported form guards fully masked rows (IsNaN, Where), which cannot occur here (every
-    query sees its own slot)."""
+    and whose exported form guards fully masked rows (IsNaN, Where). Masked scores are the dtype's lowest
+    finite value, not -inf, so that a query that sees nothing (padding before a row's first real token)
+    averages the ring's values instead of making NaN."""
     scores = torch.matmul(q, K.transpose(-1, -2))
-    scores = torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), float("-inf"))  # (one Where; no Not)
-    return torch.matmul(torch.softmax(scores, -1), V)
+    lowest = torch.finfo(scores.dtype).min
+    return torch.matmul(torch.softmax(torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), lowest), -1), V)
 
 
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
@@ -113,14 +114,16 @@ class SoftmaxRecurrent(Recurrent):
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice; a
     ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read through a
-    mask computed from the row's phase."""
+    mask computed from the row's phase. ``valid`` and ``pos`` follow the chunks and their mask alone, so they
+    are ``shared`` by the rings of one size in a stack: a graph computes their slots and mask once."""
 
     def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1
         dtype = attn.qkv.weight.dtype
         super().__init__([StateSpec("k", (H, R, d), dtype, masked_by="valid"),
                           StateSpec("v", (H, R, d), dtype, masked_by="valid"),
-                          StateSpec("valid", (R,), torch.bool), StateSpec("pos", (), torch.int64)])
+                          StateSpec("valid", (R,), torch.bool, shared=f"ring{window}+{chunk}"),
+                          StateSpec("pos", (), torch.int64, shared=f"ring{window}+{chunk}")])
         self.attn, self.window, self.chunk, self.slots = attn, window, chunk, R
         self.wqkv, self.bqkv = detached(attn.qkv.weight, attn.qkv.bias)
         self.wp, self.bp = detached(attn.proj.weight, attn.proj.bias)
@@ -143,11 +146,9 @@ class SoftmaxRecurrent(Recurrent):
         if last_only:
             q, ahead = q[:, :, -1:], ahead[-1:]
         # query i (chunk token ahead[i]) lies (pos + ahead[i] - j) mod R tokens after the one in slot j (R = w +
-        # C - 1: a slot written after it reads R - C + 1 >= w or more); it sees the valid slots less than w
-        # back, and its own slot even when it is padding, so that no softmax row is empty
-        back = (pos.view(-1, 1, 1) + ahead.view(-1, 1) - torch.arange(R, device=dev)) % R  # [B, C, R]
-        allowed = (((back < self.window) & valid.unsqueeze(1)) | (back == 0)).unsqueeze(1)
-        y = ring_attention(q, K, V, allowed)
+        # C - 1: a slot written after it reads R - C + 1 >= w or more); it sees the valid slots less than w back
+        back = (pos.view(-1, 1, 1, 1) + (ahead.view(-1, 1) - torch.arange(R, device=dev))) % R  # [B, 1, C, R]
+        y = ring_attention(q, K, V, (back < self.window) & valid.view(-1, 1, 1, R))
         y = F.linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
         return y, (K, V, valid, (pos + C) % R)
 
