@@ -115,21 +115,28 @@ class Stack(nn.Module):
 class StackRecurrent(Recurrent):
     """A stack's recurrent form, the final norm applied: with ``last_only`` y is [B, 1, D] (lower blocks still
     pass every token on, to feed the upper layers' states). ``state``: every layer's state tensors in order,
-    laid out by ``specs`` (``layer<i>.<name>``)."""
+    laid out by ``specs`` (``layer<i>.<name>``), an entry ``shared`` with an earlier layer's held once, by it."""
 
     def __init__(self, stack: Stack, forms):
-        super().__init__(dataclasses.replace(s, name=f"layer{i}.{s.name}",
-                                             masked_by=s.masked_by and f"layer{i}.{s.masked_by}")
-                         for i, f in enumerate(forms) for s in f.specs)
+        holder, names = {}, []  # holder: a shared entry's key -> the first layer declaring it, which holds it
+        for i, f in enumerate(forms):
+            names.append({s.name: f"layer{holder.setdefault((s.shared, s.name), i) if s.shared else i}.{s.name}"
+                          for s in f.specs})
+        specs = {}  # the stack's entries by name, in order
+        for i, f in enumerate(forms):
+            for s in f.specs:
+                specs.setdefault(names[i][s.name], dataclasses.replace(s, name=names[i][s.name],
+                                                                       masked_by=names[i].get(s.masked_by, "")))
+        super().__init__(specs.values())
+        self.slots = [[list(specs).index(names[i][s.name]) for s in f.specs] for i, f in enumerate(forms)]
         self.stack = stack
         self.forms = nn.ModuleList(forms)
         self.mlps = [detached(b.mlp[0].weight, b.mlp[0].bias, b.mlp[2].weight, b.mlp[2].bias) for b in stack.blocks]
-        self.sizes = [len(f.specs) for f in forms]
 
     def forward(self, x, state, mask=None, last_only: bool = False):
-        new, at, top = [], 0, len(self.forms) - 1
-        for i, (block, form, mlp, n) in enumerate(zip(self.stack.blocks, self.forms, self.mlps, self.sizes)):
-            x, st = block.recurrent_step(x, form, tuple(state[at:at + n]), mask, last_only and i == top, mlp)
-            new += st
-            at += n
-        return self.stack.ln_f(x), tuple(new)
+        new, top = {}, len(self.forms) - 1
+        for i, (block, form, mlp, slots) in enumerate(zip(self.stack.blocks, self.forms, self.mlps, self.slots)):
+            x, st = block.recurrent_step(x, form, tuple(state[j] for j in slots), mask, last_only and i == top, mlp)
+            for j, s in zip(slots, st):
+                new.setdefault(j, s)  # a shared entry: its holder's (every layer sharing it computes the same)
+        return self.stack.ln_f(x), tuple(new[j] for j in range(len(state)))

@@ -103,6 +103,9 @@ class StateSpec:
     masked_by: str = ""
     """a bool entry of the same state marking where this one holds anything; a restart zeroes only the
     flag (a softmax layer's keys and values: zeroing them would copy the whole cache at every step)"""
+    shared: str = ""
+    """a key under which every form declaring this entry computes it alike from the chunk's length and mask
+    alone (a softmax ring's flags and phase): a stack holds one such entry for all its layers"""
 
     def zeros(self, batch: int, device=None) -> torch.Tensor:
         return torch.zeros(batch, *self.shape, dtype=self.dtype, device=device)

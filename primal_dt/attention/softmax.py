@@ -29,11 +29,12 @@ from .registry import register
 def ring_attention(q, K, V, allowed):
     """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: two
     batched matmuls around a masked softmax, not SDPA, whose CPU kernel is built for long query blocks
-    and whose exported form guards fully masked rows (IsNaN, Where), which cannot occur here (every
-    query sees its own slot)."""
+    and whose exported form guards fully masked rows (IsNaN, Where). Masked scores are the dtype's lowest
+    finite value, not -inf, so that a query that sees nothing (padding before a row's first real token)
+    averages the ring's values instead of making NaN."""
     scores = torch.matmul(q, K.transpose(-1, -2))
-    scores = torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), float("-inf"))  # (one Where; no Not)
-    return torch.matmul(torch.softmax(scores, -1), V)
+    lowest = torch.finfo(scores.dtype).min
+    return torch.matmul(torch.softmax(torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), lowest), -1), V)
 
 
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
@@ -113,14 +114,16 @@ class SoftmaxRecurrent(Recurrent):
 
     Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice; a
     ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read through a
-    mask computed from the row's phase."""
+    mask computed from the row's phase. ``valid`` and ``pos`` follow the chunks and their mask alone, so they
+    are ``shared`` by the rings of one size in a stack: a graph computes their slots and mask once."""
 
     def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1
         dtype = attn.qkv.weight.dtype
         super().__init__([StateSpec("k", (H, R, d), dtype, masked_by="valid"),
                           StateSpec("v", (H, R, d), dtype, masked_by="valid"),
-                          StateSpec("valid", (R,), torch.bool), StateSpec("pos", (), torch.int64)])
+                          StateSpec("valid", (R,), torch.bool, shared=f"ring{window}+{chunk}"),
+                          StateSpec("pos", (), torch.int64, shared=f"ring{window}+{chunk}")])
         self.attn, self.window, self.chunk, self.slots = attn, window, chunk, R
         self.wqkv, self.bqkv = detached(attn.qkv.weight, attn.qkv.bias)
         self.wp, self.bp = detached(attn.proj.weight, attn.proj.bias)
@@ -134,43 +137,43 @@ class SoftmaxRecurrent(Recurrent):
         H, d, R, dev = a.n_heads, a.d_head, self.slots, x.device
         q, k, v = F.linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
-        ahead = torch.arange(C, device=dev)
-        at = (pos.view(-1, 1) + ahead) % R  # [B, C]: the chunk's slots
-        # written at the (row, head, slot) index tuples of [B, H, R, d], broadcast
-        index = (torch.arange(real.shape[0], device=dev).view(-1, 1, 1), torch.arange(H, device=dev).view(1, H, 1),
-                 at.unsqueeze(1))
-        K, V, valid = scatter_nd(K, index, k, self.inplace), scatter_nd(V, index, v, self.inplace), valid.scatter(1, at, real)
+        at = (pos.view(-1, 1, 1, 1) + torch.arange(C, device=dev).view(-1, 1)) % R  # [B, 1, C, 1]: the chunk's slots
+        # written at the (row, head, slot) index tuples [B, H, C, 3] of [B, H, R, d], made by broadcasting
+        # arithmetic (a graph's Expand and Concat cost more)
+        rows, heads = torch.arange(real.shape[0], device=dev), torch.arange(H, device=dev)
+        axis = torch.eye(3, dtype=torch.int64, device=dev)
+        index = rows.view(-1, 1, 1, 1) * axis[0] + heads.view(-1, 1, 1) * axis[1] + at * axis[2]
+        K, V = scatter_nd(K, index, k, self.inplace), scatter_nd(V, index, v, self.inplace)
+        valid = valid.scatter(1, at.view(-1, C), real)
         if last_only:
-            q, ahead = q[:, :, -1:], ahead[-1:]
-        # query i (chunk token ahead[i]) lies (pos + ahead[i] - j) mod R tokens after the one in slot j (R = w +
-        # C - 1: a slot written after it reads R - C + 1 >= w or more); it sees the valid slots less than w
-        # back, and its own slot even when it is padding, so that no softmax row is empty
-        back = (pos.view(-1, 1, 1) + ahead.view(-1, 1) - torch.arange(R, device=dev)) % R  # [B, C, R]
-        allowed = (((back < self.window) & valid.unsqueeze(1)) | (back == 0)).unsqueeze(1)
-        y = ring_attention(q, K, V, allowed)
+            q, at = q[:, :, -1:], at[:, :, -1:]
+        # query i lies (at[i] - j) mod R tokens after the one in slot j (R = w + C - 1: a slot written after it
+        # reads R - C + 1 >= w or more); it sees the valid slots less than w back
+        back = (at - torch.arange(R, device=dev)) % R  # [B, 1, C, R]
+        y = ring_attention(q, K, V, (back < self.window) & valid.view(-1, 1, 1, R))
         y = F.linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
         return y, (K, V, valid, (pos + C) % R)
 
 
-def scatter_nd(data: torch.Tensor, index: tuple, updates: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-    """A copy of ``data`` (``inplace``: ``data`` itself) with ``updates`` written at ``data[index]`` (one integer
-    tensor per leading axis, broadcast). In an ONNX export one ScatterND operator instead of the dozen
+def scatter_nd(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor, inplace: bool = False) -> torch.Tensor:
+    """A copy of ``data`` (``inplace``: ``data`` itself) with ``updates`` written at ``data[index]`` (``index``
+    [..., k]: tuple n names ``data[n]``). In an ONNX export one ScatterND operator instead of the dozen
     broadcasting operators torch.export makes of an indexed assignment; elsewhere a clone and an index_put."""
     if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
-        return _scatter_nd_op(data, torch.stack(torch.broadcast_tensors(*index), -1), updates)
+        return _scatter_nd_op(data, index, updates)
     return _written(data, index, updates, inplace)
 
 
-def _written(data, index: tuple, updates, inplace: bool = False):
+def _written(data, index, updates, inplace: bool = False):
     out = data if inplace else data.clone()
-    out[index] = updates
+    out[index.unbind(-1)] = updates
     return out
 
 
 @torch.library.custom_op("primal_dt::scatter_nd", mutates_args=())
 def _scatter_nd_op(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    """``scatter_nd`` as one operator that torch.export keeps whole; ``index`` [..., k]: tuple n names ``data[n]``."""
-    return _written(data, index.unbind(-1), updates)
+    """``scatter_nd`` as one operator that torch.export keeps whole."""
+    return _written(data, index, updates)
 
 
 @_scatter_nd_op.register_fake

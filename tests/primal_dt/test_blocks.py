@@ -76,6 +76,32 @@ def test_stack_stream_equals_forward(model, last_only):
         torch.testing.assert_close(got[mask], ref[mask], atol=1e-5, rtol=1e-5)
 
 
+def test_softmax_rings_of_one_size_share_their_flags_and_phase():
+    """Rings of one size advance their flags and phase alike (from the chunks and their mask alone): the stack
+    holds them once, under the first layer, a ring of another size keeps its own, and the stream still equals
+    forward, padding included."""
+    torch.manual_seed(0)
+    s = Stack(D, H, [LayerSpec("softmax", {"window": 4}), LayerSpec("softmax", {"window": 6}), LayerSpec("softmax")],
+              causal=True, dropout=0.0).eval()
+    form = s.recurrent(window=4, chunk=2)
+    assert [(p.name, p.masked_by) for p in form.specs] == [
+        ("layer0.k", "layer0.valid"), ("layer0.v", "layer0.valid"), ("layer0.valid", ""), ("layer0.pos", ""),
+        ("layer1.k", "layer1.valid"), ("layer1.v", "layer1.valid"), ("layer1.valid", ""), ("layer1.pos", ""),
+        ("layer2.k", "layer0.valid"), ("layer2.v", "layer0.valid")]
+    twin = copy.deepcopy(s)
+    for b in twin.blocks:
+        b.attn.adopt_stream_window(4)
+    x, mask = torch.randn(2, 12, D), torch.ones(2, 12, dtype=torch.bool)
+    mask[0, :3] = False
+    with torch.no_grad():
+        ref, _ = twin(x, mask)
+        st, outs = form.init(2), []
+        for t in range(0, 12, 2):
+            y, st = form(x[:, t:t + 2], st, mask[:, t:t + 2])
+            outs.append(y)
+    torch.testing.assert_close(torch.cat(outs, 1)[mask], ref[mask], atol=1e-5, rtol=1e-5)
+
+
 def test_post_norm_stack_does_not_stream():
     with pytest.raises(ValueError, match=r"layer 0 \(softmax\): a post-norm block"):
         make("primal+dt", norm="post").recurrent(window=8)
