@@ -119,13 +119,11 @@ def select_checkpoints(evals: list[dict], ref_max: float, medium_fraction: float
 
 def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, path: Path) -> Path:
     """Return of every checkpoint, the chosen medium/expert policies marked: the choice checked at a glance."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no backend to pick, no global figure to close
 
     ev = sorted(evals, key=lambda e: e["step"])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     ax.plot([e["step"] for e in ev], [e["return_mean"] for e in ev], "o-", ms=3, label="deterministic")
     ax.plot([e["step"] for e in ev], [_score(e) for e in ev], "s-", ms=3, alpha=0.7, label="stochastic")
     ax.axhline(target, color="gray", ls="--", lw=1, label=f"medium target {target:.0f}")
@@ -136,7 +134,6 @@ def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, pat
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
-    plt.close(fig)
     return write_atomic(path, buf.getbuffer(), "plot of the checkpoints' returns")
 
 
@@ -256,15 +253,11 @@ def replay_episodes(replay_path: Path, upto: int, action_space=None) -> list[dic
     if action_space is not None:
         low, high = action_space.low, action_space.high
         act = low + 0.5 * (act + 1.0) * (high - low)
-    ends = np.flatnonzero(done) + 1
-    out, s = [], 0
-    for e in ends.tolist():
-        out.append({"observations": np.concatenate([obs[s:e], nxt[e - 1:e]]).astype(np.float32),
-                    "actions": act[s:e].astype(np.float32), "rewards": rew[s:e].astype(np.float32),
-                    "terminations": ~timeout[s:e] & done[s:e], "truncations": timeout[s:e].copy(),
-                    "seed": None})
-        s = e
-    return out
+    ends = (np.flatnonzero(done) + 1).tolist()
+    return [{"observations": np.concatenate([obs[s:e], nxt[e - 1:e]]).astype(np.float32),
+             "actions": act[s:e].astype(np.float32), "rewards": rew[s:e].astype(np.float32),
+             "terminations": ~timeout[s:e] & done[s:e], "truncations": timeout[s:e].copy(), "seed": None}
+            for s, e in zip([0] + ends[:-1], ends)]
 
 
 def episodes_to_d4rl(episodes: list[dict], next_observations: bool = True) -> dict[str, np.ndarray]:
