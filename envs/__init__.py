@@ -1,12 +1,12 @@
 """Simulators and offline data: dataset names, D4RL/Minari loaders, trajectories, segment
 sampling, and (``envs.collect``) a collector for new datasets. Independent of the model code."""
 
-from envs.errors import DatasetError, DatasetNotFound
 from envs.gl import check_mujoco_gl
 from envs.loader import load_dataset
-from envs.replica import ReplicaWarning
 from envs.registry import EnvSpec, get_spec, list_names, normalized_score
+from envs.replica import ReplicaWarning
 from envs.sampler import SegmentSampler
+from envs.sources import DatasetError, DatasetNotFound
 from envs.trajectories import Trajectories
 from envs.vector import make_env, make_vector_env
 

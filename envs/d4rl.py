@@ -15,12 +15,11 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from envs.errors import DatasetError, DatasetNotFound
+from envs.registry import FAMILIES, EnvSpec, family_of
+from envs.sources import DatasetError, DatasetNotFound, Request, register
+from envs.trajectories import Trajectories, split_on_ends
 from primal_dt.run import json_reader
 from primal_dt.run.checkpoint import write_atomic
-from envs.registry import FAMILIES, EnvSpec, family_of
-from envs.sources import Request, register
-from envs.trajectories import Trajectories, split_on_ends
 
 REQUIRED_KEYS = ("observations", "actions", "rewards", "terminals")
 PROVENANCE_ATTR = "primal_dt_provenance"  # JSON written by envs.collect
@@ -139,8 +138,6 @@ def read_named(spec: EnvSpec, path_of, verbose: bool = True) -> Trajectories | N
         if not paths or not all(p.exists() for p in paths):
             return None
     sub = [read_d4rl(p, spec.name, spec.gym_id, spec.max_episode_steps, verbose) for p in paths]
-    if len(sub) == 1:
-        return sub[0]
     return Trajectories.concat(sub, name=spec.name, gym_id=spec.gym_id, source="d4rl:" + "+".join(map(str, paths)),
                                metadata=sub[0].metadata)
 

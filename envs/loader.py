@@ -7,7 +7,6 @@ import os
 import sys
 
 from envs import sources
-from envs.errors import DatasetError, DatasetNotFound
 from envs.registry import EnvSpec, get_spec
 from envs.trajectories import Trajectories
 
@@ -21,22 +20,18 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
     if download is None:
         download = os.environ.get("PRIMAL_DT_OFFLINE", "") not in ("1", "true", "yes")
     chosen, where = sources.parse(source)
-    if chosen is not None and where:  # a place named by the user: nothing there is an error, not a search
-        try:
-            ds = sources.read(chosen, sources.Request(spec, where, download, verbose))
-        except DatasetNotFound as exc:
-            raise DatasetError(f"{exc} (asked for by data_source={source!r})") from exc
-        return _report(ds, spec, verbose, [], clip_actions)
     notes: list[str] = []
-    for prefix in ([chosen.prefix] if chosen else sources.order(spec)):
+    for src in [chosen] if chosen else sources.order(spec):
         try:
-            ds = sources.read(sources.parse(prefix)[0], sources.Request(spec, "", download, verbose))
-        except DatasetNotFound as exc:  # kept in ds.metadata["searched"]; the replica's warning says what to do
-            notes.append(f"{prefix}: {exc}")
+            ds = sources.read(src, sources.Request(spec, where, download, verbose))
+        except sources.DatasetNotFound as exc:
+            if where:  # a place named by the user: nothing there is an error, not a search
+                raise sources.DatasetError(f"{exc} (asked for by data_source={source!r})") from exc
+            notes.append(f"{src.prefix}: {exc}")  # kept in ds.metadata["searched"]
             continue
         ds.name = spec.name
         return _report(ds, spec, verbose, notes, clip_actions)
-    raise DatasetNotFound(f"no dataset for {spec.name} (data_source={source!r}). Looked at:\n  - " + "\n  - ".join(notes))
+    raise sources.DatasetNotFound(f"no dataset for {spec.name} (data_source={source!r}). Looked at:\n  - " + "\n  - ".join(notes))
 
 
 def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: bool = True) -> None:
@@ -53,7 +48,7 @@ def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: 
     what = (f"{n:,} of {ds.actions.size:,} action values ({rows:,} of {ds.num_steps:,} steps) lie outside {sim}'s "
             f"action space [{low:g}, {high:g}]; they range over [{values.min():.4g}, {values.max():.4g}]")
     if not clip:
-        raise DatasetError(
+        raise sources.DatasetError(
             f"{ds.source}: {what}. The simulator clips actions to its box and the model's tanh head cannot produce "
             "them, so training on them would be silently wrong. Check how the file stores actions (unscaled? "
             "another environment's?), or train on them clipped into the box: data_clip_actions=true "

@@ -20,12 +20,11 @@ from urllib.parse import urlparse
 import h5py
 import numpy as np
 
-from envs.errors import DatasetError, DatasetNotFound
-from primal_dt.run import json_reader
 from envs.d4rl import check_declared_sizes, parse_provenance
 from envs.registry import family_of
-from envs.sources import Request, register
+from envs.sources import DatasetError, DatasetNotFound, Request, register
 from envs.trajectories import Trajectories
+from primal_dt.run import json_reader
 
 COLLECTED_NAMESPACE = "primal-dt"  # where envs.collect files its datasets
 
@@ -66,8 +65,6 @@ def read_source(req: Request) -> Trajectories:
             download_minari(i)
     # the family must match; dims are checked against the simulator the dataset records
     sub = [read_minari(i, spec.name, spec.minari_gym_id, spec.max_episode_steps) for i in ids]
-    if len(sub) == 1:
-        return sub[0]
     return Trajectories.concat(sub, name=spec.name, gym_id=sub[0].gym_id, source="minari:" + "+".join(ids))
 
 

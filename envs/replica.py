@@ -10,8 +10,7 @@ from pathlib import Path
 
 from envs import d4rl as d4rl_io
 from envs import minari_source
-from envs.errors import DatasetNotFound
-from envs.sources import Request, register
+from envs.sources import DatasetNotFound, Request, register
 from envs.trajectories import Trajectories
 
 BUNDLED_DIR = Path(__file__).parent / "replicas"

@@ -15,12 +15,19 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from envs.errors import DatasetError
 from envs.registry import EnvSpec
 
 AUTO = ("d4rl", "minari", "replica")
 """``data_source=auto``: a local D4RL file, a local then downloaded Minari dataset, then a replica"""
 _MODULES = ("envs.d4rl", "envs.minari_source", "envs.replica")
+
+
+class DatasetError(ValueError):
+    """A dataset exists but cannot be used; the message says what, where and what to do."""
+
+
+class DatasetNotFound(FileNotFoundError):
+    """No dataset at the place a source looks; the next source may still have one."""
 
 
 @dataclass(frozen=True)
@@ -95,14 +102,14 @@ def label(source: str) -> str:
     return "unknown" if src is None else src.label.format(where=where)
 
 
-def order(spec: EnvSpec) -> tuple[str, ...]:
+def order(spec: EnvSpec) -> list[Source]:
     """The sources ``auto`` asks for ``spec``: a Minari dataset id has Minari as its only source."""
-    return ("minari",) if spec.is_minari_id else tuple(p for p in AUTO if p in available())
+    return [_REGISTRY[p] for p in available() if p in (("minari",) if spec.is_minari_id else AUTO)]
 
 
 def read(src: Source, request: Request):
     """``src``'s data for the request; finding a Minari dataset id by name is Minari's alone."""
-    if not request.where and request.spec.is_minari_id and src.prefix not in order(request.spec):
+    if not request.where and request.spec.is_minari_id and src not in order(request.spec):
         raise DatasetError(f"env={request.spec.name} names a Minari dataset; data_source={src.prefix} cannot find it "
                            f"by that name (use data_source=auto or minari, or a {src.prefix}:{src.where} of its own)")
     return src.read(request)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from envs.errors import DatasetError
 from envs.registry import get_spec
+from envs.sources import DatasetError
 
 MAX_REWARD = 1e6
 """largest reward of one step accepted: a MuJoCo task's are a few units, so a larger one is a corrupt file
@@ -181,8 +181,8 @@ class Trajectories:
 
     @classmethod
     def concat(cls, parts: list["Trajectories"], **kw) -> "Trajectories":
-        """Episodes of several datasets back to back (medium-expert = medium + expert)."""
-        return cls.from_episodes([ep for p in parts for ep in p.episodes], **kw)
+        """Episodes of several datasets back to back (medium-expert = medium + expert); one is itself."""
+        return parts[0] if len(parts) == 1 else cls.from_episodes([ep for p in parts for ep in p.episodes], **kw)
 
 
 def split_on_ends(terminals: np.ndarray, timeouts: np.ndarray, where: str, limit: int | None = None,

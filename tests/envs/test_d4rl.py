@@ -10,7 +10,7 @@ import pytest
 
 from envs import DatasetError, Trajectories, load_dataset
 from envs.d4rl import read_d4rl, write_d4rl
-from envs.errors import DatasetNotFound
+from envs.sources import DatasetNotFound
 
 
 def d4rl_arrays(traj):

@@ -8,7 +8,7 @@ import pytest
 
 from envs import DatasetError, ReplicaWarning, load_dataset
 from envs.d4rl import write_d4rl
-from envs.errors import DatasetNotFound
+from envs.sources import DatasetNotFound
 from envs.minari_source import write_minari
 
 

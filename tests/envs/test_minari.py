@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from envs import DatasetError, load_dataset
-from envs.errors import DatasetNotFound
+from envs.sources import DatasetNotFound
 from envs.minari_source import _reachable, minari_root, read_minari, write_minari
 
 

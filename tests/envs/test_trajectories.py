@@ -108,7 +108,7 @@ def test_a_subset_is_the_dataset_of_those_episodes_with_their_own_statistics():
 def test_rewards_beyond_any_simulator_are_a_data_error_not_a_divergence():
     """Rewards of 1e30 (a corrupt file) are refused when the data is built, naming the rewards, rather than
     overflowing the returns-to-go on the first training step and being diagnosed as a learning rate."""
-    from envs.errors import DatasetError
+    from envs.sources import DatasetError
     from envs.trajectories import Trajectories
 
     n = 20
