@@ -15,7 +15,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from envs.registry import FAMILIES, EnvSpec, family_of
+from envs.registry import FAMILIES, family_of
 from envs.sources import DatasetError, DatasetNotFound, Request, register
 from envs.trajectories import Trajectories, split_on_ends
 from primal_dt.run import json_reader
@@ -119,27 +119,28 @@ def recorded_env(f, provenance: dict) -> tuple[str, str] | None:
           "~/.d4rl/datasets)", label="D4RL")
 def read_source(req: Request) -> Trajectories:
     spec = req.spec
-    if req.where:
-        return read_d4rl(req.where, spec.name, spec.gym_id, spec.max_episode_steps, req.verbose)
-    root = d4rl_dir()
-    ds = read_named(spec, lambda level: root / f"{spec.family}_{level.replace('-', '_')}-v2.hdf5", req.verbose)
+    ds = read_named(req, [d4rl_dir()], lambda level: f"{spec.family}_{level.replace('-', '_')}-v2.hdf5")
     if ds is None:
         pair = " (nor both its medium and expert files)" if spec.level == "medium-expert" else ""
-        raise DatasetNotFound(f"no {root / spec.d4rl_file}{pair}; put the D4RL file there ($D4RL_DATASET_DIR)")
+        raise DatasetNotFound(f"no {d4rl_dir() / spec.d4rl_file}{pair}; put the D4RL file there ($D4RL_DATASET_DIR)")
     return ds
 
 
-def read_named(spec: EnvSpec, path_of, verbose: bool = True) -> Trajectories | None:
-    """The file ``path_of(level)`` of ``spec``'s level (medium-expert: else its medium and expert files joined);
-    None when they are not there."""
-    paths = [path_of(spec.level)]
-    if not paths[0].exists():
-        paths = [path_of(lv) for lv in ("medium", "expert")] if spec.level == "medium-expert" else []
-        if not paths or not all(p.exists() for p in paths):
-            return None
-    sub = [read_d4rl(p, spec.name, spec.gym_id, spec.max_episode_steps, verbose) for p in paths]
-    return Trajectories.concat(sub, name=spec.name, gym_id=spec.gym_id, source="d4rl:" + "+".join(map(str, paths)),
-                               metadata=sub[0].metadata)
+def read_named(req: Request, dirs: list[Path], file_of) -> Trajectories | None:
+    """The D4RL-format file at ``req.where``, else the file ``file_of(level)`` of the name's level in the first of
+    ``dirs`` that has it (medium-expert: else its medium and expert files, joined); None when none has."""
+    spec = req.spec
+    if req.where:
+        return read_d4rl(req.where, spec.name, spec.gym_id, spec.max_episode_steps, req.verbose)
+    for d in dirs:
+        paths = [d / file_of(spec.level)]
+        if not paths[0].exists() and spec.level == "medium-expert":
+            paths = [d / file_of(level) for level in ("medium", "expert")]
+        if all(p.exists() for p in paths):
+            sub = [read_d4rl(p, spec.name, spec.gym_id, spec.max_episode_steps, req.verbose) for p in paths]
+            return Trajectories.concat(sub, name=spec.name, gym_id=spec.gym_id, metadata=sub[0].metadata,
+                                       source="d4rl:" + "+".join(map(str, paths)))
+    return None
 
 
 def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = None,

@@ -34,17 +34,11 @@ def replica_file(family: str, level: str) -> str:
           "$PRIMAL_DT_DATA_DIR or ~/.primal-dt/datasets, then the one bundled with the package)")
 def read_source(req: Request) -> Trajectories:
     spec = req.spec
-    if req.where:
-        ds = d4rl_io.read_d4rl(req.where, spec.name, spec.gym_id, spec.max_episode_steps, req.verbose)
-        ds.source = f"replica:{Path(req.where).expanduser()}"
-    else:
-        found = (d4rl_io.read_named(spec, lambda level: d / replica_file(spec.family, level), req.verbose)
-                 for d in replica_dirs())
-        ds = next((ds for ds in found if ds is not None), None)
-        if ds is None:
-            raise DatasetNotFound(f"no {replica_file(spec.family, spec.level)} in {', '.join(map(str, replica_dirs()))};"
-                                  f" generate one: python -m envs.collect env={spec.family} level={spec.level}")
-        ds.source = "replica:" + ds.source.partition(":")[2]
+    ds = d4rl_io.read_named(req, replica_dirs(), lambda level: replica_file(spec.family, level))
+    if ds is None:
+        raise DatasetNotFound(f"no {replica_file(spec.family, spec.level)} in {', '.join(map(str, replica_dirs()))}; "
+                              f"generate one: python -m envs.collect env={spec.family} level={spec.level}")
+    ds.source = "replica:" + ds.source.partition(":")[2]  # read as a D4RL-format file
     prov = ds.metadata or {}
     what = (f"policy step {prov.get('policy_step', '?')}, return {prov.get('policy_return', '?')}"
             if prov else "unknown provenance")
