@@ -25,7 +25,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from envs import behavior
@@ -138,28 +137,20 @@ def plot_evals(evals: list[dict], medium: dict, expert: dict, target: float, pat
 
 
 class SACPolicy:
-    """A SAC actor of ``behavior.save_checkpoint`` as a batched numpy policy whose noise the caller supplies:
-    action = tanh(mean + std * eps) rescaled to the box (stable-baselines3's MLP actor: ReLU layers, then
-    the mean and the log std clipped to [-20, 2])."""
+    """stable-baselines3's SAC policy with the weights of a ``behavior.save_checkpoint`` file (of the simulator
+    ``env``), as a batched numpy policy whose noise the caller supplies: tanh(mean + std * eps) in the box."""
 
-    def __init__(self, path: str | Path, action_space):
-        weights = behavior.load_checkpoint(path)["params"]["policy"]
-        hidden = sorted({int(k.split(".")[2]) for k in weights if k.startswith("actor.latent_pi.")})
-        self.layers = [(weights[f"actor.latent_pi.{i}.weight"], weights[f"actor.latent_pi.{i}.bias"]) for i in hidden]
-        self.mu = (weights["actor.mu.weight"], weights["actor.mu.bias"])
-        self.log_std = (weights["actor.log_std.weight"], weights["actor.log_std.bias"])
-        self.low, self.high = action_space.low.astype(np.float64), action_space.high.astype(np.float64)
+    def __init__(self, path: str | Path, env):
+        from stable_baselines3.sac.policies import SACPolicy as Policy
+
+        self.policy = Policy(env.observation_space, env.action_space, lambda _: 0.0)
+        self.policy.load_state_dict(behavior.load_checkpoint(path)["params"]["policy"])
 
     def __call__(self, obs: np.ndarray, eps: np.ndarray | None) -> np.ndarray:
         with torch.no_grad():
-            h = torch.as_tensor(obs, dtype=torch.float32)
-            for w, b in self.layers:
-                h = F.relu(F.linear(h, w, b))
-            u = F.linear(h, *self.mu).double().numpy()
-            if eps is not None:
-                u = u + np.exp(F.linear(h, *self.log_std).clamp(-20, 2).double().numpy()) * eps
-        a = np.tanh(u)
-        return self.low + 0.5 * (a + 1.0) * (self.high - self.low)
+            mean, log_std, _ = self.policy.actor.get_action_dist_params(torch.as_tensor(obs, dtype=torch.float32))
+        u = mean.double().numpy() + (0 if eps is None else np.exp(log_std.double().numpy()) * eps)
+        return self.policy.unscale_action(np.tanh(u))
 
 
 def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, bar=None) -> list[dict]:
@@ -176,14 +167,11 @@ def rollout_episodes(policy, make_env, seeds: list[int], act_dim: int, bar=None)
         actions = policy(np.stack([eps[i]["observations"][-1] for i in live]), noise)
         if bar is not None:
             bar.update(len(live))
-        still = []
         for i, a in zip(live, actions):
             obs, r, term, trunc, _ = envs[i].step(a)
             for k, v in zip(EPISODE, (obs, a, r, term, trunc)):
                 eps[i][k].append(v)
-            if not (term or trunc):
-                still.append(i)
-        live = still
+        live = [i for i in live if not (eps[i]["terminations"][-1] or eps[i]["truncations"][-1])]
     for env in envs:
         env.close()
     return [{**{k: np.asarray(ep[k], bool if k in EPISODE[3:] else np.float32) for k in EPISODE},
@@ -230,7 +218,7 @@ def collect_rollouts(ckpt: Path, gym_id: str, act_dim: int, steps: int, seed0: i
     bar = tqdm(total=steps, initial=min(done, steps), desc=desc or f"rollouts {gym_id}", unit="step", mininterval=2,
                disable=not progress)
     if done < steps:
-        policy = SACPolicy(ckpt, make_sim(gym_id).action_space)
+        policy = SACPolicy(ckpt, make_sim(gym_id))
         while done < steps:
             seeds = [seed0 + len(episodes) + i for i in range(num_envs)]
             new = rollout_episodes(policy, lambda: make_sim(gym_id), seeds, act_dim, bar=bar)

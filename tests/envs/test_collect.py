@@ -239,7 +239,7 @@ def test_the_saved_actor_acts_as_stable_baselines3s(sac_workdir):
     from envs.collect import SACPolicy
 
     wd, model = sac_workdir
-    policy = SACPolicy(wd / "sac_step0000300.pt", model.action_space)
+    policy = SACPolicy(wd / "sac_step0000300.pt", model)
     obs = np.random.default_rng(0).normal(size=(4, 11))
     eps = np.random.default_rng(1).normal(size=(4, 3))
     with torch.no_grad():
