@@ -74,14 +74,12 @@ def load_replay(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def read_evals(workdir: str | Path) -> list[dict]:
-    """``evals.json``'s entries, each checked; [] before any."""
+    """``evals.json``'s entries, each checked (the collector selects by step and return_mean: those are required,
+    the others checked when present); [] before any."""
     p = Path(workdir) / "evals.json"
-    if not p.exists():
-        return []
-    evals = json_reader.read(p)
+    evals = json_reader.read(p) if p.exists() else []
     fields = {"step": int, "return_mean": float, "return_std": float, "stoch_return_mean": float, "episodes": int}
-    required = ("step", "return_mean")  # what the collector selects by; the others are checked when present
-    if not isinstance(evals, list) or not all(_valid(e, fields, required) for e in evals):
+    if not isinstance(evals, list) or not all(_valid(e, fields, ("step", "return_mean")) for e in evals):
         raise ValueError(f"{p} is not the evaluations file envs.behavior writes (a list of "
                          f"{{{', '.join(fields)}}}, numbers); delete it to evaluate the checkpoints again")
     return evals

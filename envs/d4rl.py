@@ -5,6 +5,7 @@ file and the fix; files are only opened read-only, and written atomically (``che
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -106,12 +107,9 @@ def recorded_env(f, provenance: dict) -> tuple[str, str] | None:
             if hasattr(meta, "keys") and key in meta and hasattr(meta[key], "shape"):
                 places += [({key: meta[key]}, f"dataset metadata/{key}")]
         for attrs, where in places:
-            try:
-                text = _text(attrs.get(key)) if key in attrs else None
-            except (OSError, TypeError, ValueError):
-                text = None
-            if text:
-                return text, where
+            with contextlib.suppress(OSError, TypeError, ValueError):
+                if key in attrs and (text := _text(attrs.get(key))):
+                    return text, where
     return None
 
 
@@ -148,50 +146,47 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
     """Episodes of a D4RL-format file, split on terminals or timeouts. ``name``/``gym_id`` switch on the check
     that dimensions match that simulator; a file without ``timeouts`` (D4RL v0) is cut at its step limit."""
     path = Path(path).expanduser()
-    where = str(path)
     if not path.exists():
         raise DatasetNotFound(f"no D4RL file at {path}")
     if path.is_dir():
-        raise DatasetError(f"{where} is a directory, expected a D4RL .hdf5 file")
+        raise DatasetError(f"{path} is a directory, expected a D4RL .hdf5 file")
     try:
-        if not os.access(path, os.R_OK):
-            raise PermissionError(path)
         f = h5py.File(path, "r")
-    except PermissionError as exc:
-        raise DatasetError(f"{where} cannot be read: permission denied. Give this user read access "
-                           f"(chmod +r {path}) or copy the file somewhere readable") from exc
     except OSError as exc:
-        raise DatasetError(f"{where} is not a readable HDF5 file ({exc}). It is probably truncated by an interrupted "
+        if not os.access(path, os.R_OK):
+            raise DatasetError(f"{path} cannot be read: permission denied. Give this user read access "
+                               f"(chmod +r {path}) or copy the file somewhere readable") from exc
+        raise DatasetError(f"{path} is not a readable HDF5 file ({exc}). It is probably truncated by an interrupted "
                            "download or copy; delete it and download it again.") from exc
     with f:
         missing = [k for k in REQUIRED_KEYS if k not in f]
         if missing:
-            raise DatasetError(f"{where}: missing key(s) {missing}; a D4RL Gym-MuJoCo file has "
+            raise DatasetError(f"{path}: missing key(s) {missing}; a D4RL Gym-MuJoCo file has "
                                f"{list(REQUIRED_KEYS) + ['timeouts']} (found {sorted(f.keys())})")
         keys = REQUIRED_KEYS + (("timeouts",) if "timeouts" in f else ())
         check_declared_sizes([f[k] for k in keys if hasattr(f[k], "shape")], path)
-        data = {k: _read_array(f, k, where) for k in keys}
-        provenance = parse_provenance(f.attrs.get(PROVENANCE_ATTR, "{}"), f"{where} attribute {PROVENANCE_ATTR}")
+        data = {k: _read_array(f, k, path) for k in keys}
+        provenance = parse_provenance(f.attrs.get(PROVENANCE_ATTR, "{}"), f"{path} attribute {PROVENANCE_ATTR}")
         recorded = recorded_env(f, provenance)
     n = len(data["rewards"])
     lens = {k: len(v) for k, v in data.items()}
     if len(set(lens.values())) != 1:
-        raise DatasetError(f"{where}: arrays differ in length {lens}; the file was truncated while being written. "
+        raise DatasetError(f"{path}: arrays differ in length {lens}; the file was truncated while being written. "
                            "Delete it and download or regenerate it.")
     if n == 0:
-        raise DatasetError(f"{where}: the dataset is empty (0 steps)")
+        raise DatasetError(f"{path}: the dataset is empty (0 steps)")
     if "timeouts" not in data:
-        data["timeouts"] = _cut_at_limit(data["terminals"], where, gym_id, max_episode_steps, verbose)
+        data["timeouts"] = _cut_at_limit(data["terminals"], path, gym_id, max_episode_steps, verbose)
     if recorded is not None and gym_id:
         env_id, found = recorded
         if family_of(env_id) != family_of(gym_id):
             raise DatasetError(
-                f"{where} records environment {env_id!r} ({found}), but {name or gym_id} is data of {gym_id}: the file "
+                f"{path} records environment {env_id!r} ({found}), but {name or gym_id} is data of {gym_id}: the file "
                 "belongs to another environment, and training on it would be silently wrong even where the dimensions "
                 "agree. Put it under its own name, or pick the dataset name that matches it.")
         if found.startswith(f"attribute {PROVENANCE_ATTR}"):
             gym_id = env_id  # a file made by envs.collect says which simulator version it used
-    starts, lengths, terminal, keep = split_on_ends(data["terminals"], data["timeouts"], where, max_episode_steps,
+    starts, lengths, terminal, keep = split_on_ends(data["terminals"], data["timeouts"], path, max_episode_steps,
                                                     name or gym_id or "the task")
     return Trajectories(data["observations"][:keep], data["actions"][:keep], data["rewards"][:keep], starts, lengths,
                         terminal, name=name, gym_id=gym_id, source=f"d4rl:{path}", metadata=provenance)

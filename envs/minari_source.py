@@ -98,31 +98,25 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
                                "matching name.")
     if not hasattr(ds.observation_space, "shape") or ds.observation_space.shape is None:
         raise DatasetError(f"{where}: observations of type {ds.observation_space} are not flat arrays")
-    episodes, unfinished, seen, last = [], [], 0, None
     try:
-        for ep in ds.iterate_episodes():
-            seen, last = seen + 1, ep.id
-            term, trunc = np.asarray(ep.terminations), np.asarray(ep.truncations)
-            if len(term) > limit:
-                raise DatasetError(f"{where}: episode {ep.id} is {len(term)} steps long, more than "
-                                   f"{recorded or gym_id}'s limit of {limit} steps per episode, so its end flags "
-                                   "cannot be right (episodes joined?). Regenerate or re-download it")
-            if len(term) == 0 or not (term[-1] or trunc[-1]):
-                unfinished.append(ep.id)
-                continue
-            episodes.append({"observations": np.asarray(ep.observations)[: len(term)],
-                             "actions": np.asarray(ep.actions), "rewards": np.asarray(ep.rewards),
-                             "terminal": bool(term[-1])})
-    except DatasetError:
-        raise
+        raw = list(ds.iterate_episodes())
     except (OSError, KeyError, ValueError) as exc:
         raise DatasetError(f"{where}: episodes cannot be read ({exc}); the files are corrupt") from exc
-    lost = [i for i in unfinished if i != last]
+    for ep in raw:
+        if len(ep.rewards) > limit:
+            raise DatasetError(f"{where}: episode {ep.id} is {len(ep.rewards)} steps long, more than "
+                               f"{recorded or gym_id}'s limit of {limit} steps per episode, so its end flags "
+                               "cannot be right (episodes joined?). Regenerate or re-download it")
+    ended = [len(ep.rewards) > 0 and bool(ep.terminations[-1] or ep.truncations[-1]) for ep in raw]
+    lost = [ep.id for ep, end in zip(raw[:-1], ended) if not end]
     if lost:
         ids = ", ".join(map(str, lost[:5])) + (", ..." if len(lost) > 5 else "")
-        raise DatasetError(f"{where}: {len(lost)} of its {seen} episodes (ids {ids}) end with neither a "
+        raise DatasetError(f"{where}: {len(lost)} of its {len(raw)} episodes (ids {ids}) end with neither a "
                            "termination nor a truncation; only the last may be unfinished, so their episode ends were "
                            "lost (flags zeroed?). Regenerate or re-download it")
+    episodes = [{"observations": np.asarray(ep.observations)[: len(ep.rewards)], "actions": np.asarray(ep.actions),
+                 "rewards": np.asarray(ep.rewards), "terminal": bool(ep.terminations[-1])}
+                for ep, end in zip(raw, ended) if end]
     if not episodes:
         raise DatasetError(f"{where}: holds no complete episode ({ds.total_episodes} episodes, "
                            f"{ds.total_steps} steps)")
