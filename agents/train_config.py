@@ -331,6 +331,6 @@ def check(cfg: TrainConfig) -> None:
                f"batch_size={cfg.batch_size}, K={cfg.K}, model.d_model={m.d_model} and model.n_layers={layers}",
                "activation values in one training step")
     try:
-        sources.check(cfg.data_source)
+        sources.parse(cfg.data_source)
     except ValueError as err:
         raise ValueError(f"data_source: {err}") from err

@@ -87,11 +87,10 @@ def read_evals(workdir: str | Path) -> list[dict]:
 
 def read_meta(workdir: str | Path) -> dict | None:
     """``meta.json``, checked; None before a trainer wrote one."""
-    p = Path(workdir) / "meta.json"
+    p, fields = Path(workdir) / "meta.json", {"env_id": str, "seed": int, "total_steps": int}
     if not p.exists():
         return None
     meta = json_reader.read(p)
-    fields = {"env_id": str, "seed": int, "total_steps": int}
     if not _valid(meta, fields, tuple(fields)):
         raise ValueError(f"{p} is not the work file envs.behavior writes ({{{', '.join(fields)}}}); the "
                          "directory is damaged: use another work directory")

@@ -7,6 +7,7 @@ The recorded simulator must be the name's, so a walker2d dataset filed under hop
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -70,11 +71,9 @@ def read_source(req: Request) -> Trajectories:
 
 def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = None,
                 max_episode_steps: int = 1000) -> Trajectories:
-    """Episodes of a local Minari dataset; ``gym_id`` is the simulator it must come from.
-
-    Episode ends cannot vanish: the episode groups must be as many as the metadata counts, only the last
-    episode may lack an end flag (a collection stopped mid-episode), and none may be longer than the
-    simulator's step limit (the one the dataset records, else ``max_episode_steps``)."""
+    """Episodes of a local Minari dataset; ``gym_id`` is the simulator it must come from. Episode ends cannot
+    vanish: only the last episode may lack an end flag (a collection stopped mid-episode), and none may be longer
+    than the simulator's step limit (the one the dataset records, else ``max_episode_steps``)."""
     where = f"Minari dataset {dataset_id} at {minari_root() / dataset_id}"
     if not has_local(dataset_id):
         raise DatasetNotFound(f"no local Minari dataset {dataset_id} under {minari_root()}")
@@ -169,16 +168,10 @@ def _reachable(host: str, port: int, timeout: float) -> str | None:
 def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
     """Download with minari, after a reachability probe: an offline machine gets a clear error in seconds,
     not a hang."""
-    remote = os.environ.get("MINARI_REMOTE", "hf://farama-minari")
-    if remote.startswith("hf://"):
-        try:
-            import huggingface_hub  # noqa: F401
-        except ImportError as exc:
-            raise DatasetNotFound(f"downloading {dataset_id} needs huggingface_hub: pip install 'minari[hf]'") from exc
-        endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
-    else:
-        endpoint = "https://storage.googleapis.com"
-    url = urlparse(endpoint)
+    hf = os.environ.get("MINARI_REMOTE", "hf://farama-minari").startswith("hf://")
+    if hf and importlib.util.find_spec("huggingface_hub") is None:
+        raise DatasetNotFound(f"downloading {dataset_id} needs huggingface_hub: pip install 'minari[hf]'")
+    url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co") if hf else "https://storage.googleapis.com")
     port = url.port or (443 if url.scheme == "https" else 80)
     reason = _reachable(url.hostname or "", port, timeout)
     if reason is not None:
@@ -233,13 +226,11 @@ def write_minari(dataset_id: str, episodes: list[dict], env_id: str, *, metadata
             dst.parent.mkdir(parents=True, exist_ok=True)
             if src.exists() and not dst.exists():
                 shutil.copy2(src, dst)
-        old = None
+        old = final.with_name(f".old-{os.getpid()}-{final.name}")
         if final.exists():
-            old = final.with_name(f".old-{os.getpid()}-{final.name}")
             os.replace(final, old)
         os.replace(tmp_root / dataset_id, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
     finally:
         env.close()
         shutil.rmtree(tmp_root, ignore_errors=True)

@@ -104,9 +104,8 @@ def _minari_spec(dataset_id: str) -> EnvSpec:
     supported = {f"{f.sim}-v{v}": name for name, f in FAMILIES.items() for v in (4, 5)}
     if sim not in supported:
         what = f"was recorded in {sim}" if recorded else "names no simulator family here (and is not local)"
-        raise KeyError(f"Minari dataset {dataset_id!r} {what}; the supported simulators are "
-                       f"{', '.join(supported)}")
-    f, v4 = FAMILIES[fam], sim.endswith("-v4")
+        raise KeyError(f"Minari dataset {dataset_id!r} {what}; the supported simulators are {', '.join(supported)}")
+    f = FAMILIES[fam]
     try:
         ref_min, ref_max = float(meta["ref_min_score"]), float(meta["ref_max_score"])
         ref_source = f"the Minari dataset's metadata (ref_min_score, ref_max_score in {path})"
@@ -115,7 +114,7 @@ def _minari_spec(dataset_id: str) -> EnvSpec:
     if not ref_max > ref_min:
         ref_min, ref_max, ref_source = f.ref_min, f.ref_max, (
             f"{D4RL_REFERENCE}: {dataset_id} is not local or its metadata records no ref_min_score / ref_max_score")
-    obs = f.obs_dim if v4 else f.minari_obs_dim
+    obs = f.obs_dim if sim.endswith("-v4") else f.minari_obs_dim
     return EnvSpec(name=dataset_id, family=fam, level=MINARI_ID.fullmatch(dataset_id)["name"], gym_id=sim,
                    obs_dim=obs, act_dim=f.act_dim, ref_min=ref_min, ref_max=ref_max, targets=f.targets,
                    max_episode_steps=limit, minari_gym_id=sim, minari_obs_dim=obs, minari_ids=(dataset_id,),

@@ -77,7 +77,7 @@ def help_text() -> str:
 
 def parse(source: str) -> tuple[Source | None, str]:
     """(the source, the location after its prefix) ``data_source`` names; (None, '') for auto. A ValueError
-    naming the accepted forms otherwise (``check``)."""
+    naming the accepted forms otherwise."""
     prefix, _, where = str(source).strip().partition(":")
     if prefix == "auto" and not where:
         return None, ""
@@ -87,9 +87,6 @@ def parse(source: str) -> tuple[Source | None, str]:
         raise ValueError(f"data source {source!r} is not one of auto, {', '.join(available())} (each also as "
                          f"NAME:WHERE).{hint} Accepted: {help_text()}")
     return _REGISTRY[prefix], where
-
-
-check = parse
 
 
 def label(source: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -92,20 +93,17 @@ class Trajectories:
         obs64 = self.observations.astype(np.float64)
         self.state_mean = obs64.mean(0).astype(np.float32)
         self.state_std = (obs64.std(0) + 1e-6).astype(np.float32)
-        self._fingerprint = None
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
         """``sha256:<hex>`` of exactly what a model trains on, whatever file it came from: a checkpoint records
         it, so a run resumed on data that changed under the same path is refused."""
-        if self._fingerprint is None:
-            h = hashlib.sha256()
-            for name in ("observations", "actions", "rewards", "lengths", "terminal"):
-                a = np.ascontiguousarray(getattr(self, name))
-                h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
-                h.update(a.data)
-            self._fingerprint = f"sha256:{h.hexdigest()}"
-        return self._fingerprint
+        h = hashlib.sha256()
+        for name in ("observations", "actions", "rewards", "lengths", "terminal"):
+            a = np.ascontiguousarray(getattr(self, name))
+            h.update(f"{name}:{a.dtype.str}:{a.shape};".encode())
+            h.update(a.data)
+        return f"sha256:{h.hexdigest()}"
 
     def hold_out(self, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """(training episodes, held-out episodes): sorted, disjoint indices. ``round(fraction * E)`` episodes (at
@@ -136,7 +134,7 @@ class Trajectories:
         outside = int(((self.actions < low) | (self.actions > high)).sum())
         if outside:
             np.clip(self.actions, low, high, out=self.actions)
-            self._fingerprint = None
+            self.__dict__.pop("fingerprint", None)  # computed again from the clipped actions
         return outside
 
     @property
