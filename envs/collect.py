@@ -95,23 +95,24 @@ def _score(e: dict) -> float:
     return float(e.get("stoch_return_mean", e["return_mean"]))
 
 
-def select_checkpoints(evals: list[dict], ref_max: float, medium_fraction: float = 1 / 3,
-                       medium_return: float | None = None, tolerance: float = 0.1,
-                       medium_step: int | None = None, expert_step: int | None = None):
+def medium_target(cfg: CollectConfig) -> float:
+    return cfg.medium_return if cfg.medium_return is not None else cfg.medium_fraction * FAMILIES[cfg.env].ref_max
+
+
+def select_checkpoints(evals: list[dict], cfg: CollectConfig):
     """(medium eval entry, expert eval entry) from ``evals.json`` entries (the module's step 2): the earliest
     medium checkpoint also keeps the medium-replay buffer as D4RL defined it."""
     if not evals:
         raise ValueError("no evaluated checkpoints yet (evals.json is empty); train first")
     by_step = {e["step"]: e for e in evals}
-    for s in (medium_step, expert_step):
+    for s in (cfg.medium_step, cfg.expert_step):
         if s is not None and s not in by_step:
             raise ValueError(f"no checkpoint at step {s}; have {sorted(by_step)}")
-    expert = by_step[expert_step] if expert_step is not None else max(evals, key=_score)
-    if medium_step is not None:
-        return by_step[medium_step], expert
-    target = medium_return if medium_return is not None else medium_fraction * ref_max
-    ordered = sorted(evals, key=lambda e: e["step"])
-    inside = [e for e in ordered if abs(_score(e) - target) <= tolerance * abs(target)]
+    expert = by_step[cfg.expert_step] if cfg.expert_step is not None else max(evals, key=_score)
+    if cfg.medium_step is not None:
+        return by_step[cfg.medium_step], expert
+    target, ordered = medium_target(cfg), sorted(evals, key=lambda e: e["step"])
+    inside = [e for e in ordered if abs(_score(e) - target) <= cfg.medium_tolerance * abs(target)]
     medium = inside[0] if inside else min(ordered, key=lambda e: abs(_score(e) - target))
     return medium, expert
 
@@ -318,9 +319,8 @@ def run(cfg: CollectConfig) -> dict:
         print(f"[collect] using the checkpoints in {workdir} (newest: step {have})", flush=True)
     ckpts = dict(behavior.list_checkpoints(workdir))
     evals = [e for e in behavior.read_evals(workdir) if e["step"] in ckpts]
-    medium, expert = select_checkpoints(evals, spec.ref_max, cfg.medium_fraction, cfg.medium_return,
-                                        cfg.medium_tolerance, cfg.medium_step, cfg.expert_step)
-    target = cfg.medium_return if cfg.medium_return is not None else cfg.medium_fraction * spec.ref_max
+    medium, expert = select_checkpoints(evals, cfg)
+    target = medium_target(cfg)
     print(f"[collect] medium policy: step {medium['step']} (stochastic return {_score(medium):.1f}, "
           f"target {target:.0f}); expert policy: step {expert['step']} ({_score(expert):.1f})", flush=True)
 

@@ -34,18 +34,18 @@ def test_select_checkpoints_by_hand():
              {"step": 30, "return_mean": 1100, "stoch_return_mean": 1080},  # closer, but later
              {"step": 40, "return_mean": 3000, "stoch_return_mean": 2900},
              {"step": 50, "return_mean": 2500, "stoch_return_mean": 2400}]
-    med, exp = select_checkpoints(evals, ref_max=3234.3, tolerance=0.25)
+    med, exp = select_checkpoints(evals, CollectConfig(medium_tolerance=0.25))  # hopper: 1/3 of 3234.3
     assert (med["step"], exp["step"]) == (20, 40)
-    med, _ = select_checkpoints(evals, ref_max=3234.3)  # +-10%: 950 is out, 1080 in
+    med, _ = select_checkpoints(evals, CollectConfig())  # +-10%: 950 is out, 1080 in
     assert med["step"] == 30
-    med, _ = select_checkpoints(evals, ref_max=3234.3, tolerance=0.001)
+    med, _ = select_checkpoints(evals, CollectConfig(medium_tolerance=0.001))
     assert med["step"] == 30  # nobody in the band: the closest
-    med, _ = select_checkpoints(evals, ref_max=3234.3, medium_return=2450, tolerance=0.25)
+    med, _ = select_checkpoints(evals, CollectConfig(medium_return=2450, medium_tolerance=0.25))
     assert med["step"] == 40  # 2400 and 2900 are both within 25% of 2450; the earliest wins
-    med, exp = select_checkpoints(evals, ref_max=3234.3, medium_step=10, expert_step=50)
+    med, exp = select_checkpoints(evals, CollectConfig(medium_step=10, expert_step=50))
     assert (med["step"], exp["step"]) == (10, 50)
     with pytest.raises(ValueError, match="no checkpoint at step 15"):
-        select_checkpoints(evals, 3234.3, medium_step=15)
+        select_checkpoints(evals, CollectConfig(medium_step=15))
 
 
 def _noisy_zero_policy(obs, eps):
