@@ -160,9 +160,8 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
 
-    env = make_sim(cfg.env_id)
     ckpts = list_checkpoints(workdir)
-    model = SAC("MlpPolicy", env, buffer_size=cfg.total_steps, seed=cfg.seed, device="cpu", verbose=0)
+    model = SAC("MlpPolicy", make_sim(cfg.env_id), buffer_size=cfg.total_steps, seed=cfg.seed, device="cpu", verbose=0)
     step0 = 0
     if ckpts:
         step0, path = ckpts[-1]
@@ -198,9 +197,8 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
                     print(f"[behavior] step {t}: return {det.mean():.1f} +- {det.std():.1f}", flush=True)
             return True
 
-    remaining = cfg.total_steps - step0
-    if remaining > 0:
-        model.learn(remaining, callback=_Ckpt(), reset_num_timesteps=step0 == 0)
+    if cfg.total_steps > step0:
+        model.learn(cfg.total_steps - step0, callback=_Ckpt(), reset_num_timesteps=step0 == 0)
     bar.close()
     return workdir
 

@@ -310,8 +310,8 @@ def run(cfg: CollectConfig) -> dict:
         if who is not None:
             fail(f"{workdir} is being trained by {who}; run again when it is done, or pass train=false to use "
                  f"its {have}-step checkpoints now")
-        print(f"[collect] training SAC on {gym_id} in {workdir} up to {cfg.train_steps} steps "
-              f"(have {have})", flush=True)
+        print(f"[collect] training SAC on {gym_id} in {workdir} up to {cfg.train_steps} steps (have {have})",
+              flush=True)
         behavior.train_behavior(workdir, behavior.BehaviorConfig(
             env_id=gym_id, total_steps=cfg.train_steps, checkpoint_every=cfg.checkpoint_every,
             seed=cfg.seed, threads=cfg.threads), progress=cfg.progress)
@@ -323,7 +323,6 @@ def run(cfg: CollectConfig) -> dict:
     target = medium_target(cfg)
     print(f"[collect] medium policy: step {medium['step']} (stochastic return {_score(medium):.1f}, "
           f"target {target:.0f}); expert policy: step {expert['step']} ({_score(expert):.1f})", flush=True)
-
     print(f"[collect] checkpoint returns drawn in {plot_evals(evals, medium, expert, target, workdir / 'evals.png')}",
           flush=True)
 
@@ -355,9 +354,8 @@ def run(cfg: CollectConfig) -> dict:
             versions[package] = md.version(package)
     main_part = next(iter(policies.values()))  # the medium policy where there is one (it comes first)
     provenance = {
-        "collector": "envs.collect", "name": spec.name, "level": cfg.level, "gym_id": gym_id,
-        "not_published_data": True, "policies": policies,
-        "policy_step": main_part["step"], "policy_return": main_part["return_stochastic"],
+        "collector": "envs.collect", "name": spec.name, "level": cfg.level, "gym_id": gym_id, "policies": policies,
+        "not_published_data": True, "policy_step": main_part["step"], "policy_return": main_part["return_stochastic"],
         "steps": int(sum(len(ep["rewards"]) for ep in episodes)), "episodes": len(episodes),
         "dataset_return_mean": round(float(returns.mean()), 2), "dataset_return_std": round(float(returns.std()), 2),
         "train_seed": train_meta.get("seed", cfg.seed), "train_steps_available": max(ckpts),

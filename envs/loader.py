@@ -31,7 +31,8 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
             continue
         ds.name = spec.name
         return _report(ds, spec, verbose, notes, clip_actions)
-    raise sources.DatasetNotFound(f"no dataset for {spec.name} (data_source={source!r}). Looked at:\n  - " + "\n  - ".join(notes))
+    raise sources.DatasetNotFound(f"no dataset for {spec.name} (data_source={source!r}). Looked at:\n  - "
+                                  + "\n  - ".join(notes))
 
 
 def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: bool = True) -> None:

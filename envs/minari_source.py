@@ -117,8 +117,7 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
                  "rewards": np.asarray(ep.rewards), "terminal": bool(ep.terminations[-1])}
                 for ep, end in zip(raw, ended) if end]
     if not episodes:
-        raise DatasetError(f"{where}: holds no complete episode ({ds.total_episodes} episodes, "
-                           f"{ds.total_steps} steps)")
+        raise DatasetError(f"{where}: holds no complete episode ({ds.total_episodes} episodes, {ds.total_steps} steps)")
     meta = {k: v for k, v in ds.storage.metadata.items() if isinstance(v, (str, int, float, list, dict))}
     meta.update(parse_provenance(meta.pop("primal_dt", "{}"), f"{where} metadata primal_dt"))
     return Trajectories.from_episodes(episodes, name=name, gym_id=recorded or gym_id,
@@ -183,8 +182,7 @@ def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
     try:
         minari.download_dataset(dataset_id)
     except Exception as exc:
-        raise DatasetNotFound(f"download of Minari dataset {dataset_id} failed: "
-                              f"{type(exc).__name__}: {exc}") from exc
+        raise DatasetNotFound(f"download of Minari dataset {dataset_id} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def write_minari(dataset_id: str, episodes: list[dict], env_id: str, *, metadata: dict | None = None,
