@@ -3,11 +3,10 @@
     python -m envs.collect env=hopper level=medium steps=1000000
 
 1. Train (or resume, or reuse) a SAC behaviour policy (``envs.behavior``).
-2. Expert: the best checkpoint. Medium: the earliest whose stochastic return is within
-   ``medium_tolerance`` of ``medium_fraction`` x the D4RL expert score, else the closest.
-3. medium / expert: stochastic episodes of that policy, one seeded noise stream per episode, so an
-   interrupted run resumes from its shards with the same result. medium-replay: the SAC replay buffer
-   up to the medium checkpoint.
+2. Expert: the best checkpoint. Medium: the earliest whose stochastic return is within ``medium_tolerance`` of
+   ``medium_fraction`` x the D4RL expert score, else the closest.
+3. medium / expert: stochastic episodes of that policy, one seeded noise stream per episode, so an interrupted
+   run resumes from its shards with the same result. medium-replay: the SAC replay buffer up to the medium one.
 4. Write a D4RL-layout file and a Minari dataset (``primal-dt/<env>/<level>-v0``), with their provenance.
 """
 
