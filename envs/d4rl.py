@@ -168,12 +168,11 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         data = {k: _read_array(f, k, path) for k in keys}
         provenance = parse_provenance(f.attrs.get(PROVENANCE_ATTR, "{}"), f"{path} attribute {PROVENANCE_ATTR}")
         recorded = recorded_env(f, provenance)
-    n = len(data["rewards"])
     lens = {k: len(v) for k, v in data.items()}
     if len(set(lens.values())) != 1:
         raise DatasetError(f"{path}: arrays differ in length {lens}; the file was truncated while being written. "
                            "Delete it and download or regenerate it.")
-    if n == 0:
+    if lens["rewards"] == 0:
         raise DatasetError(f"{path}: the dataset is empty (0 steps)")
     if "timeouts" not in data:
         data["timeouts"] = _cut_at_limit(data["terminals"], path, gym_id, max_episode_steps, verbose)

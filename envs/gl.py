@@ -20,9 +20,8 @@ INSTALL = {"egl": "EGL (an NVIDIA driver, or Mesa's: libegl1 libegl-mesa0 libgl1
 
 
 def check_mujoco_gl() -> None:
-    """Import MuJoCo under the current ``MUJOCO_GL``; a ``ValueError`` (one line: the value, the valid
-    ones, what to do) when that value stops the import. With MUJOCO_GL unset a failure is not about
-    rendering and is raised as it is."""
+    """Import MuJoCo under the current ``MUJOCO_GL``; a one-line ``ValueError`` when that value stops the import
+    (with MUJOCO_GL unset a failure is not about rendering and is raised as it is)."""
     if "mujoco" in sys.modules:
         return
     value = os.environ.get("MUJOCO_GL", "")

@@ -40,14 +40,12 @@ def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: 
     another task's): the simulator clips them and the model's tanh head cannot produce them."""
     low, high = spec.act_low, spec.act_high
     outside = (ds.actions < low) | (ds.actions > high)
-    n = int(outside.sum())
-    if n == 0:
+    if not (n := int(outside.sum())):
         return
-    sim = ds.gym_id or spec.gym_id
-    rows = int(outside.any(axis=1).sum())
-    values = ds.actions[outside]
-    what = (f"{n:,} of {ds.actions.size:,} action values ({rows:,} of {ds.num_steps:,} steps) lie outside {sim}'s "
-            f"action space [{low:g}, {high:g}]; they range over [{values.min():.4g}, {values.max():.4g}]")
+    rows, values = int(outside.any(axis=1).sum()), ds.actions[outside]
+    what = (f"{n:,} of {ds.actions.size:,} action values ({rows:,} of {ds.num_steps:,} steps) lie outside "
+            f"{ds.gym_id or spec.gym_id}'s action space [{low:g}, {high:g}]; they range over "
+            f"[{values.min():.4g}, {values.max():.4g}]")
     if not clip:
         raise sources.DatasetError(
             f"{ds.source}: {what}. The simulator clips actions to its box and the model's tanh head cannot produce "

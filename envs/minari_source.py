@@ -57,13 +57,12 @@ def read_source(req: Request) -> Trajectories:
     if not ids:
         raise DatasetNotFound(f"Minari publishes no {spec.level} dataset for {spec.family} (only medium, expert and "
                               "their union)")
-    for i in ids:
-        if not has_local(i):
-            if not req.download:
-                raise DatasetNotFound(f"no local {i} under {minari_root()}; `minari download {i}` on a connected "
-                                      f"machine and copy it there ($MINARI_DATASETS_PATH), or allow the download "
-                                      "(unset PRIMAL_DT_OFFLINE)")
-            download_minari(i)
+    for i in (i for i in ids if not has_local(i)):
+        if not req.download:
+            raise DatasetNotFound(f"no local {i} under {minari_root()}; `minari download {i}` on a connected "
+                                  f"machine and copy it there ($MINARI_DATASETS_PATH), or allow the download "
+                                  "(unset PRIMAL_DT_OFFLINE)")
+        download_minari(i)
     # the family must match; dims are checked against the simulator the dataset records
     sub = [read_minari(i, spec.name, spec.minari_gym_id, spec.max_episode_steps) for i in ids]
     return Trajectories.concat(sub, name=spec.name, gym_id=sub[0].gym_id, source="minari:" + "+".join(ids))

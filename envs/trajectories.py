@@ -44,9 +44,8 @@ class Trajectories:
         self.observations = np.ascontiguousarray(self.observations, dtype=np.float32)
         self.actions = np.ascontiguousarray(self.actions, dtype=np.float32)
         self.rewards = np.ascontiguousarray(self.rewards, dtype=np.float32).reshape(-1)
-        self.starts = np.asarray(self.starts, dtype=np.int64).reshape(-1)
-        self.lengths = np.asarray(self.lengths, dtype=np.int64).reshape(-1)
-        self.terminal = np.asarray(self.terminal, dtype=bool).reshape(-1)
+        for key, dtype in (("starts", np.int64), ("lengths", np.int64), ("terminal", bool)):
+            setattr(self, key, np.asarray(getattr(self, key), dtype=dtype).reshape(-1))
         n = len(self.rewards)
         if n == 0 or len(self.lengths) == 0:
             raise DatasetError(f"{where}: the dataset holds no complete episode (0 steps usable)")
