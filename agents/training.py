@@ -27,7 +27,7 @@ import yaml
 
 import envs
 from primal_dt.run import checkpoint as ck_io
-from primal_dt.run import distributed, errors, lock, outputs, presets, runtime
+from primal_dt.run import distributed, errors, json_reader, lock, outputs, presets, runtime
 from agents import train_config
 from primal_dt.run.monitor import EpisodeBar, RunMonitor, run_dir
 from primal_dt.run.distributed import Dist
@@ -37,8 +37,6 @@ from agents.train_config import Built, TrainConfig, model_label
 from . import dt_checkpoint, stream_training, train_step as steps
 from .decision_transformer import Batch, DecisionTransformer, DTConfig, trailing_padding
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
-from .summary import SCORES, check_summary
-from .training_validation import Validation
 
 
 class Diverged(RuntimeError):
@@ -420,6 +418,51 @@ def evaluate(run: Run, mon: RunMonitor, evaluator: Evaluator, final: bool = Fals
     return res
 
 
+MAX_SEGMENTS, CHUNK = 2048, 256
+"""held-out segments per validation at most (a forward pass over them costs a few training steps), per pass"""
+_SAMPLE_STREAM = 0x7661  # keys the fixed sample's generator apart from the split's and the sampler's
+
+
+class Validation:
+    """Validation without a simulator: the masked action MSE on whole episodes the model never trains on,
+    cheap and deterministic where a rollout is slow and noisy; it tells over-fitting from under-fitting.
+    The segments are fixed once per run (every K-step segment starting in a held-out episode, or a seeded
+    sample of ``MAX_SEGMENTS``), so the curve moves only when the model does. ``exact_from`` and
+    ``from_start``: the steps counted and the segments, as stream-exact runs train."""
+
+    def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
+                 device: torch.device, exact_from: int | None = None, from_start: bool = False):
+        sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None,
+                                      stats=(info.state_mean, info.state_std))
+        first = held_out.starts if from_start else np.arange(held_out.num_steps)
+        if len(first) > MAX_SEGMENTS:
+            rng = np.random.default_rng((int(seed), _SAMPLE_STREAM))
+            first = np.sort(rng.choice(len(first), MAX_SEGMENTS, replace=False))
+        batch = sampler.segments(first)
+        if exact_from is not None:
+            batch = stream_training.stream_exact_batch(batch, exact_from)
+        self.batch = batch.to(device)
+        self.episodes, self.segments = len(held_out), len(first)
+        self.counted = int(batch.counted.sum()) * held_out.actions.shape[1]
+        """action values the mean runs over"""
+
+    def action_mse(self, model: torch.nn.Module) -> float:
+        """One mean over every counted action value (not a mean of chunk means); no random stream moved."""
+        was_training = model.training
+        model.eval()
+        sse = torch.zeros((), dtype=torch.float64, device=self.batch.mask.device)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                for i in range(0, self.segments, CHUNK):
+                    b = Batch(*(None if v is None else v[i:i + CHUNK] for v in self.batch))
+                    pred, _ = model(b)
+                    m = b.counted.unsqueeze(-1).to(pred.dtype)
+                    sse += ((pred - b.actions) ** 2 * m).sum(dtype=torch.float64)
+        finally:
+            model.train(was_training)
+        return float(sse) / max(self.counted, 1)
+
+
 VAL_TAG = "val/action_mse"
 
 
@@ -620,6 +663,70 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
         mon.print(f"summary: {path}")
     mon.close()
     return summary
+
+
+SUMMARY_FIELDS = {"env": str, "model": str, "seed": int, "steps": int}
+"""the fields every summary names; ``final`` and ``validation`` are each an object or null"""
+SCORES = ("normalized_mean", "normalized_std", "return_mean", "return_std", "length_mean")
+"""each target's final scores (NaN or inf when a rollout went wrong)"""
+
+
+def _kind(value) -> str:
+    return "null" if value is None else {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(
+        type(value), f"a {type(value).__name__}")
+
+
+def _finite(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def check_summary(summary, where: str) -> dict:
+    """``summary``, or a ValueError saying which field of ``where`` is wrong (scores may be NaN or inf)."""
+    def bad(field: str, want: str, got) -> ValueError:
+        shown = "" if got is None else f" ({json.dumps(got)[:60]})"
+        return ValueError(f"{where}: {field} must be {want}, got {_kind(got)}{shown}")
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not isinstance(summary, dict):
+        raise bad("the file", "a JSON object (a run's summary)", summary)
+    for key, kind in SUMMARY_FIELDS.items():
+        if key not in summary:
+            raise ValueError(f"{where}: no {key!r}; this is not a summary that training wrote")
+        if not isinstance(summary[key], kind) or isinstance(summary[key], bool) or summary[key] == "":
+            raise bad(key, "an integer" if kind is int else "a non-empty string", summary[key])
+    if summary["steps"] < 0 or summary["seed"] < 0:
+        raise ValueError(f"{where}: steps and seed must be >= 0, got {summary['steps']} and {summary['seed']}")
+    final = summary.get("final")
+    if final is not None:
+        if not isinstance(final, dict):
+            raise bad("final", "an object of target -> scores, or null", final)
+        for tag, scores in final.items():
+            if not (tag.startswith("target") and _finite(tag[len("target"):])):
+                raise ValueError(f"{where}: final: {tag!r} is not a target (target<return>, e.g. target3600)")
+            if not isinstance(scores, dict):
+                raise bad(f"final.{tag}", "an object of scores", scores)
+            if "normalized_mean" not in scores:
+                raise ValueError(f"{where}: final.{tag} has no 'normalized_mean'")
+            for k in SCORES:
+                if k in scores and not number(scores[k]):
+                    raise bad(f"final.{tag}.{k}", "a number", scores[k])
+    val = summary.get("validation")
+    if val is not None and not (isinstance(val, dict) and number(val.get("action_mse"))):
+        raise bad("validation", "an object with a number action_mse, or null", val)
+    return summary
+
+
+def read_summary(path) -> dict:
+    """``summary.json`` as ``eval.report`` reads it: one error naming the field, not a KeyError in a table."""
+    try:
+        return check_summary(json_reader.read(path, nonfinite=True), str(path))  # check_summary flags NaN
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read: {errors.why(err)}") from err
 
 
 # -- how long the run takes: measured on this run, never assumed ------------------------------------------
