@@ -4,7 +4,7 @@ Top to bottom: ``DTConfig`` (the model options plus the data's dimensions and th
 ``TokenLayout`` (the tokens one step contributes, from which every token count derives; ``dt``:
 (R_t, s_t, a_t), ``bc``: (s_t, a_t)); the model (``embed``, the causal stack, ``predict_action``);
 ``DTStep``, one environment step for B rows on explicit state, what the torch agent runs and
-``agents.export`` traces (``agents.recompute``: the same step with the last K steps as its state); the
+``agents.export`` traces (``agents.agent.RecomputeStep``: the same step with the last K steps as its state); the
 loss (masked action MSE + eta * KSVD).
 
 The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``; for the DT
@@ -258,7 +258,7 @@ class DTStep(nn.Module):
 
     At a row's first step (t = 0) R = target / reward_scale and the reward is ignored, so the reward that
     ended an episode never leaks into the next; afterwards R -= reward / reward_scale. ``advance`` and
-    ``layer_specs`` are what a step on another state overrides (``agents.recompute``).
+    ``layer_specs`` are what a step on another state overrides (``agents.agent.RecomputeStep``).
 
     It holds its layers' weights detached: build a new one after the parameters are replaced (as
     ``.to(device)`` does). ``inplace``: the caller never passes a state twice, so the layers may write it
