@@ -21,16 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 
 from primal_dt.run import checkpoint as ck_io
-from primal_dt.run import errors, json_reader
+from primal_dt.run import errors, json_reader, options
 from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
-from .onnx_policy import FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT
+from .onnx_policy import FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
 """format -> the artefact's default file name (next to the checkpoint)"""
@@ -232,9 +233,7 @@ def read_metadata(path: str | Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"policy {path} does not exist")
     if path.read_bytes()[:2] == b"PK":  # TorchScript archives are zip files
-        extra = {METADATA_KEY + ".json": ""}
-        torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
-        text = extra[METADATA_KEY + ".json"]
+        text = _load_torchscript(path)[1]
     else:
         import onnx
 
@@ -242,6 +241,46 @@ def read_metadata(path: str | Path) -> dict:
     if not text:
         raise ValueError(f"{path} has no primal-dt policy metadata; export one with python -m agents.export")
     return json_reader.parse(text, f"{path} policy metadata")
+
+
+def _load_torchscript(path: Path) -> tuple[torch.jit.ScriptModule, str]:
+    """The module and its metadata document's text ('' when it has none)."""
+    extra = {METADATA_KEY + ".json": ""}
+    module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+    return module, extra[METADATA_KEY + ".json"]
+
+
+class TorchScriptPolicy(GraphPolicy):
+    """An exported TorchScript policy with the ``Agent`` API. ``threads``: torch's intra-op threads, set for
+    the whole process (None: left as they are)."""
+
+    runtime = "torchscript"
+
+    def __init__(self, path, threads: int | None = None):
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"policy {path} does not exist (export one with python -m agents.export "
+                                    "checkpoint=RUN format=torchscript out=PATH)")
+        try:
+            self.module, text = _load_torchscript(path)
+        except RuntimeError as err:
+            raise ValueError(f"{path} is not a readable TorchScript file: {err}") from err
+        if not text:
+            raise ValueError(f"{path} is a TorchScript file without primal-dt policy metadata; export one with "
+                             "python -m agents.export format=torchscript")
+        super().__init__(json_reader.parse(text, f"{path} policy metadata"), str(path))
+        if threads is not None:
+            options.check_number("threads", threads, options.AT_LEAST_1)
+            torch.set_num_threads(int(threads))
+
+    def _step(self, obs, reward):
+        r = np.zeros(self.batch, dtype=np.float32) if reward is None else reward
+        inputs = [np.ascontiguousarray(obs, dtype=np.float32), r, self._reset, self._target_rows, *self._state]
+        with torch.inference_mode():
+            action, *state = self.module(*(torch.from_numpy(a) for a in inputs))
+        self._state = [s.numpy() for s in state]
+        self._reset.fill(False)
+        return action.numpy().copy()  # action and next_state.prev_action are one tensor in the graph
 
 
 @dataclass
@@ -273,7 +312,7 @@ def run(argv: list[str]) -> Path:
     print(f"exported {meta['checkpoint']} ({'/'.join(meta['layers'])}, obs {meta['obs_dim']} -> act "
           f"{meta['act_dim']}) as {cfg.format}: {out} ({out.stat().st_size / 1e6:.2f} MB, {len(meta['state'])} state "
           "tensors, any batch)")
-    runner = "onnx_policy.OnnxPolicy" if cfg.format == "onnx" else "agents.torchscript_policy.TorchScriptPolicy"
+    runner = "onnx_policy.OnnxPolicy" if cfg.format == "onnx" else "agents.export.TorchScriptPolicy"
     print(f"run it with {runner}({str(out)!r}): reset(batch), act(obs, reward), reset_done(done)")
     return out
 

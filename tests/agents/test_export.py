@@ -36,7 +36,7 @@ from agents.export import (
     stream_step,
 )
 from agents.onnx_policy import METADATA_KEY, OnnxPolicy
-from agents.torchscript_policy import TorchScriptPolicy
+from agents.export import TorchScriptPolicy
 
 TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=3", "model.s=8",
         "K=5", "batch_size=8", "warmup_steps=5", "steps=20", "threads=1", "tensorboard=false", "eval.every=0",
