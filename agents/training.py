@@ -70,9 +70,11 @@ class Run:
     device: torch.device
     dist: Dist
     validation: Validation | None = None
-    """the held-out episodes' fixed segments (None: val_fraction=0)"""
+    """None: val_fraction=0, or not rank 0"""
     compile: str = "eager"
-    """``compile=`` resolved for the device (``agents.train_step``)"""
+    """``compile=`` resolved for the device"""
+    exact_from: int | None = None
+    """stream-exact runs (``stream_window``): the first segment step the loss counts"""
     step: int = 0
     train_time: float = 0.0
     """seconds inside optimisation steps (no evaluation, no logging)"""
@@ -148,13 +150,11 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
                     reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
                     source=data.source, fingerprint=data.fingerprint, held_out=tuple(held_out.tolist()))
-    validation = None
-    if len(held_out) and d.main:
-        exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
-        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from,
-                                cfg.from_start)
+    exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
+    validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from,
+                            cfg.from_start) if len(held_out) and d.main else None
     run = Run(cfg, built, data, info, sampler, model, opt, sched, path.parent if path else None, device, d,
-              validation, mode)
+              validation, mode, exact_from)
     if ck is not None:
         restore(run, ck)
     return run
@@ -246,7 +246,6 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     scores = [mon.history[t] for t in sorted(mon.history) if t.startswith("eval/normalized/")]
     vals = mon.history.get(VAL_TAG)
     last_score, last_val = scores[0][-1][1] if scores else None, vals[-1][1] if vals else None
-    exact_from = stream_training.first_exact_step(run.model.cfg) if cfg.stream_window else None
     speed = (0.0, 0, 0)  # seconds, steps and tokens of the optimisation steps since the last logged step
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
     clock = Clock(run)
@@ -277,7 +276,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                 # a step and its log line are whole or not taken: an interrupt waits for their end, so the
                 # checkpoint it writes holds every event logged up to its step
                 with interrupts.held():
-                    batch, real = next_batch(run, exact_from)
+                    batch, real = next_batch(run)
                     t0 = time.perf_counter()
                     out = stepper.step(batch, logging)
                     # the eager step reads its loss back each step; the compiled ones only here, so the time of
@@ -345,12 +344,12 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     return summary
 
 
-def next_batch(run: Run, exact_from: int | None) -> tuple[Batch, int]:
+def next_batch(run: Run) -> tuple[Batch, int]:
     """The sampler's next batch on the device and its real steps (counted on the host: no read-back)."""
     sample = run.sampler.sample()
     real = int(sample.mask.sum())
     batch = sample._replace(trailing=trailing_padding(sample.mask)).to(run.device, non_blocking=True)
-    return (batch if exact_from is None else stream_training.stream_exact_batch(batch, exact_from)), real
+    return (batch if run.exact_from is None else stream_training.stream_exact_batch(batch, run.exact_from)), real
 
 
 def _due(step: int, every: int) -> bool:
@@ -645,19 +644,17 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
         "run_dir": str(run.out),
     }
     if run.dist.main:
-        metrics = {f"normalized_{target_tag(t)}": r["normalized_mean"] for t, r in (final or {}).items()}
-        if val is not None:
-            metrics["val_action_mse"] = val
+        metrics = {f"normalized_{target_tag(t)}": r["normalized_mean"] for t, r in (final or {}).items()} | (
+            {"val_action_mse": val} if val is not None else {})
         mon.hparams({"env": cfg.env, "model": model_label(cfg), "data_source": run.data.source,
                      **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "resume", "out")}},
                     metrics or {"steps": run.step})
-        tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
-        png = mon.plot(tags, run.out / "eval_return.png", title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}",
+        title, tags = f"{cfg.env} {model_label(cfg)} seed {cfg.seed}", sorted(mon.history)
+        png = mon.plot([t for t in tags if t.startswith("eval/normalized/")], run.out / "eval_return.png", title=title,
                        ylabel="normalized return")
-        summary["plot"] = str(png) if png else None
-        png = mon.plot([VAL_TAG], run.out / "val_action_mse.png", ylabel="masked action MSE",
-                       title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}: held-out episodes")
-        summary["val_plot"] = str(png) if png else None
+        val_png = mon.plot([VAL_TAG], run.out / "val_action_mse.png", title=f"{title}: held-out episodes",
+                           ylabel="masked action MSE")
+        summary |= {"plot": str(png) if png else None, "val_plot": str(val_png) if val_png else None}
         check_summary(summary, "the summary training wrote")
         path = ck_io.write_atomic(run.out / "summary.json", json.dumps(summary, indent=2), "run summary")
         mon.print(f"summary: {path}")
