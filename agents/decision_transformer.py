@@ -31,7 +31,6 @@ So for every model, stream == ``streamed_model_equivalent(model).forward`` over 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -126,9 +125,6 @@ class DTConfig(ModelConfig):
                 raise ValueError(f"model {name} must be an integer >= 1, got {v!r}")
         super().check()
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
     @property
     def tokens(self) -> TokenLayout:
         """``TOKEN_LAYOUTS`` by model name (``primal+<name>`` too), else the Decision Transformer's."""
@@ -200,12 +196,7 @@ class DecisionTransformer(nn.Module):
                     aux["mask"] = tmask
         return self.predict_action(self.tokens.at_predictors(h)), auxes
 
-    # -- 3. the objective ---------------------------------------------------------------------------
-    def loss(self, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:
-        return dt_loss(self, batch, eta, detail)
-
     # -- inspection -----------------------------------------------------------------------------
-
     def primal_layers(self) -> dict[int, nn.Module]:
         """Layer index -> attention module for every layer that has a KSVD Lambda."""
         return {i: b.attn for i, b in enumerate(self.stack.blocks) if hasattr(b.attn, "Lambda")}
@@ -215,7 +206,7 @@ class DecisionTransformer(nn.Module):
         return [s.attention for s in self.stack.specs]
 
 
-# -- 4. one environment step on explicit state (the stream) ----------------------------------------
+# -- 3. one environment step on explicit state (the stream) ----------------------------------------
 def softmax_stream_window(model) -> int:
     """The window a softmax layer built without one streams over (module docstring)."""
     return model.tokens.stream_window(model.cfg.K)

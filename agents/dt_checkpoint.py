@@ -124,7 +124,7 @@ class DTCheckpoint:
     def to_dict(self) -> dict:
         """The dict ``save`` writes: tensors and plain data only (arrays become tensors)."""
         info = self.data
-        d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config, "model_config": self.model_config.to_dict(),
+        d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config, "model_config": dataclasses.asdict(self.model_config),
              "model": self.model,
              "data": {**vars(info), "state_mean": torch.as_tensor(info.state_mean), "targets": list(info.targets),
                       "state_std": torch.as_tensor(info.state_std), "held_out": list(info.held_out)}}
