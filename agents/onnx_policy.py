@@ -71,22 +71,20 @@ def check_metadata(meta: dict, where: str) -> None:
     if meta["schema"] > SCHEMA:
         raise ValueError(f"{where} was exported by a newer primal-dt (policy schema {meta['schema']}, this "
                          f"runtime reads <= {SCHEMA}); use the onnx_policy.py of that release")
-    for field in ("obs_dim", "act_dim"):
-        if not integer(meta.get(field), 1):
-            raise bad(field, "an integer >= 1", meta.get(field))
-    targets = meta.get("targets")
-    if not (isinstance(targets, list) and targets and all(map(finite, targets))):
-        raise bad("targets", "a non-empty list of finite numbers", targets)
-    if not (finite(meta.get("reward_scale")) and meta["reward_scale"] > 0):
-        raise bad("reward_scale", "a finite number > 0", meta.get("reward_scale"))
-    if not isinstance(meta.get("stream_exact"), bool):
-        raise bad("stream_exact", "true or false (whether the stream is the policy the checkpoint was trained as)",
-                  meta.get("stream_exact"))
-    if not integer(meta.get("stream_window"), 0):
-        raise bad("stream_window", "an integer >= 0", meta.get("stream_window"))
-    if not isinstance(meta.get("stream_from_start"), bool):
-        raise bad("stream_from_start", "true or false (whether the checkpoint trained on episode prefixes)",
-                  meta.get("stream_from_start"))
+    fields = {
+        "obs_dim": (lambda v: integer(v, 1), "an integer >= 1"),
+        "act_dim": (lambda v: integer(v, 1), "an integer >= 1"),
+        "targets": (lambda v: isinstance(v, list) and v and all(map(finite, v)), "a non-empty list of finite numbers"),
+        "reward_scale": (lambda v: finite(v) and v > 0, "a finite number > 0"),
+        "stream_exact": (lambda v: isinstance(v, bool),
+                         "true or false (whether the stream is the policy the checkpoint was trained as)"),
+        "stream_window": (lambda v: integer(v, 0), "an integer >= 0"),
+        "stream_from_start": (lambda v: isinstance(v, bool),
+                              "true or false (whether the checkpoint trained on episode prefixes)"),
+    }
+    for field, (ok, want) in fields.items():
+        if not ok(meta.get(field)):
+            raise bad(field, want, meta.get(field))
     state = meta.get("state")
     if not isinstance(state, list):
         raise bad("state", "a list of state tensors {name, shape, dtype}", state)
