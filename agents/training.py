@@ -84,9 +84,8 @@ class Run:
 
 # == 1. setup: everything that can fail on bad input ================================================
 def prepare(built: Built, d: Dist | None = None) -> Run:
-    """Config (resumed or new), data, model and optimizer. The order of random draws is part of the
-    contract. A resumed run's directory is locked before its checkpoint is read, so no run continues from
-    a checkpoint another process is about to replace."""
+    """The order of random draws is part of the contract. A resumed run's directory is locked before its
+    checkpoint is read, so no run continues from a checkpoint another process is about to replace."""
     path = None  # resume='s checkpoint file, its run directory held by rank 0
     with errors.setup_errors():
         if built.cfg.resume:
@@ -467,9 +466,9 @@ VAL_TAG = "val/action_mse"
 
 def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
     """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse``."""
-    mse = run.validation.action_mse(run.model)
-    mon.scalar(VAL_TAG, mse, run.step)
     v = run.validation
+    mse = v.action_mse(run.model)
+    mon.scalar(VAL_TAG, mse, run.step)
     mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
               f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} segments)")
     return mse
@@ -668,11 +667,6 @@ SCORES = ("normalized_mean", "normalized_std", "return_mean", "return_std", "len
 """each target's final scores (NaN or inf when a rollout went wrong)"""
 
 
-def _kind(value) -> str:
-    return "null" if value is None else {bool: "a boolean", str: "a string", list: "a list", dict: "an object"}.get(
-        type(value), f"a {type(value).__name__}")
-
-
 def _finite(text: str) -> bool:
     try:
         return math.isfinite(float(text))
@@ -683,8 +677,10 @@ def _finite(text: str) -> bool:
 def check_summary(summary, where: str) -> dict:
     """``summary``, or a ValueError saying which field of ``where`` is wrong (scores may be NaN or inf)."""
     def bad(field: str, want: str, got) -> ValueError:
+        kinds = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", type(None): "null"}
         shown = "" if got is None else f" ({json.dumps(got)[:60]})"
-        return ValueError(f"{where}: {field} must be {want}, got {_kind(got)}{shown}")
+        return ValueError(f"{where}: {field} must be {want}, got {kinds.get(type(got), f'a {type(got).__name__}')}"
+                          f"{shown}")
 
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -742,8 +738,7 @@ class Clock:
         self.run, self.start = run, run.step + SKIP
         self.t0, self.excluded, self.step_s, self.eval_s = None, 0.0, None, 0.0
 
-    def exclude(self, seconds: float) -> None:
-        """An evaluation (with its validation) took ``seconds``: not training time, and what the next one takes."""
+    def exclude(self, seconds: float) -> None:  # an evaluation (and validation): not training, the next one's time
         self.excluded, self.eval_s = self.excluded + seconds, seconds
 
     def tick(self) -> str | None:
