@@ -241,10 +241,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     if d.main:
         print(announcement(run), flush=True)
     mon = open_monitor(run)
-    # the bar shows the latest score (the first target's) and validation MSE, a resumed run's too
-    scores = [mon.history[t] for t in sorted(mon.history) if t.startswith("eval/normalized/")]
-    vals = mon.history.get(VAL_TAG)
-    last_score, last_val = scores[0][-1][1] if scores else None, vals[-1][1] if vals else None
+    score_tag = f"eval/normalized/{target_tag(run.info.targets[0])}"  # the bar's score: the first target's
     speed = (0.0, 0, 0)  # seconds, steps and tokens of the optimisation steps since the last logged step
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
     clock = Clock(run)
@@ -294,8 +291,9 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     settle()
                     t0 = time.perf_counter()
                     if d.main:
-                        last_score = next(iter(evaluate(run, mon, evaluator).values()))["normalized_mean"]
-                        last_val = validate(run, mon) if run.validation is not None else last_val
+                        evaluate(run, mon, evaluator)
+                        if run.validation is not None:
+                            validate(run, mon)
                     d.barrier()
                     clock.exclude(time.perf_counter() - t0)
                 if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
@@ -305,8 +303,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     by_time.restart()
                 if note := clock.tick():
                     mon.print(note)
-                shown = {"loss": (loss, "{:.4f}"), "score": (last_score, "{:.1f}"), "val_mse": (last_val, "{:.4f}"),
-                         "eta": (clock.eta(), "{}")}
+                shown = {"loss": (loss, "{:.4f}"), "score": (_latest(mon, score_tag), "{:.1f}"),
+                         "val_mse": (_latest(mon, VAL_TAG), "{:.4f}"), "eta": (clock.eta(), "{}")}
                 mon.progress(1, **{k: form.format(v) for k, (v, form) in shown.items() if v is not None})
     except KeyboardInterrupt as err:
         why = f" by {err.args[0]}" if err.args else ""
@@ -353,6 +351,11 @@ def next_batch(run: Run) -> tuple[Batch, int]:
 
 def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
+
+
+def _latest(mon: RunMonitor, tag: str) -> float | None:
+    """The last value logged under ``tag`` (a resumed run's history included)."""
+    return mon.history[tag][-1][1] if mon.history.get(tag) else None
 
 
 class Interrupts:
