@@ -1,9 +1,6 @@
-"""A Decision-Transformer agent for B episodes at once: ``load_agent("runs/.../last.pt")``, then the loop of
-every runtime (``agents.onnx_policy``'s docstring).
-
-``Agent(model, info)`` runs one step function on explicit state: ``DTStep`` (engine ``stream``) or
-``RecomputeStep`` (engine ``recompute``, the papers' protocol: the last K steps as its state).
-"""
+"""Decision-Transformer agents for B episodes at once: ``load_agent("runs/.../last.pt")``, then the loop of
+every runtime (``agents.onnx_policy``'s docstring). ``Agent`` runs one step function on explicit state:
+``DTStep`` (engine ``stream``) or ``RecomputeStep`` (engine ``recompute``); or the step exported (``onnx_agent``)."""
 
 from __future__ import annotations
 
@@ -143,8 +140,6 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     ``data``: also make sure the checkpoint belongs to a dataset: ``True`` (read where its run read it), a
     source (as ``data_source``) or an ``envs.Trajectories``.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     device = pick_device(device)  # a bad name, absent CUDA or a missing index: one clear ValueError, before loading
