@@ -98,6 +98,7 @@ def package_version() -> str:
 def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
     """The JSON document stored in the artefact (checked by ``onnx_policy.check_metadata`` when read)."""
     cfg, info, kinds = ck.model_config, ck.data, step.model.layer_names
+    stream = ck.fidelity("stream")  # whether this stream is the policy the checkpoint was trained as
     return {
         "format": FORMAT, "schema": SCHEMA, "artefact": fmt,
         "obs_dim": cfg.state_dim, "act_dim": cfg.act_dim, "targets": list(info.eval_targets),
@@ -116,9 +117,7 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "semantics": semantics(step), "package_version": package_version(), "torch_version": torch.__version__,
         "checkpoint": source, "checkpoint_sha256": sha256, "train_step": ck.step,
         "data_source": info.source, "data_fingerprint": info.fingerprint or None,
-        # whether this stream is the policy the checkpoint was trained as (agents.stream_training.Fidelity)
-        "stream_exact": ck.fidelity("stream").exact, "stream_window": ck.fidelity("stream").stream_window,
-        "stream_from_start": ck.fidelity("stream").from_start,
+        "stream_exact": stream.exact, "stream_window": stream.stream_window, "stream_from_start": stream.from_start,
     }
 
 
@@ -145,11 +144,8 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
     with ``overwrite=True``, never the checkpoint itself."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    if isinstance(source, DTCheckpoint):
-        ck, path = source, None
-    else:
-        path = dt_checkpoint.resolve(source)
-        ck = dt_checkpoint.load(path)
+    path = None if isinstance(source, DTCheckpoint) else dt_checkpoint.resolve(source)
+    ck = dt_checkpoint.load(source if path is None else path)
     if out is None or str(out) == "":
         if path is None:
             raise ValueError("out=PATH is required when exporting a checkpoint held in memory")
