@@ -1,11 +1,6 @@
-"""The Decision Transformer (Chen et al. 2021) on the shared attention stack.
-
-Top to bottom: ``DTConfig`` (the model options plus the data's dimensions and the context K);
-``TokenLayout`` (the tokens one step contributes, from which every token count derives; ``dt``:
-(R_t, s_t, a_t), ``bc``: (s_t, a_t)); the model (``embed``, the causal stack, ``predict_action``);
-``DTStep``, one environment step for B rows on explicit state, what the torch agent runs and
-``agents.export`` traces (``agents.agent.RecomputeStep``: the same step with the last K steps as its state); the
-loss (masked action MSE + eta * KSVD).
+"""The Decision Transformer (Chen et al. 2021) on the shared attention stack: the token layouts (every token
+count derives from ``TokenLayout``), the model, ``DTStep`` (one environment step on explicit state, what the
+torch agent runs and ``agents.export`` traces) and the loss.
 
 The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``; for the DT
 (a_{t-1}, R_t, s_t), the action slot padding at t = 0) through the stack, each token with its own step's
@@ -156,9 +151,8 @@ class DecisionTransformer(nn.Module):
 
     # -- 1. embeddings -----------------------------------------------------------------------------
     def embed_tokens(self, kinds, values, timesteps) -> torch.Tensor:
-        """Tokens [..., n, D] of the n ``kinds``: each kind's linear embedding of its value plus the learned
-        embedding of its timestep (``timesteps`` [..., n] or [..., 1]; clipped to max_timestep - 1), then the
-        shared LayerNorm. The one embedding, of a whole sequence (``embed``) and of a stream chunk."""
+        """Tokens [..., n, D] of the n ``kinds`` (``timesteps`` [..., n] or [..., 1]): the one embedding, of a
+        whole sequence (``embed``) and of a stream chunk."""
         embeds = [getattr(self, EMBEDDED[k]) for k in kinds]
         x = torch.stack([F.linear(v, e.weight, e.bias) for e, v in zip(embeds, values)], -2)
         x = x + F.embedding(timesteps.clamp(0, self.cfg.max_timestep - 1), self.embed_timestep.weight)
