@@ -11,7 +11,7 @@ episode). What a streamed token sees, per layer kind (the *stream semantics*):
 - ``primal`` without a window: the running means of q and k over every real token of the episode.
 - ``primal`` / ``softmax`` with ``window=w``: the last w token positions, its own included.
 - ``softmax`` without a window: a rolling key/value cache treated as ``window = 3K - 1`` tokens
-  (``TokenLayout.stream_window``): at the top layer the predicting token sees exactly what recompute
+  (``softmax_stream_window``): at the top layer the predicting token sees exactly what recompute
   shows it, but lower layers' outputs came from their own windows, so the receptive field reaches
   further back than recompute's K steps.
 - the linear-attention family (linear, performer, cosformer, kerformer, flowformer): prefix sums over
@@ -70,14 +70,6 @@ class TokenLayout:
     def token_mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
         """Segment mask [B, K] -> token mask [B, per_step * K]: each step's tokens share its flag."""
         return None if mask is None else mask.repeat_interleave(self.per_step, dim=1)
-
-    def at_predictors(self, h: torch.Tensor) -> torch.Tensor:
-        """The predicting tokens' rows [B, K, D] of a token sequence h [B, per_step * K, D]."""
-        return h[:, self.predictor::self.per_step]
-
-    def stream_window(self, K: int) -> int:
-        """Tokens a predicting token sees under recompute with K steps (its own included)."""
-        return max(1, self.per_step * (K - 1) + self.predictor + 1)
 
     def first_exact_step(self, reach: int) -> int:
         """Smallest segment step whose predicting token has ``reach`` earlier tokens inside the segment."""
@@ -188,7 +180,7 @@ class DecisionTransformer(nn.Module):
             for aux in auxes:
                 if aux and "mask" in aux:
                     aux["mask"] = tmask
-        return self.predict_action(self.tokens.at_predictors(h)), auxes
+        return self.predict_action(h[:, self.tokens.predictor::self.tokens.per_step]), auxes  # predicting tokens
 
     # -- inspection -----------------------------------------------------------------------------
     def primal_layers(self) -> dict[int, nn.Module]:
@@ -202,8 +194,10 @@ class DecisionTransformer(nn.Module):
 
 # -- 3. one environment step on explicit state (the stream) ----------------------------------------
 def softmax_stream_window(model) -> int:
-    """The window a softmax layer built without one streams over (module docstring)."""
-    return model.tokens.stream_window(model.cfg.K)
+    """The window a softmax layer built without one streams over (module docstring): the tokens a predicting
+    token sees under recompute with K steps, its own included."""
+    tokens = model.tokens
+    return max(1, tokens.per_step * (model.cfg.K - 1) + tokens.predictor + 1)
 
 
 def streamed_model_equivalent(model):
