@@ -329,10 +329,7 @@ class OnnxPolicy(GraphPolicy):
 
     def _step(self, obs, reward):
         np.copyto(self._obs, obs)
-        if reward is None:
-            self._reward.fill(0.0)
-        else:
-            np.copyto(self._reward, reward)
+        np.copyto(self._reward, 0.0 if reward is None else reward)
         self.session.run_with_iobinding(self._bindings[self._parity][0])
         self._reset.fill(False)
         self._parity ^= 1
