@@ -354,7 +354,6 @@ def _due(step: int, every: int) -> bool:
 
 
 def _latest(mon: RunMonitor, tag: str) -> float | None:
-    """The last value logged under ``tag`` (a resumed run's history included)."""
     return mon.history[tag][-1][1] if mon.history.get(tag) else None
 
 
@@ -468,7 +467,6 @@ VAL_TAG = "val/action_mse"
 
 
 def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
-    """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse``."""
     v = run.validation
     mse = v.action_mse(run.model)
     mon.scalar(VAL_TAG, mse, run.step)
@@ -568,7 +566,6 @@ def kept(run: Run) -> str:
 
 # == 5. logging: what a run shows and leaves behind (rank 0 writes; other monitors are off) ============
 def announcement(run: Run) -> str:
-    """What the run is about to do: the options with their provenance, the data, the model, where it writes."""
     cfg = run.cfg
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
@@ -585,7 +582,6 @@ def announcement(run: Run) -> str:
 
 
 def data_line(run: Run) -> str:
-    """The data trained on and held out (printed, and in TensorBoard's ``data/source``)."""
     data, n = run.data, len(run.info.held_out)
     held = (f"{n} held out for validation ({int(data.lengths[list(run.info.held_out)].sum()):,} steps, "
             f"val_fraction={run.cfg.val_fraction:g}, drawn by seed {run.cfg.seed}; statistics from the other "
@@ -613,7 +609,6 @@ def open_monitor(run: Run) -> RunMonitor:
 
 def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, seconds: float, steps: int,
              tokens: int) -> None:
-    """Loss and its parts, learning rate, grad norm, throughput, KSVD J and Lambda per primal layer."""
     t = max(seconds, 1e-9)
     vals = {"loss/total": loss, "loss/action_mse": float(parts["mse"]), "loss/ksvd": float(parts["ksvd"]),
             "train/lr": run.sched.get_last_lr()[0], "train/grad_norm": gn, "throughput/steps_per_s": steps / t,
@@ -631,7 +626,7 @@ def target_tag(t: float) -> str:
 
 
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
-    """The run's summary; rank 0 also logs the hyper-parameters, draws the plots, writes ``summary.json``."""
+    """The run's summary (rank 0 writes it, with the plots and the hyper-parameters)."""
     cfg = run.cfg
     summary = {
         "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
@@ -765,8 +760,7 @@ class Clock:
         return time.perf_counter()
 
     def eta(self) -> str | None:
-        """Time left: the steps at the pace, and the evaluations still due at the last one's time (the final
-        one in proportionally many rounds of ``num_envs`` episodes)."""
+        """Time left: the steps at the pace, and the evaluations still due at the last one's time."""
         if self.step_s is None:
             return None
         cfg, e = self.run.cfg, self.run.cfg.eval
@@ -776,8 +770,7 @@ class Clock:
 
 
 def projection(run: Run, step_s: float, start: int, measured: int) -> str:
-    """The training time left at the measured pace; for a recipe of hours a note saying so, which on a CPU
-    gives the command of the CPU recipe."""
+    """The training time left at the measured pace; a recipe of hours is told so (on a CPU: the CPU recipe)."""
     cfg, threads, left = run.cfg, torch.get_num_threads(), run.cfg.steps - start
     where = f"{run.device}" + (f", {threads} thread{'s' * (threads > 1)}" if run.device.type == "cpu" else "")
     text = (f"time on {where}, measured over {measured} steps: {left:,} {'remaining ' if start else ''}steps x "
