@@ -106,10 +106,9 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "env": info.env, "gym_id": info.gym_id, "K": cfg.K, "max_timestep": cfg.max_timestep,
         "layers": kinds, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
         "softmax_stream_window": softmax_stream_window(step.model),
-        "inputs": [{"name": "observation", "shape": [_BATCH, cfg.state_dim], "dtype": "float32"},
-                   {"name": "reward", "shape": [_BATCH], "dtype": "float32"},
-                   {"name": "reset", "shape": [_BATCH], "dtype": "bool"},
-                   {"name": "target", "shape": [_BATCH], "dtype": "float32"}],
+        "inputs": [{"name": name, "shape": [_BATCH, *dims], "dtype": dtype} for name, dims, dtype in (
+            ("observation", [cfg.state_dim], "float32"), ("reward", [], "float32"), ("reset", [], "bool"),
+            ("target", [], "float32"))],
         "outputs": [{"name": "action", "shape": [_BATCH, cfg.act_dim], "dtype": "float32"}],
         "state": [{"name": s.name, "shape": [_BATCH, *s.shape], "dtype": str(s.dtype).removeprefix("torch."),
                    "initial": 0, "what": _what(s.name, kinds), **({"masked_by": s.masked_by} if s.masked_by else {})}
@@ -187,10 +186,10 @@ def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
     batch = torch.export.Dim(_BATCH)
     with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
         warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
+        dims = (*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):]))  # any batch
         program = torch.onnx.export(step, example, dynamo=True, input_names=inputs, output_names=outputs,
-                                    dynamic_shapes=(*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):])),
-                                    opset_version=OPSET,
-                                    verbose=False, custom_translation_table=onnx_translations())
+                                    dynamic_shapes=dims, opset_version=OPSET, verbose=False,
+                                    custom_translation_table=onnx_translations())
     model = program.model_proto
     entry = model.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(meta)

@@ -141,8 +141,7 @@ class Policy:
     runtime: str = ""
     """which runtime acts: "torch", "onnx" or "torchscript" (what ``load_agent(runtime="auto")`` picked)"""
     fidelity: dict | None = None
-    """{"engine", "exact", "stream_window", "from_start"} (``agents.stream_training.Fidelity``); None for a bare
-    model's"""
+    """``agents.stream_training.Fidelity.record()`` of the checkpoint acting (None for a bare model)"""
 
     def _targets(self, target, n: int) -> np.ndarray:
         arr = np.asarray(self.default_target if target is None else target, dtype=np.float64).reshape(-1)
@@ -187,7 +186,10 @@ class Policy:
         if not self.batch:
             raise RuntimeError("call policy.reset(batch) before act / reset_done / keep_rows")
 
-    def _observation(self, obs) -> np.ndarray:
+    def act(self, obs, reward=None) -> np.ndarray:
+        """One action per row ([B, act_dim] float32, the caller's to keep) for observations ``obs``
+        [B, obs_dim]; ``reward`` [B]: the previous step's (None at the first; ignored at a row's first step)."""
+        self._require_reset()
         o = np.asarray(obs)
         if o.dtype.kind != "f":
             raise ValueError(f"obs must be a floating-point array (the simulator's observations), got dtype "
@@ -198,13 +200,6 @@ class Policy:
         if o.shape[0] != self.batch:
             raise ValueError(f"obs has {o.shape[0]} rows but the policy runs batch={self.batch} (set by reset(batch) "
                              "and keep_rows)")
-        return o
-
-    def act(self, obs, reward=None) -> np.ndarray:
-        """One action per row ([B, act_dim] float32, the caller's to keep) for observations ``obs``
-        [B, obs_dim]; ``reward`` [B]: the previous step's (None at the first; ignored at a row's first step)."""
-        self._require_reset()
-        o = self._observation(obs)
         r = None
         if reward is not None:
             r = np.asarray(reward, dtype=np.float32)
