@@ -233,11 +233,8 @@ def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
 
 def _train(run: Run, evaluator: Evaluator) -> dict:
     cfg, d = run.cfg, run.dist
-    params = list(run.model.parameters())
-    net = run.model
-    if d.world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(
-            run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+    net = run.model if d.world == 1 else torch.nn.parallel.DistributedDataParallel(
+        run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
     if d.main:
         print(announcement(run), flush=True)
     mon = open_monitor(run)
@@ -247,8 +244,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     clock = Clock(run)
     saved_at = run.step if (run.out / dt_checkpoint.FILENAME).exists() else -1
     interrupts = Interrupts()
-    stepper = steps.Stepper(run.compile, net, params, run.opt, run.sched, cfg.eta, cfg.grad_clip, d.world, run.step,
-                            autocast=torch.bfloat16 if cfg.amp == "bf16" else None)
+    stepper = steps.Stepper(run.compile, net, list(run.model.parameters()), run.opt, run.sched, cfg.eta, cfg.grad_clip,
+                            d.world, run.step, autocast=torch.bfloat16 if cfg.amp == "bf16" else None)
     loss = None
 
     def settle() -> None:
