@@ -182,11 +182,6 @@ class DecisionTransformer(nn.Module):
                     aux["mask"] = tmask
         return self.predict_action(h[:, self.tokens.predictor::self.tokens.per_step]), auxes  # predicting tokens
 
-    # -- inspection -----------------------------------------------------------------------------
-    def primal_layers(self) -> dict[int, nn.Module]:
-        """Layer index -> attention module for every layer that has a KSVD Lambda."""
-        return {i: b.attn for i, b in enumerate(self.stack.blocks) if hasattr(b.attn, "Lambda")}
-
     @property
     def layer_names(self) -> list[str]:
         return [s.attention for s in self.stack.specs]

@@ -122,8 +122,8 @@ class DTCheckpoint:
     def to_dict(self) -> dict:
         """The dict ``save`` writes: tensors and plain data only (arrays become tensors)."""
         info = self.data
-        d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config, "model_config": dataclasses.asdict(self.model_config),
-             "model": self.model,
+        d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config,
+             "model_config": dataclasses.asdict(self.model_config), "model": self.model,
              "data": {**vars(info), "state_mean": torch.as_tensor(info.state_mean), "targets": list(info.targets),
                       "state_std": torch.as_tensor(info.state_std), "held_out": list(info.held_out)}}
         if self.training is not None:

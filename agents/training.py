@@ -611,8 +611,8 @@ def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, sec
             "train/lr": run.sched.get_last_lr()[0], "train/grad_norm": gn, "throughput/steps_per_s": steps / t,
             "throughput/tokens_per_s": tokens / t}
     vals.update({f"ksvd/J_{k.split('/')[1]}": float(v) for k, v in parts.items() if k.startswith("J/")})
-    for i, attn in run.model.primal_layers().items():
-        lam = attn.Lambda.detach()
+    lambdas = {i: b.attn.Lambda.detach() for i, b in enumerate(run.model.stack.blocks) if hasattr(b.attn, "Lambda")}
+    for i, lam in lambdas.items():  # KSVD's Lambda, per primal layer
         vals.update({f"lambda/layer{i}_{stat}": float(getattr(lam, stat)()) for stat in ("mean", "min", "max")})
         mon.histogram(f"lambda/layer{i}", lam.cpu(), run.step)
     mon.scalars(vals, run.step)
