@@ -31,7 +31,7 @@ from primal_dt.attention.softmax import onnx_translations
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
-from .onnx_policy import FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy
+from .onnx_policy import FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy, OnnxPolicy
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
 """format -> the artefact's default file name (next to the checkpoint)"""
@@ -223,26 +223,10 @@ def _torchscript_bytes(step: DTStep, meta: dict) -> bytes:
 
 
 def read_metadata(path: str | Path) -> dict:
-    """The metadata document of an exported policy (ONNX or TorchScript)."""
+    """The metadata document of an exported policy (ONNX or TorchScript), read and checked as its runtime does."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"policy {path} does not exist")
-    if path.read_bytes()[:2] == b"PK":  # TorchScript archives are zip files
-        text = _load_torchscript(path)[1]
-    else:
-        import onnx
-
-        text = {p.key: p.value for p in onnx.load(str(path)).metadata_props}.get(METADATA_KEY, "")
-    if not text:
-        raise ValueError(f"{path} has no primal-dt policy metadata; export one with python -m agents.export")
-    return json_reader.parse(text, f"{path} policy metadata")
-
-
-def _load_torchscript(path: Path) -> tuple[torch.jit.ScriptModule, str]:
-    """The module and its metadata document's text ('' when it has none)."""
-    extra = {METADATA_KEY + ".json": ""}
-    module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
-    return module, extra[METADATA_KEY + ".json"]
+    torchscript = path.is_file() and path.read_bytes()[:2] == b"PK"  # TorchScript archives are zip files
+    return (TorchScriptPolicy if torchscript else OnnxPolicy)(path).metadata
 
 
 class TorchScriptPolicy(GraphPolicy):
@@ -256,10 +240,12 @@ class TorchScriptPolicy(GraphPolicy):
         if not path.is_file():
             raise FileNotFoundError(f"policy {path} does not exist (export one with python -m agents.export "
                                     "checkpoint=RUN format=torchscript out=PATH)")
+        extra = {METADATA_KEY + ".json": ""}
         try:
-            self.module, text = _load_torchscript(path)
+            self.module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
         except RuntimeError as err:
             raise ValueError(f"{path} is not a readable TorchScript file: {err}") from err
+        text = extra[METADATA_KEY + ".json"]
         if not text:
             raise ValueError(f"{path} is a TorchScript file without primal-dt policy metadata; export one with "
                              "python -m agents.export format=torchscript")
