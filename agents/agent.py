@@ -193,21 +193,6 @@ def onnx_agent(checkpoint, ck, agent):
     return policy
 
 
-def cache_dir() -> Path | None:
-    """``$XDG_CACHE_HOME/primal-dt/onnx`` (``~/.cache/primal-dt/onnx``), created readable by the user only;
-    None when it cannot be made or is not a directory only the user can write (then nothing is cached)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    d = base / "primal-dt" / "onnx"
-    try:
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        info = os.lstat(d)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        return None
-    return d
-
-
 def cached_export(path: Path) -> Path | None:
     """The ONNX export of the checkpoint file ``path``, from the cache when its graph still has the digest
     recorded beside it, else exported into the cache now; None without a usable cache directory.
@@ -216,8 +201,14 @@ def cached_export(path: Path) -> Path | None:
     in its own metadata, which anyone who can write there can copy into a graph that computes something else
     (and a few checked steps cannot tell a graph that deviates later). An entry is named by the checkpoint
     file's SHA-256 and what made the graph."""
-    d = cache_dir()
-    if d is None:
+    # $XDG_CACHE_HOME/primal-dt/onnx, readable by the user only: nothing is cached where it cannot be made so
+    d = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "primal-dt" / "onnx"
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(d)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
         return None
     made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"  # an upgrade exports again
     key = f"{sha256_file(path)}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)}"
