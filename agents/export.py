@@ -184,31 +184,24 @@ def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
     inputs = [*INPUTS, *(STATE_IN + s.name for s in step.specs)]
     outputs = ["action", *(STATE_OUT + s.name for s in step.specs)]
     batch = torch.export.Dim(_BATCH)
-    with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
-        warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
-        dims = (*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):]))  # any batch
-        program = torch.onnx.export(step, example, dynamo=True, input_names=inputs, output_names=outputs,
-                                    dynamic_shapes=dims, opset_version=OPSET, verbose=False,
-                                    custom_translation_table=onnx_translations())
+    log = logging.getLogger("torch.onnx")  # the exporter prints its progress: the command's output is its own
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
+            dims = (*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):]))  # any batch
+            program = torch.onnx.export(step, example, dynamo=True, input_names=inputs, output_names=outputs,
+                                        dynamic_shapes=dims, opset_version=OPSET, verbose=False,
+                                        custom_translation_table=onnx_translations())
+    finally:
+        log.setLevel(level)
     model = program.model_proto
     entry = model.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(meta)
     model.producer_name = "primal-dt agents.export"
     onnx.checker.check_model(model)
     return model.SerializeToString()
-
-
-@contextlib.contextmanager
-def _quiet_exporter():
-    """torch.export's exporter prints its progress: keep the command line's output to its own."""
-    log = logging.getLogger("torch.onnx")
-    level, out = log.level, io.StringIO()
-    log.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(out):
-            yield
-    finally:
-        log.setLevel(level)
 
 
 def _torchscript_bytes(step: DTStep, meta: dict) -> bytes:
