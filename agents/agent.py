@@ -1,34 +1,80 @@
-"""A Decision-Transformer agent for B episodes at once: ``load_agent("runs/.../last.pt")``, then the loop of
-every runtime (``agents.onnx_policy``'s docstring).
-
-``Agent(model, info)`` runs one step function on explicit state: ``DTStep`` (engine ``stream``) or
-``RecomputeStep`` (engine ``recompute``, the papers' protocol: the last K steps as its state).
-"""
+"""Decision-Transformer agents for B episodes at once: ``load_agent("runs/.../last.pt")``, then the loop of
+every runtime (``agents.onnx_policy``'s docstring). ``Agent`` runs one step function on explicit state:
+``DTStep`` (engine ``stream``) or ``RecomputeStep`` (engine ``recompute``); or the step exported (``onnx_agent``)."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import stat
 import sys
+import tempfile
 import warnings
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from primal_dt.attention.base import restart_rows, select_rows
+from primal_dt.attention.base import StateSpec, restart_rows, select_rows
+from primal_dt.run import checkpoint as ck_io
 from primal_dt.run.runtime import pick_device
 from agents.train_config import ENGINES
 
 from . import dt_checkpoint, threads
-from .export import missing_package
-from .decision_transformer import DTStep, StepState
-from .onnx_policy import OnnxPolicy, Policy
-from .recompute import RecomputeStep
+from .export import FORMATS, export_policy, missing_package, package_version, sha256_file
+from .decision_transformer import Batch, DTStep, StepState
+from .onnx_policy import SCHEMA, OnnxPolicy, Policy
 
 RUNTIMES = ("auto", "torch", "onnx")
 
 
 class StreamNotTrainedWarning(UserWarning):
     """``load_agent(engine="stream")`` of a checkpoint whose stream is not the policy it was trained as."""
+
+
+class RecomputeStep(DTStep):
+    """The recompute engine, the papers' protocol: ``DTStep`` (the same bookkeeping) whose state is the last
+    ``context`` steps (default: the model's K) per row, on which the model runs at every step; rows of
+    different lengths are batched with the padding mask. A causal model only."""
+
+    def __init__(self, model, state_mean, state_std, reward_scale: float, *, context: int | None = None):
+        stack = model.stack
+        bad = [f"layer {i} ({spec.attention})" for i, (spec, b) in enumerate(zip(stack.specs, stack.blocks))
+               if not b.attn.causal]
+        if not stack.causal or bad:
+            raise ValueError(f"engine='recompute' needs a causal model (an action must not see the future); "
+                             f"{', '.join(bad) or 'the stack'} is bidirectional. Train with causal mechanisms")
+        self.K = int(context or model.cfg.K)  # (a plain attribute: set before Module.__init__ is fine)
+        if self.K < 1:
+            raise ValueError(f"context must be >= 1, got {context}")
+        super().__init__(model, state_mean, state_std, reward_scale)
+
+    def layer_specs(self) -> list[StateSpec]:
+        cfg, K = self.model.cfg, self.K
+        dtype = next(self.model.parameters()).dtype
+        return [StateSpec("history.states", (K, cfg.state_dim), dtype),
+                StateSpec("history.actions", (K, cfg.act_dim), dtype), StateSpec("history.rtg", (K, 1), dtype),
+                StateSpec("history.timesteps", (K,), torch.int64), StateSpec("history.length", (), torch.int64)]
+
+    def advance(self, t, rtg, s, prev, history):
+        states, actions, rtgs, times, length = history
+        rows = torch.arange(s.shape[0], device=s.device)
+        actions = actions.index_put((rows, (length - 1).clamp(min=0)), prev)  # a_{t-1}, now known (0 at t = 0)
+        full = length == self.K
+
+        def shifted(x):  # full rows drop their oldest step
+            return torch.where(full.view(-1, *[1] * (x.dim() - 1)), x.roll(-1, 1), x)
+
+        states, actions, rtgs, times = map(shifted, (states, actions, rtgs, times))
+        pos = length.clamp(max=self.K - 1)
+        states[rows, pos], rtgs[rows, pos, 0], times[rows, pos] = s, rtg.to(rtgs.dtype), t
+        actions[rows, pos] = 0  # a_t is not known yet (and the predicting token cannot see it)
+        length = (length + 1).clamp(max=self.K)
+        L = int(length.max())
+        mask = None if bool((length == L).all()) else torch.arange(L, device=s.device) < length.unsqueeze(1)
+        pred, _ = self.model(Batch(states[:, :L], actions[:, :L], rtgs[:, :L], times[:, :L], mask=mask))
+        return pred[rows, length - 1], (states, actions, rtgs, times, length)
 
 
 class Agent(Policy):
@@ -87,15 +133,13 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     checkpoint's first evaluation target; ``agent.info`` is its ``DataInfo``.
 
     ``runtime``: ``"torch"``, the ``Agent``; ``"onnx"`` (stream engine, CPU), the same step exported once
-    per checkpoint file and run by ``OnnxPolicy`` (``agents.onnx_agent``), the fastest exact runtime on a
+    per checkpoint file and run by ``OnnxPolicy`` (``cached_export``), the fastest exact runtime on a
     CPU, with the acting API only; ``"auto"`` (default): onnx where it is installed and the request allows
     it, else torch, saying which.
 
     ``data``: also make sure the checkpoint belongs to a dataset: ``True`` (read where its run read it), a
     source (as ``data_source``) or an ``envs.Trajectories``.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     device = pick_device(device)  # a bad name, absent CUDA or a missing index: one clear ValueError, before loading
@@ -120,7 +164,92 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
         print(f"load_agent: runtime={runtime} ({'the exported stream step on onnxruntime' if runtime == 'onnx' else 'torch'}"
               f"; runtime='torch' or 'onnx' to choose)", file=sys.stderr)
     if runtime == "onnx":
-        from .onnx_agent import onnx_agent
-
         return onnx_agent(checkpoint, ck, agent)
     return agent
+
+
+EXACT = 1e-5
+"""largest action difference the ONNX step may show against the torch stream step"""
+
+
+def onnx_agent(checkpoint, ck, agent):
+    """``runtime="onnx"``: an ``OnnxPolicy`` on the export of ``checkpoint`` (a file or run directory, else
+    ``ck``), the torch ``agent``'s own step, handed out once a few steps agree with it (``checked``)."""
+    if missing_package():
+        raise ValueError(f"runtime='onnx' needs the {missing_package()} package: pip install 'primal-dt[export]' "
+                         "(or use runtime='torch')")
+    source = dt_checkpoint.resolve(checkpoint) if isinstance(checkpoint, (str, Path)) else ck
+    path = cached_export(source) if isinstance(source, Path) else None
+    if path is not None:
+        policy = OnnxPolicy(path)
+    else:  # no cache (a checkpoint in memory, or no usable cache directory): a temporary file, gone once read
+        tmp = Path(tempfile.mkdtemp(prefix="primal-dt-policy-"))
+        try:
+            policy = OnnxPolicy(export_policy(source, "onnx", tmp / FORMATS["onnx"], overwrite=True))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)  # onnxruntime holds the graph in memory
+    policy = checked(policy, agent)
+    policy.default_target, policy.info = agent.default_target, agent.info
+    return policy
+
+
+def cached_export(path: Path) -> Path | None:
+    """The ONNX export of the checkpoint file ``path``, from the cache when its graph still has the digest
+    recorded beside it, else exported into the cache now; None without a usable cache directory.
+
+    The cache is the user's own, never the run directory: a ``policy.onnx`` there names its checkpoint only
+    in its own metadata, which anyone who can write there can copy into a graph that computes something else
+    (and a few checked steps cannot tell a graph that deviates later). An entry is named by the checkpoint
+    file's SHA-256 and what made the graph."""
+    # $XDG_CACHE_HOME/primal-dt/onnx, readable by the user only: nothing is cached where it cannot be made so
+    d = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "primal-dt" / "onnx"
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = os.lstat(d)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        return None
+    made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"  # an upgrade exports again
+    key = f"{sha256_file(path)}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)}"
+    graph, digest = d / f"{key}.onnx", d / f"{key}.onnx.sha256"
+    try:
+        if graph.is_file() and digest.read_text().strip() == sha256_file(graph):
+            return graph
+    except OSError:
+        pass  # no digest (an export killed before it was written): export again
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=d))
+        try:
+            fresh = export_policy(path, "onnx", tmp / FORMATS["onnx"], overwrite=True)
+            ck_io.write_atomic(digest, sha256_file(fresh) + "\n", "digest of a cached ONNX export")
+            os.replace(fresh, graph)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        return None  # a full or read-only cache: export without keeping it
+    return graph
+
+
+def checked(policy, torch_agent, steps: int = 12, batch: int = 2, seed: int = 0):
+    """``policy`` once ``steps`` steps of ``batch`` rows (a restart of row 0 halfway) beside ``torch_agent``
+    agreed to ``EXACT``; a ValueError otherwise."""
+    g = np.random.default_rng(seed)
+    mean, std = np.asarray(torch_agent.mean.cpu()), np.asarray(torch_agent.std.cpu())
+    worst, reward = 0.0, None
+    target = float(np.ravel(torch_agent.default_target)[0])
+    for p in (policy, torch_agent):
+        p.reset(batch, target=target)
+    for t in range(steps):
+        obs = (mean + std * g.normal(size=(batch, mean.size))).astype(np.float32)
+        a, b = policy.act(obs, reward), torch_agent.act(obs, reward)
+        worst = max(worst, float(np.abs(a - b).max()))
+        reward = g.uniform(0, 3, batch).astype(np.float32)
+        if t == steps // 2:
+            done = np.arange(batch) == 0
+            policy.reset_done(done, target=target)
+            torch_agent.reset_done(done, target=target)
+    if not worst <= EXACT:
+        raise ValueError(f"the exported ONNX step disagrees with the torch stream step (largest action difference "
+                         f"{worst:.2e} > {EXACT:g}); use runtime='torch'")
+    return policy

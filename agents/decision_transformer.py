@@ -1,11 +1,6 @@
-"""The Decision Transformer (Chen et al. 2021) on the shared attention stack.
-
-Top to bottom: ``DTConfig`` (the model options plus the data's dimensions and the context K);
-``TokenLayout`` (the tokens one step contributes, from which every token count derives; ``dt``:
-(R_t, s_t, a_t), ``bc``: (s_t, a_t)); the model (``embed``, the causal stack, ``predict_action``);
-``DTStep``, one environment step for B rows on explicit state, what the torch agent runs and
-``agents.export`` traces (``agents.recompute``: the same step with the last K steps as its state); the
-loss (masked action MSE + eta * KSVD).
+"""The Decision Transformer (Chen et al. 2021) on the shared attention stack: the token layouts (every token
+count derives from ``TokenLayout``), the model, ``DTStep`` (one environment step on explicit state, what the
+torch agent runs and ``agents.export`` traces) and the loss.
 
 The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``; for the DT
 (a_{t-1}, R_t, s_t), the action slot padding at t = 0) through the stack, each token with its own step's
@@ -16,7 +11,7 @@ episode). What a streamed token sees, per layer kind (the *stream semantics*):
 - ``primal`` without a window: the running means of q and k over every real token of the episode.
 - ``primal`` / ``softmax`` with ``window=w``: the last w token positions, its own included.
 - ``softmax`` without a window: a rolling key/value cache treated as ``window = 3K - 1`` tokens
-  (``TokenLayout.stream_window``): at the top layer the predicting token sees exactly what recompute
+  (``softmax_stream_window``): at the top layer the predicting token sees exactly what recompute
   shows it, but lower layers' outputs came from their own windows, so the receptive field reaches
   further back than recompute's K steps.
 - the linear-attention family (linear, performer, cosformer, kerformer, flowformer): prefix sums over
@@ -31,7 +26,6 @@ So for every model, stream == ``streamed_model_equivalent(model).forward`` over 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -77,14 +71,6 @@ class TokenLayout:
         """Segment mask [B, K] -> token mask [B, per_step * K]: each step's tokens share its flag."""
         return None if mask is None else mask.repeat_interleave(self.per_step, dim=1)
 
-    def at_predictors(self, h: torch.Tensor) -> torch.Tensor:
-        """The predicting tokens' rows [B, K, D] of a token sequence h [B, per_step * K, D]."""
-        return h[:, self.predictor::self.per_step]
-
-    def stream_window(self, K: int) -> int:
-        """Tokens a predicting token sees under recompute with K steps (its own included)."""
-        return max(1, self.per_step * (K - 1) + self.predictor + 1)
-
     def first_exact_step(self, reach: int) -> int:
         """Smallest segment step whose predicting token has ``reach`` earlier tokens inside the segment."""
         return max(0, math.ceil((reach - self.predictor) / self.per_step))
@@ -126,9 +112,6 @@ class DTConfig(ModelConfig):
                 raise ValueError(f"model {name} must be an integer >= 1, got {v!r}")
         super().check()
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
     @property
     def tokens(self) -> TokenLayout:
         """``TOKEN_LAYOUTS`` by model name (``primal+<name>`` too), else the Decision Transformer's."""
@@ -160,9 +143,8 @@ class DecisionTransformer(nn.Module):
 
     # -- 1. embeddings -----------------------------------------------------------------------------
     def embed_tokens(self, kinds, values, timesteps) -> torch.Tensor:
-        """Tokens [..., n, D] of the n ``kinds``: each kind's linear embedding of its value plus the learned
-        embedding of its timestep (``timesteps`` [..., n] or [..., 1]; clipped to max_timestep - 1), then the
-        shared LayerNorm. The one embedding, of a whole sequence (``embed``) and of a stream chunk."""
+        """Tokens [..., n, D] of the n ``kinds`` (``timesteps`` [..., n] or [..., 1]): the one embedding, of a
+        whole sequence (``embed``) and of a stream chunk."""
         embeds = [getattr(self, EMBEDDED[k]) for k in kinds]
         x = torch.stack([F.linear(v, e.weight, e.bias) for e, v in zip(embeds, values)], -2)
         x = x + F.embedding(timesteps.clamp(0, self.cfg.max_timestep - 1), self.embed_timestep.weight)
@@ -198,27 +180,19 @@ class DecisionTransformer(nn.Module):
             for aux in auxes:
                 if aux and "mask" in aux:
                     aux["mask"] = tmask
-        return self.predict_action(self.tokens.at_predictors(h)), auxes
-
-    # -- 3. the objective ---------------------------------------------------------------------------
-    def loss(self, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:
-        return dt_loss(self, batch, eta, detail)
-
-    # -- inspection -----------------------------------------------------------------------------
-
-    def primal_layers(self) -> dict[int, nn.Module]:
-        """Layer index -> attention module for every layer that has a KSVD Lambda."""
-        return {i: b.attn for i, b in enumerate(self.stack.blocks) if hasattr(b.attn, "Lambda")}
+        return self.predict_action(h[:, self.tokens.predictor::self.tokens.per_step]), auxes  # predicting tokens
 
     @property
     def layer_names(self) -> list[str]:
         return [s.attention for s in self.stack.specs]
 
 
-# -- 4. one environment step on explicit state (the stream) ----------------------------------------
+# -- 3. one environment step on explicit state (the stream) ----------------------------------------
 def softmax_stream_window(model) -> int:
-    """The window a softmax layer built without one streams over (module docstring)."""
-    return model.tokens.stream_window(model.cfg.K)
+    """The window a softmax layer built without one streams over (module docstring): the tokens a predicting
+    token sees under recompute with K steps, its own included."""
+    tokens = model.tokens
+    return max(1, tokens.per_step * (model.cfg.K - 1) + tokens.predictor + 1)
 
 
 def streamed_model_equivalent(model):
@@ -258,7 +232,7 @@ class DTStep(nn.Module):
 
     At a row's first step (t = 0) R = target / reward_scale and the reward is ignored, so the reward that
     ended an episode never leaks into the next; afterwards R -= reward / reward_scale. ``advance`` and
-    ``layer_specs`` are what a step on another state overrides (``agents.recompute``).
+    ``layer_specs`` are what a step on another state overrides (``agents.agent.RecomputeStep``).
 
     It holds its layers' weights detached: build a new one after the parameters are replaced (as
     ``.to(device)`` does). ``inplace``: the caller never passes a state twice, so the layers may write it

@@ -15,9 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import envs
 from primal_dt.run import checkpoint as ck_io
 from primal_dt.run.options import check_size
 
+from . import stream_training
 from .decision_transformer import DecisionTransformer, DTConfig
 
 KIND = "dt"
@@ -65,8 +67,6 @@ class DataInfo:
         """The return-to-go targets to act for: the run's own, else the DT papers' for its environment."""
         if self.targets:
             return self.targets
-        import envs
-
         return tuple(float(t) for t in envs.get_spec(self.env).targets)
 
 
@@ -103,10 +103,8 @@ class DTCheckpoint:
         return self.training.step if self.training is not None else 0
 
     def fidelity(self, engine: str):
-        """Whether ``engine``'s actions are the policy this checkpoint was trained as (``stream_training``)."""
-        from .stream_training import fidelity
-
-        return fidelity(engine, self.config)
+        """Whether ``engine``'s actions are the policy this checkpoint was trained as."""
+        return stream_training.fidelity(engine, self.config)
 
     def build_model(self, device: str | torch.device = "cpu") -> DecisionTransformer:
         """The trained network, on ``device``, in eval mode."""
@@ -124,8 +122,8 @@ class DTCheckpoint:
     def to_dict(self) -> dict:
         """The dict ``save`` writes: tensors and plain data only (arrays become tensors)."""
         info = self.data
-        d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config, "model_config": self.model_config.to_dict(),
-             "model": self.model,
+        d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config,
+             "model_config": dataclasses.asdict(self.model_config), "model": self.model,
              "data": {**vars(info), "state_mean": torch.as_tensor(info.state_mean), "targets": list(info.targets),
                       "state_std": torch.as_tensor(info.state_std), "held_out": list(info.held_out)}}
         if self.training is not None:
@@ -345,8 +343,6 @@ def check_data(info: DataInfo, data, where: str = "checkpoint") -> None:
 
 def training_data(ck: DTCheckpoint, source: str | None = None, verbose: bool = True):
     """The dataset ``ck`` was trained on, read the way its run read it (``source`` overrides where from)."""
-    import envs
-
     ds = envs.load_dataset(ck.data.env, source=source or ck.config.get("data_source") or "auto", verbose=verbose,
                            clip_actions=bool(ck.config.get("data_clip_actions", False)))
     check_data(ck.data, ds, ck.origin)

@@ -21,16 +21,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 
 from primal_dt.run import checkpoint as ck_io
-from primal_dt.run import errors, json_reader
+from primal_dt.run import errors, json_reader, options
 from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
-from .onnx_policy import FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT
+from .onnx_policy import FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy, OnnxPolicy
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
 """format -> the artefact's default file name (next to the checkpoint)"""
@@ -97,6 +98,7 @@ def package_version() -> str:
 def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
     """The JSON document stored in the artefact (checked by ``onnx_policy.check_metadata`` when read)."""
     cfg, info, kinds = ck.model_config, ck.data, step.model.layer_names
+    stream = ck.fidelity("stream")  # whether this stream is the policy the checkpoint was trained as
     return {
         "format": FORMAT, "schema": SCHEMA, "artefact": fmt,
         "obs_dim": cfg.state_dim, "act_dim": cfg.act_dim, "targets": list(info.eval_targets),
@@ -104,10 +106,9 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "env": info.env, "gym_id": info.gym_id, "K": cfg.K, "max_timestep": cfg.max_timestep,
         "layers": kinds, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
         "softmax_stream_window": softmax_stream_window(step.model),
-        "inputs": [{"name": "observation", "shape": [_BATCH, cfg.state_dim], "dtype": "float32"},
-                   {"name": "reward", "shape": [_BATCH], "dtype": "float32"},
-                   {"name": "reset", "shape": [_BATCH], "dtype": "bool"},
-                   {"name": "target", "shape": [_BATCH], "dtype": "float32"}],
+        "inputs": [{"name": name, "shape": [_BATCH, *dims], "dtype": dtype} for name, dims, dtype in (
+            ("observation", [cfg.state_dim], "float32"), ("reward", [], "float32"), ("reset", [], "bool"),
+            ("target", [], "float32"))],
         "outputs": [{"name": "action", "shape": [_BATCH, cfg.act_dim], "dtype": "float32"}],
         "state": [{"name": s.name, "shape": [_BATCH, *s.shape], "dtype": str(s.dtype).removeprefix("torch."),
                    "initial": 0, "what": _what(s.name, kinds), **({"masked_by": s.masked_by} if s.masked_by else {})}
@@ -115,9 +116,7 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "semantics": semantics(step), "package_version": package_version(), "torch_version": torch.__version__,
         "checkpoint": source, "checkpoint_sha256": sha256, "train_step": ck.step,
         "data_source": info.source, "data_fingerprint": info.fingerprint or None,
-        # whether this stream is the policy the checkpoint was trained as (agents.stream_training.Fidelity)
-        "stream_exact": ck.fidelity("stream").exact, "stream_window": ck.fidelity("stream").stream_window,
-        "stream_from_start": ck.fidelity("stream").from_start,
+        "stream_exact": stream.exact, "stream_window": stream.stream_window, "stream_from_start": stream.from_start,
     }
 
 
@@ -144,11 +143,8 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
     with ``overwrite=True``, never the checkpoint itself."""
     if format not in FORMATS:
         raise ValueError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    if isinstance(source, DTCheckpoint):
-        ck, path = source, None
-    else:
-        path = dt_checkpoint.resolve(source)
-        ck = dt_checkpoint.load(path)
+    path = None if isinstance(source, DTCheckpoint) else dt_checkpoint.resolve(source)
+    ck = dt_checkpoint.load(source if path is None else path)
     if out is None or str(out) == "":
         if path is None:
             raise ValueError("out=PATH is required when exporting a checkpoint held in memory")
@@ -188,31 +184,24 @@ def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
     inputs = [*INPUTS, *(STATE_IN + s.name for s in step.specs)]
     outputs = ["action", *(STATE_OUT + s.name for s in step.specs)]
     batch = torch.export.Dim(_BATCH)
-    with warnings.catch_warnings(), torch.no_grad(), _quiet_exporter():
-        warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
-        program = torch.onnx.export(step, example, dynamo=True, input_names=inputs, output_names=outputs,
-                                    dynamic_shapes=(*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):])),
-                                    opset_version=OPSET,
-                                    verbose=False, custom_translation_table=onnx_translations())
+    log = logging.getLogger("torch.onnx")  # the exporter prints its progress: the command's output is its own
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+            warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
+            dims = (*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):]))  # any batch
+            program = torch.onnx.export(step, example, dynamo=True, input_names=inputs, output_names=outputs,
+                                        dynamic_shapes=dims, opset_version=OPSET, verbose=False,
+                                        custom_translation_table=onnx_translations())
+    finally:
+        log.setLevel(level)
     model = program.model_proto
     entry = model.metadata_props.add()
     entry.key, entry.value = METADATA_KEY, json.dumps(meta)
     model.producer_name = "primal-dt agents.export"
     onnx.checker.check_model(model)
     return model.SerializeToString()
-
-
-@contextlib.contextmanager
-def _quiet_exporter():
-    """torch.export's exporter prints its progress: keep the command line's output to its own."""
-    log = logging.getLogger("torch.onnx")
-    level, out = log.level, io.StringIO()
-    log.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stdout(out):
-            yield
-    finally:
-        log.setLevel(level)
 
 
 def _torchscript_bytes(step: DTStep, meta: dict) -> bytes:
@@ -227,21 +216,45 @@ def _torchscript_bytes(step: DTStep, meta: dict) -> bytes:
 
 
 def read_metadata(path: str | Path) -> dict:
-    """The metadata document of an exported policy (ONNX or TorchScript)."""
+    """The metadata document of an exported policy (ONNX or TorchScript), read and checked as its runtime does."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"policy {path} does not exist")
-    if path.read_bytes()[:2] == b"PK":  # TorchScript archives are zip files
-        extra = {METADATA_KEY + ".json": ""}
-        torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
-        text = extra[METADATA_KEY + ".json"]
-    else:
-        import onnx
+    torchscript = path.is_file() and path.read_bytes()[:2] == b"PK"  # TorchScript archives are zip files
+    return (TorchScriptPolicy if torchscript else OnnxPolicy)(path).metadata
 
-        text = {p.key: p.value for p in onnx.load(str(path)).metadata_props}.get(METADATA_KEY, "")
-    if not text:
-        raise ValueError(f"{path} has no primal-dt policy metadata; export one with python -m agents.export")
-    return json_reader.parse(text, f"{path} policy metadata")
+
+class TorchScriptPolicy(GraphPolicy):
+    """An exported TorchScript policy with the ``Agent`` API. ``threads``: torch's intra-op threads, set for
+    the whole process (None: left as they are)."""
+
+    runtime = "torchscript"
+
+    def __init__(self, path, threads: int | None = None):
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"policy {path} does not exist (export one with python -m agents.export "
+                                    "checkpoint=RUN format=torchscript out=PATH)")
+        extra = {METADATA_KEY + ".json": ""}
+        try:
+            self.module = torch.jit.load(str(path), map_location="cpu", _extra_files=extra)
+        except RuntimeError as err:
+            raise ValueError(f"{path} is not a readable TorchScript file: {err}") from err
+        text = extra[METADATA_KEY + ".json"]
+        if not text:
+            raise ValueError(f"{path} is a TorchScript file without primal-dt policy metadata; export one with "
+                             "python -m agents.export format=torchscript")
+        super().__init__(json_reader.parse(text, f"{path} policy metadata"), str(path))
+        if threads is not None:
+            options.check_number("threads", threads, options.AT_LEAST_1)
+            torch.set_num_threads(int(threads))
+
+    def _step(self, obs, reward):
+        r = np.zeros(self.batch, dtype=np.float32) if reward is None else reward
+        inputs = [np.ascontiguousarray(obs, dtype=np.float32), r, self._reset, self._target_rows, *self._state]
+        with torch.inference_mode():
+            action, *state = self.module(*(torch.from_numpy(a) for a in inputs))
+        self._state = [s.numpy() for s in state]
+        self._reset.fill(False)
+        return action.numpy().copy()  # action and next_state.prev_action are one tensor in the graph
 
 
 @dataclass
@@ -273,7 +286,7 @@ def run(argv: list[str]) -> Path:
     print(f"exported {meta['checkpoint']} ({'/'.join(meta['layers'])}, obs {meta['obs_dim']} -> act "
           f"{meta['act_dim']}) as {cfg.format}: {out} ({out.stat().st_size / 1e6:.2f} MB, {len(meta['state'])} state "
           "tensors, any batch)")
-    runner = "onnx_policy.OnnxPolicy" if cfg.format == "onnx" else "agents.torchscript_policy.TorchScriptPolicy"
+    runner = "onnx_policy.OnnxPolicy" if cfg.format == "onnx" else "agents.export.TorchScriptPolicy"
     print(f"run it with {runner}({str(out)!r}): reset(batch), act(obs, reward), reset_done(done)")
     return out
 

@@ -71,22 +71,20 @@ def check_metadata(meta: dict, where: str) -> None:
     if meta["schema"] > SCHEMA:
         raise ValueError(f"{where} was exported by a newer primal-dt (policy schema {meta['schema']}, this "
                          f"runtime reads <= {SCHEMA}); use the onnx_policy.py of that release")
-    for field in ("obs_dim", "act_dim"):
-        if not integer(meta.get(field), 1):
-            raise bad(field, "an integer >= 1", meta.get(field))
-    targets = meta.get("targets")
-    if not (isinstance(targets, list) and targets and all(map(finite, targets))):
-        raise bad("targets", "a non-empty list of finite numbers", targets)
-    if not (finite(meta.get("reward_scale")) and meta["reward_scale"] > 0):
-        raise bad("reward_scale", "a finite number > 0", meta.get("reward_scale"))
-    if not isinstance(meta.get("stream_exact"), bool):
-        raise bad("stream_exact", "true or false (whether the stream is the policy the checkpoint was trained as)",
-                  meta.get("stream_exact"))
-    if not integer(meta.get("stream_window"), 0):
-        raise bad("stream_window", "an integer >= 0", meta.get("stream_window"))
-    if not isinstance(meta.get("stream_from_start"), bool):
-        raise bad("stream_from_start", "true or false (whether the checkpoint trained on episode prefixes)",
-                  meta.get("stream_from_start"))
+    fields = {
+        "obs_dim": (lambda v: integer(v, 1), "an integer >= 1"),
+        "act_dim": (lambda v: integer(v, 1), "an integer >= 1"),
+        "targets": (lambda v: isinstance(v, list) and v and all(map(finite, v)), "a non-empty list of finite numbers"),
+        "reward_scale": (lambda v: finite(v) and v > 0, "a finite number > 0"),
+        "stream_exact": (lambda v: isinstance(v, bool),
+                         "true or false (whether the stream is the policy the checkpoint was trained as)"),
+        "stream_window": (lambda v: integer(v, 0), "an integer >= 0"),
+        "stream_from_start": (lambda v: isinstance(v, bool),
+                              "true or false (whether the checkpoint trained on episode prefixes)"),
+    }
+    for field, (ok, want) in fields.items():
+        if not ok(meta.get(field)):
+            raise bad(field, want, meta.get(field))
     state = meta.get("state")
     if not isinstance(state, list):
         raise bad("state", "a list of state tensors {name, shape, dtype}", state)
@@ -143,8 +141,7 @@ class Policy:
     runtime: str = ""
     """which runtime acts: "torch", "onnx" or "torchscript" (what ``load_agent(runtime="auto")`` picked)"""
     fidelity: dict | None = None
-    """{"engine", "exact", "stream_window", "from_start"} (``agents.stream_training.Fidelity``); None for a bare
-    model's"""
+    """``agents.stream_training.Fidelity.record()`` of the checkpoint acting (None for a bare model)"""
 
     def _targets(self, target, n: int) -> np.ndarray:
         arr = np.asarray(self.default_target if target is None else target, dtype=np.float64).reshape(-1)
@@ -189,7 +186,10 @@ class Policy:
         if not self.batch:
             raise RuntimeError("call policy.reset(batch) before act / reset_done / keep_rows")
 
-    def _observation(self, obs) -> np.ndarray:
+    def act(self, obs, reward=None) -> np.ndarray:
+        """One action per row ([B, act_dim] float32, the caller's to keep) for observations ``obs``
+        [B, obs_dim]; ``reward`` [B]: the previous step's (None at the first; ignored at a row's first step)."""
+        self._require_reset()
         o = np.asarray(obs)
         if o.dtype.kind != "f":
             raise ValueError(f"obs must be a floating-point array (the simulator's observations), got dtype "
@@ -200,13 +200,6 @@ class Policy:
         if o.shape[0] != self.batch:
             raise ValueError(f"obs has {o.shape[0]} rows but the policy runs batch={self.batch} (set by reset(batch) "
                              "and keep_rows)")
-        return o
-
-    def act(self, obs, reward=None) -> np.ndarray:
-        """One action per row ([B, act_dim] float32, the caller's to keep) for observations ``obs``
-        [B, obs_dim]; ``reward`` [B]: the previous step's (None at the first; ignored at a row's first step)."""
-        self._require_reset()
-        o = self._observation(obs)
         r = None
         if reward is not None:
             r = np.asarray(reward, dtype=np.float32)
@@ -331,10 +324,7 @@ class OnnxPolicy(GraphPolicy):
 
     def _step(self, obs, reward):
         np.copyto(self._obs, obs)
-        if reward is None:
-            self._reward.fill(0.0)
-        else:
-            np.copyto(self._reward, reward)
+        np.copyto(self._reward, 0.0 if reward is None else reward)
         self.session.run_with_iobinding(self._bindings[self._parity][0])
         self._reset.fill(False)
         self._parity ^= 1

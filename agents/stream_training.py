@@ -12,9 +12,7 @@ steps from an episode's first, so every prediction sees its whole episode so far
 engine computes (unwindowed primal running means from the episode's start; a softmax ring of 3K - 1 tokens
 holds the whole episode). No window, no step left out of the loss; each segment costs K steps of compute.
 
-Which policy an engine measures (``Fidelity``): recompute always the trained one; the stream only when
-the run trained stream-exact, as its config's ``stream_window`` or ``from_start`` records. Every evaluation
-output carries ``Fidelity.record()``.
+Which policy an engine measures, recorded by every evaluation output: ``Fidelity``.
 """
 
 from __future__ import annotations
@@ -80,8 +78,8 @@ def stream_exact_batch(batch: Batch, first: int) -> Batch:
 
 @dataclass(frozen=True)
 class Fidelity:
-    """Whether ``engine``'s actions are the policy a checkpoint was trained as: a stream over whole episodes
-    shows a segment-trained model what no loss measured."""
+    """Whether ``engine``'s actions are the policy a checkpoint was trained as: recompute's always are; a stream
+    over whole episodes shows a segment-trained model what no loss measured, unless it trained stream-exact."""
 
     engine: str
     stream_window: int

@@ -17,17 +17,14 @@ def inference_threads(engine: str, batch: int, cores: int | None = None) -> int:
     """CPU threads for one inference process acting for ``batch`` rows with ``engine`` (``threads=0`` of the
     evaluators): one for small batches, else half the cores, since a multi-threaded step waits at every
     operator for its slowest thread and collapses when a busy process shares a thread's core."""
-    if engine not in INFERENCE_ENGINES:
-        raise ValueError(f"unknown inference engine {engine!r}; choose one of {', '.join(INFERENCE_ENGINES)}")
-    cores = usable_cores() if cores is None else max(1, int(cores))
-    if batch < BIG_BATCH[engine]:
-        return 1
-    return max(1, cores // 2)
+    return lane_threads(engine, batch, 2, cores)
 
 
 def lane_threads(engine: str, batch: int, lanes: int, cores: int | None = None) -> int:
     """Threads for each of ``lanes`` processes acting side by side: 1 for small batches, else a share."""
-    if inference_threads(engine, batch, cores) == 1 and batch < BIG_BATCH[engine]:
+    if engine not in INFERENCE_ENGINES:
+        raise ValueError(f"unknown inference engine {engine!r}; choose one of {', '.join(INFERENCE_ENGINES)}")
+    if batch < BIG_BATCH[engine]:
         return 1
     return max(1, (usable_cores() if cores is None else max(1, int(cores))) // max(1, int(lanes)))
 

@@ -66,13 +66,14 @@ class Stepper:
         if mode != "eager" and not opt.defaults.get("fused"):
             raise ValueError(f"compile={mode} needs a fused optimizer (skipping a failed step on the device)")
         self.mode, self.net, self.params, self.opt, self.sched = mode, net, params, opt, sched
+        self.eager = mode == "eager"
         align(opt, mode)
         self.eta, self.clip, self.world = eta, (grad_clip if grad_clip > 0 else math.inf), world
         self.steps = 0
         self.start, self.graph_after, self.autocast = first_step, max(1, graph_after), autocast
         self._failure: Failure | None = None
         self.graph, self.capturing = None, False
-        if mode != "eager":
+        if not self.eager:
             self.loss_fn = torch.compile(self._loss, backend=backend)
             device = params[0].device
             self.bad = torch.zeros((), device=device)
@@ -80,10 +81,6 @@ class Stepper:
             self.count = torch.zeros((), dtype=torch.int64, device=device)
             self.first = torch.full((), -1, dtype=torch.int64, device=device)
             self.snap: dict[str, torch.Tensor] = {}
-
-    @property
-    def eager(self) -> bool:
-        return self.mode == "eager"
 
     def step(self, batch: Batch, detail: bool = False) -> tuple:
         """(loss, grad norm, parts): floats in the eager form, else device tensors (read back when needed)."""

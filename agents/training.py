@@ -27,7 +27,7 @@ import yaml
 
 import envs
 from primal_dt.run import checkpoint as ck_io
-from primal_dt.run import distributed, errors, lock, outputs, presets, runtime
+from primal_dt.run import distributed, errors, json_reader, lock, outputs, presets, runtime
 from agents import train_config
 from primal_dt.run.monitor import EpisodeBar, RunMonitor, run_dir
 from primal_dt.run.distributed import Dist
@@ -37,8 +37,6 @@ from agents.train_config import Built, TrainConfig, model_label
 from . import dt_checkpoint, stream_training, train_step as steps
 from .decision_transformer import Batch, DecisionTransformer, DTConfig, trailing_padding
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
-from .summary import SCORES, check_summary
-from .training_validation import Validation
 
 
 class Diverged(RuntimeError):
@@ -72,9 +70,11 @@ class Run:
     device: torch.device
     dist: Dist
     validation: Validation | None = None
-    """the held-out episodes' fixed segments (None: val_fraction=0)"""
+    """None: val_fraction=0, or not rank 0"""
     compile: str = "eager"
-    """``compile=`` resolved for the device (``agents.train_step``)"""
+    """``compile=`` resolved for the device"""
+    exact_from: int | None = None
+    """stream-exact runs (``stream_window``): the first segment step the loss counts"""
     step: int = 0
     train_time: float = 0.0
     """seconds inside optimisation steps (no evaluation, no logging)"""
@@ -84,9 +84,8 @@ class Run:
 
 # == 1. setup: everything that can fail on bad input ================================================
 def prepare(built: Built, d: Dist | None = None) -> Run:
-    """Config (resumed or new), data, model and optimizer. The order of random draws is part of the
-    contract. A resumed run's directory is locked before its checkpoint is read, so no run continues from
-    a checkpoint another process is about to replace."""
+    """The order of random draws is part of the contract. A resumed run's directory is locked before its
+    checkpoint is read, so no run continues from a checkpoint another process is about to replace."""
     path = None  # resume='s checkpoint file, its run directory held by rank 0
     with errors.setup_errors():
         if built.cfg.resume:
@@ -150,13 +149,11 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
                     reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
                     source=data.source, fingerprint=data.fingerprint, held_out=tuple(held_out.tolist()))
-    validation = None
-    if len(held_out) and d.main:
-        exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
-        validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from,
-                                cfg.from_start)
+    exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
+    validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from,
+                            cfg.from_start) if len(held_out) and d.main else None
     run = Run(cfg, built, data, info, sampler, model, opt, sched, path.parent if path else None, device, d,
-              validation, mode)
+              validation, mode, exact_from)
     if ck is not None:
         restore(run, ck)
     return run
@@ -236,26 +233,19 @@ def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
 
 def _train(run: Run, evaluator: Evaluator) -> dict:
     cfg, d = run.cfg, run.dist
-    params = list(run.model.parameters())
-    net = run.model
-    if d.world > 1:
-        net = torch.nn.parallel.DistributedDataParallel(
-            run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+    net = run.model if d.world == 1 else torch.nn.parallel.DistributedDataParallel(
+        run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
     if d.main:
         print(announcement(run), flush=True)
     mon = open_monitor(run)
-    # the bar shows the latest score (the first target's) and validation MSE, a resumed run's too
-    scores = [mon.history[t] for t in sorted(mon.history) if t.startswith("eval/normalized/")]
-    vals = mon.history.get(VAL_TAG)
-    last_score, last_val = scores[0][-1][1] if scores else None, vals[-1][1] if vals else None
-    exact_from = stream_training.first_exact_step(run.model.cfg) if cfg.stream_window else None
+    score_tag = f"eval/normalized/{target_tag(run.info.targets[0])}"  # the bar's score: the first target's
     speed = (0.0, 0, 0)  # seconds, steps and tokens of the optimisation steps since the last logged step
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
     clock = Clock(run)
     saved_at = run.step if (run.out / dt_checkpoint.FILENAME).exists() else -1
     interrupts = Interrupts()
-    stepper = steps.Stepper(run.compile, net, params, run.opt, run.sched, cfg.eta, cfg.grad_clip, d.world, run.step,
-                            autocast=torch.bfloat16 if cfg.amp == "bf16" else None)
+    stepper = steps.Stepper(run.compile, net, list(run.model.parameters()), run.opt, run.sched, cfg.eta, cfg.grad_clip,
+                            d.world, run.step, autocast=torch.bfloat16 if cfg.amp == "bf16" else None)
     loss = None
 
     def settle() -> None:
@@ -279,7 +269,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                 # a step and its log line are whole or not taken: an interrupt waits for their end, so the
                 # checkpoint it writes holds every event logged up to its step
                 with interrupts.held():
-                    batch, real = next_batch(run, exact_from)
+                    batch, real = next_batch(run)
                     t0 = time.perf_counter()
                     out = stepper.step(batch, logging)
                     # the eager step reads its loss back each step; the compiled ones only here, so the time of
@@ -298,8 +288,9 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     settle()
                     t0 = time.perf_counter()
                     if d.main:
-                        last_score = next(iter(evaluate(run, mon, evaluator).values()))["normalized_mean"]
-                        last_val = validate(run, mon) if run.validation is not None else last_val
+                        evaluate(run, mon, evaluator)
+                        if run.validation is not None:
+                            validate(run, mon)
                     d.barrier()
                     clock.exclude(time.perf_counter() - t0)
                 if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
@@ -309,8 +300,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     by_time.restart()
                 if note := clock.tick():
                     mon.print(note)
-                shown = {"loss": (loss, "{:.4f}"), "score": (last_score, "{:.1f}"), "val_mse": (last_val, "{:.4f}"),
-                         "eta": (clock.eta(), "{}")}
+                shown = {"loss": (loss, "{:.4f}"), "score": (_latest(mon, score_tag), "{:.1f}"),
+                         "val_mse": (_latest(mon, VAL_TAG), "{:.4f}"), "eta": (clock.eta(), "{}")}
                 mon.progress(1, **{k: form.format(v) for k, (v, form) in shown.items() if v is not None})
     except KeyboardInterrupt as err:
         why = f" by {err.args[0]}" if err.args else ""
@@ -347,16 +338,20 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     return summary
 
 
-def next_batch(run: Run, exact_from: int | None) -> tuple[Batch, int]:
+def next_batch(run: Run) -> tuple[Batch, int]:
     """The sampler's next batch on the device and its real steps (counted on the host: no read-back)."""
     sample = run.sampler.sample()
     real = int(sample.mask.sum())
     batch = sample._replace(trailing=trailing_padding(sample.mask)).to(run.device, non_blocking=True)
-    return (batch if exact_from is None else stream_training.stream_exact_batch(batch, exact_from)), real
+    return (batch if run.exact_from is None else stream_training.stream_exact_batch(batch, run.exact_from)), real
 
 
 def _due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
+
+
+def _latest(mon: RunMonitor, tag: str) -> float | None:
+    return mon.history[tag][-1][1] if mon.history.get(tag) else None
 
 
 class Interrupts:
@@ -420,14 +415,58 @@ def evaluate(run: Run, mon: RunMonitor, evaluator: Evaluator, final: bool = Fals
     return res
 
 
+MAX_SEGMENTS, CHUNK = 2048, 256
+"""held-out segments per validation at most (a forward pass over them costs a few training steps), per pass"""
+_SAMPLE_STREAM = 0x7661  # keys the fixed sample's generator apart from the split's and the sampler's
+
+
+class Validation:
+    """Validation without a simulator: the masked action MSE on whole episodes the model never trains on,
+    cheap and deterministic where a rollout is slow and noisy; it tells over-fitting from under-fitting.
+    The segments are fixed once per run (every K-step segment starting in a held-out episode, or a seeded
+    sample of ``MAX_SEGMENTS``), so the curve moves only when the model does. ``exact_from`` and
+    ``from_start``: the steps counted and the segments, as stream-exact runs train."""
+
+    def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
+                 device: torch.device, exact_from: int | None = None, from_start: bool = False):
+        sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None,
+                                      stats=(info.state_mean, info.state_std))
+        first = held_out.starts if from_start else np.arange(held_out.num_steps)
+        if len(first) > MAX_SEGMENTS:
+            rng = np.random.default_rng((int(seed), _SAMPLE_STREAM))
+            first = np.sort(rng.choice(len(first), MAX_SEGMENTS, replace=False))
+        batch = sampler.segments(first)
+        if exact_from is not None:
+            batch = stream_training.stream_exact_batch(batch, exact_from)
+        self.batch = batch.to(device)
+        self.episodes, self.segments = len(held_out), len(first)
+        self.counted = int(batch.counted.sum()) * held_out.actions.shape[1]
+        """action values the mean runs over"""
+
+    def action_mse(self, model: torch.nn.Module) -> float:
+        """One mean over every counted action value (not a mean of chunk means); no random stream moved."""
+        was_training = model.training
+        model.eval()
+        sse = torch.zeros((), dtype=torch.float64, device=self.batch.mask.device)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                for i in range(0, self.segments, CHUNK):
+                    b = Batch(*(None if v is None else v[i:i + CHUNK] for v in self.batch))
+                    pred, _ = model(b)
+                    m = b.counted.unsqueeze(-1).to(pred.dtype)
+                    sse += ((pred - b.actions) ** 2 * m).sum(dtype=torch.float64)
+        finally:
+            model.train(was_training)
+        return float(sse) / max(self.counted, 1)
+
+
 VAL_TAG = "val/action_mse"
 
 
 def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
-    """The held-out episodes' masked action MSE (rank 0), logged as ``val/action_mse``."""
-    mse = run.validation.action_mse(run.model)
-    mon.scalar(VAL_TAG, mse, run.step)
     v = run.validation
+    mse = v.action_mse(run.model)
+    mon.scalar(VAL_TAG, mse, run.step)
     mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
               f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} segments)")
     return mse
@@ -524,7 +563,6 @@ def kept(run: Run) -> str:
 
 # == 5. logging: what a run shows and leaves behind (rank 0 writes; other monitors are off) ============
 def announcement(run: Run) -> str:
-    """What the run is about to do: the options with their provenance, the data, the model, where it writes."""
     cfg = run.cfg
     n_params = sum(p.numel() for p in run.model.parameters())
     return "\n".join([
@@ -541,7 +579,6 @@ def announcement(run: Run) -> str:
 
 
 def data_line(run: Run) -> str:
-    """The data trained on and held out (printed, and in TensorBoard's ``data/source``)."""
     data, n = run.data, len(run.info.held_out)
     held = (f"{n} held out for validation ({int(data.lengths[list(run.info.held_out)].sum()):,} steps, "
             f"val_fraction={run.cfg.val_fraction:g}, drawn by seed {run.cfg.seed}; statistics from the other "
@@ -569,14 +606,13 @@ def open_monitor(run: Run) -> RunMonitor:
 
 def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, seconds: float, steps: int,
              tokens: int) -> None:
-    """Loss and its parts, learning rate, grad norm, throughput, KSVD J and Lambda per primal layer."""
     t = max(seconds, 1e-9)
     vals = {"loss/total": loss, "loss/action_mse": float(parts["mse"]), "loss/ksvd": float(parts["ksvd"]),
             "train/lr": run.sched.get_last_lr()[0], "train/grad_norm": gn, "throughput/steps_per_s": steps / t,
             "throughput/tokens_per_s": tokens / t}
     vals.update({f"ksvd/J_{k.split('/')[1]}": float(v) for k, v in parts.items() if k.startswith("J/")})
-    for i, attn in run.model.primal_layers().items():
-        lam = attn.Lambda.detach()
+    lambdas = {i: b.attn.Lambda.detach() for i, b in enumerate(run.model.stack.blocks) if hasattr(b.attn, "Lambda")}
+    for i, lam in lambdas.items():  # KSVD's Lambda, per primal layer
         vals.update({f"lambda/layer{i}_{stat}": float(getattr(lam, stat)()) for stat in ("mean", "min", "max")})
         mon.histogram(f"lambda/layer{i}", lam.cpu(), run.step)
     mon.scalars(vals, run.step)
@@ -587,7 +623,7 @@ def target_tag(t: float) -> str:
 
 
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
-    """The run's summary; rank 0 also logs the hyper-parameters, draws the plots, writes ``summary.json``."""
+    """The run's summary (rank 0 writes it, with the plots and the hyper-parameters)."""
     cfg = run.cfg
     summary = {
         "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
@@ -602,24 +638,83 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
         "run_dir": str(run.out),
     }
     if run.dist.main:
-        metrics = {f"normalized_{target_tag(t)}": r["normalized_mean"] for t, r in (final or {}).items()}
-        if val is not None:
-            metrics["val_action_mse"] = val
+        metrics = {f"normalized_{target_tag(t)}": r["normalized_mean"] for t, r in (final or {}).items()} | (
+            {"val_action_mse": val} if val is not None else {})
         mon.hparams({"env": cfg.env, "model": model_label(cfg), "data_source": run.data.source,
                      **{k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "resume", "out")}},
                     metrics or {"steps": run.step})
-        tags = sorted(t for t in mon.history if t.startswith("eval/normalized/"))
-        png = mon.plot(tags, run.out / "eval_return.png", title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}",
+        title, tags = f"{cfg.env} {model_label(cfg)} seed {cfg.seed}", sorted(mon.history)
+        png = mon.plot([t for t in tags if t.startswith("eval/normalized/")], run.out / "eval_return.png", title=title,
                        ylabel="normalized return")
-        summary["plot"] = str(png) if png else None
-        png = mon.plot([VAL_TAG], run.out / "val_action_mse.png", ylabel="masked action MSE",
-                       title=f"{cfg.env} {model_label(cfg)} seed {cfg.seed}: held-out episodes")
-        summary["val_plot"] = str(png) if png else None
+        val_png = mon.plot([VAL_TAG], run.out / "val_action_mse.png", title=f"{title}: held-out episodes",
+                           ylabel="masked action MSE")
+        summary |= {"plot": str(png) if png else None, "val_plot": str(val_png) if val_png else None}
         check_summary(summary, "the summary training wrote")
         path = ck_io.write_atomic(run.out / "summary.json", json.dumps(summary, indent=2), "run summary")
         mon.print(f"summary: {path}")
     mon.close()
     return summary
+
+
+SUMMARY_FIELDS = {"env": str, "model": str, "seed": int, "steps": int}
+"""the fields every summary names; ``final`` and ``validation`` are each an object or null"""
+SCORES = ("normalized_mean", "normalized_std", "return_mean", "return_std", "length_mean")
+"""each target's final scores (NaN or inf when a rollout went wrong)"""
+
+
+def _finite(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def check_summary(summary, where: str) -> dict:
+    """``summary``, or a ValueError saying which field of ``where`` is wrong (scores may be NaN or inf)."""
+    def bad(field: str, want: str, got) -> ValueError:
+        kinds = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", type(None): "null"}
+        shown = "" if got is None else f" ({json.dumps(got)[:60]})"
+        return ValueError(f"{where}: {field} must be {want}, got {kinds.get(type(got), f'a {type(got).__name__}')}"
+                          f"{shown}")
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    if not isinstance(summary, dict):
+        raise bad("the file", "a JSON object (a run's summary)", summary)
+    for key, kind in SUMMARY_FIELDS.items():
+        if key not in summary:
+            raise ValueError(f"{where}: no {key!r}; this is not a summary that training wrote")
+        if not isinstance(summary[key], kind) or isinstance(summary[key], bool) or summary[key] == "":
+            raise bad(key, "an integer" if kind is int else "a non-empty string", summary[key])
+    if summary["steps"] < 0 or summary["seed"] < 0:
+        raise ValueError(f"{where}: steps and seed must be >= 0, got {summary['steps']} and {summary['seed']}")
+    final = summary.get("final")
+    if final is not None:
+        if not isinstance(final, dict):
+            raise bad("final", "an object of target -> scores, or null", final)
+        for tag, scores in final.items():
+            if not (tag.startswith("target") and _finite(tag[len("target"):])):
+                raise ValueError(f"{where}: final: {tag!r} is not a target (target<return>, e.g. target3600)")
+            if not isinstance(scores, dict):
+                raise bad(f"final.{tag}", "an object of scores", scores)
+            if "normalized_mean" not in scores:
+                raise ValueError(f"{where}: final.{tag} has no 'normalized_mean'")
+            for k in SCORES:
+                if k in scores and not number(scores[k]):
+                    raise bad(f"final.{tag}.{k}", "a number", scores[k])
+    val = summary.get("validation")
+    if val is not None and not (isinstance(val, dict) and number(val.get("action_mse"))):
+        raise bad("validation", "an object with a number action_mse, or null", val)
+    return summary
+
+
+def read_summary(path) -> dict:
+    """``summary.json`` as ``eval.report`` reads it: one error naming the field, not a KeyError in a table."""
+    try:
+        return check_summary(json_reader.read(path, nonfinite=True), str(path))  # check_summary flags NaN
+    except OSError as err:
+        raise ValueError(f"{path} cannot be read: {errors.why(err)}") from err
 
 
 # -- how long the run takes: measured on this run, never assumed ------------------------------------------
@@ -638,8 +733,7 @@ class Clock:
         self.run, self.start = run, run.step + SKIP
         self.t0, self.excluded, self.step_s, self.eval_s = None, 0.0, None, 0.0
 
-    def exclude(self, seconds: float) -> None:
-        """An evaluation (with its validation) took ``seconds``: not training time, and what the next one takes."""
+    def exclude(self, seconds: float) -> None:  # an evaluation (and validation): not training, the next one's time
         self.excluded, self.eval_s = self.excluded + seconds, seconds
 
     def tick(self) -> str | None:
@@ -663,8 +757,7 @@ class Clock:
         return time.perf_counter()
 
     def eta(self) -> str | None:
-        """Time left: the steps at the pace, and the evaluations still due at the last one's time (the final
-        one in proportionally many rounds of ``num_envs`` episodes)."""
+        """Time left: the steps at the pace, and the evaluations still due at the last one's time."""
         if self.step_s is None:
             return None
         cfg, e = self.run.cfg, self.run.cfg.eval
@@ -674,8 +767,7 @@ class Clock:
 
 
 def projection(run: Run, step_s: float, start: int, measured: int) -> str:
-    """The training time left at the measured pace; for a recipe of hours a note saying so, which on a CPU
-    gives the command of the CPU recipe."""
+    """The training time left at the measured pace; a recipe of hours is told so (on a CPU: the CPU recipe)."""
     cfg, threads, left = run.cfg, torch.get_num_threads(), run.cfg.steps - start
     where = f"{run.device}" + (f", {threads} thread{'s' * (threads > 1)}" if run.device.type == "cpu" else "")
     text = (f"time on {where}, measured over {measured} steps: {left:,} {'remaining ' if start else ''}steps x "

@@ -38,7 +38,7 @@ import tyro
 import envs
 from agents import dt_checkpoint, train_config
 from agents.stream_training import fidelity
-from agents.summary import read_summary
+from agents.training import read_summary
 from envs import sources
 from primal_dt.run import checkpoint as ck_io
 from primal_dt.run import errors, json_reader, options, presets

@@ -140,7 +140,7 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
     """({format: policy class}, {format: why it is skipped}) for the exported runtimes available here."""
     if not bc.exported:
         return {}, {f: "exported=false" for f in ("onnx", "torchscript")}
-    from agents.torchscript_policy import TorchScriptPolicy
+    from agents.export import TorchScriptPolicy
 
     try:
         import onnx  # noqa: F401

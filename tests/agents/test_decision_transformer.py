@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from agents import DecisionTransformer, DTConfig, dt_checkpoint
-from agents.decision_transformer import Batch, action_mse
+from agents.decision_transformer import Batch, action_mse, dt_loss
 from primal_dt.run import checkpoint
 from primal_dt.attention import available, get_class
 from primal_dt.ksvd import ksvd_regularizer
@@ -86,8 +86,8 @@ def test_padding_after_real_steps_changes_nothing_real(layout):
     c.timesteps[pad] = 999
     pred2, auxes2 = m(c)
     torch.testing.assert_close(pred2[b.mask], pred[b.mask], atol=1e-5, rtol=0)
-    l1, p1 = m.loss(b, eta=0.05)
-    l2, p2 = m.loss(c, eta=0.05)
+    l1, p1 = dt_loss(m, b, eta=0.05)
+    l2, p2 = dt_loss(m, c, eta=0.05)
     torch.testing.assert_close(l1, l2, atol=1e-6, rtol=1e-5)
     # a real-only batch of the same steps gives the same prediction as its padded version
     short = rows(b, lambda v: v[1:2, :4])
@@ -121,14 +121,14 @@ def test_other_padding_takes_the_masked_path():
 def test_loss_is_masked_mse_plus_eta_ksvd():
     m = tiny("primal+dt")
     b = batch(lengths=[K, 3, 5, 2])
-    loss, parts = m.loss(b, eta=0.5, detail=True)
+    loss, parts = dt_loss(m, b, eta=0.5, detail=True)
     pred, auxes = m(b)
     mse = ((pred - b.actions) ** 2)[b.mask].mean()
     torch.testing.assert_close(parts["mse"], mse)
     torch.testing.assert_close(loss, mse + ksvd_regularizer(auxes, 0.5))
     assert set(k for k in parts if k.startswith("J/")) == {"J/layer2"}  # the last layer is the primal one
     assert float(parts["ksvd"]) > 0
-    loss_dt, parts_dt = tiny("dt").loss(b, eta=0.5, detail=True)
+    loss_dt, parts_dt = dt_loss(tiny("dt"), b, eta=0.5, detail=True)
     assert float(parts_dt["ksvd"]) == 0 and not any(k.startswith("J/") for k in parts_dt)
     assert action_mse(pred, b.actions, None) != mse  # padding would count without the mask
 

@@ -1,6 +1,7 @@
 """The DT checkpoint schema (agents.dt_checkpoint): one writer, one reader, and errors that say what is
 wrong with which file (another kind, another schema version, parts missing)."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -112,7 +113,7 @@ def test_clear_errors(tmp_path, tiny_dt, hopper_stats, dt_checkpoint, foreign_ch
     with pytest.raises(ValueError, match="data.reward_scale must be a finite number > 0, got 0.0"):
         schema.load(bad_scale)
     wider = dt_checkpoint(tiny_dt(d_model=64)).to_dict()
-    wider["model_config"] = m.cfg.to_dict()  # weights of another width than the config says
+    wider["model_config"] = dataclasses.asdict(m.cfg)  # weights of another width than the config says
     with pytest.raises(ValueError, match="weights do not fit its model_config"):
         schema.load(wider).build_model()
     assert isinstance(schema.load(dt_checkpoint(m)), DTCheckpoint)

@@ -36,7 +36,7 @@ from agents.export import (
     stream_step,
 )
 from agents.onnx_policy import METADATA_KEY, OnnxPolicy
-from agents.torchscript_policy import TorchScriptPolicy
+from agents.export import TorchScriptPolicy
 
 TINY = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=3", "model.s=8",
         "K=5", "batch_size=8", "warmup_steps=5", "steps=20", "threads=1", "tensorboard=false", "eval.every=0",
@@ -541,7 +541,7 @@ def test_a_planted_policy_file_is_never_what_acts(trained, tmp_path, cache):
     """A graph carrying the checkpoint's own metadata (its hash too) that negates actions from step 12 on passes
     the few steps load_agent checks; planted beside the checkpoint it is never read, and written over the cache
     entry its digest no longer matches: the real export acts, equal to the torch agent over a real Hopper episode."""
-    from agents.onnx_agent import checked
+    from agents.agent import checked
 
     ck = run_copy(trained, "dt", tmp_path / "run")
     real = export_policy(ck, "onnx", tmp_path / "real.onnx")

@@ -3,7 +3,7 @@
 It must work copied out of the package, in a process where torch cannot be imported; act as the
 PyTorch stream agent does through restarts and departing rows; and turn a caller's mistake (wrong
 observation shape, dtype or batch, a file that is not a policy) into a clear error. The same checks
-hold for ``agents.torchscript_policy.TorchScriptPolicy`` and the torch ``agents.Agent``, which share its
+hold for ``agents.export.TorchScriptPolicy`` and the torch ``agents.Agent``, which share its
 bookkeeping (``Policy``)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import agents.onnx_policy as onnx_policy
 from agents import load_agent
 from agents.export import export_policy
 from agents.onnx_policy import OnnxPolicy
-from agents.torchscript_policy import TorchScriptPolicy
+from agents.export import TorchScriptPolicy
 
 BLOCKER = '''\
 import sys

@@ -1,4 +1,4 @@
-"""Validation without a simulator (agents.training_validation, ``val_fraction``): whole episodes held
+"""Validation without a simulator (``agents.training.Validation``, ``val_fraction``): whole episodes held
 out by the run's seed, never trained on, their masked action MSE logged every ``eval.every`` steps and
 at the end, checked against a computation written from the raw episodes. Real Hopper data through
 the real loader, the real trainer and the real simulator evaluation, made tiny."""
@@ -158,7 +158,7 @@ def test_resume_keeps_the_split_and_refuses_another(hopper_file, tmp_path, capsy
 
 def test_many_held_out_steps_are_validated_on_a_fixed_seeded_sample(tiny_dt, hopper_stats):
     from agents.dt_checkpoint import DataInfo
-    from agents.training_validation import MAX_SEGMENTS, Validation
+    from agents.training import MAX_SEGMENTS, Validation
 
     rng = np.random.default_rng(0)
     n = 3 * MAX_SEGMENTS - 144  # 60 episodes of 100 steps
