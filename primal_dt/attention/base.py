@@ -65,13 +65,11 @@ class Attention(nn.Module):
             if mask.dtype != torch.bool:
                 raise ValueError(f"{name}: mask must be a bool tensor (True = real token), got dtype {mask.dtype}")
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, H*d] -> [B, H, T, d]"""
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H*d] -> [B, H, T, d]
         return x.view(*x.shape[:2], self.n_heads, -1).transpose(1, 2)
 
     @staticmethod
-    def merge_heads(x: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, d] -> [B, T, H*d]"""
+    def merge_heads(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, d] -> [B, T, H*d]
         B, H, T, d = x.shape
         return x.transpose(1, 2).reshape(B, T, H * d)
 
@@ -124,12 +122,56 @@ class Recurrent(nn.Module):
         self.specs: tuple[StateSpec, ...] = tuple(specs)
 
     @property
-    def grows(self) -> bool:
-        """True when the state is a cache of every token (a zero-length axis that grows with the sequence)."""
+    def grows(self) -> bool:  # a cache of every token (module docstring)
         return any(0 in s.shape for s in self.specs)
 
     def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         return tuple(s.zeros(batch, device) for s in self.specs)
+
+
+class ProjectedAttention(Attention):
+    """A mechanism between a query/key/value projection ``qkv`` and an output projection ``proj``: it defines
+    ``attend(q, k, v, mask, state) -> (y, state)`` on [B, H, T, d_head] heads, ``state`` None in the parallel
+    form; a recurrent one (``ProjectedRecurrent``) declares ``specs(dtype)`` and passes its state through."""
+
+    value_projection = "qkv"
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, bias: bool = True):
+        super().__init__(d_model, n_heads, causal)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def attend(self, q, k, v, mask, state):
+        raise NotImplementedError
+
+    def forward(self, x, mask=None):
+        self.check_input(x, mask)
+        return self.run(x, mask, None)[0], {}
+
+    def run(self, x, mask, state):
+        """x [B, T, D] -> (y [B, T, D], state): ``attend`` between the projections."""
+        q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+        y, state = self.attend(q, k, v, mask, state)
+        return zero_padding(self.proj(self.merge_heads(y)), mask), state
+
+    def specs(self, dtype: torch.dtype) -> list[StateSpec]:
+        raise NotImplementedError
+
+    def recurrent(self, *, window=None, chunk=1):
+        self.check_recurrent()
+        return ProjectedRecurrent(self)
+
+
+class ProjectedRecurrent(Recurrent):
+    """The recurrent form of a ``ProjectedAttention`` whose ``attend`` takes its state: ``run`` on a chunk."""
+
+    def __init__(self, attn: ProjectedAttention):
+        super().__init__(attn.specs(attn.qkv.weight.dtype))
+        self.attn = attn
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        y, state = self.attn.run(x, mask, tuple(state))
+        return (y[:, -1:] if last_only else y), state
 
 
 def detached(*weights: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .base import Attention, Recurrent, StateSpec, check_int, zero_padding
+from .base import ProjectedAttention, StateSpec, check_int
 
 
 def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None = None,
@@ -51,24 +50,20 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_ma
     return out if state is None else (out, after[:, :, -1])
 
 
-class FeatureMapAttention(Attention):
-    """Base of the linear family: ``attend(q, k, v, mask, state) -> (y, state)`` on [B, H, T, d_head] heads
-    between the projections; ``state`` is None in the parallel form, else laid out as ``specs()``. By default
-    the feature map ``features(q, k, mask, fstate) -> (fq, fk, fstate)`` and the shared kernel, its state
-    the S/z ``kv`` followed by the map's own (``feature_specs``), so that a chunk's features are computed
-    exactly as the parallel form computes them at those positions."""
+class FeatureMapAttention(ProjectedAttention):
+    """Base of the linear family: by default ``attend`` is the feature map ``features(q, k, mask, fstate) ->
+    (fq, fk, fstate)`` and the shared kernel, its state the S/z ``kv`` followed by the map's own
+    (``feature_specs``), so that a chunk's features are computed exactly as the parallel form computes them at
+    those positions."""
 
-    value_projection = "qkv"
     supports_step = True
     #: added to the normaliser; None = no normaliser
     eps: float | None = 1e-6
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, bias: bool = True, chunk: int = 64):
-        super().__init__(d_model, n_heads, causal)
+        super().__init__(d_model, n_heads, causal, bias)
         self.chunk = check_int("chunk", chunk, low=1)
         self.n_features = self.d_head  #: feature dimension m of fq, fk (a feature map may widen it)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def features(self, q, k, mask, fstate):
         raise NotImplementedError
@@ -85,29 +80,3 @@ class FeatureMapAttention(Attention):
             return linear_attention(fq, fk, v, mask, self.causal, self.eps, self.chunk), None
         y, kv = linear_attention(fq, fk, v, mask, True, self.eps, self.chunk, state[0])
         return y, (kv, *feat)
-
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        return self.run(x, mask, None)[0], {}
-
-    def run(self, x, mask, state):
-        """Projections around ``attend``: x [B, T, D] -> (y [B, T, D], state)."""
-        q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
-        y, state = self.attend(q, k, v, mask, state)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), state
-
-    def recurrent(self, *, window=None, chunk=1):
-        self.check_recurrent()
-        return LinearRecurrent(self)
-
-
-class LinearRecurrent(Recurrent):
-    """The linear family's recurrent form: ``run`` on a chunk and the state laid out as ``attn.specs``."""
-
-    def __init__(self, attn: FeatureMapAttention):
-        super().__init__(attn.specs(attn.qkv.weight.dtype))
-        self.attn = attn
-
-    def forward(self, x, state, mask=None, last_only: bool = False):
-        y, state = self.attn.run(x, mask, tuple(state))
-        return (y[:, -1:] if last_only else y), state

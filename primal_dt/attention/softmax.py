@@ -19,10 +19,8 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .base import (Attention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces,
-                   zero_padding)
+from .base import ProjectedAttention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces
 from .registry import register
 
 
@@ -51,47 +49,40 @@ def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: i
 
 
 @register("softmax")
-class SoftmaxAttention(Attention):
-    value_projection = "qkv"
+class SoftmaxAttention(ProjectedAttention):
     supports_step = True
     supports_window = True
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, window: int | None = None,
                  dropout: float = 0.0, bias: bool = True, impl: str = "sdpa"):
-        super().__init__(d_model, n_heads, causal)
+        super().__init__(d_model, n_heads, causal, bias)
         if impl not in ("sdpa", "materialized"):
             raise ValueError(f"impl must be 'sdpa' or 'materialized', got {impl!r}")
         self.impl = impl
         self.window = check_window(window)
         self.dropout = float(dropout)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def _attend(self, q, k, v, allowed: torch.Tensor | None, is_causal: bool = False):
         p = self.dropout if self.training else 0.0
         if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=is_causal)
-            return self.proj(self.merge_heads(y))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=is_causal)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
         if is_causal:
             allowed = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device).tril()
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
-        w = F.dropout(torch.softmax(scores, dim=-1), p, self.training)
-        return self.proj(self.merge_heads(w @ v))
+        return F.dropout(torch.softmax(scores, dim=-1), p, self.training) @ v
 
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        B, T, _ = x.shape
-        q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+    def attend(self, q, k, v, mask, state):
         if mask is None and self.window is None:
-            return self._attend(q, k, v, None, is_causal=self.causal), {}
-        pos = torch.arange(T, device=x.device)
+            return self._attend(q, k, v, None, is_causal=self.causal), None
+        T = q.shape[2]
+        pos = torch.arange(T, device=q.device)
         allowed = visibility(pos, pos, self.causal, self.window)[None, None]  # [1, 1, T, T]
         if mask is not None:
             allowed = allowed & mask[:, None, None, :]
-            allowed = allowed | torch.eye(T, dtype=torch.bool, device=x.device)  # padding rows
-        return zero_padding(self._attend(q, k, v, allowed), mask), {}
+            allowed = allowed | torch.eye(T, dtype=torch.bool, device=q.device)  # padding rows
+        return self._attend(q, k, v, allowed), None
 
     def adopt_stream_window(self, window):
         """An unwindowed layer streams over the caller's window, so its ``forward`` must use it too."""

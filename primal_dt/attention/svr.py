@@ -36,9 +36,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
-from .base import Attention, Recurrent, StateSpec, check_int, zero_padding
+from .base import ProjectedAttention, StateSpec, check_int
 from .linear import elu_feature
 from .linear_core import linear_attention
 from .registry import register
@@ -59,17 +58,16 @@ def _pad_to(x, r):
     return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
 
 
-class SVRAttention(Attention):
+class SVRAttention(ProjectedAttention):
     """One implementation for the three SVR variants (``use_bn``/``use_sh`` pick the variant)."""
 
-    value_projection = "qkv"
     supports_step = True
     use_bn: bool = True
     use_sh: bool = False
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax",
                  beta: float = 0.5, factors=None, bias: bool = True):
-        super().__init__(d_model, n_heads, causal)
+        super().__init__(d_model, n_heads, causal, bias)
         if kernel not in ("softmax", "linear"):
             raise ValueError(f"kernel must be 'softmax' or 'linear', got {kernel!r}")
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
@@ -82,8 +80,6 @@ class SVRAttention(Attention):
         for f in factors:
             check_int("factors entry", f, low=1)
         self.kernel, self.beta, self.factors = kernel, float(beta), factors
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def _shift(self, x, mu):
         return x - self.beta * mu if self.use_bn else x
@@ -144,7 +140,7 @@ class SVRAttention(Attention):
         wc = (fq * elu_feature(self._shift(k_cur, mu_q))).sum(-1, keepdim=True)
         return (numden[..., :d] + wc * v_cur) / (numden[..., d:] + wc + 1e-6)
 
-    def _attend(self, q, qc, kc, vc, n, p):
+    def _heads(self, q, qc, kc, vc, n, p):
         out = torch.empty_like(q)
         for r in sorted(set(self.factors)):
             heads = [i for i, f in enumerate(self.factors) if f == r]
@@ -155,45 +151,27 @@ class SVRAttention(Attention):
                 out[:, heads] = self._bidirectional(q[:, sel], kc[:, sel], vc[:, sel], n, r)
         return out
 
-    def _qkv(self, x):
-        return map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+    def specs(self, dtype):
+        """the real tokens' projections, compacted, ``q``, ``k``, ``v`` [H, n, d] (n grows with the longest row)
+        and ``n`` [] int64, the real tokens each row holds (module docstring)"""
+        return [*(StateSpec(n, (self.n_heads, 0, self.d_head), dtype) for n in "qkv"), StateSpec("n", (), torch.int64)]
 
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
-        q, k, v = self._qkv(x)
-        (qc, kc, vc), n = compact([q, k, v], m)
-        p = (torch.cumsum(m.long(), 1) - 1).clamp(min=0)  # compact position of each token
-        y = self._attend(q, qc, kc, vc, n, p)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), {}
-
-    def recurrent(self, *, window=None, chunk=1):
-        self.check_recurrent()
-        return SVRRecurrent(self)
-
-
-class SVRRecurrent(Recurrent):
-    """State: the real tokens' projections, compacted, ``q``, ``k``, ``v`` [H, n, d] (n grows with the longest
-    row) and ``n`` [] int64, the real tokens each row holds (module docstring)."""
-
-    def __init__(self, attn: SVRAttention):
-        H, d, dtype = attn.n_heads, attn.d_head, attn.qkv.weight.dtype
-        super().__init__([*(StateSpec(n, (H, 0, d), dtype) for n in "qkv"), StateSpec("n", (), torch.int64)])
-        self.attn = attn
-
-    def forward(self, x, state, mask=None, last_only: bool = False):
-        a, (Q, K, V, n0) = self.attn, state
-        B, C, _ = x.shape
-        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
-        q, k, v = a._qkv(x)
-        cached = torch.arange(K.shape[2], device=x.device)[None] < n0[:, None]
-        full = [torch.cat([Q, q], 2), torch.cat([K, k], 2), torch.cat([V, v], 2)]
-        (qc, kc, vc), n = compact(full, torch.cat([cached, m], 1))
-        keep = max(int(n.max()), 1) if B else 0  # >= 1 slot so an all-padding chunk still gathers
-        qc, kc, vc = qc[:, :, :keep], kc[:, :, :keep], vc[:, :, :keep]
-        p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
-        y = zero_padding(a.proj(a.merge_heads(a._attend(q, qc, kc, vc, n, p))), mask)
-        return (y[:, -1:] if last_only else y), (qc, kc, vc, n)
+    def attend(self, q, k, v, mask, state):
+        B, _, C, _ = q.shape
+        m = torch.ones(B, C, dtype=torch.bool, device=q.device) if mask is None else mask
+        if state is None:
+            (qc, kc, vc), n = compact([q, k, v], m)
+            p = (torch.cumsum(m.long(), 1) - 1).clamp(min=0)  # compact position of each token
+        else:
+            Q, K, V, n0 = state
+            cached = torch.arange(K.shape[2], device=q.device)[None] < n0[:, None]
+            full = [torch.cat([Q, q], 2), torch.cat([K, k], 2), torch.cat([V, v], 2)]
+            (qc, kc, vc), n = compact(full, torch.cat([cached, m], 1))
+            keep = max(int(n.max()), 1) if B else 0  # >= 1 slot so an all-padding chunk still gathers
+            qc, kc, vc = qc[:, :, :keep], kc[:, :, :keep], vc[:, :, :keep]
+            p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
+            state = (qc, kc, vc, n)
+        return self._heads(q, qc, kc, vc, n, p), state
 
 
 @register("svr-bn")
