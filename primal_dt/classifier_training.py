@@ -42,19 +42,6 @@ def build_model(cfg: ClassifyConfig, data: TaskData) -> SequenceClassifier:
         d_ff=a.d_ff, dropout=a.dropout, norm=a.norm, activation=a.activation)
 
 
-def build_optimizer(cfg: ClassifyConfig, model, total_steps: int):
-    t = cfg.train
-    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "radam": torch.optim.RAdam}[t.optimizer]
-    opt = cls(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    if t.schedule == "constant":
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / t.warmup) if t.warmup else 1.0)
-    else:
-        sched = torch.optim.lr_scheduler.OneCycleLR(
-            opt, max_lr=t.lr, total_steps=total_steps + 1, pct_start=min(0.999, max(t.warmup, 1) / total_steps),
-            anneal_strategy="linear", cycle_momentum=False, div_factor=1e4, final_div_factor=1e4)
-    return opt, sched
-
-
 def batches(split: Split, size: int, generator: torch.Generator | None = None):
     """(x, mask, y) mini-batches; shuffled when a generator is given."""
     order = torch.randperm(len(split), generator=generator) if generator is not None else torch.arange(len(split))
@@ -72,7 +59,16 @@ class Trainer:
         self.steps_per_epoch = math.ceil(len(data.train) / t.batch_size)
         self.total_steps = t.steps or t.epochs * self.steps_per_epoch
         self.eval_every = t.eval_every or self.steps_per_epoch
-        self.opt, self.sched = build_optimizer(cfg, self.model, self.total_steps)
+        optimizer = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "radam": torch.optim.RAdam}[t.optimizer]
+        self.opt = optimizer(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        if t.schedule == "constant":
+            self.sched = torch.optim.lr_scheduler.LambdaLR(
+                self.opt, lambda s: min(1.0, (s + 1) / t.warmup) if t.warmup else 1.0)
+        else:
+            self.sched = torch.optim.lr_scheduler.OneCycleLR(
+                self.opt, max_lr=t.lr, total_steps=self.total_steps + 1, anneal_strategy="linear",
+                pct_start=min(0.999, max(t.warmup, 1) / self.total_steps), cycle_momentum=False, div_factor=1e4,
+                final_div_factor=1e4)
         self.gen = torch.Generator().manual_seed(cfg.seed)  # batch order: its own stream, on the CPU
         self.step_no = 0
         self.train_time = 0.0  # seconds inside optimisation steps (no evaluation, no logging)
@@ -149,8 +145,7 @@ def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
         res["val"] = tr.evaluate(data.val)
     selection = tr.cfg.train.selection
     metric = (res["val"] if selection == "val" else res["test"])["acc"]
-    # Small validation splits saturate (JapaneseVowels: 54 series at 100%) or stall (BasicMotions: 8), so
-    # ties in accuracy go to the lower validation loss. The papers' protocol keeps its plain max.
+    # small validation splits saturate or stall: accuracy ties go to the lower validation loss (val protocol only)
     tie_better = selection == "val" and metric == tr.best["metric"] and res["val"]["loss"] < tr.best["val_loss"]
     if metric > tr.best["metric"] or tie_better or selection == "last":
         tr.best = {"metric": metric, "step": tr.step_no, "test_acc": res["test"]["acc"],
@@ -190,8 +185,8 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
             if s % 10 == 0 or s == tr.total_steps:
                 shown["loss"] = f"{float(parts['loss']):.3f}"
                 mon.scalars({"loss/total": float(parts["loss"]), "loss/ce": float(parts["ce"]),
-                             "loss/ksvd": float(parts["ksvd"]), "lr": tr.sched.get_last_lr()[0]}, s)
-                mon.scalars({f"ksvd/{k}": float(v) for k, v in parts.items() if k.startswith("J/")}, s)
+                             "loss/ksvd": float(parts["ksvd"]), "lr": tr.sched.get_last_lr()[0]}
+                            | {f"ksvd/{k}": float(v) for k, v in parts.items() if k.startswith("J/")}, s)
             if s % tr.eval_every == 0 or s == tr.total_steps:
                 steps = s - last_eval
                 mon.scalars({"acc/train": acc_sum["correct"] / max(acc_sum["n"], 1),

@@ -3,6 +3,7 @@ refused write (``WriteError``) and a run's expected failures, one line with stat
 
 from __future__ import annotations
 
+import difflib
 import errno
 import sys
 from collections.abc import Callable, Sequence
@@ -37,6 +38,12 @@ _WHY = {errno.ENOSPC: "no space left on the device (disk full)", errno.EDQUOT: "
         errno.EACCES: "permission denied", errno.EPERM: "operation not permitted",
         errno.EROFS: "read-only file system", errno.ENOTDIR: "a part of the path is a file, not a directory",
         errno.EEXIST: "a file is in the way of a directory", errno.EISDIR: "a directory is in the way"}
+
+
+def did_you_mean(word: str, choices, n: int = 3, cutoff: float = 0.6) -> str:
+    """`` Did you mean 'a', 'b'?`` with the ``choices`` closest to ``word``, or "" when none is close."""
+    close = difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
+    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
 
 
 def why(err: OSError) -> str:

@@ -5,13 +5,14 @@ next to their configs and check them before any work: a bad value is one line na
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -136,15 +137,12 @@ def attention_options(words: Sequence[str] | str, option: str = "attention_optio
         if not (eq and dot and mechanism and name):
             raise ValueError(f"{option}: {word!r} is not mechanism.option=value; write e.g. {option}=softmax.window=30")
         if mechanism not in known:
-            close = difflib.get_close_matches(mechanism, known, n=3)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ValueError(f"{option}: unknown attention mechanism {mechanism!r}.{hint} Known: {', '.join(known)}")
+            raise ValueError(f"{option}: unknown attention mechanism {mechanism!r}.{did_you_mean(mechanism, known)} "
+                             f"Known: {', '.join(known)}")
         accepted = constructor_options(mechanism)
         if name not in accepted:
-            close = difflib.get_close_matches(name, accepted, n=2)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ValueError(f"{option}: attention {mechanism!r} does not accept option {name!r}.{hint} "
-                             f"Accepted: {', '.join(accepted)}")
+            raise ValueError(f"{option}: attention {mechanism!r} does not accept option {name!r}."
+                             f"{did_you_mean(name, accepted, n=2)} Accepted: {', '.join(accepted)}")
         opts.setdefault(mechanism, {})[name] = _typed(text.strip(), accepted[name], f"{option}: {key.strip()}")
     for mechanism, values in (defaults or {}).items():
         opts[mechanism] = {**values, **opts.get(mechanism, {})}

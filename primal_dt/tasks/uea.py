@@ -13,11 +13,10 @@ Preprocessing follows the papers' pipeline (mvts-transformer / Flowformer UEA co
 
 from __future__ import annotations
 
-import difflib
-
 import numpy as np
 import torch
 
+from ..run.errors import did_you_mean
 from .dataset import Split, TaskData, carve_validation
 
 BUNDLED = ("BasicMotions", "JapaneseVowels")
@@ -43,8 +42,7 @@ def read_split(name: str, split: str, path: str = "") -> tuple[list[np.ndarray],
     try:
         X, y = load_classification(name, split=split, extract_path=extract)
     except Exception as err:
-        close = difflib.get_close_matches(name, ARCHIVE, n=2)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close and name not in ARCHIVE else ""
+        hint = did_you_mean(name, ARCHIVE, n=2) if name not in ARCHIVE else ""
         raise RuntimeError(
             f"UEA set {name!r} could not be loaded ({type(err).__name__}: {err}).{hint} Only "
             f"{' and '.join(BUNDLED)} ship with aeon; for other sets either connect to the network (aeon "
