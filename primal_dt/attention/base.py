@@ -163,10 +163,11 @@ class ProjectedAttention(Attention):
 
 
 class ProjectedRecurrent(Recurrent):
-    """The recurrent form of a ``ProjectedAttention`` whose ``attend`` takes its state: ``run`` on a chunk."""
+    """The recurrent form of a mechanism whose ``run(x, mask, state)`` takes the state ``specs(dtype)`` declares
+    (a ``ProjectedAttention`` whose ``attend`` does): ``run`` on a chunk."""
 
-    def __init__(self, attn: ProjectedAttention):
-        super().__init__(attn.specs(attn.qkv.weight.dtype))
+    def __init__(self, attn: Attention):
+        super().__init__(attn.specs(attn.proj.weight.dtype))
         self.attn = attn
 
     def forward(self, x, state, mask=None, last_only: bool = False):
