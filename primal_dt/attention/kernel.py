@@ -12,16 +12,13 @@ M(i) = the set filter: real tokens (and j <= i when causal). Per head, with q = 
     *-asym: Wq != Wk;   *-sym: Wq = Wk (one projection, a symmetric kernel)
     kernel-positional     exp(<f_i WF, f_j WF>/sqrt(d)) * exp(<t_i WT, t_j WT>/sqrt(d)), values from f
 
-The last is the paper's recommended product of symmetric kernels: f = the layer input (no position
-added), t = sinusoidal embedding of the token's index among real tokens (so padding shifts
-nothing), values v = f WV from the features only. A product of exponentials is one exponential of
-the augmented features [f WF, t WT], so it shares the exponential path.
+The last is the paper's recommended product of symmetric kernels: f = the layer input (no position added),
+t = sinusoidal embedding of the token's index among real tokens (so padding shifts nothing), values v = f WV.
+A product of exponentials is one exponential of the augmented features [f WF, t WT]: the exponential path.
 
-Numerics: exponential kernels are evaluated in the log domain (a masked log-sum-exp / softmax);
-the others divide by the kernel sum + eps. The linear kernel is the exception the paper itself
-flags: it can be negative, so its literal normaliser sum_j <q_i, k_j> can cross zero and the
-weights blow up (the paper reports it does not converge; outputs then swing with rounding-level
-changes in the projections). The weights are therefore divided by sum_j |<q_i, k_j>| + eps, which
+Numerics: exponential kernels are evaluated in the log domain (a masked softmax); the others divide by the
+kernel sum + eps. The linear kernel can be negative, so its literal normaliser can cross zero and the weights
+blow up (the paper reports it does not converge): its weights are divided by sum_j |<q_i, k_j>| + eps, which
 keeps them bounded (|w| <= 1) and is identical for the non-negative kernels.
 """
 

@@ -10,13 +10,11 @@ with pinv computed by the paper's Newton-Schulz iteration
     Z_0 = A^T / (||A||_1 ||A||_inf),   Z <- Z (13 I - A Z (15 I - A Z (7 I - A Z))) / 4.
 Cost O(T m) time and memory.
 
-Segments are taken over the real tokens only: sequence b with n_b real tokens uses
-m_b = min(landmarks, n_b) segments, real token j going to segment floor(j m_b / n_b) (equal
-segments when m_b divides n_b, as in the paper). Unused landmark slots are masked out of the first
-softmax and get identity rows/columns in A, which leaves the used block's pseudo-inverse as it is.
-Z_0 is scaled per matrix (the reference code takes the maximum over the whole batch, which would
-let one sequence change another's output). The reference's optional depth-wise convolution skip
-on V is not included.
+Segments cover the real tokens only: a sequence with n_b of them uses m_b = min(landmarks, n_b) segments, real
+token j going to segment floor(j m_b / n_b) (the paper's equal segments when m_b divides n_b). Unused landmark
+slots are masked out of the first softmax and get identity rows/columns in A, which leaves the used block's
+pseudo-inverse as it is. Z_0 is scaled per matrix (the reference takes the batch's maximum, letting one sequence
+change another's output). The reference's optional depth-wise convolution skip on V is not included.
 """
 
 from __future__ import annotations

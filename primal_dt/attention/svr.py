@@ -5,30 +5,23 @@ the dual of a support-vector regression with different primal feature maps.
 Per head (width d), mu = mean of the keys over the sequence:
     svr-bn:    score(i, j) = (q_i - beta mu)^T (k_j - beta mu) / sqrt(d)
                (the paper's experiments: re-centring only, the keys' variance is not divided out)
-    svr-sh:    head h attends to the keys/values average-pooled by factor r_h along the sequence
-               (queries keep full length); default r = 2^(h // max(1, H // 4)), which gives the
-               paper's [1,1,2,2,4,4,8,8] for 8 heads and [1,2] for 2 heads
+    svr-sh:    head h attends to the keys/values average-pooled by factor r_h along the sequence (queries
+               keep full length); default r = 2^(h // max(1, H // 4)): the paper's [1,1,2,2,4,4,8,8] for 8 heads
     svr-bn-sh: both; mu per head over that head's pooled keys
     ``kernel="softmax"``: y_i = sum_j softmax_j(score(i, j)) v_j
     ``kernel="linear"``:  the elu+1 linear attention on the re-centred queries and keys
-Pooling runs over real tokens only (real tokens are compacted first, so padding on either side
-changes nothing); the last group of a bidirectional sequence may be partial (mean of its members).
-
-In the softmax form, (q - beta mu)^T (k_j - beta mu) differs from (q - beta mu)^T k_j by a term
-constant in j, which softmax cancels: only the queries need shifting.
+Pooling runs over the real tokens, compacted first (padding on either side changes nothing); a bidirectional
+sequence's last group may be partial (the mean of its members). In the softmax form only the queries are
+shifted: (q - beta mu)^T (k_j - beta mu) differs from (q - beta mu)^T k_j by a term constant in j.
 
 Causal forms (not in the paper; our choices, no future leakage):
-- Statistics: query i uses mu_i of the real keys j <= i (token level, also with SH, where a
-  prefix is not always a whole number of groups). In the softmax form every visible key is thus
-  re-centred by the query's own prefix statistics: the bidirectional formula applied to the prefix.
-  The linear form cannot re-centre old keys without losing its running sums, so each key (and each
-  pooled key) is re-centred with the statistics of its own prefix (at the group's last member).
-- Causal pooling: query i (the o-th real token of group g) sees the completed groups g' < g and the
-  running mean of its own group's members up to itself (the whole group when it is the last
-  member), never a member after it.
-Recurrent form: the real tokens' projections are cached and each chunk's outputs recomputed from
-the cache, so step == forward exactly (cost O(prefix) per step, like a key/value cache; the linear
-form could keep O(1) sums but that is not done here).
+- Statistics: query i uses mu_i of the real keys j <= i (token level, also with SH). The softmax form thus
+  applies the bidirectional formula to the prefix; the linear form cannot re-centre old keys without losing
+  its running sums, so each (pooled) key is re-centred with its own prefix's statistics.
+- Pooling: query i of group g sees the completed groups g' < g and the running mean of its own group's
+  members up to itself, never a member after it.
+Recurrent form: the real tokens' projections are cached and each chunk recomputed from the cache, so step ==
+forward exactly (O(prefix) per step, like a key/value cache).
 """
 
 from __future__ import annotations
