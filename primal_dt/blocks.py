@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -49,18 +48,14 @@ class Block(nn.Module):
                                  nn.Linear(hidden, d_model), nn.Dropout(dropout))
         self.drop = nn.Dropout(dropout)
 
-    def _residual(self, x: torch.Tensor, attend: Callable):
-        # (not ``_apply``: that name is nn.Module's hook behind .to() / .cuda() / .double())
-        if self.norm == "pre":
-            a, extra = attend(self.ln1(x))
-            x = x + self.drop(a)
-            return x + self.mlp(self.ln2(x)), extra
-        a, extra = attend(x)
-        x = self.ln1(x + self.drop(a))
-        return self.ln2(x + self.mlp(x)), extra
-
     def forward(self, x, mask=None):
-        return self._residual(x, lambda h: self.attn(h, mask))
+        if self.norm == "pre":
+            a, aux = self.attn(self.ln1(x), mask)
+            x = x + self.drop(a)
+            return x + self.mlp(self.ln2(x)), aux
+        a, aux = self.attn(x, mask)
+        x = self.ln1(x + self.drop(a))
+        return self.ln2(x + self.mlp(x)), aux
 
     def recurrent_step(self, x, form, state, mask, last_only: bool, mlp):
         """``forward``'s pre-norm residual around the attention's recurrent ``form``, without dropout (the eval-mode

@@ -18,7 +18,7 @@ import torch
 import yaml
 
 from .classifier import SequenceClassifier, classification_loss
-from .classify_config import SELECTIONS, ClassifyConfig, attention_options, hparams
+from .classify_config import SELECTIONS, ClassifyConfig, attention_options
 from .layouts import layout
 from .run import checkpoint, errors, runtime
 from .run.monitor import RunMonitor
@@ -84,14 +84,12 @@ class Trainer:
 
     def step(self, batch) -> dict:
         x, m, y = (t.to(self.device) for t in batch)
-        out = self.model(x, m)
+        out, t = self.model(x, m), self.cfg.train
         loss, parts = classification_loss(out, y, self.cfg.primal.eta)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        clip = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else float("inf")
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else float("inf"))
         if not (torch.isfinite(loss) and torch.isfinite(gn)):  # a NaN weight never reaches a checkpoint or a score
-            t = self.cfg.train
             raise Diverged(f"training diverged at step {self.step_no + 1}: loss={loss.item()}, grad norm={gn.item()}; "
                            f"the optimizer step was not taken and last.pt keeps the last evaluation round's weights "
                            f"(if one was written). Try a lower train.lr (now {t.lr:g}) or train.grad_clip > 0 (now "
@@ -101,9 +99,8 @@ class Trainer:
         if self.device.type == "cuda":  # the caller times the step: wait for the GPU to finish it
             torch.cuda.synchronize(self.device)
         self.step_no += 1
-        parts.update(loss=loss.detach(), correct=(out.logits.argmax(-1) == y).sum(), n=len(y),
-                     tokens=m.sum())
-        return parts
+        return parts | {"loss": loss.detach(), "correct": (out.logits.argmax(-1) == y).sum(), "n": len(y),
+                        "tokens": m.sum()}
 
     @torch.no_grad()
     def evaluate(self, split: Split) -> dict[str, float]:
@@ -148,9 +145,9 @@ def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
     # small validation splits saturate or stall: accuracy ties go to the lower validation loss (val protocol only)
     tie_better = selection == "val" and metric == tr.best["metric"] and res["val"]["loss"] < tr.best["val_loss"]
     if metric > tr.best["metric"] or tie_better or selection == "last":
-        tr.best = {"metric": metric, "step": tr.step_no, "test_acc": res["test"]["acc"],
-                   "val_acc": res["val"]["acc"] if "val" in res else None,
-                   "val_loss": res["val"]["loss"] if "val" in res else None}
+        val = res.get("val", {})
+        tr.best = {"metric": metric, "step": tr.step_no, "test_acc": res["test"]["acc"], "val_acc": val.get("acc"),
+                   "val_loss": val.get("loss")}
         checkpoint.save_atomic(tr.state(), out / "best.pt", what=f"best checkpoint (step {tr.step_no})")
     checkpoint.save_atomic(tr.state(), out / "last.pt", what=f"checkpoint (step {tr.step_no})")
     return res
@@ -229,12 +226,13 @@ def summarize(tr: Trainer, data: TaskData, out: Path, source: str, mon: RunMonit
         "s_per_1k_steps": round(1000 * tr.train_time / max(tr.total_steps, 1), 2),
         "parameters": n_params, "data": data.describe(), "preset_source": source, "run_dir": str(out),
     }
-    mon.hparams({"task": cfg.task, "model": cfg.model, "seed": cfg.seed, **hparams(cfg)},
-                {"test_acc": test_sel} | ({"selected_val_acc": tr.best["val_acc"]} if tr.best["val_acc"] is not None else {}))
+    d, val = dataclasses.asdict(cfg), tr.best["val_acc"]  # the options that define a result: TensorBoard's HPARAMS
+    mon.hparams({"task": cfg.task, "model": cfg.model, "seed": cfg.seed, "arch": d["arch"], "primal": d["primal"],
+                 "train": d["train"], "data": {k: v for k, v in d["data"].items() if k != "listops"}},
+                {"test_acc": test_sel} | ({} if val is None else {"selected_val_acc": val}))
     mon.plot(["acc/train", "acc/val", "acc/test"], out / "accuracy.png", title=f"{cfg.task} {cfg.model}",
              ylabel="accuracy")
     mon.close()
-    with errors.writing(out / "summary.json", "run summary"):
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    checkpoint.write_atomic(out / "summary.json", json.dumps(summary, indent=2), "run summary")
     print(json.dumps(summary, indent=2), flush=True)
     return summary

@@ -1,11 +1,6 @@
-"""Train and evaluate a sequence classifier (UEA time series, LRA) on the attention core.
-
-    python -m primal_dt.classify task=uea/JapaneseVowels model=primalformer
-    python -m primal_dt.classify task=lra/listops-fast model=primal+trans train.steps=500 seed=1
-    python -m primal_dt.classify resume=runs/classify/uea-JapaneseVowels/primalformer/<run> train.epochs=200
-
-Options and their checks: ``classify_config``; the trainer: ``classifier_training``. This module only
-wires them to the shared run infrastructure.
+"""Train and evaluate a sequence classifier (UEA time series, LRA) on the attention core
+(``python -m primal_dt.classify task=uea/JapaneseVowels model=primalformer``; docs/classification.md).
+Options and their checks: ``classify_config``; the trainer: ``classifier_training``; this module wires them.
 """
 
 from __future__ import annotations

@@ -9,7 +9,6 @@ Everything that can be wrong with the input is checked here, before any data is 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -178,8 +177,3 @@ def check_config(cfg: ClassifyConfig) -> None:
     attention_options(cfg)
     cfg.data.check()
 
-
-def hparams(cfg: ClassifyConfig) -> dict:
-    """The options that define a result (for TensorBoard's HPARAMS tab)."""
-    d = dataclasses.asdict(cfg)
-    return {k: d[k] for k in ("arch", "primal", "train")} | {"data": {k: v for k, v in d["data"].items() if k != "listops"}}

@@ -20,15 +20,6 @@ from ..run.errors import did_you_mean
 from .dataset import Split, TaskData, carve_validation
 
 BUNDLED = ("BasicMotions", "JapaneseVowels")
-# The 30 sets of the UEA multivariate archive (for did-you-mean hints; other names are still tried).
-ARCHIVE = (
-    "ArticularyWordRecognition", "AtrialFibrillation", "BasicMotions", "CharacterTrajectories", "Cricket",
-    "DuckDuckGeese", "EigenWorms", "Epilepsy", "ERing", "EthanolConcentration", "FaceDetection",
-    "FingerMovements", "HandMovementDirection", "Handwriting", "Heartbeat", "InsectWingbeat",
-    "JapaneseVowels", "Libras", "LSST", "MotorImagery", "NATOPS", "PEMS-SF", "PenDigits", "PhonemeSpectra",
-    "RacketSports", "SelfRegulationSCP1", "SelfRegulationSCP2", "SpokenArabicDigits", "StandWalkJump",
-    "UWaveGestureLibrary",
-)
 
 
 def read_split(name: str, split: str, path: str = "") -> tuple[list[np.ndarray], np.ndarray]:
@@ -36,13 +27,14 @@ def read_split(name: str, split: str, path: str = "") -> tuple[list[np.ndarray],
     a set is neither bundled, nor on disk, nor downloadable."""
     try:
         from aeon.datasets import load_classification
+        from aeon.datasets.tsc_datasets import multivariate  # the archive's 30 sets, for did-you-mean hints
     except ImportError as err:  # pragma: no cover - aeon is an optional dependency
         raise RuntimeError("UEA tasks need the 'aeon' package: pip install 'primal-dt[uea]'") from err
     extract = None if name in BUNDLED else (path or "data/uea")
     try:
         X, y = load_classification(name, split=split, extract_path=extract)
     except Exception as err:
-        hint = did_you_mean(name, ARCHIVE, n=2) if name not in ARCHIVE else ""
+        hint = did_you_mean(name, multivariate, n=2) if name not in multivariate else ""
         raise RuntimeError(
             f"UEA set {name!r} could not be loaded ({type(err).__name__}: {err}).{hint} Only "
             f"{' and '.join(BUNDLED)} ship with aeon; for other sets either connect to the network (aeon "
