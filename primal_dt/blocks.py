@@ -1,11 +1,8 @@
 """Transformer blocks and stacks whose layers each name their attention mechanism.
 
-A stack is a list of ``LayerSpec``s, so "PrimalFormer" (every layer primal) and "Primal.+X"
-(backbone X, last layer primal) are configurations (see layouts.py), not code. The stack runs
-in parallel (``forward``, the training form) or recurrently (``recurrent`` -> ``StackRecurrent``):
-each pre-norm block around its mechanism's recurrent form (attention/base.py), threading the layers'
-states as one tuple. Blocks are otherwise token-wise, so the two agree whenever every mechanism's
-recurrent form agrees with its ``forward``.
+A stack is a list of ``LayerSpec``s, so "PrimalFormer" and "Primal.+X" are configurations (layouts.py), not
+code. It runs in parallel (``forward``) or recurrently (``recurrent`` -> ``StackRecurrent``, the layers' states
+as one tuple); blocks are otherwise token-wise, so the two agree wherever every mechanism's do.
 """
 
 from __future__ import annotations

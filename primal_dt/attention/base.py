@@ -3,19 +3,16 @@
 - ``forward(x, mask=None) -> (y, aux)``: ``x`` [B, T, D], ``mask`` [B, T] bool, True = real token.
   Padding never influences a real token's output; outputs at padding positions are zero.
 - ``causal`` is fixed at construction.
-- A causal mechanism with a recurrent form has ONE: ``recurrent(window=None, chunk=1) -> Recurrent``, a
-  pure function of tensors ``form(x_chunk, state, mask=None, last_only=False) -> (y, state)``
-  (flash-linear-attention's shape) whose per-row state is declared once, as ``form.specs``.
-  Stepping a sequence through it in any chunking reproduces ``forward`` on the whole sequence at every
-  real token (at padding the outputs are unspecified, and padding never enters a state); ``last_only``
-  asks only for the chunk's last token (y is [B, 1, D]; the others still advance the state). The stream
-  engine (agents.agent) runs it, and TorchScript / ONNX trace it: there is no other form.
+- A causal mechanism with a recurrent form has ONE: ``recurrent(window=None, chunk=1) -> Recurrent``, a pure
+  function of tensors ``form(x_chunk, state, mask=None, last_only=False) -> (y, state)`` (flash-linear-attention's
+  shape), its per-row state declared once as ``form.specs``. Stepping a sequence through it in any chunking
+  reproduces ``forward`` at every real token (padding never enters a state); ``last_only`` returns only the
+  chunk's last token. The stream engine (agents.agent) runs it, TorchScript / ONNX trace it: no other form.
 
-A recurrent state is a tuple of per-row tensors, batch first, that start at zero: a row restarts by
-going back to zero (``restart_rows``) and leaves the batch by being sliced out (``select_rows``), so
-nothing a row holds can leak into another. A form keeps nothing on the Python side between calls,
-since a traced graph is replayed at every step. A mechanism whose state caches every token (kernel-*,
-svr-*) streams in torch but has no fixed-size graph state (``Recurrent.grows``).
+A recurrent state is a tuple of per-row tensors, batch first, starting at zero: a row restarts by going back
+to zero (``restart_rows``) and leaves by being sliced out (``select_rows``), so no row leaks into another. A
+form keeps nothing on the Python side between calls (a traced graph is replayed at every step). A state that
+caches every token (kernel-*, svr-*) streams in torch but has no fixed-size graph state (``Recurrent.grows``).
 """
 
 from __future__ import annotations

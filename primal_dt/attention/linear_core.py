@@ -4,11 +4,10 @@ fq = phi(q), fk = phi(k) per head:
 
     y_i = fq_i^T S_i / (fq_i^T z_i + eps),   S_i = sum_{j in M(i)} fk_j v_j^T,   z_i = sum_{j in M(i)} fk_j
 
-with M(i) = all real keys (bidirectional) or the real keys j <= i (causal); the normaliser rides along
-as an extra value column of ones, so S and z are one tensor [m, d_v + 1]. The causal form is chunked
-(flash-linear-attention's "chunk" form: a masked L x L product inside a chunk, an exclusive prefix sum of
-per-chunk states across chunks, after the S/z ``state`` of the tokens before): memory O(T L + (T/L) m d_v)
-instead of a cumulative sum's O(T m d_v), and the recurrent form is the same function fed a chunk.
+with M(i) = all real keys (bidirectional) or the real keys j <= i (causal); the normaliser rides along as a
+value column of ones, so S and z are one tensor [m, d_v + 1]. The causal form is flash-linear-attention's
+"chunk" form (a masked L x L product inside a chunk, a prefix sum of per-chunk states across chunks, after the
+``state`` of the tokens before): memory O(T L + (T/L) m d_v), and the recurrent form is it fed a chunk.
 """
 
 from __future__ import annotations

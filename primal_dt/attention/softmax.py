@@ -1,16 +1,13 @@
 """Canonical multi-head softmax attention (Vaswani et al. 2017) on PyTorch's fused SDPA kernel.
 
-softmax(q k^T / sqrt(d)) v per head, with padding, causal and sliding-window masks.
+softmax(q k^T / sqrt(d)) v per head, with padding, causal and sliding-window masks. Window semantics (shared
+with every windowed mechanism): position t sees t - window < j <= t; padding inside the window is invisible
+but occupies its slot. A padding query attends to itself only (no row is empty); its output is zeroed.
 
-Window semantics (shared with every windowed mechanism): position t sees positions
-t - window < j <= t; padding inside the window is invisible but still occupies its slot.
-A padding query attends to itself only (so no row is empty) and its output is zeroed.
+``impl="sdpa"`` (default) uses the fused kernel (flash-style on CPU: O(T) memory); ``impl="materialized"``
+forms the T x T scores, the canonical attention the papers compared against (same outputs, O(T^2) memory).
 
-``impl="sdpa"`` (default) uses the fused kernel (flash-style on CPU: O(T) memory);
-``impl="materialized"`` forms the T x T score matrix explicitly, the canonical attention the
-papers compared against (same parameters, same outputs, O(T^2) memory).
-
-Recurrent form (``SoftmaxRecurrent``): a key/value ring over the layer's window, else the bounded window
+Recurrent form (``SoftmaxRecurrent``): a key/value ring over the layer's window, else over the bounded window
 the caller passes (an unwindowed cache would grow with the sequence).
 """
 
@@ -38,14 +35,8 @@ def ring_attention(q, K, V, allowed):
 def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
     """[Tq, Tk] bool: may the query at position q_pos[i] see the key at k_pos[j]?"""
     d = q_pos[:, None] - k_pos[None, :]
-    ok = torch.ones_like(d, dtype=torch.bool)
-    if causal:
-        ok &= d >= 0
-    if window is not None:
-        ok &= d < window
-        if not causal:
-            ok &= d > -window
-    return ok
+    ok = d >= 0 if causal else torch.ones_like(d, dtype=torch.bool)
+    return ok if window is None else ok & (d < window) & (d > -window)
 
 
 @register("softmax")

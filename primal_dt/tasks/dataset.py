@@ -62,8 +62,7 @@ def carve_validation(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
     fit, val = [], []
     for c in np.unique(y):
         idx = rng.permutation(np.flatnonzero(y == c))
-        k = int(round(fraction * len(idx)))
-        k = min(max(k, 1 if len(idx) >= 2 else 0), len(idx) - 1) if len(idx) > 1 else 0
+        k = min(max(round(fraction * len(idx)), 1), len(idx) - 1) if len(idx) > 1 else 0
         val.extend(idx[:k])
         fit.extend(idx[k:])
     if not val:

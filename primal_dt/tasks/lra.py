@@ -211,10 +211,10 @@ def load_pathfinder(path: str, difficulty: str = "curv_contour_length_14") -> Ta
         return _pixel_split(np.stack(xs), ys)
 
     n = len(meta)
-    a, b = max(1, int(0.8 * n)), max(1, int(0.8 * n)) + max(1, int(0.1 * n))
     if n < 3:
         raise ValueError(f"LRA Pathfinder: need at least 3 metadata files under {root} for train/val/test, got {n}")
-    b = min(b, n - 1)
+    a = max(1, int(0.8 * n))
+    b = min(a + max(1, int(0.1 * n)), n - 1)
     train = read(meta[:a])
     return TaskData(f"lra/pathfinder-{difficulty}", train, read(meta[a:b]), read(meta[b:]), n_classes=2,
                     input_kind="tokens", n_inputs=257, max_len=train.x.shape[1], class_names=["disconnected", "connected"],

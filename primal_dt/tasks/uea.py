@@ -1,14 +1,12 @@
 """UEA multivariate time-series classification archive (.ts files) through ``aeon``.
 
-aeon ships JapaneseVowels and BasicMotions inside its wheel, so those two load offline; every
-other set is read from ``<path>/<Name>/<Name>_{TRAIN,TEST}.ts`` or downloaded there by aeon.
-
-Preprocessing follows the papers' pipeline (mvts-transformer / Flowformer UEA code) with one fix:
-- trailing all-NaN steps (how .ts files store unequal lengths) end the series; interior NaNs are
-  linearly interpolated per channel (edges take the nearest observed value);
-- per-channel standardisation with statistics of the fitting part of the training set only;
-- right-padding to the longest training series, with a mask the model honours at every layer
-  (the reference code pads with zeros and lets attention see them; we do not).
+aeon ships JapaneseVowels and BasicMotions (offline); every other set is read from
+``<path>/<Name>/<Name>_{TRAIN,TEST}.ts`` or downloaded there by aeon. Preprocessing follows the papers'
+pipeline (mvts-transformer / Flowformer UEA code) with one fix:
+- trailing all-NaN steps (how .ts files store unequal lengths) end the series; interior NaNs are linearly
+  interpolated per channel; per-channel standardisation with the fitting part of the training set only;
+- right-padding to the longest training series, with a mask the model honours at every layer (the reference
+  code pads with zeros and lets attention see them).
 """
 
 from __future__ import annotations
@@ -23,8 +21,7 @@ BUNDLED = ("BasicMotions", "JapaneseVowels")
 
 
 def read_split(name: str, split: str, path: str = "") -> tuple[list[np.ndarray], np.ndarray]:
-    """Raw series ([C, T_i] float arrays) and string labels of one split, with a clear error when
-    a set is neither bundled, nor on disk, nor downloadable."""
+    """Raw series ([C, T_i] float arrays) and string labels of one split."""
     try:
         from aeon.datasets import load_classification
         from aeon.datasets.tsc_datasets import multivariate  # the archive's 30 sets, for did-you-mean hints
