@@ -85,8 +85,7 @@ class Stack(nn.Module):
         return self.ln_f(x), auxes
 
     def recurrent(self, *, window: int | None = None, chunk: int = 1, inplace: bool = False) -> StackRecurrent:
-        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments); a ValueError
-        names every layer that has none, before any state is built."""
+        """The layers' ``Attention.recurrent`` forms as one; a ValueError names every layer that has none."""
         bad, forms = [], []
         for i, (spec, b) in enumerate(zip(self.specs, self.blocks)):
             try:

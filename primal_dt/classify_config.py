@@ -114,8 +114,7 @@ class ClassifyConfig(RunOptions):
 
 
 def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str]:
-    """(config, preset source line) from the command line, applying preset layers in order (``prog``:
-    the command whose line it is, named in its errors)."""
+    """(config, preset source line) from the command line over the preset layers (``prog``: named in errors)."""
     first = cli.peek(ClassifyConfig, argv, SHORTHANDS, prog)
     names = [f"{g}/{n}" for g in GROUPS for n in presets.list_presets(g)]
     if first.task not in names:

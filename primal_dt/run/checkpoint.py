@@ -26,8 +26,7 @@ from . import errors
 
 
 def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
-    """Write ``obj`` to ``path`` atomically; serialised in memory first, so a failed write is an ``OSError`` of
-    the file, not torch's zip-writer error."""
+    """``write_atomic`` of ``obj`` serialised in memory first (a failed write: the file's, not torch's, error)."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     return write_atomic(path, buf.getbuffer(), what)
@@ -174,8 +173,7 @@ def unfit(where: str, err: Exception) -> errors.SetupError:
 
 
 def load(path: str | Path, expect_kind: str | None = None, keys: tuple[str, ...] = ("model", "config")) -> dict:
-    """Read a checkpoint (a dict with ``keys``) without running code; one clear error for a missing, corrupt,
-    foreign or unsafe file."""
+    """A checkpoint (a dict with ``keys``) read without running code; a bad file is one clear error."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")

@@ -19,8 +19,7 @@ class SetupError(ValueError):
 
 @contextmanager
 def setup_errors(*also: type[Exception]):
-    """Inside this block, ValueError, FileNotFoundError and ``also`` (what checks and loaders raise for library
-    users) become ``SetupError``."""
+    """Inside this block, what checks and loaders raise (ValueError, FileNotFoundError, ``also``) is a SetupError."""
     try:
         yield
     except SetupError:
@@ -52,8 +51,7 @@ def why(err: OSError) -> str:
 
 @contextmanager
 def writing(path: str | Path, what: str):
-    """Inside this block, an ``OSError`` becomes ``WriteError`` naming ``path``, ``what`` it should have held
-    and why; callers add what survives."""
+    """Inside this block, an OSError is a ``WriteError`` naming ``path``, ``what`` and why (callers: what survives)."""
     try:
         yield
     except WriteError:

@@ -1,6 +1,6 @@
-"""What option values every command accepts (numeric ranges, never NaN or inf; sizes; devices; output
-paths; ``attention_options`` words) and the options both trainers share. Entry points declare their rules
-next to their configs and check them before any work: a bad value is one line naming the option."""
+"""What option values every command accepts (finite numeric ranges, sizes, devices, output paths,
+``attention_options`` words) and the options both trainers share, checked before any work: a bad value is
+one line naming the option."""
 
 from __future__ import annotations
 
@@ -25,11 +25,8 @@ class Range:
     high_open: bool = False
 
     def holds(self, x: float) -> bool:
-        if not math.isfinite(x):
-            return False
-        if self.low is not None and (x <= self.low if self.low_open else x < self.low):
-            return False
-        return self.high is None or (x < self.high if self.high_open else x <= self.high)
+        return (math.isfinite(x) and (self.low is None or (x > self.low if self.low_open else x >= self.low))
+                and (self.high is None or (x < self.high if self.high_open else x <= self.high)))
 
     def __str__(self) -> str:
         lo, hi = (None if x is None else (str(int(x)) if float(x).is_integer() else f"{x:g}")

@@ -46,8 +46,7 @@ def load_preset(group: str, name: str) -> dict:
 
 
 def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True) -> Any:
-    """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) applied, each checked
-    against its field's annotation."""
+    """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) checked and applied."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     hints = typing.get_type_hints(type(cfg))
     changes = {}

@@ -59,8 +59,7 @@ def clean_series(s: np.ndarray) -> np.ndarray:
 
 def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: int = 0,
              max_len: int = 0) -> TaskData:
-    """Load, clean, standardise and pad one UEA set; ``val_fraction=0`` keeps the whole training
-    set for fitting (the papers' protocol, which then selects on test)."""
+    """One UEA set, cleaned, standardised and padded (``val_fraction=0``: all training series fit)."""
     raw_train, y_train = read_split(name, "train", path)
     raw_test, y_test = read_split(name, "test", path)
     train = [clean_series(s) for s in raw_train]
