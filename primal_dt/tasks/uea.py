@@ -60,17 +60,13 @@ def clean_series(s: np.ndarray) -> np.ndarray:
 def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: int = 0,
              max_len: int = 0) -> TaskData:
     """One UEA set, cleaned, standardised and padded (``val_fraction=0``: all training series fit)."""
-    raw_train, y_train = read_split(name, "train", path)
-    raw_test, y_test = read_split(name, "test", path)
-    train = [clean_series(s) for s in raw_train]
-    test = [clean_series(s) for s in raw_test]
+    (raw_train, y_train), (raw_test, y_test) = read_split(name, "train", path), read_split(name, "test", path)
+    train, test = [clean_series(s) for s in raw_train], [clean_series(s) for s in raw_test]
     classes = sorted(set(y_train))
     unknown = sorted(set(y_test) - set(classes))
     if unknown:
         raise ValueError(f"UEA set {name!r}: test labels {unknown} never occur in the training split")
-    index = {c: i for i, c in enumerate(classes)}
-    yt = np.array([index[c] for c in y_train])
-    ys = np.array([index[c] for c in y_test])
+    yt, ys = np.searchsorted(classes, y_train), np.searchsorted(classes, y_test)  # class indices
 
     if val_fraction > 0:
         fit_idx, val_idx = carve_validation(yt, val_fraction, split_seed)
@@ -80,8 +76,7 @@ def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: i
     mean, std = np.nan_to_num(np.nanmean(fit_rows, axis=0)), np.nanstd(fit_rows, axis=0)
     std = np.where(np.isfinite(std) & (std > 1e-8), std, 1.0)
 
-    longest = max(len(s) for s in train)
-    T = max_len or longest
+    T = max_len or max(len(s) for s in train)
     notes = [f"UEA {name} via aeon ({'bundled' if name in BUNDLED else 'from ' + (path or 'data/uea')}); "
              f"standardised with statistics of {len(fit_idx)} fitting series; padded to {T}"]
     cut_train, cut_test = sum(len(s) > T for s in train), sum(len(s) > T for s in test)
