@@ -1,8 +1,6 @@
 """Train a sequence classifier and select its checkpoint: what ``python -m primal_dt.classify`` runs.
-
-``Trainer`` holds one classifier's optimisation state, ``step`` and ``evaluate`` apart so a benchmark can
-interleave two models on the same batches; ``fit`` is the loop, evaluation rounds keeping best.pt and
-last.pt (selection: ``classify_config.SELECTIONS``), then the summary.
+``Trainer`` keeps ``step`` and ``evaluate`` apart so a benchmark can interleave two models on the same batches;
+``fit`` is the loop, evaluation rounds keeping best.pt (``classify_config.SELECTIONS``) and last.pt.
 """
 
 from __future__ import annotations

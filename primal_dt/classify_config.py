@@ -1,10 +1,9 @@
 """Configuration of ``python -m primal_dt.classify``: dataclasses, task presets, checks.
 
-``task`` names a preset (configs/uea/*.yaml, configs/lra/*.yaml: the papers' settings and fast variants);
-``model`` a layout (transformer, primalformer, primal+trans, primal+<mechanism>) or any attention
-mechanism (``attention=NAME`` is short for ``model=NAME``). Precedence: defaults < preset < the preset's
-``by_model.<model>`` section < command line; a resumed run starts from its checkpoint's config instead.
-Everything that can be wrong with the input is checked here, before any data is loaded.
+``task`` names a preset (configs/uea/*.yaml, configs/lra/*.yaml), ``model`` a layout or any attention mechanism
+(``attention=NAME`` is short for ``model=NAME``). Precedence: defaults < preset < the preset's ``by_model.<model>``
+section < command line; a resumed run starts from its checkpoint's config instead. Everything that can be
+wrong with the input is checked here, before any data is loaded.
 """
 
 from __future__ import annotations

@@ -28,8 +28,6 @@ from torch import nn
 from .base import Attention, check_int, zero_padding
 from .registry import register
 
-SELF_SCORE = -1e5
-
 
 @register("reformer")
 class ReformerAttention(Attention):
@@ -88,7 +86,7 @@ class ReformerAttention(Attention):
         scores = qc @ kc.transpose(-1, -2) / math.sqrt(d)  # [B, H, n, c, 2c]
         is_self = pq[..., :, None] == pk[..., None, :]
         allowed = (bq[..., :, None] == bk[..., None, :]) & (bk[..., None, :] < self.n_buckets)
-        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(is_self, SELF_SCORE)
+        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(is_self, -1e5)
         lse = torch.logsumexp(scores, -1)
         out = torch.exp(scores - lse[..., None]) @ vc
         out, lse = out.reshape(B, H, n * c, d)[:, :, :T], lse.reshape(B, H, n * c)[:, :, :T]

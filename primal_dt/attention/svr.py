@@ -51,12 +51,13 @@ def _pad_to(x, r):
     return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
 
 
+@register("svr-bn-sh")
 class SVRAttention(ProjectedAttention):
-    """One implementation for the three SVR variants (``use_bn``/``use_sh`` pick the variant)."""
+    """``svr-bn-sh``, and the implementation of the other two variants (``use_bn``/``use_sh`` pick one)."""
 
     supports_step = True
     use_bn: bool = True
-    use_sh: bool = False
+    use_sh: bool = True
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax",
                  beta: float = 0.5, factors=None, bias: bool = True):
@@ -183,8 +184,3 @@ class SVRSHAttention(SVRAttention):
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax", factors=None,
                  bias: bool = True):
         super().__init__(d_model, n_heads, causal, kernel=kernel, factors=factors, bias=bias)
-
-
-@register("svr-bn-sh")
-class SVRBNSHAttention(SVRAttention):
-    use_bn, use_sh = True, True

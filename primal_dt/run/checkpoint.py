@@ -1,9 +1,9 @@
-"""Checkpoint files (a dict of tensors and plain data; its layout is its trainer's). Three promises:
-- **Atomic**: every file the package writes goes to a temporary beside it, renamed over the old one, so
-  a crash, a kill or a full disk leaves the previous file; a failed write is one ``errors.WriteError``.
+"""Checkpoint files (a dict of tensors and plain data laid out by its trainer). Three promises:
+- **Atomic**: every file the package writes goes to a temporary beside it, renamed over the old one: a crash,
+  a kill or a full disk leaves the previous file; a failed write is one ``errors.WriteError``.
 - **No code runs on load**: ``torch.load(weights_only=True)``; a pickle naming anything else is refused.
-- **No stale temporaries**: the writer holds a ``flock`` on its temporary, which the kernel drops however
-  it ends; ``remove_stale_temps`` deletes the temporaries whose lock it can take.
+- **No stale temporaries**: the writer holds a ``flock`` on its temporary (dropped by the kernel however it
+  ends); ``remove_stale_temps`` deletes those whose lock it can take.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Run directories and monitoring shared by every trainer: TensorBoard, a progress bar, PNG plots.
-
-An event file is appended to as the run goes, so it cannot be written atomically; instead a failed write
-is one ``errors.WriteError`` naming the directory, a resume purges the steps after its checkpoint, and
-TensorBoard stops reading a torn file at its last whole record.
+"""Run directories and monitoring shared by every trainer: TensorBoard, a progress bar, PNG plots. An event
+file is appended to, not written atomically: a failed write is one ``errors.WriteError`` naming the
+directory, a resume purges the steps after its checkpoint, and TensorBoard stops at a torn file's last record.
 """
 
 from __future__ import annotations
