@@ -104,9 +104,8 @@ class Stack(nn.Module):
 
 
 class StackRecurrent(Recurrent):
-    """A stack's recurrent form, the final norm applied: with ``last_only`` y is [B, 1, D] (lower blocks still
-    pass every token on, to feed the upper layers' states). ``state``: every layer's state tensors in order,
-    laid out by ``specs`` (``layer<i>.<name>``), an entry ``shared`` with an earlier layer's held once, by it."""
+    """A stack's recurrent form, final norm applied (``last_only``: lower blocks still pass every token on). Its
+    state: every layer's, named ``layer<i>.<name>``, an entry ``shared`` with an earlier layer's held once, by it."""
 
     def __init__(self, stack: Stack, forms):
         holder, names = {}, []  # holder: a shared entry's key -> the first layer declaring it, which holds it

@@ -6,7 +6,7 @@ Options and their checks: ``classify_config``; the trainer: ``classifier_trainin
 from __future__ import annotations
 
 from .classifier_training import KIND, Diverged, Trainer, fit
-from .classify_config import PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, resumed_config
+from .classify_config import DESCRIPTION, PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, config_from_dict
 from .run import checkpoint, cli, errors, lock, outputs, runtime
 from .run.errors import SetupError, WriteError
 from .run.monitor import run_dir
@@ -22,7 +22,9 @@ def run(argv: list[str]) -> dict:
         if resume:
             path = checkpoint.resume_checkpoint(resume)
             ck = checkpoint.load(path, expect_kind=KIND)
-            cfg, source = resumed_config(argv, ck["config"]), f"resumed from {resume} at step {ck['step']}"
+            cfg = cli.parse(ClassifyConfig, argv, default=config_from_dict(ck["config"]), prog=PROG,
+                            description=DESCRIPTION, shorthands=SHORTHANDS)  # the checkpoint's, the line on top
+            source = f"resumed from {resume} at step {ck['step']}"
         else:
             ck, (cfg, source) = None, build_config(argv)
         check_config(cfg)

@@ -129,12 +129,6 @@ def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str
     return cfg, str(values.get("source", "(no source line)"))
 
 
-def resumed_config(argv: list[str], saved: dict) -> ClassifyConfig:
-    """A resumed run's config: the checkpoint's (``saved``), with the command line on top."""
-    return cli.parse(ClassifyConfig, argv, default=config_from_dict(saved), prog=PROG, description=DESCRIPTION,
-                     shorthands=SHORTHANDS)
-
-
 def config_from_dict(d: dict) -> ClassifyConfig:
     return presets.apply_preset(ClassifyConfig(), d, where="checkpoint config")
 

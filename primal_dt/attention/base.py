@@ -71,10 +71,9 @@ class Attention(nn.Module):
         return x.transpose(1, 2).reshape(B, T, H * d)
 
     def recurrent(self, *, window: int | None = None, chunk: int = 1) -> Recurrent:
-        """This mechanism's recurrent form (module docstring), overridden after ``check_recurrent``. ``window``: a
-        bound the caller imposes where the state would otherwise cache the whole sequence (softmax; a layer's own
-        ``window`` wins, ``adopt_stream_window`` makes ``forward`` agree); ``chunk``: the usual chunk length, to
-        size rings (longer chunks stay correct)."""
+        """This mechanism's recurrent form (module docstring). ``window``: a bound where the state would otherwise
+        cache the whole sequence (softmax; a layer's own wins, ``adopt_stream_window`` makes ``forward`` agree);
+        ``chunk``: the usual chunk length, to size rings (longer chunks stay correct)."""
         self.check_recurrent()
         raise NotImplementedError(f"{type(self).__name__} declares supports_step but defines no recurrent form")
 

@@ -21,10 +21,9 @@ from .base import ProjectedAttention, StateSpec, check_int
 def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None = None,
                      causal: bool = False, eps: float | None = 1e-6, chunk: int = 64,
                      state: torch.Tensor | None = None):
-    """fq [B, H, Tq, m], fk [B, H, Tk, m], v [B, H, Tk, dv], key_mask [B, Tk] -> y [B, H, Tq, dv], or with
-    the causal running ``state`` S/z [B, H, m, dv + 1] (z the last column), (y, the state after).
-    ``eps=None`` drops the normaliser (fq^T S). Causal requires Tq == Tk. Padding queries produce finite
-    garbage the caller zeroes."""
+    """fq [B, H, Tq, m], fk [B, H, Tk, m], v [B, H, Tk, dv], key_mask [B, Tk] -> y [B, H, Tq, dv], or with the
+    causal ``state`` S/z [B, H, m, dv + 1], (y, the state after). ``eps=None`` drops the normaliser. Causal
+    needs Tq == Tk. Padding queries get finite garbage the caller zeroes."""
     if key_mask is not None:
         fk = fk * key_mask[:, None, :, None].to(fk.dtype)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
@@ -50,10 +49,9 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_ma
 
 
 class FeatureMapAttention(ProjectedAttention):
-    """Base of the linear family: by default ``attend`` is the feature map ``features(q, k, mask, fstate) ->
-    (fq, fk, fstate)`` and the shared kernel, its state the S/z ``kv`` followed by the map's own
-    (``feature_specs``), so that a chunk's features are computed exactly as the parallel form computes them at
-    those positions."""
+    """Base of the linear family: ``attend`` is the feature map ``features(q, k, mask, fstate) -> (fq, fk,
+    fstate)`` and the shared kernel, its state the S/z ``kv`` then the map's own (``feature_specs``), so a chunk's
+    features are exactly the parallel form's at those positions."""
 
     supports_step = True
     #: added to the normaliser; None = no normaliser

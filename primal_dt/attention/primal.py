@@ -94,10 +94,8 @@ class PrimalAttention(Attention):
                 nn.init.orthogonal_(w)
 
     def _weights(self, x, mask):
-        """(W, rows): W = [We; Wr] as the scores use it, [2, H, d_head, s], or in the data-dependent
-        form W_{e|X} = f(X)^T We per sequence, [B, 2, H, d_head, s]. ``rows``: the rows of the
-        parameters that entered, None for all (data-independent), else [B] per sequence: its
-        n_b = min(s * rank_multi, real length) sampled rows (the others met zero rows of f(X))."""
+        """(W, rows): W = [We; Wr], [2, H, d_head, s], or data-dependent W_{e|X} = f(X)^T We, [B, 2, H, d_head, s];
+        ``rows``: None (all rows entered), or [B] each sequence's n_b = min(s * rank_multi, real length)."""
         if not self.data_dependent:
             return self.W, None
         f = self.f_dropout(evenly_spaced_rows(x, mask, self.s * self.rank_multi))  # [B, n, D]

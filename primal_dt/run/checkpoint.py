@@ -33,10 +33,9 @@ def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
 
 
 def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: bool = True) -> Path:
-    """Write ``data`` to ``path`` through a temporary beside it renamed over the old one (a new file gets the
-    umask's mode, a replaced one keeps its own); a failure is one ``WriteError`` naming ``path`` and ``what``.
-    ``replace=False``: the temporary is linked to ``path``, so an existing file is a ``FileExistsError`` and
-    of two writers only one succeeds."""
+    """Write ``data`` to ``path`` through a temporary renamed over it (a replaced file keeps its mode, a new one
+    gets the umask's); a failure is one ``WriteError``. ``replace=False``: the temporary is linked to ``path``,
+    so an existing file is a ``FileExistsError`` (of two writers only one succeeds)."""
     path = Path(path)
     exists = False
     with errors.writing(path, what):

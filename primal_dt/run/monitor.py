@@ -82,19 +82,16 @@ class RunMonitor:
                  progress_desc: str = "train", progress: bool = True, initial: int = 0,
                  purge_step: int | None = None, lines: bool = False):
         self.log_dir = Path(log_dir)
-        self.enabled = enabled
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.writer = None
         if enabled:
             _wait_for_a_later_second(self.log_dir)
             _quiet_event_writer_thread()
             self.writer = self._log(lambda: SummaryWriter(str(self.log_dir), purge_step=purge_step), always=True)
-        self.bar = None
         self.total, self.n, self.lines = progress_total, initial, lines and bool(progress_total) and not progress
         self.last_line = time.monotonic()
-        if progress and progress_total:
-            self.bar = tqdm(total=progress_total, initial=initial, desc=progress_desc, dynamic_ncols=True,
-                            mininterval=1.0)
+        self.bar = (tqdm(total=progress_total, initial=initial, desc=progress_desc, dynamic_ncols=True, mininterval=1.0)
+                    if progress and progress_total else None)
 
     def _log(self, write, always: bool = False):
         """``write()`` when there is a writer; a failure is one ``WriteError`` and ends the writer."""

@@ -1,8 +1,6 @@
-"""In-memory classification data shared by every source (UEA, LRA), so the trainer sees one shape.
-
-A split is three aligned tensors: ``x`` (float [N, T, C] for time series, int [N, T] tokens, or
-int [N, 2, T] for two-document tasks), ``mask`` (bool, x's shape without C; True = real) and
-``y`` (int64 [N]). Token id 0 is reserved for padding in every token task.
+"""In-memory classification data of every source (UEA, LRA): a split is three aligned tensors, ``x`` (float
+[N, T, C] time series, int [N, T] tokens or int [N, 2, T] document pairs), ``mask`` (bool, x's shape without C;
+True = real) and ``y`` (int64 [N]). Token id 0 is padding in every token task.
 """
 
 from __future__ import annotations

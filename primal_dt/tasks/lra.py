@@ -1,15 +1,12 @@
 """Long-Range Arena (Tay et al. 2021) tasks read from the files the benchmark is built from.
 
-- ListOps: ``basic_{train,val,test}.tsv`` of the release (``Source<TAB>Target``), see listops.py.
-- Text: IMDB reviews as bytes, from the ``aclImdb`` layout ({train,test}/{pos,neg}/*.txt) that the
-  LRA pipeline consumes; no validation split there, so one is carved from train.
-- Retrieval: the release's ``new_aan_pairs.{train,eval,test}.tsv`` (label, id1, id2, text1, text2;
-  no header), two byte-level documents per example.
-- Image: CIFAR-10 python batches (``data_batch_1..5``, ``test_batch``) turned grey
-  (0.2989 R + 0.5870 G + 0.1140 B, as tf.image.rgb_to_grayscale) and read as 1024 pixel tokens.
-- Pathfinder: the release's ``pathfinder32/<difficulty>/`` with ``metadata/*.npy`` (text lines
-  ``imgs/<k> sample_<n>.png <..> <label>``) and 32x32 PNGs; metadata files in sorted order are cut
-  80 / 10 / 10 into train / val / test.
+- ListOps: the release's ``basic_{train,val,test}.tsv`` (listops.py).
+- Text: IMDB reviews as bytes, from the ``aclImdb`` layout ({train,test}/{pos,neg}/*.txt); validation carved.
+- Retrieval: the release's ``new_aan_pairs.{train,eval,test}.tsv`` (label, id1, id2, text1, text2; no header).
+- Image: CIFAR-10 python batches turned grey (0.2989 R + 0.5870 G + 0.1140 B, as tf.image.rgb_to_grayscale),
+  1024 pixel tokens.
+- Pathfinder: the release's ``pathfinder32/<difficulty>/`` (``metadata/*.npy`` text lines ``imgs/<k>
+  sample_<n>.png <..> <label>``, 32x32 PNGs); metadata files in sorted order cut 80 / 10 / 10.
 Byte and pixel tokens are value + 1, so id 0 stays padding.
 """
 
