@@ -152,7 +152,8 @@ def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
 
 
 def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = False) -> dict:
-    """Train ``tr`` to its total steps with evaluation rounds, then report the selected checkpoint."""
+    """Train ``tr`` to its total steps with evaluation rounds, then report the selected checkpoint: hyper-parameters,
+    accuracy.png and summary.json."""
     cfg, t = tr.cfg, tr.cfg.train
     n_params = sum(p.numel() for p in tr.model.parameters())
     mon = RunMonitor(out, enabled=cfg.tensorboard, progress_total=tr.total_steps, progress=cfg.progress,
@@ -204,16 +205,8 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
         with contextlib.suppress(errors.WriteError):  # the disk may refuse the rest of the log too
             mon.close()
         raise
-    return summarize(tr, data, out, source, mon, n_params, t_start)
-
-
-def summarize(tr: Trainer, data: TaskData, out: Path, source: str, mon: RunMonitor, n_params: int,
-              t_start: float) -> dict:
-    """The selected checkpoint's test accuracy (under the val protocol re-evaluated from best.pt: the saved
-    weights' figure), hyper-parameters, accuracy.png and summary.json."""
-    cfg, t = tr.cfg, tr.cfg.train
-    best = checkpoint.load(out / "best.pt", expect_kind=KIND)
-    tr.model.load_state_dict(best["model"])
+    # the selected checkpoint's test accuracy (the val protocol's re-evaluated from best.pt: the saved weights')
+    tr.model.load_state_dict(checkpoint.load(out / "best.pt", expect_kind=KIND)["model"])
     test_sel = tr.evaluate(data.test)["acc"] if t.selection == "val" else tr.best["test_acc"]
     summary = {
         "task": cfg.task, "model": cfg.model, "seed": cfg.seed, "layers": [s.attention for s in tr.model.stack.specs],

@@ -22,21 +22,12 @@ from .registry import register
 
 
 def ring_attention(q, K, V, allowed):
-    """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: two
-    batched matmuls around a masked softmax, not SDPA, whose CPU kernel is built for long query blocks
-    and whose exported form guards fully masked rows (IsNaN, Where). Masked scores are the dtype's lowest
-    finite value, not -inf, so that a query that sees nothing (padding before a row's first real token)
-    averages the ring's values instead of making NaN."""
+    """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: not SDPA,
+    whose CPU kernel is built for long query blocks and whose exported form guards fully masked rows. Masked
+    scores are the lowest finite value, not -inf: a query that sees nothing averages the values, not NaN."""
     scores = torch.matmul(q, K.transpose(-1, -2))
     lowest = torch.finfo(scores.dtype).min
     return torch.matmul(torch.softmax(torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), lowest), -1), V)
-
-
-def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
-    """[Tq, Tk] bool: may the query at position q_pos[i] see the key at k_pos[j]?"""
-    d = q_pos[:, None] - k_pos[None, :]
-    ok = d >= 0 if causal else torch.ones_like(d, dtype=torch.bool)
-    return ok if window is None else ok & (d < window) & (d > -window)
 
 
 @register("softmax")
@@ -68,8 +59,11 @@ class SoftmaxAttention(ProjectedAttention):
         if mask is None and self.window is None:
             return self._attend(q, k, v, None, is_causal=self.causal), None
         T = q.shape[2]
-        pos = torch.arange(T, device=q.device)
-        allowed = visibility(pos, pos, self.causal, self.window)[None, None]  # [1, 1, T, T]
+        d = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)  # query minus key position
+        allowed = d >= 0 if self.causal else torch.ones_like(d, dtype=torch.bool)
+        if self.window is not None:
+            allowed = allowed & (d < self.window) & (d > -self.window)
+        allowed = allowed[None, None]  # [1, 1, T, T]
         if mask is not None:
             allowed = allowed & mask[:, None, None, :]
             allowed = allowed | torch.eye(T, dtype=torch.bool, device=q.device)  # padding rows
@@ -90,14 +84,11 @@ class SoftmaxAttention(ProjectedAttention):
 
 
 class SoftmaxRecurrent(Recurrent):
-    """The recurrent form over a ``window`` of w positions, on a ring of R = w + chunk - 1 slots: state
-    ``k``, ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase (the slot its next
-    token goes to; zero at a fresh or restarted row: no clock outside the row).
-
-    Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice; a
-    ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read through a
-    mask computed from the row's phase. ``valid`` and ``pos`` follow the chunks and their mask alone, so they
-    are ``shared`` by the rings of one size in a stack: a graph computes their slots and mask once."""
+    """The recurrent form over a ``window`` of w positions, on a ring of R = w + chunk - 1 slots: state ``k``,
+    ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase (zero at a fresh or restarted
+    row: no clock outside the row). A ring takes the chunk into its slots (``scatter_nd``: one copy, none
+    ``inplace``) where appending and dropping the oldest copies the cache twice. ``valid`` and ``pos`` follow the
+    chunks and their mask alone, so the rings of one size in a stack ``share`` them."""
 
     def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1

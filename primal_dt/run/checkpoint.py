@@ -78,25 +78,22 @@ def _locked_temp(path: Path) -> tuple[int, str]:
 
 
 def _mode(path: Path) -> int:
-    """An existing file's permissions, else what a new file gets (``0o666`` less the umask)."""
+    """An existing file's permissions, else what a new file gets: ``0o666`` less the umask, read from /proc
+    (``os.umask`` reads it only by changing it: a race with threads)."""
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
-        return 0o666 & ~_umask()
-
-
-def _umask() -> int:
-    """This process's umask, from /proc (``os.umask`` reads it only by changing it: a race with threads)."""
+        pass
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
+                    return 0o666 & ~int(line.split()[1], 8)
     except (OSError, ValueError):
         pass
     mask = os.umask(0o022)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's names
