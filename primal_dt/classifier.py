@@ -70,9 +70,7 @@ class SequenceClassifier(nn.Module):
         h, auxes = self.encode(x, mask)
         if self.head_kind == "mean":
             return Output(self.head(mean_pool(h, mask)), auxes)
-        if h.shape[1] < self.max_len:
-            h = F.pad(h, (0, 0, 0, self.max_len - h.shape[1]))
-        return Output(self.head(h), auxes)
+        return Output(self.head(F.pad(h, (0, 0, 0, self.max_len - h.shape[1]))), auxes)  # zero-fill to max_len
 
 
 def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

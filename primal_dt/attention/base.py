@@ -126,9 +126,8 @@ class Recurrent(nn.Module):
 
 
 class ProjectedAttention(Attention):
-    """A mechanism between a query/key/value projection ``qkv`` and an output projection ``proj``: it defines
-    ``attend(q, k, v, mask, state) -> (y, state)`` on [B, H, T, d_head] heads, ``state`` None in the parallel
-    form; a recurrent one (``ProjectedRecurrent``) declares ``specs(dtype)`` and passes its state through."""
+    """A mechanism between projections ``qkv`` and ``proj``: ``attend(q, k, v, mask, state) -> (y, state)`` on
+    [B, H, T, d_head] heads, ``state`` None in the parallel form, else laid out as its ``specs(dtype)``."""
 
     value_projection = "qkv"
 

@@ -99,9 +99,8 @@ class KernelSmootherAttention(Attention):
         return self.run(x, mask, None)[0], {}
 
     def specs(self, dtype):
-        """a key/value cache of every token so far: ``k`` [H, n, e] (features), ``v`` [H, n, d], ``m`` [n] bool
-        (which are real; n grows with the sequence) and ``count`` [] int64, the real tokens (positions of the
-        positional form)"""
+        """a cache of every token: features ``k`` [H, n, e], ``v`` [H, n, d], ``m`` [n] bool (real; n grows with the
+        sequence), and ``count`` [] int64, the real tokens (the positional form's positions)"""
         H, d = self.n_heads, self.d_head
         return [StateSpec("k", (H, 0, 2 * d if self.positional else d), dtype), StateSpec("v", (H, 0, d), dtype),
                 StateSpec("m", (0,), torch.bool), StateSpec("count", (), torch.int64)]
