@@ -210,13 +210,11 @@ def zero_padding(y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return y if mask is None else y * mask.unsqueeze(-1).to(y.dtype)
 
 
-def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
+def check_int(name: str, value, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
-    if low is not None and value < low:
+    if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value}")
     return value
 
 
