@@ -1,20 +1,16 @@
 """Transformer blocks and stacks whose layers each name their attention mechanism.
 
-A stack is a list of ``LayerSpec``s, so "PrimalFormer" (every layer primal) and "Primal.+X"
-(backbone X, last layer primal) are configurations (see layouts.py), not code. The stack runs
-in parallel (``forward``, the training form) or recurrently (``recurrent`` -> ``StackRecurrent``):
-each pre-norm block around its mechanism's recurrent form (attention/base.py), threading the layers'
-states as one tuple. Blocks are otherwise token-wise, so the two agree whenever every mechanism's
-recurrent form agrees with its ``forward``.
+A stack is a list of ``LayerSpec``s, so "PrimalFormer" and "Primal.+X" are configurations (layouts.py), not
+code. It runs in parallel (``forward``) or recurrently (``recurrent`` -> ``StackRecurrent``, the layers' states
+as one tuple); blocks are otherwise token-wise, so the two agree wherever every mechanism's do.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
@@ -49,18 +45,14 @@ class Block(nn.Module):
                                  nn.Linear(hidden, d_model), nn.Dropout(dropout))
         self.drop = nn.Dropout(dropout)
 
-    def _residual(self, x: torch.Tensor, attend: Callable):
-        # (not ``_apply``: that name is nn.Module's hook behind .to() / .cuda() / .double())
-        if self.norm == "pre":
-            a, extra = attend(self.ln1(x))
-            x = x + self.drop(a)
-            return x + self.mlp(self.ln2(x)), extra
-        a, extra = attend(x)
-        x = self.ln1(x + self.drop(a))
-        return self.ln2(x + self.mlp(x)), extra
-
     def forward(self, x, mask=None):
-        return self._residual(x, lambda h: self.attn(h, mask))
+        if self.norm == "pre":
+            a, aux = self.attn(self.ln1(x), mask)
+            x = x + self.drop(a)
+            return x + self.mlp(self.ln2(x)), aux
+        a, aux = self.attn(x, mask)
+        x = self.ln1(x + self.drop(a))
+        return self.ln2(x + self.mlp(x)), aux
 
     def recurrent_step(self, x, form, state, mask, last_only: bool, mlp):
         """``forward``'s pre-norm residual around the attention's recurrent ``form``, without dropout (the eval-mode
@@ -93,8 +85,7 @@ class Stack(nn.Module):
         return self.ln_f(x), auxes
 
     def recurrent(self, *, window: int | None = None, chunk: int = 1, inplace: bool = False) -> StackRecurrent:
-        """The stack's recurrent form (every layer's ``Attention.recurrent``, with these arguments); a ValueError
-        names every layer that has none, before any state is built."""
+        """The layers' ``Attention.recurrent`` forms as one; a ValueError names every layer that has none."""
         bad, forms = [], []
         for i, (spec, b) in enumerate(zip(self.specs, self.blocks)):
             try:
@@ -113,9 +104,8 @@ class Stack(nn.Module):
 
 
 class StackRecurrent(Recurrent):
-    """A stack's recurrent form, the final norm applied: with ``last_only`` y is [B, 1, D] (lower blocks still
-    pass every token on, to feed the upper layers' states). ``state``: every layer's state tensors in order,
-    laid out by ``specs`` (``layer<i>.<name>``), an entry ``shared`` with an earlier layer's held once, by it."""
+    """A stack's recurrent form, final norm applied (``last_only``: lower blocks still pass every token on). Its
+    state: every layer's, named ``layer<i>.<name>``, an entry ``shared`` with an earlier layer's held once, by it."""
 
     def __init__(self, stack: Stack, forms):
         holder, names = {}, []  # holder: a shared entry's key -> the first layer declaring it, which holds it

@@ -1,13 +1,12 @@
 """Sequence classifier on the same attention stack as the Decision Transformer.
 
-input (channels -> Linear, or token ids -> Embedding) + learnable positional encoding -> Stack
-(non-causal, masked) -> one of three heads:
-- ``flatten`` (UEA, as the papers): the masked sequence of features [T * D] -> Linear. Padding
-  features are zero, so a batch padded further than ``max_len`` (with padding only) is cut back and
-  a shorter one zero-filled: the prediction of a series never depends on how it was padded.
+input (channels -> Linear, or token ids -> Embedding) + learnable positions -> Stack (non-causal, masked) ->
+- ``flatten`` (UEA, as the papers): the masked features [T * D] -> Linear. Padding features are zero, so a
+  batch padded beyond ``max_len`` (with padding only) is cut back and a shorter one zero-filled: a prediction
+  never depends on how its series was padded.
 - ``mean`` (LRA): mean over real tokens -> MLP.
-- ``pair`` (LRA Retrieval): both documents through the shared encoder (one batch of 2B), mean
-  pooled to u, v, then MLP([u, v, u * v, u - v]) as the LRA dual-encoder baseline.
+- ``pair`` (LRA Retrieval): both documents through the shared encoder, mean pooled to u, v, then
+  MLP([u, v, u * v, u - v]) as the LRA dual-encoder baseline.
 Loss = cross-entropy + the KSVD regulariser of the primal layers (primal_dt/ksvd.py).
 """
 
@@ -71,9 +70,7 @@ class SequenceClassifier(nn.Module):
         h, auxes = self.encode(x, mask)
         if self.head_kind == "mean":
             return Output(self.head(mean_pool(h, mask)), auxes)
-        if h.shape[1] < self.max_len:
-            h = F.pad(h, (0, 0, 0, self.max_len - h.shape[1]))
-        return Output(self.head(h), auxes)
+        return Output(self.head(F.pad(h, (0, 0, 0, self.max_len - h.shape[1]))), auxes)  # zero-fill to max_len
 
 
 def mean_pool(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

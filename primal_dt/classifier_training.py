@@ -1,8 +1,6 @@
 """Train a sequence classifier and select its checkpoint: what ``python -m primal_dt.classify`` runs.
-
-``Trainer`` holds one classifier's optimisation state, ``step`` and ``evaluate`` apart so a benchmark can
-interleave two models on the same batches; ``fit`` is the loop, evaluation rounds keeping best.pt and
-last.pt (selection: ``classify_config.SELECTIONS``), then the summary.
+``Trainer`` keeps ``step`` and ``evaluate`` apart so a benchmark can interleave two models on the same batches;
+``fit`` is the loop, evaluation rounds keeping best.pt (``classify_config.SELECTIONS``) and last.pt.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import torch
 import yaml
 
 from .classifier import SequenceClassifier, classification_loss
-from .classify_config import SELECTIONS, ClassifyConfig, attention_options, hparams
+from .classify_config import SELECTIONS, ClassifyConfig, attention_options
 from .layouts import layout
 from .run import checkpoint, errors, runtime
 from .run.monitor import RunMonitor
@@ -42,19 +40,6 @@ def build_model(cfg: ClassifyConfig, data: TaskData) -> SequenceClassifier:
         d_ff=a.d_ff, dropout=a.dropout, norm=a.norm, activation=a.activation)
 
 
-def build_optimizer(cfg: ClassifyConfig, model, total_steps: int):
-    t = cfg.train
-    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "radam": torch.optim.RAdam}[t.optimizer]
-    opt = cls(model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
-    if t.schedule == "constant":
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / t.warmup) if t.warmup else 1.0)
-    else:
-        sched = torch.optim.lr_scheduler.OneCycleLR(
-            opt, max_lr=t.lr, total_steps=total_steps + 1, pct_start=min(0.999, max(t.warmup, 1) / total_steps),
-            anneal_strategy="linear", cycle_momentum=False, div_factor=1e4, final_div_factor=1e4)
-    return opt, sched
-
-
 def batches(split: Split, size: int, generator: torch.Generator | None = None):
     """(x, mask, y) mini-batches; shuffled when a generator is given."""
     order = torch.randperm(len(split), generator=generator) if generator is not None else torch.arange(len(split))
@@ -72,7 +57,16 @@ class Trainer:
         self.steps_per_epoch = math.ceil(len(data.train) / t.batch_size)
         self.total_steps = t.steps or t.epochs * self.steps_per_epoch
         self.eval_every = t.eval_every or self.steps_per_epoch
-        self.opt, self.sched = build_optimizer(cfg, self.model, self.total_steps)
+        optimizer = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "radam": torch.optim.RAdam}[t.optimizer]
+        self.opt = optimizer(self.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        if t.schedule == "constant":
+            self.sched = torch.optim.lr_scheduler.LambdaLR(
+                self.opt, lambda s: min(1.0, (s + 1) / t.warmup) if t.warmup else 1.0)
+        else:
+            self.sched = torch.optim.lr_scheduler.OneCycleLR(
+                self.opt, max_lr=t.lr, total_steps=self.total_steps + 1, anneal_strategy="linear",
+                pct_start=min(0.999, max(t.warmup, 1) / self.total_steps), cycle_momentum=False, div_factor=1e4,
+                final_div_factor=1e4)
         self.gen = torch.Generator().manual_seed(cfg.seed)  # batch order: its own stream, on the CPU
         self.step_no = 0
         self.train_time = 0.0  # seconds inside optimisation steps (no evaluation, no logging)
@@ -88,14 +82,12 @@ class Trainer:
 
     def step(self, batch) -> dict:
         x, m, y = (t.to(self.device) for t in batch)
-        out = self.model(x, m)
+        out, t = self.model(x, m), self.cfg.train
         loss, parts = classification_loss(out, y, self.cfg.primal.eta)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        clip = self.cfg.train.grad_clip if self.cfg.train.grad_clip > 0 else float("inf")
-        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip if t.grad_clip > 0 else float("inf"))
         if not (torch.isfinite(loss) and torch.isfinite(gn)):  # a NaN weight never reaches a checkpoint or a score
-            t = self.cfg.train
             raise Diverged(f"training diverged at step {self.step_no + 1}: loss={loss.item()}, grad norm={gn.item()}; "
                            f"the optimizer step was not taken and last.pt keeps the last evaluation round's weights "
                            f"(if one was written). Try a lower train.lr (now {t.lr:g}) or train.grad_clip > 0 (now "
@@ -105,9 +97,8 @@ class Trainer:
         if self.device.type == "cuda":  # the caller times the step: wait for the GPU to finish it
             torch.cuda.synchronize(self.device)
         self.step_no += 1
-        parts.update(loss=loss.detach(), correct=(out.logits.argmax(-1) == y).sum(), n=len(y),
-                     tokens=m.sum())
-        return parts
+        return parts | {"loss": loss.detach(), "correct": (out.logits.argmax(-1) == y).sum(), "n": len(y),
+                        "tokens": m.sum()}
 
     @torch.no_grad()
     def evaluate(self, split: Split) -> dict[str, float]:
@@ -149,20 +140,20 @@ def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
         res["val"] = tr.evaluate(data.val)
     selection = tr.cfg.train.selection
     metric = (res["val"] if selection == "val" else res["test"])["acc"]
-    # Small validation splits saturate (JapaneseVowels: 54 series at 100%) or stall (BasicMotions: 8), so
-    # ties in accuracy go to the lower validation loss. The papers' protocol keeps its plain max.
+    # small validation splits saturate or stall: accuracy ties go to the lower validation loss (val protocol only)
     tie_better = selection == "val" and metric == tr.best["metric"] and res["val"]["loss"] < tr.best["val_loss"]
     if metric > tr.best["metric"] or tie_better or selection == "last":
-        tr.best = {"metric": metric, "step": tr.step_no, "test_acc": res["test"]["acc"],
-                   "val_acc": res["val"]["acc"] if "val" in res else None,
-                   "val_loss": res["val"]["loss"] if "val" in res else None}
+        val = res.get("val", {})
+        tr.best = {"metric": metric, "step": tr.step_no, "test_acc": res["test"]["acc"], "val_acc": val.get("acc"),
+                   "val_loss": val.get("loss")}
         checkpoint.save_atomic(tr.state(), out / "best.pt", what=f"best checkpoint (step {tr.step_no})")
     checkpoint.save_atomic(tr.state(), out / "last.pt", what=f"checkpoint (step {tr.step_no})")
     return res
 
 
 def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = False) -> dict:
-    """Train ``tr`` to its total steps with evaluation rounds, then report the selected checkpoint."""
+    """Train ``tr`` to its total steps with evaluation rounds, then report the selected checkpoint: hyper-parameters,
+    accuracy.png and summary.json."""
     cfg, t = tr.cfg, tr.cfg.train
     n_params = sum(p.numel() for p in tr.model.parameters())
     mon = RunMonitor(out, enabled=cfg.tensorboard, progress_total=tr.total_steps, progress=cfg.progress,
@@ -190,8 +181,8 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
             if s % 10 == 0 or s == tr.total_steps:
                 shown["loss"] = f"{float(parts['loss']):.3f}"
                 mon.scalars({"loss/total": float(parts["loss"]), "loss/ce": float(parts["ce"]),
-                             "loss/ksvd": float(parts["ksvd"]), "lr": tr.sched.get_last_lr()[0]}, s)
-                mon.scalars({f"ksvd/{k}": float(v) for k, v in parts.items() if k.startswith("J/")}, s)
+                             "loss/ksvd": float(parts["ksvd"]), "lr": tr.sched.get_last_lr()[0]}
+                            | {f"ksvd/{k}": float(v) for k, v in parts.items() if k.startswith("J/")}, s)
             if s % tr.eval_every == 0 or s == tr.total_steps:
                 steps = s - last_eval
                 mon.scalars({"acc/train": acc_sum["correct"] / max(acc_sum["n"], 1),
@@ -214,16 +205,8 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
         with contextlib.suppress(errors.WriteError):  # the disk may refuse the rest of the log too
             mon.close()
         raise
-    return summarize(tr, data, out, source, mon, n_params, t_start)
-
-
-def summarize(tr: Trainer, data: TaskData, out: Path, source: str, mon: RunMonitor, n_params: int,
-              t_start: float) -> dict:
-    """The selected checkpoint's test accuracy (under the val protocol re-evaluated from best.pt: the saved
-    weights' figure), hyper-parameters, accuracy.png and summary.json."""
-    cfg, t = tr.cfg, tr.cfg.train
-    best = checkpoint.load(out / "best.pt", expect_kind=KIND)
-    tr.model.load_state_dict(best["model"])
+    # the selected checkpoint's test accuracy (the val protocol's re-evaluated from best.pt: the saved weights')
+    tr.model.load_state_dict(checkpoint.load(out / "best.pt", expect_kind=KIND)["model"])
     test_sel = tr.evaluate(data.test)["acc"] if t.selection == "val" else tr.best["test_acc"]
     summary = {
         "task": cfg.task, "model": cfg.model, "seed": cfg.seed, "layers": [s.attention for s in tr.model.stack.specs],
@@ -234,12 +217,13 @@ def summarize(tr: Trainer, data: TaskData, out: Path, source: str, mon: RunMonit
         "s_per_1k_steps": round(1000 * tr.train_time / max(tr.total_steps, 1), 2),
         "parameters": n_params, "data": data.describe(), "preset_source": source, "run_dir": str(out),
     }
-    mon.hparams({"task": cfg.task, "model": cfg.model, "seed": cfg.seed, **hparams(cfg)},
-                {"test_acc": test_sel} | ({"selected_val_acc": tr.best["val_acc"]} if tr.best["val_acc"] is not None else {}))
+    d, val = dataclasses.asdict(cfg), tr.best["val_acc"]  # the options that define a result: TensorBoard's HPARAMS
+    mon.hparams({"task": cfg.task, "model": cfg.model, "seed": cfg.seed, "arch": d["arch"], "primal": d["primal"],
+                 "train": d["train"], "data": {k: v for k, v in d["data"].items() if k != "listops"}},
+                {"test_acc": test_sel} | ({} if val is None else {"selected_val_acc": val}))
     mon.plot(["acc/train", "acc/val", "acc/test"], out / "accuracy.png", title=f"{cfg.task} {cfg.model}",
              ylabel="accuracy")
     mon.close()
-    with errors.writing(out / "summary.json", "run summary"):
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    checkpoint.write_atomic(out / "summary.json", json.dumps(summary, indent=2), "run summary")
     print(json.dumps(summary, indent=2), flush=True)
     return summary

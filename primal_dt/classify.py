@@ -1,17 +1,12 @@
-"""Train and evaluate a sequence classifier (UEA time series, LRA) on the attention core.
-
-    python -m primal_dt.classify task=uea/JapaneseVowels model=primalformer
-    python -m primal_dt.classify task=lra/listops-fast model=primal+trans train.steps=500 seed=1
-    python -m primal_dt.classify resume=runs/classify/uea-JapaneseVowels/primalformer/<run> train.epochs=200
-
-Options and their checks: ``classify_config``; the trainer: ``classifier_training``. This module only
-wires them to the shared run infrastructure.
+"""Train and evaluate a sequence classifier (UEA time series, LRA) on the attention core
+(``python -m primal_dt.classify task=uea/JapaneseVowels model=primalformer``; docs/classification.md).
+Options and their checks: ``classify_config``; the trainer: ``classifier_training``; this module wires them.
 """
 
 from __future__ import annotations
 
 from .classifier_training import KIND, Diverged, Trainer, fit
-from .classify_config import PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, resumed_config
+from .classify_config import DESCRIPTION, PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, config_from_dict
 from .run import checkpoint, cli, errors, lock, outputs, runtime
 from .run.errors import SetupError, WriteError
 from .run.monitor import run_dir
@@ -27,7 +22,9 @@ def run(argv: list[str]) -> dict:
         if resume:
             path = checkpoint.resume_checkpoint(resume)
             ck = checkpoint.load(path, expect_kind=KIND)
-            cfg, source = resumed_config(argv, ck["config"]), f"resumed from {resume} at step {ck['step']}"
+            cfg = cli.parse(ClassifyConfig, argv, default=config_from_dict(ck["config"]), prog=PROG,
+                            description=DESCRIPTION, shorthands=SHORTHANDS)  # the checkpoint's, the line on top
+            source = f"resumed from {resume} at step {ck['step']}"
         else:
             ck, (cfg, source) = None, build_config(argv)
         check_config(cfg)

@@ -1,20 +1,18 @@
 """Configuration of ``python -m primal_dt.classify``: dataclasses, task presets, checks.
 
-``task`` names a preset (configs/uea/*.yaml, configs/lra/*.yaml: the papers' settings and fast variants);
-``model`` a layout (transformer, primalformer, primal+trans, primal+<mechanism>) or any attention
-mechanism (``attention=NAME`` is short for ``model=NAME``). Precedence: defaults < preset < the preset's
-``by_model.<model>`` section < command line; a resumed run starts from its checkpoint's config instead.
-Everything that can be wrong with the input is checked here, before any data is loaded.
+``task`` names a preset (configs/uea/*.yaml, configs/lra/*.yaml), ``model`` a layout or any attention mechanism
+(``attention=NAME`` is short for ``model=NAME``). Precedence: defaults < preset < the preset's ``by_model.<model>``
+section < command line; a resumed run starts from its checkpoint's config instead. Everything that can be
+wrong with the input is checked here, before any data is loaded.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Literal
 
 from .run import cli, presets
+from .run.errors import did_you_mean
 from .run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, RunOptions, check_numbers, check_size
 from .run.options import as_words, attention_options as parse_attention_options
 from .tasks import DataConfig
@@ -50,13 +48,6 @@ class ArchConfig:
     """MLP activation"""
     head: Literal["auto", "flatten", "mean", "pair"] = "auto"
     """auto: flatten for UEA, pair for Retrieval, mean otherwise"""
-
-    def check(self) -> None:
-        """Raise ValueError naming the option (``arch.*``), its value and what is allowed."""
-        check_numbers(self, {"d_model": AT_LEAST_1, "n_heads": AT_LEAST_1, "layers": AT_LEAST_1, "d_ff": AT_LEAST_1,
-                             "dropout": FRACTION}, prefix="arch.")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"arch.d_model={self.d_model} must be divisible by arch.n_heads={self.n_heads}")
 
 
 @dataclass
@@ -122,13 +113,11 @@ class ClassifyConfig(RunOptions):
 
 
 def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str]:
-    """(config, preset source line) from the command line, applying preset layers in order (``prog``:
-    the command whose line it is, named in its errors)."""
+    """(config, preset source line) from the command line over the preset layers (``prog``: named in errors)."""
     first = cli.peek(ClassifyConfig, argv, SHORTHANDS, prog)
     names = [f"{g}/{n}" for g in GROUPS for n in presets.list_presets(g)]
     if first.task not in names:
-        close = difflib.get_close_matches(first.task, names, n=3, cutoff=0.5)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+        hint = did_you_mean(first.task, names, cutoff=0.5)
         raise ValueError(f"unknown task {first.task!r}.{hint} Available: {', '.join(names)}")
     values = presets.load_preset(*first.task.split("/", 1))
     by_model = values.pop("by_model", {}) or {}
@@ -138,12 +127,6 @@ def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str
         cfg = presets.apply_preset(cfg, by_model[model], where=f"preset {first.task} by_model.{model}")
     cfg = cli.parse(ClassifyConfig, argv, default=cfg, prog=prog, description=DESCRIPTION, shorthands=SHORTHANDS)
     return cfg, str(values.get("source", "(no source line)"))
-
-
-def resumed_config(argv: list[str], saved: dict) -> ClassifyConfig:
-    """A resumed run's config: the checkpoint's (``saved``), with the command line on top."""
-    return cli.parse(ClassifyConfig, argv, default=config_from_dict(saved), prog=PROG, description=DESCRIPTION,
-                     shorthands=SHORTHANDS)
 
 
 def config_from_dict(d: dict) -> ClassifyConfig:
@@ -159,20 +142,22 @@ def attention_options(cfg: ClassifyConfig) -> dict:
 
 
 NUMBERS = {
+    **dict.fromkeys(("arch.d_model", "arch.n_heads", "arch.layers", "arch.d_ff"), AT_LEAST_1), "arch.dropout": FRACTION,
     "primal.s": AT_LEAST_1, "primal.eta": AT_LEAST_0, "primal.rank_multi": AT_LEAST_1,
     "train.epochs": AT_LEAST_0, "train.steps": AT_LEAST_0, "train.batch_size": AT_LEAST_1,
     "train.eval_batch_size": AT_LEAST_0, "train.lr": POSITIVE, "train.weight_decay": AT_LEAST_0,
     "train.warmup": AT_LEAST_0, "train.grad_clip": AT_LEAST_0, "train.eval_every": AT_LEAST_0,
 }
-"""numeric options outside the ``arch.*``, ``data.*`` and run options (their dataclasses' own ``check``)"""
+"""numeric options outside ``data.*`` and the run options (their dataclasses' own ``check``)"""
 
 
 def check_config(cfg: ClassifyConfig) -> None:
     """Raise ValueError naming the option, its value and what is allowed."""
     t, a = cfg.train, cfg.arch
     RunOptions.check(cfg)
-    a.check()
     check_numbers(cfg, NUMBERS)
+    if a.d_model % a.n_heads:
+        raise ValueError(f"arch.d_model={a.d_model} must be divisible by arch.n_heads={a.n_heads}")
     check_size(a.layers * (4 * a.d_model ** 2 + 2 * a.d_model * a.d_ff) + cfg.data.max_len * a.d_model,
                f"arch.layers={a.layers}, arch.d_model={a.d_model}, arch.d_ff={a.d_ff} and "
                f"data.max_len={cfg.data.max_len}")
@@ -184,8 +169,3 @@ def check_config(cfg: ClassifyConfig) -> None:
     attention_options(cfg)
     cfg.data.check()
 
-
-def hparams(cfg: ClassifyConfig) -> dict:
-    """The options that define a result (for TensorBoard's HPARAMS tab)."""
-    d = dataclasses.asdict(cfg)
-    return {k: d[k] for k in ("arch", "primal", "train")} | {"data": {k: v for k, v in d["data"].items() if k != "listops"}}

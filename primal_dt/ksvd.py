@@ -6,18 +6,15 @@ Per primal layer and per sequence, over its real tokens only (padding excluded):
     J  = E + R - Tr
 and the total regulariser is eta * mean_batch( mean_layers J_l^2 ).
 
-The parameterisation of Lambda this package promises: the paper's diagonal Lp (a positive
-diagonal matrix of the KSVD's inverse singular values) is Lp = Lambda^2 / L, with Lambda the
-layer's learnable [H, s] parameter. Why: the square keeps Lp non-negative whatever the optimizer
-does to Lambda (a negative Lp would make E + R unbounded below and J^2 meaningless), and the 1/L,
-the average over a sequence's L real tokens, makes J comparable across sequence lengths and
-padding (the reference code averages the same way). Lemma 4.2's stationary point, Lp = S^-1 for the
-singular values S of the induced kernel, is therefore Lambda = sqrt(L) * S^(-1/2), where J = 0.
+The parameterisation of Lambda this package promises: the paper's diagonal Lp (the KSVD's inverse singular
+values) is Lp = Lambda^2 / L, Lambda the layer's learnable [H, s] parameter. The square keeps Lp non-negative
+whatever the optimizer does (a negative Lp makes E + R unbounded below), and the 1/L, the average over a
+sequence's L real tokens, makes J comparable across lengths and padding (as the reference code). Lemma 4.2's
+stationary point Lp = S^-1 is therefore Lambda = sqrt(L) * S^(-1/2), where J = 0.
 
-The trace term uses the parameters We, Wr in every form (paper eqs. 6 and 11, Lemma 4.2), never a
-per-sample W_{e|X}: in the data-dependent form the primal features of token i are f(X) phi(q_i) and
-We, Wr act on them, so the KSVD and its stationary point are in We, Wr. A sequence that samples
-fewer rows n_b < s * rank_multi has its trace over the rows it used, so padding never changes J.
+The trace term uses the parameters We, Wr in every form (paper eqs. 6 and 11, Lemma 4.2), never a per-sample
+W_{e|X}: in the data-dependent form token i's primal features are f(X) phi(q_i) and We, Wr act on them. A
+sequence that samples n_b < s * rank_multi rows has its trace over the rows it used: padding never changes J.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Named stack layouts: which mechanism each layer uses.
 
-- ``transformer`` / ``dt`` / ``bc`` / ``softmax``: every layer softmax (the baseline; ``bc`` is the
-  Decision Transformer paper's behaviour-cloning transformer, whose tokens agents.decision_transformer sets).
-- ``primalformer`` / ``primalformer-dt``: every layer Primal-Attention (PrimalFormer).
-- ``primal+<X>`` (``primal+dt``, ``primal+trans``, ``primal+linear``, ...): backbone X with only the
-  last layer primal, the papers' Primal.+X.
+- ``ALIASES``: the papers' names for every layer softmax (``bc``: the Decision Transformer paper's
+  behaviour-cloning transformer, whose tokens agents.decision_transformer sets) or every layer primal.
+- ``primal+<X>`` (``primal+dt``, ``primal+trans``, ...): backbone X, only the last layer primal (Primal.+X).
 - any registered mechanism name: every layer that mechanism.
 ``options`` maps a mechanism name to its constructor options (e.g. {"primal": {"s": 64}}).
 """

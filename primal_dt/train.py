@@ -1,13 +1,7 @@
-"""Train a Decision Transformer on an offline MuJoCo dataset, evaluating it in the simulator.
-
-    python -m primal_dt.train env=hopper-medium
-    python -m primal_dt.train env=hopper-medium model=dt seed=3 steps=20000
-    python -m primal_dt.train preset=smoke
-    python -m primal_dt.train resume=runs/hopper-medium/primal+dt/20250101-120000-seed0
-    torchrun --nproc_per_node 2 -m primal_dt.train env=hopper-medium      (DistributedDataParallel)
-
-Options and their checks: ``agents.train_config``; the trainer: ``agents.training``. This module only
-wires them, handing the trainer the simulator evaluation (``eval.rollout``), which ``agents`` may not import.
+"""Train a Decision Transformer on an offline MuJoCo dataset, evaluating it in the simulator
+(``python -m primal_dt.train env=hopper-medium``; docs/training.md). Options and their checks:
+``agents.train_config``; the trainer: ``agents.training``. This module only wires them, handing the trainer
+the simulator evaluation (``eval.rollout``), which ``agents`` may not import.
 """
 
 from __future__ import annotations

@@ -3,19 +3,16 @@
 - ``forward(x, mask=None) -> (y, aux)``: ``x`` [B, T, D], ``mask`` [B, T] bool, True = real token.
   Padding never influences a real token's output; outputs at padding positions are zero.
 - ``causal`` is fixed at construction.
-- A causal mechanism with a recurrent form has ONE: ``recurrent(window=None, chunk=1) -> Recurrent``, a
-  pure function of tensors ``form(x_chunk, state, mask=None, last_only=False) -> (y, state)``
-  (flash-linear-attention's shape) whose per-row state is declared once, as ``form.specs``.
-  Stepping a sequence through it in any chunking reproduces ``forward`` on the whole sequence at every
-  real token (at padding the outputs are unspecified, and padding never enters a state); ``last_only``
-  asks only for the chunk's last token (y is [B, 1, D]; the others still advance the state). The stream
-  engine (agents.agent) runs it, and TorchScript / ONNX trace it: there is no other form.
+- A causal mechanism with a recurrent form has ONE: ``recurrent(window=None, chunk=1) -> Recurrent``, a pure
+  function of tensors ``form(x_chunk, state, mask=None, last_only=False) -> (y, state)`` (flash-linear-attention's
+  shape), its per-row state declared once as ``form.specs``. Stepping a sequence through it in any chunking
+  reproduces ``forward`` at every real token (padding never enters a state); ``last_only`` returns only the
+  chunk's last token. The stream engine (agents.agent) runs it, TorchScript / ONNX trace it: no other form.
 
-A recurrent state is a tuple of per-row tensors, batch first, that start at zero: a row restarts by
-going back to zero (``restart_rows``) and leaves the batch by being sliced out (``select_rows``), so
-nothing a row holds can leak into another. A form keeps nothing on the Python side between calls,
-since a traced graph is replayed at every step. A mechanism whose state caches every token (kernel-*,
-svr-*) streams in torch but has no fixed-size graph state (``Recurrent.grows``).
+A recurrent state is a tuple of per-row tensors, batch first, starting at zero: a row restarts by going back
+to zero (``restart_rows``) and leaves by being sliced out (``select_rows``), so no row leaks into another. A
+form keeps nothing on the Python side between calls (a traced graph is replayed at every step). A state that
+caches every token (kernel-*, svr-*) streams in torch but has no fixed-size graph state (``Recurrent.grows``).
 """
 
 from __future__ import annotations
@@ -65,21 +62,18 @@ class Attention(nn.Module):
             if mask.dtype != torch.bool:
                 raise ValueError(f"{name}: mask must be a bool tensor (True = real token), got dtype {mask.dtype}")
 
-    def split_heads(self, x: torch.Tensor) -> torch.Tensor:
-        """[B, T, H*d] -> [B, H, T, d]"""
+    def split_heads(self, x: torch.Tensor) -> torch.Tensor:  # [B, T, H*d] -> [B, H, T, d]
         return x.view(*x.shape[:2], self.n_heads, -1).transpose(1, 2)
 
     @staticmethod
-    def merge_heads(x: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, d] -> [B, T, H*d]"""
+    def merge_heads(x: torch.Tensor) -> torch.Tensor:  # [B, H, T, d] -> [B, T, H*d]
         B, H, T, d = x.shape
         return x.transpose(1, 2).reshape(B, T, H * d)
 
     def recurrent(self, *, window: int | None = None, chunk: int = 1) -> Recurrent:
-        """This mechanism's recurrent form (module docstring), overridden after ``check_recurrent``. ``window``: a
-        bound the caller imposes where the state would otherwise cache the whole sequence (softmax; a layer's own
-        ``window`` wins, ``adopt_stream_window`` makes ``forward`` agree); ``chunk``: the usual chunk length, to
-        size rings (longer chunks stay correct)."""
+        """This mechanism's recurrent form (module docstring). ``window``: a bound where the state would otherwise
+        cache the whole sequence (softmax; a layer's own wins, ``adopt_stream_window`` makes ``forward`` agree);
+        ``chunk``: the usual chunk length, to size rings (longer chunks stay correct)."""
         self.check_recurrent()
         raise NotImplementedError(f"{type(self).__name__} declares supports_step but defines no recurrent form")
 
@@ -124,12 +118,56 @@ class Recurrent(nn.Module):
         self.specs: tuple[StateSpec, ...] = tuple(specs)
 
     @property
-    def grows(self) -> bool:
-        """True when the state is a cache of every token (a zero-length axis that grows with the sequence)."""
+    def grows(self) -> bool:  # a cache of every token (module docstring)
         return any(0 in s.shape for s in self.specs)
 
     def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         return tuple(s.zeros(batch, device) for s in self.specs)
+
+
+class ProjectedAttention(Attention):
+    """A mechanism between projections ``qkv`` and ``proj``: ``attend(q, k, v, mask, state) -> (y, state)`` on
+    [B, H, T, d_head] heads, ``state`` None in the parallel form, else laid out as its ``specs(dtype)``."""
+
+    value_projection = "qkv"
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False, bias: bool = True):
+        super().__init__(d_model, n_heads, causal)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def attend(self, q, k, v, mask, state):
+        raise NotImplementedError
+
+    def forward(self, x, mask=None):
+        self.check_input(x, mask)
+        return self.run(x, mask, None)[0], {}
+
+    def run(self, x, mask, state):
+        """x [B, T, D] -> (y [B, T, D], state): ``attend`` between the projections."""
+        q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+        y, state = self.attend(q, k, v, mask, state)
+        return zero_padding(self.proj(self.merge_heads(y)), mask), state
+
+    def specs(self, dtype: torch.dtype) -> list[StateSpec]:
+        raise NotImplementedError
+
+    def recurrent(self, *, window=None, chunk=1):
+        self.check_recurrent()
+        return ProjectedRecurrent(self)
+
+
+class ProjectedRecurrent(Recurrent):
+    """The recurrent form of a mechanism whose ``run(x, mask, state)`` takes the state ``specs(dtype)`` declares
+    (a ``ProjectedAttention`` whose ``attend`` does): ``run`` on a chunk."""
+
+    def __init__(self, attn: Attention):
+        super().__init__(attn.specs(attn.proj.weight.dtype))
+        self.attn = attn
+
+    def forward(self, x, state, mask=None, last_only: bool = False):
+        y, state = self.attn.run(x, mask, tuple(state))
+        return (y[:, -1:] if last_only else y), state
 
 
 def detached(*weights: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -172,13 +210,11 @@ def zero_padding(y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     return y if mask is None else y * mask.unsqueeze(-1).to(y.dtype)
 
 
-def check_int(name: str, value, low: int | None = None, high: int | None = None) -> int:
+def check_int(name: str, value, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{name} must be an integer, got {value!r}")
-    if low is not None and value < low:
+    if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
-    if high is not None and value > high:
-        raise ValueError(f"{name} must be <= {high}, got {value}")
     return value
 
 

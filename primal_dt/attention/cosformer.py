@@ -2,17 +2,14 @@
 
     s(q_i, k_j) = relu(q_i)^T relu(k_j) cos(pi/2 * (i - j) / M)
 
-and cos(a - b) = cos a cos b + sin a sin b decomposes the re-weighting, so with a_i = pi i / (2M)
-    phi(q_i) = [relu(q_i) cos a_i, relu(q_i) sin a_i],   phi(k_j) = [relu(k_j) cos a_j, relu(k_j) sin a_j]
-and the normalised linear attention of linear_core applies (2 d_head features).
+and cos(a - b) = cos a cos b + sin a sin b decomposes it: with a_i = pi i / (2M), phi(x_i) = [relu(x_i) cos a_i,
+relu(x_i) sin a_i] for queries and keys, then the normalised linear attention of linear_core.
 
-Positions i count real tokens only (1-based), so padding on either side shifts nothing.
-M: bidirectional, the sequence's number of real tokens (|i - j| < M, all weights positive);
-causal, the fixed ``max_len`` option (the reference uses the padded input length, which would
-let the future length leak into the past and cannot be streamed). Causal positions beyond
-``max_len`` would get negative weights: the parallel form raises a ValueError; the recurrent form,
-which a graph traces and a graph cannot raise, returns NaN outputs for the rows past ``max_len``
-instead (until they restart).
+Positions i count real tokens only (1-based), so padding on either side shifts nothing. M: bidirectional, the
+sequence's real tokens (|i - j| < M, all weights positive); causal, the fixed ``max_len`` (the reference uses the
+padded input length, which leaks the future length into the past and cannot be streamed). Causal positions
+beyond ``max_len`` would get negative weights: the parallel form raises a ValueError; the recurrent form (a
+traced graph cannot raise) returns NaN outputs for those rows until they restart.
 """
 
 from __future__ import annotations

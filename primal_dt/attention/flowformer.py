@@ -11,12 +11,10 @@ phi = sigmoid, per head and over real tokens (n of them),
 
 i.e. the normalised linear attention of linear_core on competed values, gated by the allocation.
 
-Causal form (the paper's autoregressive version): every sum runs over the real prefix and is
-divided by its count n_i (sums become means, so flows stay O(1) as the prefix grows), and the
-competition is the running softmax c_j = n_j exp(Ohat_j) / sum_{l<=j} exp(Ohat_l):
-    I_i = phi(q_i)^T mean_{j<=i} phi(k_j),   O_j = phi(k_j)^T mean_{l<=j} phi(q_l),
-    Ihat_i = phi(q_i)^T mean_{j<=i} phi(k_j)/O_j,   Ohat_j = phi(k_j)^T mean_{l<=j} phi(q_l)/I_l.
-Each quantity at position t uses only prefix sums up to t, so the recurrent form keeps running sums.
+Causal form (the paper's autoregressive version): every sum runs over the real prefix and is divided by its
+count n_i (sums become means, so flows stay O(1) as the prefix grows), e.g. I_i = phi(q_i)^T mean_{j<=i}
+phi(k_j), and the competition is the running softmax c_j = n_j exp(Ohat_j) / sum_{l<=j} exp(Ohat_l). Every
+quantity at t uses prefix sums up to t only, so the recurrent form keeps running sums.
 """
 
 from __future__ import annotations

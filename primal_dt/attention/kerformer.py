@@ -7,13 +7,11 @@ Linear attention with separate non-negative maps for queries and keys and a sque
     Q' = sigmoid(Q),   K' = softmax(K),   K'' = K' * SE(K'),   Y = Q' (K''^T V) / (Q' K''^T 1 + eps)
     SE(K') = sigmoid(W2 W1 squeeze(K'))    (the paper's gate has no ReLU between W1 and W2)
 
-The paper leaves open over which axis K is normalised and what the SE squeeze averages. Here each
-key's softmax runs over its d_head features (token-local, so it has a causal form); the squeeze is the
-mean of K' over the real tokens, one gate per channel of the D channels shared by the sequence's tokens
-(causal: each key is gated with the mean over its own real prefix, a running statistic), hidden width
-D // ``se_reduction``; the normaliser is the linear-attention one, which keeps outputs on the scale of V
-at every length. The causal variant is ordinary causal linear
-attention on (Q', K''), with a recurrent form whose state is S/z plus the running SE squeeze.
+The paper leaves open over which axis K is normalised and what the SE squeeze averages. Here each key's
+softmax runs over its d_head features (token-local, so it has a causal form); the squeeze is the mean of K'
+over the real tokens, one gate per channel of D (causal: over the key's own real prefix, a running statistic),
+hidden width D // ``se_reduction``; the linear-attention normaliser keeps outputs on the scale of V at every
+length. The recurrent state is S/z plus the running SE squeeze.
 """
 
 from __future__ import annotations

@@ -12,16 +12,13 @@ M(i) = the set filter: real tokens (and j <= i when causal). Per head, with q = 
     *-asym: Wq != Wk;   *-sym: Wq = Wk (one projection, a symmetric kernel)
     kernel-positional     exp(<f_i WF, f_j WF>/sqrt(d)) * exp(<t_i WT, t_j WT>/sqrt(d)), values from f
 
-The last is the paper's recommended product of symmetric kernels: f = the layer input (no position
-added), t = sinusoidal embedding of the token's index among real tokens (so padding shifts
-nothing), values v = f WV from the features only. A product of exponentials is one exponential of
-the augmented features [f WF, t WT], so it shares the exponential path.
+The last is the paper's recommended product of symmetric kernels: f = the layer input (no position added),
+t = sinusoidal embedding of the token's index among real tokens (so padding shifts nothing), values v = f WV.
+A product of exponentials is one exponential of the augmented features [f WF, t WT]: the exponential path.
 
-Numerics: exponential kernels are evaluated in the log domain (a masked log-sum-exp / softmax);
-the others divide by the kernel sum + eps. The linear kernel is the exception the paper itself
-flags: it can be negative, so its literal normaliser sum_j <q_i, k_j> can cross zero and the
-weights blow up (the paper reports it does not converge; outputs then swing with rounding-level
-changes in the projections). The weights are therefore divided by sum_j |<q_i, k_j>| + eps, which
+Numerics: exponential kernels are evaluated in the log domain (a masked softmax); the others divide by the
+kernel sum + eps. The linear kernel can be negative, so its literal normaliser can cross zero and the weights
+blow up (the paper reports it does not converge): its weights are divided by sum_j |<q_i, k_j>| + eps, which
 keeps them bounded (|w| <= 1) and is identical for the non-negative kernels.
 """
 
@@ -32,8 +29,9 @@ import math
 import torch
 from torch import nn
 
-from .base import Attention, Recurrent, StateSpec, zero_padding
+from .base import Attention, ProjectedRecurrent, StateSpec, zero_padding
 from .registry import register
+
 
 def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
     """Sinusoidal embedding [*, dim] of (float) positions [*] (Vaswani et al.)."""
@@ -98,45 +96,38 @@ class KernelSmootherAttention(Attention):
 
     def forward(self, x, mask=None):
         self.check_input(x, mask)
-        zeros = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-        qf, kf, v = self._features(x, mask, zeros)
-        y = self._attend(qf, kf, v, self._allowed(mask, x.shape[1], x.shape[1], x.device))
-        return zero_padding(y, mask), {}
+        return self.run(x, mask, None)[0], {}
+
+    def specs(self, dtype):
+        """a cache of every token: features ``k`` [H, n, e], ``v`` [H, n, d], ``m`` [n] bool (real; n grows with the
+        sequence), and ``count`` [] int64, the real tokens (the positional form's positions)"""
+        H, d = self.n_heads, self.d_head
+        return [StateSpec("k", (H, 0, 2 * d if self.positional else d), dtype), StateSpec("v", (H, 0, d), dtype),
+                StateSpec("m", (0,), torch.bool), StateSpec("count", (), torch.int64)]
+
+    def run(self, x, mask, state):
+        """x [B, T, D] -> (y [B, T, D], state), the queries attending over the ``state``'s cache too."""
+        T = x.shape[1]
+        if state is None:
+            qf, kf, v = self._features(x, mask, torch.zeros(x.shape[0], dtype=torch.long, device=x.device))
+            return zero_padding(self._attend(qf, kf, v, self._allowed(mask, T, T, x.device)), mask), None
+        K, V, M, count = state
+        m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
+        qf, kf, v = self._features(x, m, count)
+        K, V, M = torch.cat([K, kf], 2), torch.cat([V, v], 2), torch.cat([M, m], 1)
+        y = zero_padding(self._attend(qf, K, V, self._allowed(M, T, K.shape[2], x.device)), mask)
+        return y, (K, V, M, count + m.sum(1))
 
     def recurrent(self, *, window=None, chunk=1):
         self.check_recurrent()
-        return KernelRecurrent(self)
-
-
-class KernelRecurrent(Recurrent):
-    """A key/value cache of every token so far: ``k`` [H, n, e] (features), ``v`` [H, n, d], ``m`` [n] bool
-    (which are real; n grows with the sequence) and ``count`` [] int64, the real tokens (positions of the
-    positional form)."""
-
-    def __init__(self, attn: KernelSmootherAttention):
-        H, d, dtype = attn.n_heads, attn.d_head, attn.v.weight.dtype
-        e = 2 * d if attn.positional else d
-        super().__init__([StateSpec("k", (H, 0, e), dtype), StateSpec("v", (H, 0, d), dtype),
-                          StateSpec("m", (0,), torch.bool), StateSpec("count", (), torch.int64)])
-        self.attn = attn
-
-    def forward(self, x, state, mask=None, last_only: bool = False):
-        a, (K, V, M, count) = self.attn, state
-        B, C, _ = x.shape
-        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
-        qf, kf, v = a._features(x, m, count)
-        K, V, M = torch.cat([K, kf], 2), torch.cat([V, v], 2), torch.cat([M, m], 1)
-        y = zero_padding(a._attend(qf, K, V, a._allowed(M, C, K.shape[2], x.device)), mask)
-        return (y[:, -1:] if last_only else y), (K, V, M, count + m.sum(1))
+        return ProjectedRecurrent(self)
 
 
 def _variant(name: str, kernel: str, symmetric: bool, positional: bool = False):
+    """Register ``name``: a subclass whose class attributes pick the variant (module docstring)."""
     cls_name = "Kernel" + "".join(p.title() for p in name.split("-")[1:]) + "Attention"
-    cls = type(cls_name, (KernelSmootherAttention,),
-               {"kernel": kernel, "symmetric": symmetric, "positional": positional, "__module__": __name__,
-                "__doc__": f"``{name}``: kernel-smoother attention, {kernel} kernel, "
-                           f"{'product of symmetric kernels with positional embeddings' if positional else 'Wq = Wk' if symmetric else 'Wq != Wk'}."})
-    globals()[cls_name] = register(name)(cls)
+    attrs = {"kernel": kernel, "symmetric": symmetric, "positional": positional, "__module__": __name__}
+    globals()[cls_name] = register(name)(type(cls_name, (KernelSmootherAttention,), attrs))
 
 
 for _k in ("linear", "polynomial", "exponential", "rbf"):

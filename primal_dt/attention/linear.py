@@ -3,7 +3,7 @@
     phi(x) = elu(x) + 1,   y_i = phi(q_i)^T sum_j phi(k_j) v_j^T / (phi(q_i)^T sum_j phi(k_j) + eps)
 
 with j over all real tokens (bidirectional) or real tokens j <= i (causal). The causal form is an
-RNN whose state is S = sum phi(k) v^T and z = sum phi(k) (linear_core.LinearRecurrent).
+RNN whose state is S = sum phi(k) v^T and z = sum phi(k) (linear_core).
 """
 
 from __future__ import annotations

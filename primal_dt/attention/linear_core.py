@@ -4,29 +4,26 @@ fq = phi(q), fk = phi(k) per head:
 
     y_i = fq_i^T S_i / (fq_i^T z_i + eps),   S_i = sum_{j in M(i)} fk_j v_j^T,   z_i = sum_{j in M(i)} fk_j
 
-with M(i) = all real keys (bidirectional) or the real keys j <= i (causal); the normaliser rides along
-as an extra value column of ones, so S and z are one tensor [m, d_v + 1]. The causal form is chunked
-(flash-linear-attention's "chunk" form: a masked L x L product inside a chunk, an exclusive prefix sum of
-per-chunk states across chunks, after the S/z ``state`` of the tokens before): memory O(T L + (T/L) m d_v)
-instead of a cumulative sum's O(T m d_v), and the recurrent form is the same function fed a chunk.
+with M(i) = all real keys (bidirectional) or the real keys j <= i (causal); the normaliser rides along as a
+value column of ones, so S and z are one tensor [m, d_v + 1]. The causal form is flash-linear-attention's
+"chunk" form (a masked L x L product inside a chunk, a prefix sum of per-chunk states across chunks, after the
+``state`` of the tokens before): memory O(T L + (T/L) m d_v), and the recurrent form is it fed a chunk.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .base import Attention, Recurrent, StateSpec, check_int, zero_padding
+from .base import ProjectedAttention, StateSpec, check_int
 
 
 def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None = None,
                      causal: bool = False, eps: float | None = 1e-6, chunk: int = 64,
                      state: torch.Tensor | None = None):
-    """fq [B, H, Tq, m], fk [B, H, Tk, m], v [B, H, Tk, dv], key_mask [B, Tk] -> y [B, H, Tq, dv], or with
-    the causal running ``state`` S/z [B, H, m, dv + 1] (z the last column), (y, the state after).
-    ``eps=None`` drops the normaliser (fq^T S). Causal requires Tq == Tk. Padding queries produce finite
-    garbage the caller zeroes."""
+    """fq [B, H, Tq, m], fk [B, H, Tk, m], v [B, H, Tk, dv], key_mask [B, Tk] -> y [B, H, Tq, dv], or with the
+    causal ``state`` S/z [B, H, m, dv + 1], (y, the state after). ``eps=None`` drops the normaliser. Causal
+    needs Tq == Tk. Padding queries get finite garbage the caller zeroes."""
     if key_mask is not None:
         fk = fk * key_mask[:, None, :, None].to(fk.dtype)
     v1 = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)
@@ -51,24 +48,19 @@ def linear_attention(fq: torch.Tensor, fk: torch.Tensor, v: torch.Tensor, key_ma
     return out if state is None else (out, after[:, :, -1])
 
 
-class FeatureMapAttention(Attention):
-    """Base of the linear family: ``attend(q, k, v, mask, state) -> (y, state)`` on [B, H, T, d_head] heads
-    between the projections; ``state`` is None in the parallel form, else laid out as ``specs()``. By default
-    the feature map ``features(q, k, mask, fstate) -> (fq, fk, fstate)`` and the shared kernel, its state
-    the S/z ``kv`` followed by the map's own (``feature_specs``), so that a chunk's features are computed
-    exactly as the parallel form computes them at those positions."""
+class FeatureMapAttention(ProjectedAttention):
+    """Base of the linear family: ``attend`` is the feature map ``features(q, k, mask, fstate) -> (fq, fk,
+    fstate)`` and the shared kernel, its state the S/z ``kv`` then the map's own (``feature_specs``), so a chunk's
+    features are exactly the parallel form's at those positions."""
 
-    value_projection = "qkv"
     supports_step = True
     #: added to the normaliser; None = no normaliser
     eps: float | None = 1e-6
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, bias: bool = True, chunk: int = 64):
-        super().__init__(d_model, n_heads, causal)
+        super().__init__(d_model, n_heads, causal, bias)
         self.chunk = check_int("chunk", chunk, low=1)
         self.n_features = self.d_head  #: feature dimension m of fq, fk (a feature map may widen it)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def features(self, q, k, mask, fstate):
         raise NotImplementedError
@@ -85,29 +77,3 @@ class FeatureMapAttention(Attention):
             return linear_attention(fq, fk, v, mask, self.causal, self.eps, self.chunk), None
         y, kv = linear_attention(fq, fk, v, mask, True, self.eps, self.chunk, state[0])
         return y, (kv, *feat)
-
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        return self.run(x, mask, None)[0], {}
-
-    def run(self, x, mask, state):
-        """Projections around ``attend``: x [B, T, D] -> (y [B, T, D], state)."""
-        q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
-        y, state = self.attend(q, k, v, mask, state)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), state
-
-    def recurrent(self, *, window=None, chunk=1):
-        self.check_recurrent()
-        return LinearRecurrent(self)
-
-
-class LinearRecurrent(Recurrent):
-    """The linear family's recurrent form: ``run`` on a chunk and the state laid out as ``attn.specs``."""
-
-    def __init__(self, attn: FeatureMapAttention):
-        super().__init__(attn.specs(attn.qkv.weight.dtype))
-        self.attn = attn
-
-    def forward(self, x, state, mask=None, last_only: bool = False):
-        y, state = self.attn.run(x, mask, tuple(state))
-        return (y[:, -1:] if last_only else y), state

@@ -18,36 +18,31 @@ import math
 import torch
 from torch import nn
 
-from .base import Attention, check_int, zero_padding
+from .base import ProjectedAttention, check_int
 from .registry import register
 
 
 @register("linformer")
-class LinformerAttention(Attention):
-    value_projection = "qkv"
+class LinformerAttention(ProjectedAttention):
     supports_causal = False
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, proj_dim: int = 64, max_len: int = 4096,
                  share_kv: bool = False, bias: bool = True):
-        super().__init__(d_model, n_heads, causal)
+        super().__init__(d_model, n_heads, causal, bias)
         self.proj_dim = check_int("proj_dim", proj_dim, low=1)
         self.max_len = check_int("max_len", max_len, low=1)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
         self.E = nn.Parameter(torch.randn(proj_dim, max_len) / math.sqrt(proj_dim))
         self.F = None if share_kv else nn.Parameter(torch.randn(proj_dim, max_len) / math.sqrt(proj_dim))
 
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        B, T, _ = x.shape
-        m = torch.ones(B, T, dtype=torch.bool, device=x.device) if mask is None else mask
+    def attend(self, q, k, v, mask, state):
+        B, _, T, _ = q.shape
+        m = torch.ones(B, T, dtype=torch.bool, device=q.device) if mask is None else mask
         n = int(m.sum(1).max()) if B else 0
         if n > self.max_len:
             raise ValueError(f"linformer: a sequence has {n} real tokens but max_len={self.max_len}; the projections "
                              f"E, F have one column per position, so build it with max_len >= {n}")
-        q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
         pos = (torch.cumsum(m.long(), 1) - 1).clamp(min=0)  # index among real tokens
-        w = m[..., None].to(x.dtype)
+        w = m[..., None].to(q.dtype)
 
         def project(P, t):  # sum over real tokens j of P[:, pos_j] t_j -> [B, H, k, d]
             return torch.einsum("btk,bhtd->bhkd", P.T[pos] * w, t)
@@ -55,4 +50,4 @@ class LinformerAttention(Attention):
         kp = project(self.E, k)
         vp = project(self.E if self.F is None else self.F, v)
         att = torch.softmax(q @ kp.transpose(-1, -2) / math.sqrt(self.d_head), -1)
-        return zero_padding(self.proj(self.merge_heads(att @ vp)), mask), {}
+        return att @ vp, None

@@ -10,21 +10,18 @@ with pinv computed by the paper's Newton-Schulz iteration
     Z_0 = A^T / (||A||_1 ||A||_inf),   Z <- Z (13 I - A Z (15 I - A Z (7 I - A Z))) / 4.
 Cost O(T m) time and memory.
 
-Segments are taken over the real tokens only: sequence b with n_b real tokens uses
-m_b = min(landmarks, n_b) segments, real token j going to segment floor(j m_b / n_b) (equal
-segments when m_b divides n_b, as in the paper). Unused landmark slots are masked out of the first
-softmax and get identity rows/columns in A, which leaves the used block's pseudo-inverse as it is.
-Z_0 is scaled per matrix (the reference code takes the maximum over the whole batch, which would
-let one sequence change another's output). The reference's optional depth-wise convolution skip
-on V is not included.
+Segments cover the real tokens only: a sequence with n_b of them uses m_b = min(landmarks, n_b) segments, real
+token j going to segment floor(j m_b / n_b) (the paper's equal segments when m_b divides n_b). Unused landmark
+slots are masked out of the first softmax and get identity rows/columns in A, which leaves the used block's
+pseudo-inverse as it is. Z_0 is scaled per matrix (the reference takes the batch's maximum, letting one sequence
+change another's output). The reference's optional depth-wise convolution skip on V is not included.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import nn
 
-from .base import Attention, check_int, zero_padding
+from .base import ProjectedAttention, check_int
 from .registry import register
 
 
@@ -53,22 +50,17 @@ def segment_means(x: torch.Tensor, mask: torch.Tensor, m: int):
 
 
 @register("nystrom")
-class NystromAttention(Attention):
-    value_projection = "qkv"
+class NystromAttention(ProjectedAttention):
     supports_causal = False
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, landmarks: int = 32, pinv_iters: int = 6,
                  bias: bool = True):
-        super().__init__(d_model, n_heads, causal)
+        super().__init__(d_model, n_heads, causal, bias)
         self.landmarks = check_int("landmarks", landmarks, low=1)
         self.pinv_iters = check_int("pinv_iters", pinv_iters, low=0)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
-        q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+    def attend(self, q, k, v, mask, state):
+        m = torch.ones(q.shape[0], q.shape[2], dtype=torch.bool, device=q.device) if mask is None else mask
         scale = self.d_head ** -0.25  # 1/sqrt(d) split between q and k, as in the paper's code
         q, k = q * scale, k * scale
         ql, used = segment_means(q, m, self.landmarks)
@@ -77,8 +69,7 @@ class NystromAttention(Attention):
         F1 = torch.softmax((q @ kl.transpose(-1, -2)).masked_fill(~used[:, None, None, :], neg), -1)
         A = torch.softmax((ql @ kl.transpose(-1, -2)).masked_fill(~used[:, None, None, :], neg), -1)
         both = used[:, :, None] & used[:, None, :]
-        eye = torch.eye(self.landmarks, device=x.device, dtype=x.dtype)
+        eye = torch.eye(self.landmarks, device=q.device, dtype=q.dtype)
         A = torch.where(both[:, None], A.nan_to_num(0.0), eye)
         B3 = torch.softmax((ql @ k.transpose(-1, -2)).masked_fill(~m[:, None, None, :], neg), -1)
-        y = F1 @ (newton_schulz_pinv(A, self.pinv_iters) @ (B3 @ v))
-        return zero_padding(self.proj(self.merge_heads(y)), mask), {}
+        return F1 @ (newton_schulz_pinv(A, self.pinv_iters) @ (B3 @ v)), None

@@ -1,23 +1,17 @@
 """Performer's FAVOR+ (Choromanski et al., ICLR 2021, "Rethinking Attention with Performers").
 
-Softmax kernel exp(q^T k / sqrt(d)) estimated with m positive orthogonal random features:
-with x' = x / d^(1/4) and rows w_r of Omega (blocks of orthonormal rows rescaled by chi(d)
-norms, so each row is marginally N(0, I)),
+Softmax kernel exp(q^T k / sqrt(d)) estimated with m positive orthogonal random features: with
+x' = x / d^(1/4) and rows w_r of Omega (blocks of orthonormal rows rescaled by chi(d) norms, so each row is
+marginally N(0, I)), phi(x)_r = exp(w_r^T x' - ||x'||^2 / 2) / sqrt(m), E[phi(q)^T phi(k)] = exp(q^T k / sqrt(d)),
+then the normalised linear attention of linear_core.
 
-    phi(x)_r = exp(w_r^T x' - ||x'||^2 / 2) / sqrt(m),   E[phi(q)^T phi(k)] = exp(q^T k / sqrt(d)),
+Numerics (exact in real arithmetic): key feature r is multiplied by exp(-||w_r||^2 / 2) and query feature r
+by exp(+||w_r||^2 / 2), which leaves phi(q)^T phi(k) unchanged and makes key features exp(-||x' - w_r||^2 / 2)
+<= 1 (no overflow, no dependence on other tokens, so the causal and recurrent forms stay exact); each query's
+features are divided by their maximum and the 1/sqrt(m) is left out, both cancelling in the normalised ratio.
 
-then the normalised linear attention of linear_core (bidirectional or causal/recurrent).
-
-Numerics (our choice, exact in real arithmetic): the r-th key feature is multiplied by
-exp(-||w_r||^2 / 2) and the r-th query feature by exp(+||w_r||^2 / 2), which leaves every
-product phi(q)^T phi(k) unchanged and makes key features exp(-||x' - w_r||^2 / 2) <= 1 (no
-overflow, and no dependence on other tokens, so the causal and recurrent forms stay exact);
-each query's features are then divided by their maximum, which cancels in the normalised ratio.
-The 1/sqrt(m) factors cancel there too and are left out.
-
-Omega is a buffer: deterministic given the module (saved in checkpoints), so ``step`` equals
-``forward``. It changes only through ``redraw()`` or, with ``redraw_every=N``, every N-th forward
-call in training mode (the paper's feature redrawing).
+Omega is a buffer (saved in checkpoints), changed only by ``redraw()`` or, with ``redraw_every=N``, every
+N-th forward call in training mode (the paper's feature redrawing).
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """Masked running (prefix) sums, the statistic behind every causal linear-time mechanism.
 
-Causal Primal-Attention's running means of q and k, flowformer's flows and kerformer's SE squeeze all
-reduce to: for each position t, the sum of x_j over real positions j <= t (or over the last ``window``
-positions), and how many real positions that was. The parallel form starts from zero; a recurrent form
+Causal Primal-Attention's running means, flowformer's flows and kerformer's SE squeeze all need, at each t,
+the sum of x_j over the real j <= t (or the last ``window`` positions) and their count. A recurrent form
 passes ``total``, the sum before the chunk (its state), and reads the next state at the chunk's end.
-
-Windowed sums subtract two cumulative sums, so they accumulate in float64 to stay exact to float32
-precision on long sequences; unwindowed sums accumulate in the input's dtype.
+Windowed sums subtract two cumulative sums, so they accumulate in float64 (exact to float32 precision on long
+sequences); unwindowed sums accumulate in the input's dtype.
 """
 
 from __future__ import annotations

@@ -1,27 +1,23 @@
 """Primal-Attention (Chen, Tao, Tonin, Suykens, NeurIPS 2023): self-attention as the primal form of
 an asymmetric kernel SVD on the induced kernel k(x_i, x_j) = <phi(q_i), phi(k_j)>.
 
-Per head, with the cosine feature map phi(z) = z / ||z||:
-    e_i = We^T phi(q_i),   r_i = Wr^T phi(k_i),   o_i = Wo [e_i ; r_i]
-(We, Wr: d_head x s projection directions; Wo: 2s -> d_head shared by heads; no value
-projection), then heads are concatenated and projected D -> D. The scores e, r, the weights and
-Lambda are returned in ``aux`` for the KSVD regulariser (primal_dt/ksvd.py).
+Per head, with the cosine feature map phi(z) = z / ||z||: e_i = We^T phi(q_i), r_i = Wr^T phi(k_i),
+o_i = Wo [e_i ; r_i] (We, Wr: d_head x s directions; Wo: 2s -> d_head shared by heads; no value projection),
+then the heads are concatenated and projected D -> D. ``aux`` carries e, r, the weights and Lambda for the
+KSVD regulariser (primal_dt/ksvd.py).
 
 Forms:
-- bidirectional, data-independent: We, Wr are parameters. Each token's output then depends on
-  that token alone, which is what the primal form buys: no N x N kernel is ever formed.
-- bidirectional, data-dependent (``data_dependent=True``): W_{e|X} = f(X)^T We with f(X) the
-  n = min(s * rank_multi, L) evenly spaced *real* rows of the layer input (head h reads channel
-  block h), We in R^{(s*rank_multi) x s} of which the first n rows are used.
-- causal: q_i, k_i are replaced by their running means over the real prefix before phi (the
-  reference code divides by the position and so counts padding; we count real tokens only).
-  With ``window``, means over the last ``window`` positions.
+- bidirectional, data-independent: We, Wr are parameters, so each token's output depends on that token
+  alone: no N x N kernel is ever formed.
+- bidirectional, data-dependent (``data_dependent=True``): W_{e|X} = f(X)^T We with f(X) the n = min(s *
+  rank_multi, L) evenly spaced *real* rows of the layer input (head h reads channel block h).
+- causal: q_i, k_i are replaced by their running means over the real prefix (or the last ``window``
+  positions) before phi (the reference divides by the position and so counts padding; we do not).
 
 Recurrent form (``PrimalRecurrent``; causal, data-independent): running sums of q|k, O(H * d_head) per
-sequence, read out by the parallel form's own scores and output (phi normalises, so the running sum
-gives the features of the running mean: no count). With a window: a ring of the last ``window``
-positions' q|k (no clock: the order is the position), their sum in float64 (added to and subtracted
-from, so it must not drift).
+sequence, read out by the parallel form's scores (phi normalises, so the sum gives the mean's features: no
+count). With a window: a ring of the last ``window`` positions' q|k and their sum in float64 (added to and
+subtracted from, so it must not drift).
 """
 
 from __future__ import annotations
@@ -52,11 +48,9 @@ def evenly_spaced_rows(x: torch.Tensor, mask: torch.Tensor | None, n_max: int):
     order = torch.sort((~m).to(torch.int8), dim=1, stable=True).indices  # real tokens first, in sequence order
     n_b = lengths.clamp(max=n)  # rows used per sequence
     j = torch.arange(n, device=x.device).expand(B, n)
-    denom = (n_b - 1).clamp(min=1).unsqueeze(1)
-    k = torch.div(j * (lengths - 1).clamp(min=0).unsqueeze(1), denom, rounding_mode="floor")
+    k = torch.div(j * (lengths - 1).clamp(min=0)[:, None], (n_b - 1).clamp(min=1)[:, None], rounding_mode="floor")
     valid = j < n_b.unsqueeze(1)
-    k = torch.where(valid, k, torch.zeros_like(k))
-    idx = torch.gather(order, 1, k)
+    idx = torch.gather(order, 1, torch.where(valid, k, 0))
     rows = torch.gather(x, 1, idx.unsqueeze(-1).expand(B, n, x.shape[-1]))
     return rows * valid.unsqueeze(-1).to(x.dtype)
 
@@ -100,10 +94,8 @@ class PrimalAttention(Attention):
                 nn.init.orthogonal_(w)
 
     def _weights(self, x, mask):
-        """(W, rows): W = [We; Wr] as the scores use it, [2, H, d_head, s], or in the data-dependent
-        form W_{e|X} = f(X)^T We per sequence, [B, 2, H, d_head, s]. ``rows``: the rows of the
-        parameters that entered, None for all (data-independent), else [B] per sequence: its
-        n_b = min(s * rank_multi, real length) sampled rows (the others met zero rows of f(X))."""
+        """(W, rows): W = [We; Wr], [2, H, d_head, s], or data-dependent W_{e|X} = f(X)^T We, [B, 2, H, d_head, s];
+        ``rows``: None (all rows entered), or [B] each sequence's n_b = min(s * rank_multi, real length)."""
         if not self.data_dependent:
             return self.W, None
         f = self.f_dropout(evenly_spaced_rows(x, mask, self.s * self.rank_multi))  # [B, n, D]

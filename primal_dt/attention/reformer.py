@@ -1,22 +1,20 @@
 """Reformer's LSH attention (Kitaev, Kaiser, Levskaya, ICLR 2020, "Reformer: The Efficient
 Transformer"); bidirectional only.
 
-Shared query/key projection (k_j = q_j / ||q_j||). Each of ``n_hashes`` rounds hashes every
-token with a random rotation R in R^{d x b/2}: h(x) = argmax([x R ; -x R]) (b = ``n_buckets``),
-sorts the tokens by bucket (stably, so by position inside a bucket), cuts the sorted sequence into
-chunks of ``chunk_size`` and lets each query attend to the keys of its own bucket in its own chunk
-and the previous one:
+Shared query/key projection (k_j = q_j / ||q_j||). Each of ``n_hashes`` rounds hashes every token with a
+random rotation R in R^{d x b/2}: h(x) = argmax([x R ; -x R]) (b = ``n_buckets``), sorts the tokens by bucket
+(stably), cuts them into chunks of ``chunk_size``; each query attends to its bucket's keys in its own chunk and
+the previous one:
 
     y_i = sum_{j in P_i} exp(q_i^T k_j / sqrt(d) - lse_i) v_j,   P_i = same bucket, nearby in sort order
 
-A token attends to itself only when nothing else is available (its score is set to -1e5, as in
-the paper). Rounds are combined with weights softmax over rounds of lse_i (a key found in two
-rounds counts twice; the paper's optional duplicate correction is not applied). O(T c) memory.
+A token attends to itself only when nothing else is available (score -1e5, as in the paper). Rounds are
+combined with weights softmax over rounds of lse_i (a key found in two rounds counts twice: the paper's optional
+duplicate correction is not applied). O(T c) memory.
 
-Padding is hashed to an extra bucket that sorts last, so the real tokens' sorted order and chunks,
-and hence their outputs, do not depend on padding. The first chunk does not look back (the
-reference wraps around to the last chunk, which would depend on the sequence's padded length).
-R is a buffer: fixed for the module (saved with it), redrawn only by ``redraw()``.
+Padding is hashed to an extra bucket that sorts last, so the real tokens' order, chunks and outputs do not
+depend on it; the first chunk does not look back (the reference wraps around to the last chunk, which depends
+on the padded length). R is a buffer (saved with the module), redrawn only by ``redraw()``.
 """
 
 from __future__ import annotations
@@ -29,8 +27,6 @@ from torch import nn
 
 from .base import Attention, check_int, zero_padding
 from .registry import register
-
-SELF_SCORE = -1e5
 
 
 @register("reformer")
@@ -90,7 +86,7 @@ class ReformerAttention(Attention):
         scores = qc @ kc.transpose(-1, -2) / math.sqrt(d)  # [B, H, n, c, 2c]
         is_self = pq[..., :, None] == pk[..., None, :]
         allowed = (bq[..., :, None] == bk[..., None, :]) & (bk[..., None, :] < self.n_buckets)
-        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(is_self, SELF_SCORE)
+        scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(is_self, -1e5)
         lse = torch.logsumexp(scores, -1)
         out = torch.exp(scores - lse[..., None]) @ vc
         out, lse = out.reshape(B, H, n * c, d)[:, :, :T], lse.reshape(B, H, n * c)[:, :, :T]

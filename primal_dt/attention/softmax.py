@@ -1,16 +1,13 @@
 """Canonical multi-head softmax attention (Vaswani et al. 2017) on PyTorch's fused SDPA kernel.
 
-softmax(q k^T / sqrt(d)) v per head, with padding, causal and sliding-window masks.
+softmax(q k^T / sqrt(d)) v per head, with padding, causal and sliding-window masks. Window semantics (shared
+with every windowed mechanism): position t sees t - window < j <= t; padding inside the window is invisible
+but occupies its slot. A padding query attends to itself only (no row is empty); its output is zeroed.
 
-Window semantics (shared with every windowed mechanism): position t sees positions
-t - window < j <= t; padding inside the window is invisible but still occupies its slot.
-A padding query attends to itself only (so no row is empty) and its output is zeroed.
+``impl="sdpa"`` (default) uses the fused kernel (flash-style on CPU: O(T) memory); ``impl="materialized"``
+forms the T x T scores, the canonical attention the papers compared against (same outputs, O(T^2) memory).
 
-``impl="sdpa"`` (default) uses the fused kernel (flash-style on CPU: O(T) memory);
-``impl="materialized"`` forms the T x T score matrix explicitly, the canonical attention the
-papers compared against (same parameters, same outputs, O(T^2) memory).
-
-Recurrent form (``SoftmaxRecurrent``): a key/value ring over the layer's window, else the bounded window
+Recurrent form (``SoftmaxRecurrent``): a key/value ring over the layer's window, else over the bounded window
 the caller passes (an unwindowed cache would grow with the sequence).
 """
 
@@ -19,79 +16,58 @@ from __future__ import annotations
 import math
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from .base import (Attention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces,
-                   zero_padding)
+from .base import ProjectedAttention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces
 from .registry import register
 
 
 def ring_attention(q, K, V, allowed):
-    """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: two
-    batched matmuls around a masked softmax, not SDPA, whose CPU kernel is built for long query blocks
-    and whose exported form guards fully masked rows (IsNaN, Where). Masked scores are the dtype's lowest
-    finite value, not -inf, so that a query that sees nothing (padding before a row's first real token)
-    averages the ring's values instead of making NaN."""
+    """softmax(q K^T / sqrt(d), masked by ``allowed``) V for a chunk's few queries over a ring of keys: not SDPA,
+    whose CPU kernel is built for long query blocks and whose exported form guards fully masked rows. Masked
+    scores are the lowest finite value, not -inf: a query that sees nothing averages the values, not NaN."""
     scores = torch.matmul(q, K.transpose(-1, -2))
     lowest = torch.finfo(scores.dtype).min
     return torch.matmul(torch.softmax(torch.where(allowed, scores.mul_(q.shape[-1] ** -0.5), lowest), -1), V)
 
 
-def visibility(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool, window: int | None) -> torch.Tensor:
-    """[Tq, Tk] bool: may the query at position q_pos[i] see the key at k_pos[j]?"""
-    d = q_pos[:, None] - k_pos[None, :]
-    ok = torch.ones_like(d, dtype=torch.bool)
-    if causal:
-        ok &= d >= 0
-    if window is not None:
-        ok &= d < window
-        if not causal:
-            ok &= d > -window
-    return ok
-
-
 @register("softmax")
-class SoftmaxAttention(Attention):
-    value_projection = "qkv"
+class SoftmaxAttention(ProjectedAttention):
     supports_step = True
     supports_window = True
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, window: int | None = None,
                  dropout: float = 0.0, bias: bool = True, impl: str = "sdpa"):
-        super().__init__(d_model, n_heads, causal)
+        super().__init__(d_model, n_heads, causal, bias)
         if impl not in ("sdpa", "materialized"):
             raise ValueError(f"impl must be 'sdpa' or 'materialized', got {impl!r}")
         self.impl = impl
         self.window = check_window(window)
         self.dropout = float(dropout)
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def _attend(self, q, k, v, allowed: torch.Tensor | None, is_causal: bool = False):
         p = self.dropout if self.training else 0.0
         if self.impl == "sdpa":
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=is_causal)
-            return self.proj(self.merge_heads(y))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=is_causal)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
         if is_causal:
             allowed = torch.ones(q.shape[2], q.shape[2], dtype=torch.bool, device=q.device).tril()
         if allowed is not None:
             scores = scores.masked_fill(~allowed, float("-inf"))
-        w = F.dropout(torch.softmax(scores, dim=-1), p, self.training)
-        return self.proj(self.merge_heads(w @ v))
+        return F.dropout(torch.softmax(scores, dim=-1), p, self.training) @ v
 
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        B, T, _ = x.shape
-        q, k, v = map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+    def attend(self, q, k, v, mask, state):
         if mask is None and self.window is None:
-            return self._attend(q, k, v, None, is_causal=self.causal), {}
-        pos = torch.arange(T, device=x.device)
-        allowed = visibility(pos, pos, self.causal, self.window)[None, None]  # [1, 1, T, T]
+            return self._attend(q, k, v, None, is_causal=self.causal), None
+        T = q.shape[2]
+        d = torch.arange(T, device=q.device)[:, None] - torch.arange(T, device=q.device)  # query minus key position
+        allowed = d >= 0 if self.causal else torch.ones_like(d, dtype=torch.bool)
+        if self.window is not None:
+            allowed = allowed & (d < self.window) & (d > -self.window)
+        allowed = allowed[None, None]  # [1, 1, T, T]
         if mask is not None:
             allowed = allowed & mask[:, None, None, :]
-            allowed = allowed | torch.eye(T, dtype=torch.bool, device=x.device)  # padding rows
-        return zero_padding(self._attend(q, k, v, allowed), mask), {}
+            allowed = allowed | torch.eye(T, dtype=torch.bool, device=q.device)  # padding rows
+        return self._attend(q, k, v, allowed), None
 
     def adopt_stream_window(self, window):
         """An unwindowed layer streams over the caller's window, so its ``forward`` must use it too."""
@@ -108,14 +84,11 @@ class SoftmaxAttention(Attention):
 
 
 class SoftmaxRecurrent(Recurrent):
-    """The recurrent form over a ``window`` of w positions, on a ring of R = w + chunk - 1 slots: state
-    ``k``, ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase (the slot its next
-    token goes to; zero at a fresh or restarted row: no clock outside the row).
-
-    Why a ring: appending the chunk and dropping the oldest (Concat, then Slice) copies the cache twice; a
-    ring takes the chunk into its slots (``scatter_nd``: one copy, none ``inplace``) and is read through a
-    mask computed from the row's phase. ``valid`` and ``pos`` follow the chunks and their mask alone, so they
-    are ``shared`` by the rings of one size in a stack: a graph computes their slots and mask once."""
+    """The recurrent form over a ``window`` of w positions, on a ring of R = w + chunk - 1 slots: state ``k``,
+    ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase (zero at a fresh or restarted
+    row: no clock outside the row). A ring takes the chunk into its slots (``scatter_nd``: one copy, none
+    ``inplace``) where appending and dropping the oldest copies the cache twice. ``valid`` and ``pos`` follow the
+    chunks and their mask alone, so the rings of one size in a stack ``share`` them."""
 
     def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1

@@ -5,30 +5,23 @@ the dual of a support-vector regression with different primal feature maps.
 Per head (width d), mu = mean of the keys over the sequence:
     svr-bn:    score(i, j) = (q_i - beta mu)^T (k_j - beta mu) / sqrt(d)
                (the paper's experiments: re-centring only, the keys' variance is not divided out)
-    svr-sh:    head h attends to the keys/values average-pooled by factor r_h along the sequence
-               (queries keep full length); default r = 2^(h // max(1, H // 4)), which gives the
-               paper's [1,1,2,2,4,4,8,8] for 8 heads and [1,2] for 2 heads
+    svr-sh:    head h attends to the keys/values average-pooled by factor r_h along the sequence (queries
+               keep full length); default r = 2^(h // max(1, H // 4)): the paper's [1,1,2,2,4,4,8,8] for 8 heads
     svr-bn-sh: both; mu per head over that head's pooled keys
     ``kernel="softmax"``: y_i = sum_j softmax_j(score(i, j)) v_j
     ``kernel="linear"``:  the elu+1 linear attention on the re-centred queries and keys
-Pooling runs over real tokens only (real tokens are compacted first, so padding on either side
-changes nothing); the last group of a bidirectional sequence may be partial (mean of its members).
-
-In the softmax form, (q - beta mu)^T (k_j - beta mu) differs from (q - beta mu)^T k_j by a term
-constant in j, which softmax cancels: only the queries need shifting.
+Pooling runs over the real tokens, compacted first (padding on either side changes nothing); a bidirectional
+sequence's last group may be partial (the mean of its members). In the softmax form only the queries are
+shifted: (q - beta mu)^T (k_j - beta mu) differs from (q - beta mu)^T k_j by a term constant in j.
 
 Causal forms (not in the paper; our choices, no future leakage):
-- Statistics: query i uses mu_i of the real keys j <= i (token level, also with SH, where a
-  prefix is not always a whole number of groups). In the softmax form every visible key is thus
-  re-centred by the query's own prefix statistics: the bidirectional formula applied to the prefix.
-  The linear form cannot re-centre old keys without losing its running sums, so each key (and each
-  pooled key) is re-centred with the statistics of its own prefix (at the group's last member).
-- Causal pooling: query i (the o-th real token of group g) sees the completed groups g' < g and the
-  running mean of its own group's members up to itself (the whole group when it is the last
-  member), never a member after it.
-Recurrent form: the real tokens' projections are cached and each chunk's outputs recomputed from
-the cache, so step == forward exactly (cost O(prefix) per step, like a key/value cache; the linear
-form could keep O(1) sums but that is not done here).
+- Statistics: query i uses mu_i of the real keys j <= i (token level, also with SH). The softmax form thus
+  applies the bidirectional formula to the prefix; the linear form cannot re-centre old keys without losing
+  its running sums, so each (pooled) key is re-centred with its own prefix's statistics.
+- Pooling: query i of group g sees the completed groups g' < g and the running mean of its own group's
+  members up to itself, never a member after it.
+Recurrent form: the real tokens' projections are cached and each chunk recomputed from the cache, so step ==
+forward exactly (O(prefix) per step, like a key/value cache).
 """
 
 from __future__ import annotations
@@ -36,9 +29,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
-from .base import Attention, Recurrent, StateSpec, check_int, zero_padding
+from .base import ProjectedAttention, StateSpec, check_int
 from .linear import elu_feature
 from .linear_core import linear_attention
 from .registry import register
@@ -59,17 +51,17 @@ def _pad_to(x, r):
     return torch.nn.functional.pad(x, (0, 0, 0, pad)) if pad else x
 
 
-class SVRAttention(Attention):
-    """One implementation for the three SVR variants (``use_bn``/``use_sh`` pick the variant)."""
+@register("svr-bn-sh")
+class SVRAttention(ProjectedAttention):
+    """``svr-bn-sh``, and the implementation of the other two variants (``use_bn``/``use_sh`` pick one)."""
 
-    value_projection = "qkv"
     supports_step = True
     use_bn: bool = True
-    use_sh: bool = False
+    use_sh: bool = True
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax",
                  beta: float = 0.5, factors=None, bias: bool = True):
-        super().__init__(d_model, n_heads, causal)
+        super().__init__(d_model, n_heads, causal, bias)
         if kernel not in ("softmax", "linear"):
             raise ValueError(f"kernel must be 'softmax' or 'linear', got {kernel!r}")
         if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not math.isfinite(beta):
@@ -82,8 +74,6 @@ class SVRAttention(Attention):
         for f in factors:
             check_int("factors entry", f, low=1)
         self.kernel, self.beta, self.factors = kernel, float(beta), factors
-        self.qkv = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.proj = nn.Linear(d_model, d_model, bias=bias)
 
     def _shift(self, x, mu):
         return x - self.beta * mu if self.use_bn else x
@@ -144,7 +134,7 @@ class SVRAttention(Attention):
         wc = (fq * elu_feature(self._shift(k_cur, mu_q))).sum(-1, keepdim=True)
         return (numden[..., :d] + wc * v_cur) / (numden[..., d:] + wc + 1e-6)
 
-    def _attend(self, q, qc, kc, vc, n, p):
+    def _heads(self, q, qc, kc, vc, n, p):
         out = torch.empty_like(q)
         for r in sorted(set(self.factors)):
             heads = [i for i, f in enumerate(self.factors) if f == r]
@@ -155,45 +145,27 @@ class SVRAttention(Attention):
                 out[:, heads] = self._bidirectional(q[:, sel], kc[:, sel], vc[:, sel], n, r)
         return out
 
-    def _qkv(self, x):
-        return map(self.split_heads, self.qkv(x).split(self.d_model, dim=-1))
+    def specs(self, dtype):
+        """the real tokens' projections, compacted, ``q``, ``k``, ``v`` [H, n, d] (n grows with the longest row)
+        and ``n`` [] int64, the real tokens each row holds (module docstring)"""
+        return [*(StateSpec(n, (self.n_heads, 0, self.d_head), dtype) for n in "qkv"), StateSpec("n", (), torch.int64)]
 
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        m = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device) if mask is None else mask
-        q, k, v = self._qkv(x)
-        (qc, kc, vc), n = compact([q, k, v], m)
-        p = (torch.cumsum(m.long(), 1) - 1).clamp(min=0)  # compact position of each token
-        y = self._attend(q, qc, kc, vc, n, p)
-        return zero_padding(self.proj(self.merge_heads(y)), mask), {}
-
-    def recurrent(self, *, window=None, chunk=1):
-        self.check_recurrent()
-        return SVRRecurrent(self)
-
-
-class SVRRecurrent(Recurrent):
-    """State: the real tokens' projections, compacted, ``q``, ``k``, ``v`` [H, n, d] (n grows with the longest
-    row) and ``n`` [] int64, the real tokens each row holds (module docstring)."""
-
-    def __init__(self, attn: SVRAttention):
-        H, d, dtype = attn.n_heads, attn.d_head, attn.qkv.weight.dtype
-        super().__init__([*(StateSpec(n, (H, 0, d), dtype) for n in "qkv"), StateSpec("n", (), torch.int64)])
-        self.attn = attn
-
-    def forward(self, x, state, mask=None, last_only: bool = False):
-        a, (Q, K, V, n0) = self.attn, state
-        B, C, _ = x.shape
-        m = torch.ones(B, C, dtype=torch.bool, device=x.device) if mask is None else mask
-        q, k, v = a._qkv(x)
-        cached = torch.arange(K.shape[2], device=x.device)[None] < n0[:, None]
-        full = [torch.cat([Q, q], 2), torch.cat([K, k], 2), torch.cat([V, v], 2)]
-        (qc, kc, vc), n = compact(full, torch.cat([cached, m], 1))
-        keep = max(int(n.max()), 1) if B else 0  # >= 1 slot so an all-padding chunk still gathers
-        qc, kc, vc = qc[:, :, :keep], kc[:, :, :keep], vc[:, :, :keep]
-        p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
-        y = zero_padding(a.proj(a.merge_heads(a._attend(q, qc, kc, vc, n, p))), mask)
-        return (y[:, -1:] if last_only else y), (qc, kc, vc, n)
+    def attend(self, q, k, v, mask, state):
+        B, _, C, _ = q.shape
+        m = torch.ones(B, C, dtype=torch.bool, device=q.device) if mask is None else mask
+        if state is None:
+            (qc, kc, vc), n = compact([q, k, v], m)
+            p = (torch.cumsum(m.long(), 1) - 1).clamp(min=0)  # compact position of each token
+        else:
+            Q, K, V, n0 = state
+            cached = torch.arange(K.shape[2], device=q.device)[None] < n0[:, None]
+            full = [torch.cat([Q, q], 2), torch.cat([K, k], 2), torch.cat([V, v], 2)]
+            (qc, kc, vc), n = compact(full, torch.cat([cached, m], 1))
+            keep = max(int(n.max()), 1) if B else 0  # >= 1 slot so an all-padding chunk still gathers
+            qc, kc, vc = qc[:, :, :keep], kc[:, :, :keep], vc[:, :, :keep]
+            p = (n0[:, None] + torch.cumsum(m.long(), 1) - 1).clamp(min=0)
+            state = (qc, kc, vc, n)
+        return self._heads(q, qc, kc, vc, n, p), state
 
 
 @register("svr-bn")
@@ -212,8 +184,3 @@ class SVRSHAttention(SVRAttention):
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, kernel: str = "softmax", factors=None,
                  bias: bool = True):
         super().__init__(d_model, n_heads, causal, kernel=kernel, factors=factors, bias=bias)
-
-
-@register("svr-bn-sh")
-class SVRBNSHAttention(SVRAttention):
-    use_bn, use_sh = True, True

@@ -1,9 +1,9 @@
-"""Checkpoint files (a dict of tensors and plain data; its layout is its trainer's). Three promises:
-- **Atomic**: every file the package writes goes to a temporary beside it, renamed over the old one, so
-  a crash, a kill or a full disk leaves the previous file; a failed write is one ``errors.WriteError``.
+"""Checkpoint files (a dict of tensors and plain data laid out by its trainer). Three promises:
+- **Atomic**: every file the package writes goes to a temporary beside it, renamed over the old one: a crash,
+  a kill or a full disk leaves the previous file; a failed write is one ``errors.WriteError``.
 - **No code runs on load**: ``torch.load(weights_only=True)``; a pickle naming anything else is refused.
-- **No stale temporaries**: the writer holds a ``flock`` on its temporary, which the kernel drops however
-  it ends; ``remove_stale_temps`` deletes the temporaries whose lock it can take.
+- **No stale temporaries**: the writer holds a ``flock`` on its temporary (dropped by the kernel however it
+  ends); ``remove_stale_temps`` deletes those whose lock it can take.
 """
 
 from __future__ import annotations
@@ -26,18 +26,16 @@ from . import errors
 
 
 def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
-    """Write ``obj`` to ``path`` atomically; serialised in memory first, so a failed write is an ``OSError`` of
-    the file, not torch's zip-writer error."""
+    """``write_atomic`` of ``obj`` serialised in memory first (a failed write: the file's, not torch's, error)."""
     buf = io.BytesIO()
     torch.save(obj, buf)
     return write_atomic(path, buf.getbuffer(), what)
 
 
 def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: bool = True) -> Path:
-    """Write ``data`` to ``path`` through a temporary beside it renamed over the old one (a new file gets the
-    umask's mode, a replaced one keeps its own); a failure is one ``WriteError`` naming ``path`` and ``what``.
-    ``replace=False``: the temporary is linked to ``path``, so an existing file is a ``FileExistsError`` and
-    of two writers only one succeeds."""
+    """Write ``data`` to ``path`` through a temporary renamed over it (a replaced file keeps its mode, a new one
+    gets the umask's); a failure is one ``WriteError``. ``replace=False``: the temporary is linked to ``path``,
+    so an existing file is a ``FileExistsError`` (of two writers only one succeeds)."""
     path = Path(path)
     exists = False
     with errors.writing(path, what):
@@ -80,25 +78,22 @@ def _locked_temp(path: Path) -> tuple[int, str]:
 
 
 def _mode(path: Path) -> int:
-    """An existing file's permissions, else what a new file gets (``0o666`` less the umask)."""
+    """An existing file's permissions, else what a new file gets: ``0o666`` less the umask, read from /proc
+    (``os.umask`` reads it only by changing it: a race with threads)."""
     try:
         return stat.S_IMODE(os.stat(path).st_mode)
     except OSError:
-        return 0o666 & ~_umask()
-
-
-def _umask() -> int:
-    """This process's umask, from /proc (``os.umask`` reads it only by changing it: a race with threads)."""
+        pass
     try:
         with open("/proc/self/status") as f:
             for line in f:
                 if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
+                    return 0o666 & ~int(line.split()[1], 8)
     except (OSError, ValueError):
         pass
     mask = os.umask(0o022)
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 _TEMP = re.compile(r"^\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp$")  # tempfile.mkstemp's names
@@ -174,8 +169,7 @@ def unfit(where: str, err: Exception) -> errors.SetupError:
 
 
 def load(path: str | Path, expect_kind: str | None = None, keys: tuple[str, ...] = ("model", "config")) -> dict:
-    """Read a checkpoint (a dict with ``keys``) without running code; one clear error for a missing, corrupt,
-    foreign or unsafe file."""
+    """A checkpoint (a dict with ``keys``) read without running code; a bad file is one clear error."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")

@@ -1,8 +1,7 @@
-"""The command line of every entry point: tyro reads the config dataclass (``--help`` from field
-docstrings) behind a front that only rewrites ``key=value`` to ``--key=value``, a list ``a,b`` (or
-``[a,b]``) to words, ``true``/``false`` to ``--key``/``--no_key``, ``none`` to ``None`` and a shorthand to its
-option. Every mistake ends with exit status 2. Imports nothing from the project (``envs`` uses it).
-"""
+"""The command line of every entry point: tyro reads the config dataclass (``--help`` from field docstrings)
+behind a front that only rewrites ``key=value`` to ``--key=value``, ``a,b`` (or ``[a,b]``) to words, ``true``/``false``
+to ``--key``/``--no_key``, ``none`` to ``None`` and a shorthand to its option. A mistake exits with status 2.
+Imports nothing from the project (``envs`` uses it)."""
 
 from __future__ import annotations
 

@@ -48,8 +48,7 @@ def init_distributed(device: str) -> Dist:
 
 
 def check_replicas(model: torch.nn.Module, d: Dist) -> bool:
-    """Under DDP, confirm (and print, on rank 0) that every process ends with the same parameters, bit for
-    bit. A collective."""
+    """Under DDP, whether (printed on rank 0) every process ends with bit-identical parameters. A collective."""
     if d.world <= 1:
         return True
     flat = torch.cat([p.detach().reshape(-1).double().cpu() for p in model.parameters()])

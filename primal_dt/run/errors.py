@@ -3,6 +3,7 @@ refused write (``WriteError``) and a run's expected failures, one line with stat
 
 from __future__ import annotations
 
+import difflib
 import errno
 import sys
 from collections.abc import Callable, Sequence
@@ -18,8 +19,7 @@ class SetupError(ValueError):
 
 @contextmanager
 def setup_errors(*also: type[Exception]):
-    """Inside this block, ValueError, FileNotFoundError and ``also`` (what checks and loaders raise for library
-    users) become ``SetupError``."""
+    """Inside this block, what checks and loaders raise (ValueError, FileNotFoundError, ``also``) is a SetupError."""
     try:
         yield
     except SetupError:
@@ -39,14 +39,19 @@ _WHY = {errno.ENOSPC: "no space left on the device (disk full)", errno.EDQUOT: "
         errno.EEXIST: "a file is in the way of a directory", errno.EISDIR: "a directory is in the way"}
 
 
+def did_you_mean(word: str, choices, n: int = 3, cutoff: float = 0.6) -> str:
+    """`` Did you mean 'a', 'b'?`` with the ``choices`` closest to ``word``, or "" when none is close."""
+    close = difflib.get_close_matches(word, choices, n=n, cutoff=cutoff)
+    return f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+
+
 def why(err: OSError) -> str:
     return _WHY.get(err.errno, err.strerror or str(err))
 
 
 @contextmanager
 def writing(path: str | Path, what: str):
-    """Inside this block, an ``OSError`` becomes ``WriteError`` naming ``path``, ``what`` it should have held
-    and why; callers add what survives."""
+    """Inside this block, an OSError is a ``WriteError`` naming ``path``, ``what`` and why (callers: what survives)."""
     try:
         yield
     except WriteError:

@@ -1,8 +1,7 @@
-"""The one reader of JSON the package did not just write. Such a file may be damaged, planted or not a
-file, so whatever is wrong is one ``JSONError`` naming it, never a hang or an exhausted memory: only a
-regular file is read, at most ``max_bytes``; nesting past ``MAX_DEPTH`` is refused before parsing (the
-parser recurses per level); numbers must be finite and at most ``MAX_MAGNITUDE``. Standard library only.
-"""
+"""The one reader of JSON the package did not just write (it may be damaged, planted or not a file): whatever is
+wrong is one ``JSONError`` naming it, never a hang or an exhausted memory. Only a regular file is read, at most
+``MAX_BYTES``; nesting past ``MAX_DEPTH`` is refused before the (recursive) parser; numbers must be finite and at
+most ``MAX_MAGNITUDE``. Standard library only."""
 
 from __future__ import annotations
 
@@ -28,22 +27,20 @@ class JSONError(ValueError):
 
 def read(path: str | Path, nonfinite: bool = False) -> Any:
     """The JSON document in the regular file ``path``, checked as ``parse`` checks it."""
-    path = Path(path)
+    path, fd = Path(path), None
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # O_NONBLOCK: a FIFO opens without a writer
-    except FileNotFoundError:
-        raise
-    except OSError as err:
-        raise JSONError(f"{path} cannot be read: {err.strerror}") from None
-    try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise JSONError(f"{path} is not a regular file (a FIFO, device or directory); give a JSON file")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise
     except OSError as err:
         raise JSONError(f"{path} cannot be read: {err.strerror}") from None
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
     if len(data) > MAX_BYTES:
         raise JSONError(f"{path} is larger than {MAX_BYTES:,} bytes, more than any file of this kind holds; "
                         "it is not one primal-dt wrote")

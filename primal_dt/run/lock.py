@@ -1,8 +1,7 @@
-"""One process at a time in a run directory (or a sweep's output): two resuming one run would overwrite
-each other's checkpoints. The holder takes a ``flock`` on the ``.lock`` file (dropped by the kernel however
-it ends) and writes its pid there, for the refusal. The directory may not be the user's own, so ``.lock``
-is opened without following a link and written only when it is a plain file with one name: a planted
-link would otherwise have its target truncated. Imports nothing that loads torch (``envs`` uses it).
+"""One process at a time in a run directory (or a sweep's output): two resuming one run would overwrite each
+other's checkpoints. The holder takes a ``flock`` on ``.lock`` (dropped by the kernel however it ends) and
+writes its pid there, for the refusal. ``.lock`` is opened without following a link and written only when it
+is a plain file with one name (a planted link's target would be truncated). Imports no torch (``envs`` uses it).
 """
 
 from __future__ import annotations

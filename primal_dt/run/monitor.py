@@ -1,8 +1,6 @@
-"""Run directories and monitoring shared by every trainer: TensorBoard, a progress bar, PNG plots.
-
-An event file is appended to as the run goes, so it cannot be written atomically; instead a failed write
-is one ``errors.WriteError`` naming the directory, a resume purges the steps after its checkpoint, and
-TensorBoard stops reading a torn file at its last whole record.
+"""Run directories and monitoring shared by every trainer: TensorBoard, a progress bar, PNG plots. An event
+file is appended to, not written atomically: a failed write is one ``errors.WriteError`` naming the
+directory, a resume purges the steps after its checkpoint, and TensorBoard stops at a torn file's last record.
 """
 
 from __future__ import annotations
@@ -84,19 +82,16 @@ class RunMonitor:
                  progress_desc: str = "train", progress: bool = True, initial: int = 0,
                  purge_step: int | None = None, lines: bool = False):
         self.log_dir = Path(log_dir)
-        self.enabled = enabled
         self.history: dict[str, list[tuple[int, float]]] = defaultdict(list)
         self.writer = None
         if enabled:
             _wait_for_a_later_second(self.log_dir)
             _quiet_event_writer_thread()
             self.writer = self._log(lambda: SummaryWriter(str(self.log_dir), purge_step=purge_step), always=True)
-        self.bar = None
         self.total, self.n, self.lines = progress_total, initial, lines and bool(progress_total) and not progress
         self.last_line = time.monotonic()
-        if progress and progress_total:
-            self.bar = tqdm(total=progress_total, initial=initial, desc=progress_desc, dynamic_ncols=True,
-                            mininterval=1.0)
+        self.bar = (tqdm(total=progress_total, initial=initial, desc=progress_desc, dynamic_ncols=True, mininterval=1.0)
+                    if progress and progress_total else None)
 
     def _log(self, write, always: bool = False):
         """``write()`` when there is a writer; a failure is one ``WriteError`` and ends the writer."""

@@ -1,17 +1,18 @@
-"""What option values every command accepts (numeric ranges, never NaN or inf; sizes; devices; output
-paths; ``attention_options`` words) and the options both trainers share. Entry points declare their rules
-next to their configs and check them before any work: a bad value is one line naming the option."""
+"""What option values every command accepts (finite numeric ranges, sizes, devices, output paths,
+``attention_options`` words) and the options both trainers share, checked before any work: a bad value is
+one line naming the option."""
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import os
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from .errors import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -24,11 +25,8 @@ class Range:
     high_open: bool = False
 
     def holds(self, x: float) -> bool:
-        if not math.isfinite(x):
-            return False
-        if self.low is not None and (x <= self.low if self.low_open else x < self.low):
-            return False
-        return self.high is None or (x < self.high if self.high_open else x <= self.high)
+        return (math.isfinite(x) and (self.low is None or (x > self.low if self.low_open else x >= self.low))
+                and (self.high is None or (x < self.high if self.high_open else x <= self.high)))
 
     def __str__(self) -> str:
         lo, hi = (None if x is None else (str(int(x)) if float(x).is_integer() else f"{x:g}")
@@ -136,15 +134,12 @@ def attention_options(words: Sequence[str] | str, option: str = "attention_optio
         if not (eq and dot and mechanism and name):
             raise ValueError(f"{option}: {word!r} is not mechanism.option=value; write e.g. {option}=softmax.window=30")
         if mechanism not in known:
-            close = difflib.get_close_matches(mechanism, known, n=3)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ValueError(f"{option}: unknown attention mechanism {mechanism!r}.{hint} Known: {', '.join(known)}")
+            raise ValueError(f"{option}: unknown attention mechanism {mechanism!r}.{did_you_mean(mechanism, known)} "
+                             f"Known: {', '.join(known)}")
         accepted = constructor_options(mechanism)
         if name not in accepted:
-            close = difflib.get_close_matches(name, accepted, n=2)
-            hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-            raise ValueError(f"{option}: attention {mechanism!r} does not accept option {name!r}.{hint} "
-                             f"Accepted: {', '.join(accepted)}")
+            raise ValueError(f"{option}: attention {mechanism!r} does not accept option {name!r}."
+                             f"{did_you_mean(name, accepted, n=2)} Accepted: {', '.join(accepted)}")
         opts.setdefault(mechanism, {})[name] = _typed(text.strip(), accepted[name], f"{option}: {key.strip()}")
     for mechanism, values in (defaults or {}).items():
         opts[mechanism] = {**values, **opts.get(mechanism, {})}

@@ -5,7 +5,6 @@ the papers' settings are data a user reads and copies. ``META_KEYS`` are the fil
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 import types
 import typing
@@ -13,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .errors import did_you_mean
 
 CONFIG_ROOT = Path(__file__).resolve().parents[2] / "configs"
 META_KEYS = ("source", "description", "paper")
@@ -33,9 +34,8 @@ def load_preset(group: str, name: str) -> dict:
                          f"{', '.join(list_presets(group)) or '(none)'}")
     if not path.exists():
         names = list_presets(group)
-        close = difflib.get_close_matches(name, names, n=3)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise ValueError(f"unknown {group} preset {name!r}.{hint} Available: {', '.join(names) or '(none)'}")
+        raise ValueError(f"unknown {group} preset {name!r}.{did_you_mean(name, names)} Available: "
+                         f"{', '.join(names) or '(none)'}")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -46,8 +46,7 @@ def load_preset(group: str, name: str) -> dict:
 
 
 def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True) -> Any:
-    """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) applied, each checked
-    against its field's annotation."""
+    """A copy of dataclass ``cfg`` with ``values`` (nested dicts for nested dataclasses) checked and applied."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     hints = typing.get_type_hints(type(cfg))
     changes = {}
@@ -55,9 +54,8 @@ def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True
         if top and key in META_KEYS:
             continue
         if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=2)
-            hint = f" (did you mean {', '.join(close)}?)" if close else ""
-            raise ValueError(f"{where}: unknown option {key!r}{hint}; options: {', '.join(fields)}")
+            raise ValueError(f"{where}: unknown option {key!r}.{did_you_mean(key, fields, n=2)} Options: "
+                             f"{', '.join(fields)}")
         cur = getattr(cfg, key)
         if dataclasses.is_dataclass(cur):
             if not isinstance(val, dict):

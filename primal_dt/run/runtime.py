@@ -12,8 +12,7 @@ from .options import check_device
 
 
 def pick_device(name: str, d: Dist = Dist(), option: str = "device") -> torch.device:
-    """``auto``: CUDA when present, else CPU; ``cuda`` under DDP: this process's own GPU. No such device is a
-    ``SetupError``."""
+    """``auto``: CUDA when present, else CPU; ``cuda`` under DDP: this process's own GPU; else a ``SetupError``."""
     try:
         check_device(str(name), option)
     except ValueError as err:

@@ -1,6 +1,5 @@
-"""Classification data sources (UEA archive, LRA) behind one ``load_task(DataConfig)``: each source is a
-module of its own; this one holds the options they share and dispatches. It all runs before training, so
-bad paths and files fail before any compute is spent."""
+"""Classification data sources (UEA, LRA; a module each) behind one ``load_task(DataConfig)``, which runs
+before training: bad paths and files fail before any compute is spent."""
 
 from __future__ import annotations
 

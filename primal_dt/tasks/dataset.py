@@ -1,8 +1,6 @@
-"""In-memory classification data shared by every source (UEA, LRA), so the trainer sees one shape.
-
-A split is three aligned tensors: ``x`` (float [N, T, C] for time series, int [N, T] tokens, or
-int [N, 2, T] for two-document tasks), ``mask`` (bool, x's shape without C; True = real) and
-``y`` (int64 [N]). Token id 0 is reserved for padding in every token task.
+"""In-memory classification data of every source (UEA, LRA): a split is three aligned tensors, ``x`` (float
+[N, T, C] time series, int [N, T] tokens or int [N, 2, T] document pairs), ``mask`` (bool, x's shape without C;
+True = real) and ``y`` (int64 [N]). Token id 0 is padding in every token task.
 """
 
 from __future__ import annotations
@@ -62,8 +60,7 @@ def carve_validation(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndar
     fit, val = [], []
     for c in np.unique(y):
         idx = rng.permutation(np.flatnonzero(y == c))
-        k = int(round(fraction * len(idx)))
-        k = min(max(k, 1 if len(idx) >= 2 else 0), len(idx) - 1) if len(idx) > 1 else 0
+        k = min(max(round(fraction * len(idx)), 1), len(idx) - 1) if len(idx) > 1 else 0
         val.extend(idx[:k])
         fit.extend(idx[k:])
     if not val:

@@ -1,12 +1,11 @@
 """ListOps (Nangia & Bowman 2018; the LRA version): generator, vocabulary and TSV reader.
 
-The LRA release cannot be downloaded here, so this re-implements the published generator rules: a node is
-a digit with probability 0.75 (always at ``max_depth``), otherwise an operator from MAX, MIN, MED (median,
-floored), SM (sum mod 10) applied to 2..``max_args`` sub-trees; an expression's length counts digits,
-operators and closing brackets, and only ``min_length < length < max_length`` is kept (LRA: 500 < length
-< 2000, depth 10, 10 args, 96k / 2k / 2k distinct examples). Files are in the release's format: a
-``Source<TAB>Target`` header, then the expression as the release prints it (``( ( ( [MAX 2 ) 9 ) ] )``)
-and its value.
+The LRA release cannot be downloaded here, so this re-implements the published generator: a node is a digit
+with probability 0.75 (always at ``max_depth``), else MAX, MIN, MED (median, floored) or SM (sum mod 10) of
+2..``max_args`` sub-trees; a length counts digits, operators and closing brackets, and only ``min_length <
+length < max_length`` is kept (LRA: 500 < length < 2000, depth 10, 10 args, 96k / 2k / 2k examples). Files
+are the release's: a ``Source<TAB>Target`` header, then expressions as it prints them
+(``( ( ( [MAX 2 ) 9 ) ] )``).
 """
 
 from __future__ import annotations
@@ -68,12 +67,8 @@ def generate_tree(rng: random.Random, depth: int, spec: ListOpsSpec):
     """(tree, length): a tree is an int or (operator, [children])."""
     if depth >= spec.max_depth or rng.random() > 0.25:
         return rng.randrange(10), 1
-    children, length = [], 2
-    for _ in range(rng.randint(2, spec.max_args)):
-        child, n = generate_tree(rng, depth + 1, spec)
-        children.append(child)
-        length += n
-    return (rng.choice(OPERATORS), children), length
+    kids = [generate_tree(rng, depth + 1, spec) for _ in range(rng.randint(2, spec.max_args))]
+    return (rng.choice(OPERATORS), [c for c, _ in kids]), 2 + sum(n for _, n in kids)
 
 
 def evaluate(tree) -> int:

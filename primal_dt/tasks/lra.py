@@ -1,15 +1,12 @@
 """Long-Range Arena (Tay et al. 2021) tasks read from the files the benchmark is built from.
 
-- ListOps: ``basic_{train,val,test}.tsv`` of the release (``Source<TAB>Target``), see listops.py.
-- Text: IMDB reviews as bytes, from the ``aclImdb`` layout ({train,test}/{pos,neg}/*.txt) that the
-  LRA pipeline consumes; no validation split there, so one is carved from train.
-- Retrieval: the release's ``new_aan_pairs.{train,eval,test}.tsv`` (label, id1, id2, text1, text2;
-  no header), two byte-level documents per example.
-- Image: CIFAR-10 python batches (``data_batch_1..5``, ``test_batch``) turned grey
-  (0.2989 R + 0.5870 G + 0.1140 B, as tf.image.rgb_to_grayscale) and read as 1024 pixel tokens.
-- Pathfinder: the release's ``pathfinder32/<difficulty>/`` with ``metadata/*.npy`` (text lines
-  ``imgs/<k> sample_<n>.png <..> <label>``) and 32x32 PNGs; metadata files in sorted order are cut
-  80 / 10 / 10 into train / val / test.
+- ListOps: the release's ``basic_{train,val,test}.tsv`` (listops.py).
+- Text: IMDB reviews as bytes, from the ``aclImdb`` layout ({train,test}/{pos,neg}/*.txt); validation carved.
+- Retrieval: the release's ``new_aan_pairs.{train,eval,test}.tsv`` (label, id1, id2, text1, text2; no header).
+- Image: CIFAR-10 python batches turned grey (0.2989 R + 0.5870 G + 0.1140 B, as tf.image.rgb_to_grayscale),
+  1024 pixel tokens.
+- Pathfinder: the release's ``pathfinder32/<difficulty>/`` (``metadata/*.npy`` text lines ``imgs/<k>
+  sample_<n>.png <..> <label>``, 32x32 PNGs); metadata files in sorted order cut 80 / 10 / 10.
 Byte and pixel tokens are value + 1, so id 0 stays padding.
 """
 
@@ -211,10 +208,10 @@ def load_pathfinder(path: str, difficulty: str = "curv_contour_length_14") -> Ta
         return _pixel_split(np.stack(xs), ys)
 
     n = len(meta)
-    a, b = max(1, int(0.8 * n)), max(1, int(0.8 * n)) + max(1, int(0.1 * n))
     if n < 3:
         raise ValueError(f"LRA Pathfinder: need at least 3 metadata files under {root} for train/val/test, got {n}")
-    b = min(b, n - 1)
+    a = max(1, int(0.8 * n))
+    b = min(a + max(1, int(0.1 * n)), n - 1)
     train = read(meta[:a])
     return TaskData(f"lra/pathfinder-{difficulty}", train, read(meta[a:b]), read(meta[b:]), n_classes=2,
                     input_kind="tokens", n_inputs=257, max_len=train.x.shape[1], class_names=["disconnected", "connected"],

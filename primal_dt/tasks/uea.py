@@ -1,50 +1,37 @@
 """UEA multivariate time-series classification archive (.ts files) through ``aeon``.
 
-aeon ships JapaneseVowels and BasicMotions inside its wheel, so those two load offline; every
-other set is read from ``<path>/<Name>/<Name>_{TRAIN,TEST}.ts`` or downloaded there by aeon.
-
-Preprocessing follows the papers' pipeline (mvts-transformer / Flowformer UEA code) with one fix:
-- trailing all-NaN steps (how .ts files store unequal lengths) end the series; interior NaNs are
-  linearly interpolated per channel (edges take the nearest observed value);
-- per-channel standardisation with statistics of the fitting part of the training set only;
-- right-padding to the longest training series, with a mask the model honours at every layer
-  (the reference code pads with zeros and lets attention see them; we do not).
+aeon ships JapaneseVowels and BasicMotions (offline); every other set is read from
+``<path>/<Name>/<Name>_{TRAIN,TEST}.ts`` or downloaded there by aeon. Preprocessing follows the papers'
+pipeline (mvts-transformer / Flowformer UEA code) with one fix:
+- trailing all-NaN steps (how .ts files store unequal lengths) end the series; interior NaNs are linearly
+  interpolated per channel; per-channel standardisation with the fitting part of the training set only;
+- right-padding to the longest training series, with a mask the model honours at every layer (the reference
+  code pads with zeros and lets attention see them).
 """
 
 from __future__ import annotations
 
-import difflib
-
 import numpy as np
 import torch
 
+from ..run.errors import did_you_mean
 from .dataset import Split, TaskData, carve_validation
 
 BUNDLED = ("BasicMotions", "JapaneseVowels")
-# The 30 sets of the UEA multivariate archive (for did-you-mean hints; other names are still tried).
-ARCHIVE = (
-    "ArticularyWordRecognition", "AtrialFibrillation", "BasicMotions", "CharacterTrajectories", "Cricket",
-    "DuckDuckGeese", "EigenWorms", "Epilepsy", "ERing", "EthanolConcentration", "FaceDetection",
-    "FingerMovements", "HandMovementDirection", "Handwriting", "Heartbeat", "InsectWingbeat",
-    "JapaneseVowels", "Libras", "LSST", "MotorImagery", "NATOPS", "PEMS-SF", "PenDigits", "PhonemeSpectra",
-    "RacketSports", "SelfRegulationSCP1", "SelfRegulationSCP2", "SpokenArabicDigits", "StandWalkJump",
-    "UWaveGestureLibrary",
-)
 
 
 def read_split(name: str, split: str, path: str = "") -> tuple[list[np.ndarray], np.ndarray]:
-    """Raw series ([C, T_i] float arrays) and string labels of one split, with a clear error when
-    a set is neither bundled, nor on disk, nor downloadable."""
+    """Raw series ([C, T_i] float arrays) and string labels of one split."""
     try:
         from aeon.datasets import load_classification
+        from aeon.datasets.tsc_datasets import multivariate  # the archive's 30 sets, for did-you-mean hints
     except ImportError as err:  # pragma: no cover - aeon is an optional dependency
         raise RuntimeError("UEA tasks need the 'aeon' package: pip install 'primal-dt[uea]'") from err
     extract = None if name in BUNDLED else (path or "data/uea")
     try:
         X, y = load_classification(name, split=split, extract_path=extract)
     except Exception as err:
-        close = difflib.get_close_matches(name, ARCHIVE, n=2)
-        hint = f" Did you mean {', '.join(map(repr, close))}?" if close and name not in ARCHIVE else ""
+        hint = did_you_mean(name, multivariate, n=2) if name not in multivariate else ""
         raise RuntimeError(
             f"UEA set {name!r} could not be loaded ({type(err).__name__}: {err}).{hint} Only "
             f"{' and '.join(BUNDLED)} ship with aeon; for other sets either connect to the network (aeon "
@@ -72,19 +59,14 @@ def clean_series(s: np.ndarray) -> np.ndarray:
 
 def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: int = 0,
              max_len: int = 0) -> TaskData:
-    """Load, clean, standardise and pad one UEA set; ``val_fraction=0`` keeps the whole training
-    set for fitting (the papers' protocol, which then selects on test)."""
-    raw_train, y_train = read_split(name, "train", path)
-    raw_test, y_test = read_split(name, "test", path)
-    train = [clean_series(s) for s in raw_train]
-    test = [clean_series(s) for s in raw_test]
+    """One UEA set, cleaned, standardised and padded (``val_fraction=0``: all training series fit)."""
+    (raw_train, y_train), (raw_test, y_test) = read_split(name, "train", path), read_split(name, "test", path)
+    train, test = [clean_series(s) for s in raw_train], [clean_series(s) for s in raw_test]
     classes = sorted(set(y_train))
     unknown = sorted(set(y_test) - set(classes))
     if unknown:
         raise ValueError(f"UEA set {name!r}: test labels {unknown} never occur in the training split")
-    index = {c: i for i, c in enumerate(classes)}
-    yt = np.array([index[c] for c in y_train])
-    ys = np.array([index[c] for c in y_test])
+    yt, ys = np.searchsorted(classes, y_train), np.searchsorted(classes, y_test)  # class indices
 
     if val_fraction > 0:
         fit_idx, val_idx = carve_validation(yt, val_fraction, split_seed)
@@ -94,8 +76,7 @@ def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: i
     mean, std = np.nan_to_num(np.nanmean(fit_rows, axis=0)), np.nanstd(fit_rows, axis=0)
     std = np.where(np.isfinite(std) & (std > 1e-8), std, 1.0)
 
-    longest = max(len(s) for s in train)
-    T = max_len or longest
+    T = max_len or max(len(s) for s in train)
     notes = [f"UEA {name} via aeon ({'bundled' if name in BUNDLED else 'from ' + (path or 'data/uea')}); "
              f"standardised with statistics of {len(fit_idx)} fitting series; padded to {T}"]
     cut_train, cut_test = sum(len(s) > T for s in train), sum(len(s) > T for s in test)
