@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import tempfile
 import time
 from dataclasses import dataclass
@@ -40,10 +41,8 @@ PROG = "python -m eval.bench.inference"
 class BenchConfig:
     checkpoint: str = ""
     """kind="dt" checkpoint ('' : random models; the evaluation then runs a random policy)"""
-    layout: str = "primal+dt"
-    """layout of the random models"""
     sizes: tuple[str, ...] = ("256x4", "128x1")
-    """model sizes WIDTHxHEADS of the latency section (3 layers); empty: the checkpoint's only"""
+    """model sizes WIDTHxHEADS of the latency section (primal+dt, 3 layers); empty: the checkpoint's only"""
     batches: tuple[int, ...] = (1, 100)
     """agent batch sizes (rows acting at once)"""
     contexts: tuple[int, ...] = (20, 100)
@@ -111,7 +110,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, list[str]]:
 
 def build_models(bc: BenchConfig):
     """({size name: model}, DataInfo, the checkpoint's model or None): a size equal to the checkpoint's is its
-    model, others random (3 layers, ``layout``). Without a checkpoint the data bookkeeping is hopper-medium's
+    model, others random. Without a checkpoint the data bookkeeping is hopper-medium's
     with identity statistics and the papers' reward scale."""
     import envs
     from agents import dt_checkpoint
@@ -131,7 +130,7 @@ def build_models(bc: BenchConfig):
     for w, h in [parse_size(s) for s in bc.sizes] or [own]:
         torch.manual_seed(bc.seed)
         models[f"{w}x{h}"] = trained if trained is not None and (w, h) == own else DecisionTransformer(DTConfig(
-            state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=w, n_heads=h, n_layers=3, name=bc.layout,
+            state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=w, n_heads=h, n_layers=3, name="primal+dt",
             s=min(64, w // h), dropout=0.0)).eval()
     return models, info, trained
 
@@ -153,32 +152,24 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
     return {"torchscript": TorchScriptPolicy, "onnx": OnnxPolicy}, {}
 
 
-class Exports:
-    """Exported artefacts of the benchmarked models, one per (size, K, format), made on first use into
-    ``directory``."""
+def export(model, info, K: int, fmt: str, stem: Path, seconds: dict) -> Path:
+    """``model`` at context K exported as ``fmt`` to ``<stem>-<file name>``; the seconds it took go to ``seconds``."""
+    from agents.dt_checkpoint import DTCheckpoint
+    from agents.export import FORMATS, export_policy
 
-    def __init__(self, info, directory: str):
-        self.info, self.dir, self.paths, self.export_s = info, Path(directory), {}, {}
-
-    def path(self, size: str, model, K: int, fmt: str) -> Path:
-        if (size, K, fmt) not in self.paths:
-            from agents.dt_checkpoint import DTCheckpoint
-            from agents.export import FORMATS, export_policy
-
-            ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(),
-                              data=self.info, origin="benchmark model")
-            t0 = time.perf_counter()
-            out = self.dir / f"{size}-K{K}-{FORMATS[fmt]}"
-            self.paths[(size, K, fmt)] = export_policy(ck, format=fmt, out=out)
-            self.export_s[f"{size}-K{K}-{fmt}"] = time.perf_counter() - t0
-        return self.paths[(size, K, fmt)]
+    ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(), data=info,
+                      origin="benchmark model")
+    t0 = time.perf_counter()
+    path = export_policy(ck, format=fmt, out=stem.with_name(f"{stem.name}-{FORMATS[fmt]}"))
+    seconds[f"{stem.name}-{fmt}"] = time.perf_counter() - t0
+    return path
 
 
-def policy(name: str, model, info, engine: str, K: int, B: int, found: dict, exports, threads=None, t=None):
-    """One ``act`` of ``engine`` (an agent engine or an exported format) for B rows at context K, the policy
-    reset and advanced to episode step ``t`` (default K) first."""
-    if engine in found:  # an exported runtime takes its thread count when it is made
-        p = found[engine](exports.path(name, model, K, engine), threads=threads)
+def policy(model, info, engine: str, K: int, B: int, runtimes: dict, t=None):
+    """One ``act`` of ``engine`` (an agent engine, or a format of ``runtimes``: {format: its runtime's maker}) for
+    B rows at context K, the policy reset and advanced to episode step ``t`` (default K) first."""
+    if engine in runtimes:
+        p = runtimes[engine]()
         p.reset(B, target=info.eval_targets[0])
     else:  # the same weights (shared) at context K: recompute's context and the softmax cache
         m = copy.copy(model)
@@ -210,13 +201,15 @@ def hf_step(cfg, B: int, K: int):
     return step
 
 
-def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -> dict:
+def latency_section(models: dict, info, bc: BenchConfig, found: dict, tmp: Path, export_s: dict) -> dict:
     res = {}
     for name, model in models.items():
         res[name] = {}
-        for K in bc.contexts:
+        for K in bc.contexts:  # an exported runtime takes its thread count when it is made
+            runtimes = {fmt: functools.partial(cls, export(model, info, K, fmt, tmp / f"{name}-K{K}", export_s),
+                                               threads=bc.threads) for fmt, cls in found.items()}
             for B in bc.batches:
-                fns = {engine: policy(name, model, info, engine, K, B, found, exports, threads=bc.threads)
+                fns = {engine: policy(model, info, engine, K, B, runtimes)
                        for engine in ("stream", *found, "recompute")}
                 if bc.hf:
                     fns["hf_recompute"] = hf_step(model.cfg, B, K)
@@ -233,7 +226,7 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -
                       flush=True)
     name, model = next(iter(models.items()))
     for B in bc.batches:  # stream latency versus episode step t: flat, the state does not grow
-        ms = timing.median_ms({f"t{t}": policy(name, model, info, "stream", bc.contexts[0], B, found, exports, t=t)
+        ms = timing.median_ms({f"t{t}": policy(model, info, "stream", bc.contexts[0], B, {}, t=t)
                                for t in bc.ts}, bc.calls, bc.rounds)
         e = res[name][f"stream_vs_t_B{B}"] = {"batch": B, "ms": ms, "max_over_min": max(ms.values()) / min(ms.values())}
         print(f"{name} stream batch={B:4d} vs t: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
@@ -309,12 +302,11 @@ def run(argv: list[str]) -> dict:
     machine = timing.machine(PROG, argv)
     print(f"models: {', '.join(f'{k} {m.layer_names}' for k, m in models.items())}; torch {torch.__version__}, "
           f"{bc.threads} thread(s), {machine['cores']} cores, {machine['cpu']}", flush=True)
+    export_s: dict = {}
     report = {"machine": machine, "config": dataclasses.asdict(bc), "sizes": list(models),
-              "exported": {"formats": sorted(found), "skipped": skipped}}
+              "exported": {"formats": sorted(found), "skipped": skipped, "export_s": export_s}}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        exports = Exports(info, tmp)
-        report["latency"] = latency_section(models, info, bc, found, exports) if bc.latency else {}
-        report["exported"]["export_s"] = exports.export_s
+        report["latency"] = latency_section(models, info, bc, found, Path(tmp), export_s) if bc.latency else {}
     if bc.episodes > 0:
         report["evaluation"] = evaluation_section(trained if trained is not None else next(iter(models.values())), info, bc)
     timing.write(report, bc.json, bc.markdown, "Acting speed: stream, ONNX, TorchScript, recompute and HuggingFace"

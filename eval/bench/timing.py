@@ -82,12 +82,10 @@ def table(columns: list[str], rows: list[list]) -> list[str]:
 
 
 def write(result: dict, json_path: str | None, markdown: str | None, title: str, tables: list[list[str]],
-          notes: list[str] = (), echo: bool = True) -> None:
+          notes: list[str] = ()) -> None:
     """The result as JSON and its tables (from ``table``) and notes as a Markdown page headed by
-    ``result["machine"]``; ``echo``: the page's body printed too, so the console shows what the page holds."""
+    ``result["machine"]``; the page's body is printed last, after ``== title``, so the console ends with it."""
     body = [line for t in tables for line in ["", *t]] + (["", *notes] if notes else [])
-    if echo:
-        print("\n".join([title, *body]), flush=True)
     if json_path:
         checkpoint.write_atomic(json_path, json.dumps(result, indent=2, default=str), "benchmark's results")
         print(f"wrote {json_path}", flush=True)
@@ -98,3 +96,4 @@ def write(result: dict, json_path: str | None, markdown: str | None, title: str,
                 + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; torch {m['torch']}; {m['date']}."]
         checkpoint.write_atomic(markdown, "\n".join(head + body) + "\n", "benchmark's table")
         print(f"wrote {markdown}", flush=True)
+    print("\n".join([f"== {title}", *body]), flush=True)
