@@ -154,7 +154,7 @@ NUMBERS.update({"budget_s": options.SECONDS, "timeout": options.SECONDS, "mem_li
 
 
 @dataclass
-class AttentionBenchConfig:
+class AttentionBenchConfig(timing.Outputs):
     lengths: tuple[int, ...] = (256, 1024, 4096)
     """sequence lengths of part 1 (forward+backward)"""
     batch: int = 8
@@ -191,10 +191,6 @@ class AttentionBenchConfig:
     """every registered mechanism (overrides the lists)"""
     skip_train: bool = False
     """skip part 1"""
-    json: str | None = None
-    """also write the results here"""
-    markdown: str | None = None
-    """also write the tables here as Markdown, headed by the machine and the command (e.g. docs/results/attention.md)"""
 
 
 PROG = "python -m eval.bench.attention"

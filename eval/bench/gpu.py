@@ -3,10 +3,9 @@
     python -m eval.bench.gpu                        # on a GPU: bounded by --budget_s
     python -m eval.bench.gpu --budget               # tiny sizes, any device: a rehearsal in seconds
 
-1. ms per update of dt, primal+dt and primalformer-dt at the paper's size (and HuggingFace's DT when
-   ``transformers`` is installed) in the training step's forms (eager, compile, cudagraphs on CUDA), float32
-   and bf16 autocast, against dt eager float32. One model per layout and precision is compiled once: its
-   first timed steps are the compile form, then the same step is captured in a CUDA graph.
+1. ms per update of each layout (and HuggingFace's DT) in the training step's forms, float32 and bf16 autocast,
+   against dt eager float32. One model per layout and precision is compiled once: its first timed steps are the
+   compile form, then the same step is captured in a CUDA graph.
 2. The stream agent's act latency (primal+dt) at batch 1 and 100, observations and actions on the host.
 3. N processes training primal+dt at once: their summed updates per second against one alone.
 """
@@ -90,23 +89,20 @@ def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[
             skipped.append(f"hf-dt {precision}")
         elif args.hf:
             torch.manual_seed(0)
-            hf = HuggingFace(size, args.K, str(device))
-
-            def step(b, hf=hf, dtype=dtype):
-                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                    return hf.step(b)
-
-            timed(step, data[: args.warmup], device)
-            out[f"hf-dt eager {precision}"] = timed(step, data[args.warmup: args.warmup + n], device)
+            hf = HuggingFace(size, args.K, str(device), autocast=dtype)
+            timed(hf.step, data[: args.warmup], device)
+            out[f"hf-dt eager {precision}"] = timed(hf.step, data[args.warmup: args.warmup + n], device)
     return out
 
 
 # -- 2. act latency ------------------------------------------------------------------------------------
 def act_latency(args, device: torch.device, size: dict) -> dict[str, float]:
-    """{"act batch B": ms per act} of the stream agent (primal+dt) on ``device``."""
-    from agents.agent import Agent
+    """{"act batch B": ms per act} of the stream agent (primal+dt) on ``device``: each act brings its action back
+    to the host, so it ends synchronised."""
     from agents.decision_transformer import DecisionTransformer, DTConfig
     from agents.dt_checkpoint import DataInfo
+
+    from .inference import policy
 
     torch.manual_seed(0)
     cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=args.K, d_model=size["d_model"], n_heads=size["n_heads"],
@@ -114,22 +110,8 @@ def act_latency(args, device: torch.device, size: dict) -> dict[str, float]:
     model = DecisionTransformer(cfg).to(device).eval()
     info = DataInfo(env="hopper-medium", state_mean=np.zeros(STATE_DIM, np.float32),
                     state_std=np.ones(STATE_DIM, np.float32), reward_scale=1000.0, targets=(3600.0,))
-    agent = Agent(model, info, engine="stream")
-    rng = np.random.default_rng(0)
-    out = {}
-    for batch in (1, 100):
-        agent.reset(batch)
-        obs = rng.standard_normal((args.acts + 5, batch, STATE_DIM)).astype(np.float32)
-        rew = np.ones(batch, np.float32)
-        with torch.inference_mode():
-            agent.act(obs[0])
-            for o in obs[1:5]:
-                agent.act(o, rew)
-            t0 = time.perf_counter()
-            for o in obs[5:]:
-                agent.act(o, rew)  # the action comes back to the host: each act ends synchronised
-        out[f"act batch {batch}"] = 1000 * (time.perf_counter() - t0) / args.acts
-    return out
+    acts = {f"act batch {batch}": policy(model, info, "stream", args.K, batch, {}, t=5) for batch in (1, 100)}
+    return timing.median_ms(acts, args.acts, 1)
 
 
 # -- 3. concurrent trainings ---------------------------------------------------------------------------
@@ -173,7 +155,7 @@ PROG = "python -m eval.bench.gpu"
 
 
 @dataclass
-class GpuBenchConfig:
+class GpuBenchConfig(timing.Outputs):
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     budget: bool = False
@@ -191,10 +173,6 @@ class GpuBenchConfig:
     budget_s: float = 240.0
     """start no new part after this many seconds (those left out are named under the table; 0: no limit), so a
     run stays within about 5 minutes on a GPU however long its compilations take"""
-    json: str = ""
-    """write the results here"""
-    markdown: str = ""
-    """write the table here as Markdown, headed by the machine and the command"""
     worker: str = ""
     """(internal) run as one of the concurrent trainings, starting when this file appears"""
 
@@ -209,7 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = runtime.pick_device(args.device)
     runtime.set_threads(args.threads)
     size = TINY if args.budget else SIZES["paper"]
-    # segments per update, their length K, timed acts per batch, trainings at once against one alone
+    # segments per update, their length K, timed acts per batch size, trainings at once against one alone
     args.batch, args.K, args.acts, args.concurrent = (8, 5, 10, 2) if args.budget else (64, 20, 200, 6)
     if args.budget:
         args.steps, args.warmup = min(args.steps, 4), min(args.warmup, 2)

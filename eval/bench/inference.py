@@ -38,7 +38,7 @@ PROG = "python -m eval.bench.inference"
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(timing.Outputs):
     checkpoint: str = ""
     """kind="dt" checkpoint ('' : random models; the evaluation then runs a random policy)"""
     sizes: tuple[str, ...] = ("256x4", "128x1")
@@ -70,10 +70,6 @@ class BenchConfig:
     """cap on episode length in the evaluation comparison"""
     threads: int = 1
     """torch (and onnxruntime) CPU threads"""
-    json: str = ""
-    """also write the report here"""
-    markdown: str = ""
-    """also write the tables here as Markdown, headed by the machine and the command (e.g. docs/results/inference.md)"""
     seed: int = 0
     """seed of the random models and of the evaluation episodes"""
 
@@ -139,16 +135,12 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
     """({format: policy class}, {format: why it is skipped}) for the exported runtimes available here."""
     if not bc.exported:
         return {}, {f: "exported=false" for f in ("onnx", "torchscript")}
+    from agents.export import missing_package
+    from agents.onnx_policy import OnnxPolicy
     from agents.torchscript_policy import TorchScriptPolicy
 
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-
-        from agents.onnx_policy import OnnxPolicy
-    except ImportError as err:
-        return {"torchscript": TorchScriptPolicy}, {"onnx": f"onnx / onnxruntime missing ({err}): pip install "
-                                                            "'primal-dt[export]'"}
+    if missing := missing_package():
+        return {"torchscript": TorchScriptPolicy}, {"onnx": f"{missing} missing: pip install 'primal-dt[export]'"}
     return {"torchscript": TorchScriptPolicy, "onnx": OnnxPolicy}, {}
 
 
@@ -237,7 +229,6 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, tmp: Path,
 def evaluation_section(model, info, bc: BenchConfig) -> dict:
     """The vectorised stream evaluator (two lanes, and with ``bc.lane_layouts`` one) vs the sequential recompute
     loop, in one run; ratios printed."""
-    import envs
     from agents.train_config import RolloutOptions
     from eval.episodes import run_episodes, vector_env
     from eval.rollout import evaluate
@@ -245,7 +236,7 @@ def evaluation_section(model, info, bc: BenchConfig) -> dict:
     target = info.eval_targets[0]
     n_seq = bc.seq_episodes or bc.episodes
     vec, res = {}, None
-    layouts = {"lanes=2 process": 2, "lanes=1": 1} if bc.lane_layouts else {"lanes=2 process": 2}
+    layouts = {"lanes=2 process": 2} | ({"lanes=1": 1} if bc.lane_layouts else {})
     for name, lanes in layouts.items():  # two lanes: the agents in their lanes' processes
         d = {}
         t0 = time.perf_counter()
@@ -256,7 +247,7 @@ def evaluation_section(model, info, bc: BenchConfig) -> dict:
         if res is None:
             res, env_steps = r, d["env_steps"]
         print(f"  vectorised stream, {name}: {vec[name]:.2f} s", flush=True)
-    venv = vector_env(envs.get_spec(info.env).name, 1, gym_id=info.gym_id)
+    venv = vector_env(info.env, 1, gym_id=info.gym_id)
     try:  # the reference protocol: one episode at a time, a batch-1 recompute agent, the evaluators' loop
         t0 = time.perf_counter()
         seq = run_episodes(Agent(model, info, engine="recompute"), venv, [(target, e) for e in range(n_seq)],

@@ -12,8 +12,19 @@ import shlex
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 from primal_dt.run import checkpoint, cli, options, runtime
+
+
+@dataclass
+class Outputs:
+    """The output files of every benchmark's command line (``write``)."""
+
+    json: str = ""
+    """also write the results here"""
+    markdown: str = ""
+    """also write the tables here as Markdown, headed by the machine and the command (the project's: docs/results/)"""
 
 
 def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.2) -> dict:
@@ -57,8 +68,7 @@ def parse(cls, argv, prog: str, doc: str, numbers: dict, prefix: str = "--", che
     argv = sys.argv[1:] if argv is None else list(argv)
     args = cli.parse(cls, argv, prog=prog, description=doc.split("\n\n")[0])
     try:
-        for name, rule in numbers.items():
-            options.check_number(prefix + name, getattr(args, name), rule)
+        options.check_numbers(args, numbers, prefix)
         for name in ("json", "markdown"):
             if getattr(args, name):
                 options.check_output_file(getattr(args, name), prefix + name)

@@ -91,20 +91,23 @@ def hf_config(cfg: dict, K: int, dropout: float):
 
 
 class HuggingFace:
-    """transformers' DecisionTransformerModel with the same sizes, dropout 0.1, tanh head."""
+    """transformers' DecisionTransformerModel with the same sizes, dropout 0.1, tanh head; its forward in
+    ``autocast`` (a dtype) when given."""
 
-    def __init__(self, size: dict, K: int, device: str = "cpu"):
+    def __init__(self, size: dict, K: int, device: str = "cpu", autocast: torch.dtype | None = None):
         from transformers import DecisionTransformerModel
 
         cfg = hf_config(dict(size, state_dim=STATE_DIM, act_dim=ACT_DIM), K, 0.1)
         self.model = DecisionTransformerModel(cfg).to(device).train()
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
+        self.autocast = torch.autocast(torch.device(device).type, dtype=autocast, enabled=autocast is not None)
 
     def step(self, b: Batch) -> None:
-        out = self.model(states=b.states, actions=b.actions, rewards=None, returns_to_go=b.rtg,
-                         timesteps=b.timesteps, attention_mask=b.mask.long(), return_dict=True)
-        loss = F.mse_loss(out.action_preds[b.mask], b.actions[b.mask])
+        with self.autocast:
+            out = self.model(states=b.states, actions=b.actions, rewards=None, returns_to_go=b.rtg,
+                             timesteps=b.timesteps, attention_mask=b.mask.long(), return_dict=True)
+            loss = F.mse_loss(out.action_preds[b.mask], b.actions[b.mask])
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP)
@@ -161,7 +164,7 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
 
 
 @dataclass
-class TrainBenchConfig:
+class TrainBenchConfig(timing.Outputs):
     sizes: tuple[Literal["paper", "original"], ...] = tuple(SIZES)
     """model sizes to time: paper (width 256, 4 heads, 3 layers, the Primal-Attention paper's) | original (width
     128, 1 head, 3 layers, the original DT's)"""
@@ -185,10 +188,6 @@ class TrainBenchConfig:
     tokens, the loss on exact steps only) of each model beside its standard step (0: do not)"""
     no_hf: bool = False
     """skip transformers' model"""
-    json: str = ""
-    """write the results here"""
-    markdown: str = ""
-    """write the table here as Markdown, headed by the machine and the command (e.g. docs/results/training-step.md)"""
 
 
 PROG = "python -m eval.bench.train"
