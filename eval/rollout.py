@@ -87,8 +87,7 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     spec = envs.get_spec(data.env)
     targets = options.targets or data.eval_targets
     jobs = [(float(t), e) for t in targets for e in range(episodes)]
-    was_training = model.training
-    model.eval()
+    was_training = model.training  # each Agent puts the model in eval mode
     n = max(1, min(options.num_envs, len(jobs)))
     n_lanes = min(n, options.lanes or (1 if options.asynchronous else 2))
     in_process = n_lanes > 1 and not options.asynchronous

@@ -5,10 +5,8 @@
     python -m eval.bench.attention --mechanisms softmax primal:s=20,data_dependent=true linear performer
     python -m eval.bench.attention --all --lengths 256,1024,4096     # every registered mechanism
 
-Part 1 times forward+backward of one layer and its peak memory, each configuration in a fresh process (peak
-RSS above the RSS before the first call: a CPU has no allocator counter torch exposes), against both fused
-SDPA softmax (O(N) memory) and the materialised one (O(N^2)) the papers compared against. Part 2 prefills a
-causal recurrent state with t tokens and times single-token steps at batch 1.
+Part 1: forward+backward of one layer and its peak memory; part 2: single-token steps of a recurrent state
+prefilled with t tokens, at batch 1 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -62,7 +60,8 @@ def build(spec: str, width: int, heads: int, causal: bool):
 
 
 def child(job: dict) -> dict:
-    """Runs in a fresh process: time fwd+bwd, report peak RSS above the pre-run baseline."""
+    """Runs in a fresh process: time fwd+bwd, report peak RSS above the RSS before the first call (a CPU has no
+    allocator counter torch exposes)."""
     torch.set_num_threads(job["threads"])
     torch.manual_seed(0)
     layer = build(job["spec"], job["width"], job["heads"], job["causal"])

@@ -3,11 +3,7 @@
     python -m eval.bench.gpu                        # on a GPU: bounded by --budget_s
     python -m eval.bench.gpu --budget               # tiny sizes, any device: a rehearsal in seconds
 
-1. ms per update of each layout (and HuggingFace's DT) in the training step's forms, float32 and bf16 autocast,
-   against dt eager float32. One model per layout and precision is compiled once: its first timed steps are the
-   compile form, then the same step is captured in a CUDA graph.
-2. The stream agent's act latency (primal+dt) at batch 1 and 100, observations and actions on the host.
-3. N processes training primal+dt at once: their summed updates per second against one alone.
+Its three parts (ms per update, act latency, trainings at once) are described in docs/gpu.md.
 """
 
 from __future__ import annotations

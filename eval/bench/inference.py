@@ -4,11 +4,7 @@
     python -m eval.bench.inference episodes=0       # latency only, random models
     python -m eval.bench.inference latency=false    # the evaluation only
 
-**Latency**: ms per ``act`` of the torch stream agent, the exported ONNX / TorchScript step, recompute and
-HuggingFace's DT as its documentation uses it, per size, context and batch, then the stream's latency
-against the episode step (flat). **Evaluation**: wall time of ``episodes`` Hopper episodes with the vectorised
-stream evaluator against the sequential one-episode-at-a-time recompute loop (the reference implementations'
-protocol), same checkpoint, seeds and run.
+What each section measures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
