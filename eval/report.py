@@ -41,7 +41,7 @@ from agents.stream_training import fidelity
 from agents.training import read_summary
 from envs import sources
 from primal_dt.run import checkpoint as ck_io
-from primal_dt.run import errors, json_reader, options, presets
+from primal_dt.run import cli, errors, json_reader, options, presets
 from primal_dt.run.monitor import save_figure
 
 from .bench.timing import cell, table
@@ -270,9 +270,7 @@ def score_cell(mean: float, ci95: float, seeds: int) -> str:
 
 def paper_cell(r: dict) -> str:
     """The paper's number, saying it is on D4RL data when the row's is not (never read as a reproduction)."""
-    if r["paper"] is None:
-        return ""
-    return _fmt(r["paper"]) + ("" if r["data"] == "D4RL" else f" (on D4RL data, not {r['data']})")
+    return _fmt(r["paper"]) + ("" if r["paper"] is None or r["data"] == "D4RL" else f" (on D4RL data, not {r['data']})")
 
 
 def markdown(rows: list[dict], target: str) -> str:
@@ -448,24 +446,22 @@ class ReportConfig:
     """where scores.md, scores-<target>.csv, curves.png and scores.png go"""
 
 
-def main(argv: list[str] | None = None) -> int:
-    from primal_dt.run.cli import fail, parse
-
+def run(argv: list[str]) -> dict:
+    """What ``python -m eval.report`` does; bad input is a ``SetupError``, a refused write a ``WriteError``."""
     paragraphs = __doc__.split("\n\n")
-    cfg = parse(ReportConfig, argv, prog="python -m eval.report",
-                description="\n\n".join(paragraphs[:1] + paragraphs[2:]))
-    try:
+    cfg = cli.parse(ReportConfig, argv, prog="python -m eval.report",
+                    description="\n\n".join(paragraphs[:1] + paragraphs[2:]))
+    with errors.setup_errors():
         options.check_output_dir(cfg.out, "--out")
         res = report(list(cfg.runs), cfg.out)
-    except errors.WriteError as err:  # the run failed, not the input: exit 1
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except (ValueError, FileNotFoundError) as err:
-        fail(str(err))
     print(Path(res["markdown"]).read_text())
     print(f"wrote {res['markdown']}, {', '.join(map(str, res['csv']))}, {res['curves']}, {res['bars']}")
-    return 0
+    return res
+
+
+def main(argv: list[str] | None = None) -> dict:
+    return errors.main(run, argv)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -87,8 +87,7 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
     spec = envs.get_spec(data.env)
     targets = options.targets or data.eval_targets
     jobs = [(float(t), e) for t in targets for e in range(episodes)]
-    was_training = model.training
-    model.eval()
+    was_training = model.training  # each Agent puts the model in eval mode
     n = max(1, min(options.num_envs, len(jobs)))
     n_lanes = min(n, options.lanes or (1 if options.asynchronous else 2))
     in_process = n_lanes > 1 and not options.asynchronous
@@ -99,9 +98,8 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
         t0 = time.perf_counter()
         try:
             for w in widths:
-                threads = lane_threads(options.engine, w, n_lanes)
-                venvs.append(SimulatorProcess(spec.name, w, data.gym_id, threads=threads) if in_process
-                             else vector_env(spec.name, w, options.asynchronous, data.gym_id))
+                venvs.append(SimulatorProcess(spec.name, w, data.gym_id, threads=lane_threads(options.engine, w, n_lanes))
+                             if in_process else vector_env(spec.name, w, options.asynchronous, data.gym_id))
             res = run_episodes(agents, venvs, jobs, seed, options.max_steps or spec.max_episode_steps, on_episode)
         finally:
             for v in venvs:
@@ -150,7 +148,6 @@ class RolloutConfig(RolloutOptions):
 
 
 SHORTHANDS = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
-"""training's spelling of the shared options (``eval.targets=3600,1800``) works here too"""
 PROG = "python -m eval.rollout"
 DESCRIPTION = "Roll out a Decision-Transformer checkpoint in its simulator, many episodes at once."
 

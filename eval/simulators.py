@@ -103,7 +103,6 @@ class SimulatorProcess:
         from envs import check_mujoco_gl
 
         check_mujoco_gl()  # here, one clear line; in a forkserver child, a bare EOFError (it preloads mujoco)
-
         self.num_envs = int(num_envs)
         self.threads = lane_threads("stream", self.num_envs, 2) if threads is None else max(1, int(threads))
         methods = mp.get_all_start_methods()

@@ -225,8 +225,7 @@ def run(argv: list[str]) -> dict:
     finally:
         lock.release(out)
     if failed:
-        names = ", ".join(j.name for j in failed)
-        raise RuntimeError(f"{len(failed)} run(s) failed: {names}; see {out / 'sweep-logs'}")
+        raise RuntimeError(f"{len(failed)} run(s) failed: {', '.join(j.name for j in failed)}; see {out / 'sweep-logs'}")
     return result
 
 

@@ -89,15 +89,14 @@ def record_episode(model, spec, info, target: float, engine: str, seed: int, out
     dt = float(getattr(env.unwrapped, "dt", 0.008))
     every = frame_every(dt)
     fps = 1.0 / (every * dt)
-    agent = Agent(model, info, target=target, engine=engine)
     filmed = Frames(env, every)
     venv = gym.vector.SyncVectorEnv([lambda: filmed], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
     try:  # the evaluators' loop on one simulator: episode 0 starts from reset seed ``seed``
-        res = run_episodes(agent, venv, [(float(target), 0)], seed, max_steps or spec.max_episode_steps)
+        res = run_episodes(Agent(model, info, target=target, engine=engine), venv, [(float(target), 0)], seed,
+                           max_steps or spec.max_episode_steps)
     finally:
         venv.close()
-    frames = filmed.frames
-    return {**_write(frames, fps, Path(out_dir), engine, step), "frames": len(frames),
+    return {**_write(filmed.frames, fps, Path(out_dir), engine, step), "frames": len(filmed.frames),
             "fps": fps, "return": res["returns"][0], "length": res["lengths"][0], "backend": msg}
 
 

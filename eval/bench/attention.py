@@ -5,10 +5,8 @@
     python -m eval.bench.attention --mechanisms softmax primal:s=20,data_dependent=true linear performer
     python -m eval.bench.attention --all --lengths 256,1024,4096     # every registered mechanism
 
-Part 1 times forward+backward of one layer and its peak memory, each configuration in a fresh process (peak
-RSS above the RSS before the first call: a CPU has no allocator counter torch exposes), against both fused
-SDPA softmax (O(N) memory) and the materialised one (O(N^2)) the papers compared against. Part 2 prefills a
-causal recurrent state with t tokens and times single-token steps at batch 1.
+Part 1: forward+backward of one layer and its peak memory; part 2: single-token steps of a recurrent state
+prefilled with t tokens, at batch 1 (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -62,7 +60,8 @@ def build(spec: str, width: int, heads: int, causal: bool):
 
 
 def child(job: dict) -> dict:
-    """Runs in a fresh process: time fwd+bwd, report peak RSS above the pre-run baseline."""
+    """Runs in a fresh process: time fwd+bwd, report peak RSS above the RSS before the first call (a CPU has no
+    allocator counter torch exposes)."""
     torch.set_num_threads(job["threads"])
     torch.manual_seed(0)
     layer = build(job["spec"], job["width"], job["heads"], job["causal"])
@@ -118,27 +117,17 @@ def part1(args) -> list[dict]:
     return rows
 
 
-def step_latency(spec: str, width: int, heads: int, context: int, steps: int) -> float:
-    layer = build(spec, width, heads, causal=True).eval()
-    with torch.no_grad():  # (a softmax layer's cache: a ring that holds the whole context)
-        form = layer.recurrent(window=context + 1, chunk=1024)
-        state = form.init(1)
-        for i in range(0, context, 1024):  # prefill in chunks
-            _, state = form(torch.randn(1, min(1024, context - i), width), state)
-        x = torch.randn(1, 1, width)
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            form(x, state)
-            times.append(time.perf_counter() - t0)
-    return 1e6 * statistics.median(times)
-
-
+@torch.no_grad()
 def part2(args) -> list[dict]:
-    rows = []
+    rows, width = [], args.step_width
     for spec in args.step_mechanisms:
-        for t in args.contexts:
-            us = step_latency(spec, args.step_width, args.step_heads, t, args.step_repeat)
+        for t in args.contexts:  # a softmax layer's cache: a ring that holds the whole context
+            form = build(spec, width, args.step_heads, causal=True).eval().recurrent(window=t + 1, chunk=1024)
+            state = form.init(1)
+            for i in range(0, t, 1024):  # prefill in chunks
+                _, state = form(torch.randn(1, min(1024, t - i), width), state)
+            x = torch.randn(1, 1, width)
+            us = 1e3 * timing.median_ms({spec: lambda: form(x, state)}, 1, args.step_repeat)[spec]
             rows.append({"part": "step", "mechanism": spec, "context": t, "us": us})
             print(f"  step  {spec:<34} context {t:>6}: {us:8.1f} us", flush=True)
     return rows
@@ -164,7 +153,7 @@ NUMBERS.update({"budget_s": options.SECONDS, "timeout": options.SECONDS, "mem_li
 
 
 @dataclass
-class AttentionBenchConfig:
+class AttentionBenchConfig(timing.Outputs):
     lengths: tuple[int, ...] = (256, 1024, 4096)
     """sequence lengths of part 1 (forward+backward)"""
     batch: int = 8
@@ -201,12 +190,6 @@ class AttentionBenchConfig:
     """every registered mechanism (overrides the lists)"""
     skip_train: bool = False
     """skip part 1"""
-    skip_step: bool = False
-    """skip part 2"""
-    json: str | None = None
-    """also write the results here"""
-    markdown: str | None = None
-    """also write the tables here as Markdown, headed by the machine and the command (e.g. docs/results/attention.md)"""
 
 
 PROG = "python -m eval.bench.attention"
@@ -223,8 +206,7 @@ def main(argv=None) -> dict:
         args.mechanisms, args.causal_mechanisms, args.step_mechanisms = all_specs(max(args.lengths + args.contexts))
     print(f"torch {torch.__version__}, {args.threads} thread(s); layer width {args.width}, {args.heads} heads, "
           f"batch {args.batch}; fwd+bwd median of {args.repeat} after warm-up")
-    rows = [] if args.skip_train else part1(args)
-    rows += [] if args.skip_step else part2(args)
+    rows = ([] if args.skip_train else part1(args)) + part2(args)
     summary = ratios(rows)
     steps = [r for r in rows if r["part"] == "step"]
     res = {"machine": timing.machine(PROG, argv), "config": vars(args), "rows": rows, "ratios": summary}

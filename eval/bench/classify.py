@@ -26,8 +26,6 @@ from . import timing
 
 @dataclass
 class ClassifyBenchConfig:
-    """The benchmark's own option; every other is primal_dt.classify's, the same for each model."""
-
     models: tuple[str, ...] = ("transformer", "primalformer")
     """layouts (or attention mechanisms) to train and compare, the first one the reference"""
 

@@ -3,12 +3,7 @@
     python -m eval.bench.gpu                        # on a GPU: bounded by --budget_s
     python -m eval.bench.gpu --budget               # tiny sizes, any device: a rehearsal in seconds
 
-1. ms per update of dt, primal+dt and primalformer-dt at the paper's size (and HuggingFace's DT when
-   ``transformers`` is installed) in the training step's forms (eager, compile, cudagraphs on CUDA), float32
-   and bf16 autocast, against dt eager float32. One model per layout and precision is compiled once: its
-   first timed steps are the compile form, then the same step is captured in a CUDA graph.
-2. The stream agent's act latency (primal+dt) at batch 1 and 100, observations and actions on the host.
-3. N processes training primal+dt at once: their summed updates per second against one alone.
+Its three parts (ms per update, act latency, trainings at once) are described in docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -37,6 +32,10 @@ from .train import ACT_DIM, OURS, SIZES, STATE_DIM, HuggingFace, Ours, batches
 TINY = dict(d_model=32, n_heads=2, n_layers=2, s=8)
 """``--budget``'s model size (a rehearsal of every part, in seconds on a CPU)"""
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+BASELINE = "dt eager fp32"
+D3RLPY_MS = 5.96
+"""d3rlpy's DT, ms per update on a GPU at batch 64, K 20 (its published benchmark); a figure from
+elsewhere, on another GPU: a reference line, not a ratio of this run"""
 
 
 def timed(step, data: list[dict], device: torch.device) -> float:
@@ -86,23 +85,20 @@ def updates(args, device: torch.device, size: dict, skipped: list[str]) -> dict[
             skipped.append(f"hf-dt {precision}")
         elif args.hf:
             torch.manual_seed(0)
-            hf = HuggingFace(size, args.K, str(device))
-
-            def step(b, hf=hf, dtype=dtype):
-                with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                    return hf.step(b)
-
-            timed(step, data[: args.warmup], device)
-            out[f"hf-dt eager {precision}"] = timed(step, data[args.warmup: args.warmup + n], device)
+            hf = HuggingFace(size, args.K, str(device), autocast=dtype)
+            timed(hf.step, data[: args.warmup], device)
+            out[f"hf-dt eager {precision}"] = timed(hf.step, data[args.warmup: args.warmup + n], device)
     return out
 
 
 # -- 2. act latency ------------------------------------------------------------------------------------
 def act_latency(args, device: torch.device, size: dict) -> dict[str, float]:
-    """{"act batch B": ms per act} of the stream agent (primal+dt) on ``device``."""
-    from agents.agent import Agent
+    """{"act batch B": ms per act} of the stream agent (primal+dt) on ``device``: each act brings its action back
+    to the host, so it ends synchronised."""
     from agents.decision_transformer import DecisionTransformer, DTConfig
     from agents.dt_checkpoint import DataInfo
+
+    from .inference import policy
 
     torch.manual_seed(0)
     cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=args.K, d_model=size["d_model"], n_heads=size["n_heads"],
@@ -110,22 +106,8 @@ def act_latency(args, device: torch.device, size: dict) -> dict[str, float]:
     model = DecisionTransformer(cfg).to(device).eval()
     info = DataInfo(env="hopper-medium", state_mean=np.zeros(STATE_DIM, np.float32),
                     state_std=np.ones(STATE_DIM, np.float32), reward_scale=1000.0, targets=(3600.0,))
-    agent = Agent(model, info, engine="stream")
-    rng = np.random.default_rng(0)
-    out = {}
-    for batch in (1, 100):
-        agent.reset(batch)
-        obs = rng.standard_normal((args.acts + 5, batch, STATE_DIM)).astype(np.float32)
-        rew = np.ones(batch, np.float32)
-        with torch.inference_mode():
-            agent.act(obs[0])
-            for o in obs[1:5]:
-                agent.act(o, rew)
-            t0 = time.perf_counter()
-            for o in obs[5:]:
-                agent.act(o, rew)  # the action comes back to the host: each act ends synchronised
-        out[f"act batch {batch}"] = 1000 * (time.perf_counter() - t0) / args.acts
-    return out
+    acts = {f"act batch {batch}": policy(model, info, "stream", args.K, batch, {}, t=5) for batch in (1, 100)}
+    return timing.median_ms(acts, args.acts, 1)
 
 
 # -- 3. concurrent trainings ---------------------------------------------------------------------------
@@ -169,7 +151,7 @@ PROG = "python -m eval.bench.gpu"
 
 
 @dataclass
-class GpuBenchConfig:
+class GpuBenchConfig(timing.Outputs):
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     budget: bool = False
@@ -178,14 +160,6 @@ class GpuBenchConfig:
     """timed updates per form"""
     warmup: int = 5
     """untimed updates first (compilation falls here)"""
-    batch: int = 64
-    """segments per update"""
-    K: int = 20
-    """context length in environment steps"""
-    acts: int = 200
-    """timed acts per batch size"""
-    concurrent: int = 6
-    """trainings at once on the device, against one alone (0: skip)"""
     bf16: bool = True
     """also time bf16 autocast"""
     no_hf: bool = False
@@ -195,20 +169,12 @@ class GpuBenchConfig:
     budget_s: float = 240.0
     """start no new part after this many seconds (those left out are named under the table; 0: no limit), so a
     run stays within about 5 minutes on a GPU however long its compilations take"""
-    json: str = ""
-    """write the results here"""
-    markdown: str = ""
-    """write the table here as Markdown, headed by the machine and the command"""
-    backend: str = ""
-    """torch.compile's backend ('': inductor; --budget on a CPU: eager, which compiles in seconds, so a rehearsal
-    runs the compiled form's code without inductor's minutes)"""
     worker: str = ""
     """(internal) run as one of the concurrent trainings, starting when this file appears"""
 
 
-NUMBERS = {"steps": options.AT_LEAST_1, "warmup": options.AT_LEAST_1, "batch": options.AT_LEAST_1,
-           "K": options.AT_LEAST_1, "acts": options.AT_LEAST_1, "concurrent": options.AT_LEAST_0,
-           "threads": options.THREADS, "budget_s": options.Range(0, 1e6)}
+NUMBERS = {"steps": options.AT_LEAST_1, "warmup": options.AT_LEAST_1, "threads": options.THREADS,
+           "budget_s": options.Range(0, 1e6)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -217,10 +183,12 @@ def main(argv: list[str] | None = None) -> dict:
     device = runtime.pick_device(args.device)
     runtime.set_threads(args.threads)
     size = TINY if args.budget else SIZES["paper"]
+    # segments per update, their length K, timed acts per batch size, trainings at once against one alone
+    args.batch, args.K, args.acts, args.concurrent = (8, 5, 10, 2) if args.budget else (64, 20, 200, 6)
     if args.budget:
-        args.steps, args.warmup, args.batch, args.K, args.acts = min(args.steps, 4), min(args.warmup, 2), 8, 5, 10
-        args.concurrent = min(args.concurrent, 2)
-    args.backend = args.backend or ("eager" if args.budget and device.type == "cpu" else "inductor")
+        args.steps, args.warmup = min(args.steps, 4), min(args.warmup, 2)
+    # eager compiles in seconds: a CPU rehearsal runs the compiled form's code without inductor's minutes
+    args.backend = "eager" if args.budget and device.type == "cpu" else "inductor"
     if args.worker:
         worker(args, device, size, Path(args.worker))
         return {}
@@ -234,45 +202,29 @@ def main(argv: list[str] | None = None) -> dict:
     ms = updates(args, device, size, skipped)
     acts = act_latency(args, device, size)
     conc = {}
-    if args.concurrent > 1 and time.perf_counter() < args.deadline:
+    if time.perf_counter() < args.deadline:
         conc = {"one": concurrent(args, device, 1), "many": concurrent(args, device, args.concurrent)}
-    elif args.concurrent > 1:
+    else:
         skipped.append("concurrent trainings")
     res = {"device": str(device), "name": name, "torch": torch.__version__, "size": size, "batch": args.batch,
            "K": args.K, "budget": args.budget, "ms_per_update": ms, "act_ms": acts, "concurrent": conc,
            "skipped": skipped, "seconds": round(time.perf_counter() - t0, 1), "machine": timing.machine(PROG, argv)}
-    rows = [[k, f"{v:.2f}", f"{ms[BASELINE] / v:.2f}"] for k, v in sorted(ms.items(), key=lambda kv: kv[1])]
-    timing.write(res, args.json, args.markdown, f"ms per update on {device} ({name}), batch {args.batch}, K {args.K}, "
-                 f"width {size['d_model']}", [timing.table(["model form precision", "ms", f"x {BASELINE}"], rows)],
-                 [line.strip() for line in table(res).splitlines()[len(rows) + 2:]], echo=False)
-    print(table(res), flush=True)
-    return res
-
-
-BASELINE = "dt eager fp32"
-D3RLPY_MS = 5.96
-"""d3rlpy's DT, ms per update on a GPU at batch 64, K 20 (its published benchmark); a figure from
-elsewhere, on another GPU: a reference line, not a ratio of this run"""
-
-
-def table(res: dict) -> str:
-    base = res["ms_per_update"][BASELINE]
-    lines = [f"== ms per update on {res['device']} ({res['name']}), batch {res['batch']}, K {res['K']}, "
-             f"width {res['size']['d_model']}; x = {BASELINE} / this (> 1: faster); {res['seconds']:.0f}s",
-             f"  {'model form precision':<34} {'ms':>8} {'x':>7}"]
-    for k, v in sorted(res["ms_per_update"].items(), key=lambda kv: kv[1]):
-        lines.append(f"  {k:<34} {v:>8.2f} {base / v:>7.2f}")
-    if not res["budget"] and res["device"].startswith("cuda"):
-        lines.append(f"  {'(d3rlpy DT, published, its GPU)':<34} {D3RLPY_MS:>8.2f} {base / D3RLPY_MS:>7.2f}")
-    lines.append("  stream agent act (primal+dt): " + ", ".join(f"{k} {v:.2f} ms" for k, v in res["act_ms"].items()))
-    if c := res["concurrent"]:
-        lines.append(f"  {c['many']['processes']} trainings at once ({c['many']['mode']}): "
+    base = ms[BASELINE]
+    notes = [f"(d3rlpy DT, published, its GPU): {D3RLPY_MS:.2f} ms, x {base / D3RLPY_MS:.2f}"] \
+        if not args.budget and device.type == "cuda" else []
+    notes.append("stream agent act (primal+dt): " + ", ".join(f"{k} {v:.2f} ms" for k, v in acts.items()))
+    if c := conc:
+        notes.append(f"{c['many']['processes']} trainings at once ({c['many']['mode']}): "
                      f"{c['many']['updates_per_s']:.0f} updates/s in all vs {c['one']['updates_per_s']:.0f} alone "
                      f"(x {c['many']['updates_per_s'] / c['one']['updates_per_s']:.2f}); each "
                      f"{c['many']['ms_per_update_median']:.2f} ms per update vs {c['one']['ms_per_update_median']:.2f}")
-    if res["skipped"]:
-        lines.append("  not measured (--budget_s reached): " + ", ".join(res["skipped"]))
-    return "\n".join(lines)
+    if skipped:
+        notes.append("not measured (--budget_s reached): " + ", ".join(skipped))
+    rows = [[k, f"{v:.2f}", f"{base / v:.2f}"] for k, v in sorted(ms.items(), key=lambda kv: kv[1])]
+    timing.write(res, args.json, args.markdown, f"ms per update on {device} ({name}), batch {args.batch}, K {args.K}, "
+                 f"width {size['d_model']}; {res['seconds']:.0f}s",
+                 [timing.table(["model form precision", "ms", f"x {BASELINE}"], rows)], notes)
+    return res
 
 
 if __name__ == "__main__":

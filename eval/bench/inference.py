@@ -4,17 +4,14 @@
     python -m eval.bench.inference episodes=0       # latency only, random models
     python -m eval.bench.inference latency=false    # the evaluation only
 
-**Latency**: ms per ``act`` of the torch stream agent, the exported ONNX / TorchScript step, recompute and
-HuggingFace's DT as its documentation uses it, per size, context and batch, then the stream's latency
-against the episode step (flat). **Evaluation**: wall time of ``episodes`` Hopper episodes with the vectorised
-stream evaluator against the sequential one-episode-at-a-time recompute loop (the reference implementations'
-protocol), same checkpoint, seeds and run.
+What each section measures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import tempfile
 import time
 from dataclasses import dataclass
@@ -37,13 +34,11 @@ PROG = "python -m eval.bench.inference"
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(timing.Outputs):
     checkpoint: str = ""
     """kind="dt" checkpoint ('' : random models; the evaluation then runs a random policy)"""
-    layout: str = "primal+dt"
-    """layout of the random models"""
     sizes: tuple[str, ...] = ("256x4", "128x1")
-    """model sizes WIDTHxHEADS of the latency section (3 layers); empty: the checkpoint's only"""
+    """model sizes WIDTHxHEADS of the latency section (primal+dt, 3 layers); empty: the checkpoint's only"""
     batches: tuple[int, ...] = (1, 100)
     """agent batch sizes (rows acting at once)"""
     contexts: tuple[int, ...] = (20, 100)
@@ -71,10 +66,6 @@ class BenchConfig:
     """cap on episode length in the evaluation comparison"""
     threads: int = 1
     """torch (and onnxruntime) CPU threads"""
-    json: str = ""
-    """also write the report here"""
-    markdown: str = ""
-    """also write the tables here as Markdown, headed by the machine and the command (e.g. docs/results/inference.md)"""
     seed: int = 0
     """seed of the random models and of the evaluation episodes"""
 
@@ -111,7 +102,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, list[str]]:
 
 def build_models(bc: BenchConfig):
     """({size name: model}, DataInfo, the checkpoint's model or None): a size equal to the checkpoint's is its
-    model, others random (3 layers, ``layout``). Without a checkpoint the data bookkeeping is hopper-medium's
+    model, others random. Without a checkpoint the data bookkeeping is hopper-medium's
     with identity statistics and the papers' reward scale."""
     import envs
     from agents import dt_checkpoint
@@ -131,7 +122,7 @@ def build_models(bc: BenchConfig):
     for w, h in [parse_size(s) for s in bc.sizes] or [own]:
         torch.manual_seed(bc.seed)
         models[f"{w}x{h}"] = trained if trained is not None and (w, h) == own else DecisionTransformer(DTConfig(
-            state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=w, n_heads=h, n_layers=3, name=bc.layout,
+            state_dim=spec.obs_dim, act_dim=spec.act_dim, K=20, d_model=w, n_heads=h, n_layers=3, name="primal+dt",
             s=min(64, w // h), dropout=0.0)).eval()
     return models, info, trained
 
@@ -140,45 +131,32 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
     """({format: policy class}, {format: why it is skipped}) for the exported runtimes available here."""
     if not bc.exported:
         return {}, {f: "exported=false" for f in ("onnx", "torchscript")}
-    from agents.export import TorchScriptPolicy
+    from agents.export import TorchScriptPolicy, missing_package
+    from agents.onnx_policy import OnnxPolicy
 
-    try:
-        import onnx  # noqa: F401
-        import onnxruntime  # noqa: F401
-
-        from agents.onnx_policy import OnnxPolicy
-    except ImportError as err:
-        return {"torchscript": TorchScriptPolicy}, {"onnx": f"onnx / onnxruntime missing ({err}): pip install "
-                                                            "'primal-dt[export]'"}
+    if missing := missing_package():
+        return {"torchscript": TorchScriptPolicy}, {"onnx": f"{missing} missing: pip install 'primal-dt[export]'"}
     return {"torchscript": TorchScriptPolicy, "onnx": OnnxPolicy}, {}
 
 
-class Exports:
-    """Exported artefacts of the benchmarked models, one per (size, K, format), made on first use into
-    ``directory``."""
+def export(model, info, K: int, fmt: str, stem: Path, seconds: dict) -> Path:
+    """``model`` at context K exported as ``fmt`` to ``<stem>-<file name>``; the seconds it took go to ``seconds``."""
+    from agents.dt_checkpoint import DTCheckpoint
+    from agents.export import FORMATS, export_policy
 
-    def __init__(self, info, directory: str):
-        self.info, self.dir, self.paths, self.export_s = info, Path(directory), {}, {}
-
-    def path(self, size: str, model, K: int, fmt: str) -> Path:
-        if (size, K, fmt) not in self.paths:
-            from agents.dt_checkpoint import DTCheckpoint
-            from agents.export import FORMATS, export_policy
-
-            ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(),
-                              data=self.info, origin="benchmark model")
-            t0 = time.perf_counter()
-            out = self.dir / f"{size}-K{K}-{FORMATS[fmt]}"
-            self.paths[(size, K, fmt)] = export_policy(ck, format=fmt, out=out)
-            self.export_s[f"{size}-K{K}-{fmt}"] = time.perf_counter() - t0
-        return self.paths[(size, K, fmt)]
+    ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(), data=info,
+                      origin="benchmark model")
+    t0 = time.perf_counter()
+    path = export_policy(ck, format=fmt, out=stem.with_name(f"{stem.name}-{FORMATS[fmt]}"))
+    seconds[f"{stem.name}-{fmt}"] = time.perf_counter() - t0
+    return path
 
 
-def policy(name: str, model, info, engine: str, K: int, B: int, found: dict, exports, threads=None, t=None):
-    """One ``act`` of ``engine`` (an agent engine or an exported format) for B rows at context K, the policy
-    reset and advanced to episode step ``t`` (default K) first."""
-    if engine in found:  # an exported runtime takes its thread count when it is made
-        p = found[engine](exports.path(name, model, K, engine), threads=threads)
+def policy(model, info, engine: str, K: int, B: int, runtimes: dict, t=None):
+    """One ``act`` of ``engine`` (an agent engine, or a format of ``runtimes``: {format: its runtime's maker}) for
+    B rows at context K, the policy reset and advanced to episode step ``t`` (default K) first."""
+    if engine in runtimes:
+        p = runtimes[engine]()
         p.reset(B, target=info.eval_targets[0])
     else:  # the same weights (shared) at context K: recompute's context and the softmax cache
         m = copy.copy(model)
@@ -210,13 +188,15 @@ def hf_step(cfg, B: int, K: int):
     return step
 
 
-def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -> dict:
+def latency_section(models: dict, info, bc: BenchConfig, found: dict, tmp: Path, export_s: dict) -> dict:
     res = {}
     for name, model in models.items():
         res[name] = {}
-        for K in bc.contexts:
+        for K in bc.contexts:  # an exported runtime takes its thread count when it is made
+            runtimes = {fmt: functools.partial(cls, export(model, info, K, fmt, tmp / f"{name}-K{K}", export_s),
+                                               threads=bc.threads) for fmt, cls in found.items()}
             for B in bc.batches:
-                fns = {engine: policy(name, model, info, engine, K, B, found, exports, threads=bc.threads)
+                fns = {engine: policy(model, info, engine, K, B, runtimes)
                        for engine in ("stream", *found, "recompute")}
                 if bc.hf:
                     fns["hf_recompute"] = hf_step(model.cfg, B, K)
@@ -233,7 +213,7 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -
                       flush=True)
     name, model = next(iter(models.items()))
     for B in bc.batches:  # stream latency versus episode step t: flat, the state does not grow
-        ms = timing.median_ms({f"t{t}": policy(name, model, info, "stream", bc.contexts[0], B, found, exports, t=t)
+        ms = timing.median_ms({f"t{t}": policy(model, info, "stream", bc.contexts[0], B, {}, t=t)
                                for t in bc.ts}, bc.calls, bc.rounds)
         e = res[name][f"stream_vs_t_B{B}"] = {"batch": B, "ms": ms, "max_over_min": max(ms.values()) / min(ms.values())}
         print(f"{name} stream batch={B:4d} vs t: " + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
@@ -244,7 +224,6 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, exports) -
 def evaluation_section(model, info, bc: BenchConfig) -> dict:
     """The vectorised stream evaluator (two lanes, and with ``bc.lane_layouts`` one) vs the sequential recompute
     loop, in one run; ratios printed."""
-    import envs
     from agents.train_config import RolloutOptions
     from eval.episodes import run_episodes, vector_env
     from eval.rollout import evaluate
@@ -252,7 +231,7 @@ def evaluation_section(model, info, bc: BenchConfig) -> dict:
     target = info.eval_targets[0]
     n_seq = bc.seq_episodes or bc.episodes
     vec, res = {}, None
-    layouts = {"lanes=2 process": 2, "lanes=1": 1} if bc.lane_layouts else {"lanes=2 process": 2}
+    layouts = {"lanes=2 process": 2} | ({"lanes=1": 1} if bc.lane_layouts else {})
     for name, lanes in layouts.items():  # two lanes: the agents in their lanes' processes
         d = {}
         t0 = time.perf_counter()
@@ -263,7 +242,7 @@ def evaluation_section(model, info, bc: BenchConfig) -> dict:
         if res is None:
             res, env_steps = r, d["env_steps"]
         print(f"  vectorised stream, {name}: {vec[name]:.2f} s", flush=True)
-    venv = vector_env(envs.get_spec(info.env).name, 1, gym_id=info.gym_id)
+    venv = vector_env(info.env, 1, gym_id=info.gym_id)
     try:  # the reference protocol: one episode at a time, a batch-1 recompute agent, the evaluators' loop
         t0 = time.perf_counter()
         seq = run_episodes(Agent(model, info, engine="recompute"), venv, [(target, e) for e in range(n_seq)],
@@ -309,12 +288,11 @@ def run(argv: list[str]) -> dict:
     machine = timing.machine(PROG, argv)
     print(f"models: {', '.join(f'{k} {m.layer_names}' for k, m in models.items())}; torch {torch.__version__}, "
           f"{bc.threads} thread(s), {machine['cores']} cores, {machine['cpu']}", flush=True)
+    export_s: dict = {}
     report = {"machine": machine, "config": dataclasses.asdict(bc), "sizes": list(models),
-              "exported": {"formats": sorted(found), "skipped": skipped}}
+              "exported": {"formats": sorted(found), "skipped": skipped, "export_s": export_s}}
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
-        exports = Exports(info, tmp)
-        report["latency"] = latency_section(models, info, bc, found, exports) if bc.latency else {}
-        report["exported"]["export_s"] = exports.export_s
+        report["latency"] = latency_section(models, info, bc, found, Path(tmp), export_s) if bc.latency else {}
     if bc.episodes > 0:
         report["evaluation"] = evaluation_section(trained if trained is not None else next(iter(models.values())), info, bc)
     timing.write(report, bc.json, bc.markdown, "Acting speed: stream, ONNX, TorchScript, recompute and HuggingFace"

@@ -12,8 +12,19 @@ import shlex
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 from primal_dt.run import checkpoint, cli, options, runtime
+
+
+@dataclass
+class Outputs:
+    """The output files of every benchmark's command line (``write``)."""
+
+    json: str = ""
+    """also write the results here"""
+    markdown: str = ""
+    """also write the tables here as Markdown, headed by the machine and the command (the project's: docs/results/)"""
 
 
 def median_ms(fns: dict, calls: int, rounds: int, round_s: float = 0.2) -> dict:
@@ -57,8 +68,7 @@ def parse(cls, argv, prog: str, doc: str, numbers: dict, prefix: str = "--", che
     argv = sys.argv[1:] if argv is None else list(argv)
     args = cli.parse(cls, argv, prog=prog, description=doc.split("\n\n")[0])
     try:
-        for name, rule in numbers.items():
-            options.check_number(prefix + name, getattr(args, name), rule)
+        options.check_numbers(args, numbers, prefix)
         for name in ("json", "markdown"):
             if getattr(args, name):
                 options.check_output_file(getattr(args, name), prefix + name)
@@ -82,12 +92,10 @@ def table(columns: list[str], rows: list[list]) -> list[str]:
 
 
 def write(result: dict, json_path: str | None, markdown: str | None, title: str, tables: list[list[str]],
-          notes: list[str] = (), echo: bool = True) -> None:
+          notes: list[str] = ()) -> None:
     """The result as JSON and its tables (from ``table``) and notes as a Markdown page headed by
-    ``result["machine"]``; ``echo``: the page's body printed too, so the console shows what the page holds."""
+    ``result["machine"]``; the page's body is printed last, after ``== title``, so the console ends with it."""
     body = [line for t in tables for line in ["", *t]] + (["", *notes] if notes else [])
-    if echo:
-        print("\n".join([title, *body]), flush=True)
     if json_path:
         checkpoint.write_atomic(json_path, json.dumps(result, indent=2, default=str), "benchmark's results")
         print(f"wrote {json_path}", flush=True)
@@ -98,3 +106,4 @@ def write(result: dict, json_path: str | None, markdown: str | None, title: str,
                 + (f", GPU {m['gpu']}" if m["gpu"] else "") + f"; torch {m['torch']}; {m['date']}."]
         checkpoint.write_atomic(markdown, "\n".join(head + body) + "\n", "benchmark's table")
         print(f"wrote {markdown}", flush=True)
+    print("\n".join([f"== {title}", *body]), flush=True)

@@ -91,20 +91,23 @@ def hf_config(cfg: dict, K: int, dropout: float):
 
 
 class HuggingFace:
-    """transformers' DecisionTransformerModel with the same sizes, dropout 0.1, tanh head."""
+    """transformers' DecisionTransformerModel with the same sizes, dropout 0.1, tanh head; its forward in
+    ``autocast`` (a dtype) when given."""
 
-    def __init__(self, size: dict, K: int, device: str = "cpu"):
+    def __init__(self, size: dict, K: int, device: str = "cpu", autocast: torch.dtype | None = None):
         from transformers import DecisionTransformerModel
 
         cfg = hf_config(dict(size, state_dim=STATE_DIM, act_dim=ACT_DIM), K, 0.1)
         self.model = DecisionTransformerModel(cfg).to(device).train()
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4)
+        self.autocast = torch.autocast(torch.device(device).type, dtype=autocast, enabled=autocast is not None)
 
     def step(self, b: Batch) -> None:
-        out = self.model(states=b.states, actions=b.actions, rewards=None, returns_to_go=b.rtg,
-                         timesteps=b.timesteps, attention_mask=b.mask.long(), return_dict=True)
-        loss = F.mse_loss(out.action_preds[b.mask], b.actions[b.mask])
+        with self.autocast:
+            out = self.model(states=b.states, actions=b.actions, rewards=None, returns_to_go=b.rtg,
+                             timesteps=b.timesteps, attention_mask=b.mask.long(), return_dict=True)
+            loss = F.mse_loss(out.action_preds[b.mask], b.actions[b.mask])
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, CLIP)
@@ -142,32 +145,26 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
         res["models"][k] = {"ms_per_step": round(1000 * med, 2), "ms_per_step_min": round(1000 * min(v), 2),
                             "tokens_per_s": round(tokens / med), "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 2),
                             "params": sum(p.numel() for p in runners[k].params), "timed_steps": len(v)}
-    ms = {k: v["ms_per_step"] for k, v in res["models"].items()}
-    dt = ms["ours:dt"]
-    ratios = {"primal+dt / dt (time)": ms["ours:primal+dt"] / dt, "primalformer-dt / dt (time)": ms["ours:primalformer-dt"] / dt}
+    hf, w = "hf:DecisionTransformerModel", args.stream_window
+    pairs = {f"{lay} / dt (time)": (f"ours:{lay}", "ours:dt") for lay in OURS[1:]}
     if with_hf:
-        hf = ms["hf:DecisionTransformerModel"]
-        ratios.update({"hf / ours dt (time; > 1: ours faster)": hf / dt, "hf / ours primal+dt (time)": hf / ms["ours:primal+dt"]})
-    compiled = [(lay, mode) for mode in args.compile if mode != "eager" for lay in OURS]
-    ratios.update({f"{lay}[{mode}] / {lay} eager (time)": ms[f"ours:{lay}[{mode}]"] / ms[f"ours:{lay}"]
-                   for lay, mode in compiled})
-    if args.stream_window:
-        ratios.update({f"{lay}[w={args.stream_window}] / {lay} (time; stream-exact / standard)":
-                       ms[f"ours:{lay}[w={args.stream_window}]"] / ms[f"ours:{lay}"] for lay in OURS})
-    res["ratios"] = {k: round(v, 3) for k, v in ratios.items()}
-    # the process's own CPU time: what another process's load on a shared CPU does not add (one thread)
-    cpu_ms = {k: v["cpu_ms_per_step"] for k, v in res["models"].items()}
-    res["ratios_of_cpu_time"] = {f"{lay}[{mode}] / {lay} eager": round(cpu_ms[f"ours:{lay}[{mode}]"] / cpu_ms[f"ours:{lay}"], 3)
-                                 for lay, mode in compiled}
-    lo = {k: v["ms_per_step_min"] for k, v in res["models"].items()}
-    res["ratios_of_min"] = {"primal+dt / dt (time)": round(lo["ours:primal+dt"] / lo["ours:dt"], 3)}
-    if with_hf:
-        res["ratios_of_min"]["hf / ours dt (time)"] = round(lo["hf:DecisionTransformerModel"] / lo["ours:dt"], 3)
+        pairs |= {"hf / ours dt (time; > 1: ours faster)": (hf, "ours:dt"),
+                  "hf / ours primal+dt (time)": (hf, "ours:primal+dt")}
+    pairs |= {f"{lay}[{mode}] / {lay} eager (time)": (f"ours:{lay}[{mode}]", f"ours:{lay}")
+              for mode in args.compile if mode != "eager" for lay in OURS}
+    if w:
+        pairs |= {f"{lay}[w={w}] / {lay} (time; stream-exact / standard)": (f"ours:{lay}[w={w}]", f"ours:{lay}")
+                  for lay in OURS}
+    # the fastest step and the process's own CPU time: less of what another process's load on a shared CPU adds
+    m = res["models"]
+    for key, field in (("ratios", "ms_per_step"), ("ratios_of_min", "ms_per_step_min"),
+                       ("ratios_of_cpu_time", "cpu_ms_per_step")):
+        res[key] = {label: round(m[a][field] / m[b][field], 3) for label, (a, b) in pairs.items()}
     return res
 
 
 @dataclass
-class TrainBenchConfig:
+class TrainBenchConfig(timing.Outputs):
     sizes: tuple[Literal["paper", "original"], ...] = tuple(SIZES)
     """model sizes to time: paper (width 256, 4 heads, 3 layers, the Primal-Attention paper's) | original (width
     128, 1 head, 3 layers, the original DT's)"""
@@ -191,10 +188,6 @@ class TrainBenchConfig:
     tokens, the loss on exact steps only) of each model beside its standard step (0: do not)"""
     no_hf: bool = False
     """skip transformers' model"""
-    json: str = ""
-    """write the results here"""
-    markdown: str = ""
-    """write the table here as Markdown, headed by the machine and the command (e.g. docs/results/training-step.md)"""
 
 
 PROG = "python -m eval.bench.train"
@@ -238,10 +231,9 @@ def main(argv: list[str] | None = None) -> dict:
         rows += [[f"{s} ({r['d_model']}, {r['n_heads']} heads)", k, f"{v['ms_per_step']:.1f}", f"{v['ms_per_step_min']:.1f}",
                   f"{v['ms_per_step'] / r['models']['ours:dt']['ms_per_step']:.2f}", f"{v['params']:,}"]
                  for k, v in r["models"].items()]
-        notes += [f"{s}: " + "; ".join(f"{k} {v:.3f}" for k, v in r[key].items()) + f" ({what})"
-                  for key, what in (("ratios", "median step"), ("ratios_of_min", "fastest step, less sensitive to "
-                                    "load"), ("ratios_of_cpu_time", "the process's CPU time, which others' load does "
-                                    "not add")) if r[key]]
+        notes += [f"{s}: " + "; ".join(f"{k} {v:.3f}" for k, v in r[key].items()) + f" ({what})" for key, what in
+                  (("ratios", "median step"), ("ratios_of_min", "fastest step, less sensitive to load"),
+                   ("ratios_of_cpu_time", "the process's CPU time, which others' load does not add"))]
     timing.write(results, args.json, args.markdown, f"Training step: our DT models against HuggingFace's (batch "
                  f"{args.batch}, K = {args.K}; median of {args.rounds * args.steps} steps per model, models in turns)",
                  [timing.table(["size", "model", "ms per step", "fastest step", "x ours:dt", "parameters"], rows)], notes)
