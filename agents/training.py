@@ -89,7 +89,7 @@ def prepare(built: Built, d: Dist | None = None) -> Run:
     path = None  # resume='s checkpoint file, its run directory held by rank 0
     with errors.setup_errors():
         if built.cfg.resume:
-            path = ck_io.resume_checkpoint(built.cfg.resume, dt_checkpoint.FILENAME)
+            path = ck_io.find(built.cfg.resume, dt_checkpoint.FILENAME, "resume")
             if d.main if d is not None else int(os.environ.get("RANK", "0")) == 0:  # torchrun's rank, before joining
                 outputs.check_writable(path.parent, "run directory")
                 lock.hold(path.parent)
@@ -212,23 +212,14 @@ def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
     nothing, train, evaluate at the end; returns the summary (also in ``summary.json``)."""
     run = prepare(built, d)
     cfg, d = run.cfg, run.dist
-    if run.out is None:
+    resumed = run.out is not None  # its directory held since ``prepare``
+    if not resumed:
         name = [str(run_dir(cfg.out, cfg.env, model_label(cfg), seed=cfg.seed)) if d.main else None]
         if d.world > 1:
             torch.distributed.broadcast_object_list(name, src=0)
         run.out = Path(name[0])
-        if d.main:
-            lock.hold(run.out)
-            ck_io.remove_stale_temps(*run.out.parent.iterdir())
-    elif d.main:  # a resumed run's directory is held since ``prepare``
-        ck_io.remove_stale_temps(run.out)
-    try:
+    with ck_io.run_directory(run.out, resumed, lambda: kept(run), "primal_dt.train", main=d.main):
         return _train(run, evaluator)
-    except WriteError as err:
-        raise WriteError(f"{err}. Nothing else was lost: {kept(run)}; make room (or fix the permissions) and "
-                         f"continue with: python -m primal_dt.train resume={run.out}") from err
-    finally:
-        lock.release(run.out)
 
 
 def _train(run: Run, evaluator: Evaluator) -> dict:

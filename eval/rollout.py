@@ -13,6 +13,7 @@ is the trainer's entry point.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -181,12 +182,10 @@ def run(argv: list[str]) -> dict:
         model = ck.build_model(runtime.pick_device(cfg.device))
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = cfg.targets or ck.data.eval_targets
-    # the report's name is claimed before the rollout, so a run started alongside cannot take it
-    out = Path(cfg.out) if cfg.out else outputs.new_path(outputs.numbered(path.parent / f"rollout-{cfg.engine}.json"),
-                                                         outputs.create_file, what="rollout report")
-    if note := ck.fidelity(cfg.engine).note(f"checkpoint {path}"):
-        print(note)
-    try:
+    name = path.parent / f"rollout-{cfg.engine}.json"
+    with contextlib.nullcontext(Path(cfg.out)) if cfg.out else outputs.new_file(name, "rollout report") as out:
+        if note := ck.fidelity(cfg.engine).note(f"checkpoint {path}"):
+            print(note)
         try:
             # the video beside the report: in out='s folder when given, else in the run directory
             report = _rollout(cfg, path, ck, spec, model, targets, out.parent)
@@ -195,10 +194,6 @@ def run(argv: list[str]) -> dict:
             raise
         # atomic: a write that fails (a full disk, ulimit -f) leaves no truncated report under the name
         checkpoint_io.write_atomic(out, json.dumps(report, indent=2), "rollout report")
-    except BaseException:
-        if not cfg.out and out.exists() and out.stat().st_size == 0:
-            out.unlink()  # the name claimed for a report that never came
-        raise
     print(summary_text(report))
     print(f"report: {out}")
     return report

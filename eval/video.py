@@ -126,15 +126,9 @@ def _write(frames, fps: float, out_dir: Path, engine: str, step: int) -> dict:
     from primal_dt.run.monitor import RunMonitor, encode_gif
 
     # a new name (episode-stream-2.gif, ...) rather than over an earlier recording
-    path = outputs.new_path(outputs.numbered(out_dir / f"episode-{engine}.gif"), outputs.create_file,
-                            what="episode GIF")
-    try:  # the file first, atomically: a failed write (full disk, ulimit -f) leaves no truncated GIF
-        data = encode_gif(frames, fps)
+    with outputs.new_file(out_dir / f"episode-{engine}.gif", "episode GIF") as path:
+        data = encode_gif(frames, fps)  # the file first, atomically: a failed write leaves no truncated GIF
         checkpoint.write_atomic(path, data, "episode GIF")
-    except BaseException:
-        if path.exists() and path.stat().st_size == 0:
-            path.unlink()  # the name claimed for a GIF that never came
-        raise
     mon = RunMonitor(out_dir / "video", progress=False)
     try:
         mon.image(f"rollout/{engine}", data, frames[0].shape[:2], step)

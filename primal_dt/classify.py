@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from .classifier_training import KIND, Diverged, Trainer, fit
 from .classify_config import DESCRIPTION, PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, config_from_dict
-from .run import checkpoint, cli, errors, lock, outputs, runtime
-from .run.errors import SetupError, WriteError
+from .run import checkpoint, cli, errors, outputs, runtime
+from .run.errors import SetupError
 from .run.monitor import run_dir
 from .tasks import load_task
 
@@ -20,7 +20,7 @@ def run(argv: list[str]) -> dict:
     with errors.setup_errors(RuntimeError):  # RuntimeError: a task's missing optional dependency
         resume = cli.peek(ClassifyConfig, argv, SHORTHANDS, PROG).resume
         if resume:
-            path = checkpoint.resume_checkpoint(resume)
+            path = checkpoint.find(resume, "last.pt", "resume")
             ck = checkpoint.load(path, expect_kind=KIND)
             cfg = cli.parse(ClassifyConfig, argv, default=config_from_dict(ck["config"]), prog=PROG,
                             description=DESCRIPTION, shorthands=SHORTHANDS)  # the checkpoint's, the line on top
@@ -43,17 +43,11 @@ def run(argv: list[str]) -> dict:
         outputs.check_writable(out, "run directory")
     else:
         out = run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
-    lock.hold(out)  # one process per run: a second resume is refused, naming the first
-    checkpoint.remove_stale_temps(*([out] if ck is not None else out.parent.iterdir()))
-    try:
+    last = out / "last.pt"
+    kept = lambda: (f"{last} (the last evaluation round's) is intact" if last.exists()
+                    else "no checkpoint had been written")
+    with checkpoint.run_directory(out, ck is not None, kept, "primal_dt.classify"):
         return fit(trainer, data, out, source, resumed=ck is not None)
-    except WriteError as err:
-        last = out / "last.pt"
-        kept = f"{last} (the last evaluation round's) is intact" if last.exists() else "no checkpoint had been written"
-        raise WriteError(f"{err}. Nothing else was lost: {kept}; make room (or fix the permissions) and continue "
-                         f"with: python -m primal_dt.classify resume={out}") from err
-    finally:
-        lock.release(out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,11 +18,13 @@ import stat
 import sys
 import tempfile
 import warnings
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from . import errors
+from . import errors, lock
 
 
 def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
@@ -149,12 +151,20 @@ def find(path: str | Path, filename: str, option: str) -> Path:
     return newest
 
 
-def resume_checkpoint(path: str, filename: str = "last.pt") -> Path:
-    """``find`` for ``resume=``, its failure a ``SetupError``; the run continues in that file's directory."""
+@contextmanager
+def run_directory(out: Path, resumed: bool, kept: Callable[[], str], command: str, main: bool = True):
+    """Hold ``out`` (on rank 0, ``main``) for the run inside, its stale temporaries removed (a new run's: those of
+    the runs beside it); a failed write says what survived (``kept()``) and how to continue."""
+    if main:
+        lock.hold(out)  # one process per run: a second resume is refused, naming the first
+        remove_stale_temps(*([out] if resumed else out.parent.iterdir()))
     try:
-        return find(path, filename, "resume")
-    except FileNotFoundError as err:
-        raise errors.SetupError(str(err)) from err
+        yield
+    except errors.WriteError as err:
+        raise errors.WriteError(f"{err}. Nothing else was lost: {kept()}; make room (or fix the permissions) and "
+                                f"continue with: python -m {command} resume={out}") from err
+    finally:
+        lock.release(out)
 
 
 UNFIT = (KeyError, TypeError, ValueError, RuntimeError, IndexError)

@@ -8,6 +8,7 @@ import itertools
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import writing
@@ -48,3 +49,16 @@ def create_file(path: Path) -> None:
     except FileExistsError as err:  # a file where the directory should be: not "the name is taken"
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from err
     os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+
+
+@contextmanager
+def new_file(path: Path, what: str) -> Iterator[Path]:
+    """A new empty file, ``path`` or its first free ``numbered`` name, claimed before the work that fills it inside
+    this block (so a process started alongside cannot take it); a failure inside leaves no empty file there."""
+    claimed = new_path(numbered(path), create_file, what)
+    try:
+        yield claimed
+    except BaseException:
+        if claimed.exists() and claimed.stat().st_size == 0:
+            claimed.unlink()  # the name claimed for an output that never came
+        raise

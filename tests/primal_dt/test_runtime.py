@@ -74,19 +74,25 @@ def test_entry_points_exit_with_one_line_not_a_traceback(tmp_path, module, argv,
 
 
 # -- resume paths --------------------------------------------------------------------------------------
-def test_resume_checkpoint_takes_a_file_or_its_run_directory(tmp_path):
+def find(path):
+    """what ``resume=path`` means, as the trainers ask (inside ``errors.setup_errors``)"""
+    with errors.setup_errors():
+        return checkpoint.find(path, "last.pt", "resume")
+
+
+def test_resume_takes_a_file_or_its_run_directory(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "last.pt").write_bytes(b"x")
     (run_dir / "best.pt").write_bytes(b"x")
-    assert checkpoint.resume_checkpoint(str(run_dir)) == run_dir / "last.pt"
-    assert checkpoint.resume_checkpoint(str(run_dir / "best.pt")) == run_dir / "best.pt"
+    assert find(run_dir) == run_dir / "last.pt"
+    assert find(run_dir / "best.pt") == run_dir / "best.pt"
     with pytest.raises(SetupError, match=r"resume=.*missing: no checkpoint at .*missing"):
-        checkpoint.resume_checkpoint(str(tmp_path / "missing"))
+        find(tmp_path / "missing")
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(SetupError, match=r"no checkpoint at .*empty/last.pt, nor in any run under it; give a run"):
-        checkpoint.resume_checkpoint(str(empty))
+        find(empty)
 
 
 def test_a_directory_of_runs_means_its_newest_run_that_holds_a_checkpoint(tmp_path, capsys):
@@ -98,11 +104,11 @@ def test_a_directory_of_runs_means_its_newest_run_that_holds_a_checkpoint(tmp_pa
     (old / "last.pt").write_bytes(b"x")
     (new / "last.pt").write_bytes(b"x")
     os.utime(old / "last.pt", (1_000_000, 1_000_000))
-    assert checkpoint.resume_checkpoint(str(tmp_path / "runs")) == new / "last.pt"
+    assert find(tmp_path / "runs") == new / "last.pt"
     assert f"resume={tmp_path / 'runs'}: using the newest run with a last.pt under it, {new}" in capsys.readouterr().err
     os.utime(new / "last.pt", (500_000, 500_000))
-    assert checkpoint.resume_checkpoint(str(root)) == old / "last.pt"
-    assert checkpoint.resume_checkpoint(str(empty.parent.parent)) == old / "last.pt"
+    assert find(root) == old / "last.pt"
+    assert find(empty.parent.parent) == old / "last.pt"
 
 
 # -- attention_options ---------------------------------------------------------------------------------
