@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .classifier_training import KIND, Diverged, Trainer, fit
 from .classify_config import DESCRIPTION, PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, config_from_dict
-from .run import checkpoint, cli, errors, outputs, runtime
+from .run import checkpoint, cli, errors, lock, outputs, runtime
 from .run.errors import SetupError
 from .run.monitor import run_dir
 from .tasks import load_task
@@ -17,14 +17,26 @@ __all__ = ["SetupError", "main", "run"]
 
 def run(argv: list[str]) -> dict:
     """Train as the command line ``argv`` says; returns the summary. Bad input: SetupError, before any write."""
-    with errors.setup_errors(RuntimeError):  # RuntimeError: a task's missing optional dependency
+    with errors.setup_errors():
         resume = cli.peek(ClassifyConfig, argv, SHORTHANDS, PROG).resume
-        if resume:
-            path = checkpoint.find(resume, "last.pt", "resume")
+        path = checkpoint.find(resume, "last.pt", "resume") if resume else None
+        if path is not None:  # held before it is read: no run continues from a checkpoint another is replacing
+            outputs.check_writable(path.parent, "run directory")
+            lock.hold(path.parent)
+    try:
+        return _run(argv, path)
+    finally:
+        if path is not None:
+            lock.release(path.parent)
+
+
+def _run(argv: list[str], path) -> dict:
+    with errors.setup_errors(RuntimeError):  # RuntimeError: a task's missing optional dependency
+        if path is not None:
             ck = checkpoint.load(path, expect_kind=KIND)
             cfg = cli.parse(ClassifyConfig, argv, default=config_from_dict(ck["config"]), prog=PROG,
                             description=DESCRIPTION, shorthands=SHORTHANDS)  # the checkpoint's, the line on top
-            source = f"resumed from {resume} at step {ck['step']}"
+            source = f"resumed from {path} at step {ck['step']}"
         else:
             ck, (cfg, source) = None, build_config(argv)
         check_config(cfg)
@@ -40,7 +52,6 @@ def run(argv: list[str]) -> dict:
             raise checkpoint.unfit(f"checkpoint {path}", err) from err
     if ck is not None:
         out = path.parent
-        outputs.check_writable(out, "run directory")
     else:
         out = run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
     last = out / "last.pt"

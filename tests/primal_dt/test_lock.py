@@ -106,3 +106,24 @@ def test_holder_names_a_live_holder_and_none_once_it_is_gone(tmp_path):
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert lock.holder(d) is None
+
+
+@pytest.mark.parametrize("command", ["primal_dt.train", "primal_dt.classify"])
+def test_a_resume_takes_the_lock_before_it_reads_the_checkpoint(tmp_path, command):
+    """A checkpoint read before the lock could be replaced by its holder's last save, and the resumed run would
+    continue from the older one over it: the refusal comes first, whatever the file holds."""
+    import importlib
+
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "last.pt").write_bytes(b"being replaced")  # read, it would be refused as damaged
+    p = holder(d)
+    try:
+        with pytest.raises(SetupError, match=rf"the run directory {d} is in use by process {p.pid}"):
+            importlib.import_module(command).run([f"resume={d}", "progress=false"])
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    with pytest.raises(SetupError, match="could not be read|not loaded|not a primal-dt checkpoint"):
+        importlib.import_module(command).run([f"resume={d}", "progress=false"])  # free: read, and refused
+    assert not (d / lock.FILENAME).exists() or lock.holder(d) is None  # the refusal let the lock go
