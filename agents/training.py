@@ -35,7 +35,7 @@ from primal_dt.run.errors import SetupError, WriteError
 from agents.train_config import Built, TrainConfig, model_label
 
 from . import dt_checkpoint, stream_training, train_step as steps
-from .decision_transformer import Batch, DecisionTransformer, DTConfig, trailing_padding
+from .decision_transformer import Batch, DecisionTransformer, DTConfig
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
 
 
@@ -144,7 +144,7 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
     sampler = envs.SegmentSampler(trained, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
-                                  cfg.seed + 1000 * d.rank, from_start=cfg.from_start)
+                                  cfg.seed + 1000 * d.rank, device, from_start=cfg.from_start)
     targets = tuple(float(t) for t in (cfg.eval.targets or spec.targets))
     info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
                     reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
@@ -330,11 +330,12 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
 
 
 def next_batch(run: Run) -> tuple[Batch, int]:
-    """The sampler's next batch on the device and its real steps (counted on the host: no read-back)."""
-    sample = run.sampler.sample()
-    real = int(sample.mask.sum())
-    batch = sample._replace(trailing=trailing_padding(sample.mask)).to(run.device, non_blocking=True)
-    return (batch if run.exact_from is None else stream_training.stream_exact_batch(batch, run.exact_from)), real
+    """The sampler's next batch, gathered on the device, and its real steps (counted on the host: no read-back)."""
+    idx, mask = run.sampler.indices()
+    batch = run.sampler.batch(idx)
+    if run.exact_from is not None:
+        batch = stream_training.stream_exact_batch(batch, run.exact_from)
+    return batch, int(mask.sum())
 
 
 def _due(step: int, every: int) -> bool:
@@ -420,7 +421,7 @@ class Validation:
 
     def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
                  device: torch.device, exact_from: int | None = None, from_start: bool = False):
-        sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None,
+        sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None, device=device,
                                       stats=(info.state_mean, info.state_std))
         first = held_out.starts if from_start else np.arange(held_out.num_steps)
         if len(first) > MAX_SEGMENTS:
@@ -429,7 +430,7 @@ class Validation:
         batch = sampler.segments(first)
         if exact_from is not None:
             batch = stream_training.stream_exact_batch(batch, exact_from)
-        self.batch = batch.to(device)
+        self.batch = batch
         self.episodes, self.segments = len(held_out), len(first)
         self.counted = int(batch.counted.sum()) * held_out.actions.shape[1]
         """action values the mean runs over"""
@@ -442,7 +443,7 @@ class Validation:
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
                 for i in range(0, self.segments, CHUNK):
-                    b = Batch(*(None if v is None else v[i:i + CHUNK] for v in self.batch))
+                    b = Batch(*(v[i:i + CHUNK] if isinstance(v, torch.Tensor) else v for v in self.batch))
                     pred, _ = model(b)
                     m = b.counted.unsqueeze(-1).to(pred.dtype)
                     sse += ((pred - b.actions) ** 2 * m).sum(dtype=torch.float64)

@@ -52,7 +52,9 @@ class SegmentSampler:
     The return-to-go is undiscounted and divided by ``reward_scale`` (a divisor everywhere in the package:
     the DT papers' 1000; 1 leaves returns raw).
     ``stats`` = (state_mean, state_std) normalises with other statistics than the dataset's own: held-out
-    episodes are read with the training episodes', as the model sees them."""
+    episodes are read with the training episodes', as the model sees them.
+    The tables live on ``device`` and batches are gathered there: a batch costs one copy of its row indices
+    (drawn on the host, so every device draws the same batches), not one per field, and no read-back."""
 
     def __init__(self, ds: Trajectories, K: int = 20, batch_size: int = 64, reward_scale: float = 1.0,
                  max_timestep: int = 1000, seed: int | np.random.Generator | None = 0,
@@ -66,23 +68,27 @@ class SegmentSampler:
         self.max_timestep, self.device = int(max_timestep), torch.device(device)
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         self.num_steps = ds.num_steps
-        # One trailing zero row lets padded positions gather index n instead of being masked
-        # after the gather: every padded token reads zeros.
         mean, std = (ds.state_mean, ds.state_std) if stats is None else (np.asarray(s, np.float32) for s in stats)
-        states = (ds.observations - mean) / std
-        self._states = np.concatenate([states, np.zeros((1, states.shape[1]), np.float32)])
-        self._actions = np.concatenate([ds.actions, np.zeros((1, ds.actions.shape[1]), np.float32)])
-        self._rewards = np.append(ds.rewards, np.float32(0))
-        self._rtg = np.append(ds.rtg / np.float32(self.reward_scale), np.float32(0))
-        self._timesteps = np.append(np.minimum(ds.timesteps, self.max_timestep - 1), 0)
+
+        def table(rows: np.ndarray) -> torch.Tensor:
+            """``rows`` and one zero row after them, on the device: padded positions gather index n and read
+            zeros, so no mask is applied after the gather."""
+            rows = rows.reshape(len(rows), -1)
+            return torch.from_numpy(np.concatenate([rows, np.zeros((1, rows.shape[1]), rows.dtype)])).to(self.device)
+
+        self._states = table((ds.observations - mean) / std)
+        self._actions = table(ds.actions)
+        self._rewards = table(ds.rewards)
+        self._rtg = table(ds.rtg / np.float32(self.reward_scale))
+        self._timesteps = table(np.minimum(ds.timesteps, self.max_timestep - 1).astype(np.int64))
         self._end = ds.step_end
         self._starts = ds.starts if from_start else None
         self._offsets = np.arange(self.K, dtype=np.int64)
 
     def indices(self, batch_size: int | None = None, first: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Row indices [B,K] into the padded flat arrays (n = padding) and the mask [B,K], of segments starting
-        at random steps (``from_start``: at the first step of episodes drawn uniformly), or at the dataset
-        steps ``first`` [B]."""
+        """Row indices [B,K] into the padded tables (n = padding) and the mask [B,K], on the host, of segments
+        starting at random steps (``from_start``: at the first step of episodes drawn uniformly), or at the
+        dataset steps ``first`` [B]."""
         if first is None and self._starts is not None:
             first = self._starts[self.rng.integers(0, len(self._starts), size=batch_size or self.batch_size)]
         elif first is None:
@@ -94,22 +100,24 @@ class SegmentSampler:
         return idx, mask
 
     def sample(self, batch_size: int | None = None) -> Batch:
-        return self.batch(*self.indices(batch_size))
+        return self.batch(self.indices(batch_size)[0])
 
     def segments(self, first: np.ndarray) -> Batch:
         """The batch of segments starting at the given dataset steps (a fixed evaluation set)."""
-        return self.batch(*self.indices(first=first))
+        return self.batch(self.indices(first=first)[0])
 
-    def batch(self, idx: np.ndarray, mask: np.ndarray) -> Batch:
+    def batch(self, idx: np.ndarray) -> Batch:
+        """The segments at row indices ``idx`` [B,K] (``indices``), gathered on the device."""
         b, k = idx.shape
-        flat = idx.reshape(-1)  # np.take on flat indices is faster than 2-D fancy indexing
-        out = Batch(states=torch.from_numpy(np.take(self._states, flat, axis=0).reshape(b, k, -1)),
-                    actions=torch.from_numpy(np.take(self._actions, flat, axis=0).reshape(b, k, -1)),
-                    rewards=torch.from_numpy(np.take(self._rewards, flat).reshape(b, k, 1)),
-                    rtg=torch.from_numpy(np.take(self._rtg, flat).reshape(b, k, 1)),
-                    timesteps=torch.from_numpy(np.take(self._timesteps, flat).reshape(b, k)),
-                    mask=torch.from_numpy(mask))
-        return out if self.device.type == "cpu" else out.to(self.device, non_blocking=True)
+        i = torch.from_numpy(idx)
+        if self.device.type == "cuda":  # pinned, so the copy runs behind the host: the loop never waits on the GPU
+            i = i.pin_memory()
+        i = i.to(self.device, non_blocking=True)
+        flat = i.reshape(-1)
+        rows = lambda t: t.index_select(0, flat).reshape(b, k, -1)
+        return Batch(states=rows(self._states), actions=rows(self._actions), rewards=rows(self._rewards),
+                     rtg=rows(self._rtg), timesteps=rows(self._timesteps).reshape(b, k), mask=i < self.num_steps,
+                     trailing=True)
 
     def state_dict(self) -> dict:
         """RNG state, so a resumed training run draws the same batches as an uninterrupted one."""

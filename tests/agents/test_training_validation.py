@@ -27,7 +27,7 @@ def episode_of_rows(data):
 
 
 def same(x: Batch, y: Batch) -> bool:
-    return all(u is v is None or torch.equal(u, v) for u, v in zip(x, y))
+    return all(u is v or torch.equal(u, v) for u, v in zip(x, y))
 
 
 def direct_action_mse(ck, data, max_timestep=1000):

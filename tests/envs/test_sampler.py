@@ -46,6 +46,7 @@ def test_every_segment_matches_hand_computed_values(tiny):
     assert b.rewards.shape == (400, 4, 1) and b.rtg.shape == (400, 4, 1)
     assert b.timesteps.dtype == torch.long and b.mask.dtype == torch.bool
     assert b.states.dtype == torch.float32
+    assert b.trailing is True and torch.equal(b.mask, b.mask.cummin(1).values)  # real steps first, as it says
     # the first state identifies the start: state 0 of row r is the normalized observation r
     norm = (tiny.observations - tiny.state_mean) / tiny.state_std
     seen = set()
@@ -113,7 +114,7 @@ def test_state_dict_makes_resume_exact(tiny):
     for r in ref:
         got = b.sample()
         for x, y in zip(r, got):
-            assert x is y is None or torch.equal(x, y)
+            assert x is y or torch.equal(x, y)
 
 
 def test_accepts_a_generator_and_custom_batch(tiny):
@@ -150,7 +151,7 @@ def test_random_dataset_against_a_naive_per_segment_computation():
     state = s.state_dict()
     first = s.indices()[0][:, 0]
     s.load_state_dict(state)
-    b = Batch(*(None if v is None else v.numpy() for v in s.sample()))
+    b = Batch(*(v.numpy() if isinstance(v, torch.Tensor) else v for v in s.sample()))
     for row, f in enumerate(first.tolist()):
         e = int(np.searchsorted(ds.starts, f, side="right") - 1)
         st, ln = int(ds.starts[e]), int(ds.lengths[e])
@@ -175,7 +176,7 @@ def test_fixed_segments_and_foreign_statistics_give_the_sampled_batches(tiny):
     first = s.indices()[0][:, 0]
     s.load_state_dict(state)
     drawn, fixed = s.sample(), s.segments(first)
-    assert all(x is y is None or torch.equal(x, y) for x, y in zip(drawn, fixed))
+    assert all(x is y or torch.equal(x, y) for x, y in zip(drawn, fixed))
     mean, std = np.array([1.0, -2.0], np.float32), np.array([0.5, 4.0], np.float32)
     other = SegmentSampler(tiny, K=4, batch_size=50, reward_scale=2.0, seed=None, stats=(mean, std))
     b = other.segments(np.arange(5))
