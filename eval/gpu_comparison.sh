@@ -5,14 +5,17 @@
 #
 # 1. installs what the machine lacks (gymnasium, mujoco, tyro, minari and their own needs) from the
 #    wheels in WHEELS_DIR, without a network, into a folder put on PYTHONPATH;
-# 2. runs the GPU benchmark (python -m eval.bench.gpu);
-# 3. trains the paper recipe (env=hopper-medium, 100k steps, its evaluations) on the bundled replica for
+# 2. runs tests/test_cuda.py: every path (training, evaluation, both engines, export, sweep jobs) on CUDA
+#    against the CPU (with pytest from WHEELS_DIR where the machine lacks it; skipped on a CPU);
+# 3. runs the GPU benchmark (python -m eval.bench.gpu);
+# 4. trains the paper recipe (env=hopper-medium, 100k steps, its evaluations) on the bundled replica for
 #    dt and primal+dt, 3 seeds each, as 6 concurrent jobs of eval.sweep on the one GPU, then eval.report.
 #
 # Everything must end within GPU_COMPARISON_BUDGET_S seconds (default 540): the sweep gets what the
 # benchmark left, and when time runs out its runs are stopped (each keeps a checkpoint to resume
-# from) and the output says how far they got. OUT_DIR receives at most 8 files: bench.txt, bench.json,
-# sweep.log, run-logs.tgz (every run's own log), comparison.txt, scores.md, curves.png.
+# from) and the output says how far they got. OUT_DIR receives at most 8 files: cuda-tests.txt, bench.txt,
+# bench.json, sweep.log, run-logs.tgz (every run's own log), comparison.txt, scores.md, curves.png.
+# GPU_COMPARISON_TESTS_S (180) bounds the tests.
 #
 # GPU_COMPARISON_AMP=bf16 trains in bf16 autocast (default off: float32). On a GPU the runs share it through
 # an MPS daemon of the command's own where the driver offers one (GPU_COMPARISON_MPS=off: never).
@@ -84,6 +87,21 @@ AMP=${GPU_COMPARISON_AMP:-off}
 case "$AMP" in off|bf16) ;; *) echo "error: GPU_COMPARISON_AMP=$AMP: give off or bf16" >&2; exit 2;; esac
 say "device $DEVICE; budget ${BUDGET_S}s; amp=$AMP; runs in $WORK"
 
+# -- 2. every path on CUDA, against the CPU (before MPS: one process) -----------------------------------
+TESTS_S=${GPU_COMPARISON_TESTS_S:-180}
+if "$PY" -c "import pytest, hypothesis" 2> /dev/null; then
+    t0=$(date +%s)
+    # the project's own options only: no plugin of the machine's (a pytest from WHEELS_DIR may not suit them)
+    PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout --signal=TERM "$TESTS_S" "$PY" -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
+        --basetemp "$WORK/pytest" "$ROOT/tests/test_cuda.py" > "$OUT/cuda-tests.txt" 2>&1
+    status=$?
+    say "CUDA paths (tests/test_cuda.py): exit $status after $(( $(date +%s) - t0 ))s: $(tail -1 "$OUT/cuda-tests.txt")"
+    [ $status -eq 124 ] && say "  the tests ran out of their ${TESTS_S}s (GPU_COMPARISON_TESTS_S)"
+    grep -E '^(FAILED|ERROR) ' "$OUT/cuda-tests.txt" | cut -c1-200 | tee -a "$SUMMARY" > /dev/null
+else
+    say "CUDA paths: not tested (pytest and hypothesis are not installed; put their wheels in $WHEELS)"
+fi
+
 # -- MPS: without it, processes take turns on a GPU; with it their small kernels run side by side ----------
 # A daemon of this command's own (its pipe and log folders under WORK), stopped when the command ends; the
 # device's settings are not changed. GPU_COMPARISON_MPS=off leaves it out.
@@ -105,7 +123,7 @@ if [ "$DEVICE" = cuda ] && [ "${GPU_COMPARISON_MPS:-auto}" != off ]; then
     fi
 fi
 
-# -- 2. the benchmark ----------------------------------------------------------------------------------
+# -- 3. the benchmark ----------------------------------------------------------------------------------
 t0=$(date +%s)
 timeout --signal=TERM "$BENCH_S" "$PY" -m eval.bench.gpu --device "$DEVICE" --json "$OUT/bench.json" "${BENCH[@]}" \
     --budget_s $(( BENCH_S * 4 / 5 )) \
@@ -115,7 +133,7 @@ say "benchmark: exit $status after $(( $(date +%s) - t0 ))s (bench.txt)"
 [ $status -eq 124 ] && say "  the benchmark ran out of its ${BENCH_S}s: bench.txt has the parts it finished"
 sed -n '/^== ms per update/,$p' "$OUT/bench.txt" | tee -a "$SUMMARY"
 
-# -- 3. the paper recipe, 6 runs at once on the one device ---------------------------------------------
+# -- 4. the paper recipe, 6 runs at once on the one device ---------------------------------------------
 REPORT_S=45
 SWEEP_S=$(( $(left) - REPORT_S ))
 if [ "$SWEEP_S" -lt 30 ]; then
@@ -151,7 +169,7 @@ EOF
 
 tar -czf "$OUT/run-logs.tgz" -C "$WORK/runs" sweep-logs 2>/dev/null
 
-# -- 4. the report -------------------------------------------------------------------------------------
+# -- 5. the report -------------------------------------------------------------------------------------
 if [ "$finished" -gt 0 ]; then
     "$PY" -m eval.report "$WORK/runs" --out "$WORK/report" >> "$OUT/sweep.log" 2>&1
     cp "$WORK/report/scores.md" "$WORK/report/curves.png" "$OUT/" 2>/dev/null

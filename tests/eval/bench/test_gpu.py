@@ -52,6 +52,9 @@ def test_the_gpu_command_rehearses_on_the_cpu(tmp_path):  # in bf16 autocast, to
     assert len(files) <= 8 and {"bench.txt", "bench.json", "sweep.log", "comparison.txt", "scores.md"} <= set(files)
     summary = (out / "comparison.txt").read_text()
     assert "6 of 6 runs finished" in summary and "== ms per update" in summary
+    # the CUDA tests ran first: collected and, on a CPU, skipped (a GPU machine runs them)
+    assert re.search(r"CUDA paths \(tests/test_cuda.py\): exit 0 after \d+s: \d+ skipped", summary), summary[:2000]
+    assert "cuda-tests.txt" in files
     assert len(list(work.glob("runs/hopper-medium/*/*/summary.json"))) == 6 and "amp=bf16" in summary
     logs = [p.read_text() for p in work.glob("runs/sweep-logs/*.log")]  # each run's config dump
     assert len(logs) == 6 and all(re.search(r"^\s*amp\s+= 'bf16'", log, re.M) for log in logs), logs[0][:2000]
