@@ -15,7 +15,7 @@
 # benchmark left, and when time runs out its runs are stopped (each keeps a checkpoint to resume
 # from) and the output says how far they got. OUT_DIR receives at most 8 files: cuda-tests.txt, bench.txt,
 # bench.json, sweep.log, run-logs.tgz (every run's own log), comparison.txt, scores.md, curves.png.
-# GPU_COMPARISON_TESTS_S (180) bounds the tests.
+# GPU_COMPARISON_TESTS_S (150) bounds the tests.
 #
 # GPU_COMPARISON_AMP=bf16 trains in bf16 autocast (default off: float32). On a GPU the runs share it through
 # an MPS daemon of the command's own where the driver offers one (GPU_COMPARISON_MPS=off: never).
@@ -88,7 +88,7 @@ case "$AMP" in off|bf16) ;; *) echo "error: GPU_COMPARISON_AMP=$AMP: give off or
 say "device $DEVICE; budget ${BUDGET_S}s; amp=$AMP; runs in $WORK"
 
 # -- 2. every path on CUDA, against the CPU (before MPS: one process) -----------------------------------
-TESTS_S=${GPU_COMPARISON_TESTS_S:-180}
+TESTS_S=${GPU_COMPARISON_TESTS_S:-150}
 if "$PY" -c "import pytest, hypothesis" 2> /dev/null; then
     t0=$(date +%s)
     # the project's own options only: no plugin of the machine's (a pytest from WHEELS_DIR may not suit them)
