@@ -140,6 +140,8 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     ``data``: also make sure the checkpoint belongs to a dataset: ``True`` (read where its run read it), a
     source (as ``data_source``) or an ``envs.Trajectories``.
     """
+    if engine not in ENGINES:  # before the checkpoint is read and runtime= is judged by it (Agent checks it too late)
+        raise ValueError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; choose one of {', '.join(RUNTIMES)}")
     device = pick_device(device)  # a bad name, absent CUDA or a missing index: one clear ValueError, before loading

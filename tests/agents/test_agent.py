@@ -135,6 +135,9 @@ def test_clear_errors(tmp_path, tiny_dt, make_agent, dt_checkpoint, dt_checkpoin
         make_agent(m, "fast")
     with pytest.raises(ValueError, match="unknown engine"):
         load_agent(dt_checkpoint_file(tmp_path, m), engine="fast", runtime="torch")
+    for runtime in ("torch", "onnx"):  # named before anything is read or another option is judged by it
+        with pytest.raises(ValueError, match="unknown engine 'fast'; choose one of recompute, stream"):
+            load_agent(tmp_path / "no-such-run", engine="fast", runtime=runtime)
     wrong = foreign_checkpoint_file(tmp_path / "cls")
     with pytest.raises(ValueError, match="holds a 'classifier' model, expected 'dt'"):
         load_agent(wrong, runtime="torch")
