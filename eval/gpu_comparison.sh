@@ -15,7 +15,8 @@
 # benchmark left, and when time runs out its runs are stopped (each keeps a checkpoint to resume
 # from) and the output says how far they got. OUT_DIR receives at most 8 files: cuda-tests.txt, bench.txt,
 # bench.json, sweep.log, run-logs.tgz (every run's own log), comparison.txt, scores.md, curves.png.
-# GPU_COMPARISON_TESTS_S (150) bounds the tests.
+# The budget's shares: the tests at most GPU_COMPARISON_TESTS_S (120; 0 leaves them out), the benchmark at most
+# GPU_COMPARISON_BENCH_S (180), the report 45, the recipe the rest (at least 195 of the default 540).
 #
 # GPU_COMPARISON_AMP=bf16 trains in bf16 autocast (default off: float32). On a GPU the runs share it through
 # an MPS daemon of the command's own where the driver offers one (GPU_COMPARISON_MPS=off: never).
@@ -81,15 +82,17 @@ else
     BENCH=()
     RECIPE=()
     THREADS=2
-    BENCH_S=${GPU_COMPARISON_BENCH_S:-300}
+    BENCH_S=${GPU_COMPARISON_BENCH_S:-180}
 fi
 AMP=${GPU_COMPARISON_AMP:-off}
 case "$AMP" in off|bf16) ;; *) echo "error: GPU_COMPARISON_AMP=$AMP: give off or bf16" >&2; exit 2;; esac
 say "device $DEVICE; budget ${BUDGET_S}s; amp=$AMP; runs in $WORK"
 
 # -- 2. every path on CUDA, against the CPU (before MPS: one process) -----------------------------------
-TESTS_S=${GPU_COMPARISON_TESTS_S:-150}
-if "$PY" -c "import pytest, hypothesis" 2> /dev/null; then
+TESTS_S=${GPU_COMPARISON_TESTS_S:-120}
+if [ "$TESTS_S" -le 0 ]; then
+    say "CUDA paths: not tested (GPU_COMPARISON_TESTS_S=$TESTS_S)"
+elif "$PY" -c "import pytest, hypothesis" 2> /dev/null; then
     t0=$(date +%s)
     # the project's own options only: no plugin of the machine's (a pytest from WHEELS_DIR may not suit them)
     PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 timeout --signal=TERM "$TESTS_S" "$PY" -m pytest -q -p no:cacheprovider -o addopts="--import-mode=importlib" \
