@@ -72,6 +72,11 @@ class Trajectories:
                                f"{int(np.argmax(big))}), far beyond any simulator's reward per step. {CORRUPT}")
         if self.name is not None and self.gym_id is not None:
             spec = get_spec(self.name)
+            if self.gym_id not in spec.simulators:
+                raise DatasetError(
+                    f"{where}: records simulator {self.gym_id!r}, which primal-dt cannot run; {spec.name}'s data comes "
+                    f"from {' or '.join(spec.simulators)}. The file's provenance is damaged or it was recorded "
+                    "elsewhere; regenerate it (python -m envs.collect) or use another file")
             want = spec.minari_obs_dim if self.gym_id == spec.minari_gym_id else spec.obs_dim, spec.act_dim
             if (self.observations.shape[1], self.actions.shape[1]) != want:
                 raise DatasetError(
