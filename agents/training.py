@@ -493,6 +493,11 @@ def restore(run: Run, ck: DTCheckpoint) -> None:
     try:  # the schema checked each part's form; whether it fits this model shows only here
         run.model.load_state_dict(ck.model)
         run.opt.load_state_dict(t.optimizer)
+        for param, state in run.opt.state.items():  # load_state_dict takes any shapes; the first step would not
+            for name, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                    raise ValueError(f"optimizer state {name} has shape {tuple(value.shape)}, but its parameter "
+                                     f"{tuple(param.shape)}")
         run.sched.load_state_dict(t.scheduler)
         mine = t.rng[rank] if len(t.rng) == run.dist.world else t.rng[0]
         torch.set_rng_state(mine["torch"])
