@@ -98,7 +98,7 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
         raise DatasetError(f"{where}: observations of type {ds.observation_space} are not flat arrays")
     try:
         raw = list(ds.iterate_episodes())
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:  # RuntimeError: h5py's, for a link to itself
         raise DatasetError(f"{where}: episodes cannot be read ({exc}); the files are corrupt") from exc
     for ep in raw:
         if len(ep.rewards) > limit:

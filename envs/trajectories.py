@@ -175,10 +175,15 @@ class Trajectories:
         if not episodes:
             raise DatasetError(f"{kw.get('source', 'memory')}: the dataset holds no episode")
         lengths = np.array([len(ep["rewards"]) for ep in episodes], dtype=np.int64)
-        return cls(observations=np.concatenate([np.asarray(ep["observations"], np.float32) for ep in episodes]),
-                   actions=np.concatenate([np.asarray(ep["actions"], np.float32) for ep in episodes]),
-                   rewards=np.concatenate([np.asarray(ep["rewards"], np.float32).reshape(-1) for ep in episodes]),
-                   starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths=lengths,
+        try:  # (a file's episodes may hold text, or arrays of another width than the others)
+            arrays = {"observations": np.concatenate([np.asarray(ep["observations"], np.float32) for ep in episodes]),
+                      "actions": np.concatenate([np.asarray(ep["actions"], np.float32) for ep in episodes]),
+                      "rewards": np.concatenate([np.asarray(ep["rewards"], np.float32).reshape(-1) for ep in episodes])}
+        except (TypeError, ValueError) as err:
+            raise DatasetError(f"{kw.get('source', 'memory')}: its episodes' observations, actions and rewards are not "
+                               f"numbers of one width in every episode ({err}). The files are corrupt; regenerate or "
+                               "re-download them") from None
+        return cls(**arrays, starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths=lengths,
                    terminal=np.array([bool(ep["terminal"]) for ep in episodes]), **kw)
 
     @classmethod
