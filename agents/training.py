@@ -320,9 +320,16 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         with contextlib.suppress(WriteError):  # the disk may refuse the rest of the log too
             mon.close()
         raise
-    settle()
-    final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
-    val = validate(run, mon, final=True) if run.validation is not None else None
+    try:  # the last checkpoint is written: an interrupt here loses only the final evaluation, which a resume repeats
+        settle()
+        final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
+        val = validate(run, mon, final=True) if run.validation is not None else None
+    except KeyboardInterrupt as err:
+        why = f" by {err.args[0]}" if err.args else ""
+        mon.print(f"interrupted{why} during the final evaluation at step {run.step}; {kept(run)}; evaluate it with: "
+                  f"python -m primal_dt.train resume={run.out}")
+        mon.close()
+        raise
     d.barrier()
     summary = finish(run, mon, final, val)
     distributed.check_replicas(run.model, d)
