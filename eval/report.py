@@ -336,8 +336,8 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
                 if not steps:
                     continue
                 n = len(g.runs)
-                line, = ax.plot(steps, mean, marker="o", ms=3, lw=2,
-                                label=f"{g.model}, {g.data} data, {n} seed{'s' * (n > 1)}")
+                line, = ax.plot(steps, mean, marker="o", ms=3, lw=2,  # the engine: as in the tables, never unnamed
+                                label=f"{g.model}, {g.engine}, {g.data} data, {n} seed{'s' * (n > 1)}")
                 ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
                                 color=line.get_color(), alpha=0.2, lw=0)
             levels = {(g.data, g.runs[0].data_level) for g in groups if g.env == env and g.runs[0].data_level is not None}

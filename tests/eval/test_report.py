@@ -487,3 +487,22 @@ def test_a_run_resumed_after_its_summary_is_left_out_not_reported_with_its_old_s
     assert res["runs"] == 1 and len(res["skipped"]) == 1
     assert f"its checkpoint is at step {ck['step']} but its summary.json at step {ck['step'] - 5}" in res["skipped"][0]
     assert f"resume={run}" in res["skipped"][0]
+
+
+def test_learning_curves_of_two_engines_are_told_apart_in_the_legend(runs, tmp_path, monkeypatch):
+    """Runs alike but for eval.engine (a run-time option) are two groups, one per engine; their curves were drawn
+    side by side under the same legend entry ("dt, replica data, 1 seed" twice)."""
+    _, summaries, _ = runs
+    for name in ("a", "b"):
+        shutil.copytree(summaries[("dt", 0)]["run_dir"], tmp_path / name)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    (tmp_path / "b" / "summary.json").write_text(json.dumps({**summary, "engine": "recompute"}))
+    figures = {}
+    real = report.save_figure
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, what: figures.setdefault(Path(path).name, fig) and
+                        real(fig, path, what))
+    res = report.report([str(tmp_path / "a"), str(tmp_path / "b")], tmp_path / "rep")
+    engines = sorted(r["engine"] for r in res["rows"]["target3600"])
+    assert len(engines) == 2 and "recompute" in engines
+    labels = [t.get_text() for t in figures["curves.png"].axes[0].get_legend().get_texts()]
+    assert sorted(e for e in engines if any(f", {e}, " in label for label in labels)) == engines
