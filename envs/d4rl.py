@@ -82,7 +82,8 @@ def parse_provenance(text, where: str) -> dict:
         value = json_reader.parse(text, where)
         problem = None if isinstance(value, dict) else f"{where} must be a JSON object"
     except (TypeError, ValueError) as err:
-        problem = err if isinstance(err, json_reader.JSONError) else f"{where} is not JSON text (it holds {type(text).__name__})"
+        problem = (err if isinstance(err, json_reader.JSONError)
+                   else f"{where} is not JSON text (it holds {type(text).__name__})")
     if problem:
         raise DatasetError(f"{problem}; its provenance is damaged: regenerate it (python -m envs.collect)")
     return value
