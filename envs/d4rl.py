@@ -151,6 +151,8 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         raise DatasetNotFound(f"no D4RL file at {path}")
     if path.is_dir():
         raise DatasetError(f"{path} is a directory, expected a D4RL .hdf5 file")
+    if not path.is_file():  # opening a FIFO waits for a writer: forever
+        raise DatasetError(f"{path} is not a regular file (a FIFO, socket or device), expected a D4RL .hdf5 file")
     try:
         f = h5py.File(path, "r")
     except OSError as exc:

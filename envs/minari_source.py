@@ -129,6 +129,9 @@ def _check_layout(dataset_id: str, where: str) -> None:
     meta = local_metadata(dataset_id)[0]
     files = sorted((minari_root() / dataset_id / "data").glob("*.hdf5"))
     for f_path in files:
+        if not f_path.is_file():  # opening a FIFO waits for a writer: forever
+            raise DatasetError(f"{where}: {f_path.name} is not a regular file (a FIFO, socket, device or directory); "
+                               "delete the folder and download or regenerate it")
         try:
             with h5py.File(f_path, "r") as f:
                 arrays = []

@@ -377,3 +377,13 @@ def test_a_file_recording_a_simulator_primal_dt_cannot_run_is_refused_when_read(
         read_d4rl(path, "hopper-medium", "Hopper-v4")
     write_d4rl(path, toy, {"gym_id": "Hopper-v5"})  # the Minari simulator, which primal-dt runs
     assert read_d4rl(path, "hopper-medium", "Hopper-v4").gym_id == "Hopper-v5"
+
+
+def test_a_fifo_planted_in_place_of_the_file_is_refused_not_waited_on(tmp_path, run_code):
+    """Opening a FIFO for reading waits for a writer: a FIFO named like the dataset (planted in a shared datasets
+    folder) hung the run before its first line. It is refused as not a regular file (in a process of its own, so
+    that a reader that waits fails the test by its timeout instead of hanging it)."""
+    fifo = tmp_path / "hopper_medium-v2.hdf5"
+    os.mkfifo(fifo)
+    p = run_code(f"from envs.d4rl import read_d4rl\nread_d4rl({str(fifo)!r})", timeout=60)
+    assert f"DatasetError: {fifo} is not a regular file (a FIFO, socket or device)" in p.stderr, p.stderr[-2000:]

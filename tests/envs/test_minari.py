@@ -148,3 +148,14 @@ def test_damaged_episode_arrays_are_one_error_naming_the_dataset(data_dirs, dama
                   "actions of another width": np.zeros((n, 5), np.float32)}[damage]
     with pytest.raises(DatasetError, match=rf"minari.*mujoco/hopper/medium-v0.*{words}"):
         load_dataset("hopper-medium", source="minari", verbose=False)
+
+
+def test_a_fifo_in_place_of_an_episode_file_is_refused_not_waited_on(data_dirs, run_code):
+    """As a D4RL file: h5py opening a FIFO waits for a writer, forever (here in a process of its own, so that a
+    reader that waits fails the test by its timeout)."""
+    path = write_minari("mujoco/hopper/medium-v0", _episodes(lengths=(3,), ends=("term",)), "Hopper-v5")
+    (h5,) = (path / "data").glob("*.hdf5")
+    h5.unlink()
+    os.mkfifo(h5)
+    p = run_code("import envs\nenvs.load_dataset('hopper-medium', source='minari', verbose=False)", timeout=60)
+    assert f"{h5.name} is not a regular file (a FIFO, socket, device or directory)" in p.stderr, p.stderr[-2000:]
