@@ -213,17 +213,22 @@ def cached_export(path: Path) -> Path | None:
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
         return None
     made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"  # an upgrade exports again
-    key = f"{sha256_file(path)}-{''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)}"
-    graph, digest = d / f"{key}.onnx", d / f"{key}.onnx.sha256"
+    made_by = ''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)
+    entry = lambda sha: (d / f"{sha}-{made_by}.onnx", d / f"{sha}-{made_by}.onnx.sha256")  # noqa: E731
+    graph, digest = entry(sha256_file(path))
     try:
         if graph.is_file() and digest.read_text().strip() == sha256_file(graph):
             return graph
     except OSError:
         pass  # no digest (an export killed before it was written): export again
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=d))
+        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=d))
         try:
-            fresh = export_policy(path, "onnx", tmp / FORMATS["onnx"], overwrite=True)
+            # exported from a private copy and filed under the copy's hash: a checkpoint replaced between the hash
+            # and the export (by whoever can write its directory) is never filed under the replaced one's hash
+            own = Path(shutil.copyfile(path, tmp / path.name))
+            graph, digest = entry(sha256_file(own))
+            fresh = export_policy(own, "onnx", tmp / FORMATS["onnx"], overwrite=True)
             ck_io.write_atomic(digest, sha256_file(fresh) + "\n", "digest of a cached ONNX export")
             os.replace(fresh, graph)
         finally:

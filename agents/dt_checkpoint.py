@@ -17,6 +17,7 @@ import torch
 
 import envs
 from primal_dt.run import checkpoint as ck_io
+from primal_dt.run.json_reader import MAX_MAGNITUDE
 from primal_dt.run.options import check_size
 
 from . import stream_training
@@ -180,10 +181,13 @@ class _Fields:
         return v
 
     def number(self, v, field_: str, low: float = float("-inf"), strict: bool = False) -> float:
+        """Finite and at most ``MAX_MAGNITUDE`` in size: float32, in which acting computes, holds it."""
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         if not ok or v < low or (strict and v == low):
             raise self.bad(field_, f"a finite number {'>' if strict else '>='} {low:g}" if low > float("-inf")
                            else "a finite number", v)
+        if abs(v) > MAX_MAGNITUDE:
+            raise self.bad(field_, f"a number of at most {MAX_MAGNITUDE:g} in size", v)
         return float(v)
 
     def numbers(self, v, field_: str) -> tuple[float, ...]:
@@ -213,10 +217,17 @@ class _Fields:
         if mean.shape != (state_dim,) or std.shape != (state_dim,):
             raise ValueError(f"{self.where}: data.state_mean and data.state_std have {mean.size} and {std.size} entries "
                              f"but the model observes state_dim={state_dim}")
-        return DataInfo(env=self.text(g("env"), "data.env"), state_mean=mean, state_std=std,
+        env, gym_id = self.text(g("env"), "data.env"), self.text(g("gym_id"), "data.gym_id", none=True)
+        try:
+            simulators = envs.get_spec(env).simulators
+        except (KeyError, ValueError):  # an unknown name is refused, by name, where the simulator is built
+            simulators = (gym_id,)
+        if gym_id is not None and gym_id not in simulators:
+            raise self.bad("data.gym_id", f"the simulator of {env} ({' or '.join(simulators)})", gym_id)
+        return DataInfo(env=env, state_mean=mean, state_std=std,
                         reward_scale=self.number(g("reward_scale"), "data.reward_scale", low=0.0, strict=True),
                         targets=self.numbers(g("targets"), "data.targets"),
-                        gym_id=self.text(g("gym_id"), "data.gym_id", none=True),
+                        gym_id=gym_id,
                         source=self.text(g("source"), "data.source", empty=True),
                         fingerprint=self.text(g("fingerprint"), "data.fingerprint", empty=True),
                         held_out=self.counts(g("held_out"), "data.held_out"))
@@ -249,6 +260,11 @@ class _Fields:
         """A config asking for a network larger than the file's weights is refused before allocating it."""
         if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()):
             raise self.bad("model", "a state_dict (parameter name -> tensor)", v)
+        # training never takes a step that diverged, so NaN or inf in a weight is damage (it would act NaN)
+        bad = next((k for k, t in v.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
+        if bad is not None:
+            raise ValueError(f"{self.where}: weight {bad} holds NaN or inf values, which training never saves; the "
+                             "file is damaged: use another checkpoint")
         layers = len(mc.layer_names()) or mc.n_layers
         want = layers * mc.d_model ** 2 * (4 + 2 * mc.mlp_ratio) + mc.max_timestep * mc.d_model
         held = sum(t.numel() for t in v.values())
@@ -275,8 +291,8 @@ class _Fields:
             raise self.bad("scheduler", "a scheduler state_dict (with last_epoch)", sched)
         if not (isinstance(rng, list) and rng and all(_rng_state(r) for r in rng)):
             raise self.bad("rng", "a list of random-stream states (torch, numpy, sampler) per process", rng)
-        if not _integer(step, 0):
-            raise self.bad("step", "an integer >= 0", step)
+        if not (_integer(step, 0) and step <= MAX_MAGNITUDE):
+            raise self.bad("step", f"an integer >= 0 and at most {MAX_MAGNITUDE:g}", step)
         history = d.get("history", {})
         if not (isinstance(history, dict) and all(isinstance(k, str) and _curve(c) for k, c in history.items())):
             raise self.bad("history", "a mapping of tag -> [(step, value), ...]", history)

@@ -36,6 +36,8 @@ _DTYPES = {"float32": np.float32, "float64": np.float64, "int64": np.int64, "boo
 DISABLED_FUSIONS = ["SkipLayerNormFusion"]
 """onnxruntime fusions turned off: its CPU SkipLayerNormalization (a residual Add fused into the LayerNorm
 after it) is slower than the two operators at a stream step's few tokens per row (eval/bench/inference.py)"""
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+"""a target beyond it is inf once in the float32 the graphs compute in (actions NaN at the first step)"""
 _ONNX_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "int64": "tensor(int64)", "bool": "tensor(bool)"}
 
 
@@ -60,8 +62,8 @@ def check_metadata(meta: dict, where: str) -> None:
     def integer(v, low: int) -> bool:
         return isinstance(v, int) and not isinstance(v, bool) and v >= low
 
-    def finite(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and bool(np.isfinite(v))
+    def finite(v) -> bool:  # in float32, as the runtime passes it to the graph
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= FLOAT32_MAX
 
     if meta.get("format") != FORMAT:
         raise ValueError(f"{where} is not a primal-dt stream policy (its metadata says format "
@@ -147,9 +149,9 @@ class Policy:
         arr = np.asarray(self.default_target if target is None else target, dtype=np.float64).reshape(-1)
         if arr.size == 1:
             arr = np.full(n, arr[0])
-        if arr.size != n or not np.isfinite(arr).all():
-            raise ValueError(f"target must be a finite number or {n} finite numbers (one per restarted row), got "
-                             f"{target!r}")
+        if arr.size != n or not (np.abs(arr) <= FLOAT32_MAX).all():  # (NaN fails it too)
+            raise ValueError(f"target must be a finite number or {n} finite numbers (one per restarted row; float32: "
+                             f"at most {FLOAT32_MAX:.3g} in size), got {target!r}")
         return arr
 
     def reset(self, batch: int, target=None) -> None:

@@ -320,9 +320,16 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         with contextlib.suppress(WriteError):  # the disk may refuse the rest of the log too
             mon.close()
         raise
-    settle()
-    final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
-    val = validate(run, mon, final=True) if run.validation is not None else None
+    try:  # the last checkpoint is written: an interrupt here loses only the final evaluation, which a resume repeats
+        settle()
+        final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
+        val = validate(run, mon, final=True) if run.validation is not None else None
+    except KeyboardInterrupt as err:
+        why = f" by {err.args[0]}" if err.args else ""
+        mon.print(f"interrupted{why} during the final evaluation at step {run.step}; {kept(run)}; evaluate it with: "
+                  f"python -m primal_dt.train resume={run.out}")
+        mon.close()
+        raise
     d.barrier()
     summary = finish(run, mon, final, val)
     distributed.check_replicas(run.model, d)
@@ -493,6 +500,11 @@ def restore(run: Run, ck: DTCheckpoint) -> None:
     try:  # the schema checked each part's form; whether it fits this model shows only here
         run.model.load_state_dict(ck.model)
         run.opt.load_state_dict(t.optimizer)
+        for param, state in run.opt.state.items():  # load_state_dict takes any shapes; the first step would not
+            for name, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() and value.shape != param.shape:
+                    raise ValueError(f"optimizer state {name} has shape {tuple(value.shape)}, but its parameter "
+                                     f"{tuple(param.shape)}")
         run.sched.load_state_dict(t.scheduler)
         mine = t.rng[rank] if len(t.rng) == run.dist.world else t.rng[0]
         torch.set_rng_state(mine["torch"])

@@ -82,7 +82,8 @@ def parse_provenance(text, where: str) -> dict:
         value = json_reader.parse(text, where)
         problem = None if isinstance(value, dict) else f"{where} must be a JSON object"
     except (TypeError, ValueError) as err:
-        problem = str(err)
+        problem = (err if isinstance(err, json_reader.JSONError)
+                   else f"{where} is not JSON text (it holds {type(text).__name__})")
     if problem:
         raise DatasetError(f"{problem}; its provenance is damaged: regenerate it (python -m envs.collect)")
     return value
@@ -150,6 +151,8 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         raise DatasetNotFound(f"no D4RL file at {path}")
     if path.is_dir():
         raise DatasetError(f"{path} is a directory, expected a D4RL .hdf5 file")
+    if not path.is_file():  # opening a FIFO waits for a writer: forever
+        raise DatasetError(f"{path} is not a regular file (a FIFO, socket or device), expected a D4RL .hdf5 file")
     try:
         f = h5py.File(path, "r")
     except OSError as exc:
@@ -164,10 +167,16 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
             raise DatasetError(f"{path}: missing key(s) {missing}; a D4RL Gym-MuJoCo file has "
                                f"{list(REQUIRED_KEYS) + ['timeouts']} (found {sorted(f.keys())})")
         keys = REQUIRED_KEYS + (("timeouts",) if "timeouts" in f else ())
-        check_declared_sizes([f[k] for k in keys if hasattr(f[k], "shape")], path)
+        try:  # a name may be a link to another file that is not there, or a link to itself
+            entries = [f[k] for k in keys]
+            provenance = parse_provenance(f.attrs.get(PROVENANCE_ATTR, "{}"), f"{path} attribute {PROVENANCE_ATTR}")
+            recorded = recorded_env(f, provenance)
+        except (KeyError, RuntimeError, OSError) as exc:
+            raise DatasetError(f"{path}: an entry of the file cannot be opened ({exc}); it links to another file or "
+                               "to itself, which a D4RL dataset never does. The file is corrupt or not a D4RL "
+                               "dataset; regenerate or re-download it.") from exc
+        check_declared_sizes([e for e in entries if hasattr(e, "shape")], path)
         data = {k: _read_array(f, k, path) for k in keys}
-        provenance = parse_provenance(f.attrs.get(PROVENANCE_ATTR, "{}"), f"{path} attribute {PROVENANCE_ATTR}")
-        recorded = recorded_env(f, provenance)
     lens = {k: len(v) for k, v in data.items()}
     if len(set(lens.values())) != 1:
         raise DatasetError(f"{path}: arrays differ in length {lens}; the file was truncated while being written. "

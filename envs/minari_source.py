@@ -98,7 +98,7 @@ def read_minari(dataset_id: str, name: str | None = None, gym_id: str | None = N
         raise DatasetError(f"{where}: observations of type {ds.observation_space} are not flat arrays")
     try:
         raw = list(ds.iterate_episodes())
-    except (OSError, KeyError, ValueError) as exc:
+    except (OSError, KeyError, ValueError, RuntimeError) as exc:  # RuntimeError: h5py's, for a link to itself
         raise DatasetError(f"{where}: episodes cannot be read ({exc}); the files are corrupt") from exc
     for ep in raw:
         if len(ep.rewards) > limit:
@@ -129,6 +129,9 @@ def _check_layout(dataset_id: str, where: str) -> None:
     meta = local_metadata(dataset_id)[0]
     files = sorted((minari_root() / dataset_id / "data").glob("*.hdf5"))
     for f_path in files:
+        if not f_path.is_file():  # opening a FIFO waits for a writer: forever
+            raise DatasetError(f"{where}: {f_path.name} is not a regular file (a FIFO, socket, device or directory); "
+                               "delete the folder and download or regenerate it")
         try:
             with h5py.File(f_path, "r") as f:
                 arrays = []

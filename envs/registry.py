@@ -70,6 +70,13 @@ class EnvSpec:
     ref_source: str = D4RL_REFERENCE  # where ref_min / ref_max come from
 
     @property
+    def simulators(self) -> tuple[str, str]:
+        """The simulator ids its data may record: those primal-dt runs (a file naming another is refused when read,
+        not when its first evaluation builds the simulator)."""
+        sim = FAMILIES[self.family].sim
+        return f"{sim}-v4", f"{sim}-v5"
+
+    @property
     def is_minari_id(self) -> bool:
         """The name is a Minari dataset id: Minari is its only source."""
         return "/" in self.name

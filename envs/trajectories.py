@@ -72,6 +72,11 @@ class Trajectories:
                                f"{int(np.argmax(big))}), far beyond any simulator's reward per step. {CORRUPT}")
         if self.name is not None and self.gym_id is not None:
             spec = get_spec(self.name)
+            if self.gym_id not in spec.simulators:
+                raise DatasetError(
+                    f"{where}: records simulator {self.gym_id!r}, which primal-dt cannot run; {spec.name}'s data comes "
+                    f"from {' or '.join(spec.simulators)}. The file's provenance is damaged or it was recorded "
+                    "elsewhere; regenerate it (python -m envs.collect) or use another file")
             want = spec.minari_obs_dim if self.gym_id == spec.minari_gym_id else spec.obs_dim, spec.act_dim
             if (self.observations.shape[1], self.actions.shape[1]) != want:
                 raise DatasetError(
@@ -170,10 +175,15 @@ class Trajectories:
         if not episodes:
             raise DatasetError(f"{kw.get('source', 'memory')}: the dataset holds no episode")
         lengths = np.array([len(ep["rewards"]) for ep in episodes], dtype=np.int64)
-        return cls(observations=np.concatenate([np.asarray(ep["observations"], np.float32) for ep in episodes]),
-                   actions=np.concatenate([np.asarray(ep["actions"], np.float32) for ep in episodes]),
-                   rewards=np.concatenate([np.asarray(ep["rewards"], np.float32).reshape(-1) for ep in episodes]),
-                   starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths=lengths,
+        try:  # (a file's episodes may hold text, or arrays of another width than the others)
+            arrays = {"observations": np.concatenate([np.asarray(ep["observations"], np.float32) for ep in episodes]),
+                      "actions": np.concatenate([np.asarray(ep["actions"], np.float32) for ep in episodes]),
+                      "rewards": np.concatenate([np.asarray(ep["rewards"], np.float32).reshape(-1) for ep in episodes])}
+        except (TypeError, ValueError) as err:
+            raise DatasetError(f"{kw.get('source', 'memory')}: its episodes' observations, actions and rewards are not "
+                               f"numbers of one width in every episode ({err}). The files are corrupt; regenerate or "
+                               "re-download them") from None
+        return cls(**arrays, starts=np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths=lengths,
                    terminal=np.array([bool(ep["terminal"]) for ep in episodes]), **kw)
 
     @classmethod

@@ -125,15 +125,19 @@ def engine_label(f) -> str:
 
 
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
-    """The rollout reports of ``run``'s final checkpoint, each as a run scored by its engine, and a note
-    for each report left out."""
-    out, notes = [], []
-    for p in sorted(run.path.glob("rollout-*.json")):
+    """The rollout reports of ``run``'s final checkpoint, each as a run scored by its engine (and capped at its
+    own ``max_steps``), and a note for each report left out. One report per engine: evaluations of one checkpoint
+    are not seeds, so a second one is left out rather than averaged with the first as if it were another run."""
+    out, kept, notes = [], {}, []
+    # newest first: the report that stands for its engine is the latest one written
+    for p in sorted(run.path.glob("rollout-*.json"), key=lambda p: (-_mtime(p), p.name)):
         try:
             rep = json_reader.read(p, nonfinite=True)  # NaN scores are flagged (nonfinite), not averaged
-            engine, targets = rep["engine"], rep["targets"]
+            engine, targets, cap = rep["engine"], rep["targets"], rep["max_steps"]
             if engine not in train_config.ENGINES or not isinstance(targets, dict):
                 raise ValueError("no engine or targets")
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise ValueError(f"max_steps {cap!r} is not an integer >= 0")
             if rep.get("train_step") != run.steps:
                 notes.append(f"{p}: not the final checkpoint's evaluation, left out")
                 continue
@@ -148,8 +152,21 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
         if label == run.engine:
             notes.append(f"{p}: the run's own final evaluation is by this engine, left out")
             continue
-        out.append(dataclasses.replace(run, final=final, curves={}, engine=label))
+        if label in kept:
+            notes.append(f"{p}: an earlier evaluation by {label} of the final checkpoint than {kept[label]}, left out "
+                         "(evaluations of one run are not seeds)")
+            continue
+        kept[label] = p
+        config = {**run.config, "eval": {**(run.config.get("eval") or {}), "max_steps": cap}}
+        out.append(dataclasses.replace(run, final=final, curves={}, engine=label, config=config))
     return out, notes
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:  # gone meanwhile: its reading says so
+        return 0.0
 
 
 def load_run(d: Path) -> Run:
@@ -159,6 +176,10 @@ def load_run(d: Path) -> Run:
         raise ValueError(f"{d}: the run finished without a final evaluation (eval.final_episodes=0); "
                          "nothing to report")
     ck = dt_checkpoint.load(d)
+    if ck.step != summary["steps"]:  # a summary is the final checkpoint's only until the run is resumed
+        raise ValueError(f"{d}: its checkpoint is at step {ck.step} but its summary.json at step {summary['steps']}: "
+                         "the run was resumed after it finished and has not finished again; resume it to its end "
+                         f"(python -m primal_dt.train resume={d}), then report it")
     history = ck.training.history if ck.training else {}
     curves = {tag.rsplit("/", 1)[1]: sorted((int(s), float(v)) for s, v in pts if math.isfinite(v))
               for tag, pts in history.items() if tag.startswith("eval/normalized/")}
@@ -315,8 +336,8 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
                 if not steps:
                     continue
                 n = len(g.runs)
-                line, = ax.plot(steps, mean, marker="o", ms=3, lw=2,
-                                label=f"{g.model}, {g.data} data, {n} seed{'s' * (n > 1)}")
+                line, = ax.plot(steps, mean, marker="o", ms=3, lw=2,  # the engine: as in the tables, never unnamed
+                                label=f"{g.model}, {g.engine}, {g.data} data, {n} seed{'s' * (n > 1)}")
                 ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
                                 color=line.get_color(), alpha=0.2, lw=0)
             levels = {(g.data, g.runs[0].data_level) for g in groups if g.env == env and g.runs[0].data_level is not None}

@@ -135,9 +135,11 @@ def dt_checkpoint(hopper_stats):
     from agents.dt_checkpoint import DataInfo, DTCheckpoint
 
     def make(model, targets=(3600.0, 1800.0), reward_scale=1000.0, env=ENV, source="test", training=None):
+        import envs
+
         mean, std = hopper_stats
         data = DataInfo(env=env, state_mean=mean, state_std=std, reward_scale=reward_scale, targets=targets,
-                        gym_id=_spec().gym_id, source=source)
+                        gym_id=envs.get_spec(env).gym_id, source=source)
         return DTCheckpoint(model_config=model.cfg, model=model.state_dict(), data=data,
                             config={"env": env, "K": model.cfg.K}, training=training)
 

@@ -59,11 +59,18 @@ def parse(text: str | bytes, where: str, nonfinite: bool = False) -> Any:
     if depth > MAX_DEPTH:
         raise JSONError(f"{where} nests {depth} levels deep, more than the {MAX_DEPTH} any primal-dt file has")
     try:
-        return json.loads(text, parse_int=lambda s: _number(int(s) if len(s) <= 20 else math.inf, s, where),
-                          parse_float=lambda s: _number(float(s), s, where),
-                          parse_constant=lambda s: float(s) if nonfinite else _number(math.nan, s, where))
+        value = json.loads(text, parse_int=lambda s: _number(int(s) if len(s) <= 20 else math.inf, s, where),
+                           parse_float=lambda s: _number(float(s), s, where),
+                           parse_constant=lambda s: float(s) if nonfinite else _number(math.nan, s, where))
     except json.JSONDecodeError as err:
         raise JSONError(f"{where} is not valid JSON ({err})") from None
+    try:  # "\ud800" is valid JSON but no text: printed or written, it fails far from here, the file unnamed
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        code = ord(err.object[err.start])
+        raise JSONError(f"{where} holds a string that is not text (the lone surrogate \\u{code:04x}); the file is "
+                        "damaged or not one primal-dt wrote") from None
+    return value
 
 
 def _number(value: float, text: str, where: str) -> float:

@@ -213,12 +213,25 @@ def test_a_malformed_field_is_one_error_naming_the_field(trained_dict):
     (("model_config", "d_model"), 10**9, "d_model=1000000000"),
     (("model_config", "n_layers"), 10**6, "1000000 layers"),
     (("model_config", "max_timestep"), 10**12, "holds"),
+    (("step",), 10**30, "step must be an integer >= 0 and at most 1e+15"),  # TensorBoard's int64 refused it late
+    (("data", "targets"), [1e300], "data.targets must be a number of at most 1e+15 in size"),  # inf in float32
+    (("data", "gym_id"), "Hopper-v99", "data.gym_id must be the simulator of hopper-medium (Hopper-v4 or Hopper-v5)"),
 ])
 def test_each_malformed_field_is_named(trained_dict, path, value, words):
     """The fields the issue found ending in tracebacks (or, for sizes, in the allocator) are refused by name,
     before any network is built."""
     with pytest.raises(ValueError, match=re.escape(words)):
         schema.DTCheckpoint.from_dict(_with(trained_dict, path, value), where="checkpoint x.pt")
+
+
+def test_a_weight_holding_nan_is_refused_by_name(trained_dict):
+    """Training never saves a step that diverged, so a NaN weight is damage: refused when read, not a
+    FloatingPointError traceback at the first action."""
+    d = _with(trained_dict, ("model",), dict(trained_dict["model"]))
+    key = next(k for k, t in d["model"].items() if t.is_floating_point())
+    d["model"][key] = torch.full_like(d["model"][key], float("nan"))
+    with pytest.raises(ValueError, match=rf"checkpoint x.pt: weight {re.escape(key)} holds NaN or inf values"):
+        schema.DTCheckpoint.from_dict(d, where="checkpoint x.pt")
 
 
 def test_a_malformed_checkpoint_is_one_error_line_in_a_command(tmp_path, tiny_dt, dt_checkpoint, run_cli,

@@ -565,6 +565,30 @@ def test_a_planted_policy_file_is_never_what_acts(trained, tmp_path, cache):
     assert graph.read_bytes() != before
 
 
+def test_a_checkpoint_replaced_while_it_is_exported_never_files_its_graph_under_the_replaced_ones_hash(
+        trained, tmp_path, cache, monkeypatch):
+    """Whoever can write the run directory swaps the checkpoint after its hash is taken and back after the export
+    read it: the cache entry named by the real checkpoint's hash must still be the real checkpoint's graph (before,
+    the export read the swapped file, and every later load of the real checkpoint acted as the other one)."""
+    import agents.agent as agent_module
+
+    ck = run_copy(trained, "dt", tmp_path / "run")
+    real, other = ck.read_bytes(), (Path(trained["primal+dt"]) / "last.pt").read_bytes()
+    export = agent_module.export_policy
+
+    def swapped_during_export(*args, **kw):
+        ck.write_bytes(other)
+        try:
+            return export(*args, **kw)
+        finally:
+            ck.write_bytes(real)
+
+    monkeypatch.setattr(agent_module, "export_policy", swapped_during_export)
+    graph = agent_module.cached_export(ck)
+    assert graph is not None and graph.name.startswith(hashlib.sha256(real).hexdigest())
+    assert_same_actions(play([load_agent(ck, runtime="torch"), OnnxPolicy(graph)], batch=2, steps=15), names=("onnx",))
+
+
 @pytest.mark.slow
 def test_a_read_only_run_leaves_no_temporary_export_behind(trained, tmp_path, cache, monkeypatch):
     """Exports go to the cache, or, when there is none (the cache path is a file), to a temporary directory that

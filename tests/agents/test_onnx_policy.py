@@ -213,6 +213,8 @@ def test_misuse_is_a_clear_error(runtime, exported):
         p.reset(0)
     with pytest.raises(ValueError, match="target must be a finite number or 2 finite numbers"):
         p.reset(2, target=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match=r"target must be a finite number .*float32: at most 3.4e\+38"):
+        p.reset(2, target=1e300)  # finite in float64, inf in the float32 every runtime acts in: NaN actions
     p.reset(2)
     with pytest.raises(ValueError, match=r"reward must have shape \[batch=2\], got \(3,\)"):
         p.act(np.zeros((2, 11)), np.zeros(3))
@@ -265,6 +267,7 @@ def edit(**fields):
     (edit(reward_scale=0), r"field reward_scale must be a finite number > 0, got 0"),
     (edit(targets="abc"), r'field targets must be a non-empty list of finite numbers, got "abc"'),
     (edit(targets=[]), r"field targets must be a non-empty list"),
+    (edit(targets=[1e300]), r"field targets must be a non-empty list of finite numbers, got \[1e\+300\]"),
     (edit(obs_dim=17), r"graph input observation is tensor\(float\) \['batch', 11\], but the metadata says "
                        r"tensor\(float\) \[batch, 17\]"),
     (edit(act_dim=2), r"graph output action is .* the metadata says tensor\(float\) \[batch, 2\]"),

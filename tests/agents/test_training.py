@@ -130,6 +130,20 @@ def test_a_resume_whose_random_state_is_truncated_is_one_error_naming_the_file(h
     assert path.read_bytes() == before
 
 
+def test_a_resume_whose_optimizer_moments_are_mis_shaped_is_one_error_naming_the_file(hopper_file, tmp_path):
+    """Adam's moments of another shape load without complaint (``load_state_dict`` checks no shape) and broke the
+    first step with torch's traceback; they are refused at the resume, naming the file."""
+    s = train(args(hopper_file, tmp_path, "steps=2", *QUIET))
+    path = Path(s["run_dir"]) / "last.pt"
+    raw = torch.load(path, weights_only=True)
+    moments = raw["optimizer"]["state"][0]
+    moments["exp_avg"] = torch.zeros(3)
+    torch.save(raw, path)
+    with pytest.raises(SetupError, match=rf"^checkpoint {re.escape(str(path))}: its training state does not fit the "
+                                         r"run it describes \(ValueError: optimizer state exp_avg has shape \(3,\)"):
+        train([f"resume={s['run_dir']}", "steps=4"])
+
+
 def test_amp_bf16_trains_says_so_and_stays_the_runs_precision_on_resume(hopper_file, tmp_path, capsys):
     s = train(args(hopper_file, tmp_path, "steps=4", "amp=bf16", *QUIET))
     assert "training step eager (compile=auto) in bf16 autocast" in capsys.readouterr().out

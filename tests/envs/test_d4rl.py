@@ -199,7 +199,8 @@ def test_values_of_the_wrong_kind_or_shape(tmp_path, write_h5, toy, key, value, 
 
 
 @pytest.mark.parametrize("text, problem", [("{not json", "is not valid JSON"), ("[1, 2]", "must be a JSON object"),
-                                           ("[" * 5000 + "]" * 5000, "levels deep")])
+                                           ("[" * 5000 + "]" * 5000, "levels deep"),
+                                           (np.arange(3), "is not JSON text")])
 def test_a_damaged_provenance_is_one_error_naming_the_file(tmp_path, write_h5, toy, text, problem):
     """envs.collect's provenance attribute is read bounded and checked (D4RL files and Minari metadata share
     the reader): damaged, it is one DatasetError naming the file, never a traceback or a silent {}."""
@@ -348,3 +349,41 @@ def test_episodes_longer_than_the_tasks_limit_are_an_error_naming_the_file(tmp_p
         read_d4rl(tail, "hopper-medium", "Hopper-v4")
     with pytest.raises(DatasetError, match="lost.hdf5: episode 0"):  # through the loader, with the registry's limit
         load_dataset("hopper-medium", source=f"d4rl:{path}", verbose=False)
+
+
+@pytest.mark.parametrize("link", ["external rewards", "looping rewards", "looping metadata", "external metadata entry"])
+def test_a_link_to_a_missing_file_or_to_itself_is_one_error_naming_the_file(tmp_path, write_h5, toy, link):
+    """HDF5 names may be links: to an absent file, or to themselves. D4RL files hold none; such a file was h5py's
+    KeyError / RuntimeError traceback, now one DatasetError naming it."""
+    path = write_h5(tmp_path / "l.hdf5", **toy)
+    with h5py.File(path, "a") as f:
+        if link.endswith("rewards"):
+            del f["rewards"]
+        f[{"external rewards": "rewards", "looping rewards": "rewards", "looping metadata": "metadata",
+           "external metadata entry": "metadata/env_name"}[link]] = (
+            h5py.ExternalLink(str(tmp_path / "absent.h5"), "/r") if link.startswith("external")
+            else h5py.SoftLink("/" + link.split()[1]))
+    with pytest.raises(DatasetError, match=rf"^{path}: an entry of the file cannot be opened .* links to another "
+                                           "file or to itself"):
+        read_d4rl(path, "hopper-medium", "Hopper-v4")
+
+
+def test_a_file_recording_a_simulator_primal_dt_cannot_run_is_refused_when_read(tmp_path, toy):
+    """A provenance naming Hopper-v99 passed every check and trained until the first evaluation built the simulator
+    (gymnasium's traceback, and no checkpoint yet): the recorded simulator is checked when the data is read."""
+    path = write_d4rl(tmp_path / "v.hdf5", toy, {"gym_id": "Hopper-v99"})
+    with pytest.raises(DatasetError, match=r"records simulator 'Hopper-v99', which primal-dt cannot run; "
+                                           r"hopper-medium's data comes from Hopper-v4 or Hopper-v5"):
+        read_d4rl(path, "hopper-medium", "Hopper-v4")
+    write_d4rl(path, toy, {"gym_id": "Hopper-v5"})  # the Minari simulator, which primal-dt runs
+    assert read_d4rl(path, "hopper-medium", "Hopper-v4").gym_id == "Hopper-v5"
+
+
+def test_a_fifo_planted_in_place_of_the_file_is_refused_not_waited_on(tmp_path, run_code):
+    """Opening a FIFO for reading waits for a writer: a FIFO named like the dataset (planted in a shared datasets
+    folder) hung the run before its first line. It is refused as not a regular file (in a process of its own, so
+    that a reader that waits fails the test by its timeout instead of hanging it)."""
+    fifo = tmp_path / "hopper_medium-v2.hdf5"
+    os.mkfifo(fifo)
+    p = run_code(f"from envs.d4rl import read_d4rl\nread_d4rl({str(fifo)!r})", timeout=60)
+    assert f"DatasetError: {fifo} is not a regular file (a FIFO, socket or device)" in p.stderr, p.stderr[-2000:]

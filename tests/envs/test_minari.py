@@ -126,3 +126,36 @@ def test_unknown_or_unavailable_minari_ids_are_clear_errors(data_dirs):
     assert str(minari_root()) in msg and "PRIMAL_DT_OFFLINE" in msg
     with pytest.raises(DatasetError, match="names a Minari dataset; data_source=replica cannot find it"):
         load_dataset("mujoco/hopper/medium-v0", source="replica", verbose=False)
+
+
+@pytest.mark.parametrize("damage, words", [
+    ("rewards link to itself", r"episodes cannot be read \(Special link traversal failed"),
+    ("rewards as text", r"observations, actions and rewards are not numbers of one width in every episode"),
+    ("actions of another width", r"observations, actions and rewards are not numbers of one width in every episode"),
+])
+def test_damaged_episode_arrays_are_one_error_naming_the_dataset(data_dirs, damage, words):
+    """An episode group whose rewards link to themselves (h5py's RuntimeError), hold text or whose actions are of
+    another width than the other episodes' (numpy's ValueError, without the dataset's name) was a traceback or a
+    bare numpy message; it is one DatasetError naming the dataset."""
+    import h5py
+
+    path = write_minari("mujoco/hopper/medium-v0", _episodes(lengths=(3, 2), ends=("term", "trunc")), "Hopper-v5")
+    with h5py.File(next((path / "data").glob("*.hdf5")), "a") as f:
+        key = "episode_0/actions" if damage.startswith("actions") else "episode_0/rewards"
+        n = len(f["episode_0/rewards"])
+        del f[key]
+        f[key] = {"rewards link to itself": h5py.SoftLink("/" + key), "rewards as text": np.array([b"a"] * n),
+                  "actions of another width": np.zeros((n, 5), np.float32)}[damage]
+    with pytest.raises(DatasetError, match=rf"minari.*mujoco/hopper/medium-v0.*{words}"):
+        load_dataset("hopper-medium", source="minari", verbose=False)
+
+
+def test_a_fifo_in_place_of_an_episode_file_is_refused_not_waited_on(data_dirs, run_code):
+    """As a D4RL file: h5py opening a FIFO waits for a writer, forever (here in a process of its own, so that a
+    reader that waits fails the test by its timeout)."""
+    path = write_minari("mujoco/hopper/medium-v0", _episodes(lengths=(3,), ends=("term",)), "Hopper-v5")
+    (h5,) = (path / "data").glob("*.hdf5")
+    h5.unlink()
+    os.mkfifo(h5)
+    p = run_code("import envs\nenvs.load_dataset('hopper-medium', source='minari', verbose=False)", timeout=60)
+    assert f"{h5.name} is not a regular file (a FIFO, socket, device or directory)" in p.stderr, p.stderr[-2000:]

@@ -442,3 +442,67 @@ def test_the_engine_column_keeps_every_policy_apart_and_names_the_window():
               [("recompute", 0), ("recompute", 10), ("stream", 0), ("stream", 10), ("stream", 4)]]
     assert labels == ["recompute", "recompute", "stream (not trained)", "stream (exact, window 10)",
                       "stream (exact, window 4)"]
+
+
+def _rollout_report(run_dir: Path, name: str, engine: str, score: float, max_steps: int, step: int, age: int):
+    """A rollout report as eval.rollout writes it (the fields eval.report reads), ``age`` seconds old."""
+    path = run_dir / name
+    path.write_text(json.dumps({"engine": engine, "train_step": step, "max_steps": max_steps, "episodes_per_target": 2,
+                                "targets": {"3600": {"normalized_mean": score}}}))
+    t = path.stat().st_mtime - age
+    os.utime(path, (t, t))
+
+
+def test_two_rollouts_of_one_checkpoint_are_not_two_seeds_and_each_is_capped_at_its_own_max_steps(runs, tmp_path):
+    """A second rollout-stream-2.json of the same checkpoint is one run evaluated twice: the newest stands for
+    the engine, the other is named and left out (averaged, it made a "2 seeds" row with a confidence interval);
+    a rollout's cap note is its own max_steps, not the training's eval.max_steps."""
+    _, summaries, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(summaries[("dt", 0)]["run_dir"], run)
+    steps = json.loads((run / "summary.json").read_text())["steps"]
+    _rollout_report(run, "rollout-recompute.json", "recompute", 10.0, 1000, steps, age=100)
+    _rollout_report(run, "rollout-recompute-2.json", "recompute", 30.0, 7, steps, age=0)
+    res = report.report([str(run)], tmp_path / "rep")
+    rows = [r for r in res["rows"]["target3600"] if r["engine"] == "recompute"]
+    assert [(r["seeds"], r["mean"]) for r in rows] == [(1, 30.0)]
+    assert any("rollout-recompute.json: an earlier evaluation by recompute" in n and "not seeds" in n
+               for n in res["notes"])
+    assert any("(recompute): evaluation episodes capped at 7 steps" in n for n in res["notes"])
+
+
+def test_a_run_resumed_after_its_summary_is_left_out_not_reported_with_its_old_scores(runs, tmp_path):
+    """A finished run resumed for more steps and stopped holds a checkpoint past its summary: its summary's scores
+    are not the checkpoint's (nor its config's step budget), so the run is named as unfinished and left out."""
+    import torch
+
+    _, summaries, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(summaries[("dt", 0)]["run_dir"], run)
+    ck = torch.load(run / "last.pt", weights_only=True)
+    ck["step"] += 5
+    torch.save(ck, run / "last.pt")
+    shutil.copytree(summaries[("dt", 1)]["run_dir"], tmp_path / "other")
+    res = report.report([str(run), str(tmp_path / "other")], tmp_path / "rep")
+    assert res["runs"] == 1 and len(res["skipped"]) == 1
+    assert f"its checkpoint is at step {ck['step']} but its summary.json at step {ck['step'] - 5}" in res["skipped"][0]
+    assert f"resume={run}" in res["skipped"][0]
+
+
+def test_learning_curves_of_two_engines_are_told_apart_in_the_legend(runs, tmp_path, monkeypatch):
+    """Runs alike but for eval.engine (a run-time option) are two groups, one per engine; their curves were drawn
+    side by side under the same legend entry ("dt, replica data, 1 seed" twice)."""
+    _, summaries, _ = runs
+    for name in ("a", "b"):
+        shutil.copytree(summaries[("dt", 0)]["run_dir"], tmp_path / name)
+    summary = json.loads((tmp_path / "b" / "summary.json").read_text())
+    (tmp_path / "b" / "summary.json").write_text(json.dumps({**summary, "engine": "recompute"}))
+    figures = {}
+    real = report.save_figure
+    monkeypatch.setattr(report, "save_figure", lambda fig, path, what: figures.setdefault(Path(path).name, fig) and
+                        real(fig, path, what))
+    res = report.report([str(tmp_path / "a"), str(tmp_path / "b")], tmp_path / "rep")
+    engines = sorted(r["engine"] for r in res["rows"]["target3600"])
+    assert len(engines) == 2 and "recompute" in engines
+    labels = [t.get_text() for t in figures["curves.png"].axes[0].get_legend().get_texts()]
+    assert sorted(e for e in engines if any(f", {e}, " in label for label in labels)) == engines

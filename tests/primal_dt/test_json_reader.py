@@ -65,6 +65,9 @@ def test_size_nesting_and_encoding_are_bounded(tmp_path):
         json_reader.parse(b'{"a": "\xff"}', "x")
     with pytest.raises(JSONError, match="x is not valid JSON"):
         json_reader.parse('{"a": ', "x")
+    with pytest.raises(JSONError, match=r"x holds a string that is not text \(the lone surrogate \\ud800\)"):
+        json_reader.parse('{"model": "\\ud800"}', "x")  # valid JSON; printed or written: UnicodeEncodeError
+    assert json_reader.parse('["\\ud83d\\ude00"]', "x") == ["\U0001F600"]  # a pair is one character
 
 
 @pytest.mark.parametrize("number", ["1" + "0" * 400, "1e308", "1e400", "-1e16", "NaN", "Infinity", "-Infinity"])
