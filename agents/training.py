@@ -691,6 +691,8 @@ def check_summary(summary, where: str) -> dict:
             raise ValueError(f"{where}: no {key!r}; this is not a summary that training wrote")
         if not isinstance(summary[key], kind) or isinstance(summary[key], bool) or summary[key] == "":
             raise bad(key, "an integer" if kind is int else "a non-empty string", summary[key])
+    if summary.get("engine", train_config.ENGINES[0]) not in train_config.ENGINES:  # labels the report's rows
+        raise bad("engine", f"one of {', '.join(train_config.ENGINES)}", summary["engine"])
     if summary["steps"] < 0 or summary["seed"] < 0:
         raise ValueError(f"{where}: steps and seed must be >= 0, got {summary['steps']} and {summary['seed']}")
     final = summary.get("final")

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agents import train_config
 from envs import sources
 from eval import report
 from primal_dt.train import run as train
@@ -300,7 +301,7 @@ def test_nan_and_inf_scores_are_flagged_not_averaged(runs, tmp_path):
 SCALARS = st.none() | st.booleans() | st.integers(-5, 10**9) | st.floats(allow_nan=True) | st.text(max_size=5)
 JSON = st.recursive(SCALARS, lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=12), c, max_size=3),
                     max_leaves=8)
-FIELDS = ["env", "model", "seed", "steps", "final", "validation"]
+FIELDS = ["env", "model", "seed", "steps", "final", "validation", "engine"]
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -327,6 +328,7 @@ def test_any_summary_is_reported_or_is_one_named_error(runs, tmp_path_factory, e
     for scores_ in r.final.values():
         assert isinstance(scores_["normalized_mean"], (int, float)) and not isinstance(scores_["normalized_mean"], bool)
     assert r.val_mse is None or isinstance(r.val_mse, float)
+    assert r.engine.split(" ")[0] in train_config.ENGINES  # a row is labelled by an engine there is
     report.score_rows(report.group_runs([r])[0], "target3600")  # numbers, or left out when NaN/inf
 
 
