@@ -81,9 +81,12 @@ def _locked_temp(path: Path) -> tuple[int, str]:
 
 def _mode(path: Path) -> int:
     """An existing file's permissions, else what a new file gets: ``0o666`` less the umask, read from /proc
-    (``os.umask`` reads it only by changing it: a race with threads)."""
+    (``os.umask`` reads it only by changing it: a race with threads). A symlink is replaced like a missing file:
+    its target's permissions belong to whatever it points at, perhaps a file planted world-writable."""
     try:
-        return stat.S_IMODE(os.stat(path).st_mode)
+        info = os.lstat(path)
+        if not stat.S_ISLNK(info.st_mode):
+            return stat.S_IMODE(info.st_mode)
     except OSError:
         pass
     try:

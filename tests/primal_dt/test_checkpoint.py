@@ -119,11 +119,17 @@ def test_written_files_get_the_permissions_of_the_users_umask_and_replaced_ones_
                                                                                              umask, mode):
     """A new file: 0o666 less the umask, as any program's; a file replaced: its own permissions. In a real process
     with that umask (the umask is process-wide)."""
-    new, kept = tmp_path / "summary.json", tmp_path / "last.pt"
+    new, kept, planted, victim = (tmp_path / n for n in ("summary.json", "last.pt", "eval_return.png", "victim"))
     kept.write_bytes(b"old")
     kept.chmod(0o640)
+    victim.write_bytes(b"not ours")
+    victim.chmod(0o777)
+    planted.symlink_to(victim)  # replaced, not followed: the new file must not take the victim's permissions either
     p = run_code(f"import os\nos.umask({umask})\nfrom primal_dt.run import checkpoint\n"
                  f"checkpoint.write_atomic({str(new)!r}, '{{}}', 'summary')\n"
-                 f"checkpoint.save_atomic({{'model': 1}}, {str(kept)!r})\n")
+                 f"checkpoint.save_atomic({{'model': 1}}, {str(kept)!r})\n"
+                 f"checkpoint.write_atomic({str(planted)!r}, b'png', 'plot')\n")
     assert p.returncode == 0, p.stderr[-2000:]
     assert oct(new.stat().st_mode & 0o777) == oct(mode) and oct(kept.stat().st_mode & 0o777) == oct(0o640)
+    assert not planted.is_symlink() and oct(planted.stat().st_mode & 0o777) == oct(mode)
+    assert victim.read_bytes() == b"not ours" and oct(victim.stat().st_mode & 0o777) == oct(0o777)
