@@ -409,8 +409,12 @@ def evaluate(run: Run, mon: RunMonitor, evaluator: Evaluator, final: bool = Fals
     mon.scalars({f"{prefix}/{k}/{target_tag(t)}": r[f"{k}_mean"] for prefix in prefixes for t, r in res.items()
                  for k in ("normalized", "return", "length")}, run.step)
     took = f"({episodes} episodes/target, {time.perf_counter() - t0:.0f}s)"
-    mon.print(f"final eval {took}: normalized {evaluator.line(res)}" if final
-              else f"step {run.step}: eval {took} normalized {evaluator.line(res)}")
+    if final:  # the number a user reports: which policy it measured, in eval.rollout's words
+        exact = stream_training.fidelity(e.engine, dataclasses.asdict(run.cfg)).exact
+        policy = "the trained policy" if exact else "NOT the trained policy"
+        mon.print(f"final eval by engine={e.engine} ({policy}) {took}: normalized {evaluator.line(res)}")
+    else:
+        mon.print(f"step {run.step}: eval {took} normalized {evaluator.line(res)}")
     return res
 
 

@@ -164,6 +164,17 @@ def test_ctrl_c_in_the_final_evaluation_says_what_is_kept_and_how_to_evaluate_it
     assert not (run_dir / "summary.json").exists()
 
 
+def test_the_final_evaluation_names_its_engine_and_whether_it_measured_the_trained_policy(hopper_file, tmp_path,
+                                                                                          capsys, tiny_train):
+    """The final score is the one users report: its line says which engine measured it and whether that is the
+    policy training optimised (primal+dt trained on segments: recompute is, the unwindowed stream is not)."""
+    for engine, policy in (("recompute", "the trained policy"), ("stream", "NOT the trained policy")):
+        run(tiny_train.args(hopper_file, tmp_path / engine, "steps=2", "eval.every=0", "eval.final_episodes=1",
+                            "eval.num_envs=1", "eval.max_steps=5", f"eval.engine={engine}"))
+        (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("final eval")]
+        assert line.startswith(f"final eval by engine={engine} ({policy}) (1 episodes/target, "), line
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(hopper_file, tmp_path, capsys, tiny_train):
     with pytest.raises(Diverged, match="diverged at step") as err:
         run(tiny_train.args(hopper_file, tmp_path, "steps=50", "lr=1e30", "warmup_steps=0", "grad_clip=0", "checkpoint_every=1",
