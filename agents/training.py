@@ -285,15 +285,20 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     d.barrier()
                     clock.exclude(time.perf_counter() - t0)
                 if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
-                    settle()
-                    save(run, mon)
-                    saved_at = run.step
+                    with interrupts.held():  # whole: an interrupt after its rename would write it again
+                        settle()
+                        save(run, mon)
+                        saved_at = run.step
                     by_time.restart()
                 if note := clock.tick():
                     mon.print(note)
                 shown = {"loss": (loss, "{:.4f}"), "score": (_latest(mon, score_tag), "{:.1f}"),
                          "val_mse": (_latest(mon, VAL_TAG), "{:.4f}"), "eta": (clock.eta(), "{}")}
                 mon.progress(1, **{k: form.format(v) for k, (v, form) in shown.items() if v is not None})
+            # under the same interrupt handling: the last step's checkpoint is written, a resume repeats these
+            settle()
+            final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
+            val = validate(run, mon, final=True) if run.validation is not None else None
     except KeyboardInterrupt as err:
         why = f" by {err.args[0]}" if err.args else ""
         if mon.bar is not None:  # the bar ends here: nothing is drawn after the line that says how to continue
@@ -310,7 +315,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
         if written:
             mon.print(f"interrupted{why} at step {run.step}: checkpoint written at this step ({last}); {resume}")
         elif last.exists():
-            mon.print(f"interrupted{why} at step {run.step}; {kept(run)}; {resume}")
+            where = " during the final evaluation" if run.step >= cfg.steps else ""
+            mon.print(f"interrupted{why}{where} at step {run.step}; {kept(run)}; {resume}")
         else:
             mon.print(f"interrupted{why} at step {run.step}, before the first checkpoint (checkpoint_every="
                       f"{cfg.checkpoint_every}, checkpoint_minutes={cfg.checkpoint_minutes:g}): nothing to resume")
@@ -319,16 +325,6 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     except WriteError:
         with contextlib.suppress(WriteError):  # the disk may refuse the rest of the log too
             mon.close()
-        raise
-    try:  # the last checkpoint is written: an interrupt here loses only the final evaluation, which a resume repeats
-        settle()
-        final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
-        val = validate(run, mon, final=True) if run.validation is not None else None
-    except KeyboardInterrupt as err:
-        why = f" by {err.args[0]}" if err.args else ""
-        mon.print(f"interrupted{why} during the final evaluation at step {run.step}; {kept(run)}; evaluate it with: "
-                  f"python -m primal_dt.train resume={run.out}")
-        mon.close()
         raise
     d.barrier()
     summary = finish(run, mon, final, val)

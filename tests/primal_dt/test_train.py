@@ -140,10 +140,13 @@ def test_ctrl_c_writes_a_checkpoint_at_the_step_reached_which_resumes_exactly(ho
     assert all(torch.equal(a[k], b[k]) for k in b)
 
 
-def test_ctrl_c_in_the_final_evaluation_says_what_is_kept_and_how_to_evaluate_it(hopper_file, tmp_path, tiny_train):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_in_the_final_evaluation_says_what_is_kept_and_how_to_evaluate_it(
+        sig, hopper_file, tmp_path, tiny_train):
     """The final evaluation (minutes, with the papers' episode counts) ran outside the trainer's interrupt handling:
-    Ctrl-C there ended the run with status 130 and not a word. The checkpoint of the last step is written before
-    it, so the line names that checkpoint and the resume that evaluates it."""
+    Ctrl-C there ended the run with status 130 and not a word, SIGTERM (a cluster's time limit) with -15 and not a
+    word. The checkpoint of the last step is written before it, so the line names that checkpoint and the resume
+    that evaluates it again."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, "-m", "primal_dt.train", *tiny_train.args(
         hopper_file, tmp_path, "steps=2", "eval.every=0", "eval.final_episodes=500", "eval.num_envs=2",
@@ -153,14 +156,15 @@ def test_ctrl_c_in_the_final_evaluation_says_what_is_kept_and_how_to_evaluate_it
     deadline = time.time() + 120
     while time.time() < deadline and not list(run_dirs.glob("*/last.pt")) and proc.poll() is None:
         time.sleep(0.01)
-    time.sleep(1.0)  # into the final evaluation
-    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)  # into the final evaluation (1000 episodes: minutes)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=120)
     (run_dir,) = run_dirs.iterdir()
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted")]
-    assert line.startswith("interrupted during the final evaluation at step 2; the last good checkpoint ")
-    assert line.endswith(f"(step 2) is intact; evaluate it with: python -m primal_dt.train resume={run_dir}")
+    by = " by SIGTERM" if sig == signal.SIGTERM else ""
+    assert line.startswith(f"interrupted{by} during the final evaluation at step 2; the last good checkpoint ")
+    assert line.endswith(f"(step 2) is intact; continue with: python -m primal_dt.train resume={run_dir}")
     assert not (run_dir / "summary.json").exists()
 
 
