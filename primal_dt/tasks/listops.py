@@ -19,6 +19,7 @@ from pathlib import Path
 from ..run.checkpoint import write_atomic
 from ..run.cli import fail, parse
 from ..run.options import AT_LEAST_1, Range, check_numbers
+from .dataset import regular_file
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -140,11 +141,9 @@ def tokenize(source: str, where: str) -> list[int]:
 
 def read_tsv(path: str | Path) -> tuple[list[list[int]], list[int]]:
     """Token ids and targets of a release-format ListOps TSV, failing with file:line on bad rows."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"ListOps file {path} does not exist")
+    path = regular_file(Path(path), "ListOps file")
     seqs, targets = [], []
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:  # a stray byte: an unknown token at file:line
         for lineno, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
             where = f"{path}:{lineno}"
             if lineno == 1:
