@@ -17,7 +17,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..run.checkpoint import write_atomic
-from ..run.cli import fail, parse
+from ..run import errors
+from ..run.cli import parse
 from ..run.options import AT_LEAST_1, Range, check_numbers
 from .dataset import regular_file
 
@@ -181,10 +182,11 @@ SHORTHANDS = {f.name: f"spec.{f.name}" for f in fields(ListOpsSpec)}
 
 
 def main(argv=None) -> None:
-    args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
-                 shorthands=SHORTHANDS)
-    try:
-        out = write_dataset(args.spec, args.out)
-    except (ValueError, RuntimeError) as err:
-        fail(str(err))
-    print(f"wrote {out}/basic_{{train,val,test}}.tsv ({args.spec.n_train}/{args.spec.n_val}/{args.spec.n_test})")
+    def generate(argv):
+        args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
+                     shorthands=SHORTHANDS)
+        with errors.setup_errors(RuntimeError):
+            out = write_dataset(args.spec, args.out)
+        print(f"wrote {out}/basic_{{train,val,test}}.tsv ({args.spec.n_train}/{args.spec.n_val}/{args.spec.n_test})")
+
+    errors.main(generate, argv)  # a refused write (out= a file, no permission): one line naming the file

@@ -93,6 +93,13 @@ def test_a_data_file_that_is_no_text_file_is_one_error(tmp_path):
             listops.read_tsv(tmp_path / name)
 
 
+def test_an_unwritable_out_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="error: could not write the ListOps file .*a file is in the way"):
+        listops.main([f"out={tmp_path / 'file'}", "n_train=2", "n_val=1", "n_test=1", "min_length=5",
+                      "max_length=30"])
+
+
 def test_bad_generator_options():
     with pytest.raises(ValueError, match="min_length < max_length"):
         ListOpsSpec(min_length=50, max_length=40).check()
