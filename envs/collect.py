@@ -389,7 +389,7 @@ def parse(argv: list[str] | None = None) -> CollectConfig:
 def main(argv: list[str] | None = None) -> dict:
     def collect(argv: list[str]) -> dict:
         cfg = parse(argv)
-        with errors.setup_errors():  # a work file that is not what it should be, a busy directory: one line
+        with errors.setup_errors(ImportError):  # a work file that is not what it should be, a busy directory, no SB3
             return run(cfg)
 
     return errors.main(collect, argv)  # a refused write: one line naming the file; Ctrl-C: status 130

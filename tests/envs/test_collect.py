@@ -228,8 +228,9 @@ def test_options_that_would_waste_the_training_are_refused_first(tmp_path, capsy
         with pytest.raises(SystemExit) as exit_:
             main([*argv, "progress=false"])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
+    pytest.importorskip("stable_baselines3")
     with pytest.raises(SystemExit, match=f"error: could not write the lock file .*{tmp_path / 'file'}"):
-        main([f"workdir={tmp_path / 'file'}", "progress=false"])
+        main([f"workdir={tmp_path / 'file'}", f"out={tmp_path / 'data'}", "overwrite=true", "progress=false"])
 
 
 def test_every_numeric_option_is_valid_or_named(fuzz_options):
