@@ -144,6 +144,7 @@ def read_tsv(path: str | Path) -> tuple[list[list[int]], list[int]]:
     """Token ids and targets of a release-format ListOps TSV, failing with file:line on bad rows."""
     path = regular_file(Path(path), "ListOps file")
     seqs, targets = [], []
+    csv.field_size_limit(1 << 30)  # the module's default (131072 characters) is a traceback for a long expression
     with open(path, newline="", encoding="utf-8", errors="replace") as f:  # a stray byte: an unknown token at file:line
         for lineno, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
             where = f"{path}:{lineno}"

@@ -86,6 +86,8 @@ def test_a_data_file_that_is_no_text_file_is_one_error(tmp_path):
     (tmp_path / "bytes.tsv").write_bytes(b"Source\tTarget\n[MAX 1 \xff ]\t2\n")
     with pytest.raises(ValueError, match=rf"{tmp_path}/bytes.tsv:2: unknown ListOps token"):
         listops.read_tsv(tmp_path / "bytes.tsv")
+    (tmp_path / "long.tsv").write_text("Source\tTarget\n[MAX " + "1 " * 70_000 + "]\t1\n")
+    assert len(listops.read_tsv(tmp_path / "long.tsv")[0][0]) == 70_002  # past csv's default field limit
     os.mkfifo(tmp_path / "fifo.tsv")
     (tmp_path / "dir.tsv").mkdir()
     for name in ("fifo.tsv", "dir.tsv"):
