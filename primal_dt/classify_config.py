@@ -122,6 +122,9 @@ def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str
         raise ValueError(f"unknown task {first.task!r}.{hint} Available: {', '.join(names)}")
     values = presets.load_preset(*first.task.split("/", 1))
     by_model = values.pop("by_model", {}) or {}
+    if not (isinstance(by_model, dict) and all(isinstance(v, dict) for v in by_model.values())):
+        raise ValueError(f"preset {first.task}: by_model must map model names to mappings of options, got "
+                         f"{repr(by_model)[:60]}")
     cfg = presets.apply_preset(ClassifyConfig(), {**values, "task": first.task}, where=f"preset {first.task}")
     model = first.model if "model" in cli.given(ClassifyConfig, argv, SHORTHANDS) else cfg.model
     if model in by_model:

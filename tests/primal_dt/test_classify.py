@@ -97,6 +97,18 @@ def test_preset_layers_and_command_line_precedence():
     assert build_config(["attention=linear"])[0].model == "linear"  # the shorthand primal_dt.train has too
 
 
+@pytest.mark.parametrize("by_model", ["{transformer: 5}", "[transformer]"])
+def test_a_preset_whose_by_model_is_no_mapping_is_named(tmp_path, monkeypatch, by_model):
+    """A traceback (AttributeError) once, or a section silently ignored."""
+    from primal_dt.run import presets
+
+    (tmp_path / "lra").mkdir()
+    (tmp_path / "lra" / "mine.yaml").write_text(f"by_model: {by_model}\n")
+    monkeypatch.setattr(presets, "CONFIG_ROOT", tmp_path)
+    with pytest.raises(ValueError, match="preset lra/mine: by_model must map model names to mappings of options"):
+        build_config(["task=lra/mine"])
+
+
 def test_command_line_error_exit(tmp_path):
     r = subprocess.run([sys.executable, "-m", "primal_dt.classify", "task=uea/Nope", f"out={tmp_path}"],
                        capture_output=True, text=True)
