@@ -182,7 +182,9 @@ class Policy:
         f = np.asarray(flags)
         if f.shape != (self.batch,):
             raise ValueError(f"{what} must have shape [batch={self.batch}], got {f.shape}")
-        return f.astype(bool)
+        if f.dtype != np.bool_:  # row indices [0, 2] would have read as the mask [False, True]
+            raise ValueError(f"{what} must be a bool mask (one True/False per row, e.g. term | trunc), got {f.dtype}")
+        return f
 
     def _require_reset(self) -> None:
         if not self.batch:

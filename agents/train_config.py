@@ -265,14 +265,10 @@ def resumed(built: Built, saved: dict, where: str) -> Built:
     saved = dataclasses.asdict(from_dict(saved))
     saved_flat, asked = flat(saved), flat(dataclasses.asdict(built.cfg))
     prov = {k: f"checkpoint {where}" for k in saved_flat}
-    for key, came_from in built.provenance.items():
-        if came_from != "command line":
-            continue
+    given = [key for key, came_from in built.provenance.items() if came_from == "command line"]
+    presets.refuse_changes(asked, saved_flat, given, RESUMABLE, where)
+    for key in given:
         if key.split(".")[0] not in RESUMABLE:
-            if asked[key] != saved_flat.get(key):
-                raise ValueError(f"checkpoint {where} was trained with {key}={saved_flat.get(key)!r}, but the "
-                                 f"command line asks for {key}={asked[key]!r}; resume without that option, or "
-                                 "start a new run")
             continue
         *parents, leaf = key.split(".")
         node = saved

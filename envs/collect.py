@@ -32,7 +32,7 @@ from envs.minari_source import COLLECTED_NAMESPACE, has_local, minari_root, writ
 from envs.registry import FAMILIES, get_spec
 from envs.replica import replica_dirs, replica_file
 from envs.vector import make_sim
-from primal_dt.run import lock
+from primal_dt.run import errors, lock
 from primal_dt.run.checkpoint import write_atomic
 from primal_dt.run.cli import fail, parse as parse_cli
 
@@ -281,6 +281,12 @@ def check(cfg: CollectConfig) -> None:
          f"medium_return must be a finite return, got {cfg.medium_return}")
     need(finite(cfg.medium_tolerance) and cfg.medium_tolerance >= 0,
          f"medium_tolerance must be >= 0, got {cfg.medium_tolerance}")
+    # contradictions found only after hours of SAC training otherwise
+    need(cfg.write_d4rl or cfg.write_minari, "write_d4rl=false and write_minari=false leave nothing to write")
+    need(not cfg.out or not Path(cfg.out).exists() or Path(cfg.out).is_dir(),
+         f"out={cfg.out} is a file; give the directory to write the dataset into")
+    need(not cfg.train or cfg.checkpoint_every <= cfg.train_steps, f"checkpoint_every={cfg.checkpoint_every} is more "
+         f"than train_steps={cfg.train_steps}: no policy would be saved to collect with")
 
 
 def run(cfg: CollectConfig) -> dict:
@@ -381,11 +387,12 @@ def parse(argv: list[str] | None = None) -> CollectConfig:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    cfg = parse(argv)
-    try:
-        return run(cfg)
-    except ValueError as err:  # a work file that is not what it should be, a busy directory: one line
-        fail(str(err))
+    def collect(argv: list[str]) -> dict:
+        cfg = parse(argv)
+        with errors.setup_errors(ImportError):  # a work file that is not what it should be, a busy directory, no SB3
+            return run(cfg)
+
+    return errors.main(collect, argv)  # a refused write: one line naming the file; Ctrl-C: status 130
 
 
 if __name__ == "__main__":

@@ -161,6 +161,10 @@ def check(cfg: RolloutConfig) -> None:
     cfg.check()
     check_numbers(cfg, NUMBERS)
     check_device(cfg.device)
+    blocked = next((d for d in Path(cfg.out).parents if d.exists() and not d.is_dir()), None) if cfg.out else None
+    if blocked or (cfg.out and Path(cfg.out).is_dir()):  # else refused only when the report is written, at the end
+        raise ValueError(f"out={cfg.out}: {blocked or cfg.out} is a {'file' if blocked else 'directory'}; give the "
+                         "report's file path, e.g. out=rollout.json")
     if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
         raise ValueError(f"out={cfg.out} exists (an earlier report?); choose another path, or pass overwrite=true")
 

@@ -82,8 +82,14 @@ def split_args(argv: list[str]) -> tuple[SweepConfig, list[str]]:
     if "resume" in cli.given(train_config.TrainConfig, rest):
         raise ValueError("resume= is per run; a sweep resumes its killed runs by itself when called again")
     for key in ("env", "model", "seeds"):
-        if not getattr(sweep, key) and key in cli.given(SweepConfig, argv, ALIASES):
+        values = getattr(sweep, key)
+        if not values and key in cli.given(SweepConfig, argv, ALIASES):
             raise ValueError(f"{key}= needs at least one value")
+        twice = sorted({str(v) for v in values if values.count(v) > 1})
+        if twice:  # the same run twice: trained twice beside itself, then reported as two seeds
+            raise ValueError(f"{key}= names {', '.join(twice)} more than once; give each value once")
+    if sweep.report and Path(sweep.report).exists() and not Path(sweep.report).is_dir():  # found after the runs
+        raise ValueError(f"report={sweep.report} is a file; give the directory to write the report into")
     options.check_numbers(sweep, {"seeds": options.SEED, "jobs": options.AT_LEAST_0, "threads": options.AT_LEAST_1})
     options.check_output_dir(sweep.out)
     return sweep, rest

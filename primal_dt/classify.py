@@ -6,7 +6,8 @@ Options and their checks: ``classify_config``; the trainer: ``classifier_trainin
 from __future__ import annotations
 
 from .classifier_training import KIND, Diverged, Trainer, fit
-from .classify_config import DESCRIPTION, PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, config_from_dict
+from .classify_config import DESCRIPTION, PROG, SHORTHANDS, ClassifyConfig, build_config, check_config, check_resumed
+from .classify_config import config_from_dict
 from .run import checkpoint, cli, errors, lock, outputs, runtime
 from .run.errors import SetupError
 from .run.monitor import run_dir
@@ -46,6 +47,8 @@ def _run(argv: list[str], path) -> dict:
         if cfg.train.selection == "val" and data.val is None:
             raise ValueError(f"{data.name} has no validation split; set data.val_fraction > 0 or train.selection=test")
         trainer = Trainer(cfg, data, device)
+        if ck is not None:
+            check_resumed(cfg, config_from_dict(ck["config"]), argv, str(path), ck["step"], trainer.total_steps)
         try:
             trainer.restore(ck) if ck is not None else None
         except checkpoint.UNFIT as err:

@@ -8,6 +8,7 @@ wrong with the input is checked here, before any data is loaded.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -121,6 +122,9 @@ def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str
         raise ValueError(f"unknown task {first.task!r}.{hint} Available: {', '.join(names)}")
     values = presets.load_preset(*first.task.split("/", 1))
     by_model = values.pop("by_model", {}) or {}
+    if not (isinstance(by_model, dict) and all(isinstance(v, dict) for v in by_model.values())):
+        raise ValueError(f"preset {first.task}: by_model must map model names to mappings of options, got "
+                         f"{repr(by_model)[:60]}")
     cfg = presets.apply_preset(ClassifyConfig(), {**values, "task": first.task}, where=f"preset {first.task}")
     model = first.model if "model" in cli.given(ClassifyConfig, argv, SHORTHANDS) else cfg.model
     if model in by_model:
@@ -131,6 +135,27 @@ def build_config(argv: list[str], prog: str = PROG) -> tuple[ClassifyConfig, str
 
 def config_from_dict(d: dict) -> ClassifyConfig:
     return presets.apply_preset(ClassifyConfig(), d, where="checkpoint config")
+
+
+RESUMABLE = ("threads", "device", "progress", "tensorboard", "resume", "out", "data.path", "data.generate",
+             "train.steps", "train.epochs", "train.eval_every", "train.eval_batch_size")
+"""what a resumed run may change (moved or generated data; more steps or epochs); the rest comes from the checkpoint"""
+
+
+def check_resumed(cfg: ClassifyConfig, saved: ClassifyConfig, argv: list[str], where: str, step: int,
+                  total: int) -> None:
+    """Options the command line changes on resume: ``RESUMABLE`` only, a onecycle schedule's length never (it is laid
+    out for the run's steps), and no fewer steps than the checkpoint has taken (``total``: the steps now asked)."""
+    asked, was = presets.flat(dataclasses.asdict(cfg)), presets.flat(dataclasses.asdict(saved))
+    presets.refuse_changes(asked, was, cli.given(ClassifyConfig, argv, SHORTHANDS), RESUMABLE, where)
+    t, s = cfg.train, saved.train
+    if t.schedule == "onecycle-linear" and (t.steps, t.epochs) != (s.steps, s.epochs):
+        raise ValueError(f"checkpoint {where} follows a onecycle-linear schedule laid out for train.steps={s.steps}, "
+                         f"train.epochs={s.epochs}; it cannot be lengthened or shortened: resume without them, or "
+                         "start a new run")
+    if total < step:
+        raise ValueError(f"checkpoint {where} has taken {step} steps, more than the {total} asked for; resume with "
+                         "more train.steps / train.epochs")
 
 
 def attention_options(cfg: ClassifyConfig) -> dict:

@@ -72,7 +72,7 @@ def rewrite(cls: type, argv: Sequence[str], shorthands: dict[str, str] | None = 
             current = None if eq else known[name]
             out += _option(name, *known[name], value) if eq else [f"--{name}"]
         elif current and current[0] == "bool" and word.lower() in ("true", "false"):
-            out[-1] = out[-1] if word.lower() == "true" else out[-1].replace("--", "--no_", 1)
+            out[-1] = out[-1] if word.lower() == "true" else _no(out[-1][2:])
             current = None
         elif current and current[0] != "bool" and not word.startswith("--"):
             out += _values(*current, word)
@@ -89,8 +89,14 @@ def rewrite(cls: type, argv: Sequence[str], shorthands: dict[str, str] | None = 
 def _option(name: str, kind: str, f: dataclasses.Field, value: str) -> list[str]:
     """The words tyro reads for ``name=value``."""
     if kind == "bool" and value.lower() in ("true", "false"):
-        return [f"--{name}" if value.lower() == "true" else f"--no_{name}"]
+        return [f"--{name}" if value.lower() == "true" else _no(name)]
     return [f"--{name}", *_values(kind, f, value)] if kind == "list" else [f"--{name}={_values(kind, f, value)[0]}"]
+
+
+def _no(name: str) -> str:
+    """tyro's flag that sets bool option ``name`` false: ``--no_flag``, ``--group.no_flag`` for a nested one."""
+    group, dot, leaf = name.rpartition(".")
+    return f"--{group}{dot}no_{leaf}"
 
 
 def _values(kind: str, f: dataclasses.Field, text: str) -> list[str]:

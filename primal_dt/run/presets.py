@@ -92,6 +92,16 @@ def _kind(hint: Any) -> str:
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
 
+def refuse_changes(asked: dict, saved: dict, given, may_change, where: str) -> None:
+    """A resumed run's check: each option ``given`` on the command line (dotted) that is not in ``may_change`` (or
+    under a group there) must agree with the checkpoint's ``saved`` config (``asked``: the config the line asks
+    for; both flat dicts), so resuming a primal run as another model is an error, not a silent mix."""
+    for key in given:
+        if key not in may_change and key.split(".")[0] not in may_change and asked[key] != saved.get(key):
+            raise ValueError(f"checkpoint {where} was trained with {key}={saved.get(key)!r}, but the command line "
+                             f"asks for {key}={asked[key]!r}; resume without that option, or start a new run")
+
+
 def flat(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():

@@ -6,6 +6,7 @@ True = real) and ``y`` (int64 [N]). Token id 0 is padding in every token task.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -51,6 +52,15 @@ class TaskData:
         kind = f"{self.n_inputs} channels" if self.input_kind == "continuous" else f"vocabulary {self.n_inputs}"
         return (f"{self.name}: train {len(self.train)} / val {len(self.val) if self.val else 0} / test {len(self.test)}, "
                 f"{self.n_classes} classes, length {self.max_len}, {kind}" + (", document pairs" if self.pair else ""))
+
+
+def regular_file(path: Path, what: str) -> Path:
+    """``path`` if it is a regular file: opening a FIFO waits for a writer forever, a directory fails mid-read."""
+    if not path.exists():
+        raise FileNotFoundError(f"{what} {path} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{what} {path} is not a regular file (a directory, FIFO or device); put the file there")
+    return path
 
 
 def carve_validation(y: np.ndarray, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..run.checkpoint import write_atomic
-from ..run.cli import fail, parse
+from ..run import errors
+from ..run.cli import parse
 from ..run.options import AT_LEAST_1, Range, check_numbers
+from .dataset import regular_file
 
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")
 END = "]"
@@ -140,11 +142,10 @@ def tokenize(source: str, where: str) -> list[int]:
 
 def read_tsv(path: str | Path) -> tuple[list[list[int]], list[int]]:
     """Token ids and targets of a release-format ListOps TSV, failing with file:line on bad rows."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"ListOps file {path} does not exist")
+    path = regular_file(Path(path), "ListOps file")
     seqs, targets = [], []
-    with open(path, newline="") as f:
+    csv.field_size_limit(1 << 30)  # the module's default (131072 characters) is a traceback for a long expression
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:  # a stray byte: an unknown token at file:line
         for lineno, row in enumerate(csv.reader(f, delimiter="\t"), start=1):
             where = f"{path}:{lineno}"
             if lineno == 1:
@@ -182,10 +183,11 @@ SHORTHANDS = {f.name: f"spec.{f.name}" for f in fields(ListOpsSpec)}
 
 
 def main(argv=None) -> None:
-    args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
-                 shorthands=SHORTHANDS)
-    try:
-        out = write_dataset(args.spec, args.out)
-    except (ValueError, RuntimeError) as err:
-        fail(str(err))
-    print(f"wrote {out}/basic_{{train,val,test}}.tsv ({args.spec.n_train}/{args.spec.n_val}/{args.spec.n_test})")
+    def generate(argv):
+        args = parse(GenerateArgs, argv, description=GenerateArgs.__doc__, prog="python -m primal_dt.tasks listops",
+                     shorthands=SHORTHANDS)
+        with errors.setup_errors(RuntimeError):
+            out = write_dataset(args.spec, args.out)
+        print(f"wrote {out}/basic_{{train,val,test}}.tsv ({args.spec.n_train}/{args.spec.n_val}/{args.spec.n_test})")
+
+    errors.main(generate, argv)  # a refused write (out= a file, no permission): one line naming the file

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from . import listops
-from .dataset import Split, TaskData, carve_validation, pad_token_lists
+from .dataset import Split, TaskData, carve_validation, pad_token_lists, regular_file
 
 # LRA's sequence lengths (per document for Retrieval).
 DEFAULT_LEN = {"listops": 2000, "text": 4000, "retrieval": 4000, "image": 1024, "pathfinder": 1024}
@@ -74,7 +74,8 @@ def load_text(path: str, max_len: int = 0, val_fraction: float = 0.1, split_seed
             if not d.is_dir():
                 raise FileNotFoundError(f"LRA Text: missing folder {d} (expected the aclImdb layout)")
             for f in sorted(d.glob("*.txt")):
-                seqs.append(bytes_ids(f.read_text(encoding="utf-8", errors="replace"))[:T])
+                seqs.append(bytes_ids(regular_file(f, "LRA Text review").read_text(encoding="utf-8",
+                                                                                  errors="replace"))[:T])
                 labels.append(label)
         if not seqs:
             raise ValueError(f"LRA Text: no *.txt reviews under {root / split}")
@@ -87,11 +88,10 @@ def load_text(path: str, max_len: int = 0, val_fraction: float = 0.1, split_seed
 
 def read_retrieval_tsv(path: Path, max_len: int) -> Split:
     """Rows ``label, id1, id2, text1, text2``; x is [N, 2, T]."""
-    if not path.exists():
-        raise FileNotFoundError(f"LRA Retrieval file {path} does not exist")
+    regular_file(path, "LRA Retrieval file")
     docs, labels = [], []
     csv.field_size_limit(1 << 30)
-    with open(path, newline="", encoding="utf-8") as f:
+    with open(path, newline="", encoding="utf-8", errors="replace") as f:  # bytes of text, as load_text reads them
         for lineno, row in enumerate(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE), start=1):
             if not row:
                 continue
@@ -159,9 +159,7 @@ def load_image(path: str, val_fraction: float = 0.1, split_seed: int = 0) -> Tas
     def read(names):
         xs, ys = [], []
         for n in names:
-            f = root / n
-            if not f.exists():
-                raise FileNotFoundError(f"LRA Image: missing CIFAR-10 batch {f}")
+            f = regular_file(root / n, "LRA Image: CIFAR-10 batch")
             try:
                 with open(f, "rb") as fh:
                     d = _ArraysOnly(fh, encoding="bytes").load()
@@ -191,7 +189,8 @@ def load_pathfinder(path: str, difficulty: str = "curv_contour_length_14") -> Ta
     def read(files):
         xs, ys = [], []
         for mf in files:
-            for lineno, line in enumerate(mf.read_text().splitlines(), start=1):
+            for lineno, line in enumerate(regular_file(mf, "Pathfinder metadata").read_text(errors="replace")
+                                          .splitlines(), start=1):
                 if not line.strip():
                     continue
                 parts = line.split()
@@ -200,8 +199,8 @@ def load_pathfinder(path: str, difficulty: str = "curv_contour_length_14") -> Ta
                                      f"got {line[:80]!r}")
                 img = root / parts[0] / parts[1]
                 try:
-                    a = np.asarray(Image.open(img).convert("L"), dtype=np.int64)
-                except (OSError, FileNotFoundError) as err:
+                    a = np.asarray(Image.open(regular_file(img, "image")).convert("L"), dtype=np.int64)
+                except (OSError, ValueError) as err:
                     raise ValueError(f"{mf}:{lineno}: cannot read image {img}: {err}") from None
                 xs.append(a.reshape(-1))
                 ys.append(int(parts[3]))

@@ -11,11 +11,13 @@ pipeline (mvts-transformer / Flowformer UEA code) with one fix:
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from ..run.errors import did_you_mean
-from .dataset import Split, TaskData, carve_validation
+from .dataset import Split, TaskData, carve_validation, regular_file
 
 BUNDLED = ("BasicMotions", "JapaneseVowels")
 
@@ -28,6 +30,9 @@ def read_split(name: str, split: str, path: str = "") -> tuple[list[np.ndarray],
     except ImportError as err:  # pragma: no cover - aeon is an optional dependency
         raise RuntimeError("UEA tasks need the 'aeon' package: pip install 'primal-dt[uea]'") from err
     extract = None if name in BUNDLED else (path or "data/uea")
+    file = Path(extract or ".") / name / f"{name}_{split.upper()}.ts"
+    if extract and file.exists():  # else aeon downloads it
+        regular_file(file, "UEA file")
     try:
         X, y = load_classification(name, split=split, extract_path=extract)
     except Exception as err:
@@ -39,6 +44,12 @@ def read_split(name: str, split: str, path: str = "") -> tuple[list[np.ndarray],
             f"{extract}/{name}/ (set data.path=DIR)."
         ) from err
     series = [np.asarray(s, dtype=np.float64) for s in X]
+    where = f"UEA set {name!r} ({file if extract else 'bundled with aeon'})"
+    if not series or not all(s.size for s in series):
+        raise ValueError(f"{where}: its {split} split holds no series, or an empty one; replace the file with the "
+                         "archive's")
+    if any(np.isinf(s).any() for s in series):
+        raise ValueError(f"{where}: its {split} split holds infinite values (.ts files mark a missing one with NaN)")
     return series, np.asarray(y).astype(str)
 
 
@@ -63,9 +74,13 @@ def load_uea(name: str, path: str = "", val_fraction: float = 0.2, split_seed: i
     (raw_train, y_train), (raw_test, y_test) = read_split(name, "train", path), read_split(name, "test", path)
     train, test = [clean_series(s) for s in raw_train], [clean_series(s) for s in raw_test]
     classes = sorted(set(y_train))
-    unknown = sorted(set(y_test) - set(classes))
+    unknown = sorted(map(str, set(y_test) - set(classes)))
     if unknown:
         raise ValueError(f"UEA set {name!r}: test labels {unknown} never occur in the training split")
+    channels = sorted({len(s) for s in raw_train + raw_test})
+    if len(channels) > 1 or len(classes) < 2:  # a mismatch would broadcast against the training statistics
+        raise ValueError(f"UEA set {name!r}: its series have {' and '.join(map(str, channels))} channels and its "
+                         f"training split {len(classes)} class(es); a classifier needs one channel count and >= 2 classes")
     yt, ys = np.searchsorted(classes, y_train), np.searchsorted(classes, y_test)  # class indices
 
     if val_fraction > 0:

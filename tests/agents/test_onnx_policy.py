@@ -222,6 +222,9 @@ def test_misuse_is_a_clear_error(runtime, exported):
         p.reset_done([True])
     with pytest.raises(ValueError, match="keep_rows would drop every row"):
         p.keep_rows([False, False])
+    for rows in ([0, 1], np.array([0.0, 1.0])):  # indices, or numbers: not silently a mask of other rows
+        with pytest.raises(ValueError, match="done must be a bool mask"):
+            p.reset_done(rows)
     with pytest.raises(FloatingPointError, match=r"not finite in rows \[1\]"):
         p.act(np.array([[0.0] * 11, [np.nan] * 11]))
 

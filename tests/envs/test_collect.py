@@ -218,6 +218,21 @@ def test_train_behavior_then_collect(tmp_path, data_dirs):
     np.testing.assert_array_equal(replay["observations"][:n], before["observations"][:n])  # ... and kept its past
 
 
+def test_options_that_would_waste_the_training_are_refused_first(tmp_path, capsys):
+    """Each was found only when the data was written, after hours of SAC; a work directory where a file is, a
+    traceback."""
+    (tmp_path / "file").write_text("")
+    for argv, message in [(["write_d4rl=false", "write_minari=false"], "leave nothing to write"),
+                          ([f"out={tmp_path / 'file'}"], "is a file; give the directory"),
+                          (["train_steps=10", "checkpoint_every=100"], "no policy would be saved")]:
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, "progress=false"])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    pytest.importorskip("stable_baselines3")
+    with pytest.raises(SystemExit, match=f"error: could not write the lock file .*{tmp_path / 'file'}"):
+        main([f"workdir={tmp_path / 'file'}", f"out={tmp_path / 'data'}", "overwrite=true", "progress=false"])
+
+
 def test_every_numeric_option_is_valid_or_named(fuzz_options):
     """Any value for the collector's numeric options: ``check`` accepts it or stops with one line naming
     one of them (before a policy is trained or a file touched)."""

@@ -242,6 +242,8 @@ def test_cli_refuses_a_crafted_checkpoint_and_its_payload_never_runs(tmp_path, c
     ("lanes=-1", "lanes must be >= 0, got -1"),
     ("device=gpu", "device must be auto, cpu, cuda or cuda:N"),
     ("precision=bf16", "precision"),  # gone: the stream runs in float32 only, tyro names the unknown option
+    (f"out={__file__}/x.json", f"out={__file__}/x.json: {__file__} is a file; give the report's file path"),
+    (f"out={Path(__file__).parent}", "is a directory; give the report's file path"),
 ])
 def test_cli_checks_every_option_before_reading_the_checkpoint(tmp_path, bad, message, capsys):
     """The checkpoint does not even exist: the option is refused first, before any simulation."""

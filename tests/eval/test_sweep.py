@@ -60,6 +60,9 @@ def test_grid_runs_then_a_second_call_skips_and_resumes(hopper_file, tmp_path):
     (["env=hopper-medium,abc"], "env=abc: unknown dataset name 'abc'"),  # the valid first run never starts
     (["resume=somewhere"], "resume= is per run"),
     (["threads=0"], "threads must be >= 1"),
+    (["seeds=0,1,0"], "seeds= names 0 more than once"),
+    (["model=dt,primal+dt,dt"], "model= names dt more than once"),
+    ([f"report={__file__}"], "is a file; give the directory to write the report into"),
 ])
 def test_bad_options_fail_before_any_run_starts(hopper_file, tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):

@@ -50,6 +50,18 @@ def test_listops_run_on_generated_data(tmp_path, monkeypatch):
     assert list((tmp_path / "data" / "listops").glob("*/basic_test.tsv"))
 
 
+def test_a_onecycle_run_resumes_only_at_its_length(tmp_path, monkeypatch):
+    """The schedule is laid out for the run's steps: more steps would step it past its end (a traceback once)."""
+    monkeypatch.chdir(tmp_path)
+    argv = ["task=lra/listops-fast", "train.steps=2", "train.eval_every=2", "data.listops.n_train=8",
+            "data.listops.n_val=4", "data.listops.n_test=4", "data.listops.min_length=5", "data.listops.max_length=20",
+            "data.max_len=24", "train.batch_size=4", f"out={tmp_path}/runs", *TINY]
+    d = run(argv)["run_dir"]
+    with pytest.raises(SetupError, match="onecycle-linear schedule laid out for train.steps=2, train.epochs=0"):
+        run([f"resume={d}", "train.steps=4", "progress=false"])
+    assert run([f"resume={d}", "data.generate=false", "progress=false"])["steps"] == 2
+
+
 def test_paper_protocol_selects_on_test(tmp_path):
     argv = ["task=uea/JapaneseVowels-fast", "model=transformer", "train.epochs=1", "train.selection=test",
             "data.max_train=20", "data.max_test=20", f"out={tmp_path}", *TINY]
@@ -85,6 +97,18 @@ def test_preset_layers_and_command_line_precedence():
     assert build_config(["attention=linear"])[0].model == "linear"  # the shorthand primal_dt.train has too
 
 
+@pytest.mark.parametrize("by_model", ["{transformer: 5}", "[transformer]"])
+def test_a_preset_whose_by_model_is_no_mapping_is_named(tmp_path, monkeypatch, by_model):
+    """A traceback (AttributeError) once, or a section silently ignored."""
+    from primal_dt.run import presets
+
+    (tmp_path / "lra").mkdir()
+    (tmp_path / "lra" / "mine.yaml").write_text(f"by_model: {by_model}\n")
+    monkeypatch.setattr(presets, "CONFIG_ROOT", tmp_path)
+    with pytest.raises(ValueError, match="preset lra/mine: by_model must map model names to mappings of options"):
+        build_config(["task=lra/mine"])
+
+
 def test_command_line_error_exit(tmp_path):
     r = subprocess.run([sys.executable, "-m", "primal_dt.classify", "task=uea/Nope", f"out={tmp_path}"],
                        capture_output=True, text=True)
@@ -112,6 +136,11 @@ def test_resume_extends_a_finished_run(tmp_path, killed_checkpoint_write, capsys
     assert ck["step"] == 4 and ck["config"]["train"]["epochs"] == 2
     assert torch.isfinite(torch.tensor(second["test_acc"]))
     last = Path(first["run_dir"]) / "last.pt"
+    for argv, message in [(["arch.d_model=32"], "was trained with arch.d_model=16, but the command line asks for arch.d_model=32"),
+                          (["task=uea/BasicMotions-fast"], "was trained with task='uea/JapaneseVowels-fast'"),
+                          (["train.epochs=1"], "has taken 4 steps, more than the 2 asked for")]:
+        with pytest.raises(SetupError, match=message):  # an option the checkpoint fixes is refused, not mixed in
+            run([f"resume={first['run_dir']}", *argv, "progress=false"])
     for damage in ("train_time", "torch_rng"):  # a field lost, or a random state cut short: one line naming the file
         raw = torch.load(last, weights_only=True)
         raw.pop("train_time") if damage == "train_time" else raw.update(torch_rng=raw["torch_rng"][:100])

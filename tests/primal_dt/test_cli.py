@@ -106,6 +106,8 @@ class Inner:
     """a rate"""
     ids: tuple[int, ...] = (1, 2)
     """some ids"""
+    on: bool = True
+    """a nested switch"""
 
 
 @dataclass
@@ -142,6 +144,7 @@ def test_negatives_booleans_empty_lists_spaced_lists_and_what_was_given():
     c = demo("--targets", "-100", "-1e3", "inner.ids=-1,-2", "flag=false", "--specs", "a:k=1,j=2", "b")
     assert (c.targets, c.inner.ids, c.flag, c.specs) == ((-100.0, -1000.0), (-1, -2), False, ("a:k=1,j=2", "b"))
     assert demo("targets=", "--flag", "false").targets == () and not demo("--flag", "false").flag
+    assert not demo("inner.on=false").inner.on and not demo("--inner.on", "false").inner.on  # --inner.no_on
     assert demo('specs=a:k=1,j=2 b').specs == ("a:k=1,j=2", "b")
     assert cli.given(Demo, ["rate=1", "--flag", "name=y", "rate=2"], {"rate": "inner.rate"}) == \
         ["inner.rate", "flag", "name"]

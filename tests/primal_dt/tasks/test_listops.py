@@ -1,6 +1,7 @@
 """ListOps generator against an independent evaluator, and the release-format TSV reader."""
 
 import csv
+import os
 
 import numpy as np
 import pytest
@@ -77,6 +78,28 @@ def test_malformed_tsv_names_file_and_line(tmp_path, body, message):
     with pytest.raises(ValueError) as err:
         listops.read_tsv(p)
     assert str(p) + message in str(err.value)
+
+
+def test_a_data_file_that_is_no_text_file_is_one_error(tmp_path):
+    """A FIFO hung the run (waiting for a writer), a directory ended it in a traceback, a stray byte in a message
+    that named no file."""
+    (tmp_path / "bytes.tsv").write_bytes(b"Source\tTarget\n[MAX 1 \xff ]\t2\n")
+    with pytest.raises(ValueError, match=rf"{tmp_path}/bytes.tsv:2: unknown ListOps token"):
+        listops.read_tsv(tmp_path / "bytes.tsv")
+    (tmp_path / "long.tsv").write_text("Source\tTarget\n[MAX " + "1 " * 70_000 + "]\t1\n")
+    assert len(listops.read_tsv(tmp_path / "long.tsv")[0][0]) == 70_002  # past csv's default field limit
+    os.mkfifo(tmp_path / "fifo.tsv")
+    (tmp_path / "dir.tsv").mkdir()
+    for name in ("fifo.tsv", "dir.tsv"):
+        with pytest.raises(ValueError, match=f"ListOps file {tmp_path / name} is not a regular file"):
+            listops.read_tsv(tmp_path / name)
+
+
+def test_an_unwritable_out_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit, match="error: could not write the ListOps file .*a file is in the way"):
+        listops.main([f"out={tmp_path / 'file'}", "n_train=2", "n_val=1", "n_test=1", "min_length=5",
+                      "max_length=30"])
 
 
 def test_bad_generator_options():

@@ -1,5 +1,8 @@
 """UEA loading through aeon (the bundled JapaneseVowels) and its preprocessing."""
 
+import os
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -63,3 +66,28 @@ def test_unavailable_set_gives_clear_error(monkeypatch):
     assert "Heartbeat" in msg and "JapaneseVowels" in msg and "Heartbeat_TRAIN.ts" in msg
     with pytest.raises(RuntimeError, match="Did you mean 'Heartbeat'"):
         load_uea("Heartbeet")
+
+
+HEADER = ("@problemName {n}\n@timeStamps false\n@missing false\n@univariate false\n@dimensions 2\n"
+          "@equalLength true\n@seriesLength 3\n@classLabel true a b\n@data\n")
+GOOD = "1,2,3:4,5,6:a\n2,3,4:5,6,7:b\n1,1,3:4,5,6:a\n2,3,4:5,6,7:b\n"
+
+
+@pytest.mark.parametrize("train, test, message", [
+    ("not a ts file", GOOD, "Bad_TRAIN.ts): its train split holds no series, or an empty one"),
+    ("", GOOD, "Bad_TRAIN.ts): its train split holds no series"),
+    (GOOD, "1,2,3:a\n", "its series have 1 and 2 channels"),  # broadcast against 2 channels' statistics, once
+    (GOOD.replace("1,1,3", "1,1e999,3"), GOOD, "its train split holds infinite values"),
+    ("1,2,3:4,5,6:a\n1,2,4:4,5,6:a\n", GOOD.replace(":b", ":a"), "training split 1 class(es)"),
+], ids=["not-ts", "empty", "channels", "inf", "one-class"])
+def test_a_ts_file_a_classifier_cannot_learn_from_is_one_error(tmp_path, train, test, message):
+    d = tmp_path / "Bad"
+    d.mkdir()
+    for split, body in (("TRAIN", train), ("TEST", test)):
+        (d / f"Bad_{split}.ts").write_text(HEADER.format(n="Bad") + body)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_uea("Bad", str(tmp_path), val_fraction=0)
+    (d / "Bad_TRAIN.ts").unlink()
+    os.mkfifo(d / "Bad_TRAIN.ts")  # opened by aeon, it waited for a writer forever
+    with pytest.raises(ValueError, match="Bad_TRAIN.ts is not a regular file"):
+        load_uea("Bad", str(tmp_path))
