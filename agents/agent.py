@@ -22,7 +22,6 @@ from primal_dt.run.runtime import pick_device
 from agents.train_config import ENGINES
 
 from . import dt_checkpoint, threads
-from .export import FORMATS, export_policy, missing_package, package_version, sha256_file
 from .decision_transformer import Batch, DTStep, StepState
 from .onnx_policy import SCHEMA, OnnxPolicy, Policy
 
@@ -160,6 +159,8 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
     if note := fidelity.note(ck.origin):
         warnings.warn(note.removeprefix("note: "), StreamNotTrainedWarning, stacklevel=2)
     if runtime == "auto":
+        from .export import missing_package  # not at the top: ``python -m agents.export`` would import itself twice
+
         # a checkpoint in memory has no file to key a cached export by: every load would export again
         runtime = "onnx" if exact_onnx and not isinstance(checkpoint, (dict, dt_checkpoint.DTCheckpoint)) \
             and missing_package() is None else "torch"
@@ -177,6 +178,8 @@ EXACT = 1e-5
 def onnx_agent(checkpoint, ck, agent):
     """``runtime="onnx"``: an ``OnnxPolicy`` on the export of ``checkpoint`` (a file or run directory, else
     ``ck``), the torch ``agent``'s own step, handed out once a few steps agree with it (``checked``)."""
+    from .export import FORMATS, export_policy, missing_package
+
     if missing_package():
         raise ValueError(f"runtime='onnx' needs the {missing_package()} package: pip install 'primal-dt[export]' "
                          "(or use runtime='torch')")
@@ -203,6 +206,8 @@ def cached_export(path: Path) -> Path | None:
     in its own metadata, which anyone who can write there can copy into a graph that computes something else
     (and a few checked steps cannot tell a graph that deviates later). An entry is named by the checkpoint
     file's SHA-256 and what made the graph."""
+    from .export import FORMATS, export_policy, package_version, sha256_file
+
     # $XDG_CACHE_HOME/primal-dt/onnx, readable by the user only: nothing is cached where it cannot be made so
     d = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "primal-dt" / "onnx"
     try:

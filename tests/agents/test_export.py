@@ -620,3 +620,11 @@ def test_a_read_only_run_leaves_no_temporary_export_behind(trained, tmp_path, ca
 def test_onnx_runtime_errors(trained, kw, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_agent(trained["dt"], **kw)
+
+
+def test_the_export_command_runs_once_as_main(run_cli):
+    """``agents`` used to import ``agents.export`` at package import, so ``python -m agents.export`` ran the module
+    twice and printed runpy's RuntimeWarning before every export."""
+    proc = run_cli("agents.export", "--help")
+    assert proc.returncode == 0 and "checkpoint" in proc.stdout, proc.stderr[-2000:]
+    assert "RuntimeWarning" not in proc.stderr and "found in sys.modules" not in proc.stderr, proc.stderr
