@@ -571,10 +571,11 @@ def test_a_checkpoint_replaced_while_it_is_exported_never_files_its_graph_under_
     read it: the cache entry named by the real checkpoint's hash must still be the real checkpoint's graph (before,
     the export read the swapped file, and every later load of the real checkpoint acted as the other one)."""
     import agents.agent as agent_module
+    import agents.export as export_module
 
     ck = run_copy(trained, "dt", tmp_path / "run")
     real, other = ck.read_bytes(), (Path(trained["primal+dt"]) / "last.pt").read_bytes()
-    export = agent_module.export_policy
+    export = export_module.export_policy
 
     def swapped_during_export(*args, **kw):
         ck.write_bytes(other)
@@ -583,7 +584,7 @@ def test_a_checkpoint_replaced_while_it_is_exported_never_files_its_graph_under_
         finally:
             ck.write_bytes(real)
 
-    monkeypatch.setattr(agent_module, "export_policy", swapped_during_export)
+    monkeypatch.setattr(export_module, "export_policy", swapped_during_export)
     graph = agent_module.cached_export(ck)
     assert graph is not None and graph.name.startswith(hashlib.sha256(real).hexdigest())
     assert_same_actions(play([load_agent(ck, runtime="torch"), OnnxPolicy(graph)], batch=2, steps=15), names=("onnx",))
