@@ -14,6 +14,10 @@ Per return-to-go target, ``out`` receives ``scores.md`` / ``scores-<target>.csv`
 and "best" normalized score, mean and 95 % interval over seeds (Student's t); the paper's number, marked when
 the row's data is not D4RL's; the held-out action MSE; the data's own episodes' level), ``curves.png``
 (score during training, 95 % band) and ``scores.png`` (a bar per group, the paper's value marked).
+
+``out/runs.json`` keeps every reported run's scores, curve and config, and is itself an argument: the
+report is made again, or grown by new runs, where the run directories (and their checkpoints) are gone.
+A run found both there and as a directory is the directory's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import dataclasses
 import functools
 import glob
 import io
+import json
 import math
 import shlex
 import statistics
@@ -167,6 +172,47 @@ def _mtime(path: Path) -> float:
         return path.lstat().st_mtime
     except OSError:  # gone meanwhile: its reading says so
         return 0.0
+
+
+ARCHIVE_FORMAT = "primal-dt eval.report runs"
+
+
+def archive(runs: list[Run]) -> str:
+    """``runs.json``: what the tables and curves are made from, one record per reported run."""
+    return json.dumps({"format": ARCHIVE_FORMAT, "version": 1, "runs": [
+        {**dataclasses.asdict(r), "path": str(r.path)} for r in runs]}, indent=1)
+
+
+def archived_runs(path: Path) -> list[Run]:
+    """The runs in a report's ``runs.json``; a ValueError naming the file and the record that is wrong."""
+    doc = json_reader.read(path, nonfinite=True)
+    if not isinstance(doc, dict) or doc.get("format") != ARCHIVE_FORMAT or not isinstance(doc.get("runs"), list):
+        raise ValueError(f"{path}: not a runs.json that eval.report wrote (no format {ARCHIVE_FORMAT!r} "
+                         "with a list of runs)")
+    out = []
+    for i, rec in enumerate(doc["runs"]):
+        try:
+            final = {str(t): {"normalized_mean": float(v["normalized_mean"]),
+                              **({"episodes": int(v["episodes"])} if "episodes" in v else {})}
+                     for t, v in rec["final"].items()}
+            if not final or not all(t.startswith("target") and _number(t.removeprefix("target")) for t in final):
+                raise ValueError(f"final scores {list(final)} are not per target")
+            optional = {k: None if rec[k] is None else float(rec[k]) for k in ("val_mse", "data_level")}
+            out.append(Run(Path(str(rec["path"])), str(rec["env"]), str(rec["model"]), int(rec["seed"]),
+                           int(rec["steps"]), dataclasses.asdict(train_config.from_dict(rec["config"])), final,
+                           {str(t): [(int(s), float(v)) for s, v in pts] for t, pts in rec["curves"].items()},
+                           str(rec["data"]), engine=str(rec["engine"]), **optional))
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{path}: run {i} cannot be read ({type(err).__name__}: {err}); this file is made by "
+                             "eval.report: make it again from the run directories") from None
+    return out
+
+
+def _number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def load_run(d: Path) -> Run:
@@ -410,8 +456,10 @@ def nonfinite(runs: list[Run]) -> list[str]:
 def report(patterns: list[str], out: str | Path = "report") -> dict:
     """Write the tables and plots for the runs matched by ``patterns``; returns what was written. A run
     whose files are unreadable is left out with a line naming the file and what is wrong."""
-    finished, unfinished = find_runs(patterns)
-    if not finished:
+    archives = [Path(p) for p in patterns if Path(p).name == "runs.json" and Path(p).is_file()]
+    dirs = [p for p in patterns if Path(p) not in archives]
+    finished, unfinished = find_runs(dirs) if dirs else ([], [])
+    if not finished and not archives:
         raise ValueError(f"no finished run (a directory with summary.json) under {', '.join(patterns)}"
                          + (f"; {len(unfinished)} unfinished: resume them first" if unfinished else ""))
     runs, skipped = [], []
@@ -421,11 +469,19 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
         except (ValueError, FileNotFoundError) as err:
             print(f"skipped: {err}", file=sys.stderr, flush=True)
             skipped.append(str(err))
-    notes, trained = [], len(runs)
+    notes = []
     for r in list(runs):  # the final checkpoint's rollouts by other engines: rows of their own
         extra, why = rollout_runs(r)
         runs += extra
         notes += why
+    found = {(str(r.path), r.engine) for r in runs}
+    for a in archives:
+        kept = [r for r in archived_runs(a) if (str(r.path), r.engine) not in found]
+        found |= {(str(r.path), r.engine) for r in kept}
+        runs += kept
+        notes.append(f"{a}: {len(kept)} evaluations of {len({r.path for r in kept})} runs read from it "
+                     "(their directories are not among the arguments)")
+    trained = len({r.path for r in runs})
     if not runs:
         raise ValueError(f"none of the {len(finished)} finished run(s) could be reported (see the lines above)")
     groups, grouping = group_runs(runs)
@@ -452,9 +508,11 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
         ck_io.write_atomic(out / f"scores-{t}.csv", text.getvalue(), "report's score table")
     md += ["", "![learning curves](curves.png)", "", "![final scores](scores.png)", ""]
     ck_io.write_atomic(out / "scores.md", "\n".join(md), "report's tables")
+    ck_io.write_atomic(out / "runs.json", archive(runs), "report's runs")
     curves = plot_curves(groups, targets, out / "curves.png")
     bars = plot_bars({t: r for t, r in rows.items() if r}, out / "scores.png")
     return {"markdown": out / "scores.md", "csv": [out / f"scores-{t}.csv" for t in targets], "curves": curves,
+            "archive": out / "runs.json",
             "bars": bars, "groups": len(groups), "runs": len(runs), "unfinished": [str(d) for d in unfinished],
             "skipped": skipped, "notes": notes, "rows": rows}
 
@@ -462,9 +520,9 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
 @dataclass
 class ReportConfig:
     runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUNS")]
-    """run directories, directories holding runs (searched recursively), or globs of either"""
+    """run directories, directories holding runs (searched recursively), globs of either, or a report's runs.json"""
     out: str = "report"
-    """where scores.md, scores-<target>.csv, curves.png and scores.png go"""
+    """where scores.md, scores-<target>.csv, curves.png, scores.png and runs.json go"""
 
 
 def run(argv: list[str]) -> dict:
@@ -476,7 +534,8 @@ def run(argv: list[str]) -> dict:
         options.check_output_dir(cfg.out, "--out")
         res = report(list(cfg.runs), cfg.out)
     print(Path(res["markdown"]).read_text())
-    print(f"wrote {res['markdown']}, {', '.join(map(str, res['csv']))}, {res['curves']}, {res['bars']}")
+    print(f"wrote {res['markdown']}, {', '.join(map(str, res['csv']))}, {res['curves']}, {res['bars']}, "
+          f"{res['archive']}")
     return res
 
 

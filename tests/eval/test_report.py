@@ -508,3 +508,49 @@ def test_learning_curves_of_two_engines_are_told_apart_in_the_legend(runs, tmp_p
     assert len(engines) == 2 and "recompute" in engines
     labels = [t.get_text() for t in figures["curves.png"].axes[0].get_legend().get_texts()]
     assert sorted(e for e in engines if any(f", {e}, " in label for label in labels)) == engines
+
+
+def same(a, b) -> bool:
+    """Equal, a NaN (one seed's interval) equal to a NaN."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_the_reports_runs_json_remakes_and_grows_the_tables_after_the_run_directories_are_gone(runs, tmp_path):
+    """A sweep's checkpoints stay on the machine that trained them; the report's runs.json is what is kept. From it
+    alone the tables come out the same (rollout rows included); with a new run beside it, the new seed is averaged
+    with the archived ones; a run given both ways counts once; a damaged archive is one line naming the record."""
+    _, summaries, _ = runs
+    old, new = tmp_path / "old", tmp_path / "new"
+    for d, key in ((old, ("dt", 0)), (old, ("primal+dt", 0)), (new, ("primal+dt", 1))):
+        shutil.copytree(summaries[key]["run_dir"], d / key[0])
+    steps = json.loads((old / "dt" / "summary.json").read_text())["steps"]
+    _rollout_report(old / "dt", "rollout-recompute.json", "recompute", 12.5, 15, steps, age=0)
+    first = report.report([str(old)], tmp_path / "rep1")
+    assert first["archive"] == tmp_path / "rep1" / "runs.json"
+    shutil.rmtree(old)
+
+    again = report.report([str(tmp_path / "rep1" / "runs.json")], tmp_path / "rep2")
+    assert same(again["rows"], first["rows"]) and again["runs"] == first["runs"] == 3
+    assert [r["mean"] for r in again["rows"]["target3600"] if r["engine"] == "recompute"] == [12.5]  # the rollout
+    for t in ("target3600", "target1800"):
+        assert (tmp_path / "rep2" / f"scores-{t}.csv").read_bytes() == (tmp_path / "rep1" / f"scores-{t}.csv").read_bytes()
+    assert any("rep1/runs.json: 3 evaluations of 2 runs read from it" in n for n in again["notes"])
+
+    grown = report.report([str(tmp_path / "rep2" / "runs.json"), str(new)], tmp_path / "rep3")
+    row = next(r for r in grown["rows"]["target3600"] if r["model"] == "primal+dt")
+    vals = [summaries[("primal+dt", s)]["final"]["target3600"]["normalized_mean"] for s in (0, 1)]
+    assert row["seeds"] == 2 and row["mean"] == pytest.approx(statistics.fmean(vals))
+    twice = report.report([str(tmp_path / "rep3" / "runs.json"), str(new)], tmp_path / "rep4")
+    assert same(twice["rows"], grown["rows"])  # the directory's run replaces its archived copy, not a third seed
+
+    archive = tmp_path / "rep4" / "runs.json"
+    doc = json.loads(archive.read_text())
+    doc["runs"][1]["final"] = {"target3600": {"normalized_mean": "high"}}
+    archive.write_text(json.dumps(doc))
+    p = subprocess.run([sys.executable, "-m", "eval.report", str(archive), f"out={tmp_path / 'rep5'}"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"{archive}: run 1 cannot be read" in p.stderr and "make it again from the run directories" in p.stderr
+    archive.write_text(json.dumps({"runs": []}))
+    with pytest.raises(ValueError, match="not a runs.json that eval.report wrote"):
+        report.report([str(archive)], tmp_path / "rep6")
