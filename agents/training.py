@@ -13,8 +13,6 @@ import json
 import math
 import os
 import shlex
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +29,7 @@ from primal_dt.run import distributed, errors, json_reader, lock, outputs, prese
 from agents import train_config
 from primal_dt.run.monitor import EpisodeBar, RunMonitor, run_dir
 from primal_dt.run.distributed import Dist
+from primal_dt.run.interrupts import Interrupts
 from primal_dt.run.errors import SetupError, WriteError
 from agents.train_config import Built, TrainConfig, model_label
 
@@ -347,48 +346,6 @@ def _due(step: int, every: int) -> bool:
 
 def _latest(mon: RunMonitor, tag: str) -> float | None:
     return mon.history[tag][-1][1] if mon.history.get(tag) else None
-
-
-class Interrupts:
-    """Ctrl-C and SIGTERM end training alike, with a checkpoint at the step reached. One during a step or
-    its log line (``held``) waits for their end, so that checkpoint resumes exactly; a second stops at once.
-    A SIGINT ignored when the process started (a background job) stays ignored."""
-
-    def __init__(self):
-        self.holding, self.pending = False, None
-
-    def _handle(self, signum, frame):
-        args = ("SIGTERM",) if signum == signal.SIGTERM else ()
-        if self.holding and self.pending is None:
-            self.pending = args
-            return
-        raise KeyboardInterrupt(*args)
-
-    @contextlib.contextmanager
-    def installed(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-        signal.signal(signal.SIGTERM, self._handle)
-        if previous[signal.SIGINT] is signal.default_int_handler:
-            signal.signal(signal.SIGINT, self._handle)
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    @contextlib.contextmanager
-    def held(self):
-        self.holding = True
-        try:
-            yield
-        finally:
-            self.holding = False
-        if self.pending is not None:
-            args, self.pending = self.pending, None
-            raise KeyboardInterrupt(*args)
 
 
 # == 3. evaluation: in the simulator, and on held-out episodes ==========================================

@@ -19,6 +19,7 @@ from .classifier import SequenceClassifier, classification_loss
 from .classify_config import SELECTIONS, ClassifyConfig, attention_options
 from .layouts import layout
 from .run import checkpoint, errors, runtime
+from .run.interrupts import Interrupts
 from .run.monitor import RunMonitor
 from .tasks import Split, TaskData
 
@@ -68,7 +69,7 @@ class Trainer:
                 pct_start=min(0.999, max(t.warmup, 1) / self.total_steps), cycle_momentum=False, div_factor=1e4,
                 final_div_factor=1e4)
         self.gen = torch.Generator().manual_seed(cfg.seed)  # batch order: its own stream, on the CPU
-        self.step_no = 0
+        self.step_no = self.saved_step = 0  # saved_step: last.pt's
         self.train_time = 0.0  # seconds inside optimisation steps (no evaluation, no logging)
         self.best = {"metric": -1.0, "step": 0, "test_acc": None, "val_acc": None, "val_loss": None}
         self._it = iter(())
@@ -127,14 +128,16 @@ class Trainer:
         self.opt.load_state_dict(ck["optimizer"])
         self.sched.load_state_dict(ck["scheduler"])
         self.step_no, self.best, self.train_time = ck["step"], ck["best"], ck["train_time"]
+        self.saved_step = self.step_no
         self.gen.set_state(ck["rng"])
         torch.set_rng_state(ck["torch_rng"])
         if "cuda_rng" in ck and self.device.type == "cuda":
             torch.cuda.set_rng_state(ck["cuda_rng"], self.device)
 
 
-def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
-    """Evaluate on test (and val), keep the selected checkpoint in best.pt, the latest in last.pt."""
+def evaluation_round(tr: Trainer, data: TaskData, out: Path, whole=contextlib.nullcontext) -> dict:
+    """Evaluate on test (and val), keep the selected checkpoint in best.pt, the latest in last.pt (``whole``: both
+    written, or neither, under an interrupt)."""
     res = {"test": tr.evaluate(data.test)}
     if data.val is not None:
         res["val"] = tr.evaluate(data.val)
@@ -146,8 +149,11 @@ def evaluation_round(tr: Trainer, data: TaskData, out: Path) -> dict:
         val = res.get("val", {})
         tr.best = {"metric": metric, "step": tr.step_no, "test_acc": res["test"]["acc"], "val_acc": val.get("acc"),
                    "val_loss": val.get("loss")}
-        checkpoint.save_atomic(tr.state(), out / "best.pt", what=f"best checkpoint (step {tr.step_no})")
-    checkpoint.save_atomic(tr.state(), out / "last.pt", what=f"checkpoint (step {tr.step_no})")
+    with whole():
+        if tr.best["step"] == tr.step_no:
+            checkpoint.save_atomic(tr.state(), out / "best.pt", what=f"best checkpoint (step {tr.step_no})")
+        checkpoint.save_atomic(tr.state(), out / "last.pt", what=f"checkpoint (step {tr.step_no})")
+        tr.saved_step = tr.step_no
     return res
 
 
@@ -166,39 +172,47 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
     mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
     acc_sum = {"correct": 0, "n": 0, "tokens": 0}
     t_train, t_start, last_eval, shown = 0.0, time.perf_counter(), tr.step_no, {}
+    interrupts = Interrupts()
     try:
-        while tr.step_no < tr.total_steps:
-            batch = tr.next_batch()
-            t0 = time.perf_counter()
-            parts = tr.step(batch)
-            dt = time.perf_counter() - t0
-            t_train += dt
-            tr.train_time += dt
-            mon.progress(1, **shown)
-            for k in acc_sum:
-                acc_sum[k] += int(parts[k])
-            s = tr.step_no
-            if s % 10 == 0 or s == tr.total_steps:
-                shown["loss"] = f"{float(parts['loss']):.3f}"
-                mon.scalars({"loss/total": float(parts["loss"]), "loss/ce": float(parts["ce"]),
-                             "loss/ksvd": float(parts["ksvd"]), "lr": tr.sched.get_last_lr()[0]}
-                            | {f"ksvd/{k}": float(v) for k, v in parts.items() if k.startswith("J/")}, s)
-            if s % tr.eval_every == 0 or s == tr.total_steps:
-                steps = s - last_eval
-                mon.scalars({"acc/train": acc_sum["correct"] / max(acc_sum["n"], 1),
-                             "throughput/samples_per_s": acc_sum["n"] / max(t_train, 1e-9),
-                             "throughput/tokens_per_s": acc_sum["tokens"] / max(t_train, 1e-9),
-                             "throughput/s_per_1k_steps": 1000 * t_train / max(steps, 1)}, s)
-                res = evaluation_round(tr, data, out)
-                for name, r in res.items():
-                    mon.scalars({f"acc/{name}": r["acc"], f"loss/{name}": r["loss"]}, s)
-                mon.flush()  # the curves reach the checkpoint just written, so a resume continues them
-                shown.update({"val" if "val" in res else "test": f"{res.get('val', res['test'])['acc']:.3f}",
-                              "best": f"{tr.best['metric']:.3f}"})
-                acc_sum = {k: 0 for k in acc_sum}
-                t_train, last_eval = 0.0, s
-    except KeyboardInterrupt:
-        mon.print(f"interrupted at step {tr.step_no}; resume with: python -m primal_dt.classify resume={out}")
+        with interrupts.installed():
+            while tr.step_no < tr.total_steps:
+                batch = tr.next_batch()
+                t0 = time.perf_counter()
+                parts = tr.step(batch)
+                dt = time.perf_counter() - t0
+                t_train += dt
+                tr.train_time += dt
+                mon.progress(1, **shown)
+                for k in acc_sum:
+                    acc_sum[k] += int(parts[k])
+                s = tr.step_no
+                if s % 10 == 0 or s == tr.total_steps:
+                    shown["loss"] = f"{float(parts['loss']):.3f}"
+                    mon.scalars({"loss/total": float(parts["loss"]), "loss/ce": float(parts["ce"]),
+                                 "loss/ksvd": float(parts["ksvd"]), "lr": tr.sched.get_last_lr()[0]}
+                                | {f"ksvd/{k}": float(v) for k, v in parts.items() if k.startswith("J/")}, s)
+                if s % tr.eval_every == 0 or s == tr.total_steps:
+                    steps = s - last_eval
+                    mon.scalars({"acc/train": acc_sum["correct"] / max(acc_sum["n"], 1),
+                                 "throughput/samples_per_s": acc_sum["n"] / max(t_train, 1e-9),
+                                 "throughput/tokens_per_s": acc_sum["tokens"] / max(t_train, 1e-9),
+                                 "throughput/s_per_1k_steps": 1000 * t_train / max(steps, 1)}, s)
+                    res = evaluation_round(tr, data, out, interrupts.held)
+                    for name, r in res.items():
+                        mon.scalars({f"acc/{name}": r["acc"], f"loss/{name}": r["loss"]}, s)
+                    mon.flush()  # the curves reach the checkpoint just written, so a resume continues them
+                    shown.update({"val" if "val" in res else "test": f"{res.get('val', res['test'])['acc']:.3f}",
+                                  "best": f"{tr.best['metric']:.3f}"})
+                    acc_sum = {k: 0 for k in acc_sum}
+                    t_train, last_eval = 0.0, s
+    except KeyboardInterrupt as err:  # no checkpoint here: resuming is exact from an evaluation round's only
+        why = f" by {err.args[0]}" if err.args else ""
+        if (out / "last.pt").exists():
+            mon.print(f"interrupted{why} at step {tr.step_no}; last.pt holds step {tr.saved_step}, the last evaluation "
+                      f"round; resume with: python -m primal_dt.classify resume={out}")
+        else:
+            mon.print(f"interrupted{why} at step {tr.step_no}, before the first evaluation round (step "
+                      f"{tr.eval_every}) wrote a checkpoint: nothing to resume")
         mon.close()
         raise
     except errors.WriteError:

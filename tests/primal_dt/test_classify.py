@@ -210,3 +210,36 @@ def test_a_run_is_resumed_by_one_process_at_a_time(tmp_path):
         first.send_signal(signal.SIGKILL)
         first.wait()
     assert run([f"resume={d}", "train.epochs=3", "progress=false"])["run_dir"] == str(d)  # the kill freed it
+
+
+@pytest.mark.parametrize("sig, first_round", [(signal.SIGTERM, 2), (signal.SIGINT, 100000)])
+def test_sigterm_or_ctrl_c_says_which_checkpoint_holds_and_how_to_resume(tmp_path, sig, first_round):
+    """SIGTERM (a cluster's time limit) ended a classifier with status 143 and not a word; now it is Ctrl-C's line
+    (status 130): the step last.pt holds, the resume command, or that nothing was written yet."""
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "primal_dt.classify", "task=uea/JapaneseVowels-fast",
+                             "model=transformer", "data.max_train=16", "data.max_val=9", "data.max_test=10",
+                             "train.batch_size=8", "train.epochs=0", "train.steps=1000000", f"train.eval_every={first_round}",
+                             f"out={tmp_path}", *TINY], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # as from a terminal
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not (
+            list(tmp_path.rglob("last.pt")) if first_round == 2 else list(tmp_path.rglob("events.*"))):
+        time.sleep(0.01)
+    time.sleep(1.0)  # steps past the checkpoint
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    (line,) = [ln for ln in out.splitlines() if ln.startswith("interrupted")]
+    by = " by SIGTERM" if sig == signal.SIGTERM else ""
+    (run_dir,) = {p.parent for p in tmp_path.rglob("events.*")}
+    if first_round == 2:
+        held = checkpoint.load(run_dir / "last.pt", expect_kind="classifier")["step"]
+        assert line.startswith(f"interrupted{by} at step ") and held > 0 and held % 2 == 0
+        assert line.endswith(f"; last.pt holds step {held}, the last evaluation round; resume with: "
+                             f"python -m primal_dt.classify resume={run_dir}")
+        assert run([f"resume={run_dir}", f"train.steps={held + 2}", "progress=false"])["steps"] == held + 2
+    else:
+        assert line.endswith("before the first evaluation round (step 100000) wrote a checkpoint: nothing to resume")
+        assert not (run_dir / "last.pt").exists()
