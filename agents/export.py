@@ -154,6 +154,10 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
         raise ValueError(f"out={out} is the checkpoint being exported; choose another path")
     if out.is_dir():
         raise ValueError(f"out={out} is a directory; give a file path, e.g. {out / FORMATS[format]}")
+    suffix = Path(FORMATS[format]).suffix
+    if out.suffix.lower() in {".onnx", ".pt", ".pth"} - {suffix}:  # read back later as the other kind of file
+        raise ValueError(f"out={out} ends {out.suffix}, but a format={format} export is a {suffix} file: name it "
+                         f"{out.with_suffix(suffix).name}, or pass the format the name says")
     if out.exists() and not overwrite:
         raise ValueError(f"out={out} exists; choose another path, or pass overwrite=true to replace it")
     step = stream_step(ck.build_model("cpu"), ck.data)
@@ -231,7 +235,8 @@ class TorchScriptPolicy(GraphPolicy):
     def __init__(self, path, threads: int | None = None):
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"policy {path} does not exist (export one with python -m agents.export "
+            what = "is a directory, not an exported policy file" if path.is_dir() else "does not exist"
+            raise FileNotFoundError(f"policy {path} {what} (export one with python -m agents.export "
                                     "checkpoint=RUN format=torchscript out=PATH)")
         extra = {METADATA_KEY + ".json": ""}
         try:

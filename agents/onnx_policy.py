@@ -206,7 +206,10 @@ class Policy:
                              "and keep_rows)")
         r = None
         if reward is not None:
-            r = np.asarray(reward, dtype=np.float32)
+            try:
+                r = np.asarray(reward, dtype=np.float32)
+            except (ValueError, TypeError):
+                raise ValueError(f"reward must be numbers, one per row, got {reward!r}") from None
             if r.shape != (self.batch,):
                 raise ValueError(f"reward must have shape [batch={self.batch}], got {r.shape}")
         action = self._step(o, r)
@@ -288,7 +291,8 @@ class OnnxPolicy(GraphPolicy):
 
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"policy {path} does not exist (export one with python -m agents.export "
+            what = "is a directory, not an exported policy file" if path.is_dir() else "does not exist"
+            raise FileNotFoundError(f"policy {path} {what} (export one with python -m agents.export "
                                     "checkpoint=RUN format=onnx out=PATH)")
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
             raise ValueError(f"threads must be an integer >= 1 or None, got {threads!r}")

@@ -186,6 +186,7 @@ def load(path: str | Path, expect_kind: str | None = None, keys: tuple[str, ...]
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
+    _check_format(path)
     try:  # torch warns about a foreign pickle before refusing it: only the refusal below should print
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -202,6 +203,25 @@ def load(path: str | Path, expect_kind: str | None = None, keys: tuple[str, ...]
     if expect_kind is not None and ckpt.get("kind") != expect_kind:
         raise ValueError(f"checkpoint {path} holds a {ckpt.get('kind')!r} model, expected {expect_kind!r}")
     return ckpt
+
+
+# what a file that is not torch.save's (a zip archive, or a pickle in the legacy format) most likely is
+_OTHER_FORMATS = {b"\x89HDF": "an HDF5 file (a dataset? give it as data_source=d4rl:PATH)", b"{": "a JSON file",
+                  b"[": "a JSON file", b"\x08": "an ONNX graph or another protobuf (load it with agents.onnx_policy)"}
+
+
+def _check_format(path: Path) -> None:
+    """A file that is no torch checkpoint at all is named for what it is, not refused as a foreign pickle."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return  # torch.load says why below
+    if head.startswith((b"PK\x03\x04", b"\x80")) or not head:
+        return
+    what = next((f"is {w}, not a PyTorch checkpoint" for magic, w in _OTHER_FORMATS.items() if head.startswith(magic)),
+                f"is not a PyTorch checkpoint (torch.save writes a zip archive; this file begins {head!r})")
+    raise ValueError(f"checkpoint {path} {what}; give a run directory or the last.pt that training wrote")
 
 
 def _refusal(path: Path, err: Exception) -> str:

@@ -382,6 +382,8 @@ def test_command_line_bad_input_is_one_error_line(tiny_dt, dt_checkpoint_file, r
     (["checkpoint={ck}", "out={ck}", "overwrite=true"], "is the checkpoint being exported"),
     (["checkpoint={ck}", "out={dir}/taken.onnx"], "exists; choose another path, or pass overwrite=true"),
     (["checkpoint={ck}", "out={dir}"], "is a directory"),
+    (["checkpoint={ck}", "out={dir}/policy.pt"], "ends .pt, but a format=onnx export is a .onnx file: name it policy.onnx"),
+    (["checkpoint={ck}", "format=torchscript", "out={dir}/p.onnx"], "is a .pt file: name it p.pt"),
 ])
 def test_bad_command_lines_end_with_one_error_line(args, message, trained, tmp_path, capsys):
     ck = dt_checkpoint.resolve(trained["dt"])

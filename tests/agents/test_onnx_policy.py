@@ -218,6 +218,8 @@ def test_misuse_is_a_clear_error(runtime, exported):
     p.reset(2)
     with pytest.raises(ValueError, match=r"reward must have shape \[batch=2\], got \(3,\)"):
         p.act(np.zeros((2, 11)), np.zeros(3))
+    with pytest.raises(ValueError, match=r"reward must be numbers, one per row, got \['a', 'b'\]"):
+        p.act(np.zeros((2, 11)), ["a", "b"])  # numpy's words were "could not convert string to float: 'a'"
     with pytest.raises(ValueError, match=r"done must have shape \[batch=2\]"):
         p.reset_done([True])
     with pytest.raises(ValueError, match="keep_rows would drop every row"):
@@ -232,6 +234,10 @@ def test_misuse_is_a_clear_error(runtime, exported):
 def test_files_that_are_not_policies_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist .*python -m agents.export"):
         OnnxPolicy(tmp_path / "missing.onnx")
+    with pytest.raises(FileNotFoundError, match=f"policy {tmp_path} is a directory, not an exported policy file"):
+        OnnxPolicy(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"policy {tmp_path} is a directory, .*format=torchscript"):
+        TorchScriptPolicy(tmp_path)
     junk = tmp_path / "junk.onnx"
     junk.write_bytes(b"not a model")
     with pytest.raises(ValueError, match="is not a readable ONNX model"):

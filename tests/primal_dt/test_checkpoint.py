@@ -3,6 +3,7 @@ are refused, a write that hits a real file-size limit is one clear error that
 leaves the previous file intact, and temporaries of killed writers are cleaned up."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -46,6 +47,22 @@ def test_unreadable_and_corrupt_files_say_so(tmp_path, run_code):
     (tmp_path / "torn.pt").write_bytes(b"PK\x03\x04 not a whole zip")
     with pytest.raises(ValueError, match="may be truncated"):
         checkpoint.load(tmp_path / "torn.pt")
+
+
+def test_a_file_of_another_kind_is_named_for_what_it_is_not_called_a_foreign_pickle(tmp_path):
+    """A dataset or a report given where a checkpoint goes was refused as "pickled objects ... which could run
+    code": true of no byte in it, and no help. The file's first bytes say what it is."""
+    import h5py
+
+    with h5py.File(tmp_path / "data.hdf5", "w") as f:
+        f["observations"] = np.zeros((3, 11))
+    (tmp_path / "summary.json").write_text('{"steps": 3}')
+    (tmp_path / "notes.txt").write_text("hello")
+    for name, what in (("data.hdf5", "is an HDF5 file (a dataset? give it as data_source=d4rl:PATH), not a PyTorch"),
+                       ("summary.json", "is a JSON file, not a PyTorch checkpoint"),
+                       ("notes.txt", "is not a PyTorch checkpoint (torch.save writes a zip archive; this file begins b'hell')")):
+        with pytest.raises(ValueError, match=re.escape(f"checkpoint {tmp_path / name} {what}")):
+            checkpoint.load(tmp_path / name)
 
 
 def test_a_write_past_a_real_file_size_limit_is_one_clear_error_and_keeps_the_old_file(tmp_path, run_code):
