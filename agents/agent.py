@@ -206,7 +206,7 @@ def cached_export(path: Path) -> Path | None:
     in its own metadata, which anyone who can write there can copy into a graph that computes something else
     (and a few checked steps cannot tell a graph that deviates later). An entry is named by the checkpoint
     file's SHA-256 and what made the graph."""
-    from .export import FORMATS, export_policy, package_version, sha256_file
+    from .export import FORMATS, export_policy, package_version
 
     # $XDG_CACHE_HOME/primal-dt/onnx, readable by the user only: nothing is cached where it cannot be made so
     d = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "primal-dt" / "onnx"
@@ -220,9 +220,9 @@ def cached_export(path: Path) -> Path | None:
     made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"  # an upgrade exports again
     made_by = ''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)
     entry = lambda sha: (d / f"{sha}-{made_by}.onnx", d / f"{sha}-{made_by}.onnx.sha256")  # noqa: E731
-    graph, digest = entry(sha256_file(path))
+    graph, digest = entry(ck_io.sha256_file(path))
     try:
-        if graph.is_file() and digest.read_text().strip() == sha256_file(graph):
+        if graph.is_file() and digest.read_text().strip() == ck_io.sha256_file(graph):
             return graph
     except OSError:
         pass  # no digest (an export killed before it was written): export again
@@ -232,9 +232,9 @@ def cached_export(path: Path) -> Path | None:
             # exported from a private copy and filed under the copy's hash: a checkpoint replaced between the hash
             # and the export (by whoever can write its directory) is never filed under the replaced one's hash
             own = Path(shutil.copyfile(path, tmp / path.name))
-            graph, digest = entry(sha256_file(own))
+            graph, digest = entry(ck_io.sha256_file(own))
             fresh = export_policy(own, "onnx", tmp / FORMATS["onnx"], overwrite=True)
-            ck_io.write_atomic(digest, sha256_file(fresh) + "\n", "digest of a cached ONNX export")
+            ck_io.write_atomic(digest, ck_io.sha256_file(fresh) + "\n", "digest of a cached ONNX export")
             os.replace(fresh, graph)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

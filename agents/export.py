@@ -11,7 +11,6 @@ extra); a layer whose state grows with the episode cannot be exported (a ValueEr
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import json
@@ -129,14 +128,6 @@ def _what(name: str, kinds: list[str]) -> str:
     return f"{layer} ({kinds[int(layer.removeprefix('layer'))]}) state: {part}"
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def export_policy(source, format: str = "onnx", out: str | Path | None = None, *, overwrite: bool = False) -> Path:
     """Write ``source``'s stream step (a checkpoint file, its run directory, or a ``DTCheckpoint``) as
     ``format`` to ``out`` (default: next to the checkpoint), atomically; an existing file is replaced only
@@ -161,7 +152,7 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
     if out.exists() and not overwrite:
         raise ValueError(f"out={out} exists; choose another path, or pass overwrite=true to replace it")
     step = stream_step(ck.build_model("cpu"), ck.data)
-    meta = metadata(step, ck, None if path is None else sha256_file(path),
+    meta = metadata(step, ck, None if path is None else ck_io.sha256_file(path),
                     ck.origin if path is None else str(path), format)
     data = (_onnx_bytes if format == "onnx" else _torchscript_bytes)(step, meta)
     ck_io.remove_stale_temps(out.parent, names=(out.name,))  # a killed export's temporary file

@@ -134,6 +134,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
     own ``max_steps``), and a note for each report left out. One report per engine: evaluations of one checkpoint
     are not seeds, so a second one is left out rather than averaged with the first as if it were another run."""
     out, kept, notes = [], {}, []
+    digest = functools.cache(lambda: ck_io.sha256_file(dt_checkpoint.resolve(run.path)))
     # newest first: the report that stands for its engine is the latest one written
     for p in sorted(run.path.glob("rollout-*.json"), key=lambda p: (-_mtime(p), p.name)):
         try:
@@ -145,6 +146,11 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
                 raise ValueError(f"max_steps {cap!r} is not an integer >= 0")
             if rep.get("train_step") != run.steps:
                 notes.append(f"{p}: not the final checkpoint's evaluation, left out")
+                continue
+            # (a report written before rollouts recorded the checkpoint's digest is matched by its step alone)
+            if "checkpoint_sha256" in rep and rep["checkpoint_sha256"] != digest():
+                notes.append(f"{p}: an evaluation of another checkpoint (its checkpoint_sha256 is not this run's), "
+                             "left out")
                 continue
             final = {f"target{t}": {"normalized_mean": float(r["normalized_mean"]),
                                     "episodes": int(rep["episodes_per_target"])} for t, r in targets.items()}

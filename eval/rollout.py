@@ -179,6 +179,7 @@ def run(argv: list[str]) -> dict:
     with errors.setup_errors(KeyError):
         check(cfg)
         path = dt_checkpoint.resolve(cfg.checkpoint)
+        digest = checkpoint_io.sha256_file(path)  # what eval.report matches the report to its run by
         ck = dt_checkpoint.load(path)
         spec = envs.get_spec(ck.data.env)
         if cfg.check_data or cfg.data_source:
@@ -192,7 +193,7 @@ def run(argv: list[str]) -> dict:
             print(note)
         try:
             # the video beside the report: in out='s folder when given, else in the run directory
-            report = _rollout(cfg, path, ck, spec, model, targets, out.parent)
+            report = _rollout(cfg, path, ck, spec, model, targets, out.parent) | {"checkpoint_sha256": digest}
         except KeyboardInterrupt:
             print(f"interrupted: no report written ({out} would have held it)", flush=True)
             raise

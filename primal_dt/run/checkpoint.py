@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import io
 import os
 import pickle
@@ -32,6 +33,15 @@ def save_atomic(obj, path: str | Path, what: str = "checkpoint") -> Path:
     buf = io.BytesIO()
     torch.save(obj, buf)
     return write_atomic(path, buf.getbuffer(), what)
+
+
+def sha256_file(path: str | Path) -> str:
+    """The file's SHA-256: what names a checkpoint wherever it is copied or moved."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_atomic(path: str | Path, data: bytes | str, what: str, *, replace: bool = True) -> Path:

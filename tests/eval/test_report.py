@@ -473,6 +473,24 @@ def test_two_rollouts_of_one_checkpoint_are_not_two_seeds_and_each_is_capped_at_
     assert any("(recompute): evaluation episodes capped at 7 steps" in n for n in res["notes"])
 
 
+def test_a_rollout_report_copied_beside_another_run_is_left_out(runs, tmp_path, hopper_file):
+    """Runs of one recipe stop at the same step, so a rollout report copied (or left) beside another run passed the
+    step check and scored that run; the report names the checkpoint it evaluated by its SHA-256."""
+    from eval import rollout
+
+    _, summaries, _ = runs
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    shutil.copytree(summaries[("dt", 0)]["run_dir"], mine)
+    shutil.copytree(summaries[("dt", 1)]["run_dir"], other)
+    rollout.run([f"checkpoint={mine}", "engine=recompute", "episodes=1", "max_steps=15", "num_envs=1",
+                 "targets=3600", "progress=false", f"data_source=d4rl:{hopper_file}"])
+    shutil.copy(mine / "rollout-recompute.json", other / "rollout-recompute.json")
+    res = report.report([str(mine), str(other)], tmp_path / "rep")
+    (row,) = [r for r in res["rows"]["target3600"] if r["engine"] == "recompute"]
+    assert row["seeds"] == 1 and row["runs"] == [str(mine)]
+    assert any(f"{other / 'rollout-recompute.json'}: an evaluation of another checkpoint" in n for n in res["notes"])
+
+
 def test_a_run_resumed_after_its_summary_is_left_out_not_reported_with_its_old_scores(runs, tmp_path):
     """A finished run resumed for more steps and stopped holds a checkpoint past its summary: its summary's scores
     are not the checkpoint's (nor its config's step budget), so the run is named as unfinished and left out."""
