@@ -15,7 +15,7 @@
 # Every step is eval.sweep or eval.rollout, which skip what is finished and resume what was stopped, so
 # calling the script again continues where it stopped. Settings (environment variables, defaults in
 # brackets): FIDELITY_ENVS [hopper-medium hopper-medium-replay], FIDELITY_MODELS [dt,primal+dt],
-# FIDELITY_SEEDS [0 1 2], FIDELITY_WINDOWS [10], FIDELITY_EPISODES [50, per target], FIDELITY_RECIPE
+# FIDELITY_SEEDS [0 1 2], FIDELITY_WINDOWS [10; empty: no (c)], FIDELITY_EPISODES [50, per target], FIDELITY_RECIPE
 # [cpu], FIDELITY_THREADS [1], FIDELITY_PREFIX_MODELS [primalformer-dt; empty: no (d)], FIDELITY_PREFIX_K
 # [1000, Hopper's episode limit], FIDELITY_PREFIX_BATCH [16: each segment is K steps]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
 # path runs in a minute or two (the tests run it).
@@ -32,7 +32,7 @@ export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 ENVS=${FIDELITY_ENVS:-hopper-medium hopper-medium-replay}
 MODELS=${FIDELITY_MODELS:-dt,primal+dt}
 SEEDS=${FIDELITY_SEEDS:-0 1 2}
-WINDOWS=${FIDELITY_WINDOWS:-10}
+WINDOWS=${FIDELITY_WINDOWS-10}
 EPISODES=${FIDELITY_EPISODES:-50}
 THREADS=${FIDELITY_THREADS:-1}
 PREFIX_MODELS=${FIDELITY_PREFIX_MODELS-primalformer-dt}

@@ -33,3 +33,7 @@ def test_the_fidelity_comparison_rehearses_and_resumes(tmp_path):
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "(b)" not in again.stdout and again.stdout.count("0 to start, 0 to resume, 1 finished") == 3
+    only_a = subprocess.run(cmd, env={**env, "FIDELITY_WINDOWS": "", "FIDELITY_PREFIX_MODELS": ""},
+                            capture_output=True, text=True, timeout=900)  # empty: that part left out, not its default
+    assert only_a.returncode == 0 and "(a)" in only_a.stdout, only_a.stderr[-3000:]
+    assert "(c)" not in only_a.stdout and "(d)" not in only_a.stdout
