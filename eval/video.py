@@ -136,9 +136,3 @@ def _write(frames, fps: float, out_dir: Path, engine: str, step: int) -> dict:
         mon.close()
     return {"path": str(path), "tensorboard": f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"}
 
-
-if __name__ == "__main__":  # the name reads like a command: say which one records
-    from primal_dt.run.cli import fail
-
-    fail("eval.video is the recorder eval.rollout uses; record an episode with: "
-         "python -m eval.rollout checkpoint=RUN video=true")

@@ -126,7 +126,3 @@ def test_a_gif_that_cannot_be_written_whole_leaves_no_file(tmp_path, run_code):
     assert p.returncode != 0 and "could not write the episode GIF" in p.stderr, p.stderr[-2000:]
     assert not list(tmp_path.iterdir())
 
-
-def test_python_m_eval_video_names_the_command_that_records(run_cli, one_line_error):
-    """``python -m eval.video`` read like a command and did nothing, with status 0."""
-    one_line_error(run_cli("eval.video"), "python -m eval.rollout checkpoint=RUN video=true")
