@@ -135,4 +135,3 @@ def _write(frames, fps: float, out_dir: Path, engine: str, step: int) -> dict:
     finally:
         mon.close()
     return {"path": str(path), "tensorboard": f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"}
-

@@ -125,4 +125,3 @@ def test_a_gif_that_cannot_be_written_whole_leaves_no_file(tmp_path, run_code):
     p = run_code(code, file_size=4096)
     assert p.returncode != 0 and "could not write the episode GIF" in p.stderr, p.stderr[-2000:]
     assert not list(tmp_path.iterdir())
-
