@@ -154,7 +154,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
                 continue
             final = {f"target{t}": {"normalized_mean": float(r["normalized_mean"]),
                                     "episodes": int(rep["episodes_per_target"])} for t, r in targets.items()}
-            if not all(k.removeprefix("target").replace(".", "", 1).lstrip("-").isdigit() for k in final):
+            if not all(_number(k.removeprefix("target")) for k in final):
                 raise ValueError("a target is not a number")
         except (OSError, ValueError, KeyError, TypeError) as err:
             notes.append(f"{p}: not a rollout report eval.report reads ({err}), left out")
