@@ -11,7 +11,6 @@ import sys
 import types
 import typing
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import tyro
@@ -107,29 +106,22 @@ def _values(kind: str, f: dataclasses.Field, text: str) -> list[str]:
     return ["None" if kind == "optional" and text.lower() == "none" else text]
 
 
-def parse(cls: type[T], argv: Sequence[str] | None = None, *, default: T | None = None, prog: str | None = None,
+def parse(cls: type[T], argv: Sequence[str], *, default: T | None = None, prog: str | None = None,
           description: str | None = None, shorthands: dict[str, str] | None = None, known: bool = False) -> Any:
-    """The config ``argv`` (default ``sys.argv[1:]``) asks for over ``default`` (a preset; ``--help`` shows its
-    values). ``known``: return (config, the words this command does not know)."""
-    args, _ = rewrite(cls, sys.argv[1:] if argv is None else argv, shorthands, strict=not known)
-    return tyro.cli(cls, args=args, default=default, prog=prog or _main_module(), description=description,
-                    use_underscores=True, return_unknown_args=known)
+    """The config ``argv`` asks for over ``default`` (a preset; ``--help`` shows its values), ``prog`` naming
+    the command in ``--help`` and errors. ``known``: return (config, the words this command does not know)."""
+    args, _ = rewrite(cls, argv, shorthands, strict=not known)
+    return tyro.cli(cls, args=args, default=default, prog=prog, description=description, use_underscores=True,
+                    return_unknown_args=known)
 
 
 def peek(cls: type[T], argv: Sequence[str], shorthands: dict[str, str] | None = None, prog: str | None = None) -> T:
     """A first reading of ``argv`` for the options that choose a preset or checkpoint (``env``, ``resume``)."""
     args = [a for a in rewrite(cls, argv, shorthands, strict=False)[0] if a not in ("-h", "--help")]
-    return tyro.cli(cls, args=args, prog=prog or _main_module(), use_underscores=True, return_unknown_args=True)[0]
+    return tyro.cli(cls, args=args, prog=prog, use_underscores=True, return_unknown_args=True)[0]
 
 
 def given(cls: type, argv: Sequence[str], shorthands: dict[str, str] | None = None) -> list[str]:
     """Dotted names of the options ``argv`` sets, in order: where a run's values came from."""
     return rewrite(cls, argv, shorthands)[1]
 
-
-def _main_module() -> str:
-    """``python -m <module>`` of the running program (a package's ``__main__`` names the package)."""
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if spec is not None and spec.name:
-        return "python -m " + spec.name.removesuffix(".__main__")
-    return Path(sys.argv[0]).name or "python"
