@@ -7,8 +7,8 @@ ValueError naming the file and the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import envs
-from primal_dt.run import checkpoint as ck_io
+from primal_dt.run import checkpoint as ck_io, presets
 from primal_dt.run.json_reader import MAX_MAGNITUDE
 from primal_dt.run.options import check_size
 
@@ -235,17 +235,11 @@ class _Fields:
     def model_config(self, v) -> DTConfig:
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
             raise self.bad("model_config", "a mapping (DTConfig's fields)", v)
-        kinds = {int: (int,), float: (int, float), str: (str,), bool: (bool,), tuple: (list, tuple)}
+        hints = typing.get_type_hints(DTConfig)
         try:  # a field missing, unknown, of the wrong kind or out of range, or sizes no machine allocates
-            for f in dataclasses.fields(DTConfig):
-                want, x = kinds.get(type(f.default)), v.get(f.name)
-                if f.name not in v or want is None:
-                    continue
-                if not isinstance(x, want) or (isinstance(x, bool) and bool not in want):
-                    raise ValueError(f"model_config.{f.name} must be {type(f.default).__name__}, got "
-                                     f"{json.dumps(x)[:40]}")
-                if isinstance(f.default, tuple) and not all(isinstance(w, str) for w in x):
-                    raise ValueError(f"model_config.{f.name} must be a list of strings, got {json.dumps(x)[:40]}")
+            for k, x in v.items():
+                if k in hints and not presets.fits(x, hints[k]):
+                    raise ValueError(f"model_config.{k} must be {presets.kind(hints[k])}, got {repr(x)[:40]}")
             mc = DTConfig(**v)
             mc.check()
             # what acting allocates per row beyond the weights (K steps of activations), as training bounds it

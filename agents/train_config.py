@@ -7,7 +7,6 @@ Precedence: dataclass defaults < the preset (``configs/dt/<preset>.yaml``, by de
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, get_args
 
@@ -18,6 +17,7 @@ from envs import sources
 from primal_dt.attention import available, get_class
 from primal_dt.layouts import canonical
 from primal_dt.run import cli, presets
+from primal_dt.run.errors import did_you_mean
 from primal_dt.run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
 from primal_dt.run.options import as_words, attention_options as parse_attention_options
 from primal_dt.run.presets import flat
@@ -75,8 +75,7 @@ class ModelConfig:
         for n in self.layer_names() or (self.name,):
             base = canonical(n.removeprefix("primal+"))
             if base not in mechanisms:
-                close = difflib.get_close_matches(n, ["dt", "primal+dt", "primalformer-dt", *mechanisms], n=3)
-                hint = f" Did you mean {', '.join(map(repr, close))}?" if close else ""
+                hint = did_you_mean(n, ["dt", "primal+dt", "primalformer-dt", *mechanisms])
                 raise ValueError(f"unknown model {n!r}.{hint} Use dt, primal+dt, primalformer-dt, primal+<mechanism> "
                                  f"or a mechanism: {', '.join(mechanisms)}")
             if base not in causal:

@@ -62,13 +62,13 @@ def apply_preset(cfg: Any, values: dict, where: str = "preset", top: bool = True
                 raise ValueError(f"{where}: {key} must be a mapping of its options, got {repr(val)[:60]}")
             changes[key] = apply_preset(cur, val, f"{where}.{key}", top=False)
         else:
-            if not _fits(val, hints[key]):
-                raise ValueError(f"{where}: {key} must be {_kind(hints[key])}, got {repr(val)[:60]}")
+            if not fits(val, hints[key]):
+                raise ValueError(f"{where}: {key} must be {kind(hints[key])}, got {repr(val)[:60]}")
             changes[key] = tuple(val) if typing.get_origin(hints[key]) is tuple else val  # YAML and JSON give lists
     return dataclasses.replace(cfg, **changes)
 
 
-def _fits(value: Any, hint: Any) -> bool:
+def fits(value: Any, hint: Any) -> bool:
     """Whether a preset's or a saved config's ``value`` is of the annotation's kind, so ``eval: 5`` is refused by
     name here, not later in code that trusts the type."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
@@ -78,17 +78,17 @@ def _fits(value: Any, hint: Any) -> bool:
     if origin is typing.Literal:
         return any(value == a and type(value) is type(a) for a in args)
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
-        return isinstance(value, (list, tuple)) and all(_fits(v, args[0]) for v in value)
+        return isinstance(value, (list, tuple)) and all(fits(v, args[0]) for v in value)
     if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, a) if a is not type(None) else value is None for a in args)
+        return any(fits(value, a) if a is not type(None) else value is None for a in args)
     return True
 
 
-def _kind(hint: Any) -> str:
+def kind(hint: Any) -> str:
     if typing.get_origin(hint) is typing.Literal:
         return "one of " + ", ".join(map(repr, typing.get_args(hint)))
     if typing.get_origin(hint) is tuple:
-        return f"a list of {_kind(typing.get_args(hint)[0])}"
+        return f"a list of {kind(typing.get_args(hint)[0])}"
     return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
 
 
