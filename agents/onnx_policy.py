@@ -245,7 +245,6 @@ class GraphPolicy(Policy):
     def __init__(self, metadata: dict, where: str):
         check_metadata(metadata, where)
         self.metadata = metadata
-        self.where = where
         self.obs_dim, self.act_dim = int(metadata["obs_dim"]), int(metadata["act_dim"])
         self.targets = tuple(float(t) for t in metadata["targets"])
         self.default_target = self.targets[0]

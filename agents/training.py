@@ -638,15 +638,12 @@ def check_summary(summary, where: str) -> dict:
         return ValueError(f"{where}: {field} must be {want}, got {kinds.get(type(got), f'a {type(got).__name__}')}"
                           f"{shown}")
 
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool)
-
     if not isinstance(summary, dict):
         raise bad("the file", "a JSON object (a run's summary)", summary)
     for key, kind in SUMMARY_FIELDS.items():
         if key not in summary:
             raise ValueError(f"{where}: no {key!r}; this is not a summary that training wrote")
-        if not isinstance(summary[key], kind) or isinstance(summary[key], bool) or summary[key] == "":
+        if not presets.fits(summary[key], kind) or summary[key] == "":
             raise bad(key, "an integer" if kind is int else "a non-empty string", summary[key])
     if summary.get("engine", train_config.ENGINES[0]) not in train_config.ENGINES:  # labels the report's rows
         raise bad("engine", f"one of {', '.join(train_config.ENGINES)}", summary["engine"])
@@ -664,10 +661,10 @@ def check_summary(summary, where: str) -> dict:
             if "normalized_mean" not in scores:
                 raise ValueError(f"{where}: final.{tag} has no 'normalized_mean'")
             for k in SCORES:
-                if k in scores and not number(scores[k]):
+                if k in scores and not presets.fits(scores[k], float):
                     raise bad(f"final.{tag}.{k}", "a number", scores[k])
     val = summary.get("validation")
-    if val is not None and not (isinstance(val, dict) and number(val.get("action_mse"))):
+    if val is not None and not (isinstance(val, dict) and presets.fits(val.get("action_mse"), float)):
         raise bad("validation", "an object with a number action_mse, or null", val)
     return summary
 
