@@ -5,12 +5,10 @@ from __future__ import annotations
 import functools
 
 from primal_dt.run.runtime import usable_cores
-from agents.train_config import ENGINES
 
-INFERENCE_ENGINES = (*ENGINES, "onnx", "torchscript")
-BIG_BATCH = {"stream": 32, "onnx": 32, "torchscript": 32, "recompute": 8}
-"""rows from which an engine's step is large matmuls rather than per-operator overhead (below, no thread
-count helps: eval.bench.inference); recompute runs 3K tokens per row"""
+BIG_BATCH = {"recompute": 8, "stream": 32, "onnx": 32, "torchscript": 32}
+"""every inference engine, with the rows from which its step is large matmuls rather than per-operator overhead
+(below, no thread count helps: eval.bench.inference); recompute runs 3K tokens per row"""
 
 
 def inference_threads(engine: str, batch: int, cores: int | None = None) -> int:
@@ -22,8 +20,8 @@ def inference_threads(engine: str, batch: int, cores: int | None = None) -> int:
 
 def lane_threads(engine: str, batch: int, lanes: int, cores: int | None = None) -> int:
     """Threads for each of ``lanes`` processes acting side by side: 1 for small batches, else a share."""
-    if engine not in INFERENCE_ENGINES:
-        raise ValueError(f"unknown inference engine {engine!r}; choose one of {', '.join(INFERENCE_ENGINES)}")
+    if engine not in BIG_BATCH:
+        raise ValueError(f"unknown inference engine {engine!r}; choose one of {', '.join(BIG_BATCH)}")
     if batch < BIG_BATCH[engine]:
         return 1
     return max(1, (usable_cores() if cores is None else max(1, int(cores))) // max(1, int(lanes)))
