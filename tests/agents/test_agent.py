@@ -152,7 +152,7 @@ def test_clear_errors(tmp_path, tiny_dt, make_agent, dt_checkpoint, dt_checkpoin
     with pytest.raises(ValueError, match="causal"):
         load_agent(ck, runtime="torch")
     ck["model_config"]["layers"] = ["softmax", "nystrom", "primal"]  # not what to_dict writes: named, not a crash
-    with pytest.raises(ValueError, match="model_config.layers must be str"):
+    with pytest.raises(ValueError, match=r"model_config.layers must be a string, got \["):
         load_agent(ck, runtime="torch")
 
 
