@@ -182,7 +182,7 @@ class _Fields:
 
     def number(self, v, field_: str, low: float = float("-inf"), strict: bool = False) -> float:
         """Finite and at most ``MAX_MAGNITUDE`` in size: float32, in which acting computes, holds it."""
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ok = presets.fits(v, float) and math.isfinite(v)
         if not ok or v < low or (strict and v == low):
             raise self.bad(field_, f"a finite number {'>' if strict else '>='} {low:g}" if low > float("-inf")
                            else "a finite number", v)
@@ -301,8 +301,7 @@ def _integer(v, low: int) -> bool:
 def _curve(c) -> bool:
     """(step, value) pairs; values may be NaN (an evaluation that diverged is logged as such)."""
     return isinstance(c, (list, tuple)) and all(
-        isinstance(p, (list, tuple)) and len(p) == 2 and _integer(p[0], 0)
-        and isinstance(p[1], (int, float)) and not isinstance(p[1], bool) for p in c)
+        isinstance(p, (list, tuple)) and len(p) == 2 and _integer(p[0], 0) and presets.fits(p[1], float) for p in c)
 
 
 def _rng_state(r) -> bool:
