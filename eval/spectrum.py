@@ -56,12 +56,11 @@ def capture_attention_inputs(model: nn.Module, run: Callable[[], object]) -> lis
         for i, block in enumerate(stack.blocks):
             name = f"{sname + '.' if sname else ''}layer{i}"
 
-            def hook(mod, args, kwargs, name=name):
-                x = args[0] if args else kwargs["x"]
-                mask = args[1] if len(args) > 1 else kwargs.get("mask")
+            def hook(mod, args, name=name):  # a Block calls its attention as attn(x, mask)
+                x, mask = args
                 seen.append((name, mod, x.detach(), None if mask is None else mask.detach()))
 
-            handles.append(block.attn.register_forward_pre_hook(hook, with_kwargs=True))
+            handles.append(block.attn.register_forward_pre_hook(hook))
     try:
         with torch.no_grad():
             run()

@@ -1,6 +1,6 @@
 """Train a sequence classifier and select its checkpoint: what ``python -m primal_dt.classify`` runs.
-``Trainer`` keeps ``step`` and ``evaluate`` apart so a benchmark can interleave two models on the same batches;
-``fit`` is the loop, evaluation rounds keeping best.pt (``classify_config.SELECTIONS``) and last.pt.
+``Trainer`` keeps ``step`` (timed: ``train_time``) and ``evaluate`` apart so a benchmark can interleave two models on
+the same batches; ``fit`` is the loop, evaluation rounds keeping best.pt (``classify_config.SELECTIONS``) and last.pt.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class Trainer:
             return next(self._it)
 
     def step(self, batch) -> dict:
+        t0 = time.perf_counter()
         x, m, y = (t.to(self.device) for t in batch)
         out, t = self.model(x, m), self.cfg.train
         loss, parts = classification_loss(out, y, self.cfg.primal.eta)
@@ -95,8 +96,9 @@ class Trainer:
                            f"{t.grad_clip:g})")
         self.opt.step()
         self.sched.step()
-        if self.device.type == "cuda":  # the caller times the step: wait for the GPU to finish it
+        if self.device.type == "cuda":  # the step is timed: wait for the GPU to finish it
             torch.cuda.synchronize(self.device)
+        self.train_time += time.perf_counter() - t0
         self.step_no += 1
         return parts | {"loss": loss.detach(), "correct": (out.logits.argmax(-1) == y).sum(), "n": len(y),
                         "tokens": m.sum()}
@@ -171,17 +173,12 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
               f"  device {tr.device}; run directory: {out}")
     mon.text("config", "```\n" + yaml.safe_dump(dataclasses.asdict(cfg), sort_keys=False) + "\n```")
     acc_sum = {"correct": 0, "n": 0, "tokens": 0}
-    t_train, t_start, last_eval, shown = 0.0, time.perf_counter(), tr.step_no, {}
+    timed_before, t_start, last_eval, shown = tr.train_time, time.perf_counter(), tr.step_no, {}
     interrupts = Interrupts()
     try:
         with interrupts.installed():
             while tr.step_no < tr.total_steps:
-                batch = tr.next_batch()
-                t0 = time.perf_counter()
-                parts = tr.step(batch)
-                dt = time.perf_counter() - t0
-                t_train += dt
-                tr.train_time += dt
+                parts = tr.step(tr.next_batch())
                 mon.progress(1, **shown)
                 for k in acc_sum:
                     acc_sum[k] += int(parts[k])
@@ -192,7 +189,7 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
                                  "loss/ksvd": float(parts["ksvd"]), "lr": tr.sched.get_last_lr()[0]}
                                 | {f"ksvd/{k}": float(v) for k, v in parts.items() if k.startswith("J/")}, s)
                 if s % tr.eval_every == 0 or s == tr.total_steps:
-                    steps = s - last_eval
+                    steps, t_train = s - last_eval, tr.train_time - timed_before
                     mon.scalars({"acc/train": acc_sum["correct"] / max(acc_sum["n"], 1),
                                  "throughput/samples_per_s": acc_sum["n"] / max(t_train, 1e-9),
                                  "throughput/tokens_per_s": acc_sum["tokens"] / max(t_train, 1e-9),
@@ -204,7 +201,7 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
                     shown.update({"val" if "val" in res else "test": f"{res.get('val', res['test'])['acc']:.3f}",
                                   "best": f"{tr.best['metric']:.3f}"})
                     acc_sum = {k: 0 for k in acc_sum}
-                    t_train, last_eval = 0.0, s
+                    timed_before, last_eval = tr.train_time, s
     except KeyboardInterrupt as err:  # no checkpoint here: resuming is exact from an evaluation round's only
         why = f" by {err.args[0]}" if err.args else ""
         if (out / "last.pt").exists():

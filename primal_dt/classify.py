@@ -49,14 +49,11 @@ def _run(argv: list[str], path) -> dict:
         trainer = Trainer(cfg, data, device)
         if ck is not None:
             check_resumed(cfg, config_from_dict(ck["config"]), argv, str(path), ck["step"], trainer.total_steps)
-        try:
-            trainer.restore(ck) if ck is not None else None
-        except checkpoint.UNFIT as err:
-            raise checkpoint.unfit(f"checkpoint {path}", err) from err
-    if ck is not None:
-        out = path.parent
-    else:
-        out = run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
+            try:
+                trainer.restore(ck)
+            except checkpoint.UNFIT as err:
+                raise checkpoint.unfit(f"checkpoint {path}", err) from err
+    out = path.parent if ck is not None else run_dir(cfg.out, "classify", cfg.task, cfg.model, seed=cfg.seed)
     last = out / "last.pt"
     kept = lambda: (f"{last} (the last evaluation round's) is intact" if last.exists()
                     else "no checkpoint had been written")

@@ -10,7 +10,6 @@ steps so load on a shared machine hits them alike; only optimisation steps are t
 from __future__ import annotations
 
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,10 +58,7 @@ def main(argv: list[str] | None = None) -> dict:
         n = min(block, total - done)
         for m, tr in zip(models, trainers):
             for _ in range(n):
-                b = tr.next_batch()
-                t0 = time.perf_counter()
-                tr.step(b)
-                tr.train_time += time.perf_counter() - t0
+                tr.step(tr.next_batch())
             val, test = tr.evaluate(data.val)["acc"], tr.evaluate(data.test)["acc"]
             if val > best[m][0]:
                 best[m] = (val, test, tr.step_no)
