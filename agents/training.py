@@ -623,7 +623,8 @@ SCORES = ("normalized_mean", "normalized_std", "return_mean", "return_std", "len
 """each target's final scores (NaN or inf when a rollout went wrong)"""
 
 
-def _finite(text: str) -> bool:
+def finite_number(text: str) -> bool:
+    """Whether ``text`` (a target tag's number) reads as a finite number."""
     try:
         return math.isfinite(float(text))
     except ValueError:
@@ -654,7 +655,7 @@ def check_summary(summary, where: str) -> dict:
         if not isinstance(final, dict):
             raise bad("final", "an object of target -> scores, or null", final)
         for tag, scores in final.items():
-            if not (tag.startswith("target") and _finite(tag[len("target"):])):
+            if not (tag.startswith("target") and finite_number(tag[len("target"):])):
                 raise ValueError(f"{where}: final: {tag!r} is not a target (target<return>, e.g. target3600)")
             if not isinstance(scores, dict):
                 raise bad(f"final.{tag}", "an object of scores", scores)

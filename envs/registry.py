@@ -8,13 +8,13 @@ MuJoCo models Gymnasium keeps as v4, Minari's from v5. A Minari dataset id (``mu
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from primal_dt.run import json_reader
+from primal_dt.run.errors import did_you_mean
 
 LEVELS = ("random", "medium", "medium-replay", "medium-expert", "expert")
 
@@ -155,8 +155,7 @@ def get_spec(name: str) -> EnvSpec:
     key = str(name).strip().lower().replace("_", "-").removesuffix("-v2")  # D4RL-style "hopper-medium-v2" too
     if key in REGISTRY:
         return REGISTRY[key]
-    close = difflib.get_close_matches(key, REGISTRY, n=3, cutoff=0.6)
-    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    hint = did_you_mean(key, REGISTRY)
     raise KeyError(f"unknown dataset name {name!r}.{hint} Valid names are <family>-<level> with family in "
                    f"{sorted(FAMILIES)} and level in {list(LEVELS)}: {', '.join(list_names())}; or a Minari dataset "
                    "id of one of these simulators, local or remote (e.g. mujoco/hopper/medium-v0)")

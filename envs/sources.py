@@ -10,12 +10,12 @@ results incomparable). A new source is one module holding its reader under ``@re
 
 from __future__ import annotations
 
-import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from envs.registry import EnvSpec
+from primal_dt.run.errors import did_you_mean
 
 AUTO = ("d4rl", "minari", "replica")
 """``data_source=auto``: a local D4RL file, a local then downloaded Minari dataset, then a replica"""
@@ -82,10 +82,8 @@ def parse(source: str) -> tuple[Source | None, str]:
     if prefix == "auto" and not where:
         return None, ""
     if prefix not in available():
-        close = difflib.get_close_matches(prefix, available(), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
         raise ValueError(f"data source {source!r} is not one of auto, {', '.join(available())} (each also as "
-                         f"NAME:WHERE).{hint} Accepted: {help_text()}")
+                         f"NAME:WHERE).{did_you_mean(prefix, available(), n=1)} Accepted: {help_text()}")
     return _REGISTRY[prefix], where
 
 

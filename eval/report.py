@@ -43,7 +43,7 @@ import tyro
 import envs
 from agents import dt_checkpoint, train_config
 from agents.stream_training import fidelity
-from agents.training import read_summary
+from agents.training import finite_number, read_summary
 from envs import sources
 from primal_dt.run import checkpoint as ck_io
 from primal_dt.run import cli, errors, json_reader, options, presets
@@ -154,7 +154,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
                 continue
             final = {f"target{t}": {"normalized_mean": float(r["normalized_mean"]),
                                     "episodes": int(rep["episodes_per_target"])} for t, r in targets.items()}
-            if not all(_number(k.removeprefix("target")) for k in final):
+            if not all(finite_number(k.removeprefix("target")) for k in final):
                 raise ValueError("a target is not a number")
         except (OSError, ValueError, KeyError, TypeError) as err:
             notes.append(f"{p}: not a rollout report eval.report reads ({err}), left out")
@@ -201,7 +201,7 @@ def archived_runs(path: Path) -> list[Run]:
             final = {str(t): {"normalized_mean": float(v["normalized_mean"]),
                               **({"episodes": int(v["episodes"])} if "episodes" in v else {})}
                      for t, v in rec["final"].items()}
-            if not final or not all(t.startswith("target") and _number(t.removeprefix("target")) for t in final):
+            if not final or not all(t.startswith("target") and finite_number(t.removeprefix("target")) for t in final):
                 raise ValueError(f"final scores {list(final)} are not per target")
             optional = {k: None if rec[k] is None else float(rec[k]) for k in ("val_mse", "data_level")}
             out.append(Run(Path(str(rec["path"])), str(rec["env"]), str(rec["model"]), int(rec["seed"]),
@@ -212,13 +212,6 @@ def archived_runs(path: Path) -> list[Run]:
             raise ValueError(f"{path}: run {i} cannot be read ({type(err).__name__}: {err}); this file is made by "
                              "eval.report: make it again from the run directories") from None
     return out
-
-
-def _number(text: str) -> bool:
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
 
 
 def load_run(d: Path) -> Run:

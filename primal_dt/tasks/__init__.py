@@ -3,10 +3,10 @@ before training: bad paths and files fail before any compute is spent."""
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..run.errors import did_you_mean
 from ..run.options import AT_LEAST_0, FRACTION, SEED, check_numbers
 from .dataset import Split, TaskData, subset
 from .listops import ListOpsSpec, write_dataset
@@ -42,9 +42,8 @@ class DataConfig:
 
     def check(self) -> None:
         if self.kind not in SOURCES:
-            close = difflib.get_close_matches(self.kind, SOURCES, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"data.kind={self.kind!r} is not one of {', '.join(SOURCES)}{hint}")
+            hint = did_you_mean(self.kind, SOURCES, n=1)
+            raise ValueError(f"data.kind={self.kind!r} is not one of {', '.join(SOURCES)}.{hint}")
         check_numbers(self, {"max_len": AT_LEAST_0, "val_fraction": FRACTION, "split_seed": SEED,
                              "max_train": AT_LEAST_0, "max_val": AT_LEAST_0, "max_test": AT_LEAST_0}, prefix="data.")
         if self.kind == "listops" and self.generate:

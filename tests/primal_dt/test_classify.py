@@ -74,7 +74,7 @@ def test_paper_protocol_selects_on_test(tmp_path):
     (["task=lra/listop-fast"], "Did you mean 'lra/listops-fast'"),
     (["model=primalformr"], "unknown model layout 'primalformr'"),
     (["train.steps=10"], "exactly one of train.epochs / train.steps"),
-    (["data.kind=uae"], "did you mean 'uea'"),
+    (["data.kind=uae"], "Did you mean 'uea'"),
     (["data.val_fraction=1.5"], "data.val_fraction must be in [0, 1)"),
     (["attention_options=1,2"], "attention_options: '1' is not mechanism.option=value"),
     (["task=lra/listops"], "data.generate=true"),
