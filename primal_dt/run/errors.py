@@ -65,8 +65,11 @@ def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
     """Run an entry point's ``run(argv)``; failures as the module says (``expected``: e.g. a diverged run),
     Ctrl-C with status 130; a DDP process group is always left."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    finished = False
     try:
-        return run(argv)
+        result = run(argv)
+        finished = True
+        return result
     except SetupError as err:
         fail(str(err))
     except (WriteError, *expected) as err:
@@ -77,3 +80,17 @@ def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+            if finished:
+                _exit_without_finalizing()
+
+
+def _exit_without_finalizing() -> None:
+    """End a DDP process whose work is done and written with status 0, skipping the interpreter's finalization.
+    Why: gloo's worker threads release the last collective's tensors after it completes; on a loaded machine
+    that can fall in the finalization, where taking the interpreter's lock ends the thread mid-way and
+    ``std::terminate`` aborts the process (status -6, torchrun reporting a run that succeeded as failed)."""
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

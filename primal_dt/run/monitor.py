@@ -17,7 +17,7 @@ from pathlib import Path
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from . import errors, lock, outputs
+from . import errors, interrupts, lock, outputs
 from .checkpoint import write_atomic
 from .presets import flat
 
@@ -97,8 +97,8 @@ class RunMonitor:
         """``write()`` when there is a writer; a failure is one ``WriteError`` and ends the writer."""
         if self.writer is None and not always:
             return None
-        try:
-            with errors.writing(self.log_dir, "TensorBoard event file in"):
+        try:  # held: an interrupt inside the writer's queue would leave its close waiting forever
+            with interrupts.deferred(), errors.writing(self.log_dir, "TensorBoard event file in"):
                 return write()
         except errors.WriteError:
             self.writer = None  # close() must not try again
@@ -142,9 +142,10 @@ class RunMonitor:
             print(f"step {self.n:,}/{self.total:,} ({100 * self.n / self.total:.0f}%){': ' * bool(done)}{done}",
                   flush=True)
         if self.bar is not None:
-            self.bar.update(n)
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
+            with interrupts.deferred():  # tqdm's locks, which its monitor thread shares
+                self.bar.update(n)
+                if postfix:
+                    self.bar.set_postfix(postfix, refresh=False)
 
     def print(self, msg: str) -> None:
         self.bar.write(msg) if self.bar is not None else print(msg, flush=True)

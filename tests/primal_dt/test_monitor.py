@@ -1,9 +1,13 @@
 """RunMonitor against real TensorBoard event files: a resumed run continues its killed
 predecessor's curves even when both start within one second."""
 
+import os
+import signal
+
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from primal_dt.run.interrupts import Interrupts
 from primal_dt.run.monitor import RunMonitor
 
 
@@ -94,3 +98,43 @@ def test_a_resume_after_a_truncated_event_file_continues_one_clean_curve(tmp_pat
         second.scalar("loss", 10.0 * s, s)
     second.close()
     assert steps(tmp_path, "loss") == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
+
+
+def test_an_interrupt_inside_the_event_writer_waits_for_the_write_and_close_returns(tmp_path):
+    """A SIGTERM raised inside TensorBoard's writer (its queue, its worker thread) left close() waiting forever
+    (seen under load: a classifier stopped by SIGTERM never exited). It now lands after the write: the event is
+    on disk, the interrupt still stops the run, and close returns."""
+    mon = RunMonitor(tmp_path, progress=False)
+    real, reached = mon.writer.add_scalar, []
+
+    def add_scalar(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while the writer works
+        reached.append(True)
+        return real(*args, **kwargs)
+
+    mon.writer.add_scalar = add_scalar
+    with Interrupts().installed(), pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+        mon.scalar("loss", 1.5, 7)
+    assert reached == [True]
+    mon.close()
+    assert steps(tmp_path, "loss") == [(7, 1.5)]
+
+
+def test_held_regions_nest_and_a_second_interrupt_stops_at_once():
+    """The interrupt waits for the outermost held region; a second one is raised where it arrives."""
+    interrupts, order = Interrupts(), []
+    with interrupts.installed():
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.held():
+                with interrupts.held():
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    order.append("inner end")
+                order.append("outer end")
+        assert order == ["inner end", "outer end"]
+        with pytest.raises(KeyboardInterrupt), interrupts.held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            order.append("first deferred")
+            os.kill(os.getpid(), signal.SIGTERM)
+            order.append("never reached")
+    assert order[-1] == "first deferred"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored
