@@ -211,7 +211,7 @@ def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True)
 
         mon = RunMonitor(out, progress=False)
         try:
-            mon.writer.add_figure("spectrum/figure", fig)
+            mon.figure("spectrum/figure", fig)
             for layer in report.layers:
                 for k, (s, c) in enumerate(zip(layer.singular_values, layer.explained_variance), start=1):
                     mon.scalar(f"spectrum/{layer.name}/singular_value", s, k)
@@ -220,7 +220,7 @@ def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True)
                 if layer.redundancy is not None:
                     mon.scalar(f"redundancy/{layer.name}", layer.redundancy, 0)
         finally:
-            mon.writer.close()
+            mon.close()
     return {"png": out / "spectrum.png", "json": out / "spectrum.json"}
 
 

@@ -80,17 +80,21 @@ def main(run: Callable[[list[str]], object], argv: Sequence[str] | None = None,
         dist = sys.modules.get("torch.distributed")
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
-            if finished:
-                _exit_without_finalizing()
+            leaving = sys.exc_info()[1]  # a bug's traceback still goes through the interpreter
+            if finished or isinstance(leaving, SystemExit):
+                _exit_without_finalizing(None if finished else leaving.code)
 
 
-def _exit_without_finalizing() -> None:
-    """End a DDP process whose work is done and written with status 0, skipping the interpreter's finalization.
-    Why: gloo's worker threads release the last collective's tensors after it completes; on a loaded machine
-    that can fall in the finalization, where taking the interpreter's lock ends the thread mid-way and
-    ``std::terminate`` aborts the process (status -6, torchrun reporting a run that succeeded as failed)."""
+def _exit_without_finalizing(code: int | str | None) -> None:
+    """End a DDP process whose work is written with ``sys.exit``'s status (a text: printed, status 1), skipping
+    the interpreter's finalization. Why: gloo's worker threads release the last collective's tensors after it
+    completes; on a loaded machine that can fall in the finalization, where taking the interpreter's lock ends
+    the thread mid-way and ``std::terminate`` aborts the process (status -6, torchrun reporting a run that
+    succeeded as failed, or a failed one as crashed)."""
     import os
 
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code if isinstance(code, int) else int(code is not None))

@@ -62,6 +62,14 @@ class Interrupts:
 
 
 def deferred():
-    """A region the installed handler holds (none installed: nothing to hold). For code that does not know
-    which trainer runs it, such as the event writer's calls in ``RunMonitor``."""
-    return _active.held() if _active is not None else contextlib.nullcontext()
+    """A region the installed handler holds, for code that does not know which command runs it, such as the
+    event writer's calls in ``RunMonitor``. Where no trainer installed one (``eval.video``, ``eval.spectrum``),
+    a handler is installed for the region: the interrupt lands at its end, as a ``KeyboardInterrupt``."""
+    return _active.held() if _active is not None else _own_region()
+
+
+@contextlib.contextmanager
+def _own_region():
+    own = Interrupts()
+    with own.installed(), own.held():
+        yield

@@ -1,6 +1,7 @@
 """RunMonitor against real TensorBoard event files: a resumed run continues its killed
 predecessor's curves even when both start within one second."""
 
+import contextlib
 import os
 import signal
 
@@ -100,10 +101,12 @@ def test_a_resume_after_a_truncated_event_file_continues_one_clean_curve(tmp_pat
     assert steps(tmp_path, "loss") == [(1, 1.0), (2, 2.0), (3, 30.0), (4, 40.0)]
 
 
-def test_an_interrupt_inside_the_event_writer_waits_for_the_write_and_close_returns(tmp_path):
+@pytest.mark.parametrize("trainer", [True, False])
+def test_an_interrupt_inside_the_event_writer_waits_for_the_write_and_close_returns(tmp_path, trainer):
     """A SIGTERM raised inside TensorBoard's writer (its queue, its worker thread) left close() waiting forever
     (seen under load: a classifier stopped by SIGTERM never exited). It now lands after the write: the event is
-    on disk, the interrupt still stops the run, and close returns."""
+    on disk, the interrupt still stops the run, and close returns; in a trainer (its handler installed) as in a
+    command that installs none (eval.video, eval.spectrum), whose handlers are as they were afterwards."""
     mon = RunMonitor(tmp_path, progress=False)
     real, reached = mon.writer.add_scalar, []
 
@@ -113,9 +116,10 @@ def test_an_interrupt_inside_the_event_writer_waits_for_the_write_and_close_retu
         return real(*args, **kwargs)
 
     mon.writer.add_scalar = add_scalar
-    with Interrupts().installed(), pytest.raises(KeyboardInterrupt, match="SIGTERM"):
-        mon.scalar("loss", 1.5, 7)
-    assert reached == [True]
+    with Interrupts().installed() if trainer else contextlib.nullcontext():
+        with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+            mon.scalar("loss", 1.5, 7)
+    assert reached == [True] and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     mon.close()
     assert steps(tmp_path, "loss") == [(7, 1.5)]
 

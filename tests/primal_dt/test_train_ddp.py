@@ -13,7 +13,7 @@ from agents import dt_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def torchrun(hopper_file, out, *extra):
+def torchrun(hopper_file, out, *extra, status=0):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "primal_dt.train", "preset=smoke", f"data_source=d4rl:{hopper_file}", f"out={out}",
            "progress=false", "model.d_model=32", "model.n_layers=2", "model.s=8", "K=5", "batch_size=8",
@@ -21,7 +21,7 @@ def torchrun(hopper_file, out, *extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     out_text = p.stdout + p.stderr
-    assert p.returncode == 0, out_text[-3000:]
+    assert p.returncode == status, out_text[-3000:]
     return out_text
 
 
@@ -36,6 +36,15 @@ def test_two_process_gloo_run_keeps_replicas_identical(hopper_file, tmp_path):
     assert ck.step == 8 and ck.config["batch_size"] == 8
     assert len(ck.training.rng) == 2  # each process's random streams, for an exact resume
     assert not any(k.startswith("module.") for k in ck.model)  # the bare model, loadable without DDP
+
+
+def test_a_diverging_ddp_run_stops_every_process_with_its_error_line_and_status_1(hopper_file, tmp_path):
+    """A DDP process that fails leaves without the interpreter's finalization (where gloo's threads can abort
+    it), so its ``error:`` line is printed by the package itself: it must still be there, with status 1."""
+    out = torchrun(hopper_file, tmp_path, "steps=50", "lr=1e30", "warmup_steps=0", "grad_clip=0",
+                   "eval.final_episodes=0", status=1)
+    assert out.count("error: training diverged at step") == 2, out[-3000:]  # one line per process
+    assert "exitcode  : 1" in out and "exitcode  : -6" not in out, out[-3000:]
 
 
 @pytest.mark.slow
