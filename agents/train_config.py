@@ -186,10 +186,11 @@ class TrainConfig(RunOptions):
     """the training step's form (same loss and gradients): auto (the measured fastest on the device: eager on a CPU,
     cudagraphs on one GPU, compile under DDP on GPUs) | eager (the reference) | compile (torch.compile, fused AdamW;
     compiles for a minute or more first) | cudagraphs (compile, then the whole step in one CUDA graph; CUDA only)"""
-    amp: Literal["off", "bf16"] = "off"
+    amp: Literal["off", "bf16", "auto"] = "off"
     """mixed precision of the training step: off (float32) | bf16 (the forward and loss autocast to bfloat16;
-    weights, gradients and AdamW stay float32). It pays where bf16 matmuls are native: GPUs with bf16 tensor
-    cores, CPUs with AVX512-BF16 or AMX (docs/gpu.md); elsewhere they are emulated and slower"""
+    weights, gradients and AdamW stay float32) | auto (the CPU recipe's: bf16 on a CPU with AVX512-BF16 or AMX,
+    else off; resolved when the run is configured, so a checkpoint keeps what it trained in). bf16 pays where its
+    matmuls are native: GPUs with bf16 tensor cores, such CPUs (docs/cpu.md); elsewhere it is emulated and slower"""
     print_config: bool = False
     """print every option at the start (default: those that differ from the defaults; TensorBoard has all)"""
 
@@ -228,6 +229,10 @@ def build(argv: list[str]) -> Built:
     cfg = cli.parse(TrainConfig, argv, default=cfg, prog=PROG, description=_DESCRIPTION, shorthands=SHORTHANDS)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
+    if cfg.amp == "auto":  # resolved here, once: a sweep, a resume and the checkpoint see what the run trains in
+        from primal_dt.run.runtime import native_bf16
+
+        cfg = dataclasses.replace(cfg, amp="bf16" if native_bf16(cfg.device) else "off")
     prov.update(dict.fromkeys(cli.given(TrainConfig, argv, SHORTHANDS), "command line"))
     return Built(cfg, source, prov)
 

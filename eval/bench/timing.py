@@ -55,8 +55,10 @@ def machine(prog: str, argv) -> dict:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         cpu = platform.processor() or platform.machine()
+    # the vector instructions torch uses here: CPUs sold under one name differ (AVX2 only, AVX-512, AMX)
+    isa = torch.backends.cpu.get_cpu_capability() + (", native bf16" if runtime.native_bf16("cpu") else "")
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
-    return {"cpu": cpu, "cores": runtime.usable_cores(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
+    return {"cpu": f"{cpu} ({isa})", "cores": runtime.usable_cores(), "torch_threads": torch.get_num_threads(), "gpu": gpu,
             "torch": torch.__version__, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join([prog, *map(shlex.quote, argv)])}
 

@@ -118,6 +118,8 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
     torch.manual_seed(0)
     runners = {f"ours:{lay}" + (f"[{mode}]" if mode != "eager" else ""): Ours(lay, size, args.K, mode)
                for mode in args.compile for lay in OURS}
+    runners.update({f"ours:{lay}[bf16]": Ours(lay, size, args.K, autocast=torch.bfloat16)
+                    for amp in args.amp if amp == "bf16" for lay in OURS})
     if args.stream_window:
         runners.update({f"ours:{lay}[w={args.stream_window}]": Ours(lay, size, args.K, window=args.stream_window)
                         for lay in OURS})
@@ -152,6 +154,8 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
                   "hf / ours primal+dt (time)": (hf, "ours:primal+dt")}
     pairs |= {f"{lay}[{mode}] / {lay} eager (time)": (f"ours:{lay}[{mode}]", f"ours:{lay}")
               for mode in args.compile if mode != "eager" for lay in OURS}
+    pairs |= {f"{lay}[bf16] / {lay} (time; bf16 autocast / float32)": (f"ours:{lay}[bf16]", f"ours:{lay}")
+              for amp in args.amp if amp == "bf16" for lay in OURS}
     if w:
         pairs |= {f"{lay}[w={w}] / {lay} (time; stream-exact / standard)": (f"ours:{lay}[w={w}]", f"ours:{lay}")
                   for lay in OURS}
@@ -183,6 +187,9 @@ class TrainBenchConfig(timing.Outputs):
     compile: tuple[Literal["eager", "compile"], ...] = ("eager",)
     """training-step forms to time (agents.train_step): eager (the reference) | compile (torch.compile; its
     compilation falls in the warm-up steps)"""
+    amp: tuple[Literal["off", "bf16"], ...] = ("off",)
+    """mixed precisions of the eager step to time: off (float32, the reference) | bf16 (``amp=bf16`` of
+    ``primal_dt.train``: the forward and loss in bf16 autocast, which pays where bf16 matmuls are native)"""
     stream_window: int = 0
     """also time stream-exact training (``stream_window=W`` of ``primal_dt.train``: every layer windowed to W
     tokens, the loss on exact steps only) of each model beside its standard step (0: do not)"""
@@ -197,6 +204,8 @@ NUMBERS = {"batch": options.AT_LEAST_1, "K": options.AT_LEAST_1, "steps": option
 
 
 def check(args: TrainBenchConfig) -> None:
+    if "off" not in args.amp:
+        raise ValueError("--amp must include off (the float32 step the ratios are against)")
     if "eager" not in args.compile:
         raise ValueError("--compile must include eager (the reference the ratios are against)")
     if not args.sizes:

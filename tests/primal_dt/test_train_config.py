@@ -11,6 +11,7 @@ import pytest
 from primal_dt.run import presets
 from agents import train_config
 from agents.train_config import build, check
+from primal_dt.run.runtime import native_bf16
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = [f"{f}-{lv}" for f in ("hopper", "halfcheetah", "walker2d") for lv in ("medium", "medium-replay", "medium-expert")]
@@ -74,7 +75,8 @@ def test_the_cpu_recipe_lays_its_values_over_every_task_and_the_task_keeps_the_r
     flat_task, flat_cpu = (train_config.flat(dataclasses.asdict(b.cfg)) for b in (task, cpu))
     for key, value in flat_cpu.items():
         if key in recipe:
-            assert value == recipe[key] and cpu.provenance[key] == "recipe cpu", key
+            want = (("bf16" if native_bf16("cpu") else "off") if recipe[key] == "auto" else recipe[key])
+            assert value == want and cpu.provenance[key] == "recipe cpu", key
         elif key not in ("recipe", "seed"):
             assert value == flat_task[key], key
     check(cpu.cfg)
@@ -82,6 +84,21 @@ def test_the_cpu_recipe_lays_its_values_over_every_task_and_the_task_keeps_the_r
     assert "recipe cpu:" in cpu.source and "Decision Transformer" in cpu.source
     assert build([f"env={name}", "recipe=cpu", "steps=500"]).cfg.steps == 500
     assert "[recipe cpu]" in train_config.describe(cpu)
+
+
+@pytest.mark.parametrize("native, device, want", [(True, "cpu", "bf16"), (True, "auto", "bf16"), (False, "cpu", "off"),
+                                                   (False, "auto", "off"), (True, "cuda", "off"), (True, "cuda:1", "off")])
+def test_amp_auto_is_bf16_on_a_cpu_computing_it_natively_resolved_when_configured(monkeypatch, native, device, want):
+    """amp=auto (the CPU recipe's) means bf16 only for a run on a CPU with AVX512-BF16 or AMX; it is resolved by
+    ``build``, so the config a sweep compares, a resume checks and a checkpoint keeps is what the run trains in."""
+    import torch
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: native)  # either instruction set counts
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    b = build(["env=hopper-medium", "amp=auto", f"device={device}"])
+    assert b.cfg.amp == want and b.provenance["amp"] == "command line"
+    assert build(["env=hopper-medium", f"device={device}"]).cfg.amp == "off"  # the default stays float32
 
 
 def test_help_lists_every_option_with_its_default():

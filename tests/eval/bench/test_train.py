@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from eval.bench.train import main
 
@@ -40,3 +41,19 @@ def test_stream_exact_training_is_timed_beside_each_standard_step():
     assert "dt[w=3] / dt (time; stream-exact / standard)" in r["ratios"]
     exact = Ours("primal+dt", SIZES["original"], 8, window=3)
     assert layer_windows(exact.model) == [3, 3, 3] and exact.first == 2  # reach 6 tokens: steps 0-1 not counted
+
+
+def test_bf16_autocast_is_timed_beside_each_float32_step(capsys):
+    """--amp off bf16 times each model's step in bf16 autocast (amp=bf16 of training) against its float32 one,
+    the measurement behind the CPU recipe's amp=auto; float32 must be among them, as the reference."""
+    from eval.bench.train import SIZES, Ours
+
+    res = main(["--sizes", "original", "--batch", "2", "--K", "4", "--rounds", "1", "--steps", "1", "--warmup", "0",
+                "--no-hf", "--amp", "off", "bf16"])
+    (r,) = res["results"]
+    assert {"ours:dt[bf16]", "ours:primal+dt[bf16]", "ours:primalformer-dt[bf16]"} <= set(r["models"])
+    assert "primal+dt[bf16] / primal+dt (time; bf16 autocast / float32)" in r["ratios"]
+    assert Ours("dt", SIZES["original"], 4, autocast=torch.bfloat16).stepper.autocast is torch.bfloat16
+    with pytest.raises(SystemExit):
+        main(["--no-hf", "--amp", "bf16"])
+    assert "--amp must include off" in capsys.readouterr().err
