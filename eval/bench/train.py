@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
         notes += [f"{s}: " + "; ".join(f"{k} {v:.3f}" for k, v in r[key].items()) + f" ({what})" for key, what in
                   (("ratios", "median step"), ("ratios_of_min", "fastest step, less sensitive to load"),
                    ("ratios_of_cpu_time", "the process's CPU time, which others' load does not add"))]
-    timing.write(results, args.json, args.markdown, f"Training step: our DT models against HuggingFace's (batch "
+    timing.write(results, args.json, args.markdown, f"Training step: our DT models{' against HuggingFace' * with_hf} (batch "
                  f"{args.batch}, K = {args.K}; median of {args.rounds * args.steps} steps per model, models in turns)",
                  [timing.table(["size", "model", "ms per step", "fastest step", "x ours:dt", "parameters"], rows)], notes)
     return results

@@ -54,6 +54,7 @@ def test_bf16_autocast_is_timed_beside_each_float32_step(capsys):
     assert {"ours:dt[bf16]", "ours:primal+dt[bf16]", "ours:primalformer-dt[bf16]"} <= set(r["models"])
     assert "primal+dt[bf16] / primal+dt (time; bf16 autocast / float32)" in r["ratios"]
     assert Ours("dt", SIZES["original"], 4, autocast=torch.bfloat16).stepper.autocast is torch.bfloat16
+    assert "== Training step: our DT models (batch 2," in capsys.readouterr().out  # no HuggingFace timed, none named
     with pytest.raises(SystemExit):
         main(["--no-hf", "--amp", "bf16"])
     assert "--amp must include off" in capsys.readouterr().err
