@@ -16,7 +16,9 @@
 # from) and the output says how far they got. OUT_DIR receives at most 8 files: cuda-tests.txt, bench.txt,
 # bench.json, sweep.log, run-logs.tgz (every run's own log), comparison.txt, scores.md, curves.png.
 # The budget's shares: the tests at most GPU_COMPARISON_TESTS_S (120; 0 leaves them out), the benchmark at most
-# GPU_COMPARISON_BENCH_S (180), the report 45, the recipe the rest (at least 195 of the default 540).
+# GPU_COMPARISON_BENCH_S (180; 0 leaves it out), the report 45, the recipe the rest (at least 195 of the default 540).
+# GPU_COMPARISON_WORK=DIR keeps the runs in DIR: a second call on the same machine with the first's DIR continues
+# the runs its budget stopped.
 #
 # GPU_COMPARISON_AMP=bf16 trains in bf16 autocast (default off: float32). On a GPU the runs share it through
 # an MPS daemon of the command's own where the driver offers one (GPU_COMPARISON_MPS=off: never).
@@ -76,7 +78,7 @@ if [ "$REHEARSAL" = 1 ]; then
     RECIPE=(steps=20 warmup_steps=5 eval.every=10 eval.episodes=1 eval.final_episodes=1 eval.max_steps=15
             eval.num_envs=2 checkpoint_every=10 K=5 batch_size=8 model.d_model=32 model.n_heads=2 model.s=8)
     THREADS=1
-    BENCH_S=$(( BUDGET_S / 2 ))
+    BENCH_S=${GPU_COMPARISON_BENCH_S:-$(( BUDGET_S / 2 ))}
 else
     DEVICE=cuda
     BENCH=()
@@ -128,13 +130,17 @@ fi
 
 # -- 3. the benchmark ----------------------------------------------------------------------------------
 t0=$(date +%s)
-timeout --signal=TERM "$BENCH_S" "$PY" -m eval.bench.gpu --device "$DEVICE" --json "$OUT/bench.json" "${BENCH[@]}" \
-    --budget_s $(( BENCH_S * 4 / 5 )) \
-    > "$OUT/bench.txt" 2>&1
-status=$?
-say "benchmark: exit $status after $(( $(date +%s) - t0 ))s (bench.txt)"
-[ $status -eq 124 ] && say "  the benchmark ran out of its ${BENCH_S}s: bench.txt has the parts it finished"
-sed -n '/^== ms per update/,$p' "$OUT/bench.txt" | tee -a "$SUMMARY"
+if [ "$BENCH_S" -le 0 ]; then
+    say "benchmark: not run (GPU_COMPARISON_BENCH_S=$BENCH_S)"
+else
+    timeout --signal=TERM "$BENCH_S" "$PY" -m eval.bench.gpu --device "$DEVICE" --json "$OUT/bench.json" "${BENCH[@]}" \
+        --budget_s $(( BENCH_S * 4 / 5 )) \
+        > "$OUT/bench.txt" 2>&1
+    status=$?
+    say "benchmark: exit $status after $(( $(date +%s) - t0 ))s (bench.txt)"
+    [ $status -eq 124 ] && say "  the benchmark ran out of its ${BENCH_S}s: bench.txt has the parts it finished"
+    sed -n '/^== ms per update/,$p' "$OUT/bench.txt" | tee -a "$SUMMARY"
+fi
 
 # -- 4. the paper recipe, 6 runs at once on the one device ---------------------------------------------
 REPORT_S=45
@@ -155,9 +161,9 @@ if [ $status -eq 124 ] || [ $status -eq 137 ]; then
     say "  NOT FINISHED within the budget: the sweep was stopped after ${SWEEP_S}s; each run kept a checkpoint, so the same"
     say "  eval.sweep command (out=$WORK/runs) continues them."
 fi
-for log in "$WORK"/runs/sweep-logs/*.log; do  # each run's last progress line (one a minute) and evaluation
+for log in "$WORK"/runs/sweep-logs/*.log; do  # each run's last progress line (one a minute) or stop, and evaluation
     [ -e "$log" ] || continue
-    line=$(grep -h '^step [0-9,]*/' "$log" | tail -1 | cut -c1-100)
+    line=$(grep -h -e '^step [0-9,]*/' -e '^interrupted by' "$log" | tail -1 | cut -c1-100)
     say "  $(basename "$log" .log): ${line:-no progress line yet (one a minute)}"
     grep -h '^step [0-9]*: eval' "$log" | tail -1 | cut -c1-120 | sed 's/^/    /' | tee -a "$SUMMARY"
 done

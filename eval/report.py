@@ -264,6 +264,9 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
                          + ", ".join(f"{k} ({' vs '.join(sorted({str(kk.get(k)) for kk in keys}))})" for k in differ))
             for g, k in zip(gs, keys):  # name each group by what sets it apart
                 g.model = f"{model} ({', '.join(f'{d}={k.get(d)}' for d in differ)})"
+    # a precision other than float32 changes scores (docs/results/gpu-h200-recipe-bf16.md): said, when no label does
+    notes += [f"{g.env} {g.model}: trained in bf16 autocast (amp=bf16), not float32" for g in groups.values()
+              if dict(g.key[2]).get("amp") == "bf16" and "amp=" not in g.model]
     return sorted(groups.values(), key=lambda g: (g.env, g.model, g.engine)), notes
 
 

@@ -50,8 +50,11 @@ def test_training_with_cuda_graphs_evaluates_during_and_after(trained):
     assert trained["plot"] and Path(trained["plot"]).exists()  # the curve holds the evaluation at step 10
 
 
-@pytest.mark.parametrize("layout", ["dt", "primalformer-dt"])  # all softmax, all primal (``trained``: both)
-def test_the_graph_captured_step_equals_the_eager_step_on_the_gpu(layout):
+@pytest.mark.parametrize("layout,amp", [("dt", None), ("primalformer-dt", None),  # all softmax, all primal
+                                        ("dt", torch.bfloat16), ("primal+dt", torch.bfloat16)])
+def test_the_graph_captured_step_equals_the_eager_step_on_the_gpu(layout, amp):
+    """In bf16 the two forms round differently, so only the losses are compared, loosely: what it catches is a
+    graph that computes another function (primal+dt did not train in bf16 on a GPU; the cause is open)."""
     torch.manual_seed(0)
     cfg = DTConfig(state_dim=11, act_dim=3, K=5, d_model=16, n_heads=2, n_layers=2, name=layout, s=4, dropout=0.0)
     base = DecisionTransformer(cfg).train().cuda()
@@ -63,10 +66,13 @@ def test_the_graph_captured_step_equals_the_eager_step_on_the_gpu(layout):
         params = list(model.parameters())
         opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4, fused=mode != "eager")
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
-        stepper = Stepper(mode, model, params, opt, sched, eta=0.05, grad_clip=0.25)
+        stepper = Stepper(mode, model, params, opt, sched, eta=0.05, grad_clip=0.25, autocast=amp)
         losses = [float(stepper.step(b)[0]) for b in data]
         assert stepper.failure() is None
         out[mode] = losses, [p.detach().clone() for p in params]
+    if amp is not None:
+        assert out["cudagraphs"][0] == pytest.approx(out["eager"][0], rel=2e-2, abs=1e-3)
+        return
     assert out["cudagraphs"][0] == pytest.approx(out["eager"][0], rel=1e-4, abs=1e-5)
     for x, y in zip(out["eager"][1], out["cudagraphs"][1]):
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)

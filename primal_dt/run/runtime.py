@@ -39,7 +39,8 @@ def pick_device(name: str, d: Dist = Dist(), option: str = "device") -> torch.de
 def native_bf16(device: str) -> bool:
     """What ``amp=auto`` resolves to bf16 on: a run on the CPU (``device`` cpu, or auto without CUDA) of a CPU
     that computes bfloat16 natively (AVX512-BF16 or AMX), where the CPU recipe's step took half the time and its
-    scores held (docs/cpu.md). Elsewhere float32: emulated bf16 is slower, and on a GPU its scores are untested."""
+    scores held (docs/cpu.md). Elsewhere float32: emulated bf16 is slower, and on a GPU primal+dt did not train in
+    it (docs/results/gpu-h200-recipe-bf16.md)."""
     if str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available()):
         return False
     return any(getattr(torch.cpu, f, lambda: False)() for f in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))

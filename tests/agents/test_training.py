@@ -144,6 +144,17 @@ def test_a_resume_whose_optimizer_moments_are_mis_shaped_is_one_error_naming_the
         train([f"resume={s['run_dir']}", "steps=4"])
 
 
+def test_a_bf16_run_of_primal_layers_on_a_gpu_is_warned_and_no_other():
+    """primal+dt collapsed in bf16 on a GPU (docs/results/gpu-h200-recipe-bf16.md): such a run says so at its start;
+    float32, a CPU and a model without primal layers are not warned."""
+    from agents.training import bf16_gpu_note
+
+    assert bf16_gpu_note("bf16", torch.device("cuda", 0), ["softmax", "softmax", "primal"]).startswith("warning: ")
+    assert not bf16_gpu_note("off", torch.device("cuda"), ["primal"])
+    assert not bf16_gpu_note("bf16", torch.device("cpu"), ["primal"])
+    assert not bf16_gpu_note("bf16", torch.device("cuda"), ["softmax", "softmax", "softmax"])
+
+
 def test_amp_bf16_trains_says_so_and_stays_the_runs_precision_on_resume(hopper_file, tmp_path, capsys):
     s = train(args(hopper_file, tmp_path, "steps=4", "amp=bf16", *QUIET))
     assert "training step eager (compile=auto) in bf16 autocast" in capsys.readouterr().out

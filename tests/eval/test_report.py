@@ -200,6 +200,14 @@ def test_runs_differing_in_config_are_not_averaged_and_the_report_says_why(runs,
     assert "(1 seed)" in md and "not averaged together" in md and "left out (unfinished" in md
 
 
+def test_a_group_trained_in_bf16_is_named_so(tmp_path, hopper_file):
+    """Precision changes scores (primal+dt did not train in bf16 on a GPU): a bf16 group's report says so."""
+    run = tiny_run(hopper_file, tmp_path / "bf16", "model=dt", "seed=0", "amp=bf16")
+    res = report.report([run["run_dir"]], tmp_path / "rep")
+    assert "hopper-medium dt: trained in bf16 autocast (amp=bf16), not float32" in res["notes"]
+    assert "trained in bf16 autocast" in Path(res["markdown"]).read_text()
+
+
 def test_plots_are_written_and_readable(runs, tmp_path):
     root, _, _ = runs
     res = report.report([str(root / "hopper-medium" / "primal+dt")], tmp_path / "rep")

@@ -58,6 +58,14 @@ def test_the_gpu_command_rehearses_on_the_cpu(tmp_path):  # in bf16 autocast, to
     assert len(list(work.glob("runs/hopper-medium/*/*/summary.json"))) == 6 and "amp=bf16" in summary
     logs = [p.read_text() for p in work.glob("runs/sweep-logs/*.log")]  # each run's config dump
     assert len(logs) == 6 and all(re.search(r"^\s*amp\s+= 'bf16'", log, re.M) for log in logs), logs[0][:2000]
+    # a second call on the same work folder (how a stopped comparison is continued), without tests or benchmark
+    again, out = {**env, "GPU_COMPARISON_TESTS_S": "0", "GPU_COMPARISON_BENCH_S": "0"}, tmp_path / "out2"
+    p = subprocess.run(["bash", str(ROOT / "eval" / "gpu_comparison.sh"), str(tmp_path / "no-wheels"), str(out)],
+                       env=again, capture_output=True, text=True, timeout=600)
+    summary = (out / "comparison.txt").read_text()
+    assert p.returncode == 0 and "benchmark: not run (GPU_COMPARISON_BENCH_S=0)" in summary, summary[-3000:]
+    assert "6 of 6 runs finished" in summary and "scores.md" in {f.name for f in out.iterdir()}
+    assert "bench.txt" not in {f.name for f in out.iterdir()} and "CUDA paths: not tested" in summary
 
 
 @pytest.mark.slow
