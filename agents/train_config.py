@@ -7,6 +7,7 @@ Precedence: dataclass defaults < the preset (``configs/dt/<preset>.yaml``, by de
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Annotated, Literal, get_args
 
@@ -16,7 +17,7 @@ from envs import sources
 
 from primal_dt.attention import available, get_class
 from primal_dt.layouts import canonical
-from primal_dt.run import cli, presets
+from primal_dt.run import cli, presets, runtime
 from primal_dt.run.errors import did_you_mean
 from primal_dt.run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
 from primal_dt.run.options import as_words, attention_options as parse_attention_options
@@ -230,9 +231,7 @@ def build(argv: list[str]) -> Built:
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
     if cfg.amp == "auto":  # resolved here, once: a sweep, a resume and the checkpoint see what the run trains in
-        from primal_dt.run.runtime import native_bf16
-
-        cfg = dataclasses.replace(cfg, amp="bf16" if native_bf16(cfg.device) else "off")
+        cfg = dataclasses.replace(cfg, amp="bf16" if runtime.native_bf16(cfg.device) else "off")
     prov.update(dict.fromkeys(cli.given(TrainConfig, argv, SHORTHANDS), "command line"))
     return Built(cfg, source, prov)
 
@@ -272,14 +271,10 @@ def resumed(built: Built, saved: dict, where: str) -> Built:
     given = [key for key, came_from in built.provenance.items() if came_from == "command line"]
     presets.refuse_changes(asked, saved_flat, given, RESUMABLE, where)
     for key in given:
-        if key.split(".")[0] not in RESUMABLE:
-            continue
-        *parents, leaf = key.split(".")
-        node = saved
-        for part in parents:
-            node = node[part]
-        node[leaf] = asked[key]
-        prov[key] = "command line"
+        if key.split(".")[0] in RESUMABLE:
+            *parents, leaf = key.split(".")
+            functools.reduce(dict.__getitem__, parents, saved)[leaf] = asked[key]
+            prov[key] = "command line"
     cfg = from_dict(saved)
     return Built(cfg, f"resumed from {where}", prov)
 

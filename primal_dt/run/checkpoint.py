@@ -20,7 +20,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import torch
@@ -81,11 +81,9 @@ def _locked_temp(path: Path) -> tuple[int, str]:
     while True:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
+        with suppress(FileNotFoundError):
             if os.lstat(tmp).st_ino == os.fstat(fd).st_ino:
                 return fd, tmp
-        except FileNotFoundError:
-            pass
         os.close(fd)
 
 
@@ -93,19 +91,14 @@ def _mode(path: Path) -> int:
     """An existing file's permissions, else what a new file gets: ``0o666`` less the umask, read from /proc
     (``os.umask`` reads it only by changing it: a race with threads). A symlink is replaced like a missing file:
     its target's permissions belong to whatever it points at, perhaps a file planted world-writable."""
-    try:
+    with suppress(OSError):
         info = os.lstat(path)
         if not stat.S_ISLNK(info.st_mode):
             return stat.S_IMODE(info.st_mode)
-    except OSError:
-        pass
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return 0o666 & ~int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
+    with suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return 0o666 & ~int(line.split()[1], 8)
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask

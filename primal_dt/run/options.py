@@ -4,7 +4,9 @@ one line naming the option."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import math
 import os
 import typing
@@ -94,9 +96,7 @@ def check_numbers(cfg, rules: Mapping[str, Range], prefix: str = "") -> None:
     ``int`` (a config made in code may hold 2.5); ``prefix``: where ``cfg`` sits on its command line."""
     for name, rule in rules.items():
         *parents, leaf = name.split(".")
-        owner = cfg
-        for part in parents:
-            owner = getattr(owner, part)
+        owner = functools.reduce(getattr, parents, cfg)
         hint = typing.get_type_hints(type(owner)).get(leaf) if dataclasses.is_dataclass(owner) else None
         check_number(prefix + name, getattr(owner, leaf), rule, integer=hint is int)
 
@@ -175,10 +175,8 @@ def _typed(text: str, annotation, where: str):
                 from None
     if annotation is None:  # unannotated: a number when it reads as one
         for kind in (int, float):
-            try:
+            with contextlib.suppress(ValueError):
                 return kind(text)
-            except ValueError:
-                pass
     return text
 
 
