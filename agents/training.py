@@ -391,12 +391,11 @@ class Validation:
         if len(first) > MAX_SEGMENTS:
             rng = np.random.default_rng((int(seed), _SAMPLE_STREAM))
             first = np.sort(rng.choice(len(first), MAX_SEGMENTS, replace=False))
-        batch = sampler.segments(first)
+        self.batch = sampler.segments(first)
         if exact_from is not None:
-            batch = stream_training.stream_exact_batch(batch, exact_from)
-        self.batch = batch
+            self.batch = stream_training.stream_exact_batch(self.batch, exact_from)
         self.episodes, self.segments = len(held_out), len(first)
-        self.counted = int(batch.counted.sum()) * held_out.actions.shape[1]
+        self.counted = int(self.batch.counted.sum()) * held_out.actions.shape[1]
         """action values the mean runs over"""
 
     def action_mse(self, model: torch.nn.Module) -> float:
@@ -541,9 +540,8 @@ def announcement(run: Run) -> str:
 
 
 def bf16_gpu_note(amp: str, device: torch.device, layers: list[str]) -> str:
-    """The warning a bf16 run of primal layers on a GPU starts with: primal+dt's paper recipe did not train in bf16
-    on an H200 (3 seeds) while it trains in bf16 on a CPU, and which part of the GPU's step is to blame is not yet
-    known; float32 is not yet scored on a GPU either (docs/results/gpu-h200-recipe-bf16.md)."""
+    """The warning a bf16 run of primal layers on a GPU starts with: on a CPU they train in bf16, and which part of
+    the GPU's step is to blame is not yet known (docs/results/gpu-h200-recipe-bf16.md)."""
     if amp != "bf16" or torch.device(device).type != "cuda" or "primal" not in layers:
         return ""
     return ("warning: primal layers did not train in bf16 on a GPU (primal+dt, paper recipe, H200, 3 seeds: "

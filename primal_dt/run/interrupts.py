@@ -17,9 +17,8 @@ _active: Interrupts | None = None
 
 
 class Interrupts:
-    """Ctrl-C and SIGTERM end training alike, with a checkpoint at the step reached. One arriving inside a
-    ``held`` region (regions nest) waits for its end; a second stops at once. A SIGINT ignored when the
-    process started (a background job) stays ignored."""
+    """The handler: an interrupt arriving inside a ``held`` region (regions nest) waits for its end; a second
+    stops at once. A SIGINT ignored when the process started (a background job) stays ignored."""
 
     def __init__(self):
         self.depth, self.pending = 0, None
