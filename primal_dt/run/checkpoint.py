@@ -236,8 +236,7 @@ def _refusal(path: Path, err: Exception) -> str:
     except Exception:  # not a zip checkpoint at all: say what the unpickler said
         names = []
     # the unpickler's own words when the static scan found nothing (an object it was asked to build)
-    names = names or re.findall(r"GLOBAL (\S+)|got <class '([^']+)'>", str(err))
-    names = [n if isinstance(n, str) else next(x for x in n if x) for n in names]
+    names = names or re.findall(r"(?:GLOBAL |got <class ')([^'\s]+)", str(err))
     what = ", ".join(names) if names else "objects of unknown type"
     return (f"it holds pickled objects other than tensors and plain data ({what}), which could run code "
             "when loaded. primal-dt never writes such files. If you made this file yourself and trust it, load it "
