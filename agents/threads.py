@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 from primal_dt.run.runtime import usable_cores
@@ -32,8 +33,6 @@ def keep_freed_memory() -> bool:
     """Make glibc keep freed memory (once per process): a step frees and allocates the same large buffers, which
     glibc would otherwise unmap and map afresh (page faults each step). Returns whether it applied."""
     try:
-        import ctypes
-
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
         return False

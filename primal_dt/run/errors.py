@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import os
 import sys
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
@@ -91,8 +92,6 @@ def _exit_without_finalizing(code: int | str | None) -> None:
     completes; on a loaded machine that can fall in the finalization, where taking the interpreter's lock ends
     the thread mid-way and ``std::terminate`` aborts the process (status -6, torchrun reporting a run that
     succeeded as failed, or a failed one as crashed)."""
-    import os
-
     if isinstance(code, str):
         print(code, file=sys.stderr)
     sys.stdout.flush()
