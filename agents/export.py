@@ -86,12 +86,11 @@ def missing_package() -> str | None:
 
 
 def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib import metadata
 
-    try:
-        return version("primal-dt")
-    except PackageNotFoundError:
-        return "unknown"
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        return metadata.version("primal-dt")
+    return "unknown"
 
 
 def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:

@@ -109,11 +109,10 @@ class StackRecurrent(Recurrent):
 
     def __init__(self, stack: Stack, forms):
         holder, names = {}, []  # holder: a shared entry's key -> the first layer declaring it, which holds it
+        specs = {}  # the stack's entries by name, in order
         for i, f in enumerate(forms):
             names.append({s.name: f"layer{holder.setdefault((s.shared, s.name), i) if s.shared else i}.{s.name}"
                           for s in f.specs})
-        specs = {}  # the stack's entries by name, in order
-        for i, f in enumerate(forms):
             for s in f.specs:
                 specs.setdefault(names[i][s.name], dataclasses.replace(s, name=names[i][s.name],
                                                                        masked_by=names[i].get(s.masked_by, "")))
