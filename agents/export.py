@@ -164,8 +164,7 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
 
 def _example(step: DTStep, batch: int = 2):
     """Two rows to trace with, one at its first step and one further on."""
-    cfg = step.model.cfg
-    obs = torch.randn(batch, cfg.state_dim)
+    obs = torch.randn(batch, step.model.cfg.state_dim)
     state = step.init(batch)._replace(t=torch.arange(batch, dtype=torch.int64))
     return (obs, torch.zeros(batch), torch.zeros(batch, dtype=torch.bool), torch.full((batch,), 1000.0),
             *state.flat())
@@ -191,8 +190,7 @@ def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
     finally:
         log.setLevel(level)
     model = program.model_proto
-    entry = model.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(meta)
+    model.metadata_props.add(key=METADATA_KEY, value=json.dumps(meta))
     model.producer_name = "primal-dt agents.export"
     onnx.checker.check_model(model)
     return model.SerializeToString()
