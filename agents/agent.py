@@ -251,9 +251,8 @@ def checked(policy, torch_agent, steps: int = 12, batch: int = 2, seed: int = 0)
         worst = max(worst, float(np.abs(a - b).max()))
         reward = g.uniform(0, 3, batch).astype(np.float32)
         if t == steps // 2:
-            done = np.arange(batch) == 0
-            policy.reset_done(done, target=target)
-            torch_agent.reset_done(done, target=target)
+            for p in (policy, torch_agent):
+                p.reset_done(np.arange(batch) == 0, target=target)
     if not worst <= EXACT:
         raise ValueError(f"the exported ONNX step disagrees with the torch stream step (largest action difference "
                          f"{worst:.2e} > {EXACT:g}); use runtime='torch'")

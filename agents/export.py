@@ -23,8 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from primal_dt.run import checkpoint as ck_io
-from primal_dt.run import errors, json_reader, options
+from primal_dt.run import checkpoint as ck_io, errors, json_reader, options
 from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
