@@ -4,6 +4,7 @@ every runtime (``agents.onnx_policy``'s docstring). ``Agent`` runs one step func
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
@@ -188,11 +189,8 @@ def onnx_agent(checkpoint, ck, agent):
     if path is not None:
         policy = OnnxPolicy(path)
     else:  # no cache (a checkpoint in memory, or no usable cache directory): a temporary file, gone once read
-        tmp = Path(tempfile.mkdtemp(prefix="primal-dt-policy-"))
-        try:
-            policy = OnnxPolicy(export_policy(source, "onnx", tmp / FORMATS["onnx"], overwrite=True))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)  # onnxruntime holds the graph in memory
+        with tempfile.TemporaryDirectory(prefix="primal-dt-policy-", ignore_cleanup_errors=True) as tmp:
+            policy = OnnxPolicy(export_policy(source, "onnx", Path(tmp) / FORMATS["onnx"], overwrite=True))
     policy = checked(policy, agent)
     policy.default_target, policy.info = agent.default_target, agent.info
     return policy
@@ -221,23 +219,18 @@ def cached_export(path: Path) -> Path | None:
     made_by = ''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)
     entry = lambda sha: (d / f"{sha}-{made_by}.onnx", d / f"{sha}-{made_by}.onnx.sha256")  # noqa: E731
     graph, digest = entry(ck_io.sha256_file(path))
-    try:
+    with contextlib.suppress(OSError):  # (no digest: an export killed before it was written; export again)
         if graph.is_file() and digest.read_text().strip() == ck_io.sha256_file(graph):
             return graph
-    except OSError:
-        pass  # no digest (an export killed before it was written): export again
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=d))
-        try:
+        with tempfile.TemporaryDirectory(prefix=".export-", dir=d, ignore_cleanup_errors=True) as tmp:
             # exported from a private copy and filed under the copy's hash: a checkpoint replaced between the hash
             # and the export (by whoever can write its directory) is never filed under the replaced one's hash
-            own = Path(shutil.copyfile(path, tmp / path.name))
+            own = Path(shutil.copyfile(path, Path(tmp) / path.name))
             graph, digest = entry(ck_io.sha256_file(own))
-            fresh = export_policy(own, "onnx", tmp / FORMATS["onnx"], overwrite=True)
+            fresh = export_policy(own, "onnx", Path(tmp) / FORMATS["onnx"], overwrite=True)
             ck_io.write_atomic(digest, ck_io.sha256_file(fresh) + "\n", "digest of a cached ONNX export")
             os.replace(fresh, graph)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     except OSError:
         return None  # a full or read-only cache: export without keeping it
     return graph
@@ -258,9 +251,8 @@ def checked(policy, torch_agent, steps: int = 12, batch: int = 2, seed: int = 0)
         worst = max(worst, float(np.abs(a - b).max()))
         reward = g.uniform(0, 3, batch).astype(np.float32)
         if t == steps // 2:
-            done = np.arange(batch) == 0
-            policy.reset_done(done, target=target)
-            torch_agent.reset_done(done, target=target)
+            for p in (policy, torch_agent):
+                p.reset_done(np.arange(batch) == 0, target=target)
     if not worst <= EXACT:
         raise ValueError(f"the exported ONNX step disagrees with the torch stream step (largest action difference "
                          f"{worst:.2e} > {EXACT:g}); use runtime='torch'")

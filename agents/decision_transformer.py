@@ -245,8 +245,7 @@ class DTStep(nn.Module):
             raise ValueError(f"{type(self).__name__} needs the model in eval mode (model.eval())")
         cfg = model.cfg
         p = next(model.parameters())
-        mean = torch.as_tensor(state_mean, dtype=torch.float32, device=p.device)
-        std = torch.as_tensor(state_std, dtype=torch.float32, device=p.device)
+        mean, std = (torch.as_tensor(x, dtype=torch.float32, device=p.device) for x in (state_mean, state_std))
         if mean.shape != (cfg.state_dim,) or std.shape != (cfg.state_dim,):
             raise ValueError(f"state_mean / state_std must have shape [{cfg.state_dim}], got "
                              f"{tuple(mean.shape)} / {tuple(std.shape)}")

@@ -23,8 +23,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from primal_dt.run import checkpoint as ck_io
-from primal_dt.run import errors, json_reader, options
+from primal_dt.run import checkpoint as ck_io, errors, json_reader, options
 from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
@@ -86,12 +85,11 @@ def missing_package() -> str | None:
 
 
 def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from importlib import metadata
 
-    try:
-        return version("primal-dt")
-    except PackageNotFoundError:
-        return "unknown"
+    with contextlib.suppress(metadata.PackageNotFoundError):
+        return metadata.version("primal-dt")
+    return "unknown"
 
 
 def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
@@ -165,8 +163,7 @@ def export_policy(source, format: str = "onnx", out: str | Path | None = None, *
 
 def _example(step: DTStep, batch: int = 2):
     """Two rows to trace with, one at its first step and one further on."""
-    cfg = step.model.cfg
-    obs = torch.randn(batch, cfg.state_dim)
+    obs = torch.randn(batch, step.model.cfg.state_dim)
     state = step.init(batch)._replace(t=torch.arange(batch, dtype=torch.int64))
     return (obs, torch.zeros(batch), torch.zeros(batch, dtype=torch.bool), torch.full((batch,), 1000.0),
             *state.flat())
@@ -192,8 +189,7 @@ def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
     finally:
         log.setLevel(level)
     model = program.model_proto
-    entry = model.metadata_props.add()
-    entry.key, entry.value = METADATA_KEY, json.dumps(meta)
+    model.metadata_props.add(key=METADATA_KEY, value=json.dumps(meta))
     model.producer_name = "primal-dt agents.export"
     onnx.checker.check_model(model)
     return model.SerializeToString()

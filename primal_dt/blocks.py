@@ -66,7 +66,7 @@ class Block(nn.Module):
 class Stack(nn.Module):
     def __init__(self, d_model: int, n_heads: int, layers: Sequence[LayerSpec | str], causal: bool = False,
                  mlp_ratio: float = 4, dropout: float = 0.1, norm: str = "pre", activation: str = "gelu",
-                 d_ff: int | None = None, final_norm: bool = True):
+                 d_ff: int | None = None):
         super().__init__()
         if not layers:
             raise ValueError("a stack needs at least one layer")
@@ -74,7 +74,7 @@ class Stack(nn.Module):
         self.causal = causal
         self.blocks = nn.ModuleList(Block(d_model, n_heads, s, causal, mlp_ratio, dropout, norm, activation, d_ff)
                                     for s in self.specs)
-        self.ln_f = nn.LayerNorm(d_model) if final_norm else nn.Identity()
+        self.ln_f = nn.LayerNorm(d_model)
 
     def forward(self, x, mask=None):
         """x [B, T, D] -> (y [B, T, D], list of per-layer aux dicts)."""
@@ -109,11 +109,10 @@ class StackRecurrent(Recurrent):
 
     def __init__(self, stack: Stack, forms):
         holder, names = {}, []  # holder: a shared entry's key -> the first layer declaring it, which holds it
+        specs = {}  # the stack's entries by name, in order
         for i, f in enumerate(forms):
             names.append({s.name: f"layer{holder.setdefault((s.shared, s.name), i) if s.shared else i}.{s.name}"
                           for s in f.specs})
-        specs = {}  # the stack's entries by name, in order
-        for i, f in enumerate(forms):
             for s in f.specs:
                 specs.setdefault(names[i][s.name], dataclasses.replace(s, name=names[i][s.name],
                                                                        masked_by=names[i].get(s.masked_by, "")))

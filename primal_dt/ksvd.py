@@ -30,8 +30,7 @@ def ksvd_objective(aux: dict) -> torch.Tensor:
     mask = aux.get("mask")
     m = torch.ones(B, 1, T, dtype=e.dtype, device=e.device) if mask is None else mask[:, None].to(e.dtype)
     n = m.sum(-1).squeeze(1).clamp(min=1)  # real tokens per sequence
-    E = ((l2 * e**2).sum(-1) * m).sum((1, 2)) / (2 * H * n)
-    R = ((l2 * r**2).sum(-1) * m).sum((1, 2)) / (2 * H * n)
+    E, R = (((l2 * x**2).sum(-1) * m).sum((1, 2)) / (2 * H * n) for x in (e, r))
     # the parameters; in the data-dependent form each sequence's trace covers the rows it used
     per_row = (aux["We"] * aux["Wr"]).sum((0, 2)) / H  # [rows]
     if aux.get("rows") is None:

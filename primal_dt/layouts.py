@@ -33,8 +33,7 @@ def layout(model: str, n_layers: int, options: dict[str, dict] | None = None) ->
         raise ValueError(f"n_layers must be >= 1, got {n_layers}")
     options = options or {}
     if model.startswith("primal+"):
-        base = _mechanism(model[len("primal+"):])
-        names = [base] * (n_layers - 1) + ["primal"]
+        names = [_mechanism(model.removeprefix("primal+"))] * (n_layers - 1) + ["primal"]
     else:
         try:
             names = [_mechanism(model)] * n_layers

@@ -206,8 +206,9 @@ def static(n) -> int:
     return int(n)
 
 
-def zero_padding(y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    return y if mask is None else y * mask.unsqueeze(-1).to(y.dtype)
+def zero_padding(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """x [B, T, *F] with the padding positions of ``mask`` [B, T] zeroed."""
+    return x if mask is None else x * mask.view(*mask.shape, *([1] * (x.dim() - 2))).to(x.dtype)
 
 
 def check_int(name: str, value, low: int) -> int:

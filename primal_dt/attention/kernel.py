@@ -29,7 +29,7 @@ import math
 import torch
 from torch import nn
 
-from .base import Attention, ProjectedRecurrent, StateSpec, zero_padding
+from .base import Attention, ProjectedAttention, StateSpec, zero_padding
 from .registry import register
 
 
@@ -94,9 +94,9 @@ class KernelSmootherAttention(Attention):
         allowed = allowed[None, None]
         return allowed if mask is None else allowed & mask[:, None, None, :]
 
-    def forward(self, x, mask=None):
-        self.check_input(x, mask)
-        return self.run(x, mask, None)[0], {}
+    # the forms of any mechanism whose ``run(x, mask, state)`` takes the state its ``specs`` declare
+    forward = ProjectedAttention.forward
+    recurrent = ProjectedAttention.recurrent
 
     def specs(self, dtype):
         """a cache of every token: features ``k`` [H, n, e], ``v`` [H, n, d], ``m`` [n] bool (real; n grows with the
@@ -117,10 +117,6 @@ class KernelSmootherAttention(Attention):
         K, V, M = torch.cat([K, kf], 2), torch.cat([V, v], 2), torch.cat([M, m], 1)
         y = zero_padding(self._attend(qf, K, V, self._allowed(M, T, K.shape[2], x.device)), mask)
         return y, (K, V, M, count + m.sum(1))
-
-    def recurrent(self, *, window=None, chunk=1):
-        self.check_recurrent()
-        return ProjectedRecurrent(self)
 
 
 def _variant(name: str, kernel: str, symmetric: bool, positional: bool = False):

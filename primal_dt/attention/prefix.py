@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import torch
 
-
-def masked(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """x [B, T, *F] with the padding positions of ``mask`` [B, T] zeroed."""
-    return x if mask is None else x * mask.view(*mask.shape, *([1] * (x.dim() - 2))).to(x.dtype)
+from .base import zero_padding
 
 
 def prefix_sums(x: torch.Tensor, mask: torch.Tensor | None = None, window: int | None = None,
@@ -23,9 +20,9 @@ def prefix_sums(x: torch.Tensor, mask: torch.Tensor | None = None, window: int |
     covers j <= t (plus ``total`` [B, *F], the sum before x), or t - window < j <= t."""
     T = x.shape[1]
     if window is None or window >= T:
-        s = torch.cumsum(masked(x, mask), dim=1)
+        s = torch.cumsum(zero_padding(x, mask), dim=1)
         return s if total is None else s + total.unsqueeze(1)
-    c = torch.cumsum(masked(x, mask).double(), dim=1)
+    c = torch.cumsum(zero_padding(x, mask).double(), dim=1)
     return torch.cat([c[:, :window], c[:, window:] - c[:, :-window]], dim=1).to(x.dtype)
 
 

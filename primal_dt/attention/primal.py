@@ -30,7 +30,7 @@ from torch import nn
 
 from .base import (Attention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces,
                    zero_padding)
-from .prefix import masked, prefix_means, prefix_sums
+from .prefix import prefix_means, prefix_sums
 from .registry import register
 
 
@@ -156,8 +156,8 @@ class PrimalRecurrent(Recurrent):
             new = (sums[:, -1],)
         else:
             ring, S = state
-            sums64 = prefix_sums((masked(qk, mask) - ring[:, :C]).double(), total=S)  # ring[:, :C]: leaving
-            sums, new = sums64.to(qk.dtype), (torch.cat([ring[:, C:], masked(qk, mask)], 1), sums64[:, -1])
+            sums64 = prefix_sums((zero_padding(qk, mask) - ring[:, :C]).double(), total=S)  # ring[:, :C]: leaving
+            sums, new = sums64.to(qk.dtype), (torch.cat([ring[:, C:], zero_padding(qk, mask)], 1), sums64[:, -1])
         if last_only:
             sums, mask = sums[:, -1:], None if mask is None else mask[:, -1:]
         y, _ = a._scores_and_output(sums.view(-1, static(sums.shape[1]), 2, a.n_heads, a.d_head), a.W, mask)

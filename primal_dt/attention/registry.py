@@ -11,14 +11,13 @@ from .base import Attention
 _REGISTRY: dict[str, type[Attention]] = {}
 
 
-def register(*names: str):
+def register(name: str):
     """Class decorator: make a mechanism buildable as ``build_attention(name, ...)``."""
 
     def deco(cls):
-        for n in names:
-            if n in _REGISTRY and _REGISTRY[n] is not cls:
-                raise ValueError(f"attention name {n!r} registered twice")
-            _REGISTRY[n] = cls
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"attention name {name!r} registered twice")
+        _REGISTRY[name] = cls
         return cls
 
     return deco

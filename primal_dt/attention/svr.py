@@ -85,8 +85,7 @@ class SVRAttention(ProjectedAttention):
         cm = (torch.arange(G * r, device=q.device)[None] < n[:, None])  # [B, Np]
         w = cm.view(B, 1, G, r, 1).to(q.dtype)
         cnt = w.sum(3)  # [B, 1, G, 1]
-        pk = (kc.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1)
-        pv = (vc.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1)
+        pk, pv = ((x.view(B, h, G, r, d) * w).sum(3) / cnt.clamp(min=1) for x in (kc, vc))
         pmask = cnt[:, 0, :, 0] > 0  # [B, G]
         pw = pmask[:, None, :, None].to(q.dtype)
         mu = (pk * pw).sum(2, keepdim=True) / pw.sum(2, keepdim=True).clamp(min=1)  # (read by BN only)
