@@ -208,13 +208,10 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets, out_dir: 
     info = ck.data
     bar = EpisodeBar(cfg.episodes * len(targets), f"{spec.name} {cfg.engine}") if cfg.progress else None
     details: dict = {}
-    try:
-        with errors.setup_errors():  # e.g. a simulator the checkpoint names that cannot be built
-            res = evaluate(model, cfg.episodes, cfg.seed, cfg, data=info, on_episode=bar.update if bar else None,
-                           details=details)
-    finally:
-        if bar is not None:
-            bar.close()
+    # setup_errors: e.g. a simulator the checkpoint names that cannot be built; the bar closes however it ends
+    with bar if bar is not None else contextlib.nullcontext(), errors.setup_errors():
+        res = evaluate(model, cfg.episodes, cfg.seed, cfg, data=info, on_episode=bar.update if bar else None,
+                       details=details)
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
               **ck.fidelity(cfg.engine).record(), "episodes_per_target": cfg.episodes,
               "seed": cfg.seed, **{k: details[k] for k in ("num_envs", "lanes", "env_steps")},

@@ -57,8 +57,7 @@ class Ours:
 
     def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu", window: int = 0,
                  **stepper):
-        cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
-                       n_layers=size["n_layers"], name=layout, s=size["s"], dropout=0.1)
+        cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, name=layout, dropout=0.1, **size)
         self.first = None
         if window:  # stream-exact training (agents.stream_training): every layer windowed, the loss masked to exact steps
             cfg = stream_exact_config(cfg, window)
