@@ -97,14 +97,12 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
         agents = [Agent(model, data, target=float(targets[0]), engine=options.engine) for _ in widths]
         venvs = []
         t0 = time.perf_counter()
-        try:
+        with contextlib.ExitStack() as opened:  # every lane's simulators closed however it ends
             for w in widths:
                 venvs.append(SimulatorProcess(spec.name, w, data.gym_id, threads=lane_threads(options.engine, w, n_lanes))
                              if in_process else vector_env(spec.name, w, options.asynchronous, data.gym_id))
+                opened.callback(venvs[-1].close)
             res = run_episodes(agents, venvs, jobs, seed, options.max_steps or spec.max_episode_steps, on_episode)
-        finally:
-            for v in venvs:
-                v.close()
         wall = time.perf_counter() - t0
     finally:
         model.train(was_training)
