@@ -32,9 +32,8 @@ def step_rows(venv, envs_idx: np.ndarray, actions: np.ndarray):
     those on a SyncVectorEnv; every one on an AsyncVectorEnv, idle ones with zero actions."""
     n = venv.num_envs
     if len(envs_idx) < n and isinstance(venv, gym.vector.SyncVectorEnv):
-        out = [venv.envs[i].step(a) for i, a in zip(envs_idx, actions)]
-        return (np.stack([o[0] for o in out]), np.array([o[1] for o in out], dtype=np.float64),
-                np.array([o[2] for o in out], dtype=bool), np.array([o[3] for o in out], dtype=bool))
+        obs, reward, term, trunc, _ = zip(*[venv.envs[i].step(a) for i, a in zip(envs_idx, actions)])
+        return np.stack(obs), np.array(reward, np.float64), np.array(term, bool), np.array(trunc, bool)
     full = np.zeros((n,) + actions.shape[1:], dtype=actions.dtype)
     full[envs_idx] = actions
     obs, reward, term, trunc, _ = venv.step(full)

@@ -97,14 +97,12 @@ def evaluate(model, episodes: int, seed: int, options: RolloutOptions = RolloutO
         agents = [Agent(model, data, target=float(targets[0]), engine=options.engine) for _ in widths]
         venvs = []
         t0 = time.perf_counter()
-        try:
+        with contextlib.ExitStack() as opened:  # every lane's simulators closed however it ends
             for w in widths:
                 venvs.append(SimulatorProcess(spec.name, w, data.gym_id, threads=lane_threads(options.engine, w, n_lanes))
                              if in_process else vector_env(spec.name, w, options.asynchronous, data.gym_id))
+                opened.callback(venvs[-1].close)
             res = run_episodes(agents, venvs, jobs, seed, options.max_steps or spec.max_episode_steps, on_episode)
-        finally:
-            for v in venvs:
-                v.close()
         wall = time.perf_counter() - t0
     finally:
         model.train(was_training)
@@ -208,13 +206,10 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets, out_dir: 
     info = ck.data
     bar = EpisodeBar(cfg.episodes * len(targets), f"{spec.name} {cfg.engine}") if cfg.progress else None
     details: dict = {}
-    try:
-        with errors.setup_errors():  # e.g. a simulator the checkpoint names that cannot be built
-            res = evaluate(model, cfg.episodes, cfg.seed, cfg, data=info, on_episode=bar.update if bar else None,
-                           details=details)
-    finally:
-        if bar is not None:
-            bar.close()
+    # setup_errors: e.g. a simulator the checkpoint names that cannot be built; the bar closes however it ends
+    with bar if bar is not None else contextlib.nullcontext(), errors.setup_errors():
+        res = evaluate(model, cfg.episodes, cfg.seed, cfg, data=info, on_episode=bar.update if bar else None,
+                       details=details)
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
               **ck.fidelity(cfg.engine).record(), "episodes_per_target": cfg.episodes,
               "seed": cfg.seed, **{k: details[k] for k in ("num_envs", "lanes", "env_steps")},

@@ -68,30 +68,26 @@ def _host(conn, venv, agent_bytes: bytes, seed: int, max_steps: int, threads: in
 def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
     from eval.episodes import step_rows, vector_env
 
-    venv = None
-    try:
-        venv = vector_env(name, num_envs, gym_id=gym_id)
-        conn.send(("ok", None))
-        while True:
-            cmd, args = conn.recv()
-            if cmd == "close":
-                break
-            if cmd == "reset":
-                obs, _ = venv.reset(seed=args[0], options=args[1])
-                conn.send(("ok", obs))
-            elif cmd == "step":
-                conn.send(("ok", step_rows(venv, *args)))
-            elif cmd == "host":
-                conn.send(("done", _host(conn, venv, *args)))
-    except (EOFError, KeyboardInterrupt, _Closed):
-        pass
-    except Exception as err:  # reported to the evaluator, which raises it there
-        with contextlib.suppress(OSError):
-            conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
-    finally:
-        if venv is not None:
-            venv.close()
-        conn.close()
+    with contextlib.closing(conn), contextlib.ExitStack() as opened:  # the simulators closed first, then the pipe
+        try:
+            venv = opened.enter_context(contextlib.closing(vector_env(name, num_envs, gym_id=gym_id)))
+            conn.send(("ok", None))
+            while True:
+                cmd, args = conn.recv()
+                if cmd == "close":
+                    break
+                if cmd == "reset":
+                    obs, _ = venv.reset(seed=args[0], options=args[1])
+                    conn.send(("ok", obs))
+                elif cmd == "step":
+                    conn.send(("ok", step_rows(venv, *args)))
+                elif cmd == "host":
+                    conn.send(("done", _host(conn, venv, *args)))
+        except (EOFError, KeyboardInterrupt, _Closed):
+            pass
+        except Exception as err:  # reported to the evaluator, which raises it there
+            with contextlib.suppress(OSError):
+                conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
 
 
 class SimulatorProcess:

@@ -13,6 +13,7 @@ distance between two heads' matrices over sqrt(n) (a row-stochastic n x n matrix
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -51,22 +52,19 @@ def capture_attention_inputs(model: nn.Module, run: Callable[[], object]) -> lis
     stacks = [(n, m) for n, m in model.named_modules() if isinstance(m, Stack)]
     if not stacks:
         raise ValueError(f"{type(model).__name__} contains no primal_dt.blocks.Stack; nothing to analyse")
-    seen, handles = [], []
-    for sname, stack in stacks:
-        for i, block in enumerate(stack.blocks):
-            name = f"{sname + '.' if sname else ''}layer{i}"
+    seen = []
+    with contextlib.ExitStack() as hooks:  # each hook removed on the way out
+        for sname, stack in stacks:
+            for i, block in enumerate(stack.blocks):
+                name = f"{sname + '.' if sname else ''}layer{i}"
 
-            def hook(mod, args, name=name):  # a Block calls its attention as attn(x, mask)
-                x, mask = args
-                seen.append((name, mod, x.detach(), None if mask is None else mask.detach()))
+                def hook(mod, args, name=name):  # a Block calls its attention as attn(x, mask)
+                    x, mask = args
+                    seen.append((name, mod, x.detach(), None if mask is None else mask.detach()))
 
-            handles.append(block.attn.register_forward_pre_hook(hook))
-    try:
+                hooks.enter_context(block.attn.register_forward_pre_hook(hook))
         with torch.no_grad():
             run()
-    finally:
-        for h in handles:
-            h.remove()
     return seen
 
 
@@ -111,13 +109,9 @@ def _mixed_with_values(attn, x, mask, values):
         out[..., -values.shape[-1]:] = values
         return out
 
-    hooks = [getattr(attn, attn.value_projection).register_forward_hook(substitute),
-             attn.proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))]
-    try:
+    with (getattr(attn, attn.value_projection).register_forward_hook(substitute),
+          attn.proj.register_forward_pre_hook(lambda module, args: seen.append(args[0]))):
         attn(x, mask)
-    finally:
-        for h in hooks:
-            h.remove()
     return seen[-1]
 
 
@@ -209,8 +203,7 @@ def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True)
     if tensorboard:
         from primal_dt.run.monitor import RunMonitor
 
-        mon = RunMonitor(out, progress=False)
-        try:
+        with contextlib.closing(RunMonitor(out, progress=False)) as mon:
             mon.figure("spectrum/figure", fig)
             for layer in report.layers:
                 for k, (s, c) in enumerate(zip(layer.singular_values, layer.explained_variance), start=1):
@@ -219,8 +212,6 @@ def write(report: SpectrumReport, out_dir: str | Path, tensorboard: bool = True)
                 mon.scalar(f"spectrum/{layer.name}/rank90", layer.rank90, 0)
                 if layer.redundancy is not None:
                     mon.scalar(f"redundancy/{layer.name}", layer.redundancy, 0)
-        finally:
-            mon.close()
     return {"png": out / "spectrum.png", "json": out / "spectrum.json"}
 
 

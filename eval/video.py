@@ -8,6 +8,7 @@ one the evaluator says why and still writes its results. TensorBoard gets the GI
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -91,11 +92,9 @@ def record_episode(model, spec, info, target: float, engine: str, seed: int, out
     fps = 1.0 / (every * dt)
     filmed = Frames(env, every)
     venv = gym.vector.SyncVectorEnv([lambda: filmed], autoreset_mode=gym.vector.AutoresetMode.DISABLED)
-    try:  # the evaluators' loop on one simulator: episode 0 starts from reset seed ``seed``
+    with contextlib.closing(venv):  # the evaluators' loop on one simulator: episode 0 starts from reset seed ``seed``
         res = run_episodes(Agent(model, info, target=target, engine=engine), venv, [(float(target), 0)], seed,
                            max_steps or spec.max_episode_steps)
-    finally:
-        venv.close()
     return {**_write(filmed.frames, fps, Path(out_dir), engine, step), "frames": len(filmed.frames),
             "fps": fps, "return": res["returns"][0], "length": res["lengths"][0], "backend": msg}
 
@@ -129,9 +128,6 @@ def _write(frames, fps: float, out_dir: Path, engine: str, step: int) -> dict:
     with outputs.new_file(out_dir / f"episode-{engine}.gif", "episode GIF") as path:
         data = encode_gif(frames, fps)  # the file first, atomically: a failed write leaves no truncated GIF
         checkpoint.write_atomic(path, data, "episode GIF")
-    mon = RunMonitor(out_dir / "video", progress=False)
-    try:
+    with contextlib.closing(RunMonitor(out_dir / "video", progress=False)) as mon:
         mon.image(f"rollout/{engine}", data, frames[0].shape[:2], step)
-    finally:
-        mon.close()
     return {"path": str(path), "tensorboard": f"GIF (Images tab, tag rollout/{engine}) in {out_dir / 'video'}"}

@@ -101,8 +101,7 @@ def act_latency(args, device: torch.device, size: dict) -> dict[str, float]:
     from .inference import policy
 
     torch.manual_seed(0)
-    cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=args.K, d_model=size["d_model"], n_heads=size["n_heads"],
-                   n_layers=size["n_layers"], name="primal+dt", s=size["s"], dropout=0.0)
+    cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=args.K, name="primal+dt", dropout=0.0, **size)
     model = DecisionTransformer(cfg).to(device).eval()
     info = DataInfo(env="hopper-medium", state_mean=np.zeros(STATE_DIM, np.float32),
                     state_std=np.ones(STATE_DIM, np.float32), reward_scale=1000.0, targets=(3600.0,))

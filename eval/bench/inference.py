@@ -9,6 +9,7 @@ What each section measures: docs/benchmarks.md.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -242,14 +243,12 @@ def evaluation_section(model, info, bc: BenchConfig) -> dict:
         if res is None:
             res, env_steps = r, d["env_steps"]
         print(f"  vectorised stream, {name}: {vec[name]:.2f} s", flush=True)
-    venv = vector_env(info.env, 1, gym_id=info.gym_id)
-    try:  # the reference protocol: one episode at a time, a batch-1 recompute agent, the evaluators' loop
+    # the reference protocol: one episode at a time, a batch-1 recompute agent, the evaluators' loop
+    with contextlib.closing(vector_env(info.env, 1, gym_id=info.gym_id)) as venv:
         t0 = time.perf_counter()
         seq = run_episodes(Agent(model, info, engine="recompute"), venv, [(target, e) for e in range(n_seq)],
                            bc.seed, bc.max_steps)
         seq_s = (time.perf_counter() - t0) * bc.episodes / n_seq
-    finally:
-        venv.close()
     vec_s = vec["lanes=2 process"]
     print(f"  sequential recompute: {seq_s:.2f} s ({n_seq} episodes run, scaled to {bc.episodes})", flush=True)
     return {"episodes": bc.episodes, "env_steps": env_steps, "stream_mean_length": res[target]["length_mean"],

@@ -57,8 +57,7 @@ class Ours:
 
     def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu", window: int = 0,
                  **stepper):
-        cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, d_model=size["d_model"], n_heads=size["n_heads"],
-                       n_layers=size["n_layers"], name=layout, s=size["s"], dropout=0.1)
+        cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, name=layout, dropout=0.1, **size)
         self.first = None
         if window:  # stream-exact training (agents.stream_training): every layer windowed, the loss masked to exact steps
             cfg = stream_exact_config(cfg, window)
@@ -115,16 +114,17 @@ class HuggingFace:
 
 
 def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
-    torch.manual_seed(0)
-    runners = {f"ours:{lay}" + (f"[{mode}]" if mode != "eager" else ""): Ours(lay, size, args.K, mode)
-               for mode in args.compile for lay in OURS}
-    runners.update({f"ours:{lay}[bf16]": Ours(lay, size, args.K, autocast=torch.bfloat16)
-                    for amp in args.amp if amp == "bf16" for lay in OURS})
+    # {suffix: (Ours options, ratio label)}: each form of our step against its layout's eager float32 one ("")
+    forms = {"" if mode == "eager" else f"[{mode}]": (dict(mode=mode), "eager (time)") for mode in args.compile}
+    if "bf16" in args.amp:
+        forms["[bf16]"] = (dict(autocast=torch.bfloat16), "(time; bf16 autocast / float32)")
     if args.stream_window:
-        runners.update({f"ours:{lay}[w={args.stream_window}]": Ours(lay, size, args.K, window=args.stream_window)
-                        for lay in OURS})
+        forms[f"[w={args.stream_window}]"] = (dict(window=args.stream_window), "(time; stream-exact / standard)")
+    hf = "hf:DecisionTransformerModel"
+    torch.manual_seed(0)
+    runners = {f"ours:{lay}{v}": Ours(lay, size, args.K, **kw) for v, (kw, _) in forms.items() for lay in OURS}
     if with_hf:
-        runners["hf:DecisionTransformerModel"] = HuggingFace(size, args.K)
+        runners[hf] = HuggingFace(size, args.K)
     data = batches(args.warmup + args.rounds * args.steps, args.batch, args.K)
     times, cpu = {k: [] for k in runners}, {k: [] for k in runners}  # wall and process seconds per step
     for r in runners.values():
@@ -147,18 +147,12 @@ def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
         res["models"][k] = {"ms_per_step": round(1000 * med, 2), "ms_per_step_min": round(1000 * min(v), 2),
                             "tokens_per_s": round(tokens / med), "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 2),
                             "params": sum(p.numel() for p in runners[k].params), "timed_steps": len(v)}
-    hf, w = "hf:DecisionTransformerModel", args.stream_window
     pairs = {f"{lay} / dt (time)": (f"ours:{lay}", "ours:dt") for lay in OURS[1:]}
     if with_hf:
         pairs |= {"hf / ours dt (time; > 1: ours faster)": (hf, "ours:dt"),
                   "hf / ours primal+dt (time)": (hf, "ours:primal+dt")}
-    pairs |= {f"{lay}[{mode}] / {lay} eager (time)": (f"ours:{lay}[{mode}]", f"ours:{lay}")
-              for mode in args.compile if mode != "eager" for lay in OURS}
-    pairs |= {f"{lay}[bf16] / {lay} (time; bf16 autocast / float32)": (f"ours:{lay}[bf16]", f"ours:{lay}")
-              for amp in args.amp if amp == "bf16" for lay in OURS}
-    if w:
-        pairs |= {f"{lay}[w={w}] / {lay} (time; stream-exact / standard)": (f"ours:{lay}[w={w}]", f"ours:{lay}")
-                  for lay in OURS}
+    pairs |= {f"{lay}{v} / {lay} {label}": (f"ours:{lay}{v}", f"ours:{lay}")
+              for v, (_, label) in forms.items() if v for lay in OURS}
     # the fastest step and the process's own CPU time: less of what another process's load on a shared CPU adds
     m = res["models"]
     for key, field in (("ratios", "ms_per_step"), ("ratios_of_min", "ms_per_step_min"),
