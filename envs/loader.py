@@ -24,15 +24,29 @@ def load_dataset(name: str, source: str = "auto", verbose: bool = True,
     for src in [chosen] if chosen else sources.order(spec):
         try:
             ds = sources.read(src, sources.Request(spec, where, download, verbose))
+            break
         except sources.DatasetNotFound as exc:
             if where:  # a place named by the user: nothing there is an error, not a search
                 raise sources.DatasetError(f"{exc} (asked for by data_source={source!r})") from exc
             notes.append(f"{src.prefix}: {exc}")  # kept in ds.metadata["searched"]
-            continue
-        ds.name = spec.name
-        return _report(ds, spec, verbose, notes, clip_actions)
-    raise sources.DatasetNotFound(f"no dataset for {spec.name} (data_source={source!r}). Looked at:\n  - "
-                                  + "\n  - ".join(notes))
+    else:
+        raise sources.DatasetNotFound(f"no dataset for {spec.name} (data_source={source!r}). Looked at:\n  - "
+                                      + "\n  - ".join(notes))
+    ds.name = spec.name
+    if spec.is_minari_id:
+        spec = get_spec(spec.name)  # its metadata's scores, now it is local
+    check_actions(ds, spec, clip_actions, verbose)
+    ds.metadata = dict(ds.metadata or {})
+    if notes:
+        ds.metadata["searched"] = notes
+    if ds.metadata.get("collector") and verbose and not ds.source.startswith("replica:"):
+        print(f"[envs] note: {ds.source} was made by envs.collect, not a published dataset",
+              file=sys.stderr, flush=True)
+    if verbose:
+        print(f"[envs] {spec.name}: source {ds.source} -- {ds.summary()}", flush=True)
+        print(f"[envs] {spec.name}: normalized scores use random {spec.ref_min:g} and expert {spec.ref_max:g} "
+              f"returns, from {spec.ref_source}", flush=True)
+    return ds
 
 
 def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: bool = True) -> None:
@@ -57,19 +71,3 @@ def check_actions(ds: Trajectories, spec: EnvSpec, clip: bool = False, verbose: 
     if verbose:
         print(f"[envs] {spec.name}: {what}: clipped into the box as asked (clip_actions)", file=sys.stderr, flush=True)
 
-
-def _report(ds: Trajectories, spec: EnvSpec, verbose: bool, notes: list[str], clip_actions: bool) -> Trajectories:
-    if spec.is_minari_id:
-        spec = get_spec(spec.name)  # its metadata's scores, now it is local
-    check_actions(ds, spec, clip_actions, verbose)
-    ds.metadata = dict(ds.metadata or {})
-    if notes:
-        ds.metadata["searched"] = notes
-    if ds.metadata.get("collector") and verbose and not ds.source.startswith("replica:"):
-        print(f"[envs] note: {ds.source} was made by envs.collect, not a published dataset",
-              file=sys.stderr, flush=True)
-    if verbose:
-        print(f"[envs] {spec.name}: source {ds.source} -- {ds.summary()}", flush=True)
-        print(f"[envs] {spec.name}: normalized scores use random {spec.ref_min:g} and expert {spec.ref_max:g} "
-              f"returns, from {spec.ref_source}", flush=True)
-    return ds

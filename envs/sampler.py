@@ -42,8 +42,8 @@ class Batch(NamedTuple):
         """The steps a loss counts: ``loss_mask``, else ``mask``."""
         return self.mask if self.loss_mask is None else self.loss_mask
 
-    def to(self, device, non_blocking: bool = False) -> "Batch":
-        return Batch(*(v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for v in self))
+    def to(self, device) -> "Batch":
+        return Batch(*(v.to(device) if isinstance(v, torch.Tensor) else v for v in self))
 
 
 class SegmentSampler:

@@ -10,9 +10,8 @@ from envs.registry import get_spec, sim_kwargs_for
 
 
 def make_sim(gym_id: str, **kwargs):
-    """gym.make with our datasets' observation layout (Ant-v4: contact forces, as D4RL), without the
-    'v4 is out of date' warning (v4 is what D4RL data needs), and a MUJOCO_GL that stops MuJoCo from
-    loading as a one-line ``ValueError`` (``envs.gl``)."""
+    """gym.make with our datasets' observation layout (``sim_kwargs_for``), without the 'v4 is out of date'
+    warning (v4 is what D4RL data needs), after ``check_mujoco_gl`` (a bad MUJOCO_GL: one ``ValueError`` line)."""
     import gymnasium as gym
 
     check_mujoco_gl()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import io
 import random
+import statistics
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -77,10 +78,8 @@ def evaluate(tree) -> int:
     if isinstance(tree, int):
         return tree
     op, children = tree
-    vals = sorted(evaluate(c) for c in children)
-    mid = len(vals) // 2  # [MED: the generator's int(np.median(...)), i.e. the floored mean of the middle pair
-    return {"[MIN": vals[0], "[MAX": vals[-1], "[SM": sum(vals) % 10,
-            "[MED": vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) // 2}[op]
+    vals = [evaluate(c) for c in children]  # [MED: the generator's int(np.median(...)), floored for an even count
+    return {"[MIN": min(vals), "[MAX": max(vals), "[SM": sum(vals) % 10, "[MED": int(statistics.median(vals))}[op]
 
 
 def to_string(tree) -> str:

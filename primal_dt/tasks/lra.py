@@ -124,12 +124,6 @@ def load_retrieval(path: str, max_len: int = 0) -> TaskData:
                     notes=[f"AAN document pairs from {root}; each document truncated to {T} bytes"])
 
 
-def grey(rgb: np.ndarray) -> np.ndarray:
-    """[N, 3, H, W] uint8 -> [N, H*W] int grey levels 0-255."""
-    g = 0.2989 * rgb[:, 0] + 0.5870 * rgb[:, 1] + 0.1140 * rgb[:, 2]
-    return np.clip(g, 0, 255).astype(np.int64).reshape(len(rgb), -1)
-
-
 def _pixel_split(pixels: np.ndarray, labels) -> Split:
     x = torch.from_numpy(pixels + 1).to(torch.int32)
     return Split(x, torch.ones_like(x, dtype=torch.bool), torch.as_tensor(np.asarray(labels), dtype=torch.long))
@@ -165,7 +159,9 @@ def load_image(path: str, val_fraction: float = 0.1, split_seed: int = 0) -> Tas
                 ys += list(d[b"labels"])
             except (KeyError, ValueError) as err:
                 raise ValueError(f"{f}: not a CIFAR-10 python batch ({err})") from None
-        return grey(np.concatenate(xs)), ys
+        rgb = np.concatenate(xs)
+        grey = 0.2989 * rgb[:, 0] + 0.5870 * rgb[:, 1] + 0.1140 * rgb[:, 2]  # [N, 32, 32], levels 0-255
+        return np.clip(grey, 0, 255).astype(np.int64).reshape(len(rgb), -1), ys
 
     return _carved("lra/image", _pixel_split(*read([f"data_batch_{i}" for i in range(1, 6)])),
                    _pixel_split(*read(["test_batch"])), val_fraction, split_seed, n_classes=10, n_inputs=257,
