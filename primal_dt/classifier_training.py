@@ -1,6 +1,6 @@
 """Train a sequence classifier and select its checkpoint: what ``python -m primal_dt.classify`` runs.
-``Trainer`` keeps ``step`` (timed: ``train_time``) and ``evaluate`` apart so a benchmark can interleave two models on
-the same batches; ``fit`` is the loop, evaluation rounds keeping best.pt (``classify_config.SELECTIONS``) and last.pt.
+``Trainer`` keeps ``step`` (timed: ``train_time``, optimisation only, for the throughput it logs) and ``evaluate``
+apart; ``fit`` is the loop, evaluation rounds keeping best.pt (``classify_config.SELECTIONS``) and last.pt.
 """
 
 from __future__ import annotations

@@ -30,10 +30,6 @@ class Attention(nn.Module):
     supports_window: bool = False  #: accepts a ``window`` option
     supports_causal: bool = True
     supports_bidirectional: bool = True
-    #: What eval.spectrum's probe reads attention through (None: not probed): the nn.Linear whose last d_model
-    #: outputs are the values, or (primal form) the parameter [2, H, rows, s] its scores are linear in.
-    value_projection: str | None = None
-    score_directions: str | None = None
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False):
         super().__init__()
@@ -128,8 +124,6 @@ class Recurrent(nn.Module):
 class ProjectedAttention(Attention):
     """A mechanism between projections ``qkv`` and ``proj``: ``attend(q, k, v, mask, state) -> (y, state)`` on
     [B, H, T, d_head] heads, ``state`` None in the parallel form, else laid out as its ``specs(dtype)``."""
-
-    value_projection = "qkv"
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, bias: bool = True):
         super().__init__(d_model, n_heads, causal)

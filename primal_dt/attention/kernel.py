@@ -44,7 +44,6 @@ def sinusoidal(pos: torch.Tensor, dim: int) -> torch.Tensor:
 class KernelSmootherAttention(Attention):
     """One kernel-smoother core for every kernel-* variant (class attributes pick the variant)."""
 
-    value_projection = "v"
     supports_step = True
     kernel: str = "exponential"
     symmetric: bool = False

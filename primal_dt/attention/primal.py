@@ -59,7 +59,6 @@ def evenly_spaced_rows(x: torch.Tensor, mask: torch.Tensor | None, n_max: int):
 class PrimalAttention(Attention):
     supports_step = True
     supports_window = True
-    score_directions = "W"
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, s: int = 32,
                  data_dependent: bool = False, rank_multi: int = 10, window: int | None = None,

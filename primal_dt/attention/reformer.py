@@ -31,7 +31,6 @@ from .registry import register
 
 @register("reformer")
 class ReformerAttention(Attention):
-    value_projection = "v"
     supports_causal = False
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, n_buckets: int = 8, n_hashes: int = 2,

@@ -16,8 +16,6 @@ from typing import Any, NoReturn, TypeVar
 import tyro
 
 T = TypeVar("T")
-SPACED = {"cli": "spaced"}
-"""field metadata of a list option whose elements hold commas: only spaces separate them"""
 _KEY = re.compile(r"[A-Za-z_][\w.-]*$")
 
 
@@ -38,8 +36,8 @@ class Mistake(SystemExit):
         return f"error: {self.message}"
 
 
-def options(cls: type, prefix: str = "") -> dict[str, tuple[str, dataclasses.Field]]:
-    """{dotted name: (bool | list | optional | value, field)} of every option of config dataclass ``cls``."""
+def options(cls: type, prefix: str = "") -> dict[str, str]:
+    """{dotted name: bool | list | optional | value} of every option of config dataclass ``cls``."""
     hints, out = typing.get_type_hints(cls), {}
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
@@ -51,7 +49,7 @@ def options(cls: type, prefix: str = "") -> dict[str, tuple[str, dataclasses.Fie
         tp = next(a for a in args if a is not type(None)) if optional else tp
         kind = ("bool" if tp is bool else "list" if typing.get_origin(tp) in (tuple, list)
                 else "optional" if optional else "value")
-        out[prefix + f.name] = (kind, f)
+        out[prefix + f.name] = kind
     return out
 
 
@@ -62,20 +60,20 @@ def rewrite(cls: type, argv: Sequence[str], shorthands: dict[str, str] | None = 
     known, short = options(cls), shorthands or {}
     out: list[str] = []
     given: list[str] = []
-    current = None  # (kind, field) of the option whose values follow as words
+    current = None  # the kind of the option whose values follow as words
     for word in argv:
         key, eq, value = word.partition("=")
         name = short.get(key.removeprefix("--").replace("-", "_"), key.removeprefix("--").replace("-", "_"))
         if (word.startswith("--") or (eq and _KEY.match(key))) and name in known:
             given.append(name)
             current = None if eq else known[name]
-            out += _option(name, *known[name], value) if eq else [f"--{name}"]
-        elif current and current[0] == "bool" and word.lower() in ("true", "false"):
+            out += _option(name, known[name], value) if eq else [f"--{name}"]
+        elif current == "bool" and word.lower() in ("true", "false"):
             out[-1] = out[-1] if word.lower() == "true" else _no(out[-1][2:])
             current = None
-        elif current and current[0] != "bool" and not word.startswith("--"):
-            out += _values(*current, word)
-            current = current if current[0] == "list" else None
+        elif current and current != "bool" and not word.startswith("--"):
+            out += _values(current, word)
+            current = current if current == "list" else None
         elif eq and _KEY.match(key.removeprefix("--")):  # (an option word, so that no list takes it in)
             out += [f"--{name}", value] if strict else [f"--{key.removeprefix('--')}={value}"]
             current = None
@@ -85,11 +83,11 @@ def rewrite(cls: type, argv: Sequence[str], shorthands: dict[str, str] | None = 
     return out, list(dict.fromkeys(given))
 
 
-def _option(name: str, kind: str, f: dataclasses.Field, value: str) -> list[str]:
+def _option(name: str, kind: str, value: str) -> list[str]:
     """The words tyro reads for ``name=value``."""
     if kind == "bool" and value.lower() in ("true", "false"):
         return [f"--{name}" if value.lower() == "true" else _no(name)]
-    return [f"--{name}", *_values(kind, f, value)] if kind == "list" else [f"--{name}={_values(kind, f, value)[0]}"]
+    return [f"--{name}", *_values(kind, value)] if kind == "list" else [f"--{name}={_values(kind, value)[0]}"]
 
 
 def _no(name: str) -> str:
@@ -98,11 +96,11 @@ def _no(name: str) -> str:
     return f"--{group}{dot}no_{leaf}"
 
 
-def _values(kind: str, f: dataclasses.Field, text: str) -> list[str]:
+def _values(kind: str, text: str) -> list[str]:
     """The words tyro reads for ``text``, a value (or, for a list, some elements) of an option."""
     if kind == "list":
         text = text[1:-1] if text[:1] + text[-1:] == "[]" else text  # [a,b], as YAML and Python write lists
-        return text.split() if f.metadata.get("cli") == "spaced" else [w.strip() for w in text.split(",") if w.strip()]
+        return [w.strip() for w in text.split(",") if w.strip()]
     return ["None" if kind == "optional" and text.lower() == "none" else text]
 
 

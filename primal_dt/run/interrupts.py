@@ -62,7 +62,7 @@ class Interrupts:
 
 def deferred():
     """A region the installed handler holds, for code that does not know which command runs it, such as the
-    event writer's calls in ``RunMonitor``. Where no trainer installed one (``eval.video``, ``eval.spectrum``),
+    event writer's calls in ``RunMonitor``. Where no trainer installed one (``eval.video``),
     a handler is installed for the region: the interrupt lands at its end, as a ``KeyboardInterrupt``."""
     return _active.held() if _active is not None else _own_region()
 

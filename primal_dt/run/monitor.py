@@ -118,9 +118,6 @@ class RunMonitor:
     def text(self, tag: str, value: str, step: int = 0) -> None:
         self._log(lambda: self.writer.add_text(tag, value, step))
 
-    def figure(self, tag: str, fig, step: int = 0) -> None:
-        self._log(lambda: self.writer.add_figure(tag, fig, step))
-
     def image(self, tag: str, data: bytes, size: tuple[int, int], step: int = 0) -> None:
         """An encoded PNG or GIF (``encode_gif``; TensorBoard plays it) of ``size`` (height, width); not torch's
         ``add_video``, which needs the ``moviepy.editor`` that moviepy 2 removed."""

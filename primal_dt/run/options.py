@@ -61,8 +61,6 @@ def check_output_file(path: str, option: str) -> None:
         raise ValueError(f"{option}={path}: the folder {parent} cannot be written")
 
 
-SECONDS = Range(0, 1e6, low_open=True)
-"""a duration (larger overflows the timers it reaches)"""
 
 ANY = Range()
 AT_LEAST_0 = Range(0)

@@ -157,20 +157,6 @@ def test_resume_from_a_crafted_checkpoint_never_runs_it(tmp_path, crafted_checkp
     assert not marker.exists()
 
 
-def test_speed_benchmark_interleaves_models(tmp_path, monkeypatch):
-    from eval.bench.classify import main as bench
-
-    monkeypatch.chdir(tmp_path)
-    result = bench(["task=lra/listops-fast", "models=transformer,primalformer", "train.steps=2", "train.eval_every=1",
-                    "data.listops.n_train=16", "data.listops.n_val=8", "data.listops.n_test=8",
-                    "data.listops.min_length=5", "data.listops.max_length=30", "data.max_len=32", "train.batch_size=8",
-                    "primal.s=8", f"out={tmp_path}", *TINY])
-    rows = {r["model"]: r for r in result["results"]}
-    assert rows["transformer"]["ratio_to_first"] == 1.0 and rows["primalformer"]["layers"] == ["primal", "primal"]
-    assert all(r["steps"] == 2 and r["s_per_1k_steps"] > 0 for r in rows.values())
-    assert (tmp_path / "bench-lra-listops-fast.json").exists()
-
-
 def test_validation_ties_go_to_lower_loss(tmp_path):
     from types import SimpleNamespace
 

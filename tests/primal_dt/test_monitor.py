@@ -106,7 +106,7 @@ def test_an_interrupt_inside_the_event_writer_waits_for_the_write_and_close_retu
     """A SIGTERM raised inside TensorBoard's writer (its queue, its worker thread) left close() waiting forever
     (seen under load: a classifier stopped by SIGTERM never exited). It now lands after the write: the event is
     on disk, the interrupt still stops the run, and close returns; in a trainer (its handler installed) as in a
-    command that installs none (eval.video, eval.spectrum), whose handlers are as they were afterwards."""
+    command that installs none (eval.video), whose handlers are as they were afterwards."""
     mon = RunMonitor(tmp_path, progress=False)
     real, reached = mon.writer.add_scalar, []
 

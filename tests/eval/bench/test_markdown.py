@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from eval.bench import attention, timing
+from eval.bench import timing, train
 
 
 def tables(text: str) -> list[list[dict]]:
@@ -25,21 +25,20 @@ def tables(text: str) -> list[list[dict]]:
     return out
 
 
-def test_the_attention_bench_writes_its_tables_with_the_machine_and_the_command(tmp_path, capsys):
-    md, js = tmp_path / "attention.md", tmp_path / "attention.json"
-    argv = ["--skip_train", "--contexts", "1,3", "--step_repeat", "1", "--step_width", "8",
-            "--step_mechanisms", "softmax", "primal:s=2", "--markdown", str(md), "--json", str(js)]
-    res = attention.main(argv)
+def test_the_training_bench_writes_its_tables_with_the_machine_and_the_command(tmp_path, capsys):
+    md, js = tmp_path / "train.md", tmp_path / "train.json"
+    argv = ["--sizes", "original", "--batch", "2", "--K", "4", "--rounds", "1", "--steps", "1", "--warmup", "0",
+            "--no-hf", "--markdown", str(md), "--json", str(js)]
+    res = train.main(argv)
     text = md.read_text()
-    assert text.startswith("# One attention layer")
-    assert f"Command: `python -m eval.bench.attention {' '.join(argv)}`" in text
+    assert text.startswith("# Training step: our DT models")
+    assert f"Command: `python -m eval.bench.train {' '.join(argv)}`" in text
     machine = res["machine"]
     assert f"Machine: {machine['cpu']}, {machine['cores']} core(s), 1 torch thread(s)" in text
     assert f"torch {torch.__version__}" in text and machine["date"] in text
     (steps,) = tables(text)
-    assert [(r["mechanism"], r["context"]) for r in steps] == [("softmax", "1"), ("softmax", "3"),
-                                                               ("primal:s=2", "1"), ("primal:s=2", "3")]
-    assert all(float(r["step us"]) > 0 for r in steps)
+    assert [r["model"] for r in steps] == list(res["results"][0]["models"])
+    assert all(float(r["ms per step"]) > 0 for r in steps)
     assert json.loads(js.read_text())["machine"] == machine
     assert not list(tmp_path.glob("*.tmp*")), "no temporary file is left beside the outputs"
 
@@ -56,5 +55,5 @@ def test_a_cell_holding_a_bar_does_not_break_its_row(tmp_path):
 @pytest.mark.parametrize("option", ["--markdown", "--json"])
 def test_an_output_the_bench_cannot_write_is_refused_before_it_measures(option, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        attention.main(["--skip_train", option, str(tmp_path / "missing" / "a.md")])
+        train.main(["--no-hf", option, str(tmp_path / "missing" / "a.md")])
     assert exit_.value.code == 2 and f"error: {option}=" in capsys.readouterr().err

@@ -119,11 +119,11 @@ def test_heads_must_divide_width():
 
 
 @pytest.mark.parametrize("kind", ["softmax", "softmax-w3", "primal", "primal-bidirectional", "primal-w3"])
-def test_the_spectrum_probe_reads_the_explicit_matrix(kind):
-    """eval.spectrum's one probe (one-hot values, or one-hot projection directions for primal, through the
+def test_the_probe_reads_the_explicit_matrix(kind):
+    """The tests' probe (probe.py: one-hot values, or one-hot projection directions for primal, through the
     mechanism's own forward) gives the matrix written from the formula (naive.py): softmax's weights,
     primal's induced kernel phi(qbar) phi(kbar)^T; rows and columns of padding zero."""
-    from eval.spectrum import attention_matrix
+    from .probe import attention_matrix
 
     from .naive import primal_features, softmax_weights
 

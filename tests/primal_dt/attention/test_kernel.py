@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from eval.spectrum import attention_matrix
+from .probe import attention_matrix
 from primal_dt.attention import available, build_attention
 from primal_dt.attention.kernel import sinusoidal
 
@@ -70,7 +70,7 @@ def test_exponential_kernel_is_softmax_attention_and_stable():
     x = 200 * torch.randn(1, 6, D)  # exp(<q,k>) would overflow without log-sum-exp
     y, _ = a(x)
     assert torch.isfinite(y).all()
-    A = attention_matrix(a, x, None)  # (eval.spectrum's probe)
+    A = attention_matrix(a, x, None)  # (probe.py)
     torch.testing.assert_close(A.sum(-1), torch.ones(1, H, 6))
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from eval.spectrum import attention_matrix
+from .probe import attention_matrix
 from primal_dt.attention import build_attention
 from primal_dt.attention.performer import orthogonal_gaussian
 
@@ -62,7 +62,7 @@ def test_linear_matches_naive_reference(causal, masked):
 def test_linear_attention_matrix_rows_are_the_normalised_kernel():
     a = build_attention("linear", D, H, causal=True).eval()
     x = torch.randn(2, 7, D)
-    A = attention_matrix(a, x, MASK)  # (eval.spectrum's probe)
+    A = attention_matrix(a, x, MASK)  # (probe.py)
     assert A.shape == (2, H, 7, 7)
     assert (A.triu(1) == 0).all()
     real_rows = A.sum(-1)[MASK[:, None, :].expand(2, H, 7)]
