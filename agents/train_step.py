@@ -27,8 +27,8 @@ GRAPH_WARMUP = 3
 
 
 def default_mode(device: torch.device, world: int = 1) -> str:
-    """What ``compile=auto`` means on ``device``, as measured by ``eval.bench.train --compile`` and
-    ``eval.bench.gpu`` (under DDP never graphs: a collective inside a captured graph is not measured)."""
+    """What ``compile=auto`` means on ``device``, as measured by ``eval.bench.train --compile`` on the CPU and
+    on a GPU (under DDP never graphs: a collective inside a captured graph is not measured)."""
     if device.type != "cuda":
         return "eager"
     return "compile" if world > 1 else "cudagraphs"

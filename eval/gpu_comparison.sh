@@ -7,7 +7,7 @@
 #    wheels in WHEELS_DIR, without a network, into a folder put on PYTHONPATH;
 # 2. runs tests/test_cuda.py: every path (training, evaluation, both engines, export, sweep jobs) on CUDA
 #    against the CPU (with pytest from WHEELS_DIR where the machine lacks it; skipped on a CPU);
-# 3. runs the GPU benchmark (python -m eval.bench.gpu);
+# 3. runs the training-step benchmark on the device in every form (python -m eval.bench.train);
 # 4. trains the paper recipe (env=hopper-medium, 100k steps, its evaluations) on the bundled replica for
 #    dt and primal+dt, 3 seeds each, as 6 concurrent jobs of eval.sweep on the one GPU, then eval.report.
 #
@@ -23,8 +23,8 @@
 # GPU_COMPARISON_AMP=bf16 trains in bf16 autocast (default off: float32). On a GPU the runs share it through
 # an MPS daemon of the command's own where the driver offers one (GPU_COMPARISON_MPS=off: never).
 #
-# GPU_COMPARISON_REHEARSAL=1 rehearses every step on a CPU in a minute or two: the benchmark's budget
-# mode, and the same sweep with the steps, evaluations and model shrunk (the tests run it).
+# GPU_COMPARISON_REHEARSAL=1 rehearses every step on a CPU in a minute or two: the benchmark at its tiny
+# size, and the same sweep with the steps, evaluations and model shrunk (the tests run it).
 set -uo pipefail
 
 if [ $# -ne 2 ]; then
@@ -74,14 +74,16 @@ export PYTHONUNBUFFERED=1
 
 if [ "$REHEARSAL" = 1 ]; then
     DEVICE=cpu
-    BENCH=(--budget --no_bf16 --threads 1)
+    BENCH=(--sizes tiny --batch 8 --K 5 --steps 1 --rounds 2 --warmup 1 --compile eager compile --backend eager
+           --act_calls 10 --threads 1)
     RECIPE=(steps=20 warmup_steps=5 eval.every=10 eval.episodes=1 eval.final_episodes=1 eval.max_steps=15
             eval.num_envs=2 checkpoint_every=10 K=5 batch_size=8 model.d_model=32 model.n_heads=2 model.s=8)
     THREADS=1
     BENCH_S=${GPU_COMPARISON_BENCH_S:-$(( BUDGET_S / 2 ))}
 else
     DEVICE=cuda
-    BENCH=()
+    BENCH=(--sizes paper --compile eager compile cudagraphs --amp off bf16 --steps 25 --rounds 2 --warmup 5
+           --act_calls 200)
     RECIPE=()
     THREADS=2
     BENCH_S=${GPU_COMPARISON_BENCH_S:-180}
@@ -133,13 +135,15 @@ t0=$(date +%s)
 if [ "$BENCH_S" -le 0 ]; then
     say "benchmark: not run (GPU_COMPARISON_BENCH_S=$BENCH_S)"
 else
-    timeout --signal=TERM "$BENCH_S" "$PY" -m eval.bench.gpu --device "$DEVICE" --json "$OUT/bench.json" "${BENCH[@]}" \
+    # HuggingFace's DT where transformers is installed (the benchmark's only extra)
+    "$PY" -c "import transformers" 2> /dev/null || { BENCH+=(--no-hf); say "benchmark: without HuggingFace's DT (no transformers)"; }
+    timeout --signal=TERM "$BENCH_S" "$PY" -m eval.bench.train --device "$DEVICE" --json "$OUT/bench.json" "${BENCH[@]}" \
         --budget_s $(( BENCH_S * 4 / 5 )) \
         > "$OUT/bench.txt" 2>&1
     status=$?
     say "benchmark: exit $status after $(( $(date +%s) - t0 ))s (bench.txt)"
     [ $status -eq 124 ] && say "  the benchmark ran out of its ${BENCH_S}s: bench.txt has the parts it finished"
-    sed -n '/^== ms per update/,$p' "$OUT/bench.txt" | tee -a "$SUMMARY"
+    sed -n '/^== Training step on /,$p' "$OUT/bench.txt" | tee -a "$SUMMARY"
 fi
 
 # -- 4. the paper recipe, 6 runs at once on the one device ---------------------------------------------

@@ -1,22 +1,29 @@
 """Decision Transformer training-step benchmark: our dt / primal+dt / primalformer-dt against
-HuggingFace ``transformers.DecisionTransformerModel`` at the same sizes, in the same run.
+HuggingFace ``transformers.DecisionTransformerModel`` at the same sizes, in the same run, on any device.
 
     python -m eval.bench.train                                   # paper and original-DT sizes
     python -m eval.bench.train --sizes paper --rounds 5 --json bench-train.json --markdown docs/results/training-step.md
+    python -m eval.bench.train --device cuda --sizes paper --compile eager compile cudagraphs --amp off bf16 \
+        --steps 25 --rounds 2 --warmup 5 --act_calls 200 --budget_s 240         # a GPU, within about 5 minutes
+    python -m eval.bench.train --sizes tiny --batch 8 --K 5 --steps 1 --rounds 2 --warmup 1 --compile eager compile \
+        --amp off bf16 --backend eager --act_calls 10 --no-hf                   # a rehearsal on any device, in seconds
 
 A step is what training does: forward on K-step segments (batch 64, K = 20), masked action MSE (+ eta *
 KSVD for primal layers), backward, grad-norm clip 0.25, AdamW, dropout 0.1, on synthetic batches with the
 sampler's shapes and padding (timing does not depend on values), the same for every model. On a shared CPU
 load drifts, so the models take turns, ``--steps`` timed steps each per round; a figure is the median over
-all of a model's steps (and the fastest: load only ever adds time). ``transformers`` is the ``bench``
+all of a model's steps (and the fastest: load only ever adds time). On CUDA a step only queues its work, so
+a round's steps are timed as one, the device synchronised at both ends. ``transformers`` is the ``bench``
 extra.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import torch
@@ -24,14 +31,19 @@ import torch.nn.functional as F
 
 from agents.decision_transformer import Batch, DecisionTransformer, DTConfig
 from agents.stream_training import first_exact_step, stream_exact_batch, stream_exact_config
-from agents.train_step import Stepper
-from primal_dt.run import errors, options
+from agents.train_step import GRAPH_WARMUP, Stepper
+from primal_dt.run import errors, options, runtime
 
 from . import timing
 
-SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64)}
+SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64),
+         "tiny": dict(d_model=32, n_heads=2, n_layers=2, s=8)}
 OURS = ("dt", "primal+dt", "primalformer-dt")
+HF = "hf:DecisionTransformerModel"
+PRECISIONS = {"off": None, "bf16": torch.bfloat16}
 STATE_DIM, ACT_DIM, ETA, CLIP = 11, 3, 0.05, 0.25
+D3RLPY_MS = 5.96
+"""d3rlpy's DT, ms per update at batch 64, K 20: its published benchmark, on its own GPU"""
 
 
 def batches(n: int, batch: int, K: int, seed: int = 0) -> list[Batch]:
@@ -113,59 +125,111 @@ class HuggingFace:
         self.opt.step()
 
 
-def bench_size(name: str, size: dict, args, with_hf: bool) -> dict:
-    # {suffix: (Ours options, ratio label)}: each form of our step against its layout's eager float32 one ("")
-    forms = {"" if mode == "eager" else f"[{mode}]": (dict(mode=mode), "eager (time)") for mode in args.compile}
-    if "bf16" in args.amp:
-        forms["[bf16]"] = (dict(autocast=torch.bfloat16), "(time; bf16 autocast / float32)")
-    if args.stream_window:
-        forms[f"[w={args.stream_window}]"] = (dict(window=args.stream_window), "(time; stream-exact / standard)")
-    hf = "hf:DecisionTransformerModel"
-    torch.manual_seed(0)
-    runners = {f"ours:{lay}{v}": Ours(lay, size, args.K, **kw) for v, (kw, _) in forms.items() for lay in OURS}
-    if with_hf:
-        runners[hf] = HuggingFace(size, args.K)
-    data = batches(args.warmup + args.rounds * args.steps, args.batch, args.K)
+def timed(step, data: list[Batch], device: torch.device) -> tuple[float, float]:
+    """(wall, process CPU) seconds per call of ``step`` over ``data``; on CUDA the device is synchronised at both
+    ends, since a step there only queues its work."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda _: None
+    sync(device)
+    t0, c0 = time.perf_counter(), time.process_time()
+    for b in data:
+        step(b)
+    sync(device)
+    return (time.perf_counter() - t0) / len(data), (time.process_time() - c0) / len(data)
+
+
+def makers(size: dict, args, device: torch.device) -> dict:
+    """{model: what builds it}, in the order they are set up: for each precision of ``--amp``, each form of
+    ``--compile`` of our layouts, then HuggingFace's (eager); then the stream-exact steps. The first, our eager
+    float32 dt, is the reference of every ratio."""
+    out = {}
+    for amp in args.amp:
+        for mode in args.compile:
+            tags = ",".join(t for t in (mode, amp) if t not in ("eager", "off"))
+            out |= {f"ours:{lay}{f'[{tags}]' if tags else ''}": partial(
+                Ours, lay, size, args.K, mode, device, autocast=PRECISIONS[amp], backend=args.backend) for lay in OURS}
+        if not args.no_hf:
+            out[HF + ("" if amp == "off" else f"[{amp}]")] = partial(HuggingFace, size, args.K, device, PRECISIONS[amp])
+    if args.stream_window:  # stream-exact training: every layer windowed, the loss on exact steps only
+        out |= {f"ours:{lay}[w={args.stream_window}]": partial(Ours, lay, size, args.K, device=device,
+                                                               window=args.stream_window) for lay in OURS}
+    return out
+
+
+def set_up(name: str, size: dict, args, device: torch.device, deadline: float, skipped: list[str]) -> dict:
+    """{model: runner}, each built and warmed up in turn (compilation and a CUDA graph's capture fall here, the
+    part whose time is hard to foresee); none is started after ``deadline`` (each named in ``skipped``) but the
+    first, the reference."""
+    from torch._dynamo import config as dynamo
+
+    warm = [b.to(device) for b in batches(max(args.warmup, GRAPH_WARMUP + 1), args.batch, args.K, seed=1)]
+    runners = {}
+    for k, make in makers(size, args, device).items():
+        if runners and time.perf_counter() > deadline:
+            skipped.append(f"{name} {k}")
+            continue
+        torch.manual_seed(0)
+        t0, runners[k] = time.perf_counter(), make()
+        # each compiled model compiles Stepper._loss anew: past dynamo's limit of 8 the rest would run uncompiled
+        with dynamo.patch(recompile_limit=64):
+            for b in warm[: max(args.warmup, GRAPH_WARMUP + 1) if "cudagraphs" in k else args.warmup]:
+                runners[k].step(b)  # a CUDA graph is captured after GRAPH_WARMUP steps
+        if (s := time.perf_counter() - t0) >= 1:
+            print(f"  [{name}] {k}: set up in {s:.0f}s", flush=True)
+    return runners
+
+
+def bench_size(name: str, size: dict, args, device: torch.device, deadline: float, skipped: list[str]) -> dict:
+    runners = set_up(name, size, args, device, deadline, skipped)
+    data = [b.to(device) for b in batches(args.rounds * args.steps, args.batch, args.K)]
+    per = args.steps if device.type == "cuda" else 1  # a CPU step timed alone; a round's CUDA steps as one
     times, cpu = {k: [] for k in runners}, {k: [] for k in runners}  # wall and process seconds per step
-    for r in runners.values():
-        for b in data[: args.warmup]:
-            r.step(b)
     for rnd in range(args.rounds):
-        chunk = data[args.warmup + rnd * args.steps: args.warmup + (rnd + 1) * args.steps]
         for k, r in runners.items():
-            for b in chunk:
-                t0, c0 = time.perf_counter(), time.process_time()
-                r.step(b)
-                times[k].append(time.perf_counter() - t0)
-                cpu[k].append(time.process_time() - c0)
+            for i in range(rnd * args.steps, (rnd + 1) * args.steps, per):
+                wall, proc = timed(r.step, data[i: i + per], device)
+                times[k].append(wall)
+                cpu[k].append(proc)
         print(f"  [{name}] after round {rnd + 1}/{args.rounds}, median ms/step: "
-              + ", ".join(f"{k} {1000 * statistics.median(v):.0f}" for k, v in times.items()), flush=True)
+              + ", ".join(f"{k} {1000 * statistics.median(v):.2f}" for k, v in times.items()), flush=True)
     tokens = args.batch * 3 * args.K
     res = {"size": name, **size, "K": args.K, "batch": args.batch, "models": {}}
     for k, v in times.items():
         med = statistics.median(v)
-        res["models"][k] = {"ms_per_step": round(1000 * med, 2), "ms_per_step_min": round(1000 * min(v), 2),
-                            "tokens_per_s": round(tokens / med), "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 2),
-                            "params": sum(p.numel() for p in runners[k].params), "timed_steps": len(v)}
-    pairs = {f"{lay} / dt (time)": (f"ours:{lay}", "ours:dt") for lay in OURS[1:]}
-    if with_hf:
-        pairs |= {"hf / ours dt (time; > 1: ours faster)": (hf, "ours:dt"),
-                  "hf / ours primal+dt (time)": (hf, "ours:primal+dt")}
-    pairs |= {f"{lay}{v} / {lay} {label}": (f"ours:{lay}{v}", f"ours:{lay}")
-              for v, (_, label) in forms.items() if v for lay in OURS}
-    # the fastest step and the process's own CPU time: less of what another process's load on a shared CPU adds
+        res["models"][k] = {"ms_per_step": round(1000 * med, 3), "ms_per_step_min": round(1000 * min(v), 3),
+                            "tokens_per_s": round(tokens / med), "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 3),
+                            "params": sum(p.numel() for p in runners[k].params), "timed_steps": args.rounds * args.steps}
     m = res["models"]
+    pairs = {f"{lay} / dt (time)": (f"ours:{lay}", "ours:dt") for lay in OURS[1:]}
+    pairs |= {"hf / ours dt (time; > 1: ours faster)": (HF, "ours:dt"),
+              "hf / ours primal+dt (time)": (HF, "ours:primal+dt")}
+    # each form of our step against its layout's eager float32 one
+    pairs |= {f"{k[5:]} / {k[5:k.index('[')]} (time)": (k, k[: k.index("[")])
+              for k in m if k.startswith("ours:") and "[" in k}
+    # the fastest step and the process's own CPU time: less of what another process's load on a shared CPU adds
     for key, field in (("ratios", "ms_per_step"), ("ratios_of_min", "ms_per_step_min"),
                        ("ratios_of_cpu_time", "cpu_ms_per_step")):
-        res[key] = {label: round(m[a][field] / m[b][field], 3) for label, (a, b) in pairs.items()}
+        res[key] = {label: round(m[a][field] / m[b][field], 3) for label, (a, b) in pairs.items() if a in m and b in m}
     return res
+
+
+def act_latency(size: dict, args, device: torch.device) -> dict[str, float]:
+    """{"act batch B": ms per act} of the stream agent (primal+dt, ``size``'s width and heads) on ``device``: each
+    act brings its action back to the host, so it ends synchronised."""
+    from .inference import BenchConfig, build_models, policy
+
+    models, info, _ = build_models(BenchConfig(sizes=(f"{size['d_model']}x{size['n_heads']}",)))
+    model = next(iter(models.values())).to(device)
+    acts = {f"act batch {batch}": policy(model, info, "stream", args.K, batch, {}, t=5) for batch in (1, 100)}
+    return timing.median_ms(acts, args.act_calls, 1)
 
 
 @dataclass
 class TrainBenchConfig(timing.Outputs):
-    sizes: tuple[Literal["paper", "original"], ...] = tuple(SIZES)
+    sizes: tuple[Literal["paper", "original", "tiny"], ...] = ("paper", "original")
     """model sizes to time: paper (width 256, 4 heads, 3 layers, the Primal-Attention paper's) | original (width
-    128, 1 head, 3 layers, the original DT's)"""
+    128, 1 head, 3 layers, the original DT's) | tiny (width 32, 2 heads, 2 layers: a rehearsal)"""
+    device: str = "auto"
+    """auto | cpu | cuda | cuda:N"""
     batch: int = 64
     """segments per step"""
     K: int = 20
@@ -175,18 +239,27 @@ class TrainBenchConfig(timing.Outputs):
     rounds: int = 4
     """rounds, each timing every model in turn"""
     warmup: int = 2
-    """untimed steps per model first"""
+    """untimed steps per model first (a cudagraphs step takes at least 4: its graph is captured in them)"""
     threads: int = 1
     """torch threads (0: torch's default)"""
-    compile: tuple[Literal["eager", "compile"], ...] = ("eager",)
+    compile: tuple[Literal["eager", "compile", "cudagraphs"], ...] = ("eager",)
     """training-step forms to time (agents.train_step): eager (the reference) | compile (torch.compile; its
-    compilation falls in the warm-up steps)"""
+    compilation falls in the warm-up steps) | cudagraphs (the compiled step captured in a CUDA graph; CUDA only)"""
     amp: tuple[Literal["off", "bf16"], ...] = ("off",)
-    """mixed precisions of the eager step to time: off (float32, the reference) | bf16 (``amp=bf16`` of
+    """mixed precisions to time each form in: off (float32, the reference) | bf16 (``amp=bf16`` of
     ``primal_dt.train``: the forward and loss in bf16 autocast, which pays where bf16 matmuls are native)"""
+    backend: Literal["inductor", "eager"] = "inductor"
+    """torch.compile's backend of the compiled forms: eager runs their code without inductor's compilation (minutes
+    on a CPU), for a rehearsal"""
     stream_window: int = 0
     """also time stream-exact training (``stream_window=W`` of ``primal_dt.train``: every layer windowed to W
     tokens, the loss on exact steps only) of each model beside its standard step (0: do not)"""
+    act_calls: int = 0
+    """also time the stream agent's act (primal+dt at the first size, batch 1 and 100) on the device, at most this
+    many calls per batch size (0: do not)"""
+    budget_s: float = 0.0
+    """set up no model, nor start the act latency, after this many seconds (those left out are named under the
+    table; 0: no limit), so a GPU run stays within its time however long its compilations take"""
     no_hf: bool = False
     """skip transformers' model"""
 
@@ -194,7 +267,7 @@ class TrainBenchConfig(timing.Outputs):
 PROG = "python -m eval.bench.train"
 NUMBERS = {"batch": options.AT_LEAST_1, "K": options.AT_LEAST_1, "steps": options.AT_LEAST_1,
            "rounds": options.AT_LEAST_1, "warmup": options.AT_LEAST_0, "threads": options.THREADS,
-           "stream_window": options.AT_LEAST_0}
+           "stream_window": options.AT_LEAST_0, "act_calls": options.AT_LEAST_0, "budget_s": options.Range(0, 1e6)}
 
 
 def check(args: TrainBenchConfig) -> None:
@@ -204,6 +277,9 @@ def check(args: TrainBenchConfig) -> None:
         raise ValueError("--compile must include eager (the reference the ratios are against)")
     if not args.sizes:
         raise ValueError(f"--sizes names no size; give some of {', '.join(SIZES)}")
+    device = runtime.pick_device(args.device, option="--device")
+    if "cudagraphs" in args.compile and device.type != "cuda":
+        raise ValueError(f"--compile cudagraphs needs a CUDA device (--device={args.device} is {device}); leave it out")
     if not args.no_hf:
         try:
             hf_config(dict(SIZES["original"], state_dim=1, act_dim=1), 1, 0.0)
@@ -215,31 +291,55 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainBenchConfig, list[st
     return timing.parse(TrainBenchConfig, argv, PROG, __doc__, NUMBERS, check=check)
 
 
+def notes_of(results: dict, args, device: torch.device) -> list[str]:
+    """What goes under the table: each size's ratios, d3rlpy's published figure (on CUDA at the paper's size), the
+    act latency and what the time budget left out."""
+    notes = [f"{r['size']}: " + "; ".join(f"{k} {v:.3f}" for k, v in r[key].items()) + f" ({what})"
+             for r in results["results"] for key, what in
+             (("ratios", "median step"), ("ratios_of_min", "fastest step, less sensitive to load"),
+              ("ratios_of_cpu_time", "the process's CPU time, which others' load does not add"))]
+    if device.type == "cuda" and "paper" in args.sizes:
+        notes.append(f"reference, not a ratio of this run: d3rlpy publishes {D3RLPY_MS:.2f} ms per update for its DT "
+                     "(batch 64, K 20) on its own GPU")
+    if acts := results.get("act_ms"):
+        notes.append("stream agent act (primal+dt): " + ", ".join(f"{k} {v:.2f} ms" for k, v in acts.items()))
+    if results["skipped"]:
+        notes.append("not measured (--budget_s reached): " + ", ".join(results["skipped"]))
+    return notes
+
+
 def main(argv: list[str] | None = None) -> dict:
     args, argv = parse_args(argv)
-    with_hf = not args.no_hf
+    device = runtime.pick_device(args.device)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    results = {"machine": timing.machine(PROG, argv), "results": []}
-    if with_hf:
+    results = {"machine": timing.machine(PROG, argv), "device": str(device), "results": [], "skipped": []}
+    if not args.no_hf:
         import transformers
 
         results["transformers"] = transformers.__version__
-    print(f"DT training-step benchmark (torch {torch.__version__}, {torch.get_num_threads()} thread(s)); "
-          f"{args.rounds} rounds x {args.steps} steps per model", flush=True)
-    rows, notes = [], []
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    print(f"DT training-step benchmark on {device} ({name}; torch {torch.__version__}, {torch.get_num_threads()} "
+          f"thread(s)); {args.rounds} rounds x {args.steps} steps per model", flush=True)
+    t0 = time.perf_counter()
+    deadline = t0 + (args.budget_s or math.inf)
+    rows = []
     for s in args.sizes:
-        r = bench_size(s, SIZES[s], args, with_hf)
+        r = bench_size(s, SIZES[s], args, device, deadline, results["skipped"])
         results["results"].append(r)
-        rows += [[f"{s} ({r['d_model']}, {r['n_heads']} heads)", k, f"{v['ms_per_step']:.1f}", f"{v['ms_per_step_min']:.1f}",
+        rows += [[f"{s} ({r['d_model']}, {r['n_heads']} heads)", k, f"{v['ms_per_step']:.2f}", f"{v['ms_per_step_min']:.2f}",
                   f"{v['ms_per_step'] / r['models']['ours:dt']['ms_per_step']:.2f}", f"{v['params']:,}"]
                  for k, v in r["models"].items()]
-        notes += [f"{s}: " + "; ".join(f"{k} {v:.3f}" for k, v in r[key].items()) + f" ({what})" for key, what in
-                  (("ratios", "median step"), ("ratios_of_min", "fastest step, less sensitive to load"),
-                   ("ratios_of_cpu_time", "the process's CPU time, which others' load does not add"))]
-    timing.write(results, args.json, args.markdown, f"Training step: our DT models{' against HuggingFace' * with_hf} (batch "
-                 f"{args.batch}, K = {args.K}; median of {args.rounds * args.steps} steps per model, models in turns)",
-                 [timing.table(["size", "model", "ms per step", "fastest step", "x ours:dt", "parameters"], rows)], notes)
+    if args.act_calls and time.perf_counter() > deadline:
+        results["skipped"].append("act latency")
+    elif args.act_calls:
+        results["act_ms"] = act_latency(SIZES[args.sizes[0]], args, device)
+    results["seconds"] = round(time.perf_counter() - t0, 1)
+    timing.write(results, args.json, args.markdown, f"Training step on {device}: our DT models"
+                 f"{'' if args.no_hf else ' against HuggingFace'} (batch {args.batch}, K = {args.K}; median of "
+                 f"{args.rounds * args.steps} steps per model, models in turns; {results['seconds']:.0f}s)",
+                 [timing.table(["size", "model", "ms per step", "fastest step", "x ours:dt", "parameters"], rows)],
+                 notes_of(results, args, device))
     return results
 
 

@@ -4,7 +4,7 @@ a traceback or a hang after minutes of measuring."""
 
 import pytest
 
-BENCHES = ["eval.bench.train", "eval.bench.inference", "eval.bench.gpu"]
+BENCHES = ["eval.bench.train", "eval.bench.inference"]
 
 
 def json_option(module):

@@ -1,4 +1,6 @@
-"""eval.bench.train runs every model (ours and transformers') and reports ratios measured in one run."""
+"""eval.bench.train runs every model (ours and transformers') and reports ratios measured in one run; its
+rehearsal (tiny sizes, the compiled forms on torch.compile's eager backend) times every form and precision on
+whatever device is here, and its time budget names what it left out."""
 
 import json
 
@@ -6,6 +8,9 @@ import pytest
 import torch
 
 from eval.bench.train import main
+
+REHEARSAL = ["--sizes", "tiny", "--batch", "8", "--K", "5", "--steps", "1", "--rounds", "2", "--warmup", "1",
+             "--backend", "eager", "--no-hf", "--threads", "1"]
 
 
 def test_benchmark_reports_every_model_and_the_ratios(tmp_path):
@@ -38,7 +43,7 @@ def test_stream_exact_training_is_timed_beside_each_standard_step():
                 "--no-hf", "--stream_window", "3"])
     (r,) = res["results"]
     assert {"ours:dt[w=3]", "ours:primal+dt[w=3]", "ours:primalformer-dt[w=3]"} <= set(r["models"])
-    assert "dt[w=3] / dt (time; stream-exact / standard)" in r["ratios"]
+    assert "dt[w=3] / dt (time)" in r["ratios"]
     exact = Ours("primal+dt", SIZES["original"], 8, window=3)
     assert layer_windows(exact.model) == [3, 3, 3] and exact.first == 2  # reach 6 tokens: steps 0-1 not counted
 
@@ -52,9 +57,51 @@ def test_bf16_autocast_is_timed_beside_each_float32_step(capsys):
                 "--no-hf", "--amp", "off", "bf16"])
     (r,) = res["results"]
     assert {"ours:dt[bf16]", "ours:primal+dt[bf16]", "ours:primalformer-dt[bf16]"} <= set(r["models"])
-    assert "primal+dt[bf16] / primal+dt (time; bf16 autocast / float32)" in r["ratios"]
+    assert "primal+dt[bf16] / primal+dt (time)" in r["ratios"]
     assert Ours("dt", SIZES["original"], 4, autocast=torch.bfloat16).stepper.autocast is torch.bfloat16
-    assert "== Training step: our DT models (batch 2," in capsys.readouterr().out  # no HuggingFace timed, none named
+    assert "== Training step on cpu: our DT models (batch 2," in capsys.readouterr().out  # no HuggingFace, none named
     with pytest.raises(SystemExit):
         main(["--no-hf", "--amp", "bf16"])
     assert "--amp must include off" in capsys.readouterr().err
+
+
+def test_the_rehearsal_times_every_form_and_precision_and_prints_the_table_last(tmp_path, run_cli):
+    path = tmp_path / "bench.json"
+    cuda = torch.cuda.is_available()
+    forms = ["eager", "compile"] + ["cudagraphs"] * cuda
+    p = run_cli("eval.bench.train", *REHEARSAL, "--device", "cuda" if cuda else "cpu", "--compile", *forms,
+                "--amp", "off", "bf16", "--act_calls", "10", "--json", str(path), timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(path.read_text())
+    (r,) = res["results"]
+    suffixes = ["", "[compile]", "[bf16]", "[compile,bf16]"] + ["[cudagraphs]", "[cudagraphs,bf16]"] * cuda
+    assert set(r["models"]) == {f"ours:{lay}{v}" for v in suffixes for lay in ("dt", "primal+dt", "primalformer-dt")}
+    assert set(res["act_ms"]) == {"act batch 1", "act batch 100"} and res["skipped"] == []
+    out = p.stdout.rstrip().splitlines()
+    table = out[out.index(next(x for x in out if x.startswith("== Training step on "))):]
+    assert any(x.startswith("| tiny (32, 2 heads) | ours:primal+dt[compile,bf16] |") for x in table)
+    assert table[-1].startswith("stream agent act (primal+dt): act batch 1 ")
+
+
+def test_what_the_time_budget_leaves_out_is_named_under_the_table(capsys):
+    res = main([*REHEARSAL, "--device", "cpu", "--compile", "eager", "compile", "--budget_s", "0.001",
+                "--act_calls", "10"])
+    assert set(res["results"][0]["models"]) == {"ours:dt"}  # the first, the reference, always runs
+    assert res["skipped"] == ["tiny ours:primal+dt", "tiny ours:primalformer-dt", "tiny ours:dt[compile]",
+                              "tiny ours:primal+dt[compile]", "tiny ours:primalformer-dt[compile]", "act latency"]
+    assert capsys.readouterr().out.rstrip().splitlines()[-1] == "not measured (--budget_s reached): " + ", ".join(
+        res["skipped"])
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--device", "cuda:7"], "error: --device=cuda:7"),
+    (["--device", "cpu", "--compile", "eager", "cudagraphs"], "error: --compile cudagraphs needs a CUDA device"),
+])
+def test_a_device_or_form_this_machine_lacks_is_one_line(args, fragment, capsys):
+    if "cuda:7" in args and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--no-hf"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(fragment), err
