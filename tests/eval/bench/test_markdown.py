@@ -28,10 +28,10 @@ def tables(text: str) -> list[list[dict]]:
 def test_the_training_bench_writes_its_tables_with_the_machine_and_the_command(tmp_path, capsys):
     md, js = tmp_path / "train.md", tmp_path / "train.json"
     argv = ["--sizes", "original", "--batch", "2", "--K", "4", "--rounds", "1", "--steps", "1", "--warmup", "0",
-            "--no-hf", "--markdown", str(md), "--json", str(js)]
+            "--no-hf", "--device", "cpu", "--markdown", str(md), "--json", str(js)]
     res = train.main(argv)
     text = md.read_text()
-    assert text.startswith("# Training step: our DT models")
+    assert text.startswith("# Training step on cpu: our DT models")
     assert f"Command: `python -m eval.bench.train {' '.join(argv)}`" in text
     machine = res["machine"]
     assert f"Machine: {machine['cpu']}, {machine['cores']} core(s), 1 torch thread(s)" in text
