@@ -26,6 +26,8 @@ from .decision_transformer import DecisionTransformer, DTConfig
 KIND = "dt"
 SCHEMA_VERSION = 1
 FILENAME = "last.pt"
+WEIGHTS = ("model", "ema")
+"""the weights a checkpoint may hold: the last step's, and their moving average (``DTCheckpoint.ema``)"""
 _RESUME_KEYS = ("optimizer", "scheduler", "rng", "step")
 """what a resume needs (``train_time`` and ``history`` have defaults)"""
 
@@ -96,6 +98,9 @@ class DTCheckpoint:
     config: dict = field(default_factory=dict)
     """the run's TrainConfig as a plain dict (empty for checkpoints not written by training)"""
     training: TrainingState | None = None
+    ema: dict | None = None
+    """the exponential moving average of the weights (a state_dict like ``model``; ``TrainConfig.ema_decay``), None
+    when the run kept none: a second policy from the same training, evaluated by ``weights="ema"``"""
     origin: str = field(default="checkpoint", compare=False)
     """how errors name it; not stored"""
 
@@ -107,18 +112,28 @@ class DTCheckpoint:
         """Whether ``engine``'s actions are the policy this checkpoint was trained as."""
         return stream_training.fidelity(engine, self.config)
 
-    def build_model(self, device: str | torch.device = "cpu") -> DecisionTransformer:
-        """The trained network, on ``device``, in eval mode."""
+    def build_model(self, device: str | torch.device = "cpu", weights: str = "model") -> DecisionTransformer:
+        """The trained network, on ``device``, in eval mode; ``weights="ema"``: with the moving average's weights."""
+        state = self.weights(weights)
         try:  # a layer's own checks (s beyond d_model) come when it is built
             model = DecisionTransformer(self.model_config)
         except ValueError as err:
             raise ValueError(f"{self.origin}: its model_config does not build a network ({err})") from err
         try:
-            model.load_state_dict(self.model)
+            model.load_state_dict(state)
         except RuntimeError as err:  # torch lists every missing / unexpected / mis-shaped tensor
             raise ValueError(f"{self.origin}: its weights do not fit its model_config (layers {model.layer_names}, "
                              f"d_model {self.model_config.d_model}): {err}") from err
         return model.to(device).eval()
+
+    def weights(self, which: str = "model") -> dict:
+        """The state_dict of ``which`` weights: ``model`` (the last step's) or ``ema`` (their moving average)."""
+        if which not in WEIGHTS:
+            raise ValueError(f"weights={which!r}: choose one of {', '.join(WEIGHTS)}")
+        if which == "ema" and self.ema is None:
+            raise ValueError(f"{self.origin} holds no moving average of its weights (its run kept none: ema_decay=0, "
+                             "or it was written before runs kept one); use weights=model")
+        return self.model if which == "model" else self.ema
 
     def to_dict(self) -> dict:
         """The dict ``save`` writes: tensors and plain data only (arrays become tensors)."""
@@ -127,6 +142,8 @@ class DTCheckpoint:
              "model_config": dataclasses.asdict(self.model_config), "model": self.model,
              "data": {**vars(info), "state_mean": torch.as_tensor(info.state_mean), "targets": list(info.targets),
                       "state_std": torch.as_tensor(info.state_std), "held_out": list(info.held_out)}}
+        if self.ema is not None:
+            d["ema"] = self.ema
         if self.training is not None:
             d.update(dataclasses.asdict(self.training))
         return d
@@ -154,11 +171,14 @@ class DTCheckpoint:
         mc = f.model_config(d.get("model_config"))
         info = f.data_info(data, mc.state_dim)
         f.weights(d.get("model"), mc)
+        ema = d.get("ema")
+        if ema is not None:
+            f.weights(ema, mc, "ema")
         config = d.get("config", {})
         if not (isinstance(config, dict) and all(isinstance(k, str) for k in config)):
             raise f.bad("config", "a mapping of option: value (the run's TrainConfig)", config)
         return cls(model_config=mc, model=d["model"], data=info, config=dict(config), training=f.training(d),
-                   origin=where)
+                   ema=ema, origin=where)
 
 
 class _Fields:
@@ -250,14 +270,14 @@ class _Fields:
             raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None
         return mc
 
-    def weights(self, v, mc: DTConfig) -> None:
+    def weights(self, v, mc: DTConfig, field_: str = "model") -> None:
         """A config asking for a network larger than the file's weights is refused before allocating it."""
         if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()):
-            raise self.bad("model", "a state_dict (parameter name -> tensor)", v)
+            raise self.bad(field_, "a state_dict (parameter name -> tensor)", v)
         # training never takes a step that diverged, so NaN or inf in a weight is damage (it would act NaN)
         bad = next((k for k, t in v.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
         if bad is not None:
-            raise ValueError(f"{self.where}: weight {bad} holds NaN or inf values, which training never saves; the "
+            raise ValueError(f"{self.where}: {'ema ' * (field_ == 'ema')}weight {bad} holds NaN or inf values, which training never saves; the "
                              "file is damaged: use another checkpoint")
         layers = len(mc.layer_names()) or mc.n_layers
         want = layers * mc.d_model ** 2 * (4 + 2 * mc.mlp_ratio) + mc.max_timestep * mc.d_model

@@ -154,6 +154,10 @@ class TrainConfig(RunOptions):
     """linear learning-rate warm-up, then constant"""
     grad_clip: float = 0.25
     """max gradient norm (0: off)"""
+    ema_decay: float = 0.999
+    """decay of an exponential moving average of the weights, kept beside them and saved in the checkpoint (0: none).
+    It never changes training; ``eval.rollout weights=ema`` evaluates it: an average over the last ~1/(1-decay) steps
+    is less a draw of where the last step landed than the raw weights are"""
     eta: float = 0.05
     """weight of the KSVD regulariser (primal layers)"""
     reward_scale: float = 1000.0
@@ -304,6 +308,7 @@ def model_label(cfg: TrainConfig) -> str:
 NUMBERS = {
     "steps": AT_LEAST_1, "batch_size": AT_LEAST_1, "K": AT_LEAST_1, "lr": POSITIVE,
     "weight_decay": AT_LEAST_0, "warmup_steps": AT_LEAST_0, "grad_clip": AT_LEAST_0, "eta": AT_LEAST_0,
+    "ema_decay": FRACTION,
     "reward_scale": Range(1e-6, 1e12), "max_timestep": AT_LEAST_1, "stream_window": AT_LEAST_0,
     "checkpoint_every": AT_LEAST_0, "checkpoint_minutes": Range(0, 1e6), "val_fraction": FRACTION,
     "log_every": AT_LEAST_0, "eval.every": AT_LEAST_0, "eval.episodes": AT_LEAST_1, "eval.final_episodes": AT_LEAST_0,

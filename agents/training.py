@@ -74,6 +74,8 @@ class Run:
     """``compile=`` resolved for the device"""
     exact_from: int | None = None
     """stream-exact runs (``stream_window``): the first segment step the loss counts"""
+    ema: torch.optim.swa_utils.AveragedModel | None = None
+    """the moving average of the weights (``ema_decay``), updated after every step; None: ema_decay=0"""
     step: int = 0
     train_time: float = 0.0
     """seconds inside optimisation steps (no evaluation, no logging)"""
@@ -151,11 +153,21 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
     validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from,
                             cfg.from_start) if len(held_out) and d.main else None
+    ema = moving_average(model, cfg.ema_decay)
     run = Run(cfg, built, data, info, sampler, model, opt, sched, path.parent if path else None, device, d,
-              validation, mode, exact_from)
+              validation, mode, exact_from, ema)
     if ck is not None:
         restore(run, ck)
     return run
+
+
+def moving_average(model: DecisionTransformer, decay: float) -> torch.optim.swa_utils.AveragedModel | None:
+    """torch's exponential moving average of ``model``'s weights (None for ``decay`` 0). It starts from the weights
+    after the first step it sees (a resumed run: from its checkpoint's average, ``restore``)."""
+    if not decay:
+        return None
+    swa = torch.optim.swa_utils
+    return swa.AveragedModel(model, multi_avg_fn=swa.get_ema_multi_avg_fn(decay)).eval()
 
 
 def hold_out(cfg: TrainConfig, data: envs.Trajectories, resumed: DTCheckpoint | None):
@@ -262,6 +274,8 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     batch, real = next_batch(run)
                     t0 = time.perf_counter()
                     out = stepper.step(batch, logging)
+                    if run.ema is not None:
+                        run.ema.update_parameters(run.model)
                     # the eager step reads its loss back each step; the compiled ones only here, so the time of
                     # the steps in between is counted at this read (their sum is right, each one is not)
                     if stepper.eager or logging:
@@ -444,7 +458,8 @@ def save(run: Run, mon: RunMonitor) -> None:
         state = TrainingState(optimizer=run.opt.state_dict(), scheduler=run.sched.state_dict(), rng=rngs,
                               step=run.step, train_time=run.train_time, history=history)
         ck = DTCheckpoint(model_config=run.model.cfg, model=run.model.state_dict(), data=run.info,
-                          config=dataclasses.asdict(run.cfg), training=state)
+                          config=dataclasses.asdict(run.cfg), training=state,
+                          ema=run.ema.module.state_dict() if run.ema is not None and run.step else None)
         dt_checkpoint.save(ck, run.out / dt_checkpoint.FILENAME)
     run.dist.barrier()
 
@@ -455,6 +470,9 @@ def restore(run: Run, ck: DTCheckpoint) -> None:
     t, rank = ck.training, run.dist.rank
     try:  # the schema checked each part's form; whether it fits this model shows only here
         run.model.load_state_dict(ck.model)
+        if run.ema is not None and ck.ema is not None:  # (else the average starts at the resumed run's first step)
+            run.ema.module.load_state_dict(ck.ema)
+            run.ema.n_averaged.fill_(max(t.step, 1))
         run.opt.load_state_dict(t.optimizer)
         for param, state in run.opt.state.items():  # load_state_dict takes any shapes; the first step would not
             for name, value in state.items():

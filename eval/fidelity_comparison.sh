@@ -7,15 +7,19 @@
 #   (a) standard training (K-step segments, the papers' protocol), its final evaluation by recompute;
 #   (b) the same checkpoint evaluated by the stream engine (eval.rollout), a policy training never optimised;
 #   (c) stream-exact training (stream_window=W: every layer windowed, the loss on exact steps), its final
-#       evaluation by the stream engine, which is then exact;
+#       evaluation by the stream engine, which is then exact; a window written W:K trains on K-step segments
+#       (a wide window reaches past K = 20: the state token of 3 layers of W tokens sees 3 (W - 1) back, so
+#       W = 21 needs K >= 21 and K = 40 leaves the standard 20 counted steps per segment);
 #   (d) for FIDELITY_PREFIX_MODELS, training on episode prefixes (from_start=true, K = max_timestep), by the
 #       stream engine, which is then exact with no window;
+#   (e) each run of (a), (c) and (d) also by its weights' moving average (eval.rollout weights=ema, the run's own
+#       engine), where the run kept one (ema_decay);
 # then one eval.report over all of it, whose engine column keeps (a) to (d) apart.
 #
 # Every step is eval.sweep or eval.rollout, which skip what is finished and resume what was stopped, so
 # calling the script again continues where it stopped. Settings (environment variables, defaults in
 # brackets): FIDELITY_ENVS [hopper-medium hopper-medium-replay], FIDELITY_MODELS [dt,primal+dt],
-# FIDELITY_SEEDS [0 1 2], FIDELITY_WINDOWS [10; empty: no (c)], FIDELITY_EPISODES [50, per target], FIDELITY_RECIPE
+# FIDELITY_SEEDS [0 1 2], FIDELITY_WINDOWS [10; W or W:K each; empty: no (c)], FIDELITY_EPISODES [50, per target], FIDELITY_RECIPE
 # [cpu], FIDELITY_THREADS [1], FIDELITY_PREFIX_MODELS [primalformer-dt; empty: no (d)], FIDELITY_PREFIX_K
 # [1000, Hopper's episode limit], FIDELITY_PREFIX_BATCH [16: each segment is K steps]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
 # path runs in a minute or two (the tests run it).
@@ -53,6 +57,16 @@ fi
 mkdir -p "$OUT" || exit 2
 
 failed=0
+ema() {  # ema ROOT ENV SEED ENGINE: the moving average of each finished run's weights, by the run's own engine
+    local run
+    for run in "$1/$2"/*/*-seed"$3"; do
+        [ -e "$run/summary.json" ] && [ ! -e "$run/rollout-$4-ema.json" ] || continue
+        echo "== $(date +%T) (e) $run, weights=ema, by $4"
+        "$PY" -m eval.rollout checkpoint="$run" weights=ema engine="$4" episodes="$EPISODES" "${ROLLOUT[@]}" \
+            threads="$THREADS" progress=false || { echo "error: eval.rollout weights=ema of $run failed (above)" >&2; failed=1; }
+    done
+}
+
 sweep() {  # sweep ROOT ENV SEED MODELS OPTIONS...
     local root=$1 env=$2 seed=$3 models=$4
     shift 4
@@ -64,26 +78,31 @@ for env in $ENVS; do
     for seed in $SEEDS; do
         echo "== $(date +%T) $env seed $seed: (a) standard training, by recompute"
         sweep "$OUT/standard" "$env" "$seed" "$MODELS" "${SEGMENTS[@]}" eval.engine=recompute
+        ema "$OUT/standard" "$env" "$seed" recompute
         for run in "$OUT/standard/$env"/*/*-seed"$seed"; do
             [ -e "$run/summary.json" ] && [ ! -e "$run/rollout-stream.json" ] || continue
             echo "== $(date +%T) (b) $run by stream"
             "$PY" -m eval.rollout checkpoint="$run" engine=stream episodes="$EPISODES" "${ROLLOUT[@]}" \
                 threads="$THREADS" progress=false || { echo "error: eval.rollout of $run failed (above)" >&2; failed=1; }
         done
-        for w in $WINDOWS; do
-            echo "== $(date +%T) $env seed $seed: (c) stream-exact training, window $w, by stream"
-            sweep "$OUT/window$w" "$env" "$seed" "$MODELS" "${SEGMENTS[@]}" stream_window="$w" eval.engine=stream
+        for spec in $WINDOWS; do
+            w=${spec%%:*} k=()
+            [ "$spec" != "$w" ] && [ "${FIDELITY_REHEARSAL:-0}" != 1 ] && k=(K="${spec#*:}")
+            echo "== $(date +%T) $env seed $seed: (c) stream-exact training, window $w ${k[*]}, by stream"
+            sweep "$OUT/window$w" "$env" "$seed" "$MODELS" "${SEGMENTS[@]}" "${k[@]}" stream_window="$w" eval.engine=stream
+            ema "$OUT/window$w" "$env" "$seed" stream
         done
         if [ -n "$PREFIX_MODELS" ]; then
             echo "== $(date +%T) $env seed $seed: (d) episode prefixes ($PREFIX_MODELS), by stream"
             sweep "$OUT/prefix" "$env" "$seed" "$PREFIX_MODELS" from_start=true K="$PREFIX_K" max_timestep="$PREFIX_K" \
                 batch_size="$PREFIX_BATCH" eval.engine=stream
+            ema "$OUT/prefix" "$env" "$seed" stream
         fi
     done
 done
 
 windows=()
-for w in $WINDOWS; do windows+=("$OUT/window$w"); done
+for spec in $WINDOWS; do windows+=("$OUT/window${spec%%:*}"); done
 [ -n "$PREFIX_MODELS" ] && windows+=("$OUT/prefix")
 "$PY" -m eval.report "$OUT/standard" "${windows[@]}" out="$OUT/report" || failed=1
 exit $failed

@@ -55,7 +55,7 @@ from .bench.timing import cell, table
 # differs between machines): the data found keys the group instead.
 RUNTIME_OPTIONS = {"seed", "out", "resume", "threads", "device", "progress", "tensorboard", "checkpoint_every",
                    "checkpoint_minutes", "log_every", "preset", "eval.every", "eval.episodes", "eval.num_envs",
-                   "data_source", "eval.engine", "print_config"}
+                   "data_source", "eval.engine", "print_config", "ema_decay"}
 
 # Student's t quantile t_{0.975, df} for df = 1..30; beyond, the normal 1.96 is within 2 %.
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -160,6 +160,8 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
             notes.append(f"{p}: not a rollout report eval.report reads ({err}), left out")
             continue
         label = engine_label(fidelity(engine, run.config))
+        if rep.get("weights") == "ema":  # the same training's other policy (ema_decay): a row of its own
+            label += f", EMA {run.config.get('ema_decay', 0):g}"
         if label == run.engine:
             notes.append(f"{p}: the run's own final evaluation is by this engine, left out")
             continue

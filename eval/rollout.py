@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Literal, Sequence
 
 import numpy as np
 import torch
@@ -121,6 +121,9 @@ class RolloutConfig(RolloutOptions):
 
     checkpoint: str
     """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
+    weights: Literal["model", "ema"] = "model"
+    """model: the last training step's weights | ema: their moving average, which runs keep (ema_decay); its report
+    is rollout-<engine>-ema.json, and eval.report shows it as a row of its own"""
     episodes: int = 100
     """episodes per target"""
     seed: int = 0
@@ -182,10 +185,10 @@ def run(argv: list[str]) -> dict:
         spec = envs.get_spec(ck.data.env)
         if cfg.check_data or cfg.data_source:
             dt_checkpoint.training_data(ck, cfg.data_source or None)
-        model = ck.build_model(runtime.pick_device(cfg.device))
+        model = ck.build_model(runtime.pick_device(cfg.device), weights=cfg.weights)
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = cfg.targets or ck.data.eval_targets
-    name = path.parent / f"rollout-{cfg.engine}.json"
+    name = path.parent / f"rollout-{cfg.engine}{'-ema' * (cfg.weights == 'ema')}.json"
     with contextlib.nullcontext(Path(cfg.out)) if cfg.out else outputs.new_file(name, "rollout report") as out:
         if note := ck.fidelity(cfg.engine).note(f"checkpoint {path}"):
             print(note)
@@ -211,7 +214,7 @@ def _rollout(cfg: RolloutConfig, path: Path, ck, spec, model, targets, out_dir: 
         res = evaluate(model, cfg.episodes, cfg.seed, cfg, data=info, on_episode=bar.update if bar else None,
                        details=details)
     report = {"checkpoint": str(path), "env": spec.name, "gym_id": info.gym_id or spec.gym_id,
-              **ck.fidelity(cfg.engine).record(), "episodes_per_target": cfg.episodes,
+              **ck.fidelity(cfg.engine).record(), "weights": cfg.weights, "episodes_per_target": cfg.episodes,
               "seed": cfg.seed, **{k: details[k] for k in ("num_envs", "lanes", "env_steps")},
               "asynchronous": cfg.asynchronous, "max_steps": cfg.max_steps or spec.max_episode_steps,
               "model_layers": model.layer_names, "train_step": ck.step, "data_source": info.source,
@@ -244,7 +247,8 @@ def summary_line(results: dict) -> str:
 
 def summary_text(report: dict) -> str:
     policy = "the trained policy" if report.get("exact") else "NOT the trained policy"
-    lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']} ({policy}), "
+    weights = ", weights=ema (the weights' moving average)" if report.get("weights") == "ema" else ""
+    lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']} ({policy}){weights}, "
              f"{report['episodes_per_target']} episodes/target on {report['num_envs']} "
              f"{'async' if report['asynchronous'] else 'sync'} envs in {report.get('lanes', 1)} lane(s), "
              f"{report['wall_s']:.1f}s ({report['env_steps_per_s']:.0f} env steps/s)"]

@@ -161,3 +161,24 @@ def test_amp_bf16_trains_says_so_and_stays_the_runs_precision_on_resume(hopper_f
     assert dt_checkpoint.load(s["run_dir"]).config["amp"] == "bf16"
     with pytest.raises(SetupError, match="amp"):
         train([f"resume={s['run_dir']}", "steps=6", "amp=off"])
+
+
+def test_the_moving_average_of_the_weights_is_torchs_ema_saved_and_resumed_exactly(hopper_file, tmp_path):
+    """``ema_decay``: the checkpoint carries the average (first step's weights, then lerp by 1 - decay each step);
+    it never changes the trained weights, and a resumed run continues it exactly."""
+    run = lambda name, *extra: dt_checkpoint.load(train(args(hopper_file, tmp_path / name, *QUIET, *extra))["run_dir"])
+    one, two = run("one", "steps=1", "ema_decay=0.5"), run("two", "steps=2", "ema_decay=0.5")
+    assert all(torch.equal(one.ema[k], one.model[k]) for k in one.model)  # the average starts at the first step
+    for k in two.model:  # then half the last average, half the new weights
+        torch.testing.assert_close(two.ema[k], 0.5 * one.model[k] + 0.5 * two.model[k], rtol=1e-6, atol=1e-7)
+    plain = run("plain", "steps=2", "ema_decay=0")
+    assert plain.ema is None and all(torch.equal(plain.model[k], two.model[k]) for k in two.model)
+    with pytest.raises(ValueError, match="holds no moving average of its weights .* use weights=model"):
+        plain.build_model(weights="ema")
+    straight = run("straight", "steps=4")
+    first = train(args(hopper_file, tmp_path / "split", *QUIET, "steps=2"))["run_dir"]
+    resumed = dt_checkpoint.load(train([*TINY, f"resume={first}", "steps=4"])["run_dir"])
+    assert all(torch.equal(resumed.ema[k], straight.ema[k]) for k in straight.ema)
+    assert not all(torch.equal(straight.ema[k], straight.model[k]) for k in straight.model)
+    ema_model = straight.build_model(weights="ema")
+    assert all(torch.equal(v, straight.ema[k]) for k, v in ema_model.state_dict().items())

@@ -580,3 +580,24 @@ def test_the_reports_runs_json_remakes_and_grows_the_tables_after_the_run_direct
     archive.write_text(json.dumps({"runs": []}))
     with pytest.raises(ValueError, match="not a runs.json that eval.report wrote"):
         report.report([str(archive)], tmp_path / "rep6")
+
+
+def test_the_weights_moving_average_is_evaluated_by_rollout_and_reported_as_its_own_row(runs, tmp_path, capsys):
+    """``eval.rollout weights=ema`` scores the checkpoint's moving average (rollout-<engine>-ema.json, its weights
+    named); the report sets it beside the run's own final evaluation, never averaged with it."""
+    from eval import rollout
+
+    _, summaries, _ = runs
+    run = tmp_path / "run"
+    shutil.copytree(summaries[("dt", 0)]["run_dir"], run)
+    rollout.main([f"checkpoint={run}", "weights=ema", "engine=stream", "episodes=2", "num_envs=2", "max_steps=15",
+                  "progress=false"])
+    assert "engine=stream (NOT the trained policy), weights=ema (the weights' moving average)" in capsys.readouterr().out
+    rep = json.loads((run / "rollout-stream-ema.json").read_text())
+    assert rep["weights"] == "ema" and rep["train_step"] == 6
+    res = report.report([str(run)], tmp_path / "rep")
+    rows = {r["engine"]: r for r in res["rows"]["target3600"]}
+    assert set(rows) == {"stream (not trained)", "stream (not trained), EMA 0.999"}
+    assert rows["stream (not trained), EMA 0.999"]["mean"] == pytest.approx(rep["targets"]["3600"]["normalized_mean"])
+    assert rows["stream (not trained)"]["mean"] == pytest.approx(
+        json.loads((run / "summary.json").read_text())["final"]["target3600"]["normalized_mean"])
