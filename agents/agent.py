@@ -24,13 +24,9 @@ from agents.train_config import ENGINES
 
 from . import dt_checkpoint, threads
 from .decision_transformer import Batch, DTStep, StepState
-from .onnx_policy import SCHEMA, OnnxPolicy, Policy
+from .onnx_policy import SCHEMA, OnnxPolicy, Policy, StreamNotTrainedWarning
 
 RUNTIMES = ("auto", "torch", "onnx")
-
-
-class StreamNotTrainedWarning(UserWarning):
-    """``load_agent(engine="stream")`` of a checkpoint whose stream is not the policy it was trained as."""
 
 
 class RecomputeStep(DTStep):
@@ -186,11 +182,13 @@ def onnx_agent(checkpoint, ck, agent):
                          "(or use runtime='torch')")
     source = dt_checkpoint.resolve(checkpoint) if isinstance(checkpoint, (str, Path)) else ck
     path = cached_export(source) if isinstance(source, Path) else None
-    if path is not None:
-        policy = OnnxPolicy(path)
-    else:  # no cache (a checkpoint in memory, or no usable cache directory): a temporary file, gone once read
-        with tempfile.TemporaryDirectory(prefix="primal-dt-policy-", ignore_cleanup_errors=True) as tmp:
-            policy = OnnxPolicy(export_policy(source, "onnx", Path(tmp) / FORMATS["onnx"], overwrite=True))
+    with warnings.catch_warnings():  # load_agent has said it of the checkpoint: the graph says it again
+        warnings.simplefilter("ignore", StreamNotTrainedWarning)
+        if path is not None:
+            policy = OnnxPolicy(path)
+        else:  # no cache (a checkpoint in memory, or no usable cache directory): a temporary file, gone once read
+            with tempfile.TemporaryDirectory(prefix="primal-dt-policy-", ignore_cleanup_errors=True) as tmp:
+                policy = OnnxPolicy(export_policy(source, "onnx", Path(tmp) / FORMATS["onnx"], overwrite=True))
     policy = checked(policy, agent)
     policy.default_target, policy.info = agent.default_target, agent.info
     return policy

@@ -29,7 +29,8 @@ from primal_dt.attention.softmax import onnx_translations
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
-from .onnx_policy import FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy, OnnxPolicy
+from .onnx_policy import (FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy, OnnxPolicy,
+                          StreamNotTrainedWarning, stream_note)
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
 """format -> the artefact's default file name (next to the checkpoint)"""
@@ -210,7 +211,9 @@ def read_metadata(path: str | Path) -> dict:
     """The metadata document of an exported policy (ONNX or TorchScript), read and checked as its runtime does."""
     path = Path(path)
     torchscript = path.is_file() and path.read_bytes()[:2] == b"PK"  # TorchScript archives are zip files
-    return (TorchScriptPolicy if torchscript else OnnxPolicy)(path).metadata
+    with warnings.catch_warnings():  # the metadata says whether the stream is exact; a reader decides what to say
+        warnings.simplefilter("ignore", StreamNotTrainedWarning)
+        return (TorchScriptPolicy if torchscript else OnnxPolicy)(path).metadata
 
 
 class TorchScriptPolicy(GraphPolicy):
@@ -280,6 +283,8 @@ def run(argv: list[str]) -> Path:
           "tensors, any batch)")
     runner = "onnx_policy.OnnxPolicy" if cfg.format == "onnx" else "agents.export.TorchScriptPolicy"
     print(f"run it with {runner}({str(out)!r}): reset(batch), act(obs, reward), reset_done(done)")
+    if not meta["stream_exact"]:
+        print(f"note: {stream_note(str(out))}")
     return out
 
 

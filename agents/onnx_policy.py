@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -237,6 +238,21 @@ class Policy:
         raise NotImplementedError
 
 
+class StreamNotTrainedWarning(UserWarning):
+    """A stream that is not the policy its checkpoint was trained as (``load_agent``, ``OnnxPolicy``,
+    ``TorchScriptPolicy``); defined in this file so that the copied-out runtime warns as the package does."""
+
+
+def stream_note(what: str) -> str:
+    """The line said of an exported graph whose checkpoint trained on K-step segments: what it is, and how to get
+    an exact one (its metadata's ``stream_exact`` is false)."""
+    return (f"{what} streams a checkpoint trained on K-step segments, so its actions (every layer over the whole "
+            "episode so far) are not the policy training optimised, and scores measured with it are not that "
+            "policy's. For an exact exported policy, export a checkpoint trained for the stream: python -m "
+            "primal_dt.train ... stream_window=W (every layer windowed, e.g. stream_window=10) or from_start=true "
+            "K=1000 (episode prefixes)")
+
+
 class GraphPolicy(Policy):
     """``Policy`` around an exported step graph: the state between calls, the reset flags, each row's
     target. Runtimes fill ``_step``, the graph on (observation, reward, ``_reset``, ``_target_rows``,
@@ -250,6 +266,8 @@ class GraphPolicy(Policy):
         self.default_target = self.targets[0]
         self.fidelity = {"engine": "stream", "exact": metadata["stream_exact"],
                          "stream_window": metadata["stream_window"], "from_start": metadata["stream_from_start"]}
+        if not metadata["stream_exact"]:  # stacklevel: the line that built the runtime (OnnxPolicy(...))
+            warnings.warn(stream_note(where), StreamNotTrainedWarning, stacklevel=3)
         self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]
         self.input_names = [*INPUTS, *(STATE_IN + name for name, _, _ in self.state_layout)]
         self.output_names = ["action", *(STATE_OUT + name for name, _, _ in self.state_layout)]

@@ -140,3 +140,32 @@ def test_rollout_and_report_name_the_engine_and_whether_it_is_the_trained_policy
     engines = sorted(ln.split("|")[4].strip() for ln in rows)
     assert engines == ["recompute", "recompute", "stream (not trained)", "stream (not trained)"]  # 2 targets each
     assert "rollout-recompute.json: the run's own final evaluation is by this engine, left out" in md
+
+
+def test_an_exported_stream_says_when_it_is_not_the_trained_policy_and_how_to_get_one(trained, tmp_path, run_cli):
+    """``agents.export`` prints one note, and ``OnnxPolicy`` / ``TorchScriptPolicy`` warn once, for a graph of a
+    segment-trained checkpoint; an exact one is exported and loaded without a word. ``load_agent`` says it once."""
+    from agents.export import TorchScriptPolicy
+    from agents.onnx_policy import OnnxPolicy
+
+    for name, exact in (("segments", False), ("primal+dt", True)):
+        for fmt, runtime in (("onnx", OnnxPolicy), ("torchscript", TorchScriptPolicy)):
+            out = tmp_path / f"{name}-{fmt}.policy"
+            p = run_cli("agents.export", f"checkpoint={trained[name]}", f"format={fmt}", f"out={out}")
+            assert p.returncode == 0, p.stderr[-2000:]
+            notes = [x for x in p.stdout.splitlines() if x.startswith("note:")]
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                policy = runtime(out)
+            said = [w for w in caught if issubclass(w.category, StreamNotTrainedWarning)]
+            assert policy.fidelity["exact"] is exact
+            if exact:
+                assert notes == [] and said == []
+                continue
+            assert len(notes) == 1 and f"{out} streams a checkpoint trained on K-step segments" in notes[0]
+            assert "stream_window=W" in notes[0] and "from_start=true" in notes[0]
+            assert len(said) == 1 and "stream_window=W" in str(said[0].message)
+            assert said[0].filename == __file__  # pointing at the line that built the runtime
+    with pytest.warns(StreamNotTrainedWarning) as caught:
+        load_agent(trained["segments"], engine="stream", runtime="onnx")
+    assert len([w for w in caught if issubclass(w.category, StreamNotTrainedWarning)]) == 1
