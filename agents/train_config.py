@@ -252,17 +252,9 @@ _DESCRIPTION = ("Train a Decision Transformer (dt | primal+dt | primalformer-dt 
                 "preset (env's or preset=); each run prints every value with where it came from.")
 
 
-RETIRED_EVAL = {"precision": ("fp32",), "lane_workers": ("process", "thread")}
-"""``eval.*`` options that are gone, with the values older checkpoints record that mean what every run does
-now (a float32 stream; lanes, which never changed a result): dropped on read, so those runs stay resumable
-and reportable; any other value is refused as an unknown option."""
-
-
 def from_dict(d: dict) -> TrainConfig:
-    """A config back from a checkpoint's dict, each value checked against its field (``RETIRED_EVAL``)."""
-    ev = d.get("eval") if isinstance(d, dict) else None
-    if isinstance(ev, dict):
-        d = {**d, "eval": {k: v for k, v in ev.items() if v not in RETIRED_EVAL.get(k, ())}}
+    """A config back from a checkpoint's dict, each value checked against its field; an option this release
+    does not have is an error (no release wrote one it has since dropped)."""
     return presets.apply_preset(TrainConfig(), d, where="checkpoint config")
 
 

@@ -27,6 +27,26 @@ class _Closed(Exception):
     """The evaluator closed the lane while it ran (it is shutting down after another lane failed)."""
 
 
+class LaneTraceback(Exception):
+    """The traceback, in the lane process, of an exception re-raised in the evaluator: its ``__cause__``, as
+    ``concurrent.futures`` does for a process pool, so the caller catches the lane's own exception type and a
+    printed traceback shows where in the lane it was raised."""
+
+    def __str__(self) -> str:
+        return f"\n\n(in the lane process)\n{self.args[0]}"
+
+
+def _error(err: Exception) -> tuple:
+    """What a lane sends of an exception: the exception pickled (None if pickle refuses it), its type's name and
+    message for that case, and its traceback as text (a traceback object does not pickle)."""
+    try:
+        blob = pickle.dumps(err, protocol=pickle.HIGHEST_PROTOCOL)
+        pickle.loads(blob)  # an exception whose __init__ takes other arguments than its args does not load
+    except Exception:  # noqa: BLE001 - whatever pickle raises, the type's name and message still travel
+        blob = None
+    return blob, type(err).__name__, str(err), traceback.format_exc()
+
+
 class _JobsFromEvaluator:
     """The evaluator's job queue as a hosted lane sees it (``eval.episodes.Jobs.take``): the lane reports
     every step with how many of its episodes just ended, and waits for jobs when some did; the evaluator
@@ -87,7 +107,7 @@ def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
             pass
         except Exception as err:  # reported to the evaluator, which raises it there
             with contextlib.suppress(OSError):
-                conn.send(("error", (type(err).__name__, str(err), traceback.format_exc())))
+                conn.send(("error", _error(err)))
 
 
 class SimulatorProcess:
@@ -121,11 +141,11 @@ class SimulatorProcess:
         except EOFError:
             raise RuntimeError(f"the simulator process died (exit code {self._proc.exitcode}); "
                                "run with lanes=1 or asynchronous=true to see the simulator's own error") from None
-        if status == "error":
-            kind, message, trace = payload
-            if kind == "ValueError":  # a bad setting (env name, gym id): the same clear error as in-process
-                raise ValueError(message)
-            raise RuntimeError(f"the simulator process failed: {kind}: {message}\n{trace}")
+        if status == "error":  # the lane's own exception (a bad setting, the agent's): as if raised in-process
+            blob, kind, message, trace = payload
+            err = pickle.loads(blob) if blob is not None else RuntimeError(f"the simulator process failed: {kind}: "
+                                                                           f"{message}")
+            raise err from LaneTraceback(trace)
         if status not in expect:
             raise RuntimeError(f"the simulator process sent {status!r} where {' or '.join(expect)} was expected")
         return payload if expect == ("ok",) else (status, payload)

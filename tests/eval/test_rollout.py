@@ -1,6 +1,7 @@
 """The vectorised rollout evaluator on real Hopper simulators (sync and subprocess vector envs) with
 real checkpoints: per-episode seeding, engine/num_envs independence, the report, the trainer hook."""
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 import envs
 from agents import DataInfo, load_agent
+from agents.agent import Agent
 from eval import rollout
 from eval.video import record_episode, rendering_available
 from agents.train_config import RolloutOptions
@@ -301,3 +303,33 @@ def test_data_source_checks_the_checkpoint_against_its_dataset(tmp_path, tiny_dt
     with pytest.raises(SystemExit, match=f"was trained on d4rl:{mine} .*but the data read now from d4rl:{other} "
                                          "differs"):
         rollout.main(common + [f"data_source=d4rl:{other}"])
+
+
+class _RefusingAgent(Agent):
+    """An agent that raises at its fourth act, wherever it runs (pickled into a lane process, it goes along)."""
+
+    calls = 0
+
+    def act(self, obs, reward=None):
+        self.calls += 1
+        if self.calls > 3:
+            raise KeyError("the test agent refuses its fourth step")
+        return super().act(obs, reward)
+
+
+def test_an_agents_exception_in_a_lane_process_reaches_the_caller_as_raised(ckpt):
+    """The lane's exception itself (its type and message), its traceback in the lane attached as the cause."""
+    from agents import dt_checkpoint
+    from eval.episodes import run_episodes
+    from eval.simulators import LaneTraceback, SimulatorProcess
+
+    ck = dt_checkpoint.load(ckpt)
+    model = ck.build_model()
+    agents = [_RefusingAgent(model, ck.data, engine="stream") for _ in range(2)]
+    with contextlib.ExitStack() as stack:
+        lanes = [stack.enter_context(contextlib.closing(SimulatorProcess("hopper-medium", 2, threads=1)))
+                 for _ in agents]
+        with pytest.raises(KeyError, match="refuses its fourth step") as caught:
+            run_episodes(agents, lanes, [(3600.0, e) for e in range(4)], seed=0, max_steps=MAX)
+    cause = caught.value.__cause__
+    assert isinstance(cause, LaneTraceback) and "in act" in str(cause) and "raise KeyError" in str(cause)

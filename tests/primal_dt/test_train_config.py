@@ -134,13 +134,10 @@ def test_sizes_no_machine_can_build_are_refused_by_name():
             check(build(["preset=smoke", *argv]).cfg)
 
 
-def test_a_checkpoint_config_from_before_the_bf16_stream_went_still_reads():
-    """Runs written while the stream had a precision option record eval.precision="fp32" (what every stream
-    now runs): they resume and report; a bf16 stream is no longer a policy the package runs."""
-    old = dataclasses.asdict(train_config.TrainConfig())
-    old["eval"]["precision"] = "fp32"
-    old["eval"]["lane_workers"] = "thread"  # gone too: thread lanes; lanes never changed a result
-    assert train_config.from_dict(old) == train_config.TrainConfig()
-    old["eval"]["precision"] = "bf16"
-    with pytest.raises(ValueError, match="precision"):
-        train_config.from_dict(old)
+def test_a_checkpoint_config_reads_back_and_an_option_this_release_lacks_is_named():
+    """No compatibility for options no release wrote: a pre-release eval.precision is refused by name."""
+    cfg = dataclasses.asdict(train_config.TrainConfig())
+    assert train_config.from_dict(cfg) == train_config.TrainConfig()
+    for value in ("fp32", "bf16"):
+        with pytest.raises(ValueError, match="precision"):
+            train_config.from_dict({**cfg, "eval": {**cfg["eval"], "precision": value}})
