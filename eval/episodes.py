@@ -165,12 +165,10 @@ def run_episodes(agents, venvs, jobs: Sequence[tuple[float, int]], seed: int, ma
     venvs = list(venvs) if isinstance(venvs, (list, tuple)) else [venvs]
     if len(agents) != len(venvs) or not agents:
         raise ValueError(f"one agent per vector env: got {len(agents)} agents for {len(venvs)} vector envs")
-    if host and all(hasattr(v, "step_rows_async") for v in venvs):  # lane processes: host the agents there
-        from eval import simulators
-
-        blobs = [simulators.hostable(a) for a in agents]
-        if all(b is not None for b in blobs):
-            return simulators.run_hosted(blobs, venvs, jobs, seed, max_steps, on_episode)
+    if host and all(hasattr(v, "host_agents") for v in venvs):  # lane processes (eval.simulators): agents go there
+        hosted = venvs[0].host_agents(agents, venvs, jobs, seed, max_steps, on_episode)
+        if hosted is not None:
+            return hosted
     returns = np.zeros(len(jobs))
     lengths = np.zeros(len(jobs), dtype=np.int64)
     out = run_lanes(agents, venvs, Jobs(jobs), seed, max_steps, returns, lengths, on_episode)

@@ -19,6 +19,8 @@ from multiprocessing.connection import wait
 
 import numpy as np
 
+from eval.episodes import Jobs, run_lanes, step_rows, vector_env
+
 _PRELOAD = ["torch", "gymnasium", "mujoco", "envs", "agents", "eval.episodes"]
 """what a clean (forkserver) lane process imports once for all lanes: the expensive part of its start"""
 
@@ -74,7 +76,6 @@ def _host(conn, venv, agent_bytes: bytes, seed: int, max_steps: int, threads: in
     import torch
 
     from agents.threads import keep_freed_memory
-    from eval.episodes import run_lanes
 
     torch.set_num_threads(max(1, int(threads)))
     keep_freed_memory()
@@ -86,8 +87,6 @@ def _host(conn, venv, agent_bytes: bytes, seed: int, max_steps: int, threads: in
 
 
 def _serve(conn, name: str, num_envs: int, gym_id: str | None) -> None:
-    from eval.episodes import step_rows, vector_env
-
     with contextlib.closing(conn), contextlib.ExitStack() as opened:  # the simulators closed first, then the pipe
         try:
             venv = opened.enter_context(contextlib.closing(vector_env(name, num_envs, gym_id=gym_id)))
@@ -134,6 +133,15 @@ class SimulatorProcess:
         child.close()
         self._closed = False
         self._receive()  # the simulators are built (or the worker says why not)
+
+    @staticmethod
+    def host_agents(agents, procs: list[SimulatorProcess], jobs, seed: int, max_steps: int, on_episode=None):
+        """``eval.episodes.run_episodes`` with each agent in its lane's process (``run_hosted``), or None when one
+        cannot travel there (``hostable``). The episode loop finds it on its lanes: it imports no lane code."""
+        blobs = [hostable(a) for a in agents]
+        if not all(b is not None for b in blobs):
+            return None
+        return run_hosted(blobs, procs, jobs, seed, max_steps, on_episode)
 
     def _receive(self, expect: tuple[str, ...] = ("ok",)):
         try:
@@ -189,8 +197,6 @@ def run_hosted(agent_bytes: list[bytes], procs: list[SimulatorProcess], jobs, se
                on_episode=None) -> dict:
     """Run every job with each lane's agent in its own process; ``eval.episodes.run_episodes``' result. The
     evaluator serves jobs in (step, lane) order while jobs are left, at once after, and relays progress."""
-    from eval.episodes import Jobs
-
     queue = Jobs(jobs)
     for p, blob in zip(procs, agent_bytes):
         p._conn.send(("host", (blob, seed, max_steps, p.threads)))
