@@ -77,6 +77,7 @@ class Run:
     val_mse: float | None = None  # None: the run held nothing out
     data_level: float | None = None
     engine: str = "recompute"  # ``engine_label`` of what measured ``final``
+    s_per_1k: float | None = None  # seconds per 1,000 optimisation steps of its training (summary.json); None: unknown
 
 
 @dataclass
@@ -206,6 +207,7 @@ def archived_runs(path: Path) -> list[Run]:
             if not final or not all(t.startswith("target") and finite_number(t.removeprefix("target")) for t in final):
                 raise ValueError(f"final scores {list(final)} are not per target")
             optional = {k: None if rec[k] is None else float(rec[k]) for k in ("val_mse", "data_level")}
+            optional["s_per_1k"] = None if rec.get("s_per_1k") is None else float(rec["s_per_1k"])  # (added later)
             out.append(Run(Path(str(rec["path"])), str(rec["env"]), str(rec["model"]), int(rec["seed"]),
                            int(rec["steps"]), dataclasses.asdict(train_config.from_dict(rec["config"])), final,
                            {str(t): [(int(s), float(v)) for s, v in pts] for t, pts in rec["curves"].items()},
@@ -239,11 +241,13 @@ def load_run(d: Path) -> Run:
     except ValueError as err:
         raise ValueError(f"{ck.origin}: its run config cannot be read ({err})") from err
     val = (summary.get("validation") or {}).get("action_mse")
+    cost = summary.get("s_per_1k_steps")
     f = fidelity(str(summary.get("engine") or (config.get("eval") or {}).get("engine", "recompute")), config)
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
                summary["final"], curves, sources.label(str(summary.get("data_source") or "")),
                None if val is None else float(val),
-               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f))
+               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f),
+               float(cost) if presets.fits(cost, float) and math.isfinite(cost) and cost >= 0 else None)
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
@@ -310,6 +314,7 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
         b = stats([max(v for _, v in c) for c in (r.curves.get(target) for r in runs) if c])  # rollouts: no curve
         v = stats([r.val_mse for r in runs if r.val_mse is not None and math.isfinite(r.val_mse)])
         levels = [r.data_level for r in g.runs if r.data_level is not None]
+        costs = [r.s_per_1k for r in g.runs if r.s_per_1k is not None]
         rows.append({"dataset": g.env, "data": g.data, "model": g.model, "engine": g.engine, "seeds": s["n"],
                      "steps": _joined(r.steps for r in g.runs),
                      "episodes": _joined(r.final[target].get("episodes", "?") for r in runs),
@@ -319,6 +324,7 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
                      "paper": paper_scores(g.env).get(g.model.split(" (")[0]),
                      "data_level": statistics.fmean(levels) if levels else None,
                      "val_mse": v["mean"], "val_mse_std": v["std"], "val_mse_ci95": v["ci95"], "val_seeds": v["n"],
+                     "s_per_1k": statistics.fmean(costs) if costs else None,
                      "runs": [str(r.path) for r in g.runs]})
     return rows
 
@@ -352,16 +358,77 @@ def markdown(rows: list[dict], target: str) -> str:
         "mean normalized return of the episodes trained on.", "",
         "engine: what measured the final score; stream (not trained) is a policy training never optimised "
         "(agents.stream_training.Fidelity).", "",
+        "s / 1k steps: the training's seconds per 1,000 optimisation steps, mean over its runs (summary.json's "
+        "s_per_1k_steps; each run's machine and load are its own).", "",
         *table(["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "final", "best", "data episodes",
-                "paper", "val action MSE"],
+                "paper", "val action MSE", "s / 1k steps"],
                [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"], r["steps"],
                  f"{r['episodes']} / {r['eval_episodes']}", score_cell(r["mean"], r["ci95"], r["seeds"]),
                  "" if r["best"] is None else score_cell(r["best"], r["best_ci95"], r["seeds"]),
-                 _fmt(r["data_level"]), paper_cell(r), val_cell(r)] for r in rows])])
+                 _fmt(r["data_level"]), paper_cell(r), val_cell(r), _fmt(r["s_per_1k"])] for r in rows])])
+
+
+EMA = ", EMA "
+"""what an engine label holds when the row scores the weights' moving average (``rollout_runs``)"""
+
+
+def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dict]]:
+    """The measured decision between trainings (docs/evaluation.md, "Which training is the default"), as Markdown
+    and as records: each stream-exact arm's mean against the papers' protocol (``recompute``, at least 2 seeds) of
+    the same dataset, data and model. The arm passes a dataset when its mean lies inside the protocol's 95 %
+    interval and, where the protocol's policies beat their data (its mean lies above the data episodes' level by
+    more than its standard error: the dataset separates policies), is not below the protocol's mean by more than
+    that standard error; it meets the criterion when it passes every dataset it was compared on. The weights' moving average
+    (``EMA``) is set against the same training's last weights: its mean and interval."""
+    proto = {(r["dataset"], r["data"], r["model"]): r for r in rows if r["engine"] == "recompute" and r["seeds"] > 1}
+    checks = []
+    for r in rows:
+        p = proto.get((r["dataset"], r["data"], r["model"]))
+        if p is None or not r["engine"].startswith("stream (exact") or EMA in r["engine"]:
+            continue
+        se = p["std"] / math.sqrt(p["seeds"])
+        separates = p["data_level"] is None or p["mean"] - se > p["data_level"]
+        inside, near = abs(r["mean"] - p["mean"]) <= p["ci95"], not separates or r["mean"] >= p["mean"] - se
+        checks.append({"dataset": r["dataset"], "data": r["data"], "model": r["model"], "arm": r["engine"],
+                       "seeds": r["seeds"], "mean": r["mean"], "protocol_seeds": p["seeds"],
+                       "protocol_mean": p["mean"], "protocol_ci95": p["ci95"], "protocol_se": se,
+                       "separates": separates, "inside": inside, "near": near, "passes": inside and near})
+    raw = {(r["dataset"], r["data"], r["model"], r["engine"]): r for r in rows}
+    averaged = [(r, raw.get((r["dataset"], r["data"], r["model"], r["engine"].split(EMA)[0]))) for r in rows
+                if EMA in r["engine"]]
+    if not checks and not averaged:
+        return [], []
+    yes = lambda b: "yes" if b else "**no**"  # noqa: E731
+    md = [f"### Stream-exact training against the papers' protocol, target {target.removeprefix('target')}", ""]
+    if checks:
+        md += ["A stream-exact arm passes a dataset when its mean lies inside the protocol's (recompute's) 95 % "
+               "interval and, where the protocol's policies beat their data (its mean lies above the data episodes' "
+               "level by more than its standard error over seeds: the dataset separates policies), is not below "
+               "the protocol's mean by more than that standard error.", "",
+               *table(["dataset", "data", "model", "arm", "seeds", "mean", "protocol (seeds)", "inside the interval",
+                       "separates", "within one SE", "passes"],
+                      [[c["dataset"], c["data"], c["model"], c["arm"], c["seeds"], _fmt(c["mean"]),
+                        f"{_fmt(c['protocol_mean'])} +- {_fmt(c['protocol_ci95'])} (SE {_fmt(c['protocol_se'])}, "
+                        f"{c['protocol_seeds']})", yes(c["inside"]), "yes" if c["separates"] else "no",
+                        yes(c["near"]) if c["separates"] else "", yes(c["passes"])] for c in checks]), ""]
+        for (arm, model) in dict.fromkeys((c["arm"], c["model"]) for c in checks):
+            mine = [c for c in checks if (c["arm"], c["model"]) == (arm, model)]
+            failed = [c["dataset"] for c in mine if not c["passes"]]
+            sets = ", ".join(c["dataset"] for c in mine)
+            md.append(f"- {model}, {arm}: " + (f"meets the criterion on every dataset compared ({sets})" if not failed
+                                               else f"does not meet it (fails on {', '.join(failed)}; compared on {sets})"))
+    if averaged:
+        md += ["", "The weights' moving average against the same training's last weights (mean +- 95 % interval):", "",
+               *table(["dataset", "data", "model", "engine", "seeds", "moving average", "last weights"],
+                      [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
+                        score_cell(r["mean"], r["ci95"], r["seeds"]),
+                        "" if b is None else score_cell(b["mean"], b["ci95"], b["seeds"])] for r, b in averaged])]
+    return md, checks
 
 
 CSV_COLUMNS = ["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
-               "best", "best_std", "best_ci95", "data_level", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds"]
+               "best", "best_std", "best_ci95", "data_level", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds",
+               "s_per_1k"]
 
 
 def _band(runs: list[Run], target: str):
@@ -503,8 +570,11 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     md += [f"- note: {cell(n)}" for n in notes]
     md += [f"- left out (unfinished, no summary.json): {d}" for d in unfinished]
     md += [f"- left out (unreadable): {e}" for e in skipped]
+    decisions = {}
     for t in targets:
         md += ["", markdown(rows[t], t)]
+        section, decisions[t] = against_protocol(rows[t], t)
+        md += ["", *section] if section else []
         text = io.StringIO(newline="")
         w = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
         w.writeheader()
@@ -518,7 +588,7 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     return {"markdown": out / "scores.md", "csv": [out / f"scores-{t}.csv" for t in targets], "curves": curves,
             "archive": out / "runs.json",
             "bars": bars, "groups": len(groups), "runs": len(runs), "unfinished": [str(d) for d in unfinished],
-            "skipped": skipped, "notes": notes, "rows": rows}
+            "skipped": skipped, "notes": notes, "rows": rows, "decisions": decisions}
 
 
 @dataclass

@@ -3,6 +3,7 @@ formulas (scores and the held-out validation MSE), runs kept apart when their co
 without validation (older ones) reported with a blank cell, unfinished runs left out, files and plots."""
 
 import csv
+import dataclasses
 import json
 import os
 import math
@@ -131,7 +132,7 @@ def test_runs_without_validation_leave_the_cell_blank_or_are_counted_out(runs, t
     assert part["seeds"] == 2 and part["val_seeds"] == 1 and mixed.exists()
     assert part["val_mse"] == summaries[("primal+dt", 1)]["validation"]["action_mse"]
     md = Path(res["markdown"]).read_text()
-    assert "| D4RL | dt | stream (not trained) | 2 | 6 |" in md and next(x for x in md.splitlines() if "| dt | stream (not trained) | 2 |" in x).endswith("|  |")
+    assert "| D4RL | dt | stream (not trained) | 2 | 6 |" in md and re.search(r"\|  \| [\d.]+ \|$", next(x for x in md.splitlines() if "| dt | stream (not trained) | 2 |" in x))
     assert f"| {part['val_mse']:.3g} (1 of 2 seeds) |" in md
     with (tmp_path / "rep" / "scores-target3600.csv").open() as f:
         csv_rows = {r["model"]: r for r in csv.DictReader(f)}
@@ -601,3 +602,43 @@ def test_the_weights_moving_average_is_evaluated_by_rollout_and_reported_as_its_
     assert rows["stream (not trained), EMA 0.999"]["mean"] == pytest.approx(rep["targets"]["3600"]["normalized_mean"])
     assert rows["stream (not trained)"]["mean"] == pytest.approx(
         json.loads((run / "summary.json").read_text())["final"]["target3600"]["normalized_mean"])
+
+
+def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formula(tmp_path):
+    """``against_protocol``: each stream-exact arm against recompute's mean, 95 % interval (Student's t) and standard
+    error over seeds, the SE condition only where the protocol's mean beats the data's level by more than its SE;
+    the weights' moving average beside the last weights; the training's cost per 1,000 steps averaged."""
+    config = dataclasses.asdict(train_config.TrainConfig())
+    runs = []
+    arms = {"recompute": [40.0, 42.0, 38.0, 44.0, 36.0], "stream (exact, window 21)": [39.0, 41.0, 38.0, 40.0, 37.0],
+            "stream (exact, window 10)": [37.0, 38.0, 36.0, 39.0, 35.0],
+            "recompute, EMA 0.999": [41.0, 41.5, 40.5, 41.0, 41.0]}
+    for env, level in (("hopper-medium-replay", 16.6), ("hopper-medium", 39.5)):
+        for engine, scores in arms.items():
+            for seed, score in enumerate(scores):
+                runs.append(report.Run(tmp_path / env / f"seed{seed}", env, "primal+dt", seed, 7000, config,
+                                       {"target3600": {"normalized_mean": score, "episodes": 50}}, {}, "replica",
+                                       0.1, level, engine, s_per_1k=100.0 + seed))
+    (tmp_path / "runs.json").write_text(report.archive(runs))
+    res = report.report([str(tmp_path / "runs.json")], tmp_path / "rep")
+    proto = arms["recompute"]
+    mean, se = statistics.fmean(proto), statistics.stdev(proto) / math.sqrt(5)
+    ci = 2.776 * statistics.stdev(proto) / math.sqrt(5)
+    got = {(c["dataset"], c["arm"]): c for c in res["decisions"]["target3600"]}
+    assert set(got) == {(e, a) for e in ("hopper-medium-replay", "hopper-medium") for a in list(arms)[1:3]}
+    for (env, arm), c in got.items():
+        m = statistics.fmean(arms[arm])
+        assert c["protocol_mean"] == pytest.approx(mean) and c["protocol_ci95"] == pytest.approx(ci, rel=1e-3)
+        assert c["protocol_se"] == pytest.approx(se) and c["separates"] is (env == "hopper-medium-replay")
+        assert c["passes"] is (abs(m - mean) <= ci and (env == "hopper-medium" or m >= mean - se))
+    assert got[("hopper-medium-replay", "stream (exact, window 21)")]["passes"]
+    assert not got[("hopper-medium-replay", "stream (exact, window 10)")]["passes"]  # 3 below, SE 1.4
+    assert got[("hopper-medium", "stream (exact, window 10)")]["passes"]  # that dataset does not separate policies
+    md = (tmp_path / "rep" / "scores.md").read_text()
+    assert "- primal+dt, stream (exact, window 21): meets the criterion on every dataset compared" in md
+    assert "- primal+dt, stream (exact, window 10): does not meet it (fails on hopper-medium-replay;" in md
+    assert "| hopper-medium | replica | primal+dt | recompute, EMA 0.999 | 5 | 41.0 +- 0.4 | 40.0 +- 3.9 |" in md
+    assert all(r["s_per_1k"] == pytest.approx(102.0) for r in res["rows"]["target3600"])
+    assert "| 102.0 |" in md
+    again = report.report([str(tmp_path / "rep" / "runs.json")], tmp_path / "again")  # the cost survives runs.json
+    assert [r["s_per_1k"] for r in again["rows"]["target3600"]] == [r["s_per_1k"] for r in res["rows"]["target3600"]]
