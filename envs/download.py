@@ -152,7 +152,7 @@ def _open(url: str, start: int, timeout: float):
     headers = {"User-Agent": "primal-dt (python urllib)", "Accept-Encoding": "identity"}
     if start:
         headers["Range"] = f"bytes={start}-"
-    opener = urllib.request.build_opener()  # not urlopen's, built once: the proxies set now, as the probe saw them
+    opener = urllib.request.build_opener()  # fresh, with the proxies set now (as the probe): urlopen's keeps its first
     return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
 
 
@@ -184,7 +184,9 @@ def _request(url: str, have: int, what: str, timeout: float, verbose: bool):
             raise DatasetNotFound(f"cannot download {what}: {url} answered {err.code} {err.reason}") from err
         except (urllib.error.URLError, OSError, HTTPException) as err:
             cause = getattr(err, "reason", None) or err
-            raise DatasetNotFound(f"cannot download {what} from {url}: {type(cause).__name__}: {cause}") from err
+            why = (f"no answer for {timeout:g} s" if isinstance(cause, TimeoutError)
+                   else f"{type(cause).__name__}: {cause}")
+            raise DatasetNotFound(f"cannot download {what} from {url}: {why}") from err
         if resp.status != 206:  # the whole file: a fresh start, or a server that ignores ranges
             if start and verbose:
                 print(f"[envs] {url} does not resume downloads: downloading it from the start", file=sys.stderr,
