@@ -1,7 +1,8 @@
-"""D4RL Gym-MuJoCo HDF5 files, read with h5py (the ``d4rl`` package needs mujoco-py and old gym) and
-written in the same layout. Every failure mode of a file (absent, unreadable, not HDF5, truncated, keys
-missing, arrays of unequal length, type or shape, another environment's) is one ``DatasetError`` naming the
-file and the fix; files are only opened read-only, and written atomically (``checkpoint.write_atomic``)."""
+"""D4RL Gym-MuJoCo HDF5 files, read with h5py (the ``d4rl`` package needs mujoco-py and old gym), downloaded
+from D4RL's server when a name's file is missing (``envs.download``), and written in the same layout. Every
+failure mode of a file (absent, unreadable, not HDF5, truncated, keys missing, arrays of unequal length, type
+or shape, another environment's) is one ``DatasetError`` naming the file and the fix; files are only opened
+read-only, and written atomically (``checkpoint.write_atomic``)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ import math
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlparse
 
 import h5py
 import numpy as np
 
-from envs.registry import FAMILIES, family_of
+from envs.download import fetch
+from envs.registry import FAMILIES, EnvSpec, family_of
 from envs.sources import DatasetError, DatasetNotFound, Request, register
 from envs.trajectories import Trajectories, split_on_ends
 from primal_dt.run import json_reader
@@ -35,8 +38,17 @@ MAX_RATIO = 1000
 """declared bytes per byte of file: above what compression achieves on recorded data"""
 
 
+D4RL_URL = "http://rail.eecs.berkeley.edu/datasets/offline_rl/gym_mujoco_v2"
+"""where d4rl's own URL table puts the v2 Gym-MuJoCo files (``<family>_<level>-v2.hdf5``); $PRIMAL_DT_D4RL_URL
+replaces it (a mirror, a test's server)"""
+
+
 def d4rl_dir() -> Path:
     return Path(os.environ.get("D4RL_DATASET_DIR") or Path.home() / ".d4rl" / "datasets").expanduser()
+
+
+def d4rl_url(spec: EnvSpec) -> str:
+    return f"{(os.environ.get('PRIMAL_DT_D4RL_URL') or D4RL_URL).rstrip('/')}/{spec.d4rl_file}"
 
 
 def check_declared_sizes(datasets, path: Path) -> None:
@@ -115,14 +127,30 @@ def recorded_env(f, provenance: dict) -> tuple[str, str] | None:
 
 
 @register("d4rl", "PATH", "a D4RL HDF5 file (without PATH: <family>_<level>-v2.hdf5 in $D4RL_DATASET_DIR or "
-          "~/.d4rl/datasets)", label="D4RL")
+          "~/.d4rl/datasets, downloaded there from D4RL's server if missing)", label="D4RL")
 def read_source(req: Request) -> Trajectories:
     spec = req.spec
     ds = read_named(req, [d4rl_dir()], lambda level: f"{spec.family}_{level.replace('-', '_')}-v2.hdf5")
-    if ds is None:
+    if ds is not None:
+        return ds
+    target, url = d4rl_dir() / spec.d4rl_file, d4rl_url(spec)
+    by_hand = f"put {spec.d4rl_file} in {target.parent} by hand ($D4RL_DATASET_DIR), from {url}"
+    if not req.download:
         pair = " (nor both its medium and expert files)" if spec.level == "medium-expert" else ""
-        raise DatasetNotFound(f"no {d4rl_dir() / spec.d4rl_file}{pair}; put the D4RL file there ($D4RL_DATASET_DIR)")
-    return ds
+        raise DatasetNotFound(f"no {target}{pair}; {by_hand} on a connected machine, or allow the download "
+                              "(unset PRIMAL_DT_OFFLINE)")
+    if urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname:
+        raise DatasetError(f"PRIMAL_DT_D4RL_URL={os.environ.get('PRIMAL_DT_D4RL_URL')!r} is not an http:// or https:// "
+                           "address; set it to the folder of a D4RL mirror (the file name is appended) or unset it")
+    try:
+        fetch(url, target, lambda part: read_d4rl(part, spec.name, spec.gym_id, spec.max_episode_steps, False),
+              what=f"the D4RL dataset {spec.name}", verbose=req.verbose)
+    except DatasetNotFound as err:
+        msg = f"{err}. Run again to retry, or {by_hand}; PRIMAL_DT_OFFLINE=1 skips the download"
+        if req.verbose:  # the search goes on to the next source: say why this one was passed over
+            print(f"[envs] d4rl: {msg}", file=sys.stderr, flush=True)
+        raise DatasetNotFound(msg) from err
+    return read_d4rl(target, spec.name, spec.gym_id, spec.max_episode_steps, req.verbose)
 
 
 def read_named(req: Request, dirs: list[Path], file_of) -> Trajectories | None:
@@ -153,8 +181,8 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
         raise DatasetError(f"{path} is a directory, expected a D4RL .hdf5 file")
     if not path.is_file():  # opening a FIFO waits for a writer: forever
         raise DatasetError(f"{path} is not a regular file (a FIFO, socket or device), expected a D4RL .hdf5 file")
-    try:
-        f = h5py.File(path, "r")
+    try:  # no HDF5 file lock: files are replaced by rename, never written in place, and a download holds a lock
+        f = h5py.File(path, "r", locking=False)  # on the file it checks here (file systems without flock refuse it)
     except OSError as exc:
         if not os.access(path, os.R_OK):
             raise DatasetError(f"{path} cannot be read: permission denied. Give this user read access "

@@ -14,8 +14,8 @@ from envs.trajectories import Trajectories
 def load_dataset(name: str, source: str = "auto", verbose: bool = True,
                  download: bool | None = None, clip_actions: bool = False) -> Trajectories:
     """Trajectories for a dataset name (``hopper-medium``) or a Minari dataset id, from ``source`` (what
-    ``envs.sources.help_text()`` lists). ``download`` (default: unless $PRIMAL_DT_OFFLINE=1) allows Minari's
-    download; ``clip_actions`` clips actions outside the simulator's box, which are refused otherwise."""
+    ``envs.sources.help_text()`` lists). ``download`` (default: unless $PRIMAL_DT_OFFLINE=1) allows D4RL's
+    and Minari's downloads; ``clip_actions`` clips actions outside the simulator's box, which are refused otherwise."""
     spec = get_spec(name)
     if download is None:
         download = os.environ.get("PRIMAL_DT_OFFLINE", "") not in ("1", "true", "yes")

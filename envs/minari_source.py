@@ -11,8 +11,6 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
-import threading
 import warnings
 from pathlib import Path
 from unittest import mock
@@ -22,6 +20,7 @@ import h5py
 import numpy as np
 
 from envs.d4rl import check_declared_sizes, parse_provenance
+from envs.download import reachable
 from envs.registry import family_of
 from envs.sources import DatasetError, DatasetNotFound, Request, register
 from envs.trajectories import Trajectories
@@ -148,24 +147,6 @@ def _check_layout(dataset_id: str, where: str) -> None:
                                "re-download it")
 
 
-def _reachable(host: str, port: int, timeout: float) -> str | None:
-    """None when a TCP connection to host:port opens within ``timeout`` s, else the reason (in a thread we stop
-    waiting for: DNS lookups ignore socket timeouts)."""
-    result: list[str | None] = [f"timed out after {timeout:.0f} s"]
-
-    def attempt():
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            result[0] = None
-        except OSError as exc:
-            result[0] = f"{type(exc).__name__}: {exc}"
-
-    t = threading.Thread(target=attempt, daemon=True)
-    t.start()
-    t.join(timeout + 0.5)
-    return result[0]
-
-
 def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
     """Download with minari, after a reachability probe: an offline machine gets a clear error in seconds,
     not a hang."""
@@ -174,7 +155,7 @@ def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
         raise DatasetNotFound(f"downloading {dataset_id} needs huggingface_hub: pip install 'minari[hf]'")
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co") if hf else "https://storage.googleapis.com")
     port = url.port or (443 if url.scheme == "https" else 80)
-    reason = _reachable(url.hostname or "", port, timeout)
+    reason = reachable(url.hostname or "", port, timeout)
     if reason is not None:
         raise DatasetNotFound(f"cannot download Minari dataset {dataset_id}: {url.hostname}:{port} is unreachable "
                               f"({reason}). This machine is offline; copy the dataset into {minari_root()} "

@@ -18,7 +18,7 @@ from envs.registry import EnvSpec
 from primal_dt.run.errors import did_you_mean
 
 AUTO = ("d4rl", "minari", "replica")
-"""``data_source=auto``: a local D4RL file, a local then downloaded Minari dataset, then a replica"""
+"""``data_source=auto``: a local then downloaded D4RL file, a local then downloaded Minari dataset, then a replica"""
 _MODULES = ("envs.d4rl", "envs.minari_source", "envs.replica")
 
 

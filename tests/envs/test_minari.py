@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from envs import DatasetError, load_dataset
+from envs.download import reachable
+from envs.minari_source import minari_root, read_minari, write_minari
 from envs.sources import DatasetNotFound
-from envs.minari_source import _reachable, minari_root, read_minari, write_minari
 
 
 def _episodes(obs_dim=11, act_dim=3, lengths=(3, 2, 4), ends=("term", "trunc", "open"), seed=0):
@@ -90,7 +91,7 @@ def test_download_fails_fast_and_clearly_offline(data_dirs, monkeypatch):
     assert time.time() - t < 30  # not a hang (a generous bound; offline it takes milliseconds)
     msg = str(e.value)
     assert "mujoco/hopper/medium-v0" in msg and ("unreachable" in msg or "huggingface_hub" in msg)
-    assert _reachable("127.0.0.1", 9, timeout=2.0) is not None
+    assert reachable("127.0.0.1", 9, timeout=2.0) is not None
 
 
 # -- Minari dataset ids as names (env=mujoco/hopper/medium-v0) -------------------------------------------------
