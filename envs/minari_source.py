@@ -21,31 +21,12 @@ import numpy as np
 
 from envs.d4rl import check_declared_sizes, parse_provenance
 from envs.download import reachable
-from envs.registry import family_of
+from envs.registry import family_of, has_local, local_metadata, minari_root
 from envs.sources import DatasetError, DatasetNotFound, Request, register
 from envs.trajectories import Trajectories
 from primal_dt.run import json_reader
 
 COLLECTED_NAMESPACE = "primal-dt"  # where envs.collect files its datasets
-
-
-def minari_root() -> Path:
-    """$MINARI_DATASETS_PATH or ~/.minari/datasets (read without creating it, unlike minari)."""
-    return Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").expanduser()
-
-
-def has_local(dataset_id: str) -> bool:
-    return (minari_root() / dataset_id / "data").is_dir()
-
-
-def local_metadata(dataset_id: str) -> tuple[dict, Path]:
-    """(a local dataset's metadata.json, its path); ({}, path) when it is not local or not readable."""
-    path = minari_root() / dataset_id / "data" / "metadata.json"
-    try:
-        meta = json_reader.read(path)
-    except (OSError, ValueError):
-        return {}, path
-    return (meta if isinstance(meta, dict) else {}), path
 
 
 @register("minari", "ID", "a Minari dataset id, local (in $MINARI_DATASETS_PATH or ~/.minari/datasets) or downloaded "

@@ -8,8 +8,10 @@ MuJoCo models Gymnasium keeps as v4, Minari's from v5. A Minari dataset id (``mu
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -95,11 +97,29 @@ REGISTRY: dict[str, EnvSpec] = {
     for fam, f in FAMILIES.items() for level in LEVELS}
 
 
+def minari_root() -> Path:
+    """$MINARI_DATASETS_PATH or ~/.minari/datasets (read without creating it, unlike minari)."""
+    return Path(os.environ.get("MINARI_DATASETS_PATH") or Path.home() / ".minari" / "datasets").expanduser()
+
+
+def has_local(dataset_id: str) -> bool:
+    return (minari_root() / dataset_id / "data").is_dir()
+
+
+def local_metadata(dataset_id: str) -> tuple[dict, Path]:
+    """(a local dataset's metadata.json, its path); ({}, path) when it is not local or not readable. Here, not in
+    envs.minari_source, because a Minari id's spec is read from it and that source module reads the registry."""
+    path = minari_root() / dataset_id / "data" / "metadata.json"
+    try:
+        meta = json_reader.read(path)
+    except (OSError, ValueError):
+        return {}, path
+    return (meta if isinstance(meta, dict) else {}), path
+
+
 def _minari_spec(dataset_id: str) -> EnvSpec:
     """The spec of a Minari dataset id: its simulator and step limit the local dataset's env spec, else the v5
     simulator of the family its id names; its reference scores its metadata's, else D4RL's."""
-    from envs.minari_source import local_metadata
-
     meta, path = local_metadata(dataset_id)
     try:  # (simulator id, episode step limit) the local dataset's env spec records; the limit 1000 if none
         env_spec = json_reader.parse(meta["env_spec"], f"{dataset_id} metadata env_spec")

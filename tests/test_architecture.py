@@ -167,3 +167,49 @@ def test_what_envs_uses_of_primal_dt_imports_nothing_else_of_the_project():
         path = (ROOT / Path(*name.split("."))).with_suffix(".py")
         assert path.exists() and set(project_imports(path, ROOT)) <= set(ENVS_MAY_IMPORT), (
             name, project_imports(path, ROOT))
+
+
+def import_circles(root: Path) -> list[list[str]]:
+    """The sets of the tree's modules that import each other round a circle (strongly connected components of
+    the import graph, imports inside functions included): each is a room split wrongly or a dependency that
+    points the wrong way, whatever the ranks say."""
+    modules = {module_name(p, root): p for pkg in PACKAGES for p in sorted((root / pkg).rglob("*.py"))}
+
+    def known(target: str) -> str:  # ``from pkg.mod import name``: the module, not the name
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target
+
+    graph = {m: {known(t) for t in project_imports(p, root)} - {"", m} for m, p in modules.items()}
+    index, low, stack, circles = {}, {}, [], []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_modules_import_each_other_round_a_circle(tmp_path):
+    assert import_circles(ROOT) == [], "import circles (a function-level import is one too): move the shared code"
+    pkg = tmp_path / "eval"
+    pkg.mkdir()
+    (pkg / "a.py").write_text("from eval.b import f\n")
+    (pkg / "b.py").write_text("def f():\n    from eval import a\n")  # the circle a function hides
+    (pkg / "c.py").write_text("from eval.a import f\n")
+    assert import_circles(tmp_path) == [["eval.a", "eval.b"]]

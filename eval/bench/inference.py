@@ -26,7 +26,7 @@ from agents.agent import Agent
 from primal_dt.run import errors, options, runtime
 
 from . import timing
-from .train import hf_config
+from .hf import hf_config
 
 RANDOM_MODEL_ENV = "hopper-medium"
 """the dataset whose dimensions, simulator and targets the random models (no checkpoint) take"""
@@ -169,6 +169,15 @@ def policy(model, info, engine: str, K: int, B: int, runtimes: dict, t=None):
     for _ in range((t or K) - 1):
         p.act(obs, rew)
     return lambda: p.act(obs, rew)
+
+
+def act_latency(size: dict, args, device: torch.device) -> dict[str, float]:
+    """{"act batch B": ms per act} of the stream agent (primal+dt, ``size``'s width and heads) on ``device``: each
+    act brings its action back to the host, so it ends synchronised."""
+    models, info, _ = build_models(BenchConfig(sizes=(f"{size['d_model']}x{size['n_heads']}",)))
+    model = next(iter(models.values())).to(device)
+    acts = {f"act batch {batch}": policy(model, info, "stream", args.K, batch, {}, t=5) for batch in (1, 100)}
+    return timing.median_ms(acts, args.act_calls, 1)
 
 
 def hf_step(cfg, B: int, K: int):

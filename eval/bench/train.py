@@ -35,6 +35,8 @@ from agents.train_step import GRAPH_WARMUP, Stepper
 from primal_dt.run import errors, options, runtime
 
 from . import timing
+from .hf import hf_config
+from .inference import act_latency
 
 SIZES = {"paper": dict(d_model=256, n_heads=4, n_layers=3, s=64), "original": dict(d_model=128, n_heads=1, n_layers=3, s=64),
          "tiny": dict(d_model=32, n_heads=2, n_layers=2, s=8)}
@@ -82,23 +84,6 @@ class Ours:
 
     def step(self, b: Batch) -> None:
         self.stepper.step(b if self.first is None else stream_exact_batch(b, self.first))
-
-
-def hf_config(cfg: dict, K: int, dropout: float):
-    """transformers' DecisionTransformerConfig at our size (``cfg``: state_dim, act_dim, d_model, n_heads,
-    n_layers; ReLU MLP 4x as our blocks), or a SetupError saying how to install it."""
-    try:
-        from transformers import DecisionTransformerConfig
-        from transformers.utils import logging
-    except ImportError as err:
-        raise errors.SetupError("the HuggingFace baseline needs `transformers` (a benchmark-only extra): pip install "
-                                "'primal-dt[bench]' (keeps torch as it is), or leave HuggingFace out") from err
-    logging.set_verbosity_error()
-    d = cfg["d_model"]
-    return DecisionTransformerConfig(state_dim=cfg["state_dim"], act_dim=cfg["act_dim"], hidden_size=d,
-                                     n_layer=cfg["n_layers"], n_head=cfg["n_heads"], n_inner=4 * d,
-                                     activation_function="relu", max_ep_len=1000, n_positions=3 * K,
-                                     resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout, action_tanh=True)
 
 
 class HuggingFace:
@@ -210,17 +195,6 @@ def bench_size(name: str, size: dict, args, device: torch.device, deadline: floa
                        ("ratios_of_cpu_time", "cpu_ms_per_step")):
         res[key] = {label: round(m[a][field] / m[b][field], 3) for label, (a, b) in pairs.items() if a in m and b in m}
     return res
-
-
-def act_latency(size: dict, args, device: torch.device) -> dict[str, float]:
-    """{"act batch B": ms per act} of the stream agent (primal+dt, ``size``'s width and heads) on ``device``: each
-    act brings its action back to the host, so it ends synchronised."""
-    from .inference import BenchConfig, build_models, policy
-
-    models, info, _ = build_models(BenchConfig(sizes=(f"{size['d_model']}x{size['n_heads']}",)))
-    model = next(iter(models.values())).to(device)
-    acts = {f"act batch {batch}": policy(model, info, "stream", args.K, batch, {}, t=5) for batch in (1, 100)}
-    return timing.median_ms(acts, args.act_calls, 1)
 
 
 @dataclass
