@@ -27,14 +27,8 @@
 # size, and the same sweep with the steps, evaluations and model shrunk (the tests run it).
 set -uo pipefail
 
-if [ $# -ne 2 ]; then
-    echo "usage: $0 WHEELS_DIR OUT_DIR" >&2
-    exit 2
-fi
-WHEELS=$1
-OUT=$2
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/gpu_setup.sh"
+command_args "$@" || exit 2
 BUDGET_S=${GPU_COMPARISON_BUDGET_S:-540}
 REHEARSAL=${GPU_COMPARISON_REHEARSAL:-0}
 WORK=${GPU_COMPARISON_WORK:-$(mktemp -d)}
@@ -46,7 +40,6 @@ say() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 
 # -- 1. packages ---------------------------------------------------------------------------------------
-. "$ROOT/eval/gpu_packages.sh"
 install_missing "$WHEELS" || exit $?
 [ -n "$INSTALLED" ] && say "$INSTALLED"
 export PYTHONUNBUFFERED=1

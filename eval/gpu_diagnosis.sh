@@ -4,7 +4,7 @@
 #   eval/gpu_diagnosis.sh WHEELS_DIR OUT_DIR
 #
 # 1. installs what the machine lacks (gymnasium, mujoco, tyro, minari) from the wheels in WHEELS_DIR, without a
-#    network (eval/gpu_packages.sh, as eval/gpu_comparison.sh does);
+#    network (eval/gpu_setup.sh, as eval/gpu_comparison.sh does);
 # 2. runs python -m eval.bench.diagnose on the GPU: primal+dt at the paper's size on the bundled hopper-medium
 #    replica, one initialisation, 1000 batches drawn up front, dropout 0, in each arm (eager, compile, cudagraphs;
 #    fp32, bf16; cudagraphs bf16 without cuBLAS's reduced-precision reductions; aot_eager bf16), each against
@@ -16,17 +16,10 @@
 # and diagnosis.md. GPU_DIAGNOSIS_REHEARSAL=1 runs it on the CPU at the tiny size in a minute (the tests run it).
 set -uo pipefail
 
-if [ $# -ne 2 ]; then
-    echo "usage: $0 WHEELS_DIR OUT_DIR" >&2
-    exit 2
-fi
-WHEELS=$1
-OUT=$2
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/gpu_setup.sh"
+command_args "$@" || exit 2
 BUDGET_S=${GPU_DIAGNOSIS_BUDGET_S:-240}
 mkdir -p "$OUT" || exit 2
-. "$ROOT/eval/gpu_packages.sh"
 install_missing "$WHEELS" || exit $?
 [ -n "$INSTALLED" ] && echo "$INSTALLED"
 export PYTHONUNBUFFERED=1

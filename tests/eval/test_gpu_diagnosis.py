@@ -1,6 +1,6 @@
-"""eval/gpu_diagnosis.sh, the prepared GPU diagnosis (issue 49), rehearsed on the CPU; and the package step it
-shares with eval/gpu_comparison.sh (eval/gpu_packages.sh): a Python that lacks the packages, given no wheels, is
-one error line before any work."""
+"""eval/gpu_diagnosis.sh, the prepared GPU diagnosis (issue 49), rehearsed on the CPU; and the setup it shares with
+eval/gpu_comparison.sh (eval/gpu_setup.sh), in both: a wrong command line is the usage line, and a Python that lacks
+the packages, given no wheels, is one error line before any work."""
 
 import json
 import os
@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "eval" / "gpu_diagnosis.sh"
 
 
-def call(tmp_path, **env):
-    return subprocess.run(["bash", str(SCRIPT), str(tmp_path / "no-wheels"), str(tmp_path / "out")],
+def call(tmp_path, script="gpu_diagnosis.sh", **env):
+    return subprocess.run(["bash", str(ROOT / "eval" / script), str(tmp_path / "no-wheels"), str(tmp_path / "out")],
                           env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
 
 
@@ -32,10 +31,18 @@ def test_the_gpu_diagnosis_rehearses_on_the_cpu(tmp_path):
     assert p.stdout.startswith("== Training-step diagnosis on cpu") and "skipped: cudagraphs bf16" in p.stdout
 
 
-def test_a_python_without_the_packages_and_no_wheels_is_one_error_line(tmp_path, one_line_error):
+@pytest.mark.parametrize("script", ["gpu_diagnosis.sh", "gpu_comparison.sh"])
+def test_a_python_without_the_packages_and_no_wheels_is_one_error_line(script, tmp_path, one_line_error):
     bare = shutil.which("python3", path="/usr/bin:/bin")
     if bare is None or subprocess.run([bare, "-c", "import gymnasium"], capture_output=True).returncode == 0:
         pytest.skip("no Python without gymnasium here")
-    p = call(tmp_path, PYTHON=bare)
+    p = call(tmp_path, PYTHON=bare, script=script)
     one_line_error(p, "this Python lacks gymnasium", "holds no wheels", "docs/gpu.md")
-    assert not (tmp_path / "out" / "diagnosis.txt").exists()
+    assert [f.name for f in (tmp_path / "out").iterdir()] in ([], ["comparison.txt"])  # nothing run
+
+
+@pytest.mark.parametrize("script", ["gpu_diagnosis.sh", "gpu_comparison.sh"])
+def test_a_wrong_command_line_is_the_usage_line(script, tmp_path):
+    p = subprocess.run(["bash", str(ROOT / "eval" / script), str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("usage: ") and "WHEELS_DIR OUT_DIR" in p.stderr
+    assert list(tmp_path.iterdir()) == []

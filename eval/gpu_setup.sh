@@ -1,14 +1,29 @@
-# What the prepared GPU commands (eval/gpu_comparison.sh, eval/gpu_diagnosis.sh) share, sourced by them: a GPU
-# machine of the kind they were prepared for has PyTorch but lacks gymnasium, mujoco, tyro and minari, and has no
-# network, so what this Python lacks is installed from carried wheels (docs/gpu.md names them).
+# The setup the prepared GPU commands (eval/gpu_comparison.sh, eval/gpu_diagnosis.sh) share, sourced by them:
+# their command line, and the packages. A GPU machine of the kind they were prepared for has PyTorch but lacks
+# gymnasium, mujoco, tyro and minari, and has no network, so what this Python lacks is installed from carried wheels
+# (docs/gpu.md names them). A command begins
 #
-# The caller sets ROOT (the repository) and PY (the Python), then calls
+#   . "$(dirname "$0")/gpu_setup.sh"
+#   command_args "$@" || exit 2
+#   ...
+#   install_missing "$WHEELS" || exit $?
 #
-#   install_missing WHEELS_DIR || exit $?
-#
-# which puts ROOT on PYTHONPATH and, where modules are missing, installs every wheel of WHEELS_DIR without a network
-# into a folder (GPU_COMPARISON_SITE, default /tmp/primal-dt-site) put on PYTHONPATH too; INSTALLED then says what
-# (empty when nothing was missing). A failure is one `error:` line on stderr and status 2 (1: pip failed).
+# command_args takes WHEELS_DIR OUT_DIR and sets WHEELS, OUT, ROOT (the repository) and PY (the Python: PYTHON,
+# default python3); another count of arguments is the usage line. install_missing puts ROOT on PYTHONPATH and, where
+# modules are missing, installs every wheel of WHEELS_DIR without a network into a folder (GPU_COMPARISON_SITE,
+# default /tmp/primal-dt-site) put on PYTHONPATH too; INSTALLED then says what (empty when nothing was missing). A
+# failure is one `error:` line on stderr and status 2 (1: pip failed).
+
+command_args() {
+    if [ $# -ne 2 ]; then
+        echo "usage: $0 WHEELS_DIR OUT_DIR" >&2
+        return 2
+    fi
+    WHEELS=$1
+    OUT=$2
+    ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    PY=${PYTHON:-python3}
+}
 
 NEEDED="gymnasium mujoco tyro minari yaml h5py tensorboard tqdm matplotlib PIL torch"
 
