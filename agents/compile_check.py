@@ -89,8 +89,7 @@ def check(mode: str, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, 
           grad_clip: float, autocast: torch.dtype | None = None, first_step: int = 0, world: int = 1,
           backend: str = "inductor") -> Verdict:
     """The form ``mode``'s first ``len(batches)`` steps against the eager step's (module docstring), on copies of
-    ``model`` (a DecisionTransformer, rebuilt from its config with dropout 0) and ``opt``'s state, the learning
-    rates ``sched`` would set; nothing of the run is changed. Under DDP (``world`` > 1) every process checks on its
+    ``model`` (in eval mode: dropout off) and ``opt``'s state, at the learning rates ``sched`` would set; nothing of the run is changed. Under DDP (``world`` > 1) every process checks on its
     own batches and the form passes only where it passes in all."""
     t0 = time.perf_counter()
     device = next(model.parameters()).device
@@ -150,10 +149,9 @@ class _Rates:
 def _trajectory(mode, model, opt, rates, batches, eta, grad_clip, autocast, first_step, stepper_cls,
                 dtype: torch.dtype = torch.float32, backend: str = "inductor"):
     """(the parameters after each step, in float64; the first failed step or None) of ``mode`` on a copy."""
-    cfg = dataclasses.replace(model.cfg, dropout=0.0)
-    twin = type(model)(cfg)
-    twin.load_state_dict(model.state_dict())
-    twin = twin.to(next(model.parameters()).device, dtype).train()
+    # eval mode is dropout off (the package's layers change nothing else in it), and it changes no number the
+    # compiled graph reads, so the run's own compilation after the check's compiles the graph an unchecked run does
+    twin = copy.deepcopy(model).to(dtype).eval()
     params = list(twin.parameters())
     accepted = inspect.signature(type(opt)).parameters  # defaults may hold more than the constructor takes
     hyper = {k: v for k, v in opt.defaults.items() if k in accepted}
