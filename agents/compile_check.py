@@ -85,12 +85,14 @@ class Verdict:
         return (f"{head} departs from the eager step {where}: this run trains in the eager step instead (slower); "
                 f"compile_check=false trains in compile={self.mode} anyway (docs/gpu.md#the-compile-check)")
 
+
 def check(mode: str, model: torch.nn.Module, opt: torch.optim.Optimizer, sched, batches: Sequence[Batch], eta: float,
           grad_clip: float, autocast: torch.dtype | None = None, first_step: int = 0, world: int = 1,
           backend: str = "inductor") -> Verdict:
     """The form ``mode``'s first ``len(batches)`` steps against the eager step's (module docstring), on copies of
-    ``model`` (in eval mode: dropout off) and ``opt``'s state, at the learning rates ``sched`` would set; nothing of the run is changed. Under DDP (``world`` > 1) every process checks on its
-    own batches and the form passes only where it passes in all."""
+    ``model`` (in eval mode: dropout off) and ``opt``'s state, at the learning rates ``sched`` would set; nothing
+    of the run is changed. Under DDP (``world`` > 1) every process checks on its own batches and the form passes
+    only where it passes in all."""
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     rates = upcoming_rates(sched, len(batches))

@@ -122,8 +122,9 @@ def prepare(args: DiagnoseConfig) -> training.Run:
     size = SIZES[args.size]
     small = {"K": 5, "batch_size": 8} if args.size == "tiny" else {}
     argv = [f"env={args.env}", f"data_source={args.data_source}", "model=primal+dt", "model.dropout=0",
-            f"model.d_model={size['d_model']}", f"model.n_heads={size['n_heads']}", f"model.n_layers={size['n_layers']}",
-            f"model.s={size['s']}", f"seed={args.seed}", f"device={args.device}", f"threads={args.threads}",
+            f"model.d_model={size['d_model']}", f"model.n_heads={size['n_heads']}",
+            f"model.n_layers={size['n_layers']}", f"model.s={size['s']}", f"seed={args.seed}",
+            f"device={args.device}", f"threads={args.threads}",
             f"steps={args.steps}", f"warmup_steps={args.warmup}", "eval.every=0", "eval.final_episodes=0",
             "compile=eager", *(f"{k}={v}" for k, v in small.items())]
     return training.prepare(train_config.build(argv))
@@ -203,7 +204,7 @@ def departure(arm: Arm, res: dict, results: dict, dist: dict, yard: dict) -> tup
         return last + 1, f"applied {res['applied']} of {res['taken']} steps (first failed: {res['failed']})"
     if res["taken"] != parent["taken"]:  # a budget cut one short: their validations are not comparable
         return None
-    if res["val_mse"] > VAL_FACTOR * parent["val_mse"] or (math.isnan(res["val_mse"]) and not math.isnan(parent["val_mse"])):
+    if not res["val_mse"] <= VAL_FACTOR * parent["val_mse"] and not math.isnan(parent["val_mse"]):  # NaN departs
         return last + 2, f"validation MSE {res['val_mse']:.4g} against {arm.parent}'s {parent['val_mse']:.4g}"
     return None
 
