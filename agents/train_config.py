@@ -191,6 +191,10 @@ class TrainConfig(RunOptions):
     """the training step's form (same loss and gradients): auto (the measured fastest on the device: eager on a CPU,
     cudagraphs on one GPU, compile under DDP on GPUs) | eager (the reference) | compile (torch.compile, fused AdamW;
     compiles for a minute or more first) | cudagraphs (compile, then the whole step in one CUDA graph; CUDA only)"""
+    compile_check: bool = True
+    """before a compiled form (compile=compile or cudagraphs) trains, compare its first steps with the eager step's
+    on copies; where they differ beyond float rounding, say so and train in the eager step
+    (docs/gpu.md#the-compile-check; false: train in the compiled form unchecked)"""
     amp: Literal["off", "bf16", "auto"] = "off"
     """mixed precision of the training step: off (float32) | bf16 (the forward and loss autocast to bfloat16;
     weights, gradients and AdamW stay float32) | auto (the CPU recipe's: bf16 on a CPU with AVX512-BF16 or AMX,
@@ -201,7 +205,7 @@ class TrainConfig(RunOptions):
 
 
 RESUMABLE = {"steps", "eval", "checkpoint_every", "checkpoint_minutes", "log_every", "threads", "device", "progress",
-             "tensorboard", "resume", "print_config", "compile"}
+             "tensorboard", "resume", "print_config", "compile", "compile_check"}
 """what a resumed run may change (everything else comes from the checkpoint)"""
 
 

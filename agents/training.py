@@ -33,7 +33,7 @@ from primal_dt.run.interrupts import Interrupts
 from primal_dt.run.errors import SetupError, WriteError
 from agents.train_config import Built, TrainConfig, model_label
 
-from . import dt_checkpoint, stream_training, train_step as steps
+from . import compile_check, dt_checkpoint, stream_training, train_step as steps
 from .decision_transformer import Batch, DecisionTransformer, DTConfig
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
 
@@ -246,8 +246,15 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     clock = Clock(run)
     saved_at = run.step if (run.out / dt_checkpoint.FILENAME).exists() else -1
     interrupts = Interrupts()
+    autocast = torch.bfloat16 if cfg.amp == "bf16" else None
+    if run.compile != "eager" and cfg.compile_check:  # a wrong compiled step is not trained in
+        verdict = compile_check.check(run.compile, run.model, run.opt, run.sched,
+                                      upcoming_batches(run, compile_check.STEPS), cfg.eta, cfg.grad_clip, autocast,
+                                      run.step, d.world)
+        mon.print(verdict.line())
+        run.compile = run.compile if verdict.ok else "eager"
     stepper = steps.Stepper(run.compile, net, list(run.model.parameters()), run.opt, run.sched, cfg.eta, cfg.grad_clip,
-                            d.world, run.step, autocast=torch.bfloat16 if cfg.amp == "bf16" else None)
+                            d.world, run.step, autocast=autocast)
     loss = None
 
     def settle() -> None:
@@ -352,6 +359,15 @@ def next_batch(run: Run) -> tuple[Batch, int]:
     if run.exact_from is not None:
         batch = stream_training.stream_exact_batch(batch, run.exact_from)
     return batch, int(mask.sum())
+
+
+def upcoming_batches(run: Run, n: int) -> list[Batch]:
+    """The next ``n`` batches the run will train on, its sampler's stream put back (the compile check's data)."""
+    state = run.sampler.state_dict()
+    try:
+        return [next_batch(run)[0] for _ in range(n)]
+    finally:
+        run.sampler.load_state_dict(state)
 
 
 def _due(step: int, every: int) -> bool:

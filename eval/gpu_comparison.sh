@@ -27,14 +27,8 @@
 # size, and the same sweep with the steps, evaluations and model shrunk (the tests run it).
 set -uo pipefail
 
-if [ $# -ne 2 ]; then
-    echo "usage: $0 WHEELS_DIR OUT_DIR" >&2
-    exit 2
-fi
-WHEELS=$1
-OUT=$2
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PY=${PYTHON:-python3}
+. "$(dirname "$0")/gpu_setup.sh"
+command_args "$@" || exit 2
 BUDGET_S=${GPU_COMPARISON_BUDGET_S:-540}
 REHEARSAL=${GPU_COMPARISON_REHEARSAL:-0}
 WORK=${GPU_COMPARISON_WORK:-$(mktemp -d)}
@@ -46,30 +40,8 @@ say() { echo "$*" | tee -a "$SUMMARY"; }
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 
 # -- 1. packages ---------------------------------------------------------------------------------------
-NEEDED="gymnasium mujoco tyro minari yaml h5py tensorboard tqdm matplotlib PIL torch"
-missing() {
-    "$PY" -c "import importlib.util as u, sys; print(' '.join(m for m in sys.argv[1:] if u.find_spec(m) is None))" $NEEDED
-}
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-lacking=$(missing)
-if [ -n "$lacking" ]; then
-    SITE=${GPU_COMPARISON_SITE:-/tmp/primal-dt-site}
-    shopt -s nullglob
-    wheels=("$WHEELS"/*.whl)
-    if [ ${#wheels[@]} -eq 0 ]; then
-        echo "error: this Python lacks $lacking and $WHEELS holds no wheels; see docs/gpu.md for the pip download command" >&2
-        exit 2
-    fi
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "${wheels[@]}" \
-        || { echo "error: installing the wheels of $WHEELS into $SITE failed (above)" >&2; exit 1; }
-    export PYTHONPATH="$ROOT:$SITE${PYTHONPATH#$ROOT}"
-    still=$(missing)
-    if [ -n "$still" ]; then
-        echo "error: still missing after installing $WHEELS: $still (add their wheels; docs/gpu.md lists them)" >&2
-        exit 2
-    fi
-    say "installed from $WHEELS: $lacking"
-fi
+install_missing "$WHEELS" || exit $?
+[ -n "$INSTALLED" ] && say "$INSTALLED"
 export PYTHONUNBUFFERED=1
 
 if [ "$REHEARSAL" = 1 ]; then
