@@ -19,7 +19,7 @@ from agents import dt_checkpoint as schema
 from agents.dt_checkpoint import TrainingState
 from primal_dt.run import checkpoint as ck_io
 
-BOUND_S = 120
+BOUND_S = 300
 """what a refusal may take in a fresh process on a loaded 2-core machine (imports included): a bound, not a speed"""
 
 
