@@ -181,6 +181,10 @@ class DTCheckpoint:
                    ema=ema, origin=where)
 
 
+DAMAGED = "the file is damaged or was altered: resume from another checkpoint or start a new run"
+"""what a checkpoint of the right kind and schema holding a malformed field is"""
+
+
 class _Fields:
     """A file read without running code may still hold strings where numbers belong, or sizes no machine
     can allocate."""
@@ -190,8 +194,7 @@ class _Fields:
 
     def bad(self, field_: str, want: str, got) -> ValueError:
         shown = f"a tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else repr(got)[:60]
-        return ValueError(f"{self.where}: {field_} must be {want}, got {shown}; the file is damaged or was not "
-                          "written by primal_dt.train")
+        return ValueError(f"{self.where}: {field_} must be {want}, got {shown}; {DAMAGED}")
 
     def text(self, v, field_: str, none: bool = False, empty: bool = False):
         if v is None and (none or empty):
@@ -271,21 +274,44 @@ class _Fields:
         return mc
 
     def weights(self, v, mc: DTConfig, field_: str = "model") -> None:
-        """A config asking for a network larger than the file's weights is refused before allocating it."""
+        """Every tensor the network ``mc`` keeps, of its dtype and shape, checked before anything is allocated:
+        the network is built on the meta device (shapes only), so a config asking for a network larger than the
+        file's weights, or a crafted tensor viewing a few bytes as terabytes, is refused by name."""
         if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()):
             raise self.bad(field_, "a state_dict (parameter name -> tensor)", v)
-        # training never takes a step that diverged, so NaN or inf in a weight is damage (it would act NaN)
-        bad = next((k for k, t in v.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())), None)
-        if bad is not None:
-            raise ValueError(f"{self.where}: {'ema ' * (field_ == 'ema')}weight {bad} holds NaN or inf values, which training never saves; the "
-                             "file is damaged: use another checkpoint")
+        # even on the meta device, building a million layers takes minutes: first the sizes, against what the file
+        # holds (the bytes of its storages: a stride-0 view counts for what it holds, not what it claims)
         layers = len(mc.layer_names()) or mc.n_layers
         want = layers * mc.d_model ** 2 * (4 + 2 * mc.mlp_ratio) + mc.max_timestep * mc.d_model
-        held = sum(t.numel() for t in v.values())
+        held = sum(min(t.numel(), t.untyped_storage().nbytes() // t.element_size()) for t in v.values()
+                   if t.layout == torch.strided)
         if want > 2 * held + 100_000:
             raise ValueError(f"{self.where}: model_config (d_model {mc.d_model}, {layers} layers, max_timestep "
                              f"{mc.max_timestep}) describes a network of about {want:.3g} parameters, but the file "
-                             f"holds {held:,} weights; the file is damaged or was not written by primal_dt.train")
+                             f"holds {held:,} weights; {DAMAGED}")
+        try:
+            with torch.device("meta"):
+                expected = DecisionTransformer(mc).state_dict()
+        except ValueError as err:  # a layer's own checks (s beyond d_model)
+            raise ValueError(f"{self.where}: its model_config does not build a network ({err})") from err
+        ck_io.check_state_dict(v, expected, self.where, field_)
+        self.shapes = {tuple(t.shape) for t in expected.values()}
+
+    def optimizer_values(self, opt: dict) -> None:
+        """The optimizer's hyper-parameters finite (a NaN lr diverges at the first step resumed) and its state
+        tensors shaped like weights, dense and finite, before ``load_state_dict`` casts (allocates) them."""
+        for i, g in enumerate(opt["param_groups"]):
+            for k, x in g.items():
+                if k != "params" and any(presets.fits(y, float) and not (math.isfinite(y) and abs(y) <= MAX_MAGNITUDE)
+                                         for y in (x if isinstance(x, (list, tuple)) else (x,))):
+                    raise self.bad(f"optimizer.param_groups[{i}].{k}", f"finite, at most {MAX_MAGNITUDE:g} in size", x)
+        for i, st in opt["state"].items():
+            for k, t in (st.items() if isinstance(st, dict) else ()):
+                if isinstance(t, torch.Tensor) and not (
+                        ck_io.holds_its_elements(t) and t.is_floating_point()
+                        and (t.numel() == 1 or tuple(t.shape) in self.shapes) and bool(torch.isfinite(t).all())):
+                    raise self.bad(f"optimizer.state[{i}].{k}", "a dense tensor of finite numbers shaped like a weight",
+                                   t)
 
     def training(self, d: dict) -> TrainingState | None:
         """All of a resume's state or none (an inference-only file)."""
@@ -300,11 +326,20 @@ class _Fields:
         if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
                 and opt["param_groups"] and all(isinstance(g, dict) and isinstance(g.get("params"), list)
                                                 for g in opt["param_groups"])):
+            lacks = [k for k in ("state", "param_groups") if isinstance(opt, dict) and k not in opt]
+            if lacks:
+                raise ValueError(f"{self.where}: optimizer lacks {' and '.join(lacks)} (an optimizer state_dict holds "
+                                 f"state and param_groups); {DAMAGED}")
             raise self.bad("optimizer", "an optimizer state_dict (state, param_groups)", opt)
+        self.optimizer_values(opt)
         if not (isinstance(sched, dict) and _integer(sched.get("last_epoch"), -1)):
             raise self.bad("scheduler", "a scheduler state_dict (with last_epoch)", sched)
-        if not (isinstance(rng, list) and rng and all(_rng_state(r) for r in rng)):
+        if not (isinstance(rng, list) and rng):
             raise self.bad("rng", "a list of random-stream states (torch, numpy, sampler) per process", rng)
+        fault = next(((i, f) for i, r in enumerate(rng) if (f := _rng_fault(r))), None)
+        if fault is not None:
+            raise ValueError(f"{self.where}: rng[{fault[0]}] (process {fault[0]}'s random streams): {fault[1]}; "
+                             f"{DAMAGED}")
         if not (_integer(step, 0) and step <= MAX_MAGNITUDE):
             raise self.bad("step", f"an integer >= 0 and at most {MAX_MAGNITUDE:g}", step)
         history = d.get("history", {})
@@ -324,14 +359,32 @@ def _curve(c) -> bool:
         isinstance(p, (list, tuple)) and len(p) == 2 and _integer(p[0], 0) and presets.fits(p[1], float) for p in c)
 
 
-def _rng_state(r) -> bool:
-    """One process's random streams as ``agents.training`` saves them (torch's, numpy's, the sampler's)."""
-    n = r.get("numpy") if isinstance(r, dict) else None
-    return (isinstance(r, dict) and isinstance(r.get("torch"), torch.Tensor) and r["torch"].dtype == torch.uint8
-            and isinstance(r.get("sampler"), dict) and isinstance(n, dict) and isinstance(n.get("name"), str)
-            and isinstance(n.get("keys"), torch.Tensor) and n["keys"].shape == (624,)
-            and all(_integer(n.get(k), 0) for k in ("pos", "has_gauss"))
-            and isinstance(n.get("cached_gaussian"), (int, float)))
+def _rng_fault(r) -> str | None:
+    """What is wrong with one process's random streams as ``agents.training`` saves them (torch's, numpy's, the
+    sampler's), or None."""
+    if not isinstance(r, dict):
+        return "is not a mapping of random streams"
+    if not (isinstance(r.get("torch"), torch.Tensor) and r["torch"].dtype == torch.uint8):
+        return "torch is not torch's random state (a uint8 tensor)"
+    n = r.get("numpy")
+    if not (isinstance(n, dict) and isinstance(n.get("name"), str) and isinstance(n.get("keys"), torch.Tensor)
+            and n["keys"].shape == (624,) and _integer(n.get("pos"), 0) and n["pos"] <= 624
+            and n.get("has_gauss") in (0, 1) and isinstance(n.get("cached_gaussian"), (int, float))):
+        return "numpy is not numpy's random state (name, 624 keys, pos <= 624, has_gauss, cached_gaussian)"
+    if not isinstance(r.get("sampler"), dict) or not _sampler_state(r["sampler"]):
+        return ("sampler is not the sampler's generator state (PCG64: state and inc below 2**128, has_uint32 0 or 1, "
+                "uinteger below 2**32)")
+    return None
+
+
+def _sampler_state(s: dict) -> bool:
+    """The sampler's numpy bit generator (PCG64: 128-bit state and increment, a cached 32-bit word), each number
+    in its range: numpy takes a larger one only to raise OverflowError."""
+    g = s.get("bit_generator")
+    st = g.get("state") if isinstance(g, dict) else None
+    return (isinstance(g, dict) and isinstance(g.get("bit_generator"), str) and isinstance(st, dict)
+            and all(_integer(st.get(k), 0) and st[k] < 2 ** 128 for k in ("state", "inc"))
+            and g.get("has_uint32") in (0, 1) and _integer(g.get("uinteger"), 0) and g["uinteger"] < 2 ** 32)
 
 
 def numpy_state() -> dict:

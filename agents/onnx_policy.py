@@ -38,6 +38,9 @@ DISABLED_FUSIONS = ["SkipLayerNormFusion"]
 """onnxruntime fusions turned off: its CPU SkipLayerNormalization (a residual Add fused into the LayerNorm
 after it) is slower than the two operators at a stream step's few tokens per row (eval/bench/inference.py)"""
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+MAX_ROW_VALUES = 2**24
+"""values one row of observations, actions or recurrent state may hold: far above any simulator's (MuJoCo's
+largest observes a few hundred) and a model's state, far below what a crafted ``obs_dim`` asks a reset to allocate"""
 """a target beyond it is inf once in the float32 the graphs compute in (actions NaN at the first step)"""
 _ONNX_TYPES = {"float32": "tensor(float)", "float64": "tensor(double)", "int64": "tensor(int64)", "bool": "tensor(bool)"}
 
@@ -88,6 +91,9 @@ def check_metadata(meta: dict, where: str) -> None:
     for field, (ok, want) in fields.items():
         if not ok(meta.get(field)):
             raise bad(field, want, meta.get(field))
+    for field in ("obs_dim", "act_dim"):  # allocated at every reset, per row
+        if meta[field] > MAX_ROW_VALUES:
+            raise bad(field, f"at most {MAX_ROW_VALUES} (values per row)", meta[field])
     state = meta.get("state")
     if not isinstance(state, list):
         raise bad("state", "a list of state tensors {name, shape, dtype}", state)
@@ -101,6 +107,8 @@ def check_metadata(meta: dict, where: str) -> None:
         shape = spec.get("shape")
         if not (isinstance(shape, list) and shape and all(integer(d, 0) for d in shape[1:])):
             raise bad(f"state[{i}].shape", "a list [batch, sizes >= 0 ...]", shape)
+        if math.prod(shape[1:]) > MAX_ROW_VALUES:
+            raise bad(f"state[{i}].shape", f"of at most {MAX_ROW_VALUES} values per row", shape)
         if spec.get("dtype") not in _DTYPES:
             raise bad(f"state[{i}].dtype", f"one of {', '.join(_DTYPES)}", spec.get("dtype"))
 

@@ -159,9 +159,13 @@ def train_behavior(workdir: str | Path, cfg: BehaviorConfig, progress: bool = Tr
 def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
     from stable_baselines3 import SAC
     from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.logger import Logger
 
     ckpts = list_checkpoints(workdir)
     model = SAC("MlpPolicy", make_sim(cfg.env_id), buffer_size=cfg.total_steps, seed=cfg.seed, device="cpu", verbose=0)
+    # SB3's default logger (verbose=0, no tensorboard_log) makes an empty folder in /tmp at every learn(): ours
+    # writes nowhere; the progress and evaluations go to the bar and evals.json
+    model.set_logger(Logger(folder=None, output_formats=[]))
     step0 = 0
     if ckpts:
         step0, path = ckpts[-1]

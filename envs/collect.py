@@ -202,6 +202,10 @@ def _load_shard(path: Path) -> list[dict]:
         raise ValueError(f"rollout shard {path} is damaged: its {n} episode lengths (total {steps}) do not match "
                          f"its arrays ({', '.join(f'{k} {len(v)}' for k, v in arrays.items())}); delete it to "
                          "collect it again")
+    bad = next((k for k in ("observations", "actions", "rewards") if not np.isfinite(arrays[k]).all()), None)
+    if bad is not None:  # found here, not when training refuses the dataset made of it
+        raise ValueError(f"rollout shard {path} holds NaN or inf in its {bad}, which no simulator step gives; the file "
+                         "is damaged: delete it to collect it again")
     parts = {k: np.split(v, np.cumsum(lengths + (k == "observations"))[:-1]) for k, v in arrays.items()}
     return [{**{k: v[e] for k, v in parts.items()}, "seed": seed} for e, seed in enumerate(seeds.tolist())]
 
@@ -268,6 +272,8 @@ def check(cfg: CollectConfig) -> None:
     need(cfg.env in FAMILIES, f"env must be one of {sorted(FAMILIES)}, got {cfg.env!r}")
     need(cfg.out is None or bool(cfg.out.strip()), "out= is empty: give the directory to write the dataset into "
          "(leave out= out for the default data folder)")
+    need(cfg.workdir is None or bool(cfg.workdir.strip()), "workdir= is empty: give the SAC run directory (leave "
+         "workdir= out for runs/behavior/<GymId>-seed<seed>)")
     finite = lambda x: isinstance(x, (int, float)) and math.isfinite(x)  # noqa: E731
     for key, low in (("train_steps", 1), ("checkpoint_every", 1), ("steps", 1), ("num_envs", 1), ("threads", 1),
                      ("seed", 0), ("rollout_seed", 0), ("medium_step", 0), ("expert_step", 0)):

@@ -211,6 +211,12 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
                            "Delete it and download or regenerate it.")
     if lens["rewards"] == 0:
         raise DatasetError(f"{path}: the dataset is empty (0 steps)")
+    collected = provenance.get("collector") == "envs.collect"
+    if collected and "timeouts" not in data:
+        raise DatasetError(
+            f"{path}: its provenance (attribute {PROVENANCE_ATTR}) says envs.collect made it, which always writes "
+            "'timeouts', but the file has none: it was altered after it was written, and its episode ends cannot be "
+            "trusted (lost ends would join episodes). Regenerate it with python -m envs.collect")
     if "timeouts" not in data:
         data["timeouts"] = _cut_at_limit(data["terminals"], path, gym_id, max_episode_steps, verbose)
     if recorded is not None and gym_id:
@@ -224,8 +230,24 @@ def read_d4rl(path: str | Path, name: str | None = None, gym_id: str | None = No
             gym_id = env_id  # a file made by envs.collect says which simulator version it used
     starts, lengths, terminal, keep = split_on_ends(data["terminals"], data["timeouts"], path, max_episode_steps,
                                                     name or gym_id or "the task")
+    if collected:
+        _check_promise(provenance, len(lengths), lens["rewards"], path)
     return Trajectories(data["observations"][:keep], data["actions"][:keep], data["rewards"][:keep], starts, lengths,
                         terminal, name=name, gym_id=gym_id, source=f"d4rl:{path}", metadata=provenance)
+
+
+def _check_promise(provenance: dict, episodes: int, steps: int, path: Path) -> None:
+    """A collector-made file counts its episodes and steps in its provenance: flags zeroed or added since (one
+    surviving terminal joining the rest) make other counts, so the file is refused."""
+    promised = {k: provenance.get(k) for k in ("episodes", "steps")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in promised.values()):
+        raise DatasetError(f"{path}: its provenance (attribute {PROVENANCE_ATTR}) says envs.collect made it but does "
+                           f"not count its episodes and steps ({promised}); regenerate it with python -m envs.collect")
+    if (episodes, steps) != (promised["episodes"], promised["steps"]):
+        raise DatasetError(
+            f"{path}: its provenance (attribute {PROVENANCE_ATTR}) promises {promised['episodes']:,} episodes in "
+            f"{promised['steps']:,} steps, but its terminals and timeouts make {episodes:,} episodes in {steps:,} steps: "
+            "its episode-end flags were altered after envs.collect wrote it. Regenerate it with python -m envs.collect")
 
 
 def _cut_at_limit(terminals: np.ndarray, where: str, gym_id: str | None, limit: int, verbose: bool) -> np.ndarray:

@@ -19,7 +19,7 @@ import stat
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -173,7 +173,7 @@ def run_directory(out: Path, resumed: bool, kept: Callable[[], str], command: st
         lock.release(out)
 
 
-UNFIT = (KeyError, TypeError, ValueError, RuntimeError, IndexError)
+UNFIT = (KeyError, TypeError, ValueError, RuntimeError, IndexError, OverflowError)
 """what loading a training state into a model and optimizer raises when it does not fit them"""
 
 
@@ -182,6 +182,66 @@ def unfit(where: str, err: Exception) -> errors.SetupError:
     return errors.SetupError(f"{where}: its training state does not fit the run it describes ({type(err).__name__}: "
                              f"{str(err).splitlines()[0][:200]}); the file is damaged: resume from another "
                              "checkpoint or start a new run")
+
+
+WEIGHT_LIMIT = 1e6
+"""the largest weight a checkpoint may hold: AdamW moves a weight by a few ``lr`` per step at most, so training
+never comes near it, while a weight near float32's limit (3.4e38) makes a first matmul overflow to inf"""
+
+
+def check_state_dict(state, expected: Mapping[str, torch.Tensor], where: str, field: str = "model") -> None:
+    """Refuse a state_dict (``field`` of the checkpoint ``where``) that is not, tensor for tensor, what the
+    network it describes keeps: ``expected`` is that network's own ``state_dict()``, built on the meta device, so
+    names, dtypes and shapes are known without allocating anything. Each tensor's storage must hold its elements
+    (a 2-element storage viewed with stride 0 as a 10^12-row matrix loads in microseconds and makes the first
+    reader that touches it ask for terabytes); only then are its values read: finite and at most
+    ``WEIGHT_LIMIT`` in size (a 1e38 weight is finite, yet every action it computes is inf). Any field holding
+    a state_dict (the weights, an average of them) is checked here, naming ``field``."""
+    if not (isinstance(state, dict) and all(isinstance(k, str) and isinstance(t, torch.Tensor)
+                                            for k, t in state.items())):
+        shown = f"a {type(state).__name__}" if not isinstance(state, dict) else "a dict holding other things"
+        raise ValueError(f"{where}: {field} must be a state_dict (parameter name -> tensor), got {shown}; the file is "
+                         "damaged: use another checkpoint")
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    if missing or unexpected:
+        parts = ([f"lacks weight{'s' * (len(missing) > 1)} {_few(missing)}"] if missing else []) + (
+            [f"holds weight{'s' * (len(unexpected) > 1)} {_few(unexpected)} that its network has not"]
+            if unexpected else [])
+        raise ValueError(f"{where}: its weights do not fit its model_config: {field} {' and '.join(parts)}; the file "
+                         "is damaged or was altered: use another checkpoint")
+    for name, want in expected.items():
+        t = state[name]
+        if t.layout != torch.strided or t.dtype != want.dtype:
+            got = t.dtype if t.layout == torch.strided else t.layout
+            raise ValueError(f"{where}: weight {name} ({field}) is {got}, but its network keeps {want.dtype}; the "
+                             "file is damaged or was altered (its actions would change): use another checkpoint")
+        if t.shape != want.shape:
+            raise ValueError(f"{where}: its weights do not fit its model_config: the file holds weight {name} "
+                             f"({field}) of shape {tuple(t.shape)}, its model_config makes {tuple(want.shape)}; "
+                             "the file is damaged or was altered: use another checkpoint")
+        if not holds_its_elements(t):
+            raise ValueError(f"{where}: weight {name} ({field}) of shape {tuple(t.shape)} is a view of "
+                             f"{t.untyped_storage().nbytes()} bytes of storage repeating its values, which no "
+                             "torch.save of a network writes; the file was crafted: delete it")
+    for name, t in state.items():  # the shapes are the network's own now: reading the values is bounded
+        if t.is_floating_point() and not bool((t.abs() <= WEIGHT_LIMIT).all()):
+            if not bool(torch.isfinite(t).all()):  # training never takes a step that diverged
+                raise ValueError(f"{where}: weight {name} holds NaN or inf values ({field}), which training never "
+                                 "saves; the file is damaged: use another checkpoint")
+            raise ValueError(f"{where}: weight {name} ({field}) holds values up to {float(t.abs().max()):.3g} in size, "
+                             f"beyond {WEIGHT_LIMIT:g}, which training never reaches (its actions would overflow); "
+                             "the file is damaged or was altered: use another checkpoint")
+
+
+def holds_its_elements(t: torch.Tensor) -> bool:
+    """Whether ``t``'s storage holds as many bytes as its elements: a view repeating a few values (stride 0) does
+    not, and anything computed from it is allocated at its full, perhaps impossible, size."""
+    return t.layout == torch.strided and t.untyped_storage().nbytes() >= t.numel() * t.element_size()
+
+
+def _few(names: list[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f" (and {len(names) - n} more)" if len(names) > n else "")
 
 
 def load(path: str | Path, expect_kind: str | None = None, keys: tuple[str, ...] = ("model", "config")) -> dict:
@@ -201,8 +261,11 @@ def load(path: str | Path, expect_kind: str | None = None, keys: tuple[str, ...]
     except Exception as err:  # torch raises many kinds for a corrupt file
         raise ValueError(f"checkpoint {path} could not be read ({type(err).__name__}: {err}); "
                          "it may be truncated or not a primal-dt checkpoint") from err
-    if not isinstance(ckpt, dict) or not all(k in ckpt for k in keys):
+    if not isinstance(ckpt, dict) or not any(k in ckpt for k in (*keys, "kind")):
         raise ValueError(f"{path} is not a primal-dt checkpoint (expected a dict with {' and '.join(map(repr, keys))})")
+    if lacks := [k for k in keys if k not in ckpt]:  # the rest is a checkpoint's: this file lost a part
+        raise ValueError(f"checkpoint {path} lacks {' and '.join(map(repr, lacks))}: the file is damaged or was "
+                         "altered: use another checkpoint")
     if expect_kind is not None and ckpt.get("kind") != expect_kind:
         raise ValueError(f"checkpoint {path} holds a {ckpt.get('kind')!r} model, expected {expect_kind!r}")
     return ckpt

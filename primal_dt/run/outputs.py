@@ -48,7 +48,7 @@ def create_file(path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except FileExistsError as err:  # a file where the directory should be: not "the name is taken"
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from err
-    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))  # the umask decides, as for every file written
 
 
 @contextmanager
