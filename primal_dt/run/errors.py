@@ -101,8 +101,8 @@ def name_too_long(value: str) -> bool:
 
 
 def _short(text: str) -> str:
-    """``text``, its middle elided past 80 characters (a 300-byte name would fill the error line)."""
-    return text if len(text) <= 80 else f"{text[:40]}...({len(text)} characters)...{text[-20:]}"
+    """``text``, its middle elided past 200 characters (a 300-byte name would fill the error line)."""
+    return text if len(text) <= 200 else f"{text[:60]}...({len(text)} characters)...{text[-40:]}"
 
 
 def did_you_mean(word: str, choices, n: int = 3, cutoff: float = 0.6) -> str:
