@@ -231,7 +231,8 @@ def run(argv: list[str]) -> dict:
               f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores} cores); out {out}",
               flush=True)
         logs = out / "sweep-logs"
-        for path in [*(log_of(logs, j) for j in jobs if j.action != "skip"), *([] if sweep.report else [out / "report"])]:
+        written = [log_of(logs, j) for j in jobs if j.action != "skip"] + ([] if sweep.report else [out / "report"])
+        for path in written:
             outputs.no_links(out, path, WHO)  # before any run starts
         failed = execute(jobs, parallel, threads, logs, held)
         _, jobs = plan(argv)  # where each run now lives (new runs named their directories themselves)

@@ -42,7 +42,7 @@ FAST = 10.0
 # -- the entry points, as processes ------------------------------------------------------------------------------
 @dataclass
 class Ended:
-    rc: int
+    returncode: int
     seconds: float
     cpu_seconds: float
     stdout: str
@@ -95,17 +95,16 @@ def entries():
         e.close()
 
 
-def refused(ended: Ended, *fragments, status: int = 2, within: float = FAST) -> str:
-    """The command ended with ``status``, one ``error:`` line holding every fragment, no traceback, within
-    ``within`` processor seconds."""
-    assert ended.rc == status, (ended.rc, ended.stderr[-3000:])
-    assert "Traceback" not in ended.stderr, ended.stderr[-3000:]
-    lines = [x for x in ended.stderr.splitlines() if x.startswith("error:")]
-    assert len(lines) == 1, ended.stderr[-3000:]
-    for f in fragments:
-        assert str(f) in lines[0], (f, lines[0])
-    assert ended.cpu_seconds < within, f"took {ended.cpu_seconds:.1f} s of processor time: {lines[0]}"
-    return lines[0]
+@pytest.fixture(scope="module")
+def refused(one_line_error):
+    """refused(ended, *fragments, status=2, within=FAST) -> the line: ``one_line_error``'s checks (the status,
+    one ``error:`` line holding every fragment, no traceback), and within ``within`` processor seconds."""
+    def check(ended: Ended, *fragments, status: int = 2, within: float = FAST) -> str:
+        line = one_line_error(ended, *fragments, status=status)
+        assert ended.cpu_seconds < within, f"took {ended.cpu_seconds:.1f} s of processor time: {line}"
+        return line
+
+    return check
 
 
 def tree(root: Path, leave_out: Path | None = None) -> dict:
@@ -194,7 +193,7 @@ def test_no_module_of_the_package_reads_json_but_the_bounded_reader():
     assert sorted(set(readers)) == ["agents/onnx_policy.py", "primal_dt/run/json_reader.py"], readers
 
 
-def test_a_minari_metadata_of_escaped_quotes_ends_training_at_once(entries, tmp_path):
+def test_a_minari_metadata_of_escaped_quotes_ends_training_at_once(refused, entries, tmp_path):
     """128 KiB of them hung training for 100 s."""
     data = tmp_path / "minari" / "mujoco" / "hopper" / "medium-v0" / "data"
     data.mkdir(parents=True)
@@ -206,7 +205,7 @@ def test_a_minari_metadata_of_escaped_quotes_ends_training_at_once(entries, tmp_
     assert not (tmp_path / "out").exists()
 
 
-def test_a_d4rl_provenance_of_escaped_quotes_is_refused_at_once(entries, tmp_path, hopper_file):
+def test_a_d4rl_provenance_of_escaped_quotes_is_refused_at_once(refused, entries, tmp_path, hopper_file):
     data = tmp_path / "hopper.hdf5"
     data.write_bytes(hopper_file.read_bytes())
     with h5py.File(data, "a") as f:
@@ -218,7 +217,7 @@ def test_a_d4rl_provenance_of_escaped_quotes_is_refused_at_once(entries, tmp_pat
 
 
 @pytest.mark.parametrize("name", ["meta.json", "evals.json"])
-def test_a_collectors_work_file_of_escaped_quotes_is_refused_at_once(entries, tmp_path, name):
+def test_a_collectors_work_file_of_escaped_quotes_is_refused_at_once(refused, entries, tmp_path, name):
     work = tmp_path / "work"
     work.mkdir()
     (work / name).write_text('"' + QUOTES * (128 * 1024))
@@ -227,7 +226,7 @@ def test_a_collectors_work_file_of_escaped_quotes_is_refused_at_once(entries, tm
     refused(ended, f"{work / name} is not valid JSON")
 
 
-def test_a_runs_json_of_escaped_quotes_is_refused_at_once(entries, tmp_path):
+def test_a_runs_json_of_escaped_quotes_is_refused_at_once(refused, entries, tmp_path):
     runs = tmp_path / "old" / "runs.json"
     runs.parent.mkdir()
     runs.write_text('{"format": "' + QUOTES * (128 * 1024))
@@ -236,7 +235,7 @@ def test_a_runs_json_of_escaped_quotes_is_refused_at_once(entries, tmp_path):
     refused(ended, f"{runs} is not valid JSON")
 
 
-def test_a_summary_of_escaped_quotes_leaves_its_run_out_of_the_report_at_once(entries, tmp_path, tiny_dt,
+def test_a_summary_of_escaped_quotes_leaves_its_run_out_of_the_report_at_once(refused, entries, tmp_path, tiny_dt,
                                                                                dt_checkpoint_file):
     run = tmp_path / "runs" / "hopper-medium" / "primal+dt" / "20260101-000000-seed0"
     dt_checkpoint_file(run, tiny_dt("primal+dt", K=5))
@@ -266,7 +265,7 @@ def victim_run(tmp_path) -> Path:
 @pytest.mark.parametrize("planted", ["sweep-logs/hopper-medium-dt-seed0.log", "sweep-logs",
                                      "hopper-medium/dt/20200101-000000-seed0", "hopper-medium/dt", "hopper-medium",
                                      "report"])
-def test_a_link_planted_in_a_sweeps_out_is_refused_before_any_run(entries, tmp_path, hopper_file, planted):
+def test_a_link_planted_in_a_sweeps_out_is_refused_before_any_run(refused, entries, tmp_path, hopper_file, planted):
     out = tmp_path / "sweep"
     victim = victim_run(tmp_path)
     link = out / planted
@@ -278,7 +277,7 @@ def test_a_link_planted_in_a_sweeps_out_is_refused_before_any_run(entries, tmp_p
     assert not [d for d in out.rglob("*-seed0") if not d.is_symlink()] and "[sweep] start" not in ended.stdout
 
 
-def test_a_hard_linked_log_in_a_sweeps_out_is_refused(entries, tmp_path, hopper_file):
+def test_a_hard_linked_log_in_a_sweeps_out_is_refused(refused, entries, tmp_path, hopper_file):
     out = tmp_path / "sweep"
     victim = victim_run(tmp_path) / "victim.log"
     (out / "sweep-logs").mkdir(parents=True)
@@ -296,7 +295,7 @@ def test_a_sweep_still_writes_through_its_own_out_given_as_a_link(entries, tmp_p
     real.mkdir()
     (tmp_path / "out").symlink_to(real)
     ended = sweep(entries, hopper_file, tmp_path / "out", "steps=2")
-    assert ended.rc == 0, ended.stderr[-3000:]
+    assert ended.returncode == 0, ended.stderr[-3000:]
     assert list(real.glob("hopper-medium/dt/*-seed0/last.pt")) and list(real.glob("sweep-logs/*.log"))
     assert (real / "report" / "scores.md").exists()
 
@@ -327,30 +326,30 @@ def held_while(entries, first: list, second: list, report: Path) -> tuple[Ended,
     return entries.wait(started), late
 
 
-def test_a_second_rollout_to_the_out_another_is_writing_is_refused(entries, tmp_path, run_dir):
+def test_a_second_rollout_to_the_out_another_is_writing_is_refused(refused, entries, tmp_path, run_dir):
     report = tmp_path / "rollout.json"
     common = [f"checkpoint={run_dir}", f"out={report}", *ROLLOUT]
     with Outside(tmp_path, report):
         first, second = held_while(entries, [*common, "episodes=1000000"], common, report)
     refused(second, f"out={report} is being written by another process now")
-    assert first.rc == 130 and "interrupted: no report written" in first.stdout
+    assert first.returncode == 130 and "interrupted: no report written" in first.stdout
     assert not report.exists()  # the claim of the interrupted rollout is not left behind, empty
     done = entries.run("eval.rollout", *common)
-    assert done.rc == 0 and json.loads(report.read_text())["episodes_per_target"] == 1
+    assert done.returncode == 0 and json.loads(report.read_text())["episodes_per_target"] == 1
     refused(entries.run("eval.rollout", *common), f"out={report} exists", "overwrite=true")
 
 
-def test_a_second_overwriting_rollout_is_refused_and_the_earlier_report_kept(entries, tmp_path, run_dir):
+def test_a_second_overwriting_rollout_is_refused_and_the_earlier_report_kept(refused, entries, tmp_path, run_dir):
     report = tmp_path / "rollout.json"
     report.write_text('{"an": "earlier report"}')
     common = [f"checkpoint={run_dir}", f"out={report}", "overwrite=true", *ROLLOUT]
     with Outside(tmp_path):
         first, second = held_while(entries, [*common, "episodes=1000000"], common, report)
     refused(second, f"out={report} is being written by another process now", "wait for it to end")
-    assert first.rc == 130 and report.read_text() == '{"an": "earlier report"}'
+    assert first.returncode == 130 and report.read_text() == '{"an": "earlier report"}'
 
 
-def test_a_rollout_report_planted_as_a_link_is_refused(entries, tmp_path, run_dir):
+def test_a_rollout_report_planted_as_a_link_is_refused(refused, entries, tmp_path, run_dir):
     victim = tmp_path / "victim.json"
     victim.write_text("precious")
     (tmp_path / "rollout.json").symlink_to(victim)
@@ -392,8 +391,8 @@ def long_name_cases():
 
 @pytest.mark.parametrize("module,args,env,option", long_name_cases(),
                          ids=[f"{c[0]}:{c[3].strip()}" for c in long_name_cases()])
-def test_a_name_longer_than_the_file_system_allows_is_one_line_naming_its_option(entries, tmp_path, module, args, env,
-                                                                                 option):
+def test_a_name_longer_than_the_file_system_allows_is_one_line_naming_its_option(refused, entries, tmp_path, module,
+                                                                                 args, env, option):
     fill = lambda s: s.replace("{tmp}", str(tmp_path))  # noqa: E731
     with Outside(tmp_path):
         ended = entries.run(module, *map(fill, args), env={k: fill(v) for k, v in env.items()})
@@ -402,7 +401,7 @@ def test_a_name_longer_than_the_file_system_allows_is_one_line_naming_its_option
     assert LONG not in line  # elided: the line stays readable
 
 
-def test_a_loop_of_links_is_one_line_naming_its_option(entries, tmp_path, hopper_file):
+def test_a_loop_of_links_is_one_line_naming_its_option(refused, entries, tmp_path, hopper_file):
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
     with Outside(tmp_path):
