@@ -170,7 +170,7 @@ def _same(path: Path, info: os.stat_result) -> bool:
 
 def _not_plain(path: Path, info: os.stat_result | None, last: bool) -> str | None:
     """What ``path`` is, in words, when a command must not write through it (None when it may): a symbolic link,
-    and as its last part, a file with more than one name or not a regular file."""
+    and as its last part, a file with more than one name (whatever is written there lands in the other too)."""
     if info is None:
         return None
     if stat.S_ISLNK(info.st_mode):
