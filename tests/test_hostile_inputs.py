@@ -248,9 +248,9 @@ def test_a_summary_of_escaped_quotes_leaves_its_run_out_of_the_report_at_once(re
 
 
 # -- 2. a sweep writes only inside its out -------------------------------------------------------------------------
-def sweep(entries, hopper_file, out, *args) -> Ended:
+def sweep(entries, hopper_file, out, *args, timeout: int = 120) -> Ended:
     return entries.run("eval.sweep", *TINY, f"data_source=d4rl:{hopper_file}", f"out={out}", "model=dt", "seeds=0",
-                       "steps=4", *args)
+                       "steps=4", *args, timeout=timeout)
 
 
 def victim_run(tmp_path) -> Path:
@@ -294,7 +294,7 @@ def test_a_sweep_still_writes_through_its_own_out_given_as_a_link(entries, tmp_p
     real = tmp_path / "real"
     real.mkdir()
     (tmp_path / "out").symlink_to(real)
-    ended = sweep(entries, hopper_file, tmp_path / "out", "steps=2")
+    ended = sweep(entries, hopper_file, tmp_path / "out", "steps=2", timeout=900)
     assert ended.returncode == 0, ended.stderr[-3000:]
     assert list(real.glob("hopper-medium/dt/*-seed0/last.pt")) and list(real.glob("sweep-logs/*.log"))
     assert (real / "report" / "scores.md").exists()
