@@ -13,6 +13,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -313,12 +314,14 @@ ROLLOUT = ["episodes=1", "num_envs=1", "max_steps=5", "targets=3600", "engine=st
 
 
 def held_while(entries, first: list, second: list, report: Path) -> tuple[Ended, Ended]:
-    """``second`` started while ``first`` (an endless rollout) holds ``report``; then ``first`` interrupted."""
-    started = entries.start("eval.rollout", *first)
-    deadline = time.time() + 60
-    while not report.exists() and time.time() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # well into its episodes
+    """``second`` started while ``first`` (an endless rollout) holds ``report``, once its progress bar counts a
+    finished episode (an interrupt while it still imports the simulator is not this test's); then ``first``
+    interrupted."""
+    started = entries.start("eval.rollout", *[a for a in first if a != "progress=false"], "progress=true")
+    bar, deadline = Path(f"{started[1]}.err"), time.time() + 300
+    while not re.search(r"\| *[1-9]\d*/\d+", bar.read_text() if bar.exists() else "") and time.time() < deadline:
+        time.sleep(0.1)
+    assert report.exists(), bar.read_text()
     try:
         late = entries.run("eval.rollout", *second)
     finally:
