@@ -7,8 +7,9 @@
 Episodes run side by side in lanes of simulators (``eval.episodes``, ``eval.simulators``). Episode e of every
 target resets with seed ``seed + e``, so targets, engines, lanes and ``num_envs`` are compared on the same
 initial states. The report (return and normalized score per target, lengths, the agent's time per ``act``)
-goes to ``rollout-<engine>.json`` beside the checkpoint, numbered rather than overwriting one. ``evaluate``
-is the trainer's entry point.
+goes to ``rollout-<engine>.json`` beside the checkpoint, numbered rather than overwriting one; an explicit ``out=``
+is held by the rollout writing it, so a second one given the same file is refused (never one report lost to the
+other). ``evaluate`` is the trainer's entry point.
 """
 
 from __future__ import annotations
@@ -166,8 +167,8 @@ def check(cfg: RolloutConfig) -> None:
     if blocked or (cfg.out and Path(cfg.out).is_dir()):  # else refused only when the report is written, at the end
         raise ValueError(f"out={cfg.out}: {blocked or cfg.out} is a {'file' if blocked else 'directory'}; give the "
                          "report's file path, e.g. out=rollout.json")
-    if cfg.out and Path(cfg.out).exists() and not cfg.overwrite:
-        raise ValueError(f"out={cfg.out} exists (an earlier report?); choose another path, or pass overwrite=true")
+    if cfg.out and not cfg.overwrite and (taken := outputs.taken(Path(cfg.out), "rollout report", "out")):
+        raise ValueError(taken)
 
 
 def run(argv: list[str]) -> dict:
@@ -189,7 +190,9 @@ def run(argv: list[str]) -> dict:
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = cfg.targets or ck.data.eval_targets
     name = path.parent / f"rollout-{cfg.engine}{'-ema' * (cfg.weights == 'ema')}.json"
-    with contextlib.nullcontext(Path(cfg.out)) if cfg.out else outputs.new_file(name, "rollout report") as out:
+    # out= is held from here to the report, so a second rollout given it is refused, not its report replaced
+    with (outputs.claimed(Path(cfg.out), "rollout report", "out", replace=cfg.overwrite) if cfg.out
+          else outputs.new_file(name, "rollout report")) as out:
         if note := ck.fidelity(cfg.engine).note(f"checkpoint {path}"):
             print(note)
         try:

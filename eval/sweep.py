@@ -7,7 +7,9 @@ grid, every other option goes to each run as given. One sweep at a time holds ``
 it however it ends (Ctrl-C, ``kill``, a SIGKILL of the sweep alone), so no run trains on beside the next
 call. Calling again is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
 configuration) holds a finished run of at least the asked steps is skipped, one killed or asked for fewer
-steps is resumed (exactly), the rest start. At the end the finished runs go through ``eval.report``.
+steps is resumed (exactly), the rest start. At the end the finished runs go through ``eval.report``. A sweep
+writes only inside ``out``: a symbolic link found there (a run directory, a folder of runs, a log, the report's
+folder) is refused before any run starts, never followed.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agents import dt_checkpoint
-from primal_dt.run import cli, errors, lock, options, runtime
+from primal_dt.run import cli, errors, lock, options, outputs, runtime
 from agents import train_config
 
 from . import report as report_mod
@@ -69,6 +71,7 @@ class SweepConfig:
     """where the report goes ('' : <out>/report)"""
 
 
+WHO = "a sweep"
 ALIASES = {"attention": "model", "model.name": "model", "seed": "seeds"}
 """training's spellings of the axes (``attention=linear``, ``seed=3``) name the same axis"""
 PROG = "python -m eval.sweep"
@@ -133,7 +136,10 @@ def _fixed(cfg: dict) -> dict:
 
 def _match_existing(job: Job, cfg, out: Path) -> None:
     want = _fixed(dataclasses.asdict(cfg))
-    for d in sorted((out / job.env / job.label).glob(f"*-seed{job.seed}"), reverse=True):
+    runs = out / job.env / job.label
+    outputs.no_links(out, runs, WHO)  # new runs are made in it
+    for d in sorted(runs.glob(f"*-seed{job.seed}"), reverse=True):
+        outputs.no_links(out, d, WHO)  # resumed, a linked run would be overwritten where it lives
         if not (d / dt_checkpoint.FILENAME).exists():
             continue
         try:  # through the config's reader, so options added since the run was written take their defaults
@@ -165,6 +171,10 @@ def _die_with(parent: int):
     return preexec
 
 
+def log_of(logs: Path, job: Job) -> Path:
+    return logs / f"{job.env}-{job.label}-seed{job.seed}.log"
+
+
 def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int) -> list[Job]:
     """Run the jobs as local processes, ``parallel`` at a time; returns those that failed. ``held``: the
     lock of ``out`` (``lock.hold``), handed to each run so ``out`` stays held while any of them lives."""
@@ -179,9 +189,8 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int)
         while todo or running:
             while todo and len(running) < parallel:
                 j = todo.pop(0)
-                log = logs / f"{j.env}-{j.label}-seed{j.seed}.log"
-                with errors.writing(log, f"log of {j.name} (it was not started)"):
-                    fh = log.open("a")
+                log = log_of(logs, j)
+                fh = outputs.open_append(log, f"log of {j.name} (it was not started)")
                 p = subprocess.Popen(j.command(threads), stdout=fh, stderr=subprocess.STDOUT, env=env,
                                      preexec_fn=_die_with(os.getpid()), pass_fds=(held,))
                 print(f"[sweep] {j.action} {j.name} (log {log})", flush=True)
@@ -194,7 +203,7 @@ def execute(jobs: list[Job], parallel: int, threads: int, logs: Path, held: int)
                 running.remove(item)
                 fh.close()
                 finished += 1
-                state = "done" if p.returncode == 0 else f"FAILED (exit {p.returncode}, see {fh.name})"
+                state = "done" if p.returncode == 0 else f"FAILED (exit {p.returncode}, see {log_of(logs, j)})"
                 if p.returncode != 0:
                     failed.append(j)
                 left = len(todo) + len(running)
@@ -221,7 +230,11 @@ def run(argv: list[str]) -> dict:
         print(f"[sweep] {len(jobs)} runs: {counts['start']} to start, {counts['resume']} to resume, "
               f"{counts['skip']} finished; {parallel} at a time x {threads} thread(s) ({cores} cores); out {out}",
               flush=True)
-        failed = execute(jobs, parallel, threads, out / "sweep-logs", held)
+        logs = out / "sweep-logs"
+        written = [log_of(logs, j) for j in jobs if j.action != "skip"] + ([] if sweep.report else [out / "report"])
+        for path in written:
+            outputs.no_links(out, path, WHO)  # before any run starts
+        failed = execute(jobs, parallel, threads, logs, held)
         _, jobs = plan(argv)  # where each run now lives (new runs named their directories themselves)
         finished_dirs = [str(j.run_dir) for j in jobs if j.action == "skip"]
         result = {"jobs": jobs, "failed": failed}

@@ -282,7 +282,7 @@ def notes_of(results: dict, args, device: torch.device) -> list[str]:
     return notes
 
 
-def main(argv: list[str] | None = None) -> dict:
+def run(argv: list[str]) -> dict:
     args, argv = parse_args(argv)
     device = runtime.pick_device(args.device)
     if args.threads > 0:
@@ -315,6 +315,11 @@ def main(argv: list[str] | None = None) -> dict:
                  [timing.table(["size", "model", "ms per step", "fastest step", "x ours:dt", "parameters"], rows)],
                  notes_of(results, args, device))
     return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m eval.bench.train``: bad options and refused writes end as every entry point's (errors.main)."""
+    return errors.main(run, argv)
 
 
 if __name__ == "__main__":

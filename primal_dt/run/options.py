@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import functools
 import math
 import os
@@ -14,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import did_you_mean
+from .errors import did_you_mean, name_too_long, path_line
 
 
 @dataclass(frozen=True)
@@ -43,10 +44,13 @@ class Range:
 
 
 def check_output_dir(path: str | None, option: str = "out") -> None:
-    """Refuse an empty ``out=``: it would mean the current directory, or a default folder other commands read."""
+    """Refuse an empty ``out=``: it would mean the current directory, or a default folder other commands read; and
+    a name no file system takes now, not after the data is read (``errors.main`` says the same of any path later)."""
     if path is not None and not str(path).strip():
         raise ValueError(f"{option}= is empty: give the directory to write into (leave {option}= out for the "
                          "default)")
+    if path is not None and name_too_long(str(path)):
+        raise ValueError(path_line(f"{option}=", str(path), errno.ENAMETOOLONG))
 
 
 def check_output_file(path: str, option: str) -> None:
