@@ -172,6 +172,10 @@ class TrainConfig(RunOptions):
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
     how many values lie outside and their range)"""
+    data_top_fraction: float = 1.0
+    """train on this fraction of the training episodes with the highest returns, e.g. 0.1 with model=bc for filtered
+    behaviour cloning (CORL's %BC); any model; 1: every episode. Taken after val_fraction's held-out episodes are
+    drawn from all of them; the run's name says it (bc-top10%)"""
     val_fraction: float = 0.05
     """share of the dataset's episodes held out (drawn by seed) for validation without a simulator: their masked
     action MSE every eval.every steps and at the end (0: off; at least one episode when > 0)"""
@@ -296,8 +300,10 @@ def describe(b: Built, full: bool = False) -> str:
 
 
 def model_label(cfg: TrainConfig) -> str:
-    """The model's name in run directories and summaries: the layout, or the layers joined by '-'."""
-    return cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
+    """The model's name in run directories, summaries and reports: the layout, or the layers joined by '-', and
+    ``-top10%`` when it trained on the best 10 % of the episodes (``data_top_fraction``): a baseline of its own."""
+    name = cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
+    return name if cfg.data_top_fraction >= 1 else f"{name}-top{100 * cfg.data_top_fraction:.4g}%"
 
 
 # -- checks -------------------------------------------------------------------------------------------
@@ -306,6 +312,7 @@ NUMBERS = {
     "weight_decay": AT_LEAST_0, "warmup_steps": AT_LEAST_0, "grad_clip": AT_LEAST_0, "eta": AT_LEAST_0,
     "reward_scale": Range(1e-6, 1e12), "max_timestep": AT_LEAST_1, "stream_window": AT_LEAST_0,
     "checkpoint_every": AT_LEAST_0, "checkpoint_minutes": Range(0, 1e6), "val_fraction": FRACTION,
+    "data_top_fraction": Range(0, 1, low_open=True),
     "log_every": AT_LEAST_0, "eval.every": AT_LEAST_0, "eval.episodes": AT_LEAST_1, "eval.final_episodes": AT_LEAST_0,
 }
 """What every numeric option accepts (NaN and inf never); the bound on reward_scale is the targets' (above)."""

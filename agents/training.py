@@ -143,7 +143,8 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
     sampler = envs.SegmentSampler(trained, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
-                                  cfg.seed + 1000 * d.rank, device, from_start=cfg.from_start)
+                                  cfg.seed + 1000 * d.rank, device, from_start=cfg.from_start,
+                                  top_fraction=cfg.data_top_fraction)
     targets = tuple(float(t) for t in (cfg.eval.targets or spec.targets))
     info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
                     reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
@@ -554,8 +555,10 @@ def data_line(run: Run) -> str:
     held = (f"{n} held out for validation ({int(data.lengths[list(run.info.held_out)].sum()):,} steps, "
             f"val_fraction={run.cfg.val_fraction:g}, drawn by seed {run.cfg.seed}; statistics from the other "
             f"{len(data) - n})") if n else "no episodes held out (val_fraction=0)"
+    best = (f"; segments drawn from the {len(run.sampler.episodes)} training episodes of highest return "
+            f"(data_top_fraction={run.cfg.data_top_fraction:g})") if run.cfg.data_top_fraction < 1 else ""
     return (f"data {run.cfg.env}: {len(data)} episodes, {data.num_steps:,} steps, source: {data.source} "
-            f"({run.info.fingerprint[:19]}); {held}")
+            f"({run.info.fingerprint[:19]}); {held}{best}")
 
 
 def open_monitor(run: Run) -> RunMonitor:
