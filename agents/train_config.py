@@ -138,7 +138,8 @@ class TrainConfig(RunOptions):
     """configs/dt/<preset>.yaml to start from ('' : the preset named like env, when there is one)"""
     recipe: Literal["preset", "cpu"] = "preset"
     """preset: the preset's settings as they are (a task's are the paper's) | cpu: configs/dt/recipes/cpu.yaml laid
-    over them, sized to learn in one run of at most 30 minutes on one CPU core (the task keeps its data and targets)"""
+    over them, sized to learn in one run on one CPU core, its time per kind of CPU in docs/cpu.md (the task keeps its
+    data and targets)"""
     model: ModelConfig = field(default_factory=ModelConfig)
     steps: int = 100_000
     """optimizer steps"""

@@ -748,10 +748,11 @@ def projection(run: Run, step_s: float, start: int, measured: int) -> str:
             f"{step_s * 1e3:.1f} ms = {duration(left * step_s)} of training; evaluations and validations are "
             "timed as they run (the progress bar's eta includes them)")
     if left * step_s > LONG_S:
-        text += f"\nnote: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes."
+        text += (f"\nnote: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes. "
+                 "Ctrl-C stops it with a checkpoint (and prints the resume= command that continues it).")
         if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
-            text += (" The CPU recipe (configs/dt/recipes/cpu.yaml, chosen to learn in one run of at most 30 minutes "
-                     f"on one core) is:\n  {cpu_recipe_command(run)}")
+            text += (" To learn in minutes on a CPU, stop it and run the CPU recipe instead (configs/dt/recipes/cpu.yaml;"
+                     f" its time per kind of CPU: docs/cpu.md#the-cpu-recipe):\n  {cpu_recipe_command(run)}")
     return text
 
 

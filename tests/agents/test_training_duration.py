@@ -48,8 +48,10 @@ def test_a_recipe_of_hours_on_a_cpu_is_offered_the_cpu_recipe(hopper_file, tmp_p
     text = training.projection(run, 0.5, 0, 20)
     assert text.startswith("time on cpu, 1 thread, measured over 20 steps: 100,000 steps x 500.0 ms = 13h53m of "
                            "training; evaluations and validations are timed as they run")
-    assert "\nnote: this recipe takes about 13h53m on this device, hours, not minutes." in text
-    assert "The CPU recipe (configs/dt/recipes/cpu.yaml" in text
+    assert ("\nnote: this recipe takes about 13h53m on this device, hours, not minutes. Ctrl-C stops it with a "
+            "checkpoint (and prints the resume= command that continues it).") in text
+    assert "stop it and run the CPU recipe instead (configs/dt/recipes/cpu.yaml; its time per kind of CPU: " \
+           "docs/cpu.md#the-cpu-recipe):" in text
     offered = shlex.split(text.splitlines()[-1].strip())
     assert offered[:3] == ["python", "-m", "primal_dt.train"] and "recipe=cpu" in offered
     assert not any(w.startswith(("steps=", "eval.every=")) for w in offered)  # the recipe's own, left to it
@@ -59,7 +61,9 @@ def test_a_recipe_of_hours_on_a_cpu_is_offered_the_cpu_recipe(hopper_file, tmp_p
     assert theirs.cfg.data_source == f"d4rl:{hopper_file}" and theirs.cfg.model.d_model == 128
     on_it = training.prepare(train_config.build(offered[3:] + ["steps=100000"]))
     text = training.projection(on_it, 0.5, 0, 20)
-    assert text.splitlines()[-1] == "note: this recipe takes about 13h53m on this device, hours, not minutes."
+    assert text.splitlines()[-1] == ("note: this recipe takes about 13h53m on this device, hours, not minutes. "
+                                     "Ctrl-C stops it with a checkpoint (and prints the resume= command that "
+                                     "continues it).")
 
 
 def test_a_short_recipe_gets_its_projection_and_no_warning(hopper_file, tmp_path, capsys):
