@@ -143,7 +143,8 @@ class RolloutConfig(RolloutOptions):
     device: str = TrainConfig.device
     """auto | cpu | cuda | cuda:N (auto: CUDA when present), as in training"""
     progress: bool = True
-    """show a progress bar"""
+    """progress bars on a terminal; written to a file or a pipe, a plain progress line a minute instead
+    (false: no bars)"""
 
 
 SHORTHANDS = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
