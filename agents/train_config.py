@@ -132,8 +132,9 @@ class EvalConfig(RolloutOptions):
 @dataclass
 class TrainConfig(RunOptions):
     env: str = "hopper-medium"
-    """dataset and simulator: D4RL naming, {hopper,halfcheetah,walker2d,ant}-{random,medium,medium-replay,medium-expert,
-    expert}, or a Minari dataset id whose simulator is one of these families (mujoco/hopper/medium-v0, a local one)"""
+    """dataset and simulator: D4RL naming <family>-<level>, family hopper, halfcheetah, walker2d or ant, level
+    random, medium, medium-replay, medium-expert or expert; or a Minari dataset id whose simulator is one of these
+    families (mujoco/hopper/medium-v0, a local one)"""
     preset: str = ""
     """configs/dt/<preset>.yaml to start from ('' : the preset named like env, when there is one)"""
     recipe: Literal["preset", "cpu"] = "preset"
@@ -163,11 +164,11 @@ class TrainConfig(RunOptions):
     """timestep embedding size; timesteps are clipped to max_timestep - 1"""
     stream_window: int = 0
     """stream-exact training (0: off): window every layer to this many tokens and count only the steps
-    the stream engine predicts identically (agents.stream_training); needs softmax/primal layers"""
+    the stream engine predicts identically (docs/evaluation.md, stream-exact training); needs softmax/primal layers"""
     from_start: bool = False
     """train on episode prefixes: every segment starts at its episode's first step, so each prediction sees its
     whole episode so far, as the stream engine does: the stream is then the trained policy for any layout
-    (agents.stream_training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt) keep an O(1)
+    (docs/evaluation.md, stream-exact training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt) keep an O(1)
     stream step, softmax layers' stream step costs O(K)"""
     data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
     data_clip_actions: bool = False

@@ -5,12 +5,13 @@
 
 Each argument is a run directory, a directory of runs (searched recursively), or a glob of either; a run
 counts once training finished (``summary.json``), unfinished ones are listed and left out. Runs are averaged
-over seeds only when dataset, model, data and every option but the run-time ones (``RUNTIME_OPTIONS``)
-agree, so a table never averages a 4k-step run with a 100k-step one; same-model groups kept apart are told
+over seeds only when dataset, model, data and every option but the run-time ones (seed, paths, threads,
+device, logging, how often and by which engine it evaluated) agree, so a table never averages a 4k-step run
+with a 100k-step one; same-model groups kept apart are told
 apart by what differs. Each engine that scored a final checkpoint (the run's own evaluation, every
 ``eval.rollout`` report beside it) is a row of its own, saying whether it is the trained policy.
 
-Per return-to-go target, ``out`` receives ``scores.md`` / ``scores-<target>.csv`` (per group: CORL's "last"
+Per return-to-go target, ``out`` receives ``scores.md`` / ``scores-target<T>.csv`` (per group: CORL's "last"
 and "best" normalized score, mean and 95 % interval over seeds (Student's t); the paper's number, marked when
 the row's data is not D4RL's; the held-out action MSE; the data's own episodes' level), ``curves.png``
 (score during training, 95 % band) and ``scores.png`` (a bar per group, the paper's value marked).
@@ -349,7 +350,7 @@ def markdown(rows: list[dict], target: str) -> str:
         "+- 95% CI over seeds. episodes: in the final evaluation / in each one during training. data episodes: the "
         "mean normalized return of the episodes trained on.", "",
         "engine: what measured the final score; stream (not trained) is a policy training never optimised "
-        "(agents.stream_training.Fidelity).", "",
+        "(docs/evaluation.md, stream-exact training).", "",
         *table(["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "final", "best", "data episodes",
                 "paper", "val action MSE"],
                [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"], r["steps"],
@@ -458,6 +459,9 @@ def nonfinite(runs: list[Run]) -> list[str]:
 def report(patterns: list[str], out: str | Path = "report") -> dict:
     """Write the tables and plots for the runs matched by ``patterns``; returns what was written. A run
     whose files are unreadable is left out with a line naming the file and what is wrong."""
+    if not patterns:
+        raise ValueError("no runs given: name run directories, directories of runs, globs of either or a report's "
+                         "runs.json, e.g. python -m eval.report runs/sweep")
     archives = [Path(p) for p in patterns if Path(p).name == "runs.json" and Path(p).is_file()]
     dirs = [p for p in patterns if Path(p) not in archives]
     finished, unfinished = find_runs(dirs) if dirs else ([], [])
@@ -524,7 +528,8 @@ class ReportConfig:
     runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUNS")]
     """run directories, directories holding runs (searched recursively), globs of either, or a report's runs.json"""
     out: str = "report"
-    """where scores.md, scores-<target>.csv, curves.png, scores.png and runs.json go"""
+    """where scores.md, scores-target<T>.csv (one per return target T, e.g. scores-target3600.csv), curves.png,
+    scores.png and runs.json go"""
 
 
 def run(argv: list[str]) -> dict:

@@ -120,7 +120,8 @@ class RolloutConfig(RolloutOptions):
     names, types and defaults; ``eval.targets=...`` is accepted too, so an option copied from training works)."""
 
     checkpoint: str
-    """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
+    """a checkpoint written by primal_dt.train: its file, its run directory, or a directory of runs (the newest
+    run under it that holds a checkpoint; it says which)"""
     episodes: int = 100
     """episodes per target"""
     seed: int = 0
@@ -243,11 +244,16 @@ def summary_line(results: dict) -> str:
                      f"(return {d['return_mean']:.0f}, length {d['length_mean']:.0f})" for t, d in results.items())
 
 
+def _groups(lanes: int) -> str:
+    """``eval.lanes`` in words: how the simulators were split (one group stepping while another's agent acts)."""
+    return "one group" if lanes == 1 else f"{lanes} groups, one stepping while another's agent acts"
+
+
 def summary_text(report: dict) -> str:
     policy = "the trained policy" if report.get("exact") else "NOT the trained policy"
     lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']} ({policy}), "
              f"{report['episodes_per_target']} episodes/target on {report['num_envs']} "
-             f"{'async' if report['asynchronous'] else 'sync'} envs in {report.get('lanes', 1)} lane(s), "
+             f"{'async' if report['asynchronous'] else 'sync'} simulators ({_groups(report.get('lanes', 1))}), "
              f"{report['wall_s']:.1f}s ({report['env_steps_per_s']:.0f} env steps/s)"]
     for tag, r in report["targets"].items():
         lines.append(f"  target {tag}: normalized {r['normalized_mean']:.1f} +- {r['normalized_std']:.1f}, "

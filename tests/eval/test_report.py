@@ -239,6 +239,12 @@ def test_command_line_and_clear_errors(runs, tmp_path):
     empty.mkdir()
     p = subprocess.run([sys.executable, "-m", "eval.report", str(empty)], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and "no finished run" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "eval.report"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # a new user's first try: no argument
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1] == ("error: no runs given: name run directories, directories of runs, "
+                                                 "globs of either or a report's runs.json, e.g. python -m eval.report "
+                                                 "runs/sweep")
     p = subprocess.run([sys.executable, "-m", "eval.report", str(root), "colour=red"], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--colour" in p.stderr and "Traceback" not in p.stderr  # tyro's error
