@@ -168,8 +168,8 @@ class TrainConfig(RunOptions):
     from_start: bool = False
     """train on episode prefixes: every segment starts at its episode's first step, so each prediction sees its
     whole episode so far, as the stream engine does: the stream is then the trained policy for any layout
-    (docs/evaluation.md, stream-exact training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt) keep an O(1)
-    stream step, softmax layers' stream step costs O(K)"""
+    (docs/evaluation.md, stream-exact training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt)
+    keep an O(1) stream step, softmax layers' stream step costs O(K)"""
     data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving

@@ -751,8 +751,8 @@ def projection(run: Run, step_s: float, start: int, measured: int) -> str:
         text += (f"\nnote: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes. "
                  "Ctrl-C stops it with a checkpoint (and prints the resume= command that continues it).")
         if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
-            text += (" To learn in minutes on a CPU, stop it and run the CPU recipe instead (configs/dt/recipes/cpu.yaml;"
-                     f" its time per kind of CPU: docs/cpu.md#the-cpu-recipe):\n  {cpu_recipe_command(run)}")
+            text += (" To learn in minutes on a CPU, stop it and run the CPU recipe instead (configs/dt/recipes/"
+                     f"cpu.yaml; its time per kind of CPU: docs/cpu.md#the-cpu-recipe):\n  {cpu_recipe_command(run)}")
     return text
 
 

@@ -4,9 +4,9 @@
 
 The options are training's, in the same grammar; ``env``, ``model`` and ``seeds`` take lists and span the
 grid, every other option goes to each run as given. A model may carry options of its own after ``:``, e.g.
-``model=dt,primal+dt,bc:data_top_fraction=0.1`` adds filtered behaviour cloning as a row of its own. One sweep at a time holds ``out``, and its runs die with
-it however it ends (Ctrl-C, ``kill``, a SIGKILL of the sweep alone), so no run trains on beside the next
-call. Calling again is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
+``model=dt,primal+dt,bc:data_top_fraction=0.1`` adds filtered behaviour cloning as a row of its own. One
+sweep at a time holds ``out``, and its runs die with it however it ends (Ctrl-C, ``kill``, a SIGKILL of the
+sweep alone), so no run trains on beside the next call. Calling again is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
 configuration) holds a finished run of at least the asked steps is skipped, one killed or asked for fewer
 steps is resumed (exactly), the rest start. At the end the finished runs go through ``eval.report``.
 """

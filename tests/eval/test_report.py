@@ -3,6 +3,7 @@ formulas (scores and the held-out validation MSE), runs kept apart when their co
 without validation (older ones) reported with a blank cell, unfinished runs left out, files and plots."""
 
 import csv
+import dataclasses
 import json
 import os
 import math
@@ -222,6 +223,32 @@ def test_plots_are_written_and_readable(runs, tmp_path):
     finals = [r.final["target3600"]["normalized_mean"] for r in loaded]
     assert mean[1] == pytest.approx(statistics.fmean(finals))
     assert half[1] == pytest.approx(12.706 * statistics.stdev(finals) / math.sqrt(2), rel=1e-3)  # 95 % band
+
+
+def test_plots_keep_the_data_level_off_the_frame_and_mark_capped_evaluations(runs, tmp_path):
+    """The data's level was drawn on the plot's top edge when it bounded the curves, and a capped evaluation
+    (eval.max_steps=15 here) stood unmarked beside the paper's number: now both are visible on the plots."""
+    root, _, _ = runs
+    loaded = [report.load_run(d) for d in report.find_runs([str(root / "hopper-medium" / "dt")])[0]]
+    groups, _ = report.group_runs([r for r in loaded if r.config["lr"] != 0.0005])
+    (g,) = groups
+    level = g.runs[0].data_level
+    ax = report.curves_figure(groups, ["target3600"]).axes[0]
+    lo, hi = ax.get_ylim()
+    assert lo + 1.0 <= level <= hi - 1.0  # inside, with room to spare
+    (curve,) = [t.get_text() for t in ax.get_legend().get_texts() if "seed" in t.get_text()]
+    assert curve.endswith(", episodes capped at 15 steps")
+    rows = report.score_rows(groups, "target3600")
+    bars = report.bars_figure({"target3600": rows}, {(g.env, g.model, g.engine): report.cap(g)}).axes[0]
+    assert [t.get_text().splitlines()[-1] for t in bars.get_xticklabels()] == ["capped at 15 steps"]
+    assert [p.get_hatch() for p in bars.patches] == ["//"]
+    assert "ours, episodes capped: not the paper's protocol" in [t.get_text() for t in bars.get_legend().get_texts()]
+    whole = dataclasses.replace(g, runs=[dataclasses.replace(r, config={**r.config, "eval": {**r.config["eval"],
+                                                                                            "max_steps": 0}})
+                                         for r in g.runs])
+    assert report.cap(whole) is None
+    plain = report.bars_figure({"target3600": rows}, {}).axes[0]
+    assert [p.get_hatch() for p in plain.patches] == [None] and "capped" not in plain.get_xticklabels()[0].get_text()
 
 
 def test_command_line_and_clear_errors(runs, tmp_path):
