@@ -161,8 +161,8 @@ def load_agent(checkpoint, engine: str = "stream", *, target: float | Sequence[f
         # a checkpoint in memory has no file to key a cached export by: every load would export again
         runtime = "onnx" if exact_onnx and not isinstance(checkpoint, (dict, dt_checkpoint.DTCheckpoint)) \
             and missing_package() is None else "torch"
-        print(f"load_agent: runtime={runtime} ({'the exported stream step on onnxruntime' if runtime == 'onnx' else 'torch'}"
-              f"; runtime='torch' or 'onnx' to choose)", file=sys.stderr)
+        what = "the exported stream step on onnxruntime" if runtime == "onnx" else "the PyTorch model"
+        print(f"load_agent: runtime={runtime} ({what}; pass runtime='torch' or 'onnx' to choose)", file=sys.stderr)
     if runtime == "onnx":
         return onnx_agent(checkpoint, ck, agent)
     return agent

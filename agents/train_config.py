@@ -132,13 +132,15 @@ class EvalConfig(RolloutOptions):
 @dataclass
 class TrainConfig(RunOptions):
     env: str = "hopper-medium"
-    """dataset and simulator: D4RL naming, {hopper,halfcheetah,walker2d,ant}-{random,medium,medium-replay,medium-expert,
-    expert}, or a Minari dataset id whose simulator is one of these families (mujoco/hopper/medium-v0, a local one)"""
+    """dataset and simulator: D4RL naming <family>-<level>, family hopper, halfcheetah, walker2d or ant, level
+    random, medium, medium-replay, medium-expert or expert; or a Minari dataset id whose simulator is one of these
+    families (mujoco/hopper/medium-v0, a local one)"""
     preset: str = ""
     """configs/dt/<preset>.yaml to start from ('' : the preset named like env, when there is one)"""
     recipe: Literal["preset", "cpu"] = "preset"
     """preset: the preset's settings as they are (a task's are the paper's) | cpu: configs/dt/recipes/cpu.yaml laid
-    over them, sized to learn in one run of at most 30 minutes on one CPU core (the task keeps its data and targets)"""
+    over them, sized to learn in one run on one CPU core, its time per kind of CPU in docs/cpu.md (the task keeps its
+    data and targets)"""
     model: ModelConfig = field(default_factory=ModelConfig)
     steps: int = 100_000
     """optimizer steps"""
@@ -166,16 +168,20 @@ class TrainConfig(RunOptions):
     """timestep embedding size; timesteps are clipped to max_timestep - 1"""
     stream_window: int = 0
     """stream-exact training (0: off): window every layer to this many tokens and count only the steps
-    the stream engine predicts identically (agents.stream_training); needs softmax/primal layers"""
+    the stream engine predicts identically (docs/evaluation.md, stream-exact training); needs softmax/primal layers"""
     from_start: bool = False
     """train on episode prefixes: every segment starts at its episode's first step, so each prediction sees its
     whole episode so far, as the stream engine does: the stream is then the trained policy for any layout
-    (agents.stream_training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt) keep an O(1)
-    stream step, softmax layers' stream step costs O(K)"""
+    (docs/evaluation.md, stream-exact training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt)
+    keep an O(1) stream step, softmax layers' stream step costs O(K)"""
     data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
     how many values lie outside and their range)"""
+    data_top_fraction: float = 1.0
+    """train on this fraction of the training episodes with the highest returns, e.g. 0.1 with model=bc for filtered
+    behaviour cloning (CORL's %BC); any model; 1: every episode. Taken after val_fraction's held-out episodes are
+    drawn from all of them; the run's name says it (bc-top10%)"""
     val_fraction: float = 0.05
     """share of the dataset's episodes held out (drawn by seed) for validation without a simulator: their masked
     action MSE every eval.every steps and at the end (0: off; at least one episode when > 0)"""
@@ -296,8 +302,10 @@ def describe(b: Built, full: bool = False) -> str:
 
 
 def model_label(cfg: TrainConfig) -> str:
-    """The model's name in run directories and summaries: the layout, or the layers joined by '-'."""
-    return cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
+    """The model's name in run directories, summaries and reports: the layout, or the layers joined by '-', and
+    ``-top10%`` when it trained on the best 10 % of the episodes (``data_top_fraction``): a baseline of its own."""
+    name = cfg.model.layers.replace(",", "-") if cfg.model.layers else cfg.model.name
+    return name if cfg.data_top_fraction >= 1 else f"{name}-top{100 * cfg.data_top_fraction:.4g}%"
 
 
 # -- checks -------------------------------------------------------------------------------------------
@@ -307,6 +315,7 @@ NUMBERS = {
     "ema_decay": FRACTION,
     "reward_scale": Range(1e-6, 1e12), "max_timestep": AT_LEAST_1, "stream_window": AT_LEAST_0,
     "checkpoint_every": AT_LEAST_0, "checkpoint_minutes": Range(0, 1e6), "val_fraction": FRACTION,
+    "data_top_fraction": Range(0, 1, low_open=True),
     "log_every": AT_LEAST_0, "eval.every": AT_LEAST_0, "eval.episodes": AT_LEAST_1, "eval.final_episodes": AT_LEAST_0,
 }
 """What every numeric option accepts (NaN and inf never); the bound on reward_scale is the targets' (above)."""

@@ -145,7 +145,8 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
     sampler = envs.SegmentSampler(trained, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
-                                  cfg.seed + 1000 * d.rank, device, from_start=cfg.from_start)
+                                  cfg.seed + 1000 * d.rank, device, from_start=cfg.from_start,
+                                  top_fraction=cfg.data_top_fraction)
     targets = tuple(float(t) for t in (cfg.eval.targets or spec.targets))
     info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
                     reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
@@ -588,8 +589,10 @@ def data_line(run: Run) -> str:
     held = (f"{n} held out for validation ({int(data.lengths[list(run.info.held_out)].sum()):,} steps, "
             f"val_fraction={run.cfg.val_fraction:g}, drawn by seed {run.cfg.seed}; statistics from the other "
             f"{len(data) - n})") if n else "no episodes held out (val_fraction=0)"
+    best = (f"; segments drawn from the {len(run.sampler.episodes)} training episodes of highest return "
+            f"(data_top_fraction={run.cfg.data_top_fraction:g})") if run.cfg.data_top_fraction < 1 else ""
     return (f"data {run.cfg.env}: {len(data)} episodes, {data.num_steps:,} steps, source: {data.source} "
-            f"({run.info.fingerprint[:19]}); {held}")
+            f"({run.info.fingerprint[:19]}); {held}{best}")
 
 
 def open_monitor(run: Run) -> RunMonitor:
@@ -779,10 +782,11 @@ def projection(run: Run, step_s: float, start: int, measured: int) -> str:
             f"{step_s * 1e3:.1f} ms = {duration(left * step_s)} of training; evaluations and validations are "
             "timed as they run (the progress bar's eta includes them)")
     if left * step_s > LONG_S:
-        text += f"\nnote: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes."
+        text += (f"\nnote: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes. "
+                 "Ctrl-C stops it with a checkpoint (and prints the resume= command that continues it).")
         if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
-            text += (" The CPU recipe (configs/dt/recipes/cpu.yaml, chosen to learn in one run of at most 30 minutes "
-                     f"on one core) is:\n  {cpu_recipe_command(run)}")
+            text += (" To learn in minutes on a CPU, stop it and run the CPU recipe instead (configs/dt/recipes/"
+                     f"cpu.yaml; its time per kind of CPU: docs/cpu.md#the-cpu-recipe):\n  {cpu_recipe_command(run)}")
     return text
 
 

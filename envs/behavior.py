@@ -18,12 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from envs.vector import make_sim
 from primal_dt.run import checkpoint, errors, json_reader, lock
 from primal_dt.run.checkpoint import save_atomic, write_atomic
 from primal_dt.run.cli import parse
+from primal_dt.run.progress import Bar
 
 CKPT_RE = re.compile(r"sac_step(\d+)\.pt$")
 REPLAY = "replay.npz"
@@ -181,8 +181,8 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
             rb.pos, rb.full = min(int(replay["pos"]), n) % rb.buffer_size, bool(replay["full"]) and n == rb.buffer_size
         print(f"[behavior] resuming {cfg.env_id} SAC from {path.name} (step {step0})", flush=True)
     evals = [e for e in read_evals(workdir) if e["step"] <= step0]
-    bar = tqdm(total=cfg.total_steps, initial=step0, desc=f"SAC {cfg.env_id}", unit="step", mininterval=5,
-               disable=not progress)
+    bar = Bar(total=cfg.total_steps, initial=step0, desc=f"SAC {cfg.env_id}", unit="step", mininterval=5,
+              progress=progress)
 
     class _Ckpt(BaseCallback):
         def _on_step(self) -> bool:
@@ -197,7 +197,7 @@ def _train(workdir: Path, cfg: BehaviorConfig, progress: bool) -> Path:
                               "stoch_return_mean": float(sto.mean()), "episodes": cfg.eval_episodes})
                 write_atomic(workdir / "evals.json", json.dumps(evals, indent=1), "checkpoint evaluations")
                 bar.set_postfix(ret=f"{det.mean():.0f}")
-                if not progress:
+                if bar.disable:  # no bar drawn (progress=false, or not a terminal): a line per checkpoint
                     print(f"[behavior] step {t}: return {det.mean():.1f} +- {det.std():.1f}", flush=True)
             return True
 

@@ -24,7 +24,6 @@ from typing import Literal
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from envs import behavior
 from envs import d4rl as d4rl_io
@@ -35,6 +34,7 @@ from envs.vector import make_sim
 from primal_dt.run import errors, lock
 from primal_dt.run.checkpoint import write_atomic
 from primal_dt.run.cli import fail, parse as parse_cli
+from primal_dt.run.progress import Bar
 
 Level = Literal["medium", "expert", "medium-replay", "medium-expert"]  # random: D4RL's file
 EPISODE = ("observations", "actions", "rewards", "terminations", "truncations")  # observations [T+1], others [T]
@@ -87,7 +87,8 @@ class CollectConfig:
     threads: int = 1
     """torch CPU threads"""
     progress: bool = True
-    """show progress bars"""
+    """progress bars on a terminal; written to a file or a pipe, a plain progress line a minute instead
+    (false: no bars)"""
 
 
 def _score(e: dict) -> float:
@@ -219,8 +220,8 @@ def collect_rollouts(ckpt: Path, gym_id: str, act_dim: int, steps: int, seed0: i
     for shard in sorted(cache.glob("shard_*.npz")):
         episodes += _load_shard(shard)
     done = sum(len(ep["rewards"]) for ep in episodes)
-    bar = tqdm(total=steps, initial=min(done, steps), desc=desc or f"rollouts {gym_id}", unit="step", mininterval=2,
-               disable=not progress)
+    bar = Bar(total=steps, initial=min(done, steps), desc=desc or f"rollouts {gym_id}", unit="step", mininterval=2,
+              progress=progress)
     if done < steps:
         policy = SACPolicy(ckpt, make_sim(gym_id))
         while done < steps:

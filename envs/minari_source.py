@@ -133,7 +133,8 @@ def download_minari(dataset_id: str, timeout: float = 5.0) -> None:
     not a hang."""
     hf = os.environ.get("MINARI_REMOTE", "hf://farama-minari").startswith("hf://")
     if hf and importlib.util.find_spec("huggingface_hub") is None:
-        raise DatasetNotFound(f"downloading {dataset_id} needs huggingface_hub: pip install 'minari[hf]'")
+        raise DatasetNotFound(f"downloading {dataset_id} needs huggingface_hub, which the download extra installs: "
+                              "pip install 'primal-dt[download]' (in a checkout: pip install -e '.[download]')")
     url = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co") if hf else "https://storage.googleapis.com")
     port = url.port or (443 if url.scheme == "https" else 80)
     reason = reachable(url.hostname or "", port, timeout)

@@ -53,17 +53,23 @@ class SegmentSampler:
     the DT papers' 1000; 1 leaves returns raw).
     ``stats`` = (state_mean, state_std) normalises with other statistics than the dataset's own: held-out
     episodes are read with the training episodes', as the model sees them.
+    ``top_fraction`` < 1 draws segments only from that fraction of the episodes with the highest returns
+    (``Trajectories.best_episodes``: filtered behaviour cloning); the tables and the normalisation stay the
+    whole dataset's, so a filtered run scales its states as an unfiltered one on the same episodes does.
     The tables live on ``device`` and batches are gathered there: a batch costs one copy of its row indices
     (drawn on the host, so every device draws the same batches), not one per field, and no read-back."""
 
     def __init__(self, ds: Trajectories, K: int = 20, batch_size: int = 64, reward_scale: float = 1.0,
                  max_timestep: int = 1000, seed: int | np.random.Generator | None = 0,
                  device: str | torch.device = "cpu", stats: tuple[np.ndarray, np.ndarray] | None = None,
-                 from_start: bool = False):
+                 from_start: bool = False, top_fraction: float = 1.0):
         if K < 1 or batch_size < 1:
             raise ValueError(f"K and batch_size must be >= 1, got K={K}, batch_size={batch_size}")
         if not reward_scale > 0:
             raise ValueError(f"reward_scale must be > 0 (returns-to-go are divided by it), got {reward_scale}")
+        if not 0 < top_fraction <= 1:
+            raise ValueError(f"top_fraction must be in (0, 1] (the share of episodes, by return, segments are drawn "
+                             f"from), got {top_fraction}")
         self.K, self.batch_size, self.reward_scale = int(K), int(batch_size), float(reward_scale)
         self.max_timestep, self.device = int(max_timestep), torch.device(device)
         self.rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
@@ -82,7 +88,13 @@ class SegmentSampler:
         self._rtg = table(ds.rtg / np.float32(self.reward_scale))
         self._timesteps = table(np.minimum(ds.timesteps, self.max_timestep - 1).astype(np.int64))
         self._end = ds.step_end
-        self._starts = ds.starts if from_start else None
+        self.episodes = ds.best_episodes(top_fraction) if top_fraction < 1 else np.arange(len(ds))
+        """the episodes segments are drawn from"""
+        kept = np.zeros(len(ds), bool)
+        kept[self.episodes] = True
+        # first steps to draw from (None: every step, one ``integers`` draw as the reference's)
+        self._first = None if kept.all() else np.flatnonzero(np.repeat(kept, ds.lengths))
+        self._starts = ds.starts[self.episodes] if from_start else None
         self._offsets = np.arange(self.K, dtype=np.int64)
 
     def indices(self, batch_size: int | None = None, first: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -91,6 +103,8 @@ class SegmentSampler:
         dataset steps ``first`` [B]."""
         if first is None and self._starts is not None:
             first = self._starts[self.rng.integers(0, len(self._starts), size=batch_size or self.batch_size)]
+        elif first is None and self._first is not None:
+            first = self._first[self.rng.integers(0, len(self._first), size=batch_size or self.batch_size)]
         elif first is None:
             first = self.rng.integers(0, self.num_steps, size=batch_size or self.batch_size)
         first = np.asarray(first, dtype=np.int64)

@@ -124,6 +124,16 @@ class Trajectories:
         held = np.sort(np.random.default_rng((int(seed), _HOLD_OUT_STREAM)).permutation(n)[:k])
         return np.setdiff1d(np.arange(n), held), held
 
+    def best_episodes(self, fraction: float) -> np.ndarray:
+        """Sorted indices of the ``fraction`` of episodes with the highest returns: filtered behaviour cloning's
+        data (the Decision Transformer paper's %BC, CORL's any_percent_bc). ``floor(fraction * E)`` episodes, at
+        least one, as CORL keeps; ties go to the earlier episode, so the choice is the same on every machine."""
+        if not 0 < fraction <= 1:
+            raise DatasetError(f"{self.source}: the fraction of best episodes must be in (0, 1], got {fraction}")
+        n = len(self)
+        k = max(1, int(fraction * n + 1e-9))  # 0.3 * 10 is 3, not 2.9999...
+        return np.sort(np.argsort(-self.returns, kind="stable")[:k])
+
     def subset(self, episodes) -> "Trajectories":
         """These episodes as a dataset of their own, with their own statistics (that never saw held-out ones)."""
         idx = np.asarray(episodes, dtype=np.int64).reshape(-1)

@@ -5,12 +5,13 @@
 
 Each argument is a run directory, a directory of runs (searched recursively), or a glob of either; a run
 counts once training finished (``summary.json``), unfinished ones are listed and left out. Runs are averaged
-over seeds only when dataset, model, data and every option but the run-time ones (``RUNTIME_OPTIONS``)
-agree, so a table never averages a 4k-step run with a 100k-step one; same-model groups kept apart are told
+over seeds only when dataset, model, data and every option but the run-time ones (seed, paths, threads,
+device, logging, how often and by which engine it evaluated) agree, so a table never averages a 4k-step run
+with a 100k-step one; same-model groups kept apart are told
 apart by what differs. Each engine that scored a final checkpoint (the run's own evaluation, every
 ``eval.rollout`` report beside it) is a row of its own, saying whether it is the trained policy.
 
-Per return-to-go target, ``out`` receives ``scores.md`` / ``scores-<target>.csv`` (per group: CORL's "last"
+Per return-to-go target, ``out`` receives ``scores.md`` / ``scores-target<T>.csv`` (per group: CORL's "last"
 and "best" normalized score, mean and 95 % interval over seeds (Student's t); the paper's number, marked when
 the row's data is not D4RL's; the held-out action MSE; the data's own episodes' level), ``curves.png``
 (score during training, 95 % band) and ``scores.png`` (a bar per group, the paper's value marked).
@@ -357,7 +358,7 @@ def markdown(rows: list[dict], target: str) -> str:
         "+- 95% CI over seeds. episodes: in the final evaluation / in each one during training. data episodes: the "
         "mean normalized return of the episodes trained on.", "",
         "engine: what measured the final score; stream (not trained) is a policy training never optimised "
-        "(agents.stream_training.Fidelity).", "",
+        "(docs/evaluation.md, stream-exact training).", "",
         "s / 1k steps: the training's seconds per 1,000 optimisation steps, mean over its runs (summary.json's "
         "s_per_1k_steps; each run's machine and load are its own).", "",
         *table(["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "final", "best", "data episodes",
@@ -440,6 +441,10 @@ def _band(runs: list[Run], target: str):
 
 
 def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
+    return save_figure(curves_figure(groups, targets), path, "report's learning curves")
+
+
+def curves_figure(groups: list[Group], targets: list[str]):
     from matplotlib.figure import Figure  # not pyplot: no backend, no figure to close
 
     envs = sorted({g.env for g in groups})
@@ -447,39 +452,59 @@ def plot_curves(groups: list[Group], targets: list[str], path: Path) -> Path:
     axes = fig.subplots(len(envs), len(targets), squeeze=False)
     for i, env in enumerate(envs):
         for j, target in enumerate(targets):
-            ax = axes[i][j]
+            ax, shown = axes[i][j], []
             for g in (g for g in groups if g.env == env):
                 steps, mean, half = _band(g.runs, target)
                 if not steps:
                     continue
-                n = len(g.runs)
+                n, c = len(g.runs), cap(g)
                 line, = ax.plot(steps, mean, marker="o", ms=3, lw=2,  # the engine: as in the tables, never unnamed
-                                label=f"{g.model}, {g.engine}, {g.data} data, {n} seed{'s' * (n > 1)}")
+                                label=f"{g.model}, {g.engine}, {g.data} data, {n} seed{'s' * (n > 1)}"
+                                      + (f", episodes capped at {c} steps" if c else ""))
+                shown += [m + h for m, h in zip(mean, half)] + [m - h for m, h in zip(mean, half)]
                 ax.fill_between(steps, [m - h for m, h in zip(mean, half)], [m + h for m, h in zip(mean, half)],
                                 color=line.get_color(), alpha=0.2, lw=0)
             levels = {(g.data, g.runs[0].data_level) for g in groups if g.env == env and g.runs[0].data_level is not None}
             for data, level in sorted(levels):
                 ax.axhline(level, color="0.35", ls="--", lw=1.2, label=f"{data} data's episodes: {level:.1f}")
+                shown.append(level)
+            if shown:  # every curve and level inside the frame with room to spare, none drawn on its edge
+                lo, hi = min(shown), max(shown)
+                pad = max(0.08 * (hi - lo), 1.0)
+                ax.set_ylim(lo - pad, hi + pad)
             ax.set(title=f"{env}, target {target.removeprefix('target')}", xlabel="training step",
                    ylabel="normalized score")
             ax.grid(alpha=0.3)
-            ax.legend(fontsize=9, loc="upper left", framealpha=0.85)
+            ax.legend(fontsize=9, loc="best", framealpha=0.85)
     fig.suptitle("Evaluation during training: mean over seeds, shaded 95% confidence interval")
     fig.tight_layout()
-    return save_figure(fig, path, "report's learning curves")
+    return fig
 
 
-def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
+def plot_bars(rows_by_target: dict[str, list[dict]], path: Path, caps: dict | None = None) -> Path:
+    return save_figure(bars_figure(rows_by_target, caps), path, "report's bar chart")
+
+
+def bars_figure(rows_by_target: dict[str, list[dict]], caps: dict | None = None):
+    """``caps``: (dataset, model, engine) -> ``cap`` of the groups whose episodes were cut short: their bars are
+    hatched and labelled so, since the paper's mark beside them counts whole episodes."""
     from matplotlib.figure import Figure
 
     targets = list(rows_by_target)
     n = max(len(r) for r in rows_by_target.values())
-    fig = Figure(figsize=(max(4.0, 1.3 * n + 2) * len(targets), 4.2))
+    fig = Figure(figsize=(max(5.0, 1.3 * n + 2) * len(targets), 4.2))
     for ax, target in zip(fig.subplots(1, len(targets), squeeze=False)[0], targets):
         rows = rows_by_target[target]
-        labels = [f"{r['dataset']}\n{r['model']}\n{r['engine']}\n{r['data']}" for r in rows]
+        cut = [(caps or {}).get((r["dataset"], r["model"], r["engine"])) for r in rows]
+        labels = [f"{r['dataset']}\n{r['model']}\n{r['engine']}\n{r['data']}" + (f"\ncapped at {c} steps" if c else "")
+                  for r, c in zip(rows, cut)]
         x = range(len(rows))
-        ax.bar(x, [r["mean"] for r in rows], color="tab:blue", alpha=0.8, label="ours: mean, 95% CI over seeds")
+        for capped_, label in ((False, "ours: mean, 95% CI over seeds"), (True, "ours, episodes capped: not the paper's "
+                                                                                "protocol")):
+            at = [i for i in x if bool(cut[i]) == capped_]
+            if at:
+                ax.bar(at, [rows[i]["mean"] for i in at], color="tab:blue", alpha=0.8, hatch="//" if capped_ else None,
+                       label=label)
         spread = [(i, r) for i, r in enumerate(rows) if r["seeds"] > 1 and math.isfinite(r["ci95"])]
         if spread:  # a single seed has no interval: no bar is drawn for it
             ax.errorbar([i for i, _ in spread], [r["mean"] for _, r in spread], yerr=[r["ci95"] for _, r in spread],
@@ -496,24 +521,25 @@ def plot_bars(rows_by_target: dict[str, list[dict]], path: Path) -> Path:
         ax.grid(axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    return save_figure(fig, path, "report's bar chart")
+    return fig
+
+
+def cap(g: Group) -> str | None:
+    """``200`` (or ``200/500``) when ``g``'s evaluation episodes were cut short of the simulator's limit
+    (``eval.max_steps``), else None: such scores are not comparable with a paper's, in a table or a plot."""
+    caps = sorted({int((r.config.get("eval") or {}).get("max_steps") or 0) for r in g.runs} - {0})
+    try:
+        limit = envs.get_spec(g.env).max_episode_steps
+    except (KeyError, ValueError):
+        return None
+    return "/".join(map(str, caps)) if caps and caps[0] < limit else None
 
 
 def capped(groups: list[Group]) -> list[str]:
-    """A note for each group whose evaluation episodes were cut short of the simulator's limit: its scores
-    are not comparable with a paper's."""
-    notes = []
-    for g in groups:
-        caps = sorted({int((r.config.get("eval") or {}).get("max_steps") or 0) for r in g.runs} - {0})
-        try:
-            limit = envs.get_spec(g.env).max_episode_steps
-        except (KeyError, ValueError):
-            continue
-        if caps and caps[0] < limit:
-            notes.append(f"{g.env} {g.model} ({g.engine}): evaluation episodes capped at {'/'.join(map(str, caps))} "
-                         f"steps (eval.max_steps; the simulator's limit is {limit}), so its scores are not comparable "
-                         "with the paper's")
-    return notes
+    """A note for each group whose evaluation episodes were cut short of the simulator's limit (``cap``)."""
+    return [f"{g.env} {g.model} ({g.engine}): evaluation episodes capped at {c} steps (eval.max_steps; the "
+            f"simulator's limit is {envs.get_spec(g.env).max_episode_steps}), so its scores are not comparable with "
+            "the paper's" for g in groups if (c := cap(g))]
 
 
 def nonfinite(runs: list[Run]) -> list[str]:
@@ -527,6 +553,9 @@ def nonfinite(runs: list[Run]) -> list[str]:
 def report(patterns: list[str], out: str | Path = "report") -> dict:
     """Write the tables and plots for the runs matched by ``patterns``; returns what was written. A run
     whose files are unreadable is left out with a line naming the file and what is wrong."""
+    if not patterns:
+        raise ValueError("no runs given: name run directories, directories of runs, globs of either or a report's "
+                         "runs.json, e.g. python -m eval.report runs/sweep")
     archives = [Path(p) for p in patterns if Path(p).name == "runs.json" and Path(p).is_file()]
     dirs = [p for p in patterns if Path(p) not in archives]
     finished, unfinished = find_runs(dirs) if dirs else ([], [])
@@ -584,7 +613,8 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     ck_io.write_atomic(out / "scores.md", "\n".join(md), "report's tables")
     ck_io.write_atomic(out / "runs.json", archive(runs), "report's runs")
     curves = plot_curves(groups, targets, out / "curves.png")
-    bars = plot_bars({t: r for t, r in rows.items() if r}, out / "scores.png")
+    bars = plot_bars({t: r for t, r in rows.items() if r}, out / "scores.png",
+                     {(g.env, g.model, g.engine): c for g in groups if (c := cap(g))})
     return {"markdown": out / "scores.md", "csv": [out / f"scores-{t}.csv" for t in targets], "curves": curves,
             "archive": out / "runs.json",
             "bars": bars, "groups": len(groups), "runs": len(runs), "unfinished": [str(d) for d in unfinished],
@@ -596,7 +626,8 @@ class ReportConfig:
     runs: Annotated[tuple[str, ...], tyro.conf.Positional, tyro.conf.arg(metavar="RUNS")]
     """run directories, directories holding runs (searched recursively), globs of either, or a report's runs.json"""
     out: str = "report"
-    """where scores.md, scores-<target>.csv, curves.png, scores.png and runs.json go"""
+    """where scores.md, scores-target<T>.csv (one per return target T, e.g. scores-target3600.csv), curves.png,
+    scores.png and runs.json go"""
 
 
 def run(argv: list[str]) -> dict:

@@ -121,7 +121,8 @@ class RolloutConfig(RolloutOptions):
     names, types and defaults; ``eval.targets=...`` is accepted too, so an option copied from training works)."""
 
     checkpoint: str
-    """kind="dt" checkpoint written by primal_dt.train (file or run directory)"""
+    """a checkpoint written by primal_dt.train: its file, its run directory, or a directory of runs (the newest
+    run under it that holds a checkpoint; it says which)"""
     weights: Literal["model", "ema"] = "model"
     """model: the last training step's weights | ema: their moving average, which runs keep (ema_decay); its report
     is rollout-<engine>-ema.json, and eval.report shows it as a row of its own"""
@@ -147,7 +148,8 @@ class RolloutConfig(RolloutOptions):
     device: str = TrainConfig.device
     """auto | cpu | cuda | cuda:N (auto: CUDA when present), as in training"""
     progress: bool = True
-    """show a progress bar"""
+    """progress bars on a terminal; written to a file or a pipe, a plain progress line a minute instead
+    (false: no bars)"""
 
 
 SHORTHANDS = {f"eval.{f.name}": f.name for f in dataclasses.fields(RolloutOptions)}
@@ -248,12 +250,17 @@ def summary_line(results: dict) -> str:
                      f"(return {d['return_mean']:.0f}, length {d['length_mean']:.0f})" for t, d in results.items())
 
 
+def _groups(lanes: int) -> str:
+    """``eval.lanes`` in words: how the simulators were split (one group stepping while another's agent acts)."""
+    return "one group" if lanes == 1 else f"{lanes} groups, one stepping while another's agent acts"
+
+
 def summary_text(report: dict) -> str:
     policy = "the trained policy" if report.get("exact") else "NOT the trained policy"
     weights = ", weights=ema (the weights' moving average)" if report.get("weights") == "ema" else ""
     lines = [f"{report['env']} ({report['gym_id']}), engine={report['engine']} ({policy}){weights}, "
              f"{report['episodes_per_target']} episodes/target on {report['num_envs']} "
-             f"{'async' if report['asynchronous'] else 'sync'} envs in {report.get('lanes', 1)} lane(s), "
+             f"{'async' if report['asynchronous'] else 'sync'} simulators ({_groups(report.get('lanes', 1))}), "
              f"{report['wall_s']:.1f}s ({report['env_steps_per_s']:.0f} env steps/s)"]
     for tag, r in report["targets"].items():
         lines.append(f"  target {tag}: normalized {r['normalized_mean']:.1f} +- {r['normalized_std']:.1f}, "

@@ -3,9 +3,10 @@
     python -m eval.sweep env=hopper-medium,walker2d-medium model=dt,primal+dt seeds=0,1,2 steps=4000
 
 The options are training's, in the same grammar; ``env``, ``model`` and ``seeds`` take lists and span the
-grid, every other option goes to each run as given. One sweep at a time holds ``out``, and its runs die with
-it however it ends (Ctrl-C, ``kill``, a SIGKILL of the sweep alone), so no run trains on beside the next
-call. Calling again is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
+grid, every other option goes to each run as given. A model may carry options of its own after ``:``, e.g.
+``model=dt,primal+dt,bc:data_top_fraction=0.1`` adds filtered behaviour cloning as a row of its own. One
+sweep at a time holds ``out``, and its runs die with it however it ends (Ctrl-C, ``kill``, a SIGKILL of the
+sweep alone), so no run trains on beside the next call. Calling again is cheap and safe: a run whose directory (``<out>/<env>/<model>/*-seed<k>``, same
 configuration) holds a finished run of at least the asked steps is skipped, one killed or asked for fewer
 steps is resumed (exactly), the rest start. At the end the finished runs go through ``eval.report``. A sweep
 writes only inside ``out``: a symbolic link found there (a run directory, a folder of runs, a log, the report's
@@ -58,7 +59,8 @@ class SweepConfig:
     env: tuple[str, ...] = ()
     """datasets of the grid (empty: training's default env)"""
     model: tuple[str, ...] = ()
-    """models of the grid, as training's model= (empty: training's default)"""
+    """models of the grid, as training's model=, each with options of its own after ':' (bc:data_top_fraction=0.1)
+    (empty: training's default)"""
     seeds: tuple[int, ...] = (0,)
     """seeds of the grid"""
     out: str = "runs/sweep"
@@ -111,8 +113,9 @@ def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
         except (KeyError, ValueError) as err:
             raise ValueError(f"env={env}: {err.args[0] if err.args else err}") from err
         for model in sweep.model or (train_config.TrainConfig().model.name,):
+            name, *own = model.split(":")  # the model's own options, after the common ones: they win
             for seed in sweep.seeds:
-                run_argv = [f"env={env}", f"model={model}", f"seed={seed}", *rest, f"out={out}"]
+                run_argv = [f"env={env}", f"model={name}", f"seed={seed}", *rest, *own, f"out={out}"]
                 try:
                     built = train_config.build(run_argv)
                     train_config.check(built.cfg)
@@ -123,6 +126,10 @@ def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
                     raise ValueError(f"run {env} {model} seed {seed}: training does not accept the options shown "
                                      "above (python -m primal_dt.train --help lists them)") from err
                 job = Job(env, model, seed, run_argv, train_config.model_label(built.cfg), built.cfg.steps)
+                same = next((j for j in jobs if (j.env, j.label, j.seed) == (env, job.label, seed)), None)
+                if same is not None:  # one run directory for both
+                    raise ValueError(f"model={same.model} and model={model} are the same run ({job.label}); give "
+                                     "each once")
                 _match_existing(job, built.cfg, out)
                 jobs.append(job)
     return sweep, jobs

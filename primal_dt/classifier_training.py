@@ -166,7 +166,8 @@ def fit(tr: Trainer, data: TaskData, out: Path, source: str, resumed: bool = Fal
     n_params = sum(p.numel() for p in tr.model.parameters())
     mon = RunMonitor(out, enabled=cfg.tensorboard, progress_total=tr.total_steps, progress=cfg.progress,
                      progress_desc=f"{cfg.task} {cfg.model}", initial=tr.step_no,
-                     purge_step=tr.step_no + 1 if resumed else None)  # drop what a killed run logged after last.pt
+                     purge_step=tr.step_no + 1 if resumed else None,  # drop what a killed run logged after last.pt
+                     lines=True)
     mon.print(f"task {cfg.task}: {data.describe()}\n  preset source: {source}\n  " + "\n  ".join(data.notes))
     mon.print(f"model {cfg.model}: {[s.attention for s in tr.model.stack.specs]}, {n_params:,} parameters; "
               f"{tr.total_steps} steps ({tr.steps_per_epoch}/epoch), selection: {SELECTIONS[t.selection]}\n"

@@ -197,19 +197,57 @@ def _limits(file_size: int | None, honour_permissions: bool):
     return apply
 
 
-def _python(argv, file_size=None, honour_permissions=False, timeout=300, cwd=ROOT):
+def _python(argv, file_size=None, honour_permissions=False, timeout=300, cwd=ROOT, terminal=False):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "PRIMAL_DT_OFFLINE": "1"}
+    if terminal:
+        return _on_terminal([sys.executable, *map(str, argv)], cwd=cwd, env=env, timeout=timeout,
+                            preexec_fn=_limits(file_size, honour_permissions))
     return subprocess.run([sys.executable, *map(str, argv)], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout, preexec_fn=_limits(file_size, honour_permissions))
 
 
+def _on_terminal(cmd, timeout, **kw) -> subprocess.CompletedProcess:
+    """``cmd`` with its stderr on a pseudo-terminal 200 columns wide, where progress bars are drawn (written to
+    a pipe they are not); ``stderr`` is what the terminal showed, stdout is piped as usual."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+    import threading
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+    chunks = []
+
+    def read():
+        while True:
+            try:
+                data = os.read(master, 1 << 16)
+            except OSError:  # EIO: the terminal's last writer has gone
+                return
+            if not data:
+                return
+            chunks.append(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=slave, text=True, timeout=timeout, **kw)
+    finally:
+        os.close(slave)
+        reader.join(30)
+        os.close(master)
+    p.stderr = b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+    return p
+
+
 @pytest.fixture(scope="session")
 def run_cli():
-    """run_cli(module, *args, file_size=None, honour_permissions=False, timeout=300, cwd=ROOT) ->
+    """run_cli(module, *args, file_size=None, honour_permissions=False, timeout=300, cwd=ROOT, terminal=False) ->
     CompletedProcess (text): ``python -m module args`` in a fresh process with this checkout on its
     path and one torch thread, for what only a real process shows: the exit status, a one-line
     error instead of a traceback, a real file-size limit (``file_size`` bytes, RLIMIT_FSIZE), file
-    permissions that bind root too (``honour_permissions``)."""
+    permissions that bind root too (``honour_permissions``), its stderr on a terminal (``terminal``)."""
     return lambda module, *args, **kw: _python(["-m", module, *args], **kw)
 
 

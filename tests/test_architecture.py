@@ -23,12 +23,12 @@ ENTRY_POINTS = ("primal_dt.train", "primal_dt.classify")
 TOP = "eval"
 
 # The one option grammar (what entry points share lives once), the one error convention, the one
-# directory lock, the one atomic writer and the one bounded JSON reader serve envs too (envs.collect,
+# directory lock, the one atomic writer, the one bounded JSON reader and the progress bar serve envs too (envs.collect,
 # envs.behavior, the HDF5 and Minari provenance). envs may import them only
 # while they import nothing from the project but each other: then envs still depends on no model code.
 # Any other envs -> primal_dt import stays a violation.
 ENVS_MAY_IMPORT = ("primal_dt.run.cli", "primal_dt.run.errors", "primal_dt.run.lock", "primal_dt.run.json_reader",
-                   "primal_dt.run.checkpoint")
+                   "primal_dt.run.checkpoint", "primal_dt.run.progress")
 
 
 def module_name(path: Path, root: Path) -> str:

@@ -104,13 +104,41 @@ def _values(kind: str, text: str) -> list[str]:
     return ["None" if kind == "optional" and text.lower() == "none" else text]
 
 
+def plain(text: str) -> str:
+    """Help text as a reader sees it: each paragraph one flowing line (the terminal wraps it), no reStructuredText
+    ``literal`` marks. tyro keeps the source's line breaks inside a field's docstring (they come indented, which
+    its joining of lines takes for a list), so --help broke lines mid-phrase."""
+    return "\n\n".join(" ".join(p.split()).replace("``", "") for p in re.split(r"\n\s*\n", text.strip()))
+
+
+def _plain_docstrings() -> None:
+    """Route tyro's docstring readers through ``plain``; tyro reads them by module attribute when it builds a
+    parser. (Private names: a tyro without them keeps its own help text.)"""
+    from tyro import _docstrings
+
+    read_fields = getattr(_docstrings, "parse_docstring_from_object", None)
+    describe = getattr(_docstrings, "get_callable_description", None)
+    if read_fields is None or describe is None or getattr(read_fields, "plain", False):
+        return
+
+    def fields(obj):
+        return {k: plain(v) for k, v in read_fields(obj).items()}
+
+    def description(f):
+        return plain(describe(f))
+
+    fields.plain = description.plain = True
+    _docstrings.parse_docstring_from_object, _docstrings.get_callable_description = fields, description
+
+
 def parse(cls: type[T], argv: Sequence[str], *, default: T | None = None, prog: str | None = None,
           description: str | None = None, shorthands: dict[str, str] | None = None, known: bool = False) -> Any:
     """The config ``argv`` asks for over ``default`` (a preset; ``--help`` shows its values), ``prog`` naming
     the command in ``--help`` and errors. ``known``: return (config, the words this command does not know)."""
     args, _ = rewrite(cls, argv, shorthands, strict=not known)
-    return tyro.cli(cls, args=args, default=default, prog=prog, description=description, use_underscores=True,
-                    return_unknown_args=known)
+    _plain_docstrings()
+    return tyro.cli(cls, args=args, default=default, prog=prog, description=description and plain(description),
+                    use_underscores=True, return_unknown_args=known)
 
 
 def peek(cls: type[T], argv: Sequence[str], shorthands: dict[str, str] | None = None, prog: str | None = None) -> T:

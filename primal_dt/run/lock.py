@@ -1,7 +1,10 @@
 """One process at a time in a run directory (or a sweep's output): two resuming one run would overwrite each
 other's checkpoints. The holder takes a ``flock`` on ``.lock`` (dropped by the kernel however it ends) and
 writes its pid there, for the refusal. ``.lock`` is opened without following a link and written only when it
-is a plain file with one name (a planted link's target would be truncated). Imports no torch (``envs`` uses it).
+is a plain file with one name (a planted link's target would be truncated). ``release`` removes it, so a finished
+run leaves none behind: it is unlinked while still locked, and a holder whose file was unlinked after it opened it
+takes the new one, so no two processes ever hold one directory through two files. Imports no torch (``envs`` uses
+it).
 """
 
 from __future__ import annotations
@@ -26,6 +29,31 @@ def hold(directory: str | Path, what: str = "run directory") -> int:
     if d in _held:
         return _held[d]
     path = d / FILENAME
+    for _ in range(100):  # a new file each time the holder before us removed the one we locked
+        fd = _lock(d, path, what)
+        if _names(fd, path):
+            break
+        os.close(fd)
+    else:
+        raise SetupError(f"the lock file of the {what}, {path}, kept being replaced while it was taken; try again")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _held[d] = fd
+    return fd
+
+
+def _names(fd: int, path: Path) -> bool:
+    """Whether ``path`` is still the file open as ``fd`` (not removed, nor replaced, since it was opened)."""
+    try:
+        now, ours = os.lstat(path), os.fstat(fd)
+    except FileNotFoundError:
+        return False
+    return (now.st_dev, now.st_ino) == (ours.st_dev, ours.st_ino)
+
+
+def _lock(d: Path, path: Path, what: str) -> int:
+    """``path`` opened and flocked: a plain file with one name, or a ``SetupError`` saying what it is instead or
+    who holds it."""
     with writing(path, f"lock file of the {what}"):
         d.mkdir(parents=True, exist_ok=True)
         try:
@@ -35,7 +63,7 @@ def hold(directory: str | Path, what: str = "run directory") -> int:
                 raise
             fd = None
     info = os.fstat(fd) if fd is not None else os.lstat(path)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:  # 0: its holder removed it just now (hold retries)
         if fd is not None:
             os.close(fd)
         kind = (f"a symbolic link (to {os.readlink(path)})" if stat.S_ISLNK(info.st_mode) else
@@ -51,9 +79,6 @@ def hold(directory: str | Path, what: str = "run directory") -> int:
         os.close(fd)
         raise SetupError(f"the {what} {d} is in use by {holder} (or a process it started); wait for it to end "
                          "(or stop it) and try again") from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _held[d] = fd
     return fd
 
 
@@ -76,9 +101,19 @@ def holder(directory: str | Path) -> str | None:
 
 
 def release(directory: str | Path) -> None:
-    """Give up this process's hold on ``directory`` (nothing if it holds none)."""
-    fd = _held.pop(Path(directory).resolve(), None)
-    if fd is not None:
+    """Give up this process's hold on ``directory`` and remove its lock file (nothing if it holds none). A child
+    handed the lock (``eval.sweep``'s runs) still holds the open file; a later ``hold`` takes a new one only when
+    it is free (the sweep releases after its runs have ended)."""
+    d = Path(directory).resolve()
+    fd = _held.pop(d, None)
+    if fd is None:
+        return
+    try:
+        if _names(fd, d / FILENAME):
+            os.unlink(d / FILENAME)
+    except OSError:  # a directory made read-only meanwhile: the file stays, as every lock file once did
+        pass
+    finally:
         os.close(fd)
 
 

@@ -18,6 +18,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from . import errors, interrupts, lock, outputs
+from . import progress as progress_bars
 from .checkpoint import write_atomic
 from .presets import flat
 
@@ -74,9 +75,9 @@ class RunMonitor:
     """Scalars go to TensorBoard and are kept in ``history``, so the curves are drawn to PNG at the end without
     re-reading event files. ``purge_step``: TensorBoard drops what a killed predecessor wrote from it on."""
 
-    LINE_EVERY_S = 60.0
-    """without a bar (``progress=false``, as ``eval.sweep`` runs), a plain progress line at most this often, so a
-    log read while the run goes on says how far it got"""
+    LINE_EVERY_S = progress_bars.LINE_EVERY_S
+    """without a bar (``progress=false``, as ``eval.sweep`` runs, or output that is not a terminal), a plain
+    progress line at most this often, so a log read while the run goes on says how far it got"""
 
     def __init__(self, log_dir: str | Path, enabled: bool = True, progress_total: int | None = None,
                  progress_desc: str = "train", progress: bool = True, initial: int = 0,
@@ -88,10 +89,11 @@ class RunMonitor:
             _wait_for_a_later_second(self.log_dir)
             _quiet_event_writer_thread()
             self.writer = self._log(lambda: SummaryWriter(str(self.log_dir), purge_step=purge_step), always=True)
-        self.total, self.n, self.lines = progress_total, initial, lines and bool(progress_total) and not progress
+        drawn = progress and bool(progress_total) and progress_bars.on_terminal()  # in a file, frames are noise
+        self.total, self.n, self.lines = progress_total, initial, lines and bool(progress_total) and not drawn
         self.last_line = time.monotonic()
         self.bar = (tqdm(total=progress_total, initial=initial, desc=progress_desc, dynamic_ncols=True, mininterval=1.0)
-                    if progress and progress_total else None)
+                    if drawn else None)
 
     def _log(self, write, always: bool = False):
         """``write()`` when there is a writer; a failure is one ``WriteError`` and ends the writer."""
@@ -198,15 +200,16 @@ def encode_gif(frames, fps: float = 25.0) -> bytes:
     return buf.getvalue()
 
 
-class EpisodeBar(tqdm):
+class EpisodeBar(progress_bars.Bar):
     """A progress bar over evaluation episodes (x targets), ETA at the average rate (``smoothing=0``: side by
-    side simulators finish episodes in bursts); the final count is always drawn."""
+    side simulators finish episodes in bursts); the final count is always drawn. Not on a terminal: plain lines
+    (``progress.Bar``)."""
 
     def __init__(self, total: int, desc: str, leave: bool = True):
         super().__init__(total=total, desc=desc, unit="episode", leave=leave, dynamic_ncols=True, smoothing=0)
 
     def update(self, n: int = 1):
         shown = super().update(n)
-        if self.total and self.n >= self.total:
+        if not self.plain and self.total and self.n >= self.total:
             self.refresh()
         return shown

@@ -198,7 +198,8 @@ class RunOptions:
     device: str = "auto"
     """auto | cpu | cuda | cuda:N"""
     progress: bool = True
-    """show a progress bar"""
+    """progress bars on a terminal; written to a file or a pipe, a plain progress line a minute instead
+    (false: no bars)"""
     tensorboard: bool = True
     """write TensorBoard event files into the run directory"""
 

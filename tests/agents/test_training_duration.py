@@ -48,8 +48,10 @@ def test_a_recipe_of_hours_on_a_cpu_is_offered_the_cpu_recipe(hopper_file, tmp_p
     text = training.projection(run, 0.5, 0, 20)
     assert text.startswith("time on cpu, 1 thread, measured over 20 steps: 100,000 steps x 500.0 ms = 13h53m of "
                            "training; evaluations and validations are timed as they run")
-    assert "\nnote: this recipe takes about 13h53m on this device, hours, not minutes." in text
-    assert "The CPU recipe (configs/dt/recipes/cpu.yaml" in text
+    assert ("\nnote: this recipe takes about 13h53m on this device, hours, not minutes. Ctrl-C stops it with a "
+            "checkpoint (and prints the resume= command that continues it).") in text
+    assert "stop it and run the CPU recipe instead (configs/dt/recipes/cpu.yaml; its time per kind of CPU: " \
+           "docs/cpu.md#the-cpu-recipe):" in text
     offered = shlex.split(text.splitlines()[-1].strip())
     assert offered[:3] == ["python", "-m", "primal_dt.train"] and "recipe=cpu" in offered
     assert not any(w.startswith(("steps=", "eval.every=")) for w in offered)  # the recipe's own, left to it
@@ -59,7 +61,9 @@ def test_a_recipe_of_hours_on_a_cpu_is_offered_the_cpu_recipe(hopper_file, tmp_p
     assert theirs.cfg.data_source == f"d4rl:{hopper_file}" and theirs.cfg.model.d_model == 128
     on_it = training.prepare(train_config.build(offered[3:] + ["steps=100000"]))
     text = training.projection(on_it, 0.5, 0, 20)
-    assert text.splitlines()[-1] == "note: this recipe takes about 13h53m on this device, hours, not minutes."
+    assert text.splitlines()[-1] == ("note: this recipe takes about 13h53m on this device, hours, not minutes. "
+                                     "Ctrl-C stops it with a checkpoint (and prints the resume= command that "
+                                     "continues it).")
 
 
 def test_a_short_recipe_gets_its_projection_and_no_warning(hopper_file, tmp_path, capsys):
@@ -134,10 +138,12 @@ def test_a_run_stopped_before_its_first_step_checkpoint_resumes_from_its_wall_ti
     assert losses(resumed["run_dir"]) == losses(straight["run_dir"])
 
 
-def test_the_progress_bar_shows_loss_score_validation_and_time_left(hopper_file, tmp_path, capsys):
-    train_run(args(hopper_file, tmp_path, "progress=true", "steps=40", "eval.every=20", "eval.episodes=1",
-                   "eval.final_episodes=0", "eval.max_steps=3", "eval.num_envs=1"))
-    bar = capsys.readouterr().err.replace("\r", "\n").splitlines()
+def test_the_progress_bar_shows_loss_score_validation_and_time_left(hopper_file, tmp_path, run_cli):
+    p = run_cli("primal_dt.train", *args(hopper_file, tmp_path, "progress=true", "steps=40", "eval.every=20",
+                                         "eval.episodes=1", "eval.final_episodes=0", "eval.max_steps=3",
+                                         "eval.num_envs=1"), terminal=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    bar = p.stderr.replace("\r", "\n").splitlines()
     last = [x for x in bar if x.startswith("hopper-medium primal+dt: 100%")][-1]
     shown = r"40/40 \[\S+, +[\d.]+it/s, loss=\d+\.\d{4}, score=-?\d+\.\d, val_mse=\d+\.\d{4}, eta=<?\d+s\]"
     assert re.search(shown, last), last
@@ -157,6 +163,24 @@ def test_without_a_bar_a_log_gets_plain_progress_lines(hopper_file, tmp_path, ca
     assert re.fullmatch(r"step 30/30 \(100%\): loss \d+\.\d{4}, score -?\d+\.\d, val_mse \d+\.\d{4}, eta <?\d+s",
                         lines[-1]), lines[-1]
     assert "\r" not in captured.err + captured.out
+
+
+def test_output_that_is_not_a_terminal_gets_plain_lines_not_bar_frames(hopper_file, tmp_path, capsys, monkeypatch):
+    """A run written to a file or a pipe (here pytest's capture, no terminal) draws no bar even with progress=true:
+    training and its evaluation print a plain line at most once a ``LINE_EVERY_S`` (0 here) instead."""
+    from primal_dt.run import progress
+    from primal_dt.run.monitor import RunMonitor
+
+    monkeypatch.setattr(RunMonitor, "LINE_EVERY_S", 0.0)
+    monkeypatch.setattr(progress, "LINE_EVERY_S", 0.0)
+    train_run(args(hopper_file, tmp_path, "progress=true", "steps=20", "eval.every=10", "eval.episodes=2",
+                   "eval.final_episodes=0", "eval.max_steps=3", "eval.num_envs=1", "eval.targets=3600"))
+    captured = capsys.readouterr()
+    assert "\r" not in captured.err + captured.out and "it/s" not in captured.err + captured.out
+    lines = captured.out.splitlines()
+    assert [x.split()[1] for x in lines if re.match(r"step \d+/20 \(", x)] == [f"{n}/20" for n in range(1, 21)]
+    assert [x for x in lines if x.startswith("eval at step")] == ["eval at step 10: 1/2 episodes (50%)",
+                                                                 "eval at step 10: 2/2 episodes (100%)"]
 
 
 def test_a_run_shorter_than_the_interval_prints_no_progress_line(hopper_file, tmp_path, capsys):

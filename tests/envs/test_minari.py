@@ -160,3 +160,17 @@ def test_a_fifo_in_place_of_an_episode_file_is_refused_not_waited_on(data_dirs, 
     os.mkfifo(h5)
     p = run_code("import envs\nenvs.load_dataset('hopper-medium', source='minari', verbose=False)", timeout=60)
     assert f"{h5.name} is not a regular file (a FIFO, socket, device or directory)" in p.stderr, p.stderr[-2000:]
+
+
+def test_a_lean_install_is_told_the_extra_the_readme_names(data_dirs, monkeypatch):
+    """Without huggingface_hub (the lean install: no ``download`` extra) the error names that extra, as the
+    README does, not a package spec of its own. (The lean install is simulated: the dev one has the package.)"""
+    import importlib.util
+
+    from envs import minari_source
+
+    found = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "huggingface_hub"
+                        else found(name, *a))
+    with pytest.raises(DatasetNotFound, match=r"download extra installs: pip install 'primal-dt\[download\]'"):
+        minari_source.download_minari("mujoco/hopper/medium-v0")

@@ -1,10 +1,14 @@
-"""Segment sampling against hand-computed segments of a 5-step, 2-episode dataset."""
+"""Segment sampling against hand-computed segments of a 5-step, 2-episode dataset; filtered sampling (the best
+episodes by return) on the replicas shipped with the package."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from envs import SegmentSampler, Trajectories
+from envs.d4rl import read_d4rl
 from envs.sampler import Batch
 
 
@@ -187,3 +191,37 @@ def test_fixed_segments_and_foreign_statistics_give_the_sampled_batches(tiny):
                                    rtol=1e-6)
         np.testing.assert_array_equal(b.actions[f].numpy(), exp["actions"])
         np.testing.assert_allclose(b.rtg[f, :, 0].numpy(), exp["rtg"])
+
+
+# -- filtered behaviour cloning: the best fraction of episodes, on the replicas shipped with the package ---------
+REPLICAS = Path(__file__).resolve().parents[2] / "envs" / "replicas"
+
+
+@pytest.mark.parametrize("name", ["hopper-medium", "hopper-medium-replay"])
+@pytest.mark.parametrize("from_start", [False, True])
+def test_top_fraction_draws_only_from_the_episodes_of_highest_return(name, from_start):
+    ds = read_d4rl(REPLICAS / f"{name.replace('-', '_')}-replica.hdf5", name, "Hopper-v4", verbose=False)
+    s = SegmentSampler(ds, K=5, batch_size=4096, seed=1, from_start=from_start, top_fraction=0.1)
+    kept = np.sort(np.argsort(-ds.returns)[:len(ds) // 10])  # the 10 % best, worked out here from the returns
+    np.testing.assert_array_equal(s.episodes, kept)
+    episode_of_step = np.repeat(np.arange(len(ds)), ds.lengths)
+    drawn = np.unique(episode_of_step[s.indices()[0][:, 0]])
+    assert set(drawn) <= set(kept) and len(drawn) > 0.9 * len(kept)  # every draw from them, (nearly) each of them
+    assert ds.returns[drawn].min() >= np.delete(ds.returns, kept).max()
+    if from_start:
+        assert set(s.indices()[0][:, 0]) <= set(ds.starts[kept])
+
+
+def test_top_fraction_keeps_statistics_and_every_draw_of_the_unfiltered_sampler(tiny):
+    """fraction 1 is the sampler as it always was (the same random draws); a filtered one normalises alike."""
+    whole, rng = SegmentSampler(tiny, K=2, batch_size=16, seed=3), np.random.default_rng(3)
+    np.testing.assert_array_equal(whole.indices()[0][:, 0], rng.integers(0, tiny.num_steps, size=16))
+    best = SegmentSampler(tiny, K=2, batch_size=64, seed=3, top_fraction=0.5)  # episode B: return 9 > 6
+    assert best.episodes.tolist() == [1] and set(best.indices()[0][:, 0]) == {3, 4}
+    torch.testing.assert_close(best.segments(np.array([3])).states, whole.segments(np.array([3])).states)
+
+
+@pytest.mark.parametrize("bad", [0.0, -0.1, 1.5, float("nan")])
+def test_a_top_fraction_outside_0_1_is_refused(tiny, bad):
+    with pytest.raises(ValueError, match=r"top_fraction must be in \(0, 1\]"):
+        SegmentSampler(tiny, top_fraction=bad)

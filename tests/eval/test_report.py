@@ -225,6 +225,32 @@ def test_plots_are_written_and_readable(runs, tmp_path):
     assert half[1] == pytest.approx(12.706 * statistics.stdev(finals) / math.sqrt(2), rel=1e-3)  # 95 % band
 
 
+def test_plots_keep_the_data_level_off_the_frame_and_mark_capped_evaluations(runs, tmp_path):
+    """The data's level was drawn on the plot's top edge when it bounded the curves, and a capped evaluation
+    (eval.max_steps=15 here) stood unmarked beside the paper's number: now both are visible on the plots."""
+    root, _, _ = runs
+    loaded = [report.load_run(d) for d in report.find_runs([str(root / "hopper-medium" / "dt")])[0]]
+    groups, _ = report.group_runs([r for r in loaded if r.config["lr"] != 0.0005])
+    (g,) = groups
+    level = g.runs[0].data_level
+    ax = report.curves_figure(groups, ["target3600"]).axes[0]
+    lo, hi = ax.get_ylim()
+    assert lo + 1.0 <= level <= hi - 1.0  # inside, with room to spare
+    (curve,) = [t.get_text() for t in ax.get_legend().get_texts() if "seed" in t.get_text()]
+    assert curve.endswith(", episodes capped at 15 steps")
+    rows = report.score_rows(groups, "target3600")
+    bars = report.bars_figure({"target3600": rows}, {(g.env, g.model, g.engine): report.cap(g)}).axes[0]
+    assert [t.get_text().splitlines()[-1] for t in bars.get_xticklabels()] == ["capped at 15 steps"]
+    assert [p.get_hatch() for p in bars.patches] == ["//"]
+    assert "ours, episodes capped: not the paper's protocol" in [t.get_text() for t in bars.get_legend().get_texts()]
+    whole = dataclasses.replace(g, runs=[dataclasses.replace(r, config={**r.config, "eval": {**r.config["eval"],
+                                                                                            "max_steps": 0}})
+                                         for r in g.runs])
+    assert report.cap(whole) is None
+    plain = report.bars_figure({"target3600": rows}, {}).axes[0]
+    assert [p.get_hatch() for p in plain.patches] == [None] and "capped" not in plain.get_xticklabels()[0].get_text()
+
+
 def test_command_line_and_clear_errors(runs, tmp_path):
     root, _, _ = runs
     p = subprocess.run([sys.executable, "-m", "eval.report", str(root / "hopper-medium" / "*"), f"out={tmp_path}"],
@@ -240,6 +266,12 @@ def test_command_line_and_clear_errors(runs, tmp_path):
     empty.mkdir()
     p = subprocess.run([sys.executable, "-m", "eval.report", str(empty)], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and "no finished run" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "eval.report"], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # a new user's first try: no argument
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert p.stderr.strip().splitlines()[-1] == ("error: no runs given: name run directories, directories of runs, "
+                                                 "globs of either or a report's runs.json, e.g. python -m eval.report "
+                                                 "runs/sweep")
     p = subprocess.run([sys.executable, "-m", "eval.report", str(root), "colour=red"], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--colour" in p.stderr and "Traceback" not in p.stderr  # tyro's error

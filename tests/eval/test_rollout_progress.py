@@ -1,7 +1,7 @@
 """Evaluation progress that tells the truth: ``run_episodes`` reports episodes as they end, and the
 bars of ``python -m eval.rollout`` and of training's evaluation count episodes (episodes x targets)
 and end at 100 %, whatever the episodes' lengths (the bars once assumed 1000-step episodes and
-stopped at a fifth). Real simulators, real processes, the bars' real output."""
+stopped at a fifth). Real simulators, real processes, the bars' real output on a (pseudo-)terminal."""
 
 import re
 
@@ -67,7 +67,7 @@ def test_run_episodes_reports_each_episode_as_it_ends(tiny_dt, hopper_stats):
 def test_rollout_bar_counts_episodes_and_ends_at_100_percent(tmp_path, tiny_dt, dt_checkpoint_file, run_cli):
     ckpt = dt_checkpoint_file(tmp_path, tiny_dt("primal+dt", K=5))
     p = run_cli("eval.rollout", f"checkpoint={ckpt}", "episodes=3", "targets=3600,1800", "max_steps=40",
-                "num_envs=2", "progress=true", f"out={tmp_path / 'r.json'}")
+                "num_envs=2", "progress=true", f"out={tmp_path / 'r.json'}", terminal=True)
     assert p.returncode == 0, p.stderr[-3000:]
     assert_counts_episodes(bar_states(p.stderr, "hopper-medium"), 3 * 2)
 
@@ -76,6 +76,7 @@ def test_training_evaluation_bar_counts_episodes(tmp_path, hopper_file, run_cli)
     p = run_cli("primal_dt.train", "preset=smoke", f"data_source=d4rl:{hopper_file}", f"out={tmp_path}",
                 "model.d_model=32", "model.n_heads=2", "model.n_layers=2", "model.s=8", "K=5", "batch_size=8",
                 "warmup_steps=1", "steps=2", "eval.every=0", "eval.final_episodes=3", "eval.targets=3000,1500",
-                "eval.max_steps=25", "eval.num_envs=2", "threads=1", "tensorboard=false", "progress=true")
+                "eval.max_steps=25", "eval.num_envs=2", "threads=1", "tensorboard=false", "progress=true",
+                terminal=True)
     assert p.returncode == 0, p.stderr[-3000:]
     assert_counts_episodes(bar_states(p.stderr, "eval at step 2"), 3 * 2)

@@ -286,3 +286,31 @@ def test_a_new_run_beside_a_running_one_of_the_same_seed_says_so(tmp_path, capfd
     finally:
         holder.kill()
         holder.wait()
+
+
+@pytest.mark.parametrize("module", ["primal_dt.train", "eval.report", "eval.rollout", "eval.sweep"])
+def test_help_reads_as_plain_text_its_lines_broken_only_by_the_terminal(module, run_cli):
+    """The source's line breaks inside a docstring once broke --help lines mid-phrase (a short line, then the rest
+    of the sentence), and its ``literal`` marks and module paths reached the reader. Now every help line but an
+    option's last is filled to the box's width, give or take a word."""
+    import os
+
+    os.environ["COLUMNS"] = "120"  # the child's rich reads it (run_cli copies the environment)
+    try:
+        p = run_cli(module, "--help")
+    finally:
+        del os.environ["COLUMNS"]
+    assert p.returncode == 0, p.stderr
+    assert "``" not in p.stdout and "agents.stream_training" not in p.stdout and "RUNTIME_OPTIONS" not in p.stdout
+    entries, current = [], None  # [option, its help rows]
+    for line in p.stdout.splitlines():
+        if not line.startswith("│") or set(line) <= set("│─ "):  # a box's border or rule: no option's help
+            current = None
+        elif line[2] == "-":  # an option: its name, then its help after a gap (or on the rows below)
+            name, _, help_text = line[2:].rstrip("│ ").partition("  ")
+            current = [name, [help_text.strip()] if help_text.strip() else []]
+            entries.append(current)
+        elif current is not None:
+            current[1].append(line.strip("│ "))
+    short = [(name, row) for name, rows in entries for row in rows[:-1] if len(row) < 94 - 30]
+    assert entries and not short, short[:3]

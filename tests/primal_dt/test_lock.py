@@ -127,3 +127,27 @@ def test_a_resume_takes_the_lock_before_it_reads_the_checkpoint(tmp_path, comman
     with pytest.raises(SetupError, match="could not be read|not loaded|not a primal-dt checkpoint|not a PyTorch checkpoint"):
         importlib.import_module(command).run([f"resume={d}", "progress=false"])  # free: read, and refused
     assert not (d / lock.FILENAME).exists() or lock.holder(d) is None  # the refusal let the lock go
+
+
+def test_release_removes_the_lock_file_and_the_next_holder_makes_a_new_one(tmp_path):
+    """A finished run leaves no ``.lock``; a process that opened the file before its holder removed it finds it
+    removed (``hold`` then takes the new one, never the removed file, so two holders never hold one directory)."""
+    d = tmp_path / "run"
+    lock.hold(d)
+    early = os.open(d / lock.FILENAME, os.O_RDONLY)  # opened before the release: the old file
+    lock.release(d)
+    assert not (d / lock.FILENAME).exists()
+    p = holder(d)  # another process holds the directory through a new file
+    try:
+        assert (d / lock.FILENAME).read_text().strip() == str(p.pid)
+        assert os.fstat(early).st_nlink == 0  # the old one is gone: locking it would hold nothing
+        with pytest.raises(SetupError, match=f"in use by process {p.pid}"):
+            lock.hold(d)
+    finally:
+        os.close(early)
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    (d / lock.FILENAME).write_text("12345\n")  # left by a killed holder (or an older release): free, taken, removed
+    lock.hold(d)
+    lock.release(d)
+    assert not (d / lock.FILENAME).exists()
