@@ -125,6 +125,10 @@ def plan(argv: list[str]) -> tuple[SweepConfig, list[Job]]:
                 except SystemExit as err:  # the option parser has printed what it could not read
                     raise ValueError(f"run {env} {model} seed {seed}: training does not accept the options shown "
                                      "above (python -m primal_dt.train --help lists them)") from err
+                if built.cfg.eval.final_episodes == 0:  # else every run trains, and the report has nothing to show
+                    raise ValueError("eval.final_episodes=0: a sweep ends in a report of its runs' final scores, so "
+                                     "each run needs a final evaluation; give eval.final_episodes >= 1 (or train the "
+                                     "runs with python -m primal_dt.train)")
                 job = Job(env, model, seed, run_argv, train_config.model_label(built.cfg), built.cfg.steps)
                 same = next((j for j in jobs if (j.env, j.label, j.seed) == (env, job.label, seed)), None)
                 if same is not None:  # one run directory for both

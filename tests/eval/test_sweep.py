@@ -63,6 +63,7 @@ def test_grid_runs_then_a_second_call_skips_and_resumes(hopper_file, tmp_path):
     (["seeds=0,1,0"], "seeds= names 0 more than once"),
     (["model=dt,primal+dt,dt"], "model= names dt more than once"),
     ([f"report={__file__}"], "is a file; give the directory to write the report into"),
+    (["eval.final_episodes=0"], "eval.final_episodes=0: a sweep ends in a report of its runs' final scores"),
 ])
 def test_bad_options_fail_before_any_run_starts(hopper_file, tmp_path, bad, match):
     with pytest.raises(ValueError, match=match):
