@@ -272,8 +272,8 @@ def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
             for g, k in zip(gs, keys):  # name each group by what sets it apart
                 g.model = f"{model} ({', '.join(f'{d}={k.get(d)}' for d in differ)})"
     # a precision other than float32 changes scores (docs/results/gpu-h200-recipe-bf16.md): said, when no label does
-    notes += [f"{g.env} {g.model}: trained in bf16 autocast (amp=bf16), not float32" for g in groups.values()
-              if dict(g.key[2]).get("amp") == "bf16" and "amp=" not in g.model]
+    notes += dict.fromkeys(f"{g.env} {g.model}: trained in bf16 autocast (amp=bf16), not float32"  # once per model
+                           for g in groups.values() if dict(g.key[2]).get("amp") == "bf16" and "amp=" not in g.model)
     return sorted(groups.values(), key=lambda g: (g.env, g.model, g.engine)), notes
 
 
@@ -418,8 +418,12 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
             sets = ", ".join(c["dataset"] for c in mine)
             md.append(f"- {model}, {arm}: " + (f"meets the criterion on every dataset compared ({sets})" if not failed
                                                else f"does not meet it (fails on {', '.join(failed)}; compared on {sets})"))
+        md.append("")
+    elif any(r["engine"].startswith("stream (exact") and EMA not in r["engine"] for r in rows):
+        md += ["No stream-exact arm is compared yet: the papers' protocol (recompute) of its dataset and model needs "
+               "at least 2 seeds for an interval.", ""]
     if averaged:
-        md += ["", "The weights' moving average against the same training's last weights (mean +- 95 % interval):", "",
+        md += ["The weights' moving average against the same training's last weights (mean +- 95 % interval):", "",
                *table(["dataset", "data", "model", "engine", "seeds", "moving average", "last weights"],
                       [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
                         score_cell(r["mean"], r["ci95"], r["seeds"]),
