@@ -302,9 +302,10 @@ class _Fields:
         tensors shaped like weights, dense and finite, before ``load_state_dict`` casts (allocates) them."""
         for i, g in enumerate(opt["param_groups"]):
             for k, x in g.items():
-                if k != "params" and any(presets.fits(y, float) and not (math.isfinite(y) and abs(y) <= MAX_MAGNITUDE)
+                # finite, not bounded: training accepts any finite lr (a huge one diverges, and says so)
+                if k != "params" and any(presets.fits(y, float) and not math.isfinite(y)
                                          for y in (x if isinstance(x, (list, tuple)) else (x,))):
-                    raise self.bad(f"optimizer.param_groups[{i}].{k}", f"finite, at most {MAX_MAGNITUDE:g} in size", x)
+                    raise self.bad(f"optimizer.param_groups[{i}].{k}", "finite", x)
         for i, st in opt["state"].items():
             for k, t in (st.items() if isinstance(st, dict) else ()):
                 if isinstance(t, torch.Tensor) and not (

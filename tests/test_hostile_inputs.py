@@ -314,12 +314,13 @@ ROLLOUT = ["episodes=1", "num_envs=1", "max_steps=5", "targets=3600", "engine=st
 
 
 def held_while(entries, first: list, second: list, report: Path) -> tuple[Ended, Ended]:
-    """``second`` started while ``first`` (an endless rollout) holds ``report``, once its progress bar counts a
+    """``second`` started while ``first`` (an endless rollout) holds ``report``, once its progress line counts a
     finished episode (an interrupt while it still imports the simulator is not this test's); then ``first``
-    interrupted."""
+    interrupted. Its output is a file, so the progress is a plain line, printed at the first episode's end."""
     started = entries.start("eval.rollout", *[a for a in first if a != "progress=false"], "progress=true")
-    bar, deadline = Path(f"{started[1]}.err"), time.time() + 300
-    while not re.search(r"\| *[1-9]\d*/\d+", bar.read_text() if bar.exists() else "") and time.time() < deadline:
+    bar, deadline = Path(f"{started[1]}.out"), time.time() + 300
+    while not re.search(r": [1-9][\d,]*/[\d,]+ episodes", bar.read_text() if bar.exists() else "") \
+            and time.time() < deadline:
         time.sleep(0.1)
     assert report.exists(), bar.read_text()
     try:

@@ -1,6 +1,7 @@
 """Progress bars only where someone watches them. On a terminal a tqdm bar; written to a file or a pipe (a
 sweep's log, ``| tee``, a cluster job's output) a bar is hundreds of carriage-return frames, so there the bar
-is off and a plain line says how far the work got, at most once every ``LINE_EVERY_S``.
+is off and a plain line says how far the work got: at the first step of progress (the work has begun), then
+at most once every ``LINE_EVERY_S``.
 Imports nothing from the project (``envs`` uses it)."""
 
 from __future__ import annotations
@@ -24,15 +25,15 @@ def on_terminal(stream=None) -> bool:
 
 
 class Bar(tqdm):
-    """tqdm's bar on a terminal; elsewhere no frames but ``desc: n/total unit (p%), postfix`` on stdout once a
-    ``LINE_EVERY_S`` at most (``progress=False``: neither). Takes tqdm's arguments."""
+    """tqdm's bar on a terminal; elsewhere no frames but ``desc: n/total unit (p%), postfix`` on stdout at the first
+    update and then once a ``LINE_EVERY_S`` at most (``progress=False``: neither). Takes tqdm's arguments."""
 
     def __init__(self, *args, progress: bool = True, **kw):
         self.plain = progress and not on_terminal(kw.get("file"))
         super().__init__(*args, **kw, disable=not progress or self.plain)
         unit = kw.get("unit", "it")
         self.plain_desc, self.plain_unit, self.plain_postfix = kw.get("desc") or "", f"{unit}s" * (unit != "it"), ""
-        self.plain_last = time.monotonic()
+        self.plain_last = -float("inf")  # the first update says the work is under way
 
     def update(self, n: float | None = 1):
         if not self.plain:
