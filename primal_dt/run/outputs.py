@@ -119,6 +119,7 @@ def claimed(path: Path, what: str, option: str, replace: bool) -> Iterator[Path]
     flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (0 if replace else os.O_EXCL)
     created = not os.path.lexists(path)  # (only for the cleanup: O_EXCL is what decides who creates it)
     with writing(path, what):
+        path.parent.mkdir(parents=True, exist_ok=True)  # as the writer would: out= may name a folder still to make
         try:
             fd = os.open(path, flags, 0o666)
         except FileExistsError:
