@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_the_fidelity_comparison_rehearses_and_resumes(tmp_path):
     env = {**os.environ, "FIDELITY_REHEARSAL": "1", "FIDELITY_ENVS": "hopper-medium", "FIDELITY_MODELS": "dt",
-           "FIDELITY_SEEDS": "0", "FIDELITY_WINDOWS": "4",
+           "FIDELITY_SEEDS": "0", "FIDELITY_WINDOWS": "4:40",  # (W:K; a rehearsal keeps its own K)
            "FIDELITY_PREFIX_MODELS": "primalformer-dt", "FIDELITY_EPISODES": "2", "PYTHON": sys.executable,
            "PYTHONPATH": str(ROOT)}
     cmd = ["bash", str(ROOT / "eval" / "fidelity_comparison.sh"), str(tmp_path)]
@@ -23,16 +23,17 @@ def test_the_fidelity_comparison_rehearses_and_resumes(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     md = (tmp_path / "report" / "scores.md").read_text()
     engines = {ln.split("|")[4].strip() for ln in md.splitlines() if ln.startswith("| hopper-medium | replica | dt")}
-    assert engines == {"recompute", "stream (not trained)", "stream (exact, window 4)"}
+    assert engines == {"recompute", "stream (not trained)", "stream (exact, window 4)",  # and each run's average:
+                       "recompute, EMA 0.999", "stream (exact, window 4), EMA 0.999"}
     prefix = {ln.split("|")[4].strip() for ln in md.splitlines()
               if ln.startswith("| hopper-medium | replica | primalformer-dt")}
-    assert prefix == {"stream (exact, from start)"}
+    assert prefix == {"stream (exact, from start)", "stream (exact, from start), EMA 0.999"}
     (run,) = (tmp_path / "standard" / "hopper-medium" / "dt").glob("*-seed0")
-    assert (run / "rollout-stream.json").exists()
+    assert (run / "rollout-stream.json").exists() and (run / "rollout-recompute-ema.json").exists()
 
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "(b)" not in again.stdout and again.stdout.count("0 to start, 0 to resume, 1 finished") == 3
+    assert "(b)" not in again.stdout and "(e)" not in again.stdout and again.stdout.count("0 to start, 0 to resume, 1 finished") == 3
     only_a = subprocess.run(cmd, env={**env, "FIDELITY_WINDOWS": "", "FIDELITY_PREFIX_MODELS": ""},
                             capture_output=True, text=True, timeout=900)  # empty: that part left out, not its default
     assert only_a.returncode == 0 and "(a)" in only_a.stdout, only_a.stderr[-3000:]
