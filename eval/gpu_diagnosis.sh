@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training-step diagnosis on one GPU (issue 49, docs/gpu.md#the-diagnosis): what a session lent a GPU runs first.
+# The training-step diagnosis on one GPU (docs/gpu.md#the-diagnosis): what a session lent a GPU runs first.
 #
 #   eval/gpu_diagnosis.sh WHEELS_DIR OUT_DIR
 #
@@ -10,7 +10,7 @@
 #    fp32, bf16; cudagraphs bf16 without cuBLAS's reduced-precision reductions; aot_eager bf16), each against
 #    eager fp32 and the arm it adds one thing to; the arm that departs first names the part.
 #
-# It ends within GPU_DIAGNOSIS_BUDGET_S seconds (default 240, the 4 GPU minutes issue 49 sized it to): the arms
+# It ends within GPU_DIAGNOSIS_BUDGET_S seconds (default 240: 4 minutes of a GPU): the arms
 # share what is left after the start, 40 s less (diagnose's --budget_s), and one that runs out of its share stops
 # early and says so. OUT_DIR receives diagnosis.txt (the console: the table and the verdict last), diagnosis.json
 # and diagnosis.md. GPU_DIAGNOSIS_REHEARSAL=1 runs it on the CPU at the tiny size in a minute (the tests run it).

@@ -1,4 +1,4 @@
-"""Hostile data (issue 51, items 3, 5 and 7): crafted checkpoints and altered dataset files, made here by the tests.
+"""Hostile data: crafted checkpoints and altered dataset files, made here by the tests.
 
 Each case is a real file read by a real entry point (or by its one reader, where the entry point adds nothing): one
 ``error:`` line naming the file and the field, the exit status, a bound on the time (a crafted tensor that asks for

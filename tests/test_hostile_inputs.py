@@ -1,4 +1,4 @@
-"""The hostile-input corpus (issue 51): files and paths crafted by the tests, given to the real entry points as a
+"""The hostile-input corpus: files and paths crafted by the tests, given to the real entry points as a
 user (or an attacker who can write into their folders) would. Every case asserts one ``error:`` line and no
 traceback, the exit status, a time bound, and that nothing outside the command's target changed (every file
 and link under the test's folder, content and all, compared before and after).

@@ -1,4 +1,4 @@
-"""Where primal+dt's training step departs on a device (issue 49): one initialisation, one set of batches drawn
+"""Where primal+dt's training step departs on a device: one initialisation, one set of batches drawn
 up front, dropout 0, the same steps taken in every form and precision of the step (the arms), each against the
 arm it adds one thing to, and all against eager float32.
 

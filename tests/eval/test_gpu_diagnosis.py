@@ -1,4 +1,4 @@
-"""eval/gpu_diagnosis.sh, the prepared GPU diagnosis (issue 49), rehearsed on the CPU; and the setup it shares with
+"""eval/gpu_diagnosis.sh, the prepared GPU diagnosis, rehearsed on the CPU; and the setup it shares with
 eval/gpu_comparison.sh (eval/gpu_setup.sh), in both: a wrong command line is the usage line, and a Python that lacks
 the packages, given no wheels, is one error line before any work."""
 
