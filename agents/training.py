@@ -2,17 +2,15 @@
 run happens (the numbered sections). Bad input fails in setup, as ``SetupError``, before anything is written;
 the simulator's evaluation is ``eval``'s code handed in as an ``Evaluator`` (``eval`` sits above ``agents``).
 A failed write ends the run with one ``WriteError``; the last checkpoint stays intact. Same seed and config,
-same run (on CPU), and a resumed run continues exactly.
+same run (on CPU), and a resumed run continues exactly. Beside it, in their own rooms: the summary a run leaves
+(``agents.run_summary``, which ``eval.report`` reads) and how long a run takes (``agents.time_projection``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
-import math
 import os
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ import yaml
 
 import envs
 from primal_dt.run import checkpoint as ck_io
-from primal_dt.run import distributed, errors, json_reader, lock, outputs, presets, runtime
+from primal_dt.run import distributed, errors, lock, outputs, runtime
 from agents import train_config
 from primal_dt.run.monitor import EpisodeBar, RunMonitor, run_dir
 from primal_dt.run.distributed import Dist
@@ -33,9 +31,11 @@ from primal_dt.run.interrupts import Interrupts
 from primal_dt.run.errors import SetupError, WriteError
 from agents.train_config import Built, TrainConfig, model_label
 
-from . import compile_check, dt_checkpoint, stream_training, train_step as steps
+from . import compile_check, dt_checkpoint, run_summary, stream_training, train_step as steps
 from .decision_transformer import Batch, DecisionTransformer, DTConfig
 from .dt_checkpoint import DataInfo, DTCheckpoint, TrainingState
+from .run_summary import target_tag
+from .time_projection import Clock
 
 
 class Diverged(RuntimeError):
@@ -235,43 +235,21 @@ def train(built: Built, evaluator: Evaluator, d: Dist | None = None) -> dict:
 
 
 def _train(run: Run, evaluator: Evaluator) -> dict:
+    """The loop, top to bottom: a step (and, when due, its log line), an evaluation, a checkpoint, the progress
+    bar; then the final evaluation and validation, and the summary. Ctrl-C and SIGTERM end it with a checkpoint
+    at the step reached (``interrupted``); a diverged step ends it keeping the last good one (``settle``)."""
     cfg, d = run.cfg, run.dist
-    net = run.model if d.world == 1 else torch.nn.parallel.DistributedDataParallel(
-        run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
     if d.main:
         print(announcement(run), flush=True)
     mon = open_monitor(run)
     score_tag = f"eval/normalized/{target_tag(run.info.targets[0])}"  # the bar's score: the first target's
-    speed = (0.0, 0, 0)  # seconds, steps and tokens of the optimisation steps since the last logged step
     by_time = CheckpointClock(cfg.checkpoint_minutes, d, run.device)
-    clock = Clock(run)
+    clock = Clock(run.built, run.device, len(run.info.targets), run.step, d.main)
     saved_at = run.step if (run.out / dt_checkpoint.FILENAME).exists() else -1
-    interrupts = Interrupts()
-    autocast = torch.bfloat16 if cfg.amp == "bf16" else None
-    if run.compile != "eager" and cfg.compile_check:  # a wrong compiled step is not trained in
-        verdict = compile_check.check(run.compile, run.model, run.opt, run.sched,
-                                      upcoming_batches(run, compile_check.STEPS), cfg.eta, cfg.grad_clip, autocast,
-                                      run.step, d.world)
-        mon.print(verdict.line())
-        run.compile = run.compile if verdict.ok else "eager"
-    stepper = steps.Stepper(run.compile, net, list(run.model.parameters()), run.opt, run.sched, cfg.eta, cfg.grad_clip,
-                            d.world, run.step, autocast=autocast)
+    stepper = make_stepper(run, mon)
+    speed = (0.0, 0, 0)  # seconds, steps and tokens of the optimisation steps since the last logged step
     loss = None
-
-    def settle() -> None:
-        """Stop at the first failed step (the compiled forms report it when asked: one read-back), saying what
-        diverged and what is kept; the step was not taken."""
-        failed = stepper.failure()
-        if failed is not None:
-            run.step = failed.step - 1
-            msg = (f"training diverged at step {failed.step}: loss={failed.loss}, grad norm={failed.grad_norm}, action "
-                   f"mse={float(failed.parts['mse'])}, ksvd={float(failed.parts['ksvd'])}. The optimizer step was not "
-                   f"taken; {kept(run)}. Try a lower lr (now {cfg.lr}), a smaller eta (now {cfg.eta}) or grad_clip > 0 "
-                   f"(now {cfg.grad_clip}).")
-            mon.print(msg)
-            mon.close()
-            raise Diverged(msg)
-
+    interrupts = Interrupts()
     try:
         with interrupts.installed():
             while run.step < cfg.steps:
@@ -279,15 +257,11 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                 # a step and its log line are whole or not taken: an interrupt waits for their end, so the
                 # checkpoint it writes holds every event logged up to its step
                 with interrupts.held():
-                    batch, real = next_batch(run)
-                    t0 = time.perf_counter()
-                    out = stepper.step(batch, logging)
-                    if run.ema is not None:
-                        run.ema.update_parameters(run.model)
+                    out, real, t0 = take_step(run, stepper, logging)
                     # the eager step reads its loss back each step; the compiled ones only here, so the time of
                     # the steps in between is counted at this read (their sum is right, each one is not)
                     if stepper.eager or logging:
-                        settle()
+                        settle(run, stepper, mon)
                         loss, gn = float(out[0]), float(out[1])  # a read-back in the compiled forms
                     dt = time.perf_counter() - t0
                     run.step += 1
@@ -297,7 +271,7 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                         log_step(run, mon, loss, gn, out[2], *speed)
                         speed = (0.0, 0, 0)
                 if _due(run.step, cfg.eval.every) and run.step < cfg.steps:  # the final one covers the last step
-                    settle()
+                    settle(run, stepper, mon)
                     t0 = time.perf_counter()
                     if d.main:
                         evaluate(run, mon, evaluator)
@@ -307,41 +281,21 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
                     clock.exclude(time.perf_counter() - t0)
                 if _due(run.step, cfg.checkpoint_every) or run.step == cfg.steps or by_time.due(run.step):
                     with interrupts.held():  # whole: an interrupt after its rename would write it again
-                        settle()
+                        settle(run, stepper, mon)
                         save(run, mon)
                         saved_at = run.step
                     by_time.restart()
-                if note := clock.tick():
+                if note := clock.tick(run.step):
                     mon.print(note)
                 shown = {"loss": (loss, "{:.4f}"), "score": (_latest(mon, score_tag), "{:.1f}"),
-                         "val_mse": (_latest(mon, VAL_TAG), "{:.4f}"), "eta": (clock.eta(), "{}")}
+                         "val_mse": (_latest(mon, VAL_TAG), "{:.4f}"), "eta": (clock.eta(run.step), "{}")}
                 mon.progress(1, **{k: form.format(v) for k, (v, form) in shown.items() if v is not None})
             # under the same interrupt handling: the last step's checkpoint is written, a resume repeats these
-            settle()
+            settle(run, stepper, mon)
             final = evaluate(run, mon, evaluator, final=True) if d.main and cfg.eval.final_episodes > 0 else None
             val = validate(run, mon, final=True) if run.validation is not None else None
     except KeyboardInterrupt as err:
-        why = f" by {err.args[0]}" if err.args else ""
-        if mon.bar is not None:  # the bar ends here: nothing is drawn after the line that says how to continue
-            mon.bar.close()
-        written, last = False, run.out / dt_checkpoint.FILENAME
-        if d.world == 1 and run.step > saved_at:  # the state is that of a whole number of steps: keep it
-            try:
-                settle()
-                save(run, mon)
-                written = True
-            except KeyboardInterrupt:  # a second interrupt: stop at once, the previous checkpoint kept
-                why = f"{why}, then again while its checkpoint was written,"
-        resume = f"continue with: python -m primal_dt.train resume={run.out}"
-        if written:
-            mon.print(f"interrupted{why} at step {run.step}: checkpoint written at this step ({last}); {resume}")
-        elif last.exists():
-            where = " during the final evaluation" if run.step >= cfg.steps else ""
-            mon.print(f"interrupted{why}{where} at step {run.step}; {kept(run)}; {resume}")
-        else:
-            mon.print(f"interrupted{why} at step {run.step}, before the first checkpoint (checkpoint_every="
-                      f"{cfg.checkpoint_every}, checkpoint_minutes={cfg.checkpoint_minutes:g}): nothing to resume")
-        mon.close()
+        interrupted(run, mon, stepper, saved_at, err)
         raise
     except WriteError:
         with contextlib.suppress(WriteError):  # the disk may refuse the rest of the log too
@@ -351,6 +305,19 @@ def _train(run: Run, evaluator: Evaluator) -> dict:
     summary = finish(run, mon, final, val)
     distributed.check_replicas(run.model, d)
     return summary
+
+
+def take_step(run: Run, stepper: steps.Stepper, logging: bool) -> tuple[tuple, int, float]:
+    """One optimisation step on the next batch: where a batch is drawn and its loss taken (another way of training
+    changes this function and ``next_batch``). Returns what ``Stepper.step`` returns (loss, grad norm, parts: on
+    the device in the compiled forms, read back by the loop when it needs them), the batch's real steps, and when
+    the step began (``perf_counter``: the draw is not training time)."""
+    batch, real = next_batch(run)
+    t0 = time.perf_counter()
+    out = stepper.step(batch, logging)
+    if run.ema is not None:
+        run.ema.update_parameters(run.model)
+    return out, real, t0
 
 
 def next_batch(run: Run) -> tuple[Batch, int]:
@@ -369,6 +336,68 @@ def upcoming_batches(run: Run, n: int) -> list[Batch]:
         return [next_batch(run)[0] for _ in range(n)]
     finally:
         run.sampler.load_state_dict(state)
+
+
+def make_stepper(run: Run, mon: RunMonitor) -> steps.Stepper:
+    """The run's training step in its ``compile=`` form; a compiled form is first checked against the eager step
+    (``compile_check``) and, wrong, not trained in: the run falls back to eager and says so."""
+    cfg, d = run.cfg, run.dist
+    net = run.model if d.world == 1 else torch.nn.parallel.DistributedDataParallel(
+        run.model, device_ids=[run.device.index] if run.device.type == "cuda" else None)
+    autocast = torch.bfloat16 if cfg.amp == "bf16" else None
+    if run.compile != "eager" and cfg.compile_check:  # a wrong compiled step is not trained in
+        verdict = compile_check.check(run.compile, run.model, run.opt, run.sched,
+                                      upcoming_batches(run, compile_check.STEPS), cfg.eta, cfg.grad_clip, autocast,
+                                      run.step, d.world)
+        mon.print(verdict.line())
+        run.compile = run.compile if verdict.ok else "eager"
+    return steps.Stepper(run.compile, net, list(run.model.parameters()), run.opt, run.sched, cfg.eta, cfg.grad_clip,
+                         d.world, run.step, autocast=autocast)
+
+
+def settle(run: Run, stepper: steps.Stepper, mon: RunMonitor) -> None:
+    """Stop at the first failed step (the compiled forms report it when asked: one read-back), saying what
+    diverged and what is kept; the step was not taken."""
+    failed = stepper.failure()
+    if failed is None:
+        return
+    cfg = run.cfg
+    run.step = failed.step - 1
+    msg = (f"training diverged at step {failed.step}: loss={failed.loss}, grad norm={failed.grad_norm}, action "
+           f"mse={float(failed.parts['mse'])}, ksvd={float(failed.parts['ksvd'])}. The optimizer step was not "
+           f"taken; {kept(run)}. Try a lower lr (now {cfg.lr}), a smaller eta (now {cfg.eta}) or grad_clip > 0 "
+           f"(now {cfg.grad_clip}).")
+    mon.print(msg)
+    mon.close()
+    raise Diverged(msg)
+
+
+def interrupted(run: Run, mon: RunMonitor, stepper: steps.Stepper, saved_at: int, err: KeyboardInterrupt) -> None:
+    """After Ctrl-C or SIGTERM (``err``; the caller re-raises it): one process writes a checkpoint at the step
+    reached when it is past the last one (``saved_at``; the state is that of a whole number of steps), then the
+    run says what is kept and the ``resume=`` command that continues it. A second interrupt while that checkpoint
+    is written stops at once, the previous checkpoint kept."""
+    cfg, why = run.cfg, f" by {err.args[0]}" if err.args else ""
+    if mon.bar is not None:  # the bar ends here: nothing is drawn after the line that says how to continue
+        mon.bar.close()
+    written, last = False, run.out / dt_checkpoint.FILENAME
+    if run.dist.world == 1 and run.step > saved_at:  # the state is that of a whole number of steps: keep it
+        try:
+            settle(run, stepper, mon)
+            save(run, mon)
+            written = True
+        except KeyboardInterrupt:  # a second interrupt: stop at once, the previous checkpoint kept
+            why = f"{why}, then again while its checkpoint was written,"
+    resume = f"continue with: python -m primal_dt.train resume={run.out}"
+    if written:
+        mon.print(f"interrupted{why} at step {run.step}: checkpoint written at this step ({last}); {resume}")
+    elif last.exists():
+        where = " during the final evaluation" if run.step >= cfg.steps else ""
+        mon.print(f"interrupted{why}{where} at step {run.step}; {kept(run)}; {resume}")
+    else:
+        mon.print(f"interrupted{why} at step {run.step}, before the first checkpoint (checkpoint_every="
+                  f"{cfg.checkpoint_every}, checkpoint_minutes={cfg.checkpoint_minutes:g}): nothing to resume")
+    mon.close()
 
 
 def _due(step: int, every: int) -> bool:
@@ -626,25 +655,13 @@ def log_step(run: Run, mon: RunMonitor, loss: float, gn: float, parts: dict, sec
     mon.scalars(vals, run.step)
 
 
-def target_tag(t: float) -> str:
-    return f"target{int(t)}" if float(t).is_integer() else f"target{t:g}"
-
-
 def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = None) -> dict:
-    """The run's summary (rank 0 writes it, with the plots and the hyper-parameters)."""
+    """The run's summary (``agents.run_summary``; rank 0 writes it, with the plots and the hyper-parameters)."""
     cfg = run.cfg
-    summary = {
-        "env": cfg.env, "model": model_label(cfg), "layers": run.model.layer_names, "seed": cfg.seed,
-        "steps": run.step, "data_source": run.data.source, "train_s": round(run.train_time, 2),
-        "s_per_1k_steps": round(1000 * run.train_time / max(run.step, 1), 2), "processes": run.dist.world,
-        "final": ({target_tag(t): {k: r[k] for k in SCORES} | {"episodes": len(r["returns"])}
-                   for t, r in final.items()} if final else None),
-        # which policy the final scores are of (agents.stream_training.Fidelity)
-        **(stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).record() if final else {}),
-        "validation": ({"action_mse": val, "episodes": run.validation.episodes, "segments": run.validation.segments,
-                        "val_fraction": cfg.val_fraction} if val is not None else None),  # which: the checkpoint's data
-        "run_dir": str(run.out),
-    }
+    held = run_summary.Held(val, run.validation.episodes, run.validation.segments) if val is not None else None
+    summary = run_summary.build_summary(cfg, layers=run.model.layer_names, steps=run.step,
+                                        data_source=run.data.source, train_time=run.train_time,
+                                        processes=run.dist.world, final=final, held=held, run_dir=run.out)
     if run.dist.main:
         metrics = {f"normalized_{target_tag(t)}": r["normalized_mean"] for t, r in (final or {}).items()} | (
             {"val_action_mse": val} if val is not None else {})
@@ -657,163 +674,7 @@ def finish(run: Run, mon: RunMonitor, final: dict | None, val: float | None = No
         val_png = mon.plot([VAL_TAG], run.out / "val_action_mse.png", title=f"{title}: held-out episodes",
                            ylabel="masked action MSE")
         summary |= {"plot": str(png) if png else None, "val_plot": str(val_png) if val_png else None}
-        check_summary(summary, "the summary training wrote")
-        path = ck_io.write_atomic(run.out / "summary.json", json.dumps(summary, indent=2), "run summary")
+        path = run_summary.write_summary(summary, run.out)
         mon.print(f"summary: {path}")
     mon.close()
     return summary
-
-
-SUMMARY_FIELDS = {"env": str, "model": str, "seed": int, "steps": int}
-"""the fields every summary names; ``final`` and ``validation`` are each an object or null"""
-SCORES = ("normalized_mean", "normalized_std", "return_mean", "return_std", "length_mean")
-"""each target's final scores (NaN or inf when a rollout went wrong)"""
-
-
-def finite_number(text: str) -> bool:
-    """Whether ``text`` (a target tag's number) reads as a finite number."""
-    try:
-        return math.isfinite(float(text))
-    except ValueError:
-        return False
-
-
-def check_summary(summary, where: str) -> dict:
-    """``summary``, or a ValueError saying which field of ``where`` is wrong (scores may be NaN or inf)."""
-    def bad(field: str, want: str, got) -> ValueError:
-        kinds = {bool: "a boolean", str: "a string", list: "a list", dict: "an object", type(None): "null"}
-        shown = "" if got is None else f" ({json.dumps(got)[:60]})"
-        return ValueError(f"{where}: {field} must be {want}, got {kinds.get(type(got), f'a {type(got).__name__}')}"
-                          f"{shown}")
-
-    if not isinstance(summary, dict):
-        raise bad("the file", "a JSON object (a run's summary)", summary)
-    for key, kind in SUMMARY_FIELDS.items():
-        if key not in summary:
-            raise ValueError(f"{where}: no {key!r}; this is not a summary that training wrote")
-        if not presets.fits(summary[key], kind) or summary[key] == "":
-            raise bad(key, "an integer" if kind is int else "a non-empty string", summary[key])
-    if summary.get("engine", train_config.ENGINES[0]) not in train_config.ENGINES:  # labels the report's rows
-        raise bad("engine", f"one of {', '.join(train_config.ENGINES)}", summary["engine"])
-    if summary["steps"] < 0 or summary["seed"] < 0:
-        raise ValueError(f"{where}: steps and seed must be >= 0, got {summary['steps']} and {summary['seed']}")
-    final = summary.get("final")
-    if final is not None:
-        if not isinstance(final, dict):
-            raise bad("final", "an object of target -> scores, or null", final)
-        for tag, scores in final.items():
-            if not (tag.startswith("target") and finite_number(tag[len("target"):])):
-                raise ValueError(f"{where}: final: {tag!r} is not a target (target<return>, e.g. target3600)")
-            if not isinstance(scores, dict):
-                raise bad(f"final.{tag}", "an object of scores", scores)
-            if "normalized_mean" not in scores:
-                raise ValueError(f"{where}: final.{tag} has no 'normalized_mean'")
-            for k in SCORES:
-                if k in scores and not presets.fits(scores[k], float):
-                    raise bad(f"final.{tag}.{k}", "a number", scores[k])
-    val = summary.get("validation")
-    if val is not None and not (isinstance(val, dict) and presets.fits(val.get("action_mse"), float)):
-        raise bad("validation", "an object with a number action_mse, or null", val)
-    return summary
-
-
-def read_summary(path) -> dict:
-    """``summary.json`` as ``eval.report`` reads it: one error naming the field, not a KeyError in a table."""
-    try:
-        return check_summary(json_reader.read(path, nonfinite=True), str(path))  # check_summary flags NaN
-    except OSError as err:
-        raise ValueError(f"{path} cannot be read: {errors.why(err)}") from err
-
-
-# -- how long the run takes: measured on this run, never assumed ------------------------------------------
-SKIP, MEASURE_STEPS, MEASURE_S = 5, 20, 30.0
-"""the first steps are slow (allocation, caches, kernel choice) and not timed; the pace is known after
-MEASURE_STEPS timed steps, or MEASURE_S seconds of at least 3"""
-LONG_S = 3600.0
-"""a run whose training alone takes longer is told so"""
-
-
-class Clock:
-    """The run's pace (seconds per step after ``SKIP`` steps, evaluations excluded) and the last
-    evaluation's time: what the projection and the bar's time left use."""
-
-    def __init__(self, run: Run):
-        self.run, self.start = run, run.step + SKIP
-        self.t0, self.excluded, self.step_s, self.eval_s = None, 0.0, None, 0.0
-
-    def exclude(self, seconds: float) -> None:  # an evaluation (and validation): not training, the next one's time
-        self.excluded, self.eval_s = self.excluded + seconds, seconds
-
-    def tick(self) -> str | None:
-        """After each step; returns the projection once, when the pace is first known (rank 0). On a GPU the
-        first measurement waits for the device at both ends: a step is queued, not run, when the host returns
-        (later, the periodic read-backs keep the host's pace that of the device)."""
-        n, first = self.run.step - self.start, self.step_s is None
-        if n == 0:
-            self.t0, self.excluded = self._now(), 0.0
-        if self.t0 is None or n <= 0:
-            return None
-        seconds = time.perf_counter() - self.t0 - self.excluded
-        if first and n < MEASURE_STEPS and not (n >= 3 and seconds >= MEASURE_S):
-            return None
-        self.step_s = ((self._now() - self.t0 - self.excluded) if first else seconds) / n
-        return projection(self.run, self.step_s, self.start - SKIP, n) if first and self.run.dist.main else None
-
-    def _now(self) -> float:
-        if self.run.device.type == "cuda":
-            torch.cuda.synchronize(self.run.device)
-        return time.perf_counter()
-
-    def eta(self) -> str | None:
-        """Time left: the steps at the pace, and the evaluations still due at the last one's time."""
-        if self.step_s is None:
-            return None
-        cfg, e = self.run.cfg, self.run.cfg.eval
-        due = 0 if e.every <= 0 else (cfg.steps - 1) // e.every - self.run.step // e.every
-        rounds = [math.ceil(n * len(self.run.info.targets) / e.num_envs) for n in (e.final_episodes, e.episodes)]
-        return duration((cfg.steps - self.run.step) * self.step_s + self.eval_s * (due + rounds[0] / rounds[1]))
-
-
-def projection(run: Run, step_s: float, start: int, measured: int) -> str:
-    """The training time left at the measured pace; a recipe of hours is told so (on a CPU: the CPU recipe)."""
-    cfg, threads, left = run.cfg, torch.get_num_threads(), run.cfg.steps - start
-    where = f"{run.device}" + (f", {threads} thread{'s' * (threads > 1)}" if run.device.type == "cpu" else "")
-    text = (f"time on {where}, measured over {measured} steps: {left:,} {'remaining ' if start else ''}steps x "
-            f"{step_s * 1e3:.1f} ms = {duration(left * step_s)} of training; evaluations and validations are "
-            "timed as they run (the progress bar's eta includes them)")
-    if left * step_s > LONG_S:
-        text += (f"\nnote: this recipe takes about {duration(left * step_s)} on this device, hours, not minutes. "
-                 "Ctrl-C stops it with a checkpoint (and prints the resume= command that continues it).")
-        if run.device.type == "cpu" and not cfg.resume and cfg.recipe != "cpu":
-            text += (" To learn in minutes on a CPU, stop it and run the CPU recipe instead (configs/dt/recipes/"
-                     f"cpu.yaml; its time per kind of CPU: docs/cpu.md#the-cpu-recipe):\n  {cpu_recipe_command(run)}")
-    return text
-
-
-def duration(seconds: float) -> str:
-    """45s, 4m05s, 11h52m; <1s for what is more than nothing."""
-    s = round(max(seconds, 0.0))
-    if s == 0 and seconds > 0:
-        return "<1s"
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
-
-
-def cpu_recipe_command(run: Run) -> str:
-    """This run's command with ``recipe=cpu``: its command line's options kept, except those the recipe sets."""
-    values = train_config.flat(dataclasses.asdict(run.cfg))
-    laid = train_config.flat({k: v for k, v in train_config.load_recipe("cpu").items() if k not in presets.META_KEYS})
-    given = {k: values[k] for k, where in run.built.provenance.items()
-             if where == "command line" and k in values and k not in laid} | {"recipe": "cpu"}
-
-    def text(v) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (tuple, list)):
-            return ",".join(text(x) for x in v)
-        return repr(v) if isinstance(v, float) else str(v)
-
-    return " ".join(["python -m primal_dt.train", *(shlex.quote(f"{k}={text(v)}") for k, v in given.items())])

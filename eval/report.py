@@ -44,7 +44,7 @@ import tyro
 import envs
 from agents import dt_checkpoint, train_config
 from agents.stream_training import fidelity
-from agents.training import finite_number, read_summary
+from agents.run_summary import finite_number, read_summary
 from envs import sources
 from primal_dt.run import checkpoint as ck_io
 from primal_dt.run import cli, errors, json_reader, options, presets

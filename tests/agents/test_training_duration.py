@@ -1,5 +1,5 @@
-"""Honest long runs (``agents.training``'s clocks, ``checkpoint_minutes``): the trainer projects its
-duration from its own measured pace, says plainly when the recipe takes hours here and, on a CPU,
+"""Honest long runs (``agents.time_projection``'s clock, ``agents.training``'s checkpoint clock,
+``checkpoint_minutes``): the trainer projects its duration from its own measured pace, says plainly when the recipe takes hours here and, on a CPU,
 prints the CPU recipe's command; checkpoints come by wall time too (the first after a minute), so a run stopped
 before its first step checkpoint resumes exactly; the progress bar shows loss, last score, last
 validation MSE and time left, evaluations included at their measured time. Real processes, real
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from agents import dt_checkpoint, training
+from agents import dt_checkpoint, time_projection, training
 from agents import train_config
 from primal_dt.train import run as train_run
 
@@ -45,7 +45,7 @@ def test_a_recipe_of_hours_on_a_cpu_is_offered_the_cpu_recipe(hopper_file, tmp_p
     already on it is told the hours only."""
     argv = args(hopper_file, tmp_path, "steps=100000", "eval.every=10000", "seed=3", "model=dt")
     run = training.prepare(train_config.build(argv))
-    text = training.projection(run, 0.5, 0, 20)
+    text = time_projection.projection(run.built, run.device, 0.5, 0, 20)
     assert text.startswith("time on cpu, 1 thread, measured over 20 steps: 100,000 steps x 500.0 ms = 13h53m of "
                            "training; evaluations and validations are timed as they run")
     assert ("\nnote: this recipe takes about 13h53m on this device, hours, not minutes. Ctrl-C stops it with a "
@@ -60,7 +60,7 @@ def test_a_recipe_of_hours_on_a_cpu_is_offered_the_cpu_recipe(hopper_file, tmp_p
     assert (theirs.cfg.seed, theirs.cfg.model.name, theirs.cfg.threads) == (3, "dt", 1)
     assert theirs.cfg.data_source == f"d4rl:{hopper_file}" and theirs.cfg.model.d_model == 128
     on_it = training.prepare(train_config.build(offered[3:] + ["steps=100000"]))
-    text = training.projection(on_it, 0.5, 0, 20)
+    text = time_projection.projection(on_it.built, on_it.device, 0.5, 0, 20)
     assert text.splitlines()[-1] == ("note: this recipe takes about 13h53m on this device, hours, not minutes. "
                                      "Ctrl-C stops it with a checkpoint (and prints the resume= command that "
                                      "continues it).")
@@ -78,14 +78,14 @@ def test_the_time_left_is_the_measured_pace_and_the_measured_evaluations(hopper_
     run = training.prepare(train_config.build(args(
         hopper_file, tmp_path, "steps=100000", "eval.every=10000", "eval.episodes=10", "eval.final_episodes=100",
         "eval.num_envs=20")))
-    clock = training.Clock(run)
-    assert clock.eta() is None  # nothing is claimed before the pace is measured
+    clock = time_projection.Clock(run.built, run.device, len(run.info.targets), run.step)
+    assert clock.eta(run.step) is None  # nothing is claimed before the pace is measured
     clock.step_s = 0.5
-    run.step = 25_000  # periodic evaluations still due at 30k, ..., 90k, then the final one
-    assert clock.eta() == training.duration(75_000 * 0.5)  # no evaluation timed yet
+    step = 25_000  # periodic evaluations still due at 30k, ..., 90k, then the final one
+    assert clock.eta(step) == time_projection.duration(75_000 * 0.5)  # no evaluation timed yet
     clock.exclude(12.0)  # 10 episodes x 2 targets on 20 simulators: one round; the final 100 x 2: ten rounds
-    assert clock.eta() == training.duration(75_000 * 0.5 + 12.0 * (7 + 10))
-    assert [training.duration(s) for s in (0, 0.3, 45, 245, 42_720)] == ["0s", "<1s", "45s", "4m05s", "11h52m"]
+    assert clock.eta(step) == time_projection.duration(75_000 * 0.5 + 12.0 * (7 + 10))
+    assert [time_projection.duration(s) for s in (0, 0.3, 45, 245, 42_720)] == ["0s", "<1s", "45s", "4m05s", "11h52m"]
 
 
 def test_wall_time_checkpoints_start_after_a_minute_and_double_up_to_checkpoint_minutes():
