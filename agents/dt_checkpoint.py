@@ -55,7 +55,8 @@ def stored(check: str = "", *, record: type | None = None, flat: bool = False, o
 
 def stored_fields(cls: type) -> list[tuple[str, dict]]:
     """``cls``'s stored fields in declaration order (the order they are read: later checks use earlier fields),
-    as (name, declaration); a field of a stored record that declares none is a mistake, said at once."""
+    as (name, declaration); a field of a stored record that declares none would be written by no writer and
+    read by no reader: a TypeError at the first save or load."""
     out = []
     for f in dataclasses.fields(cls):
         if "stored" in f.metadata:
@@ -87,6 +88,7 @@ def _plain(v):
 
 
 def _to_disk(obj, cls: type) -> dict:
+    """``obj`` (a ``cls``) as the file holds it, field by declared field."""
     d = {}
     for name, m in stored_fields(cls):
         v = getattr(obj, name)
@@ -111,8 +113,7 @@ def _layout(cls: type, d: dict, prefix: str = "") -> tuple[list[str], list[str]]
         if rec is not None and m["flat"]:
             if m["omitted_when_none"] and not any(k in d for k in _keys(rec)):
                 continue  # an inference-only file: all of a resume's state or none
-            lacks, extra = _layout(rec, d, prefix)
-            missing += lacks
+            missing += _layout(rec, d, prefix)[0]  # (what else this level holds is judged here, above)
         elif name not in d:
             if not m["omitted_when_none"]:
                 missing.append(prefix + name)
