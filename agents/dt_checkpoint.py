@@ -1,7 +1,11 @@
-"""The Decision-Transformer checkpoint: one schema (``DTCheckpoint``), one writer (``save``), one reader
-(``load``). On disk, a dict of tensors and plain data (``DTCheckpoint.to_dict``), the ``TrainingState``
-fields absent in inference-only files. Every field is checked when read: a damaged or crafted file is one
-ValueError naming the file and the field.
+"""The Decision-Transformer checkpoint: one schema (``DTCheckpoint``, ``DataInfo``, ``TrainingState``), one
+writer (``save``), one reader (``load``). Each stored field declares itself once, beside its annotation
+(``stored``): the check that reads it back, and the key it has in an exported policy's metadata if any; the
+writer (``to_dict``), the reader (``from_dict``) and the export metadata (``exported``) are walks over those
+declarations, so a new field is one line here. On disk, a dict of tensors and plain data, the ``TrainingState``
+fields at its top level and absent in inference-only files. Every field is checked when read: a damaged or
+crafted file, one lacking a field or holding one this release does not know, is one ValueError naming the file
+and the field.
 """
 
 from __future__ import annotations
@@ -9,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,32 +30,140 @@ from .decision_transformer import DecisionTransformer, DTConfig
 KIND = "dt"
 SCHEMA_VERSION = 1
 FILENAME = "last.pt"
+ENVELOPE = ("kind", "schema")
+"""the keys that say what a file is, read before its fields"""
 WEIGHTS = ("model", "ema")
 """the weights a checkpoint may hold: the last step's, and their moving average (``DTCheckpoint.ema``)"""
-_RESUME_KEYS = ("optimizer", "scheduler", "rng", "step")
-"""what a resume needs (``train_time`` and ``history`` have defaults)"""
+
+
+def stored(check: str = "", *, record: type | None = None, flat: bool = False, omitted_when_none: bool = False,
+           then: str = "", export: str = "", exported=None, default=MISSING, default_factory=MISSING,
+           **options) -> dataclasses.Field:
+    """A checkpoint field, declared once: ``check`` names the ``_Reader`` method that reads its stored value back
+    (``options`` are that method's own: ``low=0.0``, ``empty=True`` ...); ``record``: the field is a dataclass of
+    stored fields, read by its own declarations (``flat``: its fields stand at this level of the file, not under
+    the field's name), then ``then`` (a ``_Reader`` method over the values read: checks across fields);
+    ``omitted_when_none``: the writer leaves a None value out, so absence reads back as None (any other field a
+    file lacks is an error); ``export``: the key it has in an exported policy's metadata, with the value
+    ``exported(owner)`` (default: the field's stored form)."""
+    if bool(check) == (record is not None):
+        raise TypeError("a stored field has either a check or a record")
+    meta = {"check": check, "options": options, "record": record, "flat": flat, "omitted_when_none": omitted_when_none,
+            "then": then, "export": export, "exported": exported}
+    return field(default=default, default_factory=default_factory, metadata={"stored": meta})
+
+
+def stored_fields(cls: type) -> list[tuple[str, dict]]:
+    """``cls``'s stored fields in declaration order (the order they are read: later checks use earlier fields),
+    as (name, declaration); a field of a stored record that declares none would be written by no writer and
+    read by no reader: a TypeError at the first save or load."""
+    out = []
+    for f in dataclasses.fields(cls):
+        if "stored" in f.metadata:
+            out.append((f.name, f.metadata["stored"]))
+        elif f.init and f.compare:  # (``origin``: how errors name it, never stored)
+            raise TypeError(f"{cls.__name__}.{f.name} declares no check: declare it with stored(...)")
+    return out
+
+
+def _keys(cls: type) -> list[str]:
+    """The keys ``cls``'s fields take at its level of the file (a flat record's, its own fields')."""
+    return [k for name, m in stored_fields(cls) for k in (_keys(m["record"]) if m["flat"] else [name])]
+
+
+def _disk(v):
+    """A value as the file holds it: tensors and plain data only."""
+    if isinstance(v, np.ndarray):
+        return torch.as_tensor(v)
+    if isinstance(v, tuple):
+        return list(v)
+    if dataclasses.is_dataclass(v):
+        return dataclasses.asdict(v)
+    return v
+
+
+def _plain(v):
+    """A value as JSON holds it (an exported policy's metadata)."""
+    return v.tolist() if isinstance(v, np.ndarray) else list(v) if isinstance(v, tuple) else v
+
+
+def _to_disk(obj, cls: type) -> dict:
+    """``obj`` (a ``cls``) as the file holds it, field by declared field."""
+    d = {}
+    for name, m in stored_fields(cls):
+        v = getattr(obj, name)
+        if v is None and m["omitted_when_none"]:
+            continue
+        if m["record"] is None:
+            d[name] = _disk(v)
+        elif m["flat"]:
+            d.update(_to_disk(v, m["record"]))
+        else:
+            d[name] = _to_disk(v, m["record"])
+    return d
+
+
+def _layout(cls: type, d: dict, prefix: str = "") -> tuple[list[str], list[str]]:
+    """The fields ``d`` (the level ``prefix`` of a file) lacks and those it holds that ``cls`` does not declare,
+    through its records: (missing, unknown), each named by its path (``data.env``)."""
+    missing: list[str] = []
+    unknown = [f"{prefix}{k}" for k in d if k not in _keys(cls) and not (k in ENVELOPE and not prefix)]
+    for name, m in stored_fields(cls):
+        rec = m["record"]
+        if rec is not None and m["flat"]:
+            if m["omitted_when_none"] and not any(k in d for k in _keys(rec)):
+                continue  # an inference-only file: all of a resume's state or none
+            missing += _layout(rec, d, prefix)[0]  # (what else this level holds is judged here, above)
+        elif name not in d:
+            if not m["omitted_when_none"]:
+                missing.append(prefix + name)
+                if rec is not None:  # all of it, so the message says what a whole file holds
+                    missing += _layout(rec, {}, f"{prefix}{name}.")[0]
+        elif rec is not None and isinstance(d[name], dict):
+            lacks, extra = _layout(rec, d[name], f"{prefix}{name}.")
+            missing, unknown = missing + lacks, unknown + extra
+    return missing, unknown
+
+
+def exported(ck: DTCheckpoint) -> dict:
+    """The exported policy's metadata drawn from the checkpoint: every stored field that declares ``export``,
+    by its key (``agents.export.metadata`` adds the graph's own description)."""
+    out = {}
+
+    def walk(obj, cls):
+        for name, m in stored_fields(cls):
+            v = getattr(obj, name)
+            if m["export"]:
+                out[m["export"]] = m["exported"](obj) if m["exported"] else _plain(v)
+            if m["record"] is not None and v is not None:
+                walk(v, m["record"])
+
+    walk(ck, DTCheckpoint)
+    return out
 
 
 @dataclass
 class DataInfo:
     """The dataset a model was trained on, and the bookkeeping an agent must repeat at inference."""
 
-    env: str
+    env: str = stored("text", export="env")
     """dataset name (D4RL naming, e.g. hopper-medium); envs.get_spec(env) gives its simulator"""
-    state_mean: np.ndarray
+    state_mean: np.ndarray = stored("vector")
     """[state_dim] float32: observations are normalised as (obs - state_mean) / state_std"""
-    state_std: np.ndarray
-    reward_scale: float
+    state_std: np.ndarray = stored("vector", positive=True)
+    reward_scale: float = stored("number", low=0.0, strict=True, export="reward_scale")
     """returns-to-go are *divided* by this, everywhere in the package (the DT papers: 1000)"""
-    targets: tuple[float, ...] = ()
+    targets: tuple[float, ...] = stored("numbers", default=(), export="targets",
+                                        exported=lambda info: list(info.eval_targets))
     """return-to-go targets (raw returns) the run evaluated; the first is an agent's default"""
-    gym_id: str | None = None
+    gym_id: str | None = stored("text", none=True, default=None, export="gym_id")
     """the simulator id the data was recorded with (None: the env spec's own)"""
-    source: str = ""
+    source: str = stored("text", empty=True, default="", export="data_source")
     """where the data came from (file path, Minari id, replica), as printed by envs.load_dataset"""
-    fingerprint: str = ""
+    fingerprint: str = stored("text", empty=True, default="", export="data_fingerprint",
+                              exported=lambda info: info.fingerprint or None)
     """content hash of the arrays trained on (``envs.Trajectories.fingerprint``); '' only if made in code"""
-    held_out: tuple[int, ...] = ()
+    held_out: tuple[int, ...] = stored("counts", default=())
     """episodes (indices in the dataset's order) held out for validation; the statistics are the others'"""
 
     def __post_init__(self):
@@ -77,28 +189,31 @@ class DataInfo:
 class TrainingState:
     """What resuming a run needs beyond the weights: optimizer, schedule, random streams, progress."""
 
-    optimizer: dict
-    scheduler: dict
-    rng: list
+    optimizer: dict = stored("optimizer")
+    scheduler: dict = stored("scheduler")
+    rng: list = stored("rng")
     """one dict of random-stream states per training process, rank order"""
-    step: int
-    train_time: float = 0.0
-    history: dict = field(default_factory=dict)
+    step: int = stored("step")
+    train_time: float = stored("number", low=0.0, default=0.0)
+    history: dict = stored("history", default_factory=dict)
     """logged evaluation curves (tag -> [(step, value), ...]) so a resumed run keeps drawing them"""
 
 
 @dataclass
 class DTCheckpoint:
-    """A DT checkpoint in memory (nothing else indexes the dict on disk: ``to_dict``, ``from_dict``)."""
+    """A DT checkpoint in memory (nothing else indexes the dict on disk: ``to_dict``, ``from_dict``). Its fields
+    are read in this order: the weights are checked against ``model_config``, the optimizer's state against the
+    weights' shapes."""
 
-    model_config: DTConfig
-    model: dict
+    model_config: DTConfig = stored("model_config")
+    model: dict = stored("weights")
     """the network's state_dict"""
-    data: DataInfo
-    config: dict = field(default_factory=dict)
+    data: DataInfo = stored(record=DataInfo, then="statistics")
+    config: dict = stored("config", default_factory=dict)
     """the run's TrainConfig as a plain dict (empty for checkpoints not written by training)"""
-    training: TrainingState | None = None
-    ema: dict | None = None
+    training: TrainingState | None = stored(record=TrainingState, flat=True, omitted_when_none=True, default=None,
+                                            export="train_step", exported=lambda ck: ck.step)
+    ema: dict | None = stored("weights", omitted_when_none=True, default=None)
     """the exponential moving average of the weights (a state_dict like ``model``; ``TrainConfig.ema_decay``), None
     when the run kept none: a second policy from the same training, evaluated by ``weights="ema"``"""
     origin: str = field(default="checkpoint", compare=False)
@@ -136,21 +251,13 @@ class DTCheckpoint:
         return self.model if which == "model" else self.ema
 
     def to_dict(self) -> dict:
-        """The dict ``save`` writes: tensors and plain data only (arrays become tensors)."""
-        info = self.data
-        d = {"kind": KIND, "schema": SCHEMA_VERSION, "config": self.config,
-             "model_config": dataclasses.asdict(self.model_config), "model": self.model,
-             "data": {**vars(info), "state_mean": torch.as_tensor(info.state_mean), "targets": list(info.targets),
-                      "state_std": torch.as_tensor(info.state_std), "held_out": list(info.held_out)}}
-        if self.ema is not None:
-            d["ema"] = self.ema
-        if self.training is not None:
-            d.update(dataclasses.asdict(self.training))
-        return d
+        """The dict ``save`` writes: every stored field (arrays become tensors), under the envelope."""
+        return {"kind": KIND, "schema": SCHEMA_VERSION, **_to_disk(self, DTCheckpoint)}
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "checkpoint") -> "DTCheckpoint":
-        """Parse a checkpoint dict, every field checked (``_Fields``), ``where`` naming it in errors."""
+        """Parse a checkpoint dict, every field checked by its declaration (``stored``), ``where`` naming it in
+        errors."""
         if not isinstance(d, dict):
             raise ValueError(f"{where} is not a primal-dt checkpoint (expected a dict, got {type(d).__name__})")
         if d.get("kind") != KIND:
@@ -162,40 +269,79 @@ class DTCheckpoint:
         if type(schema) is not int or schema != SCHEMA_VERSION:
             raise ValueError(f"{where} has checkpoint schema {schema!r}, not {SCHEMA_VERSION}: it was not written by "
                              "primal-dt's agents.dt_checkpoint.save")
-        missing = [k for k in ("model_config", "model", "data") if k not in d]
-        data = d.get("data") if isinstance(d.get("data"), dict) else {}
-        missing += [f"data.{k}" for k in ("env", "state_mean", "state_std", "reward_scale") if k not in data]
+        missing, unknown = _layout(cls, d)
         if missing:
-            raise ValueError(f"{where} lacks {', '.join(missing)}: it was not written by primal_dt.train")
-        f = _Fields(where)
-        mc = f.model_config(d.get("model_config"))
-        info = f.data_info(data, mc.state_dim)
-        f.weights(d.get("model"), mc)
-        ema = d.get("ema")
-        if ema is not None:
-            f.weights(ema, mc, "ema")
-        config = d.get("config", {})
-        if not (isinstance(config, dict) and all(isinstance(k, str) for k in config)):
-            raise f.bad("config", "a mapping of option: value (the run's TrainConfig)", config)
-        return cls(model_config=mc, model=d["model"], data=info, config=dict(config), training=f.training(d),
-                   ema=ema, origin=where)
+            raise ValueError(f"{where} lacks {', '.join(missing)}: it was not written by primal_dt.train of this "
+                             "release (an older one wrote it, or it was altered); use a checkpoint this release wrote, "
+                             "or train again")
+        if unknown:
+            raise ValueError(f"{where} holds field{'s' * (len(unknown) > 1)} {', '.join(map(str, unknown))} that this "
+                             "release of primal-dt does not read (a newer one wrote it, or it was altered); read it "
+                             "with the release that wrote it, or use another checkpoint")
+        return cls(**_Reader(where, _reach(d)).values(cls, d, ""), origin=where)
 
 
 DAMAGED = "the file is damaged or was altered: resume from another checkpoint or start a new run"
 """what a checkpoint of the right kind and schema holding a malformed field is"""
 
 
-class _Fields:
-    """A file read without running code may still hold strings where numbers belong, or sizes no machine
-    can allocate."""
+def _reach(d: dict) -> float | None:
+    """How far the file's own training could have moved a weight (None: it records no training): AdamW moves
+    each by at most a few learning rates per step, so weights beyond ``ck_io.WEIGHT_LIMIT`` within this reach
+    are a run that diverged, not a damaged file."""
+    opt, step = d.get("optimizer"), d.get("step")
+    groups = opt.get("param_groups") if isinstance(opt, dict) else None
+    if not (isinstance(groups, list) and _integer(step, 1)):
+        return None
+    lrs = [abs(x) for g in groups if isinstance(g, dict) for k in ("lr", "initial_lr")
+           if presets.fits(x := g.get(k), float) and math.isfinite(x)]
+    return 10 * max(lrs) * step if lrs else None
 
-    def __init__(self, where: str):
+
+class _Reader:
+    """Reads stored fields back by their declarations. A file read without running code may still hold strings
+    where numbers belong, or sizes no machine can allocate: each check method returns the value read or raises
+    one ValueError naming the file (``where``) and the field. Checks that need an earlier field read it from
+    here (``mc``: the model config; ``shapes``: its weights')."""
+
+    def __init__(self, where: str, reach: float | None = None):
         self.where = where
+        self.reach = reach
+        self.mc: DTConfig | None = None
+        self.shapes: set[tuple[int, ...]] = set()
+
+    def values(self, cls: type, d, path: str) -> dict:
+        """``cls``'s fields read from ``d`` (the file's level ``path``), each by its declaration; ``_layout`` has
+        already refused what is missing or unknown."""
+        if not isinstance(d, dict):
+            raise self.bad(path.rstrip("."), f"a mapping ({cls.__name__}'s fields)", d)
+        values = {}
+        for name, m in stored_fields(cls):
+            rec = m["record"]
+            if rec is not None and m["flat"]:
+                present = any(k in d for k in _keys(rec))
+                values[name] = self.record(rec, d, path, m["then"]) if present or not m["omitted_when_none"] else None
+            elif name not in d:  # left out by the writer (``omitted_when_none``)
+                values[name] = None
+            elif rec is not None:
+                values[name] = self.record(rec, d[name], f"{path}{name}.", m["then"])
+            else:
+                values[name] = getattr(self, m["check"])(d[name], path + name, **m["options"])
+        return values
+
+    def record(self, cls: type, d, path: str, then: str = ""):
+        """A stored record read, its checks across fields (``then``) passed before it is built, so its own
+        ``__post_init__`` checks cannot fire with a message that names no file."""
+        values = self.values(cls, d, path)
+        if then:
+            getattr(self, then)(values, path)
+        return cls(**values)
 
     def bad(self, field_: str, want: str, got) -> ValueError:
         shown = f"a tensor of shape {tuple(got.shape)}" if isinstance(got, torch.Tensor) else repr(got)[:60]
         return ValueError(f"{self.where}: {field_} must be {want}, got {shown}; {DAMAGED}")
 
+    # -- the checks a field names (``stored("number", low=0.0)``): each (value, field name, options) -> value ------
     def text(self, v, field_: str, none: bool = False, empty: bool = False):
         if v is None and (none or empty):
             return None if none else ""
@@ -232,51 +378,40 @@ class _Fields:
             raise self.bad(field_, "a vector of finite numbers" + (" > 0" if positive else ""), v)
         return a.astype(np.float32)
 
-    def data_info(self, data: dict, state_dim: int) -> DataInfo:
-        """Every field checked here, so ``DataInfo``'s own checks pass."""
-        g = data.get
-        mean = self.vector(g("state_mean"), "data.state_mean")
-        std = self.vector(g("state_std"), "data.state_std", positive=True)
-        if mean.shape != (state_dim,) or std.shape != (state_dim,):
-            raise ValueError(f"{self.where}: data.state_mean and data.state_std have {mean.size} and {std.size} entries "
-                             f"but the model observes state_dim={state_dim}")
-        env, gym_id = self.text(g("env"), "data.env"), self.text(g("gym_id"), "data.gym_id", none=True)
-        try:
-            simulators = envs.get_spec(env).simulators
-        except (KeyError, ValueError):  # an unknown name is refused, by name, where the simulator is built
-            simulators = (gym_id,)
-        if gym_id is not None and gym_id not in simulators:
-            raise self.bad("data.gym_id", f"the simulator of {env} ({' or '.join(simulators)})", gym_id)
-        return DataInfo(env=env, state_mean=mean, state_std=std,
-                        reward_scale=self.number(g("reward_scale"), "data.reward_scale", low=0.0, strict=True),
-                        targets=self.numbers(g("targets"), "data.targets"),
-                        gym_id=gym_id,
-                        source=self.text(g("source"), "data.source", empty=True),
-                        fingerprint=self.text(g("fingerprint"), "data.fingerprint", empty=True),
-                        held_out=self.counts(g("held_out"), "data.held_out"))
+    def config(self, v, field_: str) -> dict:
+        if not (isinstance(v, dict) and all(isinstance(k, str) for k in v)):
+            raise self.bad(field_, "a mapping of option: value (the run's TrainConfig)", v)
+        return dict(v)
 
-    def model_config(self, v) -> DTConfig:
+    def model_config(self, v, field_: str) -> DTConfig:
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
-            raise self.bad("model_config", "a mapping (DTConfig's fields)", v)
+            raise self.bad(field_, "a mapping (DTConfig's fields)", v)
         hints = typing.get_type_hints(DTConfig)
         try:  # a field missing, unknown, of the wrong kind or out of range, or sizes no machine allocates
+            names = [f.name for f in dataclasses.fields(DTConfig) if f.init]
+            lacks, unknown = [k for k in names if k not in v], [k for k in v if k not in names]
+            if lacks or unknown:  # the writer saves every field: one left out would come back as its default
+                raise ValueError("; ".join([f"it lacks {', '.join(lacks)}"] * bool(lacks) + [
+                    f"it holds {', '.join(unknown)}, which DTConfig has not"] * bool(unknown)))
             for k, x in v.items():
                 if k in hints and not presets.fits(x, hints[k]):
-                    raise ValueError(f"model_config.{k} must be {presets.kind(hints[k])}, got {repr(x)[:40]}")
+                    raise ValueError(f"{field_}.{k} must be {presets.kind(hints[k])}, got {repr(x)[:40]}")
             mc = DTConfig(**v)
             mc.check()
             # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
             layers = len(mc.layer_names()) or mc.n_layers
-            check_size(mc.K * 3 * mc.d_model * layers * 8, f"model_config K={mc.K}, d_model={mc.d_model} and "
+            check_size(mc.K * 3 * mc.d_model * layers * 8, f"{field_} K={mc.K}, d_model={mc.d_model} and "
                        f"{layers} layers", "activation values per row")
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None
+            raise ValueError(f"{self.where}: {field_} is not a valid DTConfig ({err})") from None
+        self.mc = mc
         return mc
 
-    def weights(self, v, mc: DTConfig, field_: str = "model") -> None:
-        """Every tensor the network ``mc`` keeps, of its dtype and shape, checked before anything is allocated:
+    def weights(self, v, field_: str) -> dict:
+        """Every tensor the network ``self.mc`` keeps, of its dtype and shape, checked before anything is allocated:
         the network is built on the meta device (shapes only), so a config asking for a network larger than the
         file's weights, or a crafted tensor viewing a few bytes as terabytes, is refused by name."""
+        mc = self.mc
         if not isinstance(v, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor) for k, t in v.items()):
             raise self.bad(field_, "a state_dict (parameter name -> tensor)", v)
         # even on the meta device, building a million layers takes minutes: first the sizes, against what the file
@@ -294,60 +429,75 @@ class _Fields:
                 expected = DecisionTransformer(mc).state_dict()
         except ValueError as err:  # a layer's own checks (s beyond d_model)
             raise ValueError(f"{self.where}: its model_config does not build a network ({err})") from err
-        ck_io.check_state_dict(v, expected, self.where, field_)
+        ck_io.check_state_dict(v, expected, self.where, field_, reach=self.reach)
         self.shapes = {tuple(t.shape) for t in expected.values()}
+        return v
 
-    def optimizer_values(self, opt: dict) -> None:
-        """The optimizer's hyper-parameters finite (a NaN lr diverges at the first step resumed) and its state
-        tensors shaped like weights, dense and finite, before ``load_state_dict`` casts (allocates) them."""
-        for i, g in enumerate(opt["param_groups"]):
-            for k, x in g.items():
-                # finite, not bounded: training accepts any finite lr (a huge one diverges, and says so)
-                if k != "params" and any(presets.fits(y, float) and not math.isfinite(y)
-                                         for y in (x if isinstance(x, (list, tuple)) else (x,))):
-                    raise self.bad(f"optimizer.param_groups[{i}].{k}", "finite", x)
-        for i, st in opt["state"].items():
-            for k, t in (st.items() if isinstance(st, dict) else ()):
-                if isinstance(t, torch.Tensor) and not (
-                        ck_io.holds_its_elements(t) and t.is_floating_point()
-                        and (t.numel() == 1 or tuple(t.shape) in self.shapes) and bool(torch.isfinite(t).all())):
-                    raise self.bad(f"optimizer.state[{i}].{k}", "a dense tensor of finite numbers shaped like a weight",
-                                   t)
+    def statistics(self, data: dict, path: str) -> None:
+        """Across ``DataInfo``'s fields: the statistics as long as the model's observations (so ``DataInfo``'s own
+        checks pass), the simulator one of the dataset's."""
+        mean, std, state_dim = data["state_mean"], data["state_std"], self.mc.state_dim
+        if mean.shape != (state_dim,) or std.shape != (state_dim,):
+            raise ValueError(f"{self.where}: {path}state_mean and {path}state_std have {mean.size} and {std.size} "
+                             f"entries but the model observes state_dim={state_dim}")
+        env, gym_id = data["env"], data["gym_id"]
+        try:
+            simulators = envs.get_spec(env).simulators
+        except (KeyError, ValueError):  # an unknown name is refused, by name, where the simulator is built
+            simulators = (gym_id,)
+        if gym_id is not None and gym_id not in simulators:
+            raise self.bad(f"{path}gym_id", f"the simulator of {env} ({' or '.join(simulators)})", gym_id)
 
-    def training(self, d: dict) -> TrainingState | None:
-        """All of a resume's state or none (an inference-only file)."""
-        present = [k for k in _RESUME_KEYS if k in d]
-        if not present:
-            return None
-        if len(present) < 4:
-            lacks = [k for k in _RESUME_KEYS if k not in d]
-            raise ValueError(f"{self.where} holds {', '.join(present)} but lacks {', '.join(lacks)}: the file is "
-                             "damaged or was not written by primal_dt.train")
-        opt, sched, rng, step = (d[k] for k in _RESUME_KEYS)
+    def optimizer(self, opt, field_: str) -> dict:
+        """An optimizer state_dict: its hyper-parameters finite (a NaN lr diverges at the first step resumed) and
+        its state tensors shaped like weights, dense and finite, before ``load_state_dict`` casts (allocates)
+        them."""
         if not (isinstance(opt, dict) and isinstance(opt.get("state"), dict) and isinstance(opt.get("param_groups"), list)
                 and opt["param_groups"] and all(isinstance(g, dict) and isinstance(g.get("params"), list)
                                                 for g in opt["param_groups"])):
             lacks = [k for k in ("state", "param_groups") if isinstance(opt, dict) and k not in opt]
             if lacks:
-                raise ValueError(f"{self.where}: optimizer lacks {' and '.join(lacks)} (an optimizer state_dict holds "
+                raise ValueError(f"{self.where}: {field_} lacks {' and '.join(lacks)} (an optimizer state_dict holds "
                                  f"state and param_groups); {DAMAGED}")
-            raise self.bad("optimizer", "an optimizer state_dict (state, param_groups)", opt)
-        self.optimizer_values(opt)
+            raise self.bad(field_, "an optimizer state_dict (state, param_groups)", opt)
+        for i, g in enumerate(opt["param_groups"]):
+            for k, x in g.items():
+                # finite, not bounded: training accepts any finite lr (a huge one diverges, and says so)
+                if k != "params" and any(presets.fits(y, float) and not math.isfinite(y)
+                                         for y in (x if isinstance(x, (list, tuple)) else (x,))):
+                    raise self.bad(f"{field_}.param_groups[{i}].{k}", "finite", x)
+        for i, st in opt["state"].items():
+            for k, t in (st.items() if isinstance(st, dict) else ()):
+                if isinstance(t, torch.Tensor) and not (
+                        ck_io.holds_its_elements(t) and t.is_floating_point()
+                        and (t.numel() == 1 or tuple(t.shape) in self.shapes) and bool(torch.isfinite(t).all())):
+                    raise self.bad(f"{field_}.state[{i}].{k}", "a dense tensor of finite numbers shaped like a weight",
+                                   t)
+        return opt
+
+    def scheduler(self, sched, field_: str) -> dict:
         if not (isinstance(sched, dict) and _integer(sched.get("last_epoch"), -1)):
-            raise self.bad("scheduler", "a scheduler state_dict (with last_epoch)", sched)
+            raise self.bad(field_, "a scheduler state_dict (with last_epoch)", sched)
+        return sched
+
+    def rng(self, rng, field_: str) -> list:
         if not (isinstance(rng, list) and rng):
-            raise self.bad("rng", "a list of random-stream states (torch, numpy, sampler) per process", rng)
+            raise self.bad(field_, "a list of random-stream states (torch, numpy, sampler) per process", rng)
         fault = next(((i, f) for i, r in enumerate(rng) if (f := _rng_fault(r))), None)
         if fault is not None:
-            raise ValueError(f"{self.where}: rng[{fault[0]}] (process {fault[0]}'s random streams): {fault[1]}; "
+            raise ValueError(f"{self.where}: {field_}[{fault[0]}] (process {fault[0]}'s random streams): {fault[1]}; "
                              f"{DAMAGED}")
+        return rng
+
+    def step(self, step, field_: str) -> int:
         if not (_integer(step, 0) and step <= MAX_MAGNITUDE):
-            raise self.bad("step", f"an integer >= 0 and at most {MAX_MAGNITUDE:g}", step)
-        history = d.get("history", {})
+            raise self.bad(field_, f"an integer >= 0 and at most {MAX_MAGNITUDE:g}", step)
+        return step
+
+    def history(self, history, field_: str) -> dict:
         if not (isinstance(history, dict) and all(isinstance(k, str) and _curve(c) for k, c in history.items())):
-            raise self.bad("history", "a mapping of tag -> [(step, value), ...]", history)
-        return TrainingState(opt, sched, rng, step, self.number(d.get("train_time", 0.0), "train_time", low=0.0),
-                             {k: [(int(s), float(x)) for s, x in c] for k, c in history.items()})
+            raise self.bad(field_, "a mapping of tag -> [(step, value), ...]", history)
+        return {k: [(int(s), float(x)) for s, x in c] for k, c in history.items()}
 
 
 def _integer(v, low: int) -> bool:

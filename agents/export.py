@@ -94,14 +94,14 @@ def package_version() -> str:
 
 
 def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
-    """The JSON document stored in the artefact (checked by ``onnx_policy.check_metadata`` when read)."""
-    cfg, info, kinds = ck.model_config, ck.data, step.model.layer_names
+    """The JSON document stored in the artefact (checked by ``onnx_policy.check_metadata`` when read): the
+    graph's own description, and what the checkpoint's fields declare exported (``dt_checkpoint.exported``)."""
+    cfg, kinds = ck.model_config, step.model.layer_names
     stream = ck.fidelity("stream")  # whether this stream is the policy the checkpoint was trained as
     return {
-        "format": FORMAT, "schema": SCHEMA, "artefact": fmt,
-        "obs_dim": cfg.state_dim, "act_dim": cfg.act_dim, "targets": list(info.eval_targets),
-        "default_target": info.eval_targets[0], "reward_scale": info.reward_scale,
-        "env": info.env, "gym_id": info.gym_id, "K": cfg.K, "max_timestep": cfg.max_timestep,
+        "format": FORMAT, "schema": SCHEMA, "artefact": fmt, **dt_checkpoint.exported(ck),
+        "obs_dim": cfg.state_dim, "act_dim": cfg.act_dim, "default_target": ck.data.eval_targets[0],
+        "K": cfg.K, "max_timestep": cfg.max_timestep,
         "layers": kinds, "d_model": cfg.d_model, "n_heads": cfg.n_heads,
         "softmax_stream_window": softmax_stream_window(step.model),
         "inputs": [{"name": name, "shape": [_BATCH, *dims], "dtype": dtype} for name, dims, dtype in (
@@ -112,8 +112,7 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
                    "initial": 0, "what": _what(s.name, kinds), **({"masked_by": s.masked_by} if s.masked_by else {})}
                   for s in step.specs],
         "semantics": semantics(step), "package_version": package_version(), "torch_version": torch.__version__,
-        "checkpoint": source, "checkpoint_sha256": sha256, "train_step": ck.step,
-        "data_source": info.source, "data_fingerprint": info.fingerprint or None,
+        "checkpoint": source, "checkpoint_sha256": sha256,
         "stream_exact": stream.exact, "stream_window": stream.stream_window, "stream_from_start": stream.from_start,
     }
 

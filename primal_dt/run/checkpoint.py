@@ -189,14 +189,17 @@ WEIGHT_LIMIT = 1e6
 never comes near it, while a weight near float32's limit (3.4e38) makes a first matmul overflow to inf"""
 
 
-def check_state_dict(state, expected: Mapping[str, torch.Tensor], where: str, field: str = "model") -> None:
+def check_state_dict(state, expected: Mapping[str, torch.Tensor], where: str, field: str = "model",
+                     reach: float | None = None) -> None:
     """Refuse a state_dict (``field`` of the checkpoint ``where``) that is not, tensor for tensor, what the
     network it describes keeps: ``expected`` is that network's own ``state_dict()``, built on the meta device, so
     names, dtypes and shapes are known without allocating anything. Each tensor's storage must hold its elements
     (a 2-element storage viewed with stride 0 as a 10^12-row matrix loads in microseconds and makes the first
     reader that touches it ask for terabytes); only then are its values read: finite and at most
     ``WEIGHT_LIMIT`` in size (a 1e38 weight is finite, yet every action it computes is inf). Any field holding
-    a state_dict (the weights, an average of them) is checked here, naming ``field``."""
+    a state_dict (the weights, an average of them) is checked here, naming ``field``. ``reach``: how far the
+    file's own training could have moved a weight (its learning rates and steps), if it records one: weights
+    beyond the limit but within it are a run that diverged (an absurd lr), refused as such, not as damage."""
     if not (isinstance(state, dict) and all(isinstance(k, str) and isinstance(t, torch.Tensor)
                                             for k, t in state.items())):
         shown = f"a {type(state).__name__}" if not isinstance(state, dict) else "a dict holding other things"
@@ -229,7 +232,13 @@ def check_state_dict(state, expected: Mapping[str, torch.Tensor], where: str, fi
             if not bool(torch.isfinite(t).all()):  # training never takes a step that diverged
                 raise ValueError(f"{where}: weight {name} holds NaN or inf values ({field}), which training never "
                                  "saves; the file is damaged: use another checkpoint")
-            raise ValueError(f"{where}: weight {name} ({field}) holds values up to {float(t.abs().max()):.3g} in size, "
+            size = float(t.abs().max())
+            if reach is not None and size <= WEIGHT_LIMIT + reach:
+                raise ValueError(f"{where}: weight {name} ({field}) holds values up to {size:.3g} in size, beyond "
+                                 f"{WEIGHT_LIMIT:g}, where no policy acts (its actions overflow): its run's own "
+                                 f"learning rate moved them there (it allows {reach:.3g} over the steps taken), so the "
+                                 "run diverged by this checkpoint; train again with a lower lr (or grad_clip > 0)")
+            raise ValueError(f"{where}: weight {name} ({field}) holds values up to {size:.3g} in size, "
                              f"beyond {WEIGHT_LIMIT:g}, which training never reaches (its actions would overflow); "
                              "the file is damaged or was altered: use another checkpoint")
 

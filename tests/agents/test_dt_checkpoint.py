@@ -241,3 +241,123 @@ def test_a_malformed_checkpoint_is_one_error_line_in_a_command(tmp_path, tiny_dt
     bad = _with(dt_checkpoint(m, training=training_state(m)).to_dict(), ("config",), 5)
     path = ck_io.save_atomic(bad, tmp_path / "run" / "last.pt")
     one_line_error(run_cli("eval.rollout", f"checkpoint={path}", "episodes=1"), str(path), "config must be a mapping")
+
+
+# -- one declaration per field: the writer, the reader and the export metadata walk the same schema ---------------
+def test_every_field_declares_its_check_once_and_one_without_is_refused_at_once():
+    """Each stored field of the three records says how it is read back; a record field without a declaration
+    would be written but read back as its default, so the schema refuses it when first walked."""
+    for cls in (DTCheckpoint, schema.DataInfo, TrainingState):
+        declared = {name for name, _ in schema.stored_fields(cls)}
+        assert declared == {f.name for f in dataclasses.fields(cls) if f.name != "origin"}, cls
+    careless = dataclasses.make_dataclass("Careless", [("a", int, schema.stored("step")), ("b", int)])
+    with pytest.raises(TypeError, match=r"Careless\.b declares no check: declare it with stored"):
+        schema.stored_fields(careless)
+
+
+def _leaves(d: dict, prefix=()) -> list[tuple]:
+    """Every field path a written checkpoint holds, records opened (the state_dicts, the optimizer's and the
+    config's insides are their checks' business)."""
+    out = []
+    for k, v in d.items():
+        if k in schema.ENVELOPE:
+            continue
+        out.append((*prefix, k))
+        if k in ("data", "model_config") and not prefix:
+            out += _leaves(v, (k,))
+    return out
+
+
+def test_every_field_the_writer_writes_is_required_when_read(tiny_dt, dt_checkpoint, trained_dict):
+    """A field left out of a file is an error naming the file and the field (it came back as its default,
+    silently); the moving average alone is written only when kept, so its absence reads back as none."""
+    paths = _leaves(trained_dict)
+    assert ("data", "held_out") in paths and ("history",) in paths and ("model_config", "K") in paths
+    for path in paths:
+        d = _with(trained_dict, path, _GONE)
+        if path == ("ema",):
+            assert schema.DTCheckpoint.from_dict(d).ema is None
+            continue
+        with pytest.raises(ValueError) as err:
+            schema.DTCheckpoint.from_dict(d, where="checkpoint x.pt")
+        message, name = str(err.value), ".".join(path)
+        if path[0] == "model_config" and len(path) == 2:
+            assert f"checkpoint x.pt: model_config is not a valid DTConfig (it lacks {path[1]})" in message, message
+        else:
+            assert message.startswith(f"checkpoint x.pt lacks {name}") and "this release wrote" in message, message
+    # an inference-only file holds no training state at all, and reads back as such
+    bare = dt_checkpoint(tiny_dt()).to_dict()
+    assert {"optimizer", "train_time", "history", "ema"}.isdisjoint(bare)
+    assert schema.DTCheckpoint.from_dict(bare).training is None
+
+
+@pytest.mark.parametrize("path, words", [
+    (("extra",), "checkpoint x.pt holds field extra that this release of primal-dt does not read"),
+    (("data", "extra"), "checkpoint x.pt holds field data.extra that this release of primal-dt does not read"),
+    (("model_config", "extra"), "model_config is not a valid DTConfig (it holds extra, which DTConfig has not)"),
+])
+def test_an_unknown_field_is_an_error_naming_it(trained_dict, path, words):
+    """A field this release does not declare (a newer release's, or an edit) is refused, not dropped."""
+    with pytest.raises(ValueError, match=re.escape(words)):
+        schema.DTCheckpoint.from_dict(_with(trained_dict, path, 1), where="checkpoint x.pt")
+
+
+@pytest.mark.parametrize("path, value, words", [
+    (("data",), 5, "checkpoint x.pt: data must be a mapping (DataInfo's fields), got 5"),
+    (("data", "source"), 5, "checkpoint x.pt: data.source must be a string, got 5"),
+    (("data", "held_out"), [-1], "checkpoint x.pt: data.held_out must be a list of integers >= 0"),
+    (("train_time",), "1.5", "checkpoint x.pt: train_time must be a finite number >= 0"),
+    (("ema",), [1], "checkpoint x.pt: ema must be a state_dict"),
+])
+def test_a_wrongly_typed_field_is_named_by_its_declared_check(trained_dict, path, value, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        schema.DTCheckpoint.from_dict(_with(trained_dict, path, value), where="checkpoint x.pt")
+
+
+def test_the_export_metadata_holds_what_the_fields_declare(tiny_dt, dt_checkpoint):
+    """The fields that declare an export key reach an exported policy's metadata with their values (none is
+    overwritten by the graph's own description), in JSON."""
+    import json
+
+    from agents import export
+
+    m = tiny_dt()
+    ck = dt_checkpoint(m, targets=(3000.0, 1500.0), training=training_state(m))
+    ck.data.fingerprint = "sha256:abc"
+    declared = schema.exported(ck)
+    assert declared == {"env": ck.data.env, "reward_scale": ck.data.reward_scale, "targets": [3000.0, 1500.0],
+                        "gym_id": ck.data.gym_id, "data_source": ck.data.source, "data_fingerprint": "sha256:abc",
+                        "train_step": 7}
+    meta = export.metadata(export.stream_step(ck.build_model(), ck.data), ck, None, "in memory", "onnx")
+    assert {k: meta[k] for k in declared} == declared and meta["default_target"] == 3000.0
+    assert json.loads(json.dumps(meta))["train_step"] == 7
+
+
+def test_a_diverged_runs_checkpoint_says_the_run_diverged_not_that_the_file_is_damaged(tmp_path, tiny_dt,
+                                                                                     dt_checkpoint):
+    """One AdamW step at an absurd learning rate moves the weights far beyond what any policy acts with: the
+    file is still refused (no action would be finite), but as the run that diverged it is, while a weight that
+    large in a file whose own training could not reach it stays damage."""
+    m = tiny_dt()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e30)
+    m(inputs(m))[0].pow(2).mean().backward()
+    opt.step()
+    state = TrainingState(opt.state_dict(), {"last_epoch": 1}, training_state(tiny_dt()).rng, step=1)
+    path = schema.save(dt_checkpoint(m, training=state), tmp_path / "last.pt")
+    with pytest.raises(ValueError) as err:
+        schema.load(path)
+    message = str(err.value)
+    assert f"checkpoint {path}: weight " in message and "beyond 1e+06" in message and "damaged" not in message
+    assert "its run's own learning rate moved them there" in message and "train again with a lower lr" in message
+
+
+def test_a_run_at_an_absurd_learning_rate_ends_saying_its_last_checkpoint_diverged(hopper_file, tmp_path, tiny_train):
+    """The trainer's divergence message names what its last checkpoint holds: the step-1 weights an lr of 1e30
+    made, which the reader refuses as a diverged run's, not as a damaged file."""
+    from primal_dt.train import Diverged, run
+
+    with pytest.raises(Diverged, match="diverged at step") as err:
+        run(tiny_train.args(hopper_file, tmp_path, "steps=50", "lr=1e30", "warmup_steps=0", "grad_clip=0",
+                            "checkpoint_every=1", *tiny_train.QUIET))
+    message = str(err.value)
+    assert "its run's own learning rate moved them there" in message and "damaged" not in message, message
