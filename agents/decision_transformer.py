@@ -161,8 +161,7 @@ class DecisionTransformer(nn.Module):
     # -- 2. the stack and the head ------------------------------------------------------------------
     def predict_action(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states of predicting tokens [..., D] -> actions in [-1, 1] [..., act_dim]."""
-        head = self.action_head[0]
-        return torch.tanh(F.linear(hidden, head.weight, head.bias))
+        return self.action_head(hidden)
 
     def forward(self, batch: Batch):
         """Predicted action at every step [B, T, act_dim] and the stack's per-layer aux dicts.
@@ -234,8 +233,7 @@ class DTStep(nn.Module):
     ended an episode never leaks into the next; afterwards R -= reward / reward_scale. ``advance`` and
     ``layer_specs`` are what a step on another state overrides (``agents.agent.RecomputeStep``).
 
-    It holds its layers' weights detached: build a new one after the parameters are replaced (as
-    ``.to(device)`` does). ``inplace``: the caller never passes a state twice, so the layers may write it
+    ``inplace``: the caller never passes a state twice, so the layers may write it
     in place (the torch agent)."""
 
     def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
