@@ -257,8 +257,9 @@ def stream_note(what: str) -> str:
     return (f"{what} streams a checkpoint trained on K-step segments, so its actions (every layer over the whole "
             "episode so far) are not the policy training optimised, and scores measured with it are not that "
             "policy's. For an exact exported policy, export a checkpoint trained for the stream: python -m "
-            "primal_dt.train ... stream_window=W (every layer windowed, e.g. stream_window=10) or from_start=true "
-            "K=1000 (episode prefixes)")
+            "primal_dt.train ... whole_episodes=true (whole episodes in chunks carrying the stream's state), "
+            "stream_window=W (every layer windowed, e.g. stream_window=10) or from_start=true K=1000 (episode "
+            "prefixes)")
 
 
 class GraphPolicy(Policy):

@@ -174,6 +174,12 @@ class TrainConfig(RunOptions):
     whole episode so far, as the stream engine does: the stream is then the trained policy for any layout
     (docs/evaluation.md, stream-exact training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt)
     keep an O(1) stream step, softmax layers' stream step costs O(K)"""
+    whole_episodes: bool = False
+    """train on whole episodes, K steps at a time: batch_size lanes each walk an episode from its first step in
+    consecutive K-step chunks, every chunk run through the stream's own recurrent form from the state its episode's
+    previous chunk left (no gradient through it). Each prediction then sees its whole episode so far as the stream
+    engine does, so the stream is the trained policy, at a K-step segment's cost (docs/evaluation.md, stream-exact
+    training). Needs every layer to stream (primalformer-dt: O(1) per step; softmax layers see 3K - 1 tokens)"""
     data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving

@@ -114,7 +114,8 @@ class SoftmaxRecurrent(Recurrent):
         rows, heads = torch.arange(real.shape[0], device=dev), torch.arange(H, device=dev)
         axis = torch.eye(3, dtype=torch.int64, device=dev)
         index = rows.view(-1, 1, 1, 1) * axis[0] + heads.view(-1, 1, 1) * axis[1] + at * axis[2]
-        K, V = scatter_nd(K, index, k, self.inplace), scatter_nd(V, index, v, self.inplace)
+        # (k, v in the ring's dtype: under autocast the projection computes in another)
+        K, V = scatter_nd(K, index, k.to(K.dtype), self.inplace), scatter_nd(V, index, v.to(V.dtype), self.inplace)
         valid = valid.scatter(1, at.view(-1, C), real)
         if last_only:
             q, at = q[:, :, -1:], at[:, :, -1:]
