@@ -142,8 +142,11 @@ def makers(size: dict, args, device: torch.device) -> dict:
     if args.stream_window:  # stream-exact training: every layer windowed, the loss on exact steps only
         out |= {f"ours:{lay}[w={args.stream_window}]": partial(Ours, lay, size, args.K, device=device,
                                                                window=args.stream_window) for lay in OURS}
-    if args.whole_episodes:  # whole-episode training: chunks carrying the stream's state
-        out |= {f"ours:{lay}[whole]": partial(Ours, lay, size, args.K, device=device, whole=True) for lay in OURS}
+    if args.whole_episodes:  # whole-episode training: chunks carrying the stream's state, in each precision
+        for amp in args.amp:
+            tag = "whole" if amp == "off" else f"whole,{amp}"
+            out |= {f"ours:{lay}[{tag}]": partial(Ours, lay, size, args.K, device=device, whole=True,
+                                                  autocast=PRECISIONS[amp]) for lay in OURS}
     return out
 
 
