@@ -115,6 +115,7 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "checkpoint": source, "checkpoint_sha256": sha256, "train_step": ck.step,
         "data_source": info.source, "data_fingerprint": info.fingerprint or None,
         "stream_exact": stream.exact, "stream_window": stream.stream_window, "stream_from_start": stream.from_start,
+        "stream_whole_episodes": stream.whole_episodes,
     }
 
 

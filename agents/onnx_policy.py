@@ -87,6 +87,8 @@ def check_metadata(meta: dict, where: str) -> None:
         "stream_window": (lambda v: integer(v, 0), "an integer >= 0"),
         "stream_from_start": (lambda v: isinstance(v, bool),
                               "true or false (whether the checkpoint trained on episode prefixes)"),
+        "stream_whole_episodes": (lambda v: isinstance(v, bool),
+                                  "true or false (whether the checkpoint trained on whole episodes in chunks)"),
     }
     for field, (ok, want) in fields.items():
         if not ok(meta.get(field)):
@@ -274,7 +276,8 @@ class GraphPolicy(Policy):
         self.targets = tuple(float(t) for t in metadata["targets"])
         self.default_target = self.targets[0]
         self.fidelity = {"engine": "stream", "exact": metadata["stream_exact"],
-                         "stream_window": metadata["stream_window"], "from_start": metadata["stream_from_start"]}
+                         "stream_window": metadata["stream_window"], "from_start": metadata["stream_from_start"],
+                         "whole_episodes": metadata["stream_whole_episodes"]}
         if not metadata["stream_exact"]:  # stacklevel: the line that built the runtime (OnnxPolicy(...))
             warnings.warn(stream_note(where), StreamNotTrainedWarning, stacklevel=3)
         self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]

@@ -129,8 +129,9 @@ class Carry:
 
 @dataclass(frozen=True)
 class Fidelity:
-    """Whether ``engine``'s actions are the policy a checkpoint was trained as: recompute's always are; a stream
-    over whole episodes shows a segment-trained model what no loss measured, unless it trained stream-exact."""
+    """Whether ``engine``'s actions are the policy a checkpoint was trained as: recompute's are, but for a run trained
+    on whole episodes; a stream over whole episodes shows a segment-trained model what no loss measured, unless it
+    trained stream-exact."""
 
     engine: str
     stream_window: int
@@ -142,7 +143,9 @@ class Fidelity:
 
     @property
     def exact(self) -> bool:
-        return self.engine == "recompute" or self.stream_window > 0 or self.from_start or self.whole_episodes
+        if self.engine == "recompute":  # the last K steps from nothing: what segments show, not a whole episode
+            return not self.whole_episodes
+        return self.stream_window > 0 or self.from_start or self.whole_episodes
 
     def record(self) -> dict:
         """The fields every evaluation output carries."""
@@ -153,6 +156,10 @@ class Fidelity:
         """One line for a stream that is not the trained policy (None when it is)."""
         if self.exact:
             return None
+        if self.whole_episodes:
+            return (f"note: {what} is trained on whole episodes (whole_episodes=true), so engine=recompute (the last K "
+                    "steps from nothing) is not the policy training optimises, and its scores are not that policy's; "
+                    "engine=stream is (exact, O(1) per step)")
         return (f"note: {what} is trained on K-step segments (stream_window=0), so engine=stream (every layer over the whole "
                 "episode so far) is not the policy training optimises, and its scores are not that policy's; "
                 "engine=recompute is (the papers' protocol), and a run trained with whole_episodes=true streams "

@@ -100,7 +100,8 @@ class RolloutOptions:
     max_steps: int = 0
     """cap on episode length (0: the env's limit, 1000)"""
     engine: Engine = "recompute"
-    """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step"""
+    """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step
+    (the default for a run trained with whole_episodes=true, whose policy it is)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
@@ -253,6 +254,9 @@ def build(argv: list[str]) -> Built:
     if cfg.amp == "auto":  # resolved here, once: a sweep, a resume and the checkpoint see what the run trains in
         cfg = dataclasses.replace(cfg, amp="bf16" if runtime.native_bf16(cfg.device) else "off")
     prov.update(dict.fromkeys(cli.given(TrainConfig, argv, SHORTHANDS), "command line"))
+    if cfg.whole_episodes and prov.get("eval.engine") == "default":  # recompute is not such a run's policy
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, engine="stream"))
+        prov["eval.engine"] = "whole_episodes=true"
     return Built(cfg, source, prov)
 
 

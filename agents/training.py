@@ -490,7 +490,8 @@ def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
     mse = v.action_mse(run.model)
     mon.scalar(VAL_TAG, mse, run.step)
     mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
-              f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} segments)")
+              f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} "
+              f"{'chunks' if v.whole_episodes else 'segments'})")
     return mse
 
 

@@ -102,8 +102,29 @@ def test_a_whole_episode_run_trains_validates_and_resumes_exactly(hopper_file, t
     resumed = dt_checkpoint.load(train([*TINY, f"resume={first}", "steps=4"])["run_dir"])
     assert all(torch.equal(resumed.model[k], straight.model[k]) for k in straight.model)
     assert straight.fidelity("stream").exact and straight.fidelity("stream").note() is None
+    assert not straight.fidelity("recompute").exact  # K steps from nothing: not what such a run trained
+    assert "engine=stream is (exact" in straight.fidelity("recompute").note()
     out = capsys.readouterr().out
-    assert "validation action MSE" in out
+    assert "validation action MSE" in out and " chunks)" in out
+
+
+def test_a_whole_episode_run_is_evaluated_by_the_stream_unless_told_otherwise(hopper_file, tmp_path, capsys):
+    from eval import rollout
+
+    built = train_config.build(args(hopper_file, tmp_path, "whole_episodes=true"))
+    assert built.cfg.eval.engine == "stream" and built.provenance["eval.engine"] == "whole_episodes=true"
+    told = train_config.build(args(hopper_file, tmp_path, "whole_episodes=true", "eval.engine=recompute"))
+    assert told.cfg.eval.engine == "recompute"
+    assert train_config.build(args(hopper_file, tmp_path)).cfg.eval.engine == "recompute"
+    run = train(args(hopper_file, tmp_path / "run", "model=primalformer-dt", "whole_episodes=true", "steps=2",
+                     *QUIET))["run_dir"]
+    common = [f"checkpoint={run}", "episodes=1", "max_steps=5", "num_envs=1", "progress=false"]
+    report = rollout.main(common)
+    assert report["engine"] == "stream" and report["exact"] and report["whole_episodes"]
+    assert "engine=stream: checkpoint" in capsys.readouterr().out
+    compared = rollout.main([*common, "engine=recompute"])
+    assert compared["engine"] == "recompute" and not compared["exact"]
+    assert "engine=stream is (exact" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("extra, message", [
