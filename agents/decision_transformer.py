@@ -161,26 +161,36 @@ class DecisionTransformer(nn.Module):
     # -- 2. the stack and the head ------------------------------------------------------------------
     def predict_action(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden states of predicting tokens [..., D] -> actions in [-1, 1] [..., act_dim]."""
-        head = self.action_head[0]
-        return torch.tanh(F.linear(hidden, head.weight, head.bias))
+        return self.action_head(hidden)
 
     def forward(self, batch: Batch):
-        """Predicted action at every step [B, T, act_dim] and the stack's per-layer aux dicts.
+        """Predicted action at every step [B, T, act_dim] and the stack's per-layer aux dicts; and, for a batch
+        carrying a recurrent ``state`` (episode chunks), the state at its end, third.
 
         Padding that trails the real steps is invisible to a causal stack, so the stack then runs unmasked
-        (its fast paths) and only the aux dicts get the mask (the KSVD regulariser needs it).
+        (its fast paths) and only the aux dicts get the mask (the KSVD regulariser needs it); a carried state
+        it reaches is that of a finished episode, which its lane restarts.
         ``batch.trailing`` says so when the producer knows; else the model looks, which reads the mask back
         from the device: a synchronisation a compiled or captured training step must not have.
         """
         x = self.drop(self.embed(batch))
         tmask = self.tokens.token_mask(batch.mask)
         trailing = trailing_padding(batch.mask) if batch.trailing is None else batch.trailing
-        h, auxes = self.stack(x, None if trailing else tmask)
+        if batch.state is None:
+            h, auxes = self.stack(x, None if trailing else tmask)
+        else:  # the stream's own computation, over the chunk: what the stream engine runs, K steps at a time
+            h, state, auxes = self.chunk_form().forward_aux(x, batch.state, None if trailing else tmask)
         if tmask is not None:
             for aux in auxes:
                 if aux and "mask" in aux:
                     aux["mask"] = tmask
-        return self.predict_action(h[:, self.tokens.predictor::self.tokens.per_step]), auxes  # predicting tokens
+        pred = self.predict_action(h[:, self.tokens.predictor::self.tokens.per_step])  # predicting tokens
+        return (pred, auxes) if batch.state is None else (pred, auxes, state)
+
+    def chunk_form(self):
+        """The stack's recurrent form as the stream engine builds it (``DTStep``), its rings sized for chunks of K
+        steps (shorter ones fit): built per call, as it holds the layers themselves (a copy must not share one)."""
+        return self.stack.recurrent(window=softmax_stream_window(self), chunk=self.tokens.per_step * self.cfg.K)
 
     @property
     def layer_names(self) -> list[str]:
@@ -234,8 +244,7 @@ class DTStep(nn.Module):
     ended an episode never leaks into the next; afterwards R -= reward / reward_scale. ``advance`` and
     ``layer_specs`` are what a step on another state overrides (``agents.agent.RecomputeStep``).
 
-    It holds its layers' weights detached: build a new one after the parameters are replaced (as
-    ``.to(device)`` does). ``inplace``: the caller never passes a state twice, so the layers may write it
+    ``inplace``: the caller never passes a state twice, so the layers may write it
     in place (the torch agent)."""
 
     def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
@@ -288,15 +297,18 @@ class DTStep(nn.Module):
 
 
 def dt_loss(net, batch: Batch, eta: float, detail: bool = False) -> tuple[torch.Tensor, dict]:
-    """Masked action MSE (over ``batch.counted``) + eta * KSVD regulariser, and its parts for logging.
+    """Masked action MSE (over ``batch.counted``) + eta * KSVD regulariser, and its parts for logging (and, for
+    a batch carrying a recurrent state, ``state``: the state at its end, detached).
 
     ``net`` is the model or its DistributedDataParallel wrapper: calling the wrapper is what lets DDP
     synchronise gradients. ``detail`` adds J of every primal layer, which only logging steps pay for.
     """
-    pred, auxes = net(batch)
+    pred, auxes, *carried = net(batch)
     mse = action_mse(pred, batch.actions, batch.counted)
     reg = ksvd_regularizer(auxes, eta)
     parts = {"mse": mse.detach(), "ksvd": torch.as_tensor(reg, device=mse.device).detach()}
+    if carried:  # a batch of episode chunks: the recurrent state its lanes carry on (no gradient through it)
+        parts["state"] = tuple(s.detach() for s in carried[0])
     for i, aux in enumerate(auxes if detail else ()):
         if aux and "Lambda" in aux:
             parts[f"J/layer{i}"] = ksvd_objective(aux).detach().mean()

@@ -114,6 +114,7 @@ def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fm
         "semantics": semantics(step), "package_version": package_version(), "torch_version": torch.__version__,
         "checkpoint": source, "checkpoint_sha256": sha256,
         "stream_exact": stream.exact, "stream_window": stream.stream_window, "stream_from_start": stream.from_start,
+        "stream_whole_episodes": stream.whole_episodes,
     }
 
 

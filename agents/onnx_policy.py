@@ -87,6 +87,8 @@ def check_metadata(meta: dict, where: str) -> None:
         "stream_window": (lambda v: integer(v, 0), "an integer >= 0"),
         "stream_from_start": (lambda v: isinstance(v, bool),
                               "true or false (whether the checkpoint trained on episode prefixes)"),
+        "stream_whole_episodes": (lambda v: isinstance(v, bool),
+                                  "true or false (whether the checkpoint trained on whole episodes in chunks)"),
     }
     for field, (ok, want) in fields.items():
         if not ok(meta.get(field)):
@@ -257,8 +259,9 @@ def stream_note(what: str) -> str:
     return (f"{what} streams a checkpoint trained on K-step segments, so its actions (every layer over the whole "
             "episode so far) are not the policy training optimised, and scores measured with it are not that "
             "policy's. For an exact exported policy, export a checkpoint trained for the stream: python -m "
-            "primal_dt.train ... stream_window=W (every layer windowed, e.g. stream_window=10) or from_start=true "
-            "K=1000 (episode prefixes)")
+            "primal_dt.train ... whole_episodes=true (whole episodes in chunks carrying the stream's state), "
+            "stream_window=W (every layer windowed, e.g. stream_window=10) or from_start=true K=1000 (episode "
+            "prefixes)")
 
 
 class GraphPolicy(Policy):
@@ -273,7 +276,8 @@ class GraphPolicy(Policy):
         self.targets = tuple(float(t) for t in metadata["targets"])
         self.default_target = self.targets[0]
         self.fidelity = {"engine": "stream", "exact": metadata["stream_exact"],
-                         "stream_window": metadata["stream_window"], "from_start": metadata["stream_from_start"]}
+                         "stream_window": metadata["stream_window"], "from_start": metadata["stream_from_start"],
+                         "whole_episodes": metadata["stream_whole_episodes"]}
         if not metadata["stream_exact"]:  # stacklevel: the line that built the runtime (OnnxPolicy(...))
             warnings.warn(stream_note(where), StreamNotTrainedWarning, stacklevel=3)
         self.state_layout = [(s["name"], tuple(s["shape"][1:]), _DTYPES[s["dtype"]]) for s in metadata["state"]]

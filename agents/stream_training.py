@@ -12,6 +12,14 @@ steps from an episode's first, so every prediction sees its whole episode so far
 engine computes (unwindowed primal running means from the episode's start; a softmax ring of 3K - 1 tokens
 holds the whole episode). No window, no step left out of the loss; each segment costs K steps of compute.
 
+The third (``whole_episodes``): train on whole episodes K steps at a time (``envs.episode_chunks``), each chunk
+run through the stream's own recurrent form from the state its episode's previous chunk left (``Carry``). Every
+prediction then sees its whole episode so far exactly as the stream engine computes it (primal running means
+over the episode, a softmax ring of 3K - 1 tokens), and a step costs a K-step segment's. The carried state was
+computed by the weights of the steps before (no gradient flows back through it: truncated backpropagation
+through time), so within a step it lags the current weights by the chunks since its episode began; for the
+fixed weights a checkpoint holds, the stream and the chunked forward agree (tests/agents/test_whole_episodes.py).
+
 Which policy an engine measures, recorded by every evaluation output: ``Fidelity``.
 """
 
@@ -20,9 +28,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from envs.episode_chunks import EpisodeChunks
 from primal_dt.attention import available, get_class
+from primal_dt.attention.base import restart_rows
 from primal_dt.run.options import attention_words
 
 from .decision_transformer import Batch, DTConfig
@@ -76,38 +87,88 @@ def stream_exact_batch(batch: Batch, first: int) -> Batch:
     return batch._replace(loss_mask=ok if batch.mask is None else ok & batch.mask)
 
 
+class Carry:
+    """Episode chunks (``lanes``) with each lane's recurrent state carried from one chunk to the next: a drop-in
+    for the trainer's sampler (``indices``, ``batch``, ``state_dict``) whose batches carry ``state``; the
+    trainer hands back each step's end state (``carry``). The state is the stack's recurrent form's for chunks
+    of K steps (``DecisionTransformer.chunk_form``), zero where a lane starts an episode."""
+
+    def __init__(self, model, lanes: EpisodeChunks, device):
+        self.lanes, self.device = lanes, torch.device(device)
+        self.specs = model.chunk_form().specs
+        self.state = tuple(s.zeros(lanes.batch_size, self.device) for s in self.specs)
+        self._fresh = np.ones(lanes.batch_size, bool)
+
+    def indices(self) -> tuple[np.ndarray, np.ndarray]:
+        idx, mask, self._fresh = self.lanes.indices()
+        return idx, mask
+
+    def batch(self, idx: np.ndarray) -> Batch:
+        """The chunks at ``idx`` with their lanes' state (restarted where ``indices`` began an episode)."""
+        fresh = torch.from_numpy(self._fresh).to(self.device)
+        return self.lanes.batch(idx)._replace(state=restart_rows(self.specs, self.state, fresh))
+
+    def carry(self, state: tuple) -> None:
+        """The state the last batch ended in, which its lanes continue from."""
+        self.state = tuple(state)
+
+    def state_dict(self) -> dict:
+        return {**self.lanes.state_dict(), "carried": [s.detach().cpu() for s in self.state]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lanes.load_state_dict(state)
+        carried = state.get("carried")
+        if not isinstance(carried, list) or len(carried) != len(self.specs) or any(
+                not isinstance(t, torch.Tensor) or t.dtype != s.dtype or tuple(t.shape) != (self.lanes.batch_size, *s.shape)
+                for t, s in zip(carried, self.specs)):
+            raise ValueError("the checkpoint's carried recurrent state does not fit this model's stream state "
+                             f"({len(self.specs)} tensors for {self.lanes.batch_size} lanes): it was written by "
+                             "another model or batch_size")
+        self.state = tuple(t.to(self.device) for t in carried)
+
+
 @dataclass(frozen=True)
 class Fidelity:
-    """Whether ``engine``'s actions are the policy a checkpoint was trained as: recompute's always are; a stream
-    over whole episodes shows a segment-trained model what no loss measured, unless it trained stream-exact."""
+    """Whether ``engine``'s actions are the policy a checkpoint was trained as: recompute's are, but for a run trained
+    on whole episodes; a stream over whole episodes shows a segment-trained model what no loss measured, unless it
+    trained stream-exact."""
 
     engine: str
     stream_window: int
     """the run's ``stream_window`` (tokens per layer; 0: not windowed)"""
     from_start: bool = False
     """the run trained on episode prefixes (``from_start``)"""
+    whole_episodes: bool = False
+    """the run trained on whole episodes in chunks carrying the stream's state (``whole_episodes``)"""
 
     @property
     def exact(self) -> bool:
-        return self.engine == "recompute" or self.stream_window > 0 or self.from_start
+        if self.engine == "recompute":  # the last K steps from nothing: what segments show, not a whole episode
+            return not self.whole_episodes
+        return self.stream_window > 0 or self.from_start or self.whole_episodes
 
     def record(self) -> dict:
         """The fields every evaluation output carries."""
         return {"engine": self.engine, "exact": self.exact, "stream_window": self.stream_window,
-                "from_start": self.from_start}
+                "from_start": self.from_start, "whole_episodes": self.whole_episodes}
 
     def note(self, what: str = "this checkpoint") -> str | None:
         """One line for a stream that is not the trained policy (None when it is)."""
         if self.exact:
             return None
+        if self.whole_episodes:
+            return (f"note: {what} is trained on whole episodes (whole_episodes=true), so engine=recompute (the last K "
+                    "steps from nothing) is not the policy training optimises, and its scores are not that policy's; "
+                    "engine=stream is (exact, O(1) per step)")
         return (f"note: {what} is trained on K-step segments (stream_window=0), so engine=stream (every layer over the whole "
                 "episode so far) is not the policy training optimises, and its scores are not that policy's; "
-                "engine=recompute is (the papers' protocol), and a run trained with stream_window=W streams "
-                "exactly (e.g. stream_window=10), as does one trained on episode prefixes (from_start=true K=1000)")
+                "engine=recompute is (the papers' protocol), and a run trained with whole_episodes=true streams "
+                "exactly, as does one trained with stream_window=W (e.g. stream_window=10) or on episode prefixes "
+                "(from_start=true K=1000)")
 
 
 def fidelity(engine: str, config: dict) -> Fidelity:
     """``engine``'s ``Fidelity`` for a checkpoint's saved run ``config`` (none: trained on segments)."""
     w = config.get("stream_window") or 0
     return Fidelity(engine, int(w) if isinstance(w, int) and not isinstance(w, bool) and w > 0 else 0,
-                    config.get("from_start") is True)
+                    config.get("from_start") is True, config.get("whole_episodes") is True)

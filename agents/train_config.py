@@ -100,7 +100,8 @@ class RolloutOptions:
     max_steps: int = 0
     """cap on episode length (0: the env's limit, 1000)"""
     engine: Engine = "recompute"
-    """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step"""
+    """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step
+    (the default for a run trained with whole_episodes=true, whose policy it is)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
@@ -174,6 +175,12 @@ class TrainConfig(RunOptions):
     whole episode so far, as the stream engine does: the stream is then the trained policy for any layout
     (docs/evaluation.md, stream-exact training). Needs K >= max_timestep; the all-linear layouts (primalformer-dt)
     keep an O(1) stream step, softmax layers' stream step costs O(K)"""
+    whole_episodes: bool = False
+    """train on whole episodes, K steps at a time: batch_size lanes each walk an episode from its first step in
+    consecutive K-step chunks, every chunk run through the stream's own recurrent form from the state its episode's
+    previous chunk left (no gradient through it). Each prediction then sees its whole episode so far as the stream
+    engine does, so the stream is the trained policy, at a K-step segment's cost (docs/evaluation.md, stream-exact
+    training). Needs every layer to stream (primalformer-dt: O(1) per step; softmax layers see 3K - 1 tokens)"""
     data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
@@ -247,6 +254,9 @@ def build(argv: list[str]) -> Built:
     if cfg.amp == "auto":  # resolved here, once: a sweep, a resume and the checkpoint see what the run trains in
         cfg = dataclasses.replace(cfg, amp="bf16" if runtime.native_bf16(cfg.device) else "off")
     prov.update(dict.fromkeys(cli.given(TrainConfig, argv, SHORTHANDS), "command line"))
+    if cfg.whole_episodes and prov.get("eval.engine") == "default":  # recompute is not such a run's policy
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, engine="stream"))
+        prov["eval.engine"] = "whole_episodes=true"
     return Built(cfg, source, prov)
 
 

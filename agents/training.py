@@ -60,7 +60,7 @@ class Run:
     data: envs.Trajectories
     """the whole dataset; training samples only the episodes not in ``info.held_out``"""
     info: DataInfo
-    sampler: envs.SegmentSampler
+    sampler: envs.SegmentSampler | stream_training.Carry
     model: DecisionTransformer
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
@@ -124,6 +124,11 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
             raise SetupError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
         device = runtime.pick_device(cfg.device, d)
         mode = steps.resolve(cfg.compile, device, d.world)
+        if cfg.whole_episodes and mode != "eager":  # a state carried between steps: the compiled steps take none yet
+            if cfg.compile != "auto":
+                raise SetupError(f"whole_episodes=true trains in the eager step (it carries a recurrent state from "
+                                 f"one step to the next); use compile=eager, not compile={cfg.compile}")
+            mode = "eager"
         runtime.set_threads(cfg.threads, d)
         runtime.seed_torch(cfg.seed)
         model = build_model(cfg, spec.obs_dim, spec.act_dim)  # bad options raise here
@@ -151,9 +156,11 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
                     reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
                     source=data.source, fingerprint=data.fingerprint, held_out=tuple(held_out.tolist()))
+    if cfg.whole_episodes:  # lanes of consecutive chunks, each carrying its episode's recurrent state
+        sampler = stream_training.Carry(model, envs.EpisodeChunks.of(sampler, trained.starts, trained.lengths), device)
     exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
     validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from,
-                            cfg.from_start) if len(held_out) and d.main else None
+                            cfg.from_start, cfg.whole_episodes) if len(held_out) and d.main else None
     ema = moving_average(model, cfg.ema_decay)
     run = Run(cfg, built, data, info, sampler, model, opt, sched, path.parent if path else None, device, d,
               validation, mode, exact_from, ema)
@@ -197,6 +204,9 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
     try:
         mc = DTConfig(**dataclasses.asdict(cfg.model), state_dim=state_dim, act_dim=act_dim, K=cfg.K,
                       max_timestep=cfg.max_timestep)
+        if cfg.whole_episodes and (cfg.stream_window or cfg.from_start):
+            raise ValueError("whole_episodes=true is the third way to an exact stream: use it without stream_window "
+                             "and from_start")
         if cfg.from_start and (cfg.stream_window or cfg.K < cfg.max_timestep):
             raise ValueError(f"from_start=true trains on whole episodes from their first step: it needs K >= "
                              f"max_timestep (K={cfg.K}, max_timestep={cfg.max_timestep}; e.g. K={cfg.max_timestep}) "
@@ -208,7 +218,10 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
                 raise ValueError(f"stream_window={cfg.stream_window} over {len(mc.layer_specs())} layers reaches "
                                  f"{stream_training.receptive_field(mc)} tokens back, so K must be >= {need} for "
                                  f"any step of a segment to count; got K={cfg.K}. Raise K or lower stream_window")
-        return DecisionTransformer(mc)
+        model = DecisionTransformer(mc)
+        if cfg.whole_episodes:  # every layer must stream: the error names those that cannot
+            model.chunk_form()
+        return model
     except ValueError as err:
         m = cfg.model
         raise ValueError(f"model options (model.name={m.name}, model.layers={m.layers or '-'}, "
@@ -315,6 +328,8 @@ def take_step(run: Run, stepper: steps.Stepper, logging: bool) -> tuple[tuple, i
     batch, real = next_batch(run)
     t0 = time.perf_counter()
     out = stepper.step(batch, logging)
+    if "state" in out[2]:  # episode chunks (whole_episodes): the state their lanes carry on
+        run.sampler.carry(out[2].pop("state"))
     if run.ema is not None:
         run.ema.update_parameters(run.model)
     return out, real, t0
@@ -444,9 +459,22 @@ class Validation:
     ``from_start``: the steps counted and the segments, as stream-exact runs train."""
 
     def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
-                 device: torch.device, exact_from: int | None = None, from_start: bool = False):
+                 device: torch.device, exact_from: int | None = None, from_start: bool = False,
+                 whole_episodes: bool = False):
         sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None, device=device,
                                       stats=(info.state_mean, info.state_std))
+        self.whole_episodes = whole_episodes
+        if whole_episodes:  # every held-out episode, chunk after chunk, as the run trains
+            first = held_out.starts
+            ends = first + held_out.lengths
+            self.batches = []
+            for c in range(0, int(held_out.lengths.max()), K):  # chunk c of every episode (padding where it ended)
+                idx = first[:, None] + c + np.arange(K)
+                idx[idx >= ends[:, None]] = held_out.num_steps
+                self.batches.append(sampler.batch(idx))
+            self.episodes, self.segments = len(held_out), len(self.batches) * len(first)
+            self.counted = int(held_out.num_steps) * held_out.actions.shape[1]
+            return
         first = held_out.starts if from_start else np.arange(held_out.num_steps)
         if len(first) > MAX_SEGMENTS:
             rng = np.random.default_rng((int(seed), _SAMPLE_STREAM))
@@ -459,15 +487,23 @@ class Validation:
         """action values the mean runs over"""
 
     def action_mse(self, model: torch.nn.Module) -> float:
-        """One mean over every counted action value (not a mean of chunk means); no random stream moved."""
+        """One mean over every counted action value (not a mean of chunk means); no random stream moved. Whole
+        episodes: each chunk from the state the one before it left, as the stream computes."""
         was_training = model.training
         model.eval()
-        sse = torch.zeros((), dtype=torch.float64, device=self.batch.mask.device)
+        device = next(model.parameters()).device
+        sse = torch.zeros((), dtype=torch.float64, device=device)
+        batches = self.batches if self.whole_episodes else [
+            Batch(*(v[i:i + CHUNK] if isinstance(v, torch.Tensor) else v for v in self.batch))
+            for i in range(0, self.segments, CHUNK)]
+        state = None
+        if self.whole_episodes:
+            state = model.chunk_form().init(self.batches[0].mask.shape[0], device)
         try:
             with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                for i in range(0, self.segments, CHUNK):
-                    b = Batch(*(v[i:i + CHUNK] if isinstance(v, torch.Tensor) else v for v in self.batch))
-                    pred, _ = model(b)
+                for b in batches:
+                    pred, _, *carried = model(b if state is None else b._replace(state=state))
+                    state = carried[0] if carried else None
                     m = b.counted.unsqueeze(-1).to(pred.dtype)
                     sse += ((pred - b.actions) ** 2 * m).sum(dtype=torch.float64)
         finally:
@@ -483,7 +519,8 @@ def validate(run: Run, mon: RunMonitor, final: bool = False) -> float:
     mse = v.action_mse(run.model)
     mon.scalar(VAL_TAG, mse, run.step)
     mon.print(f"{'final' if final else f'step {run.step}:'} validation action MSE {mse:.5f} "
-              f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} segments)")
+              f"({v.episodes} held-out episode{'s' * (v.episodes > 1)}, {v.segments} "
+              f"{'chunks' if v.whole_episodes else 'segments'})")
     return mse
 
 

@@ -36,6 +36,9 @@ class Batch(NamedTuple):
     """[B, K, 1] float32, raw"""
     trailing: bool | None = None
     """whether every row's padding trails its real steps (the sampler's always does; None: unknown)"""
+    state: tuple | None = None
+    """the model's recurrent state at the segments' first steps (None: they start from nothing, as segments do):
+    episode chunks carry their episode's (``envs.episode_chunks``)"""
 
     @property
     def counted(self) -> torch.Tensor | None:
@@ -43,7 +46,8 @@ class Batch(NamedTuple):
         return self.mask if self.loss_mask is None else self.loss_mask
 
     def to(self, device) -> "Batch":
-        return Batch(*(v.to(device) if isinstance(v, torch.Tensor) else v for v in self))
+        moved = lambda v: v.to(device) if isinstance(v, torch.Tensor) else v
+        return Batch(*(tuple(map(moved, v)) if isinstance(v, tuple) else moved(v) for v in self))
 
 
 class SegmentSampler:

@@ -12,7 +12,9 @@
 #       W = 21 needs K >= 21 and K = 40 leaves the standard 20 counted steps per segment);
 #   (d) for FIDELITY_PREFIX_MODELS, training on episode prefixes (from_start=true, K = max_timestep), by the
 #       stream engine, which is then exact with no window;
-#   (e) each run of (a), (c) and (d) also by its weights' moving average (eval.rollout weights=ema, the run's own
+#   (f) for FIDELITY_WHOLE_MODELS, training on whole episodes in K-step chunks carrying the stream's state
+#       (whole_episodes=true), by the stream engine, which is then exact with no window, at a segment's cost;
+#   (e) each run of (a), (c), (d) and (f) also by its weights' moving average (eval.rollout weights=ema, the run's own
 #       engine), where the run kept one (ema_decay);
 # then one eval.report over all of it, whose engine column keeps (a) to (d) apart.
 #
@@ -21,7 +23,8 @@
 # brackets): FIDELITY_ENVS [hopper-medium hopper-medium-replay], FIDELITY_MODELS [dt,primal+dt],
 # FIDELITY_SEEDS [0 1 2], FIDELITY_WINDOWS [10; W or W:K each; empty: no (c)], FIDELITY_EPISODES [50, per target], FIDELITY_RECIPE
 # [cpu], FIDELITY_THREADS [1], FIDELITY_PREFIX_MODELS [primalformer-dt; empty: no (d)], FIDELITY_PREFIX_K
-# [1000, Hopper's episode limit], FIDELITY_PREFIX_BATCH [16: each segment is K steps]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
+# [1000, Hopper's episode limit], FIDELITY_PREFIX_BATCH [16: each segment is K steps], FIDELITY_WHOLE_MODELS
+# [the models of (a); empty: no (f)]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
 # path runs in a minute or two (the tests run it).
 set -uo pipefail
 
@@ -42,6 +45,7 @@ THREADS=${FIDELITY_THREADS:-1}
 PREFIX_MODELS=${FIDELITY_PREFIX_MODELS-primalformer-dt}
 PREFIX_K=${FIDELITY_PREFIX_K:-1000}
 PREFIX_BATCH=${FIDELITY_PREFIX_BATCH:-16}
+WHOLE_MODELS=${FIDELITY_WHOLE_MODELS-$MODELS}
 RECIPE=(recipe=${FIDELITY_RECIPE:-cpu})
 SEGMENTS=()
 if [ "${FIDELITY_REHEARSAL:-0}" = 1 ]; then
@@ -98,11 +102,17 @@ for env in $ENVS; do
                 batch_size="$PREFIX_BATCH" eval.engine=stream
             ema "$OUT/prefix" "$env" "$seed" stream
         fi
+        if [ -n "$WHOLE_MODELS" ]; then
+            echo "== $(date +%T) $env seed $seed: (f) whole episodes in chunks ($WHOLE_MODELS), by stream"
+            sweep "$OUT/whole" "$env" "$seed" "$WHOLE_MODELS" "${SEGMENTS[@]}" whole_episodes=true eval.engine=stream
+            ema "$OUT/whole" "$env" "$seed" stream
+        fi
     done
 done
 
 windows=()
 for spec in $WINDOWS; do windows+=("$OUT/window${spec%%:*}"); done
 [ -n "$PREFIX_MODELS" ] && windows+=("$OUT/prefix")
+[ -n "$WHOLE_MODELS" ] && windows+=("$OUT/whole")
 "$PY" -m eval.report "$OUT/standard" "${windows[@]}" out="$OUT/report" || failed=1
 exit $failed

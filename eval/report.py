@@ -121,13 +121,15 @@ def data_level(env: str, source: str) -> float | None:
 
 
 def engine_label(f) -> str:
-    """``recompute``, ``stream (exact, window W)`` or ``stream (exact, from start)`` when the stream is the
+    """``recompute``, ``stream (exact, window W)``, ``(exact, from start)`` or ``(exact, whole episodes)`` when the stream is the
     policy the checkpoint was trained as, ``stream (not trained)`` when it is not
     (``agents.stream_training.Fidelity``): never averaged with the others, nor are two windows."""
     if f.engine == "recompute":
         return f.engine
     if not f.exact:
         return f"{f.engine} (not trained)"
+    if f.whole_episodes:
+        return f"{f.engine} (exact, whole episodes)"
     return f"{f.engine} (exact, from start)" if f.from_start else f"{f.engine} (exact, window {f.stream_window})"
 
 

@@ -177,7 +177,7 @@ def run(argv: list[str]) -> dict:
     """What ``python -m eval.rollout`` does; bad input is a ``SetupError`` before any simulation."""
     import envs
     from agents import dt_checkpoint
-    from primal_dt.run.cli import parse
+    from primal_dt.run.cli import given, parse
 
     cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=SHORTHANDS)
     with errors.setup_errors(KeyError):
@@ -189,6 +189,10 @@ def run(argv: list[str]) -> dict:
         if cfg.check_data or cfg.data_source:
             dt_checkpoint.training_data(ck, cfg.data_source or None)
         model = ck.build_model(runtime.pick_device(cfg.device), weights=cfg.weights)
+    if "engine" not in given(RolloutConfig, argv, SHORTHANDS) and not ck.fidelity(cfg.engine).exact:
+        cfg = dataclasses.replace(cfg, engine="stream")  # a whole-episode run: the stream is its policy
+        print(f"engine=stream: checkpoint {path} is trained on whole episodes, which the stream computes exactly "
+              "(engine=recompute to compare)")
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = cfg.targets or ck.data.eval_targets
     name = path.parent / f"rollout-{cfg.engine}{'-ema' * (cfg.weights == 'ema')}.json"

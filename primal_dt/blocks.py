@@ -11,11 +11,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Sequence
 
-import torch.nn.functional as F
 from torch import nn
 
 from .attention import available, build_attention, get_class
-from .attention.base import Recurrent, detached
+from .attention.base import Recurrent
 
 
 @dataclass
@@ -48,19 +47,22 @@ class Block(nn.Module):
     def forward(self, x, mask=None):
         if self.norm == "pre":
             a, aux = self.attn(self.ln1(x), mask)
-            x = x + self.drop(a)
-            return x + self.mlp(self.ln2(x)), aux
+            return self._residuals(x, a), aux
         a, aux = self.attn(x, mask)
         x = self.ln1(x + self.drop(a))
         return self.ln2(x + self.mlp(x)), aux
 
-    def recurrent_step(self, x, form, state, mask, last_only: bool, mlp):
-        """``forward``'s pre-norm residual around the attention's recurrent ``form``, without dropout (the eval-mode
-        computation); with ``last_only`` only the chunk's last token goes through the residual and the MLP."""
-        a, state = form(self.ln1(x), state, mask, last_only)
-        x = (x[:, -1:] if last_only else x) + a
-        w1, b1, w2, b2 = mlp
-        return x + F.linear(self.mlp[1](F.linear(self.ln2(x), w1, b1)), w2, b2), state
+    def recurrent_step(self, x, form, state, mask, last_only: bool):
+        """``forward`` (pre-norm) with the attention's recurrent ``form`` in place of its parallel one: (y, state,
+        aux). With ``last_only`` only the chunk's last token goes through the residuals and the MLP. In training
+        mode dropout applies as in ``forward``: a chunk carrying its episode's state trains through this."""
+        a, state, aux = form.forward_aux(self.ln1(x), state, mask, last_only)
+        return self._residuals(x[:, -1:] if last_only else x, a), state, aux
+
+    def _residuals(self, x, a):
+        """The pre-norm block after its attention's output ``a``: the residual, then the MLP's."""
+        x = x + self.drop(a)
+        return x + self.mlp(self.ln2(x))
 
 
 class Stack(nn.Module):
@@ -120,12 +122,17 @@ class StackRecurrent(Recurrent):
         self.slots = [[list(specs).index(names[i][s.name]) for s in f.specs] for i, f in enumerate(forms)]
         self.stack = stack
         self.forms = nn.ModuleList(forms)
-        self.mlps = [detached(b.mlp[0].weight, b.mlp[0].bias, b.mlp[2].weight, b.mlp[2].bias) for b in stack.blocks]
 
     def forward(self, x, state, mask=None, last_only: bool = False):
-        new, top = {}, len(self.forms) - 1
-        for i, (block, form, mlp, slots) in enumerate(zip(self.stack.blocks, self.forms, self.mlps, self.slots)):
-            x, st = block.recurrent_step(x, form, tuple(state[j] for j in slots), mask, last_only and i == top, mlp)
+        y, state, _ = self.forward_aux(x, state, mask, last_only)
+        return y, state
+
+    def forward_aux(self, x, state, mask=None, last_only: bool = False):
+        """``forward`` and every layer's aux dict (``Stack.forward``'s list, for the regulariser)."""
+        new, auxes, top = {}, [], len(self.forms) - 1
+        for i, (block, form, slots) in enumerate(zip(self.stack.blocks, self.forms, self.slots)):
+            x, st, aux = block.recurrent_step(x, form, tuple(state[j] for j in slots), mask, last_only and i == top)
+            auxes.append(aux)
             for j, s in zip(slots, st):
                 new.setdefault(j, s)  # a shared entry: its holder's (every layer sharing it computes the same)
-        return self.stack.ln_f(x), tuple(new[j] for j in range(len(state)))
+        return self.stack.ln_f(x), tuple(new[j] for j in range(len(state))), auxes

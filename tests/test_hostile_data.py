@@ -212,6 +212,7 @@ def test_a_policy_claiming_a_trillion_observations_is_refused_before_its_reset_a
 
     meta = {"format": onnx_policy.FORMAT, "schema": 1, "obs_dim": 11, "act_dim": 3, "targets": [3600.0],
             "reward_scale": 1000.0, "stream_exact": True, "stream_window": 0, "stream_from_start": False,
+            "stream_whole_episodes": False,
             "state": [{"name": "t", "shape": ["batch"], "dtype": "int64"}]}
     onnx_policy.check_metadata(meta, "p.onnx")
     for field, value, words in (("obs_dim", 10**12, "field obs_dim must be at most"),

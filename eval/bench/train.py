@@ -70,7 +70,7 @@ class Ours:
     options in ``stepper``."""
 
     def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu", window: int = 0,
-                 **stepper):
+                 whole: bool = False, **stepper):
         cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, name=layout, dropout=0.1, **size)
         self.first = None
         if window:  # stream-exact training (agents.stream_training): every layer windowed, the loss masked to exact steps
@@ -81,8 +81,13 @@ class Ours:
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4, fused=mode != "eager")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
         self.stepper = Stepper(mode, self.model, self.params, self.opt, self.sched, ETA, CLIP, **stepper)
+        self.whole, self.state = whole, None
 
     def step(self, b: Batch) -> None:
+        if self.whole:  # whole-episode training: each batch a chunk carrying the stream state the one before left
+            state = self.state or self.model.chunk_form().init(b.mask.shape[0], b.mask.device)
+            self.state = self.stepper.step(b._replace(state=state))[2]["state"]
+            return
         self.stepper.step(b if self.first is None else stream_exact_batch(b, self.first))
 
 
@@ -137,6 +142,11 @@ def makers(size: dict, args, device: torch.device) -> dict:
     if args.stream_window:  # stream-exact training: every layer windowed, the loss on exact steps only
         out |= {f"ours:{lay}[w={args.stream_window}]": partial(Ours, lay, size, args.K, device=device,
                                                                window=args.stream_window) for lay in OURS}
+    if args.whole_episodes:  # whole-episode training: chunks carrying the stream's state, in each precision
+        for amp in args.amp:
+            tag = "whole" if amp == "off" else f"whole,{amp}"
+            out |= {f"ours:{lay}[{tag}]": partial(Ours, lay, size, args.K, device=device, whole=True,
+                                                  autocast=PRECISIONS[amp]) for lay in OURS}
     return out
 
 
@@ -228,6 +238,10 @@ class TrainBenchConfig(timing.Outputs):
     stream_window: int = 0
     """also time stream-exact training (``stream_window=W`` of ``primal_dt.train``: every layer windowed to W
     tokens, the loss on exact steps only) of each model beside its standard step (0: do not)"""
+    whole_episodes: bool = False
+    """also time whole-episode training (``whole_episodes=true`` of ``primal_dt.train``: each batch a K-step chunk
+    run through the stream's recurrent form from the state the one before left) of each model beside its standard
+    step"""
     act_calls: int = 0
     """also time the stream agent's act (primal+dt at the first size, batch 1 and 100) on the device, at most this
     many calls per batch size (0: do not)"""

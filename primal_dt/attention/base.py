@@ -120,6 +120,11 @@ class Recurrent(nn.Module):
     def init(self, batch: int, device=None) -> tuple[torch.Tensor, ...]:
         return tuple(s.zeros(batch, device) for s in self.specs)
 
+    def forward_aux(self, x, state, mask=None, last_only: bool = False):
+        """``forward`` and what a regulariser reads of the chunk, as the parallel form's aux ({}: nothing)."""
+        y, state = self(x, state, mask, last_only)
+        return y, state, {}
+
 
 class ProjectedAttention(Attention):
     """A mechanism between projections ``qkv`` and ``proj``: ``attend(q, k, v, mask, state) -> (y, state)`` on
@@ -162,13 +167,6 @@ class ProjectedRecurrent(Recurrent):
     def forward(self, x, state, mask=None, last_only: bool = False):
         y, state = self.attn.run(x, mask, tuple(state))
         return (y[:, -1:] if last_only else y), state
-
-
-def detached(*weights: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """``weights`` detached (None stays None; the storage is shared, so in-place updates show): what a recurrent
-    form multiplies by. Not the parameters themselves: a weight that requires grad sends ``F.linear`` on a
-    non-contiguous chunk down another matmul path, with other roundings, even under ``no_grad``."""
-    return tuple(None if w is None else w.detach() for w in weights)
 
 
 def restart_rows(specs, state, rows: torch.Tensor) -> tuple[torch.Tensor, ...]:

@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import (Attention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces,
-                   zero_padding)
+from .base import Attention, Recurrent, StateSpec, check_int, check_window, static, zero_padding
 from .prefix import prefix_means, prefix_sums
 from .registry import register
 
@@ -142,14 +141,18 @@ class PrimalRecurrent(Recurrent):
             specs = [StateSpec("ring", (attn.window, 2 * D), dtype), StateSpec("S", (2 * D,), torch.float64)]
         super().__init__(specs)
         self.attn = attn
-        self.wqk, self.bqk = detached(attn.qk.weight, attn.qk.bias)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
+        y, state, _ = self.forward_aux(x, state, mask, last_only)
+        return y, state
+
+    def forward_aux(self, x, state, mask=None, last_only: bool = False):
+        """``forward`` and the chunk's scores for the KSVD regulariser, as ``PrimalAttention.forward``'s aux."""
         a = self.attn
         C = static(x.shape[1])
         if a.window is not None and C > a.window:  # the ring holds `window` new positions at a time
-            return stream_in_pieces(self, x, state, mask, last_only, a.window)
-        qk = F.linear(x, self.wqk, self.bqk)
+            return self._in_pieces(x, state, mask, last_only)
+        qk = a.qk(x)
         if a.window is None:
             sums = prefix_sums(qk, mask, total=state[0])
             new = (sums[:, -1],)
@@ -159,5 +162,19 @@ class PrimalRecurrent(Recurrent):
             sums, new = sums64.to(qk.dtype), (torch.cat([ring[:, C:], zero_padding(qk, mask)], 1), sums64[:, -1])
         if last_only:
             sums, mask = sums[:, -1:], None if mask is None else mask[:, -1:]
-        y, _ = a._scores_and_output(sums.view(-1, static(sums.shape[1]), 2, a.n_heads, a.d_head), a.W, mask)
-        return y, new
+        y, sc = a._scores_and_output(sums.view(-1, static(sums.shape[1]), 2, a.n_heads, a.d_head), a.W, mask)
+        return y, new, {"e": sc[..., : a.s], "r": sc[..., a.s :], "We": a.W[0], "Wr": a.W[1], "Lambda": a.Lambda,
+                        "mask": mask, "rows": None}
+
+    def _in_pieces(self, x, state, mask, last_only):
+        """``forward_aux`` over pieces of at most ``window`` tokens, their scores joined along the chunk."""
+        w, outs = self.attn.window, []
+        for i in range(0, x.shape[1], w):
+            outs.append(self.forward_aux(x[:, i:i + w], state, None if mask is None else mask[:, i:i + w], last_only))
+            state = outs[-1][1]
+        aux = dict(outs[-1][2])
+        if not last_only:
+            for k in ("e", "r"):
+                aux[k] = torch.cat([o[2][k] for o in outs], 2)
+            aux["mask"] = mask
+        return (outs[-1][0] if last_only else torch.cat([o[0] for o in outs], 1)), state, aux

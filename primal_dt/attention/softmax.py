@@ -17,7 +17,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import ProjectedAttention, Recurrent, StateSpec, check_int, check_window, detached, static, stream_in_pieces
+from .base import ProjectedAttention, Recurrent, StateSpec, check_int, check_window, static, stream_in_pieces
 from .registry import register
 
 
@@ -98,8 +98,6 @@ class SoftmaxRecurrent(Recurrent):
                           StateSpec("valid", (R,), torch.bool, shared=f"ring{window}+{chunk}"),
                           StateSpec("pos", (), torch.int64, shared=f"ring{window}+{chunk}")])
         self.attn, self.window, self.chunk, self.slots = attn, window, chunk, R
-        self.wqkv, self.bqkv = detached(attn.qkv.weight, attn.qkv.bias)
-        self.wp, self.bp = detached(attn.proj.weight, attn.proj.bias)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
@@ -108,7 +106,7 @@ class SoftmaxRecurrent(Recurrent):
             return stream_in_pieces(self, x, state, mask, last_only, self.chunk)
         K, V, valid, pos = state
         H, d, R, dev = a.n_heads, a.d_head, self.slots, x.device
-        q, k, v = F.linear(x, self.wqkv, self.bqkv).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
+        q, k, v = a.qkv(x).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
         at = (pos.view(-1, 1, 1, 1) + torch.arange(C, device=dev).view(-1, 1)) % R  # [B, 1, C, 1]: the chunk's slots
         # written at the (row, head, slot) index tuples [B, H, C, 3] of [B, H, R, d], made by broadcasting
@@ -116,7 +114,8 @@ class SoftmaxRecurrent(Recurrent):
         rows, heads = torch.arange(real.shape[0], device=dev), torch.arange(H, device=dev)
         axis = torch.eye(3, dtype=torch.int64, device=dev)
         index = rows.view(-1, 1, 1, 1) * axis[0] + heads.view(-1, 1, 1) * axis[1] + at * axis[2]
-        K, V = scatter_nd(K, index, k, self.inplace), scatter_nd(V, index, v, self.inplace)
+        # (k, v in the ring's dtype: under autocast the projection computes in another)
+        K, V = scatter_nd(K, index, k.to(K.dtype), self.inplace), scatter_nd(V, index, v.to(V.dtype), self.inplace)
         valid = valid.scatter(1, at.view(-1, C), real)
         if last_only:
             q, at = q[:, :, -1:], at[:, :, -1:]
@@ -124,7 +123,7 @@ class SoftmaxRecurrent(Recurrent):
         # reads R - C + 1 >= w or more); it sees the valid slots less than w back
         back = (at - torch.arange(R, device=dev)) % R  # [B, 1, C, R]
         y = ring_attention(q, K, V, (back < self.window) & valid.view(-1, 1, 1, R))
-        y = F.linear(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model), self.wp, self.bp)
+        y = a.proj(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model))
         return y, (K, V, valid, (pos + C) % R)
 
 

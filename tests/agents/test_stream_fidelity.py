@@ -72,8 +72,8 @@ def test_a_stream_exact_checkpoint_streams_its_recompute_policy_in_hopper(layout
         warnings.simplefilter("error", StreamNotTrainedWarning)  # an exact stream is not warned about
         stream = load_agent(trained[layout], engine="stream", runtime="torch")
     recompute = load_agent(trained[layout], engine="recompute")
-    assert stream.fidelity == {"engine": "stream", "exact": True, "stream_window": W, "from_start": False}
-    assert recompute.fidelity == {"engine": "recompute", "exact": True, "stream_window": W, "from_start": False}
+    assert stream.fidelity == {"engine": "stream", "exact": True, "stream_window": W, "from_start": False, "whole_episodes": False}
+    assert recompute.fidelity == {"engine": "recompute", "exact": True, "stream_window": W, "from_start": False, "whole_episodes": False}
     assert play(stream, recompute) <= 1e-5
 
 
@@ -83,7 +83,7 @@ def test_a_checkpoint_trained_on_episode_prefixes_streams_its_recompute_policy_i
         warnings.simplefilter("error", StreamNotTrainedWarning)
         stream = load_agent(trained["from_start"], engine="stream", runtime="torch")
     recompute = load_agent(trained["from_start"], engine="recompute")
-    assert stream.fidelity == {"engine": "stream", "exact": True, "stream_window": 0, "from_start": True}
+    assert stream.fidelity == {"engine": "stream", "exact": True, "stream_window": 0, "from_start": True, "whole_episodes": False}
     assert play(stream, recompute, T=40) <= 1e-5  # every step of both rows within K (row 0 restarts at 20)
 
 
@@ -91,7 +91,7 @@ def test_a_checkpoint_trained_on_segments_streams_another_policy_and_says_so(tra
     with pytest.warns(StreamNotTrainedWarning, match="stream_window=W") as caught:
         stream = load_agent(trained["segments"], engine="stream", runtime="torch")
     assert len(caught) == 1
-    assert stream.fidelity == {"engine": "stream", "exact": False, "stream_window": 0, "from_start": False}
+    assert stream.fidelity == {"engine": "stream", "exact": False, "stream_window": 0, "from_start": False, "whole_episodes": False}
     with warnings.catch_warnings():
         warnings.simplefilter("error", StreamNotTrainedWarning)
         recompute = load_agent(trained["segments"], engine="recompute")
@@ -109,7 +109,7 @@ def test_the_exported_policy_records_whether_its_stream_is_exact(trained, tmp_pa
                                       ("from_start", True, 0, True)):
         path = export_policy(trained[key] / "last.pt", "onnx", tmp_path / f"{key}.onnx")
         assert OnnxPolicy(path).fidelity == {"engine": "stream", "exact": exact, "stream_window": window,
-                                             "from_start": start}
+                                             "from_start": start, "whole_episodes": False}
 
 
 def test_rollout_and_report_name_the_engine_and_whether_it_is_the_trained_policy(trained, run_cli, tmp_path):

@@ -23,8 +23,10 @@ def test_the_fidelity_comparison_rehearses_and_resumes(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     md = (tmp_path / "report" / "scores.md").read_text()
     engines = {ln.split("|")[4].strip() for ln in md.splitlines() if ln.startswith("| hopper-medium | replica | dt")}
-    assert engines == {"recompute", "stream (not trained)", "stream (exact, window 4)",  # and each run's average:
-                       "recompute, EMA 0.999", "stream (exact, window 4), EMA 0.999"}
+    assert engines == {"recompute", "stream (not trained)", "stream (exact, window 4)", "stream (exact, whole episodes)",
+                       # and each run's average:
+                       "recompute, EMA 0.999", "stream (exact, window 4), EMA 0.999",
+                       "stream (exact, whole episodes), EMA 0.999"}
     prefix = {ln.split("|")[4].strip() for ln in md.splitlines()
               if ln.startswith("| hopper-medium | replica | primalformer-dt")}
     assert prefix == {"stream (exact, from start)", "stream (exact, from start), EMA 0.999"}
@@ -33,8 +35,8 @@ def test_the_fidelity_comparison_rehearses_and_resumes(tmp_path):
 
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "(b)" not in again.stdout and "(e)" not in again.stdout and again.stdout.count("0 to start, 0 to resume, 1 finished") == 3
-    only_a = subprocess.run(cmd, env={**env, "FIDELITY_WINDOWS": "", "FIDELITY_PREFIX_MODELS": ""},
+    assert "(b)" not in again.stdout and "(e)" not in again.stdout and again.stdout.count("0 to start, 0 to resume, 1 finished") == 4
+    only_a = subprocess.run(cmd, env={**env, "FIDELITY_WINDOWS": "", "FIDELITY_PREFIX_MODELS": "", "FIDELITY_WHOLE_MODELS": ""},
                             capture_output=True, text=True, timeout=900)  # empty: that part left out, not its default
     assert only_a.returncode == 0 and "(a)" in only_a.stdout, only_a.stderr[-3000:]
-    assert "(c)" not in only_a.stdout and "(d)" not in only_a.stdout
+    assert "(c)" not in only_a.stdout and "(d)" not in only_a.stdout and "(f)" not in only_a.stdout

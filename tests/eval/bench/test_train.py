@@ -48,6 +48,25 @@ def test_stream_exact_training_is_timed_beside_each_standard_step():
     assert layer_windows(exact.model) == [3, 3, 3] and exact.first == 2  # reach 6 tokens: steps 0-1 not counted
 
 
+def test_whole_episode_training_is_timed_beside_each_standard_step():
+    """--whole_episodes times each model's step on chunks carrying the stream's state: the state each step ends in
+    is the next one's (so the timed work is the carrying one, not a fresh state each time)."""
+    from eval.bench.train import SIZES, batches, Ours
+
+    res = main(["--sizes", "original", "--batch", "2", "--K", "4", "--rounds", "1", "--steps", "1", "--warmup", "0",
+                "--no-hf", "--whole_episodes"])
+    (r,) = res["results"]
+    assert {"ours:dt[whole]", "ours:primal+dt[whole]", "ours:primalformer-dt[whole]"} <= set(r["models"])
+    assert "primalformer-dt[whole] / primalformer-dt (time)" in r["ratios"]
+    runner = Ours("primalformer-dt", dict(SIZES["original"], d_model=16, n_heads=2, s=4), 4, whole=True)
+    first, second = batches(2, 2, 4)
+    runner.step(first)
+    after_one = runner.state
+    assert after_one is not None and all(t.abs().sum() > 0 for t in after_one)
+    runner.step(second)
+    assert not all(torch.equal(a, b) for a, b in zip(after_one, runner.state))
+
+
 def test_bf16_autocast_is_timed_beside_each_float32_step(capsys):
     """--amp off bf16 times each model's step in bf16 autocast (amp=bf16 of training) against its float32 one,
     the measurement behind the CPU recipe's amp=auto; float32 must be among them, as the reference."""
