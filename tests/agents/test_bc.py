@@ -1,6 +1,6 @@
 """model=bc, the Decision Transformer paper's transformer behaviour-cloning baseline: tokens (s_t, a_t), a_t
 predicted from s_t, no return-to-go. It trains, acts by both engines and exports like every model, through
-the same code (its token layout is one entry of agents.decision_transformer.TOKEN_LAYOUTS)."""
+the same code (its token layout is one entry of agents.token_layouts.TOKEN_LAYOUTS)."""
 
 import numpy as np
 import pytest
