@@ -54,6 +54,7 @@ TOKENS = {
     "rtg": TokenKind("R", "embed_return", "rtg", 1, "rtg"),  # return-to-go / reward_scale
     "state": TokenKind("s", "embed_state", "states", "state_dim", "state"),  # normalised observation
     "action": TokenKind("a", "embed_action", "actions", "act_dim", "prev_action"),
+    "reward": TokenKind("r", "embed_reward", "rewards", 1, "reward"),  # the step's raw reward
 }
 """token kind -> what every reader needs of it (``TokenKind``)"""
 
@@ -108,6 +109,7 @@ class TokenLayout:
 TOKEN_LAYOUTS = {
     "dt": TokenLayout(("rtg", "state", "action")),  # the Decision Transformer: conditioned on the return-to-go
     "bc": TokenLayout(("state", "action")),  # behaviour cloning (Chen et al. 2021's transformer baseline)
+    "rdt": TokenLayout(("rtg", "state", "action", "reward")),  # the DT that also sees each step's reward
 }
 """Token layouts by model name (module docstring: how a model name chooses one)."""
 DEFAULT = "dt"
