@@ -2,11 +2,10 @@
 predicted from s_t, r_t seen from the next step on. It trains, acts by both engines and exports like every
 model, through the same code: its token layout is one entry of agents.token_layouts.TOKEN_LAYOUTS."""
 
-import numpy as np
 import pytest
 import torch
 
-from agents.decision_transformer import TOKEN_LAYOUTS, Batch, softmax_stream_window, streamed_model_equivalent
+from agents.decision_transformer import TOKEN_LAYOUTS, Batch, softmax_stream_window
 from agents.onnx_policy import OnnxPolicy
 
 
@@ -47,46 +46,24 @@ def test_a_stack_name_keeps_the_rdt_tokens(tiny_dt, name, layers):
 
 @pytest.mark.parametrize("name, options", [("rdt", {}), ("primal+rdt", None),
                                            ("primalformer-rdt", {"primal": {"s": 8, "window": 6}})])
-def test_rdt_streams_its_forward_and_recomputes_the_last_K_steps_with_per_row_restarts(
-        name, options, tiny_dt, make_agent, rollout_inputs, run_agent, hopper_stats):
+def test_rdt_streams_its_forward_and_recomputes_the_last_K_steps_with_per_row_restarts(name, options, tiny_dt,
+                                                                                         engines_agree):
     """The stream is the streamed-equivalent model's forward over each row's episode so far, rewards
     included (row 1 restarts at step 6, its first reward input the old episode's: ignored); recompute with
     context K shows the first K steps the same tokens."""
-    m = tiny_dt(name, K=4, options=options)
-    obs, rew = rollout_inputs(T=12, B=2)
-    resets = {6: np.array([False, True])}
-    stream, recompute = make_agent(m, "stream"), make_agent(m, "recompute")
-    stream.reset(2), recompute.reset(2)
-    acts, recomputed = run_agent(stream, obs, rew, resets), run_agent(recompute, obs, rew, resets)
-    mean, std = hopper_stats
-    twin = streamed_model_equivalent(m)
-    for row, start in ((0, 0), (1, 6)):
-        S = torch.as_tensor((obs[start:, row] - mean) / std)[None]
-        A = torch.as_tensor(acts[start:, row])[None]
-        r = torch.as_tensor(rew[start:, row])[None, :, None]  # r_i: the reward after a_i, the next step's input
+    def episode(S, A, r):  # R_0 = 3600 / 1000, then each reward taken off
         R = 3.6 - torch.cat([torch.zeros(1, 1, 1), r[:, :-1].cumsum(1)], 1) / 1000
-        T = len(S[0])
-        with torch.no_grad():
-            ref, _ = twin(Batch(S, A, R, torch.arange(T)[None], rewards=r))
-        np.testing.assert_allclose(acts[start:, row], ref[0].numpy(), atol=1e-5, rtol=0)
-        np.testing.assert_allclose(recomputed[start:start + 4, row], acts[start:start + 4, row], atol=1e-5, rtol=0)
+        return Batch(S, A, R, torch.arange(S.shape[1])[None], rewards=r)
+
+    engines_agree(tiny_dt(name, K=4, options=options), episode)
 
 
-def test_rdt_exports_and_the_graph_acts_as_the_stream_agent(tiny_dt, dt_checkpoint_file, make_agent, rollout_inputs,
-                                                            run_agent, tmp_path, monkeypatch):
+def test_rdt_exports_and_the_graph_acts_as_the_stream_agent(tiny_dt, export_agrees, tmp_path, monkeypatch):
     from agents import load_agent
-    from agents.export import export_policy, read_metadata
+    from agents.export import read_metadata
 
-    m = tiny_dt("primal+rdt", K=4, n_layers=2)
-    ck = dt_checkpoint_file(tmp_path, m)
-    path = export_policy(ck, "onnx")
+    ck, path = export_agrees(tiny_dt("primal+rdt", K=4, n_layers=2), tmp_path)
     assert "the chunk (a_{t-1}, r_{t-1}, R_t, s_t)" in read_metadata(path)["semantics"]
-    obs, rew = rollout_inputs(T=10, B=3)
-    resets = {5: np.array([False, True, False])}
-    agent, policy = make_agent(m, "stream"), OnnxPolicy(path)
-    agent.reset(3), policy.reset(3)
-    np.testing.assert_allclose(run_agent(policy, obs, rew, resets), run_agent(agent, obs, rew, resets), atol=1e-5,
-                               rtol=0)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # load_agent's export cache, kept in the test
     assert isinstance(load_agent(ck, runtime="onnx"), OnnxPolicy)  # its few steps agreed with the torch agent
 
