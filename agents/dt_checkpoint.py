@@ -267,7 +267,8 @@ class _Fields:
             mc.check()
             # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
             layers = len(mc.layer_names()) or mc.n_layers
-            check_size(mc.K * mc.tokens.per_step * mc.d_model * layers * 8, f"model_config K={mc.K}, d_model={mc.d_model} and "
+            check_size(mc.K * mc.tokens.per_step * mc.d_model * layers * 8,
+                       f"model_config K={mc.K}, d_model={mc.d_model} and "
                        f"{layers} layers", "activation values per row")
         except (TypeError, ValueError) as err:
             raise ValueError(f"{self.where}: model_config is not a valid DTConfig ({err})") from None

@@ -77,9 +77,9 @@ class TokenLayout:
         late = [k for k in self.kinds[:p + 1] if TOKENS[k].lag]
         early = [k for k in self.kinds[p + 1:] if not TOKENS[k].lag]
         if late or early or "action" not in self.kinds[p + 1:]:
-            raise ValueError(f"token layout {self.kinds}: the tokens up to the predicting {self.predict_from!r} must be "
-                             f"known before acting (not {late}), those after it only after (not {early}), the action "
-                             "among them")
+            raise ValueError(f"token layout {self.kinds}: the tokens up to the predicting {self.predict_from!r} "
+                             f"must be known before acting (not {late}), those after it only after (not {early}), "
+                             "the action among them")
 
     @property
     def per_step(self) -> int:
