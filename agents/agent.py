@@ -24,6 +24,7 @@ from agents.train_config import ENGINES
 
 from . import dt_checkpoint, threads
 from .decision_transformer import Batch, DTStep, StepState
+from .token_layouts import TOKENS
 from .onnx_policy import SCHEMA, OnnxPolicy, Policy, StreamNotTrainedWarning
 
 RUNTIMES = ("auto", "torch", "onnx")
@@ -47,30 +48,37 @@ class RecomputeStep(DTStep):
         super().__init__(model, state_mean, state_std, reward_scale)
 
     def layer_specs(self) -> list[StateSpec]:
+        """The last K steps' values of every token kind of the layout (``history.<Batch field>``), their
+        timesteps and how many of the K are real."""
         cfg, K = self.model.cfg, self.K
         dtype = next(self.model.parameters()).dtype
-        return [StateSpec("history.states", (K, cfg.state_dim), dtype),
-                StateSpec("history.actions", (K, cfg.act_dim), dtype), StateSpec("history.rtg", (K, 1), dtype),
+        kinds = [TOKENS[k] for k in self.model.tokens.kinds]
+        return [*(StateSpec(f"history.{k.field}", (K, k.size(cfg)), dtype) for k in kinds),
                 StateSpec("history.timesteps", (K,), torch.int64), StateSpec("history.length", (), torch.int64)]
 
-    def advance(self, t, rtg, s, prev, history):
-        states, actions, rtgs, times, length = history
-        rows = torch.arange(s.shape[0], device=s.device)
-        actions = actions.index_put((rows, (length - 1).clamp(min=0)), prev)  # a_{t-1}, now known (0 at t = 0)
+    def advance(self, t, values, history):
+        *tokens, times, length = history
+        kinds = [TOKENS[k] for k in self.model.tokens.kinds]
+        rows = torch.arange(times.shape[0], device=times.device)
+        # the previous step's values known only now (a_{t-1}: 0 at t = 0, then overwritten below) at its position
+        tokens = [h.index_put((rows, (length - 1).clamp(min=0)), values[k.source]) if k.lag else h
+                  for h, k in zip(tokens, kinds)]
         full = length == self.K
 
         def shifted(x):  # full rows drop their oldest step
             return torch.where(full.view(-1, *[1] * (x.dim() - 1)), x.roll(-1, 1), x)
 
-        states, actions, rtgs, times = map(shifted, (states, actions, rtgs, times))
+        *tokens, times = map(shifted, (*tokens, times))
         pos = length.clamp(max=self.K - 1)
-        states[rows, pos], rtgs[rows, pos, 0], times[rows, pos] = s, rtg.to(rtgs.dtype), t
-        actions[rows, pos] = 0  # a_t is not known yet (and the predicting token cannot see it)
+        for h, k in zip(tokens, kinds):  # this step's values; a_t (and what follows it) is not known yet
+            h[rows, pos] = 0 if k.lag else values[k.source].to(h.dtype)
+        times[rows, pos] = t
         length = (length + 1).clamp(max=self.K)
         L = int(length.max())
-        mask = None if bool((length == L).all()) else torch.arange(L, device=s.device) < length.unsqueeze(1)
-        pred, _ = self.model(Batch(states[:, :L], actions[:, :L], rtgs[:, :L], times[:, :L], mask=mask))
-        return pred[rows, length - 1], (states, actions, rtgs, times, length)
+        mask = None if bool((length == L).all()) else torch.arange(L, device=times.device) < length.unsqueeze(1)
+        fields = {"states": None, "actions": None, "rtg": None} | {k.field: h[:, :L] for h, k in zip(tokens, kinds)}
+        pred, _ = self.model(Batch(**fields, timesteps=times[:, :L], mask=mask))
+        return pred[rows, length - 1], (*tokens, times, length)
 
 
 class Agent(Policy):

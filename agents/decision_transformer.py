@@ -1,6 +1,7 @@
-"""The Decision Transformer (Chen et al. 2021) on the shared attention stack: the token layouts (every token
-count derives from ``TokenLayout``), the model, ``DTStep`` (one environment step on explicit state, what the
-torch agent runs and ``agents.export`` traces) and the loss.
+"""The Decision Transformer (Chen et al. 2021) on the shared attention stack: the model (its tokens as its
+``TokenLayout``, declared in ``agents.token_layouts``, where every token count derives from; its config
+``DTConfig`` in ``agents.model_config``), ``DTStep`` (one environment step on explicit state, what the torch
+agent runs and ``agents.export`` traces) and the loss.
 
 The stream (``DTStep``). Every environment step feeds ONE chunk (``TokenLayout.chunk``; for the DT
 (a_{t-1}, R_t, s_t), the action slot padding at t = 0) through the stack, each token with its own step's
@@ -26,8 +27,6 @@ So for every model, stream == ``streamed_model_equivalent(model).forward`` over 
 from __future__ import annotations
 
 import copy
-import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -38,84 +37,9 @@ from envs.sampler import Batch  # noqa: F401  (the DT's batch, re-exported)
 from primal_dt.attention.base import StateSpec, restart_rows
 from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
-from primal_dt.layouts import layout
-from agents.train_config import ModelConfig
 
-
-@dataclass(frozen=True)
-class TokenLayout:
-    """The tokens one environment step contributes, in order, and the token whose top-layer output
-    predicts the step's action (directly before the action token, which it may not see)."""
-
-    kinds: tuple[str, ...]
-    """token kinds per step, in sequence order: ``rtg`` (return-to-go), ``state``, ``action``"""
-    predict_from: str = "state"
-
-    @property
-    def per_step(self) -> int:
-        return len(self.kinds)
-
-    @property
-    def predictor(self) -> int:
-        """offset of the predicting token within its step"""
-        return self.kinds.index(self.predict_from)
-
-    @property
-    def chunk(self) -> tuple[tuple[str, int], ...]:
-        """What one stream step feeds the stack, as (kind, timestep offset): the tokens after the previous
-        step's predicting token (its action, known only now: offset -1), then this step's up to its own."""
-        p = self.predictor
-        return (*((k, -1) for k in self.kinds[p + 1:]), *((k, 0) for k in self.kinds[:p + 1]))
-
-    def token_mask(self, mask: torch.Tensor | None) -> torch.Tensor | None:
-        """Segment mask [B, K] -> token mask [B, per_step * K]: each step's tokens share its flag."""
-        return None if mask is None else mask.repeat_interleave(self.per_step, dim=1)
-
-    def first_exact_step(self, reach: int) -> int:
-        """Smallest segment step whose predicting token has ``reach`` earlier tokens inside the segment."""
-        return max(0, math.ceil((reach - self.predictor) / self.per_step))
-
-
-EMBEDDED = {"rtg": "embed_return", "state": "embed_state", "action": "embed_action"}
-"""token kind -> the model's embedding module (its name is the checkpoint's parameter name)"""
-FIELDS = {"rtg": "rtg", "state": "states", "action": "actions"}
-"""token kind -> the ``Batch`` field holding its values"""
-TOKEN_LAYOUTS = {
-    "dt": TokenLayout(("rtg", "state", "action")),  # the Decision Transformer: conditioned on the return-to-go
-    "bc": TokenLayout(("state", "action")),  # behaviour cloning (Chen et al. 2021's transformer baseline)
-}
-"""Model names whose token layout is not the Decision Transformer's (every other name: ``dt``'s)."""
-
-
-@dataclass(kw_only=True)
-class DTConfig(ModelConfig):
-    """The network: the model options as the user writes them, plus what the data and the run fix."""
-
-    state_dim: int
-    act_dim: int
-    K: int = 20
-    """context length in environment steps (3K tokens)"""
-    max_timestep: int = 1000
-    """size of the timestep embedding; timesteps are clipped to max_timestep - 1"""
-
-    def layer_specs(self) -> list[LayerSpec]:
-        options = self.options()
-        if self.layer_names():  # one single-layer layout per name: aliases (dt -> softmax) and checks apply
-            return [layout(name, 1, options)[0] for name in self.layer_names()]
-        return layout(self.name, self.n_layers, options)
-
-    def check(self) -> None:
-        """The fields this config adds; then the model options' own checks (``ModelConfig.check``)."""
-        for name in ("state_dim", "act_dim", "K", "max_timestep"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"model {name} must be an integer >= 1, got {v!r}")
-        super().check()
-
-    @property
-    def tokens(self) -> TokenLayout:
-        """``TOKEN_LAYOUTS`` by model name (``primal+<name>`` too), else the Decision Transformer's."""
-        return TOKEN_LAYOUTS.get(self.name.removeprefix("primal+"), TOKEN_LAYOUTS["dt"])
+from .model_config import DTConfig
+from .token_layouts import TOKEN_LAYOUTS, TOKENS, TokenLayout  # noqa: F401  (re-exported: the model's tokens)
 
 
 def trailing_padding(mask: torch.Tensor | None) -> bool:
@@ -131,9 +55,8 @@ class DecisionTransformer(nn.Module):
         self.tokens = cfg.tokens
         d = cfg.d_model
         self.embed_timestep = nn.Embedding(cfg.max_timestep, d)
-        dims = {"rtg": 1, "state": cfg.state_dim, "action": cfg.act_dim}
         for kind in self.tokens.kinds:
-            setattr(self, EMBEDDED[kind], nn.Linear(dims[kind], d))
+            setattr(self, TOKENS[kind].embedding, nn.Linear(TOKENS[kind].size(cfg), d))
         self.embed_ln = nn.LayerNorm(d)
         self.drop = nn.Dropout(cfg.dropout)
         self.stack = Stack(d, cfg.n_heads, cfg.layer_specs(), causal=True, mlp_ratio=cfg.mlp_ratio,
@@ -145,7 +68,7 @@ class DecisionTransformer(nn.Module):
     def embed_tokens(self, kinds, values, timesteps) -> torch.Tensor:
         """Tokens [..., n, D] of the n ``kinds`` (``timesteps`` [..., n] or [..., 1]): the one embedding, of a
         whole sequence (``embed``) and of a stream chunk."""
-        embeds = [getattr(self, EMBEDDED[k]) for k in kinds]
+        embeds = [getattr(self, TOKENS[k].embedding) for k in kinds]
         x = torch.stack([F.linear(v, e.weight, e.bias) for e, v in zip(embeds, values)], -2)
         x = x + F.embedding(timesteps.clamp(0, self.cfg.max_timestep - 1), self.embed_timestep.weight)
         ln = self.embed_ln  # (modules called functionally: the stream step runs this at every environment step)
@@ -154,7 +77,7 @@ class DecisionTransformer(nn.Module):
     def embed(self, batch: Batch) -> torch.Tensor:
         """Interleaved tokens [B, n T, D] in the layout's order: R_1, s_1, a_1, R_2, s_2, a_2, ... for the DT."""
         kinds = self.tokens.kinds
-        x = self.embed_tokens(kinds, [getattr(batch, FIELDS[k]) for k in kinds], batch.timesteps.unsqueeze(-1))
+        x = self.embed_tokens(kinds, [getattr(batch, TOKENS[k].field) for k in kinds], batch.timesteps.unsqueeze(-1))
         B, T, n, D = x.shape
         return x.reshape(B, n * T, D)
 
@@ -264,6 +187,7 @@ class DTStep(nn.Module):
         self.register_buffer("std", std)
         self.reward_scale, self.inplace = float(reward_scale), inplace
         self.kinds = [k for k, _ in model.tokens.chunk]
+        self.sources = [TOKENS[k].source for k in self.kinds]  # (``STEP_VALUES`` names)
         self.register_buffer("offsets", torch.tensor([dt for _, dt in model.tokens.chunk], device=p.device), False)
         self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
                       StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layer_specs()]
@@ -284,14 +208,22 @@ class DTStep(nn.Module):
         t, rtg, prev, layers = StepState.of(state)
         rtg = torch.where(t == 0, target / self.reward_scale, rtg - reward / self.reward_scale)
         s = ((observation - self.mean) / self.std).to(prev.dtype)
-        action, layers = self.advance(t, rtg, s, prev, layers)
+        action, layers = self.advance(t, self.values(t, rtg, s, prev, reward), layers)
         return (action, t + 1, rtg, action, *layers)
 
-    def advance(self, t, rtg, s, prev, layers):
-        """The action from this step's t, scaled R_t, normalised s_t and a_{t-1}, and the new layer states."""
-        now = {"rtg": rtg.unsqueeze(-1), "state": s}  # this step's values; the previous step's is its action
+    def values(self, t, rtg, s, prev, reward) -> dict:
+        """The step's values its layout's tokens read, by ``STEP_VALUES`` name, each [B, width]: this step's
+        scaled R_t and normalised s_t, the previous step's a_{t-1} and r_{t-1} (0 at a row's first step, whose
+        reward input belongs to another episode). Only those the layout reads are computed: the traced step
+        holds no operation its tokens do not use."""
+        made = {"rtg": lambda: rtg.unsqueeze(-1), "state": lambda: s, "prev_action": lambda: prev,
+                "reward": lambda: torch.where(t == 0, 0.0, reward).unsqueeze(-1).to(prev.dtype)}
+        return {name: made[name]() for name in self.sources}
+
+    def advance(self, t, values, layers):
+        """The action from this step's t and token ``values`` (``values``), and the new layer states."""
         times = t.unsqueeze(1) + self.offsets  # each token's timestep; one before the episode (a_{-1}) is padding
-        x = self.model.embed_tokens(self.kinds, [prev if dt else now[k] for k, dt in self.model.tokens.chunk], times)
+        x = self.model.embed_tokens(self.kinds, [values[src] for src in self.sources], times)
         y, layers = self.layers.forward(x, layers, times >= 0, last_only=True)
         return self.model.predict_action(y[:, -1]), layers
 

@@ -400,7 +400,7 @@ class _Reader:
             mc.check()
             # what acting allocates per row beyond the weights (K steps of activations), as training bounds it
             layers = len(mc.layer_names()) or mc.n_layers
-            check_size(mc.K * 3 * mc.d_model * layers * 8, f"{field_} K={mc.K}, d_model={mc.d_model} and "
+            check_size(mc.K * mc.tokens.per_step * mc.d_model * layers * 8, f"{field_} K={mc.K}, d_model={mc.d_model} and "
                        f"{layers} layers", "activation values per row")
         except (TypeError, ValueError) as err:
             raise ValueError(f"{self.where}: {field_} is not a valid DTConfig ({err})") from None

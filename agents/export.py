@@ -31,6 +31,7 @@ from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
 from .onnx_policy import (FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy, OnnxPolicy,
                           StreamNotTrainedWarning, stream_note)
+from .token_layouts import TOKENS
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
 """format -> the artefact's default file name (next to the checkpoint)"""
@@ -68,13 +69,13 @@ sees (the stream semantics, agents/decision_transformer.py): primal without a wi
 over the whole episode; primal or softmax with window=w, the last w tokens; softmax without a window, the last \
 {window} tokens; the linear family (linear, performer, cosformer, kerformer, flowformer), prefix sums over the \
 episode. A cosformer layer returns NaN for a row once its episode passes max_len tokens."""
-_SYMBOL = {"rtg": "R", "state": "s", "action": "a"}
 
 
 def semantics(step: DTStep) -> str:
+    """``SEMANTICS`` for the step's token layout (its symbols: ``agents.token_layouts.TOKENS``)."""
     tokens = step.model.tokens
-    chunk = ", ".join(_SYMBOL[k] + ("_{t-1}" if dt else "_t") for k, dt in tokens.chunk)
-    return SEMANTICS.format(chunk=chunk, predictor=f"{_SYMBOL[tokens.predict_from]}_t",
+    chunk = ", ".join(TOKENS[k].symbol + ("_{t-1}" if dt else "_t") for k, dt in tokens.chunk)
+    return SEMANTICS.format(chunk=chunk, predictor=f"{TOKENS[tokens.predict_from].symbol}_t",
                             window=softmax_stream_window(step.model))
 
 

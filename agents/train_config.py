@@ -15,74 +15,12 @@ import tyro
 
 from envs import sources
 
-from primal_dt.attention import available, get_class
-from primal_dt.layouts import canonical
+from agents.model_config import ModelConfig
 from primal_dt.run import cli, presets, runtime
-from primal_dt.run.errors import did_you_mean
 from primal_dt.run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
-from primal_dt.run.options import as_words, attention_options as parse_attention_options
 from primal_dt.run.presets import flat
 
 GROUP = "dt"
-
-
-@dataclass
-class ModelConfig:
-    """The Decision Transformer's layout and sizes (``model.*``): the network is built from exactly this
-    (``agents.DTConfig`` adds the data's dimensions), so each check of these fields is here."""
-
-    name: str = "primal+dt"
-    """layout: dt | primal+dt | primalformer-dt | primal+<mechanism> | any attention mechanism"""
-    layers: str = ""
-    """explicit comma-separated mechanism per layer, e.g. softmax,linear,primal (overrides name, n_layers)"""
-    d_model: int = 256
-    """width of every token embedding and layer"""
-    n_heads: int = 4
-    """attention heads per layer (d_model must be divisible by it)"""
-    n_layers: int = 3
-    """transformer blocks (when model.layers does not list them)"""
-    s: int = 64
-    """Primal-Attention projection directions per head (primal layers only)"""
-    dropout: float = 0.1
-    """dropout of embeddings, attention outputs and MLPs"""
-    activation: Literal["relu", "gelu"] = "relu"
-    """MLP activation"""
-    mlp_ratio: float = 4.0
-    """MLP hidden width / d_model"""
-    attention_options: tuple[str, ...] = ()
-    """mechanism constructor options as mechanism.option=value, e.g. softmax.window=30,primal.window=10"""
-
-    def __post_init__(self):
-        self.attention_options = as_words(self.attention_options)
-
-    def layer_names(self) -> tuple[str, ...]:
-        """The explicit per-layer mechanisms (empty: the layout ``name`` decides)."""
-        return tuple(x.strip() for x in self.layers.split(",") if x.strip())
-
-    def options(self) -> dict:
-        """Per-mechanism constructor options: ``attention_options``, with ``s`` for primal layers."""
-        return parse_attention_options(self.attention_options, "model.attention_options", {"primal": {"s": self.s}})
-
-    def check(self) -> None:
-        check_numbers(self, {"d_model": AT_LEAST_1, "n_heads": AT_LEAST_1, "n_layers": AT_LEAST_1, "s": AT_LEAST_1,
-                             "dropout": FRACTION, "mlp_ratio": POSITIVE}, prefix="model.")
-        if self.d_model % self.n_heads:
-            raise ValueError(f"model.d_model={self.d_model} must be divisible by model.n_heads={self.n_heads}")
-        if int(self.mlp_ratio * self.d_model) < 1:
-            raise ValueError(f"model.mlp_ratio={self.mlp_ratio} leaves no hidden units at model.d_model="
-                             f"{self.d_model}; raise model.mlp_ratio")
-        mechanisms = available()
-        causal = [n for n in mechanisms if get_class(n).supports_causal]
-        for n in self.layer_names() or (self.name,):
-            base = canonical(n.removeprefix("primal+"))
-            if base not in mechanisms:
-                hint = did_you_mean(n, ["dt", "primal+dt", "primalformer-dt", *mechanisms])
-                raise ValueError(f"unknown model {n!r}.{hint} Use dt, primal+dt, primalformer-dt, primal+<mechanism> "
-                                 f"or a mechanism: {', '.join(mechanisms)}")
-            if base not in causal:
-                raise ValueError(f"model {n!r}: {base} attention has no causal form, and a Decision Transformer must "
-                                 f"not see future steps; use one of {', '.join(causal)}")
-        self.options()
 
 
 Engine = Literal["recompute", "stream"]
@@ -128,6 +66,11 @@ class EvalConfig(RolloutOptions):
     """episodes per target during training"""
     final_episodes: int = 100
     """episodes per target at the end (0: skip the final evaluation)"""
+
+
+DataSource = Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")]
+"""``data_source``'s annotation, its help listing the registered sources: built once, here (an f-string in the
+annotation itself was built again by every ``get_type_hints``)."""
 
 
 @dataclass
@@ -181,7 +124,7 @@ class TrainConfig(RunOptions):
     previous chunk left (no gradient through it). Each prediction then sees its whole episode so far as the stream
     engine does, so the stream is the trained policy, at a K-step segment's cost (docs/evaluation.md, stream-exact
     training). Needs every layer to stream (primalformer-dt: O(1) per step; softmax layers see 3K - 1 tokens)"""
-    data_source: Annotated[str, tyro.conf.arg(help=f"where the dataset comes from: {sources.help_text()}")] = "auto"
+    data_source: DataSource = "auto"
     data_clip_actions: bool = False
     """clip dataset actions outside the simulator's action box into it (default: such data is an error giving
     how many values lie outside and their range)"""
@@ -342,7 +285,7 @@ def check(cfg: TrainConfig) -> None:
     check_size(layers * m.d_model ** 2 * (4 + 2 * m.mlp_ratio) + cfg.max_timestep * m.d_model,
                f"model.d_model={m.d_model}, model.n_layers={layers}, model.mlp_ratio={m.mlp_ratio} and "
                f"max_timestep={cfg.max_timestep}")
-    check_size(cfg.batch_size * cfg.K * 3 * m.d_model * layers * 8,
+    check_size(cfg.batch_size * cfg.K * m.tokens.per_step * m.d_model * layers * 8,
                f"batch_size={cfg.batch_size}, K={cfg.K}, model.d_model={m.d_model} and model.n_layers={layers}",
                "activation values in one training step")
     try:

@@ -1,8 +1,7 @@
 """Named stack layouts: which mechanism each layer uses.
 
-- ``ALIASES``: the papers' names for every layer softmax (``bc``: the Decision Transformer paper's
-  behaviour-cloning transformer, whose tokens agents.decision_transformer sets) or every layer primal.
-- ``primal+<X>`` (``primal+dt``, ``primal+trans``, ...): backbone X, only the last layer primal (Primal.+X).
+- ``ALIASES``: the papers' names for every layer softmax or every layer primal.
+- ``primal+<X>`` (``primal+trans``, ``primal+linear``, ...): backbone X, only the last layer primal (Primal.+X).
 - any registered mechanism name: every layer that mechanism.
 ``options`` maps a mechanism name to its constructor options (e.g. {"primal": {"s": 64}}).
 """
@@ -12,13 +11,14 @@ from __future__ import annotations
 from .attention import available, get_class
 from .blocks import LayerSpec
 
-ALIASES = {"transformer": "softmax", "trans": "softmax", "dt": "softmax", "bc": "softmax", "primalformer": "primal",
-           "primalformer-dt": "primal"}
-"""the papers' model names for "every layer this mechanism": the one table every command's ``model=`` reads"""
+ALIASES = {"transformer": "softmax", "trans": "softmax", "primalformer": "primal"}
+"""the papers' model names for "every layer this mechanism": the one table every command's ``model=`` reads
+(a model's own names, such as the Decision Transformer's ``dt``, its model parses first:
+``agents.token_layouts``)"""
 
 
 def canonical(name: str) -> str:
-    """The mechanism a layout or layer name stands for (``dt`` -> ``softmax``); other names as given."""
+    """The mechanism a layout or layer name stands for (``trans`` -> ``softmax``); other names as given."""
     return ALIASES.get(name, name)
 
 

@@ -1,13 +1,11 @@
 """model=bc, the Decision Transformer paper's transformer behaviour-cloning baseline: tokens (s_t, a_t), a_t
 predicted from s_t, no return-to-go. It trains, acts by both engines and exports like every model, through
-the same code (its token layout is one entry of agents.decision_transformer.TOKEN_LAYOUTS)."""
+the same code (its token layout is one entry of agents.token_layouts.TOKEN_LAYOUTS)."""
 
-import numpy as np
 import pytest
 import torch
 
-from agents.decision_transformer import TOKEN_LAYOUTS, Batch, softmax_stream_window, streamed_model_equivalent
-from agents.onnx_policy import OnnxPolicy
+from agents.decision_transformer import TOKEN_LAYOUTS, Batch, softmax_stream_window
 
 
 def segment(B=2, T=4, seed=0):
@@ -43,41 +41,18 @@ def test_primal_plus_bc_keeps_the_bc_tokens(tiny_dt):
     assert m.tokens == TOKEN_LAYOUTS["bc"] and m.layer_names == ["softmax", "softmax", "primal"]
 
 
-def test_bc_streams_its_forward_and_recomputes_the_last_K_steps_with_per_row_restarts(
-        tiny_dt, make_agent, rollout_inputs, run_agent, hopper_stats):
+def test_bc_streams_its_forward_and_recomputes_the_last_K_steps_with_per_row_restarts(tiny_dt, engines_agree):
     """The stream is the streamed-equivalent model's forward over each row's episode so far (row 1
     restarts at step 6); recompute with context K shows the first K steps the same tokens."""
-    m = tiny_dt("bc", K=4)
-    obs, rew = rollout_inputs(T=12, B=2)
-    resets = {6: np.array([False, True])}
-    stream, recompute = make_agent(m, "stream"), make_agent(m, "recompute")
-    stream.reset(2), recompute.reset(2)
-    acts, recomputed = run_agent(stream, obs, rew, resets), run_agent(recompute, obs, rew, resets)
-    mean, std = hopper_stats
-    twin = streamed_model_equivalent(m)
-    for row, start in ((0, 0), (1, 6)):
-        S = torch.as_tensor((obs[start:, row] - mean) / std)[None]
-        A = torch.as_tensor(acts[start:, row])[None]
-        T = len(S[0])
-        with torch.no_grad():
-            ref, _ = twin(Batch(S, A, torch.zeros(1, T, 1), torch.arange(T)[None]))
-        np.testing.assert_allclose(acts[start:, row], ref[0].numpy(), atol=1e-5, rtol=0)
-        np.testing.assert_allclose(recomputed[start:start + 4, row], acts[start:start + 4, row], atol=1e-5, rtol=0)
+    engines_agree(tiny_dt("bc", K=4),
+                  lambda S, A, r: Batch(S, A, torch.zeros(1, S.shape[1], 1), torch.arange(S.shape[1])[None]))
 
 
-def test_bc_exports_and_the_graph_acts_as_the_stream_agent(tiny_dt, dt_checkpoint_file, make_agent, rollout_inputs,
-                                                           run_agent, tmp_path):
-    from agents.export import export_policy, read_metadata
+def test_bc_exports_and_the_graph_acts_as_the_stream_agent(tiny_dt, export_agrees, tmp_path):
+    from agents.export import read_metadata
 
-    m = tiny_dt("bc", K=4, n_layers=2)
-    path = export_policy(dt_checkpoint_file(tmp_path, m), "onnx")
+    _, path = export_agrees(tiny_dt("bc", K=4, n_layers=2), tmp_path)
     assert "the chunk (a_{t-1}, s_t)" in read_metadata(path)["semantics"]
-    obs, rew = rollout_inputs(T=10, B=3)
-    resets = {5: np.array([False, True, False])}
-    agent, policy = make_agent(m, "stream"), OnnxPolicy(path)
-    agent.reset(3), policy.reset(3)
-    np.testing.assert_allclose(run_agent(policy, obs, rew, resets), run_agent(agent, obs, rew, resets), atol=1e-5,
-                               rtol=0)
 
 
 @pytest.mark.parametrize("engine", ["recompute", "stream"])

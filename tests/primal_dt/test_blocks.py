@@ -19,18 +19,21 @@ def make(model, norm="pre", n=3):
 
 
 def test_layouts():
-    assert [s.attention for s in layout("dt", 3)] == ["softmax"] * 3
-    assert [s.attention for s in layout("primal+dt", 3)] == ["softmax", "softmax", "primal"]
-    assert [s.attention for s in layout("primalformer-dt", 2)] == ["primal", "primal"]
+    assert [s.attention for s in layout("trans", 3)] == ["softmax"] * 3
+    assert [s.attention for s in layout("primal+trans", 3)] == ["softmax", "softmax", "primal"]
+    assert [s.attention for s in layout("primalformer", 2)] == ["primal", "primal"]
     assert [s.attention for s in layout("primal+trans", 2)] == ["softmax", "primal"]
-    assert layout("primal+dt", 2, OPTS)[1].options == {"s": 6}
+    assert layout("primal+trans", 2, OPTS)[1].options == {"s": 6}
     with pytest.raises(ValueError, match="unknown model layout 'primalformerr'"):
         layout("primalformerr", 2)
     with pytest.raises(ValueError, match="n_layers must be >= 1"):
-        layout("dt", 0)
+        layout("trans", 0)
+    for dt_name in ("dt", "bc", "primalformer-dt"):  # a model's own names are its model's to parse
+        with pytest.raises(ValueError, match="unknown model layout"):
+            layout(dt_name, 2)
 
 
-@pytest.mark.parametrize("model", ["dt", "primal+dt", "primalformer-dt"])
+@pytest.mark.parametrize("model", ["trans", "primal+trans", "primalformer"])
 @pytest.mark.parametrize("chunk", [1, 3, 5])
 def test_stack_recurrent_form_equals_forward(model, chunk):
     s = make(model)
@@ -49,7 +52,7 @@ def test_stack_recurrent_form_equals_forward(model, chunk):
     torch.testing.assert_close(got[mask], ref[mask], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("model", ["dt", "primal+dt", "primalformer-dt"])
+@pytest.mark.parametrize("model", ["trans", "primal+trans", "primalformer"])
 @pytest.mark.parametrize("last_only", [False, True])
 def test_stack_stream_equals_forward(model, last_only):
     """The stream form (each block's pre-norm residual around its mechanism's stream form) in chunks of
@@ -104,10 +107,10 @@ def test_softmax_rings_of_one_size_share_their_flags_and_phase():
 
 def test_post_norm_stack_does_not_stream():
     with pytest.raises(ValueError, match=r"layer 0 \(softmax\): a post-norm block"):
-        make("primal+dt", norm="post").recurrent(window=8)
+        make("primal+trans", norm="post").recurrent(window=8)
 
 
-@pytest.mark.parametrize("model", ["dt", "primal+dt", "primalformer-dt"])
+@pytest.mark.parametrize("model", ["trans", "primal+trans", "primalformer"])
 def test_stack_padding_invariance(model):
     s = make(model)
     x = torch.randn(2, 6, D)
@@ -117,11 +120,11 @@ def test_stack_padding_invariance(model):
     mask[:, 6:] = False
     y, auxes = s(xp, mask)
     torch.testing.assert_close(y[:, :6], ref, atol=1e-5, rtol=1e-5)
-    assert len(auxes) == 3 and ("Lambda" in auxes[-1]) == (model != "dt")
+    assert len(auxes) == 3 and ("Lambda" in auxes[-1]) == (model != "trans")
 
 
 def test_stack_gradients_reach_every_layer():
-    s = make("primal+dt")
+    s = make("primal+trans")
     s.train()
     y, auxes = s(torch.randn(2, 5, D))
     (y.sum() + ksvd_regularizer(auxes, 0.05)).backward()
