@@ -2,7 +2,7 @@
 up front, dropout 0, the same steps taken in every form and precision of the step (the arms), each against the
 arm it adds one thing to, and all against eager float32.
 
-    python -m eval.bench.diagnose --device cuda --budget_s 200 --json diag.json --markdown diag.md  # a GPU, ~4 min
+    python -m eval.bench.diagnose --device cuda --budget_s 200 --json diag.json --markdown diag.md  # a GPU; --budget_s bounds it
     python -m eval.bench.diagnose --size tiny --steps 30 --backend aot_eager --data_source d4rl:FILE  # a rehearsal
 
 The arms, each with its parent (what it adds): eager fp32 (the reference); eager bf16 (bf16 autocast); aot_eager
