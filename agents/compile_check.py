@@ -165,12 +165,18 @@ def _trajectory(mode, model, opt, rates, batches, eta, grad_clip, autocast, firs
     out = []
     for i, b in enumerate(batches, 1):
         if dtype != torch.float32:
-            b = Batch(*(v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v for v in b))
+            b = _cast(b, dtype)
         step.step(b)
         if step.eager and step.failure() is not None:
             return out, i
         out.append([p.detach().double().clone() for p in params])
     return out, None
+
+
+def _cast(batch: Batch, dtype: torch.dtype) -> Batch:
+    """``batch`` with its floating tensors in ``dtype``, those of a carried recurrent state included."""
+    cast = lambda v: v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+    return Batch(*(tuple(map(cast, v)) if isinstance(v, tuple) else cast(v) for v in batch))
 
 
 def distance(a: list[torch.Tensor], ref: list[torch.Tensor], start: list[torch.Tensor]) -> float:

@@ -8,6 +8,9 @@
   one, so when the loop reads the flag the weights are those before the first failed step, as in eager;
 - ``cudagraphs`` (CUDA only): the ``compile`` step, optimizer included, captured in one CUDA graph after
   a few warm-up steps and replayed, batch and learning rate copied into the graph's fixed buffers.
+
+A batch of episode chunks (``whole_episodes``) carries its lanes' recurrent state in and out: an input of the
+step like the batch's tensors (copied into the graph's buffers too), and an output the caller keeps.
 """
 
 from __future__ import annotations
@@ -160,17 +163,24 @@ class Stepper:
         if batch.trailing != self.static.trailing:  # the graph holds one of the model's paths
             raise ValueError("a captured training step takes batches padded as the one it was captured with "
                              f"(trailing padding: {self.static.trailing}); got {batch.trailing}")
-        for held, v in zip(self.static, batch):
-            if isinstance(v, torch.Tensor):
-                held.copy_(v, non_blocking=True)
+        if (batch.state is None) != (self.static.state is None):
+            raise ValueError("a captured training step takes batches as the one it was captured with: with a carried "
+                             f"recurrent state or without (captured {'with' if self.static.state else 'without'})")
+        for held, v in zip(tensors(self.static), tensors(batch)):
+            held.copy_(v, non_blocking=True)
         for t, value in zip(self.lr, lr):
             t.fill_(value)
         self.graph.replay()
         self.sched.step()
-        return self.out
+        stat, gn, parts = self.out
+        parts = dict(parts)  # the caller may take entries out (the carried state): the graph's own dict stays whole
+        if "state" in parts:  # the graph's output buffers, which the next replay overwrites: the caller keeps copies
+            parts["state"] = tuple(s.clone() for s in parts["state"])
+        return stat, gn, parts
 
     def _capture(self, batch: Batch) -> None:
-        self.static = Batch(*(v.clone() if isinstance(v, torch.Tensor) else v for v in batch))
+        self.static = Batch(*(v.clone() if isinstance(v, torch.Tensor) else
+                              tuple(s.clone() for s in v) if isinstance(v, tuple) else v for v in batch))
         self.lr = [torch.tensor(float(g["lr"]), device=self.bad.device) for g in self.opt.param_groups]
         floats = [g["lr"] for g in self.opt.param_groups]
         for g, t in zip(self.opt.param_groups, self.lr):
@@ -194,6 +204,15 @@ class Stepper:
             self._failure = Failure(self.start + int(self.first), snap["loss"], snap["grad_norm"],
                                     {"mse": torch.tensor(snap["mse"]), "ksvd": torch.tensor(snap["ksvd"])})
         return self._failure
+
+
+def tensors(batch: Batch):
+    """Every tensor of ``batch``, those of a carried recurrent ``state`` included (what a captured graph holds)."""
+    for v in batch:
+        if isinstance(v, torch.Tensor):
+            yield v
+        elif isinstance(v, tuple):
+            yield from v
 
 
 def align(opt: torch.optim.Optimizer, mode: str) -> None:

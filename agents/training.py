@@ -124,11 +124,6 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
             raise SetupError(f"batch_size={cfg.batch_size} must be divisible by the {d.world} processes")
         device = runtime.pick_device(cfg.device, d)
         mode = steps.resolve(cfg.compile, device, d.world)
-        if cfg.whole_episodes and mode != "eager":  # a state carried between steps: the compiled steps take none yet
-            if cfg.compile != "auto":
-                raise SetupError(f"whole_episodes=true trains in the eager step (it carries a recurrent state from "
-                                 f"one step to the next); use compile=eager, not compile={cfg.compile}")
-            mode = "eager"
         runtime.set_threads(cfg.threads, d)
         runtime.seed_torch(cfg.seed)
         model = build_model(cfg, spec.obs_dim, spec.act_dim)  # bad options raise here
@@ -345,7 +340,8 @@ def next_batch(run: Run) -> tuple[Batch, int]:
 
 
 def upcoming_batches(run: Run, n: int) -> list[Batch]:
-    """The next ``n`` batches the run will train on, its sampler's stream put back (the compile check's data)."""
+    """The next ``n`` batches the run will train on, its sampler's stream put back (the compile check's data). Episode
+    chunks all carry the lanes' present state (no step is taken between draws): inputs the forms compared share."""
     state = run.sampler.state_dict()
     try:
         return [next_batch(run)[0] for _ in range(n)]

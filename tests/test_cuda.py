@@ -24,6 +24,8 @@ from agents.train_step import Stepper
 from eval import rollout
 from eval.bench.train import batches
 
+from .agents.test_whole_episodes import carried_steps
+
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +77,18 @@ def test_the_graph_captured_step_equals_the_eager_step_on_the_gpu(layout, amp):
         return
     assert out["cudagraphs"][0] == pytest.approx(out["eager"][0], rel=1e-4, abs=1e-5)
     for x, y in zip(out["eager"][1], out["cudagraphs"][1]):
+        torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["primalformer-dt", "primal+dt", "dt"])
+def test_the_graph_captured_step_carries_the_state_of_episode_chunks_as_the_eager_step(layout):
+    """whole_episodes=true under CUDA graphs: the lanes' state goes into the graph's buffers and comes out as copies,
+    so over ten steps (lanes going on, restarting, padding; the graph captured after three) losses, weights and
+    the carried state are eager's."""
+    eager = carried_steps(layout, "eager", n=10, device="cuda")
+    graphed = carried_steps(layout, "cudagraphs", n=10, device="cuda")
+    assert graphed[0] == pytest.approx(eager[0], rel=1e-4, abs=1e-5)
+    for x, y in [*zip(eager[1], graphed[1]), *zip(eager[2], graphed[2])]:
         torch.testing.assert_close(y, x, rtol=1e-4, atol=1e-5)
 
 

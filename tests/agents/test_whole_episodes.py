@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from agents import Agent, DataInfo, dt_checkpoint, train_config, training
-from agents.decision_transformer import Batch
+from agents import Agent, DataInfo, compile_check, dt_checkpoint, train_config, train_step, training
+from agents.decision_transformer import Batch, DecisionTransformer, DTConfig
+from agents.stream_training import Carry
 from envs import EpisodeChunks, SegmentSampler, Trajectories
 from primal_dt.run.errors import SetupError
 
+from .test_compile_check import Cheap
 from .test_stream_training import episode_tensors, simulate
 from .test_training import QUIET, TINY, args, train
 
@@ -131,8 +133,55 @@ def test_a_whole_episode_run_is_evaluated_by_the_stream_unless_told_otherwise(ho
     (("model=primalformer-dt", "stream_window=4"), "whole_episodes=true is the third way to an exact stream: use it "
                                                    "without stream_window and from_start"),
     (("model=primalformer-dt", "from_start=true", "K=40", "max_timestep=40"), "the third way to an exact stream"),
-    (("model=primalformer-dt", "compile=compile"), "whole_episodes=true trains in the eager step .* use compile=eager"),
 ])
 def test_whole_episodes_refuses_what_cannot_carry_a_state(hopper_file, tmp_path, extra, message):
     with pytest.raises((SetupError, ValueError), match=message):
         training.prepare(train_config.build(args(hopper_file, tmp_path, "whole_episodes=true", *extra, *QUIET)))
+
+
+def carried_steps(layout: str, mode: str, n: int = 6, backend: str = "eager", device: str = "cpu"):
+    """(losses, final weights, final carried state) of ``n`` steps on episode chunks whose lanes carry their state,
+    in the step form ``mode``: episodes of 13, 7, 22 and 9 steps, K = 5, so lanes go on, restart and pad."""
+    torch.manual_seed(0)
+    cfg = DTConfig(state_dim=3, act_dim=2, K=5, d_model=16, n_heads=2, n_layers=2, name=layout, s=4, dropout=0.0)
+    model = DecisionTransformer(cfg).train().to(device)
+    ds = small_trajectories([13, 7, 22, 9])
+    chunks = EpisodeChunks.of(SegmentSampler(ds, K=5, batch_size=3, seed=0, device=device), ds.starts, ds.lengths)
+    lanes = Carry(model, chunks, device)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=1e-4, fused=mode != "eager")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 3))
+    kw = {"backend": backend} if mode == "compile" else {}
+    stepper = train_step.Stepper(mode, model, params, opt, sched, eta=0.05, grad_clip=0.25, **kw)
+    losses = []
+    for _ in range(n):
+        loss, _, parts = stepper.step(lanes.batch(lanes.indices()[0]))
+        lanes.carry(parts.pop("state"))
+        losses.append(float(loss))
+    return losses, [p.detach().clone() for p in params], lanes.state
+
+
+@pytest.mark.parametrize("layout", ["primalformer-dt", "primal+dt", "dt"])
+def test_the_compiled_step_carries_the_state_as_the_eager_step_does(layout):
+    """Six steps over chunks that go on, restart and pad: the compiled step (torch.compile's cheapest backend; the
+    form's own logic) gives the eager step's losses, weights and carried state to float rounding."""
+    eager, compiled = carried_steps(layout, "eager"), carried_steps(layout, "compile")
+    assert compiled[0] == pytest.approx(eager[0], rel=1e-5)
+    for x, y in [*zip(eager[1], compiled[1]), *zip(eager[2], compiled[2])]:
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6)
+    assert any(t.abs().sum() > 0 for t in eager[2])  # (a state was carried)
+
+
+def test_a_whole_episode_run_trains_in_the_compiled_step(monkeypatch, hopper_file, tmp_path, capsys):
+    """compile=compile with whole_episodes=true: the compile check passes on carried chunks and the run trains as the
+    eager run (the compiled forms by aot_eager here, the test hook: inductor is the slow tests')."""
+    monkeypatch.setattr(compile_check, "STEPPER", Cheap)
+    monkeypatch.setattr(train_step, "Stepper", Cheap)
+    opts = ("model=primal+dt", "whole_episodes=true", "steps=6", *QUIET)
+    compiled = train(args(hopper_file, tmp_path / "compiled", *opts, "compile=compile"))
+    assert "compile=compile agrees with the eager step over 5 steps" in capsys.readouterr().out
+    eager = train(args(hopper_file, tmp_path / "eager", *opts, "compile=eager"))
+    a, b = (dt_checkpoint.load(s["run_dir"]) for s in (compiled, eager))
+    for k in b.model:
+        torch.testing.assert_close(a.model[k], b.model[k], rtol=1e-4, atol=1e-6)
+    assert a.fidelity("stream").exact
