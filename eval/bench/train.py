@@ -77,6 +77,7 @@ class Ours:
             cfg = stream_exact_config(cfg, window)
             self.first = first_exact_step(cfg)
         self.model = DecisionTransformer(cfg).to(device).train()
+        self.K = K
         self.params = list(self.model.parameters())
         self.opt = torch.optim.AdamW(self.params, lr=1e-4, weight_decay=1e-4, fused=mode != "eager")
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: 1.0)
@@ -139,15 +140,40 @@ def makers(size: dict, args, device: torch.device) -> dict:
                 Ours, lay, size, args.K, mode, device, autocast=PRECISIONS[amp], backend=args.backend) for lay in OURS}
         if not args.no_hf:
             out[HF + ("" if amp == "off" else f"[{amp}]")] = partial(HuggingFace, size, args.K, device, PRECISIONS[amp])
-    if args.stream_window:  # stream-exact training: every layer windowed, the loss on exact steps only
-        out |= {f"ours:{lay}[w={args.stream_window}]": partial(Ours, lay, size, args.K, device=device,
-                                                               window=args.stream_window) for lay in OURS}
-    if args.whole_episodes:  # whole-episode training: chunks carrying the stream's state, in each precision
-        for amp in args.amp:
-            tag = "whole" if amp == "off" else f"whole,{amp}"
-            out |= {f"ours:{lay}[{tag}]": partial(Ours, lay, size, args.K, device=device, whole=True,
-                                                  autocast=PRECISIONS[amp]) for lay in OURS}
+    for amp in args.amp:  # the ways to an exact stream, in each precision
+        bf16 = "" if amp == "off" else f",{amp}"
+        for w, k in window_arms(args):  # stream-exact training: every layer windowed, the loss on exact steps only
+            tag = f"w={w}" if k == args.K else f"w={w},K={k}"
+            out |= {f"ours:{lay}[{tag}{bf16}]": partial(Ours, lay, size, k, device=device, window=w,
+                                                        autocast=PRECISIONS[amp]) for lay in OURS}
+        if args.whole_episodes:  # whole-episode training: chunks carrying the stream's state
+            out |= {f"ours:{lay}[whole{bf16}]": partial(Ours, lay, size, args.K, device=device, whole=True,
+                                                        autocast=PRECISIONS[amp]) for lay in OURS}
     return out
+
+
+def window_arms(args) -> list[tuple[int, int]]:
+    """``--stream_window``'s arms as (W, K): ``W`` trains on the run's K, ``W:K`` on its own K (a wide window
+    reaches past K = 20, so it needs longer segments to count as many steps)."""
+    arms = []
+    for spec in args.stream_window:
+        w, sep, k = str(spec).partition(":")
+        try:
+            arm = (int(w), int(k) if sep else args.K)
+        except ValueError:
+            arm = (0, 0)
+        if min(arm) < 1:
+            raise ValueError(f"--stream_window {spec!r}: give W or W:K, whole numbers >= 1 (tokens per layer, steps "
+                             "per segment), e.g. --stream_window 10 21:40")
+        arms.append(arm)
+    return arms
+
+
+def base_of(key: str) -> str:
+    """The step a form's ratio is against: a way to an exact stream (``w=``, ``whole``) against its layout's
+    standard step in the same precision, a precision or compiled form against the layout's eager float32 step."""
+    layout, tags = key[: key.index("[")], key[key.index("[") + 1: -1].split(",")
+    return f"{layout}[bf16]" if tags[0].startswith(("w=", "whole")) and "bf16" in tags else layout
 
 
 def set_up(name: str, size: dict, args, device: torch.device, deadline: float, skipped: list[str]) -> dict:
@@ -156,7 +182,7 @@ def set_up(name: str, size: dict, args, device: torch.device, deadline: float, s
     first, the reference."""
     from torch._dynamo import config as dynamo
 
-    warm = [b.to(device) for b in batches(max(args.warmup, GRAPH_WARMUP + 1), args.batch, args.K, seed=1)]
+    warm = {}  # per segment length K
     runners = {}
     for k, make in makers(size, args, device).items():
         if runners and time.perf_counter() > deadline:
@@ -165,8 +191,11 @@ def set_up(name: str, size: dict, args, device: torch.device, deadline: float, s
         torch.manual_seed(0)
         t0, runners[k] = time.perf_counter(), make()
         # each compiled model compiles Stepper._loss anew: past dynamo's limit of 8 the rest would run uncompiled
+        K = getattr(runners[k], "K", args.K)
+        if K not in warm:
+            warm[K] = [b.to(device) for b in batches(max(args.warmup, GRAPH_WARMUP + 1), args.batch, K, seed=1)]
         with dynamo.patch(recompile_limit=64):
-            for b in warm[: max(args.warmup, GRAPH_WARMUP + 1) if "cudagraphs" in k else args.warmup]:
+            for b in warm[K][: max(args.warmup, GRAPH_WARMUP + 1) if "cudagraphs" in k else args.warmup]:
                 runners[k].step(b)  # a CUDA graph is captured after GRAPH_WARMUP steps
         if (s := time.perf_counter() - t0) >= 1:
             print(f"  [{name}] {k}: set up in {s:.0f}s", flush=True)
@@ -175,31 +204,30 @@ def set_up(name: str, size: dict, args, device: torch.device, deadline: float, s
 
 def bench_size(name: str, size: dict, args, device: torch.device, deadline: float, skipped: list[str]) -> dict:
     runners = set_up(name, size, args, device, deadline, skipped)
-    data = [b.to(device) for b in batches(args.rounds * args.steps, args.batch, args.K)]
+    Ks = {k: getattr(r, "K", args.K) for k, r in runners.items()}  # each step's segment length
+    data = {K: [b.to(device) for b in batches(args.rounds * args.steps, args.batch, K)] for K in set(Ks.values())}
     per = args.steps if device.type == "cuda" else 1  # a CPU step timed alone; a round's CUDA steps as one
     times, cpu = {k: [] for k in runners}, {k: [] for k in runners}  # wall and process seconds per step
     for rnd in range(args.rounds):
         for k, r in runners.items():
             for i in range(rnd * args.steps, (rnd + 1) * args.steps, per):
-                wall, proc = timed(r.step, data[i: i + per], device)
+                wall, proc = timed(r.step, data[Ks[k]][i: i + per], device)
                 times[k].append(wall)
                 cpu[k].append(proc)
         print(f"  [{name}] after round {rnd + 1}/{args.rounds}, median ms/step: "
               + ", ".join(f"{k} {1000 * statistics.median(v):.2f}" for k, v in times.items()), flush=True)
-    tokens = args.batch * 3 * args.K
     res = {"size": name, **size, "K": args.K, "batch": args.batch, "models": {}}
     for k, v in times.items():
         med = statistics.median(v)
         res["models"][k] = {"ms_per_step": round(1000 * med, 3), "ms_per_step_min": round(1000 * min(v), 3),
-                            "tokens_per_s": round(tokens / med), "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 3),
+                            "K": Ks[k], "tokens_per_s": round(args.batch * 3 * Ks[k] / med), "cpu_ms_per_step": round(1000 * statistics.median(cpu[k]), 3),
                             "params": sum(p.numel() for p in runners[k].params), "timed_steps": args.rounds * args.steps}
     m = res["models"]
     pairs = {f"{lay} / dt (time)": (f"ours:{lay}", "ours:dt") for lay in OURS[1:]}
     pairs |= {"hf / ours dt (time; > 1: ours faster)": (HF, "ours:dt"),
               "hf / ours primal+dt (time)": (HF, "ours:primal+dt")}
-    # each form of our step against its layout's eager float32 one
-    pairs |= {f"{k[5:]} / {k[5:k.index('[')]} (time)": (k, k[: k.index("[")])
-              for k in m if k.startswith("ours:") and "[" in k}
+    # each form of our step against its layout's (base_of)
+    pairs |= {f"{k[5:]} / {base_of(k)[5:]} (time)": (k, base_of(k)) for k in m if k.startswith("ours:") and "[" in k}
     # the fastest step and the process's own CPU time: less of what another process's load on a shared CPU adds
     for key, field in (("ratios", "ms_per_step"), ("ratios_of_min", "ms_per_step_min"),
                        ("ratios_of_cpu_time", "cpu_ms_per_step")):
@@ -235,9 +263,11 @@ class TrainBenchConfig(timing.Outputs):
     backend: Literal["inductor", "eager"] = "inductor"
     """torch.compile's backend of the compiled forms: eager runs their code without inductor's compilation (minutes
     on a CPU), for a rehearsal"""
-    stream_window: int = 0
+    stream_window: tuple[str, ...] = ()
     """also time stream-exact training (``stream_window=W`` of ``primal_dt.train``: every layer windowed to W
-    tokens, the loss on exact steps only) of each model beside its standard step (0: do not)"""
+    tokens, the loss on exact steps only) of each model beside its standard step, in each precision: one arm per
+    ``W`` (on K-step segments) or ``W:K`` (on segments of its own K, as ``eval/fidelity_comparison.sh``'s
+    ``21:40``)"""
     whole_episodes: bool = False
     """also time whole-episode training (``whole_episodes=true`` of ``primal_dt.train``: each batch a K-step chunk
     run through the stream's recurrent form from the state the one before left) of each model beside its standard
@@ -255,7 +285,7 @@ class TrainBenchConfig(timing.Outputs):
 PROG = "python -m eval.bench.train"
 NUMBERS = {"batch": options.AT_LEAST_1, "K": options.AT_LEAST_1, "steps": options.AT_LEAST_1,
            "rounds": options.AT_LEAST_1, "warmup": options.AT_LEAST_0, "threads": options.THREADS,
-           "stream_window": options.AT_LEAST_0, "act_calls": options.AT_LEAST_0, "budget_s": options.Range(0, 1e6)}
+           "act_calls": options.AT_LEAST_0, "budget_s": options.Range(0, 1e6)}
 
 
 def check(args: TrainBenchConfig) -> None:
@@ -265,6 +295,7 @@ def check(args: TrainBenchConfig) -> None:
         raise ValueError("--compile must include eager (the reference the ratios are against)")
     if not args.sizes:
         raise ValueError(f"--sizes names no size; give some of {', '.join(SIZES)}")
+    window_arms(args)
     device = runtime.pick_device(args.device, option="--device")
     if "cudagraphs" in args.compile and device.type != "cuda":
         raise ValueError(f"--compile cudagraphs needs a CUDA device (--device={args.device} is {device}); leave it out")

@@ -40,10 +40,19 @@ def test_stream_exact_training_is_timed_beside_each_standard_step():
     from agents.stream_training import layer_windows
 
     res = main(["--sizes", "original", "--batch", "2", "--K", "8", "--rounds", "1", "--steps", "1", "--warmup", "0",
-                "--no-hf", "--stream_window", "3"])
+                "--no-hf", "--stream_window", "3", "4:10", "--amp", "off", "bf16"])
     (r,) = res["results"]
     assert {"ours:dt[w=3]", "ours:primal+dt[w=3]", "ours:primalformer-dt[w=3]"} <= set(r["models"])
     assert "dt[w=3] / dt (time)" in r["ratios"]
+    # an arm on segments of its own K, in each precision, against the standard step in the same precision
+    wide = r["models"]["ours:primal+dt[w=4,K=10,bf16]"]
+    assert wide["K"] == 10 and r["models"]["ours:primal+dt[w=4,K=10]"]["K"] == 10 and r["models"]["ours:dt"]["K"] == 8
+    assert "primal+dt[w=4,K=10,bf16] / primal+dt[bf16] (time)" in r["ratios"]
+    assert "primal+dt[w=3,bf16] / primal+dt[bf16] (time)" in r["ratios"] and "dt[bf16] / dt (time)" in r["ratios"]
+    for bad in ("0", "21:", "x:40", "21:0"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--sizes", "tiny", "--no-hf", "--stream_window", bad])
+        assert exit_.value.code == 2
     exact = Ours("primal+dt", SIZES["original"], 8, window=3)
     assert layer_windows(exact.model) == [3, 3, 3] and exact.first == 2  # reach 6 tokens: steps 0-1 not counted
 
