@@ -24,13 +24,13 @@ import numpy as np
 import torch
 
 from primal_dt.run import checkpoint as ck_io, errors, json_reader, options
-from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
 from .onnx_policy import (FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy, OnnxPolicy,
                           StreamNotTrainedWarning, stream_note)
+from .ring_writes import onnx_translations, scatter_nd_writes
 from .token_layouts import TOKENS
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
@@ -182,7 +182,9 @@ def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        # (a softmax ring's write: one ScatterND, ``ring_writes``)
+        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), \
+                scatter_nd_writes(step):
             warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
             dims = (*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):]))  # any batch
             program = torch.onnx.export(step, example, dynamo=True, input_names=inputs, output_names=outputs,

@@ -16,6 +16,7 @@ the layers that cannot be exported."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
@@ -321,6 +322,16 @@ def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
             assert i.shape == s["shape"] and i.type == types[s["dtype"]], s
         assert inputs["observation"].shape == ["batch", 11] and inputs["reset"].type == "tensor(bool)"
         assert sess.get_modelmeta().custom_metadata_map[METADATA_KEY]
+
+
+@pytest.mark.parametrize("name", ["dt", "windowed"])
+def test_each_softmax_ring_write_is_one_scatternd_operator(name, artefacts):
+    """The export writes each softmax layer's keys and its values with one ScatterND (agents.ring_writes): the
+    form's own write exports as a ScatterElements, which reads an index per value (slower at large batches),
+    and an indexed assignment as a dozen broadcasting operators."""
+    path = artefacts[name][0]
+    ops = Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+    assert ops["ScatterND"] == 2 * read_metadata(path)["layers"].count("softmax") > 0
 
 
 @pytest.mark.slow
