@@ -550,6 +550,22 @@ def test_the_onnx_runtime_agent_acts_as_the_torch_agent_from_an_export_cached_in
         reward = np.ones(3, np.float32)
 
 
+def test_a_graph_cached_by_other_code_is_never_what_acts(trained, tmp_path, cache):
+    """The package's version stays the same between development commits, so a cache entry is also named by the
+    digest of the package's source: a graph an older exporter filed for the same checkpoint (an older, slower graph)
+    is not reused; the current code's export is filed beside it and acts."""
+    from agents.export import source_digest
+
+    ck = run_copy(trained, "dt", tmp_path / "run")
+    load_agent(ck, runtime="onnx")
+    (graph,) = cache.glob("*.onnx")
+    digest = source_digest()[:16]
+    assert digest in graph.name
+    older = [p.rename(p.with_name(p.name.replace(digest, "0" * 16))) for p in sorted(cache.iterdir())]  # as filed
+    load_agent(ck, runtime="onnx")  # by the same version's other code
+    assert sorted(cache.iterdir()) == sorted([graph, graph.with_name(graph.name + ".sha256"), *older])
+
+
 def test_a_planted_policy_file_is_never_what_acts(trained, tmp_path, cache):
     """A graph carrying the checkpoint's own metadata (its hash too) that negates actions from step 12 on passes
     the few steps load_agent checks; planted beside the checkpoint it is never read, and written over the cache
