@@ -209,8 +209,9 @@ def cached_export(path: Path) -> Path | None:
     The cache is the user's own, never the run directory: a ``policy.onnx`` there names its checkpoint only
     in its own metadata, which anyone who can write there can copy into a graph that computes something else
     (and a few checked steps cannot tell a graph that deviates later). An entry is named by the checkpoint
-    file's SHA-256 and what made the graph."""
-    from .export import FORMATS, export_policy, package_version
+    file's SHA-256 and what made the graph: the package's version and the digest of its source (a graph cached
+    by other code, an older exporter's, is never what acts), the policy schema and torch's version."""
+    from .export import FORMATS, export_policy, package_version, source_digest
 
     # $XDG_CACHE_HOME/primal-dt/onnx, readable by the user only: nothing is cached where it cannot be made so
     d = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "primal-dt" / "onnx"
@@ -221,7 +222,8 @@ def cached_export(path: Path) -> Path | None:
         return None
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
         return None
-    made_by = f"primal-dt{package_version()}-schema{SCHEMA}-torch{torch.__version__}"  # an upgrade exports again
+    # an upgrade, or any change to the package's code, exports again
+    made_by = f"primal-dt{package_version()}-{source_digest()[:16]}-schema{SCHEMA}-torch{torch.__version__}"
     made_by = ''.join(c if c.isalnum() or c in '.-' else '_' for c in made_by)
     entry = lambda sha: (d / f"{sha}-{made_by}.onnx", d / f"{sha}-{made_by}.onnx.sha256")  # noqa: E731
     graph, digest = entry(ck_io.sha256_file(path))

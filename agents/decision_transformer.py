@@ -39,6 +39,7 @@ from primal_dt.blocks import LayerSpec, Stack
 from primal_dt.ksvd import ksvd_objective, ksvd_regularizer
 
 from .model_config import DTConfig
+from .ring_writes import write_in_place
 from .token_layouts import TOKEN_LAYOUTS, TOKENS, TokenLayout  # noqa: F401  (re-exported: the model's tokens)
 
 
@@ -168,7 +169,7 @@ class DTStep(nn.Module):
     ``layer_specs`` are what a step on another state overrides (``agents.agent.RecomputeStep``).
 
     ``inplace``: the caller never passes a state twice, so the layers may write it
-    in place (the torch agent)."""
+    in place (the torch agent: ``agents.ring_writes.write_in_place``)."""
 
     def __init__(self, model: DecisionTransformer, state_mean, state_std, reward_scale: float, *,
                  inplace: bool = False):
@@ -185,18 +186,20 @@ class DTStep(nn.Module):
         self.model = model
         self.register_buffer("mean", mean)
         self.register_buffer("std", std)
-        self.reward_scale, self.inplace = float(reward_scale), inplace
+        self.reward_scale = float(reward_scale)
         self.kinds = [k for k, _ in model.tokens.chunk]
         self.sources = [TOKENS[k].source for k in self.kinds]  # (``STEP_VALUES`` names)
         self.register_buffer("offsets", torch.tensor([dt for _, dt in model.tokens.chunk], device=p.device), False)
         self.specs = [StateSpec("t", (), torch.int64), StateSpec("rtg", (), p.dtype),
                       StateSpec("prev_action", (cfg.act_dim,), p.dtype), *self.layer_specs()]
+        if inplace:
+            write_in_place(self)
         self.eval()
 
     def layer_specs(self) -> list[StateSpec]:
         """``StepState.layers``: every layer's recurrent state."""
         self.layers = self.model.stack.recurrent(window=softmax_stream_window(self.model),
-                                                 chunk=self.model.tokens.per_step, inplace=self.inplace)
+                                                 chunk=self.model.tokens.per_step)
         return self.layers.specs
 
     def init(self, batch: int) -> StepState:

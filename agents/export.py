@@ -11,6 +11,8 @@ extra); a layer whose state grows with the episode cannot be exported (a ValueEr
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import io
 import logging
 import json
@@ -23,14 +25,15 @@ from typing import Literal
 import numpy as np
 import torch
 
+import primal_dt
 from primal_dt.run import checkpoint as ck_io, errors, json_reader, options
-from primal_dt.attention.softmax import onnx_translations
 
 from . import dt_checkpoint
 from .decision_transformer import DTStep, softmax_stream_window
 from .dt_checkpoint import DataInfo, DTCheckpoint
 from .onnx_policy import (FORMAT, INPUTS, METADATA_KEY, SCHEMA, STATE_IN, STATE_OUT, GraphPolicy, OnnxPolicy,
                           StreamNotTrainedWarning, stream_note)
+from .ring_writes import onnx_translations, scatter_nd_writes
 from .token_layouts import TOKENS
 
 FORMATS = {"onnx": "policy.onnx", "torchscript": "policy.torchscript.pt"}
@@ -92,6 +95,18 @@ def package_version() -> str:
     with contextlib.suppress(metadata.PackageNotFoundError):
         return metadata.version("primal-dt")
     return "unknown"
+
+
+@functools.cache
+def source_digest() -> str:
+    """The SHA-256 of this package's own source (every ``.py`` file of ``agents`` and ``primal_dt``): what makes a
+    graph, down to how a ring is written. The package version stays the same between development commits, so a
+    cached export keyed by it alone would outlive the code that made it (an older, slower graph acting on)."""
+    h = hashlib.sha256()
+    for root in (Path(__file__).parent, Path(primal_dt.__file__).parent):
+        for f in sorted(root.rglob("*.py")):
+            h.update(f.relative_to(root.parent).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def metadata(step: DTStep, ck: DTCheckpoint, sha256: str | None, source: str, fmt: str) -> dict:
@@ -182,7 +197,9 @@ def _onnx_bytes(step: DTStep, meta: dict) -> bytes:
     level = log.level
     log.setLevel(logging.ERROR)
     try:
-        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()):
+        # (a softmax ring's write: one ScatterND, ``ring_writes``)
+        with warnings.catch_warnings(), torch.no_grad(), contextlib.redirect_stdout(io.StringIO()), \
+                scatter_nd_writes(step):
             warnings.simplefilter("ignore")  # the exporter's notes are not about the user's input
             dims = (*({0: batch} for _ in INPUTS), tuple({0: batch} for _ in example[len(INPUTS):]))  # any batch
             program = torch.onnx.export(step, example, dynamo=True, input_names=inputs, output_names=outputs,

@@ -86,7 +86,7 @@ class Stack(nn.Module):
             auxes.append(aux)
         return self.ln_f(x), auxes
 
-    def recurrent(self, *, window: int | None = None, chunk: int = 1, inplace: bool = False) -> StackRecurrent:
+    def recurrent(self, *, window: int | None = None, chunk: int = 1) -> StackRecurrent:
         """The layers' ``Attention.recurrent`` forms as one; a ValueError names every layer that has none."""
         bad, forms = [], []
         for i, (spec, b) in enumerate(zip(self.specs, self.blocks)):
@@ -94,7 +94,6 @@ class Stack(nn.Module):
                 if b.norm != "pre":
                     raise ValueError("a post-norm block (the recurrent step is pre-norm, as the Decision Transformer's)")
                 forms.append(b.attn.recurrent(window=window, chunk=chunk))
-                forms[-1].inplace = inplace
             except ValueError as err:
                 bad.append(f"layer {i} ({spec.attention}): {err}")
         if bad:

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +23,8 @@ import numpy as np
 import torch
 
 from agents.threads import keep_freed_memory
-from agents.agent import Agent
+from agents.agent import Agent, load_agent
+from agents.onnx_policy import StreamNotTrainedWarning
 from primal_dt.run import errors, options, runtime
 
 from . import timing
@@ -30,7 +32,9 @@ from .hf import hf_config
 
 RANDOM_MODEL_ENV = "hopper-medium"
 """the dataset whose dimensions, simulator and targets the random models (no checkpoint) take"""
-STREAM_PATHS = ("stream", "onnx", "torchscript")
+STREAM_PATHS = ("stream", "onnx", "load_agent", "torchscript")
+"""``load_agent``: its default runtime (``load_agent(..., runtime="onnx")``), the ``onnx`` row's graph behind the
+wrapper a user gets, so ``load_agent/onnx`` is what the wrapper costs (measured with one thread, its own)"""
 PROG = "python -m eval.bench.inference"
 
 
@@ -140,13 +144,19 @@ def exported_runtimes(bc: BenchConfig) -> tuple[dict, dict]:
     return {"torchscript": TorchScriptPolicy, "onnx": OnnxPolicy}, {}
 
 
+def at_context(model, info, K: int):
+    """``model`` at context K as a checkpoint in memory."""
+    from agents.dt_checkpoint import DTCheckpoint
+
+    return DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(), data=info,
+                        origin="benchmark model")
+
+
 def export(model, info, K: int, fmt: str, stem: Path, seconds: dict) -> Path:
     """``model`` at context K exported as ``fmt`` to ``<stem>-<file name>``; the seconds it took go to ``seconds``."""
-    from agents.dt_checkpoint import DTCheckpoint
     from agents.export import FORMATS, export_policy
 
-    ck = DTCheckpoint(model_config=dataclasses.replace(model.cfg, K=K), model=model.state_dict(), data=info,
-                      origin="benchmark model")
+    ck = at_context(model, info, K)
     t0 = time.perf_counter()
     path = export_policy(ck, format=fmt, out=stem.with_name(f"{stem.name}-{FORMATS[fmt]}"))
     seconds[f"{stem.name}-{fmt}"] = time.perf_counter() - t0
@@ -169,6 +179,14 @@ def policy(model, info, engine: str, K: int, B: int, runtimes: dict, t=None):
     for _ in range((t or K) - 1):
         p.act(obs, rew)
     return lambda: p.act(obs, rew)
+
+
+def loaded_agent(model, info, K: int):
+    """What ``load_agent`` gives for ``model`` at context K by default: its exported step, checked against the torch
+    agent, behind the wrapper a user acts through (from a checkpoint in memory: exported again, nothing cached)."""
+    with warnings.catch_warnings():  # a random model's stream: the note is not about the benchmark
+        warnings.simplefilter("ignore", StreamNotTrainedWarning)
+        return load_agent(at_context(model, info, K), runtime="onnx")
 
 
 def act_latency(size: dict, args, device: torch.device) -> dict[str, float]:
@@ -205,9 +223,11 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, tmp: Path,
         for K in bc.contexts:  # an exported runtime takes its thread count when it is made
             runtimes = {fmt: functools.partial(cls, export(model, info, K, fmt, tmp / f"{name}-K{K}", export_s),
                                                threads=bc.threads) for fmt, cls in found.items()}
+            if "onnx" in found and bc.threads == 1:
+                runtimes["load_agent"] = functools.cache(functools.partial(loaded_agent, model, info, K))
             for B in bc.batches:
                 fns = {engine: policy(model, info, engine, K, B, runtimes)
-                       for engine in ("stream", *found, "recompute")}
+                       for engine in ("stream", *runtimes, "recompute")}
                 if bc.hf:
                     fns["hf_recompute"] = hf_step(model.cfg, B, K)
                 ms = timing.median_ms(fns, bc.calls, bc.rounds)
@@ -215,7 +235,8 @@ def latency_section(models: dict, info, bc: BenchConfig, found: dict, tmp: Path,
                 best = min(streams, key=ms.get)
                 e = {"K": K, "batch": B, "ms": ms, "best_stream": best, "ratios":
                      {f"{slow}/{fast}": ms[slow] / ms[fast] for slow in ("recompute", "hf_recompute") if slow in ms
-                      for fast in streams} | {f"stream/{fast}": ms["stream"] / ms[fast] for fast in streams[1:]}}
+                      for fast in streams} | {f"stream/{fast}": ms["stream"] / ms[fast] for fast in streams[1:]}
+                     | ({"load_agent/onnx": ms["load_agent"] / ms["onnx"]} if "load_agent" in ms else {})}
                 if bc.hf:
                     e["hf_over_best"] = ms["hf_recompute"] / ms[best]
                 res[name][f"K{K}_B{B}"] = e

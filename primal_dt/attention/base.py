@@ -105,10 +105,6 @@ class Recurrent(nn.Module):
     """A mechanism's recurrent form: ``forward(x [B, C, D], state, mask [B, C] bool or None, last_only)
     -> (y, new state)``, ``state`` a tuple of tensors laid out as ``specs`` (module docstring)."""
 
-    inplace = False
-    """the caller never reads a state again once it passed it on (the torch agent), so the form may write it in
-    place rather than into a copy (a softmax ring: one copy of the cache per step saved); a graph never does"""
-
     def __init__(self, specs):
         super().__init__()
         self.specs: tuple[StateSpec, ...] = tuple(specs)

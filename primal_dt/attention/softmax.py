@@ -86,9 +86,9 @@ class SoftmaxAttention(ProjectedAttention):
 class SoftmaxRecurrent(Recurrent):
     """The recurrent form over a ``window`` of w positions, on a ring of R = w + chunk - 1 slots: state ``k``,
     ``v`` [H, R, d_head], ``valid`` [R] and ``pos`` [] int64, the row's ring phase (zero at a fresh or restarted
-    row: no clock outside the row). A ring takes the chunk into its slots (``scatter_nd``: one copy, none
-    ``inplace``) where appending and dropping the oldest copies the cache twice. ``valid`` and ``pos`` follow the
-    chunks and their mask alone, so the rings of one size in a stack ``share`` them."""
+    row: no clock outside the row). A ring takes the chunk into its slots (``write``: one copy) where appending
+    and dropping the oldest copies the cache twice. ``valid`` and ``pos`` follow the chunks and their mask alone,
+    so the rings of one size in a stack ``share`` them (one pair of state tensors per stack, not per layer)."""
 
     def __init__(self, attn: SoftmaxAttention, window: int, chunk: int = 1):
         H, d, R = attn.n_heads, attn.d_head, window + chunk - 1
@@ -98,6 +98,13 @@ class SoftmaxRecurrent(Recurrent):
                           StateSpec("valid", (R,), torch.bool, shared=f"ring{window}+{chunk}"),
                           StateSpec("pos", (), torch.int64, shared=f"ring{window}+{chunk}")])
         self.attn, self.window, self.chunk, self.slots = attn, window, chunk, R
+
+    def write(self, ring, at, new):
+        """``ring`` [B, H, R, d] with the chunk's ``new`` [B, H, C, d] in its slots ``at`` [B, 1, C, 1], as a copy:
+        the form is a pure function of its state. A runtime that knows more about the state than the form does
+        replaces this on the form (``agents.ring_writes``: in place for the torch agent, which never reads a
+        state twice; one ScatterND operator in an ONNX export)."""
+        return ring.scatter(2, at.expand_as(new), new)
 
     def forward(self, x, state, mask=None, last_only: bool = False):
         a = self.attn
@@ -109,13 +116,8 @@ class SoftmaxRecurrent(Recurrent):
         q, k, v = a.qkv(x).view(-1, C, 3 * H, d).transpose(1, 2).split(H, 1)
         real = torch.ones_like(x[..., 0], dtype=torch.bool) if mask is None else mask
         at = (pos.view(-1, 1, 1, 1) + torch.arange(C, device=dev).view(-1, 1)) % R  # [B, 1, C, 1]: the chunk's slots
-        # written at the (row, head, slot) index tuples [B, H, C, 3] of [B, H, R, d], made by broadcasting
-        # arithmetic (a graph's Expand and Concat cost more)
-        rows, heads = torch.arange(real.shape[0], device=dev), torch.arange(H, device=dev)
-        axis = torch.eye(3, dtype=torch.int64, device=dev)
-        index = rows.view(-1, 1, 1, 1) * axis[0] + heads.view(-1, 1, 1) * axis[1] + at * axis[2]
         # (k, v in the ring's dtype: under autocast the projection computes in another)
-        K, V = scatter_nd(K, index, k.to(K.dtype), self.inplace), scatter_nd(V, index, v.to(V.dtype), self.inplace)
+        K, V = self.write(K, at, k.to(K.dtype)), self.write(V, at, v.to(V.dtype))
         valid = valid.scatter(1, at.view(-1, C), real)
         if last_only:
             q, at = q[:, :, -1:], at[:, :, -1:]
@@ -125,40 +127,3 @@ class SoftmaxRecurrent(Recurrent):
         y = ring_attention(q, K, V, (back < self.window) & valid.view(-1, 1, 1, R))
         y = a.proj(y.transpose(1, 2).reshape(-1, static(q.shape[2]), a.d_model))
         return y, (K, V, valid, (pos + C) % R)
-
-
-def scatter_nd(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor, inplace: bool = False) -> torch.Tensor:
-    """A copy of ``data`` (``inplace``: ``data`` itself) with ``updates`` written at ``data[index]`` (``index``
-    [..., k]: tuple n names ``data[n]``). In an ONNX export one ScatterND operator instead of the dozen
-    broadcasting operators torch.export makes of an indexed assignment; elsewhere a clone and an index_put."""
-    if torch.onnx.is_in_onnx_export() and not torch.jit.is_tracing():
-        return _scatter_nd_op(data, index, updates)
-    return _written(data, index, updates, inplace)
-
-
-def _written(data, index, updates, inplace: bool = False):
-    out = data if inplace else data.clone()
-    out[index.unbind(-1)] = updates
-    return out
-
-
-@torch.library.custom_op("primal_dt::scatter_nd", mutates_args=())
-def _scatter_nd_op(data: torch.Tensor, index: torch.Tensor, updates: torch.Tensor) -> torch.Tensor:
-    """``scatter_nd`` as one operator that torch.export keeps whole."""
-    return _written(data, index, updates)
-
-
-@_scatter_nd_op.register_fake
-def _(data, index, updates):
-    return torch.empty_like(data)
-
-
-def onnx_translations() -> dict:
-    """The ONNX operator of each of this package's own torch operators, for ``torch.onnx.export(dynamo=True,
-    custom_translation_table=...)`` (agents.export): ``scatter_nd`` is one ScatterND."""
-    from onnxscript import opset18 as op
-
-    def scatter_nd_onnx(data, index, updates):
-        return op.ScatterND(data, index, updates)
-
-    return {torch.ops.primal_dt.scatter_nd.default: scatter_nd_onnx}

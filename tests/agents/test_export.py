@@ -16,6 +16,7 @@ the layers that cannot be exported."""
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from importlib.metadata import version
 from pathlib import Path
 
@@ -323,6 +324,16 @@ def test_metadata_describes_the_graph_and_its_source(fmt, trained, artefacts):
         assert sess.get_modelmeta().custom_metadata_map[METADATA_KEY]
 
 
+@pytest.mark.parametrize("name", ["dt", "windowed"])
+def test_each_softmax_ring_write_is_one_scatternd_operator(name, artefacts):
+    """The export writes each softmax layer's keys and its values with one ScatterND (agents.ring_writes): the
+    form's own write exports as a ScatterElements, which reads an index per value (slower at large batches),
+    and an indexed assignment as a dozen broadcasting operators."""
+    path = artefacts[name][0]
+    ops = Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+    assert ops["ScatterND"] == 2 * read_metadata(path)["layers"].count("softmax") > 0
+
+
 @pytest.mark.slow
 def test_a_checkpoint_in_memory_exports_with_no_file_hash(trained, tmp_path):
     ck = dt_checkpoint.load(trained["dt"])
@@ -537,6 +548,22 @@ def test_the_onnx_runtime_agent_acts_as_the_torch_agent_from_an_export_cached_in
         np.testing.assert_allclose(fast.act(obs[t], reward), a, atol=1e-5, rtol=0)
         np.testing.assert_allclose(again.act(obs[t], reward), a, atol=1e-5, rtol=0)
         reward = np.ones(3, np.float32)
+
+
+def test_a_graph_cached_by_other_code_is_never_what_acts(trained, tmp_path, cache):
+    """The package's version stays the same between development commits, so a cache entry is also named by the
+    digest of the package's source: a graph an older exporter filed for the same checkpoint (an older, slower graph)
+    is not reused; the current code's export is filed beside it and acts."""
+    from agents.export import source_digest
+
+    ck = run_copy(trained, "dt", tmp_path / "run")
+    load_agent(ck, runtime="onnx")
+    (graph,) = cache.glob("*.onnx")
+    digest = source_digest()[:16]
+    assert digest in graph.name
+    older = [p.rename(p.with_name(p.name.replace(digest, "0" * 16))) for p in sorted(cache.iterdir())]  # as filed
+    load_agent(ck, runtime="onnx")  # by the same version's other code
+    assert sorted(cache.iterdir()) == sorted([graph, graph.with_name(graph.name + ".sha256"), *older])
 
 
 def test_a_planted_policy_file_is_never_what_acts(trained, tmp_path, cache):

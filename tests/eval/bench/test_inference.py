@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-STREAM_PATHS = ("stream", "onnx", "torchscript")
+STREAM_PATHS = ("stream", "onnx", "load_agent", "torchscript")
 
 
 def exported_available() -> bool:
@@ -26,12 +26,14 @@ def check_latency_entry(e: dict, K: int, B: int, hf: bool) -> None:
     assert (e["K"], e["batch"]) == (K, B)
     expected = {"stream", "recompute"} | ({"hf_recompute"} if hf else set())
     if exported_available():
-        expected |= {"onnx", "torchscript"}
+        expected |= {"onnx", "load_agent", "torchscript"}
     assert set(ms) == expected and all(v > 0 for v in ms.values())
     assert e["ratios"], "no ratio printed"
     for name, value in e["ratios"].items():
         slow, fast = name.split("/")
         assert math.isclose(value, ms[slow] / ms[fast], rel_tol=1e-9), name
+    if "load_agent" in ms:  # what load_agent's wrapper costs over the bare runtime on its graph
+        assert math.isclose(e["ratios"]["load_agent/onnx"], ms["load_agent"] / ms["onnx"], rel_tol=1e-9)
     streams = {p: ms[p] for p in STREAM_PATHS if p in ms}
     assert e["best_stream"] == min(streams, key=streams.get)
     assert {f"recompute/{p}" for p in streams} <= set(e["ratios"])
