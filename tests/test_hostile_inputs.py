@@ -317,9 +317,7 @@ def held_while(entries, first: list, second: list, report: Path) -> tuple[Ended,
     """``second`` started while ``first`` (an endless rollout) holds ``report``, once its progress line counts a
     finished episode (an interrupt while it still imports the simulator is not this test's); then ``first``
     interrupted. Its output is a file, so the progress is a plain line, printed at the first episode's end."""
-    # (its hang guard, the alarm, past the 300 s this waits and the second's run: a loaded CI machine is slow)
-    started = entries.start("eval.rollout", *[a for a in first if a != "progress=false"], "progress=true",
-                            timeout=900)
+    started = entries.start("eval.rollout", *[a for a in first if a != "progress=false"], "progress=true")
     bar, deadline = Path(f"{started[1]}.out"), time.time() + 300
     while not re.search(r": [1-9][\d,]*/[\d,]+ episodes", bar.read_text() if bar.exists() else "") \
             and time.time() < deadline:
