@@ -49,8 +49,10 @@ def _child(req: dict) -> int:
         os.dup2(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
     signal.alarm(int(req["timeout"]))  # a command that hangs ends here, not the test run
     # Ctrl-C as a terminal gives it: a test run started in the background of a non-interactive shell (a CI script)
-    # inherits SIGINT ignored, and so would every command here, which would then never see an interrupt
+    # inherits SIGINT ignored (or blocked, by whatever thread spawned it), and so would every command here, which
+    # would then never see an interrupt
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     sys.argv = [req["module"], *req["args"]]
     warnings.simplefilter("ignore", RuntimeWarning)  # runpy's note on modules a package imported before
     try:
