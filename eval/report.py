@@ -417,7 +417,8 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
         for (arm, model) in dict.fromkeys((c["arm"], c["model"]) for c in checks):
             mine = [c for c in checks if (c["arm"], c["model"]) == (arm, model)]
             failed = [c["dataset"] for c in mine if not c["passes"]]
-            sets = ", ".join(c["dataset"] for c in mine)
+            sets = ", ".join(f"{c['dataset']}: {c['seeds']} seed{'s' * (c['seeds'] > 1)} against the protocol's "
+                             f"{c['protocol_seeds']}" for c in mine)  # a verdict on few seeds reads as what it is
             md.append(f"- {model}, {arm}: " + (f"meets the criterion on every dataset compared ({sets})" if not failed
                                                else f"does not meet it (fails on {', '.join(failed)}; compared on {sets})"))
         md.append("")

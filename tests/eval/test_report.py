@@ -667,7 +667,8 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
     assert not got[("hopper-medium-replay", "stream (exact, window 10)")]["passes"]  # 3 below, SE 1.4
     assert got[("hopper-medium", "stream (exact, window 10)")]["passes"]  # that dataset does not separate policies
     md = (tmp_path / "rep" / "scores.md").read_text()
-    assert "- primal+dt, stream (exact, window 21): meets the criterion on every dataset compared" in md
+    assert ("- primal+dt, stream (exact, window 21): meets the criterion on every dataset compared (hopper-medium: "
+            "5 seeds against the protocol's 5, hopper-medium-replay: 5 seeds against the protocol's 5)") in md
     assert "- primal+dt, stream (exact, window 10): does not meet it (fails on hopper-medium-replay;" in md
     assert "| hopper-medium | replica | primal+dt | recompute, EMA 0.999 | 5 | 41.0 +- 0.4 | 40.0 +- 3.9 |" in md
     assert all(r["s_per_1k"] == pytest.approx(102.0) for r in res["rows"]["target3600"])
