@@ -97,7 +97,14 @@ class TrainConfig(RunOptions):
     weight_decay: float = 1e-4
     """AdamW weight decay"""
     warmup_steps: int = 10_000
-    """linear learning-rate warm-up, then constant"""
+    """linear learning-rate warm-up, then ``lr_schedule``"""
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    """after warm-up: constant (the DT recipe) | cosine: down a half cosine to ``lr_min`` x lr at the last step, so
+    the last weights come from small steps rather than wherever a full-size step happened to land (the other lever
+    beside ``ema_decay`` against a final policy that is a draw). It follows ``steps``: a resumed run given more steps
+    stretches what is left of it"""
+    lr_min: float = 0.1
+    """the cosine schedule's last rate, as a fraction of lr"""
     grad_clip: float = 0.25
     """max gradient norm (0: off)"""
     ema_decay: float = 0.999
@@ -265,7 +272,7 @@ def model_label(cfg: TrainConfig) -> str:
 NUMBERS = {
     "steps": AT_LEAST_1, "batch_size": AT_LEAST_1, "K": AT_LEAST_1, "lr": POSITIVE,
     "weight_decay": AT_LEAST_0, "warmup_steps": AT_LEAST_0, "grad_clip": AT_LEAST_0, "eta": AT_LEAST_0,
-    "ema_decay": FRACTION,
+    "ema_decay": FRACTION, "lr_min": Range(0, 1),
     "reward_scale": Range(1e-6, 1e12), "max_timestep": AT_LEAST_1, "stream_window": AT_LEAST_0,
     "checkpoint_every": AT_LEAST_0, "checkpoint_minutes": Range(0, 1e6), "val_fraction": FRACTION,
     "data_top_fraction": Range(0, 1, low_open=True),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 import time
 from collections.abc import Callable
@@ -137,10 +138,9 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         model = model.to(device)
         if d.world > 1:  # same initial weights everywhere (DDP also broadcasts them), own dropout masks per rank
             runtime.seed_torch(cfg.seed + 1000 * d.rank)
-        # AdamW (fused for the compiled steps), linear warm-up then constant: the DT recipe
+        # AdamW (fused for the compiled steps), linear warm-up then constant (the DT recipe) or cosine
         opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, fused=mode != "eager")
-        w = cfg.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / w) if w else 1.0)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: rate_factor(cfg, s))
         train_eps, held_out = hold_out(cfg, data, ck)
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
@@ -162,6 +162,19 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
     if ck is not None:
         restore(run, ck)
     return run
+
+
+def rate_factor(cfg: TrainConfig, step: int) -> float:
+    """The learning rate of 0-based step ``step`` as a fraction of ``cfg.lr``: a linear warm-up over ``warmup_steps``,
+    then 1, or for ``lr_schedule=cosine`` a half cosine from 1 (at the warm-up's last step) to ``lr_min`` (at the run's
+    last step, ``steps`` - 1)."""
+    w = cfg.warmup_steps
+    if step + 1 < w:
+        return (step + 1) / w
+    if cfg.lr_schedule == "constant":
+        return 1.0
+    done = min(1.0, max(0, step + 1 - w) / max(1, cfg.steps - w))
+    return cfg.lr_min + (1.0 - cfg.lr_min) * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
 def moving_average(model: DecisionTransformer, decay: float) -> torch.optim.swa_utils.AveragedModel | None:

@@ -24,7 +24,8 @@
 # FIDELITY_SEEDS [0 1 2], FIDELITY_WINDOWS [10; W or W:K each; empty: no (c)], FIDELITY_EPISODES [50, per target], FIDELITY_RECIPE
 # [cpu], FIDELITY_THREADS [1], FIDELITY_PREFIX_MODELS [primalformer-dt; empty: no (d)], FIDELITY_PREFIX_K
 # [1000, Hopper's episode limit], FIDELITY_PREFIX_BATCH [16: each segment is K steps], FIDELITY_WHOLE_MODELS
-# [the models of (a); empty: no (f)]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
+# [the models of (a); empty: no (f)], FIDELITY_OPTIONS [none; training options for every run, e.g.
+# "lr_schedule=cosine": give such a sweep an OUT_DIR of its own, and the report names the option]. FIDELITY_REHEARSAL=1 shrinks steps, model and episodes so the whole
 # path runs in a minute or two (the tests run it).
 set -uo pipefail
 
@@ -46,10 +47,11 @@ PREFIX_MODELS=${FIDELITY_PREFIX_MODELS-primalformer-dt}
 PREFIX_K=${FIDELITY_PREFIX_K:-1000}
 PREFIX_BATCH=${FIDELITY_PREFIX_BATCH:-16}
 WHOLE_MODELS=${FIDELITY_WHOLE_MODELS-$MODELS}
-RECIPE=(recipe=${FIDELITY_RECIPE:-cpu})
+read -ra OPTIONS <<< "${FIDELITY_OPTIONS:-}"
+RECIPE=(recipe=${FIDELITY_RECIPE:-cpu} "${OPTIONS[@]}")
 SEGMENTS=()
 if [ "${FIDELITY_REHEARSAL:-0}" = 1 ]; then
-    RECIPE=(steps=12 warmup_steps=2 eval.every=6 eval.episodes=1 eval.max_steps=15 eval.num_envs=2
+    RECIPE=("${OPTIONS[@]}" steps=12 warmup_steps=2 eval.every=6 eval.episodes=1 eval.max_steps=15 eval.num_envs=2
             checkpoint_every=6 model.d_model=32 model.n_heads=2 model.s=8 model.n_layers=2)
     SEGMENTS=(K=5 batch_size=8)
     PREFIX_K=15

@@ -30,6 +30,7 @@ import glob
 import io
 import json
 import math
+import re
 import shlex
 import statistics
 import warnings
@@ -133,6 +134,18 @@ def engine_label(f) -> str:
     return f"{f.engine} (exact, from start)" if f.from_start else f"{f.engine} (exact, window {f.stream_window})"
 
 
+COSINE = ", lr cosine to "
+"""what an engine label holds when the run's learning rate fell to the end (``lr_schedule=cosine``)"""
+
+
+def schedule_label(config: dict) -> str:
+    """``, lr cosine to 0.1`` for a run whose rate fell along a cosine (``lr_schedule``), else nothing: a training of
+    its own, set beside the constant rate's rows (``against_protocol``) rather than averaged with them."""
+    if config.get("lr_schedule") != "cosine":
+        return ""
+    return f"{COSINE}{config.get('lr_min', 0.1):g}"
+
+
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
     """The rollout reports of ``run``'s final checkpoint, each as a run scored by its engine (and capped at its
     own ``max_steps``), and a note for each report left out. One report per engine: evaluations of one checkpoint
@@ -163,7 +176,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
         except (OSError, ValueError, KeyError, TypeError) as err:
             notes.append(f"{p}: not a rollout report eval.report reads ({err}), left out")
             continue
-        label = engine_label(fidelity(engine, run.config))
+        label = engine_label(fidelity(engine, run.config)) + schedule_label(run.config)
         if rep.get("weights") == "ema":  # the same training's other policy (ema_decay): a row of its own
             label += f", EMA {run.config.get('ema_decay', 0):g}"
         if label == run.engine:
@@ -249,7 +262,7 @@ def load_run(d: Path) -> Run:
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
                summary["final"], curves, sources.label(str(summary.get("data_source") or "")),
                None if val is None else float(val),
-               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f),
+               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f) + schedule_label(config),
                float(cost) if presets.fits(cost, float) and math.isfinite(cost) and cost >= 0 else None)
 
 
@@ -382,7 +395,8 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
     interval and, where the protocol's policies beat their data (its mean lies above the data episodes' level by
     more than its standard error: the dataset separates policies), is not below the protocol's mean by more than
     that standard error; it meets the criterion when it passes every dataset it was compared on. The weights' moving average
-    (``EMA``) is set against the same training's last weights: its mean and interval."""
+    (``EMA``) is set against the same training's last weights, and a rate falling to the end (``COSINE``) against the
+    constant rate of the same training otherwise: their means and intervals."""
     proto = {(r["dataset"], r["data"], r["model"]): r for r in rows if r["engine"] == "recompute" and r["seeds"] > 1}
     checks = []
     for r in rows:
@@ -399,7 +413,9 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
     raw = {(r["dataset"], r["data"], r["model"], r["engine"]): r for r in rows}
     averaged = [(r, raw.get((r["dataset"], r["data"], r["model"], r["engine"].split(EMA)[0]))) for r in rows
                 if EMA in r["engine"]]
-    if not checks and not averaged:
+    falling = [(r, raw.get((r["dataset"], r["data"], r["model"], re.sub(f"{COSINE}[^,]*", "", r["engine"])))) for r in rows
+               if COSINE in r["engine"]]
+    if not checks and not averaged and not falling:
         return [], []
     yes = lambda b: "yes" if b else "**no**"  # noqa: E731
     md = [f"### Stream-exact training against the papers' protocol, target {target.removeprefix('target')}", ""]
@@ -431,6 +447,13 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
                       [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
                         score_cell(r["mean"], r["ci95"], r["seeds"]),
                         "" if b is None else score_cell(b["mean"], b["ci95"], b["seeds"])] for r, b in averaged])]
+    if falling:
+        md += ["", "The learning rate falling along a cosine to the end (lr_schedule=cosine) against the constant rate of "
+               "the same training otherwise (mean +- 95 % interval):", "",
+               *table(["dataset", "data", "model", "engine", "seeds", "cosine", "constant"],
+                      [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
+                        score_cell(r["mean"], r["ci95"], r["seeds"]),
+                        "" if b is None else score_cell(b["mean"], b["ci95"], b["seeds"])] for r, b in falling])]
     return md, checks
 
 

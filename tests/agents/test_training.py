@@ -2,6 +2,7 @@
 batches it trains on, and the checkpoint it writes and resumes from (through agents.dt_checkpoint).
 The end-to-end command (``python -m primal_dt.train``) is tests/primal_dt/test_train.py."""
 
+import math
 import re
 import shutil
 from pathlib import Path
@@ -182,3 +183,47 @@ def test_the_moving_average_of_the_weights_is_torchs_ema_saved_and_resumed_exact
     assert not all(torch.equal(straight.ema[k], straight.model[k]) for k in straight.model)
     ema_model = straight.build_model(weights="ema")
     assert all(torch.equal(v, straight.ema[k]) for k, v in ema_model.state_dict().items())
+
+
+def test_a_cosine_rate_falls_from_the_warm_up_to_lr_min_at_the_last_step_and_resumes_on_its_course(hopper_file, tmp_path):
+    """``lr_schedule=cosine``: the rate of every step, as TensorBoard logs it, is the formula's (linear warm-up over
+    3 steps, then lr_min + (1 - lr_min) (1 + cos(pi t)) / 2 with t going from 0 at the warm-up's last step to 1 at
+    the run's last), the last step trains at lr_min x lr, and a run stopped half way resumes on the same course."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    lr, lr_min, steps, warm = 1e-3, 0.2, 12, 3
+
+    def rate(step):  # of 0-based step `step`
+        if step < warm:
+            return lr * (step + 1) / warm
+        t = (step + 1 - warm) / (steps - warm)
+        return lr * (lr_min + (1 - lr_min) * (1 + math.cos(math.pi * t)) / 2)
+
+    opts = ["eval.final_episodes=0", "lr_schedule=cosine", f"lr_min={lr_min}", f"lr={lr}", f"warmup_steps={warm}",
+            "log_every=1"]
+    whole = train(args(hopper_file, tmp_path / "whole", f"steps={steps}", "tensorboard=true", "eval.every=0", *opts))
+
+    def stop(*_, **__):  # Ctrl-C at the evaluation after step 6: the trainer keeps the step reached
+        raise KeyboardInterrupt
+
+    cut = args(hopper_file, tmp_path / "cut", f"steps={steps}", "tensorboard=false", *opts, "eval.every=6",
+               "eval.episodes=1")
+    with pytest.raises((KeyboardInterrupt, SystemExit)):
+        train(cut, training.Evaluator(rollout=stop, line=str))
+    (half,) = (tmp_path / "cut").glob("*/*/*-seed0")
+    assert dt_checkpoint.load(half).step == 6
+    ck = dt_checkpoint.load(whole["run_dir"])
+    assert rate(steps - 1) == pytest.approx(lr * lr_min)
+    assert ck.training.optimizer["param_groups"][0]["lr"] == pytest.approx(lr * lr_min)  # and it stays there
+    acc = EventAccumulator(str(whole["run_dir"]), size_guidance={"scalars": 0})
+    acc.Reload()
+    logged = {e.step: e.value for e in acc.Scalars("train/lr")}
+    assert sorted(logged) == list(range(1, steps + 1))
+    for step, value in logged.items():  # logged after step `step` (1-based): the rate the next step will take
+        assert value == pytest.approx(rate(min(step, steps - 1)), rel=1e-6)
+    resumed = training.train(train_config.build(["progress=false", f"resume={half}"]),
+                             RecordingEvaluator().evaluator())
+    a, b = dt_checkpoint.load(whole["run_dir"]), dt_checkpoint.load(resumed["run_dir"])
+    assert b.training.optimizer["param_groups"][0]["lr"] == pytest.approx(a.training.optimizer["param_groups"][0]["lr"])
+    for k, v in a.model.items():
+        torch.testing.assert_close(b.model[k], v, rtol=0, atol=0)

@@ -1,6 +1,7 @@
 """The command behind the default training's decision (eval/fidelity_comparison.sh), rehearsed small: it
 trains both ways, evaluates the standard checkpoints by both engines, keeps the three policies apart in
-one report, and a second call finds everything done."""
+one report, and a second call finds everything done; FIDELITY_OPTIONS trains every run of a sweep of its own
+with an option (a learning-rate schedule), which the report names and sets against the constant rate."""
 
 import os
 import subprocess
@@ -8,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from agents import dt_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,3 +43,19 @@ def test_the_fidelity_comparison_rehearses_and_resumes(tmp_path):
                             capture_output=True, text=True, timeout=900)  # empty: that part left out, not its default
     assert only_a.returncode == 0 and "(a)" in only_a.stdout, only_a.stderr[-3000:]
     assert "(c)" not in only_a.stdout and "(d)" not in only_a.stdout and "(f)" not in only_a.stdout
+
+    part = {"FIDELITY_WINDOWS": "", "FIDELITY_PREFIX_MODELS": "", "FIDELITY_WHOLE_MODELS": ""}
+    cosine = subprocess.run(cmd[:-1] + [str(tmp_path / "cosine")],
+                            env={**env, **part, "FIDELITY_OPTIONS": "lr_schedule=cosine lr_min=0.5"},
+                            capture_output=True, text=True, timeout=900)
+    assert cosine.returncode == 0, cosine.stdout[-3000:] + cosine.stderr[-3000:]
+    (run,) = (tmp_path / "cosine" / "standard" / "hopper-medium" / "dt").glob("*-seed0")
+    config = dt_checkpoint.load(run).config
+    assert (config["lr_schedule"], config["lr_min"], config["recipe"]) == ("cosine", 0.5, "preset")  # and the rehearsal's
+    both = subprocess.run([sys.executable, "-m", "eval.report", str(tmp_path / "standard"), str(tmp_path / "cosine" / "standard"),
+                           f"out={tmp_path / 'both'}"], env=env, capture_output=True, text=True, timeout=900)
+    assert both.returncode == 0, both.stderr[-3000:]
+    md = (tmp_path / "both" / "scores.md").read_text()
+    assert "| hopper-medium | replica | dt | recompute, lr cosine to 0.5 | 1 |" in md
+    assert "| hopper-medium | replica | dt | recompute, lr cosine to 0.5, EMA 0.999 | 1 |" in md
+    assert "lr_schedule=cosine) against the constant rate" in md
