@@ -341,7 +341,8 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
                      "data_level": statistics.fmean(levels) if levels else None,
                      "val_mse": v["mean"], "val_mse_std": v["std"], "val_mse_ci95": v["ci95"], "val_seeds": v["n"],
                      "s_per_1k": statistics.fmean(costs) if costs else None,
-                     "runs": [str(r.path) for r in g.runs]})
+                     "runs": [str(r.path) for r in g.runs],
+                     "per_run": {str(r.path): v for r, v in zip(runs, vals) if math.isfinite(v)}})
     return rows
 
 
@@ -384,6 +385,15 @@ def markdown(rows: list[dict], target: str) -> str:
                  _fmt(r["data_level"]), paper_cell(r), val_cell(r), _fmt(r["s_per_1k"])] for r in rows])])
 
 
+def same_runs(base: dict | None, of: dict) -> dict | None:
+    """``base``'s score over just the runs ``of`` also scored (mean, 95 % interval, seeds): the last weights of the
+    very runs whose moving average was evaluated, so the two columns differ by the weights alone, not by seeds."""
+    if base is None:
+        return None
+    s = stats([v for p, v in base["per_run"].items() if p in of["per_run"]])
+    return None if not s["n"] else {"mean": s["mean"], "ci95": s["ci95"], "seeds": s["n"]}
+
+
 EMA = ", EMA "
 """what an engine label holds when the row scores the weights' moving average (``rollout_runs``)"""
 
@@ -411,8 +421,8 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
                        "protocol_mean": p["mean"], "protocol_ci95": p["ci95"], "protocol_se": se,
                        "separates": separates, "inside": inside, "near": near, "passes": inside and near})
     raw = {(r["dataset"], r["data"], r["model"], r["engine"]): r for r in rows}
-    averaged = [(r, raw.get((r["dataset"], r["data"], r["model"], r["engine"].split(EMA)[0]))) for r in rows
-                if EMA in r["engine"]]
+    averaged = [(r, same_runs(raw.get((r["dataset"], r["data"], r["model"], r["engine"].split(EMA)[0])), r))
+                for r in rows if EMA in r["engine"]]
     falling = [(r, raw.get((r["dataset"], r["data"], r["model"], re.sub(f"{COSINE}[^,]*", "", r["engine"])))) for r in rows
                if COSINE in r["engine"]]
     if not checks and not averaged and not falling:
@@ -442,7 +452,7 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
         md += ["No stream-exact arm is compared yet: the papers' protocol (recompute) of its dataset and model needs "
                "at least 2 seeds for an interval.", ""]
     if averaged:
-        md += ["The weights' moving average against the same training's last weights (mean +- 95 % interval):", "",
+        md += ["The weights' moving average against the last weights of the same runs (mean +- 95 % interval):", "",
                *table(["dataset", "data", "model", "engine", "seeds", "moving average", "last weights"],
                       [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
                         score_cell(r["mean"], r["ci95"], r["seeds"]),
