@@ -451,19 +451,16 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
     elif any(r["engine"].startswith("stream (exact") and EMA not in r["engine"] for r in rows):
         md += ["No stream-exact arm is compared yet: the papers' protocol (recompute) of its dataset and model needs "
                "at least 2 seeds for an interval.", ""]
-    if averaged:
-        md += ["The weights' moving average against the last weights of the same runs (mean +- 95 % interval):", "",
-               *table(["dataset", "data", "model", "engine", "seeds", "moving average", "last weights"],
-                      [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
-                        score_cell(r["mean"], r["ci95"], r["seeds"]),
-                        "" if b is None else score_cell(b["mean"], b["ci95"], b["seeds"])] for r, b in averaged])]
-    if falling:
-        md += ["", "The learning rate falling along a cosine to the end (lr_schedule=cosine) against the constant rate of "
-               "the same training otherwise (mean +- 95 % interval):", "",
-               *table(["dataset", "data", "model", "engine", "seeds", "cosine", "constant"],
-                      [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
-                        score_cell(r["mean"], r["ci95"], r["seeds"]),
-                        "" if b is None else score_cell(b["mean"], b["ci95"], b["seeds"])] for r, b in falling])]
+    for pairs, title, columns in (
+            (averaged, "The weights' moving average against the last weights of the same runs", ["moving average", "last weights"]),
+            (falling, "The learning rate falling along a cosine to the end (lr_schedule=cosine) against the constant "
+                      "rate of the same training otherwise", ["cosine", "constant"])):
+        if pairs:
+            md += [*([""] if md[-1] else []), f"{title} (mean +- 95 % interval):", "",
+                   *table(["dataset", "data", "model", "engine", "seeds", *columns],
+                          [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
+                            score_cell(r["mean"], r["ci95"], r["seeds"]),
+                            "" if b is None else score_cell(b["mean"], b["ci95"], b["seeds"])] for r, b in pairs])]
     return md, checks
 
 
