@@ -52,7 +52,9 @@ def test_keep_freed_memory_stops_the_page_faults_of_repeated_big_buffers(run_cod
     it is mapped fresh and unmapped on free every time, and each step faults its pages in anew; once
     inference memory is kept, reuse costs no page fault. (Smaller buffers are not a reliable probe: glibc
     raises its threshold after the first free, and whether the heap top is trimmed depends on what else
-    the process allocated.)"""
+    the process allocated.) The test counts faults step by step and asks that most steps cost none: the
+    kernel may still fault a kept buffer in now and then (reclaim, NUMA balancing, a CI host's memory
+    pressure), which is not the allocator's doing."""
     code = """
 import resource, sys, torch
 from agents import threads
@@ -61,10 +63,12 @@ def step():
 def faults():
     for _ in range(3):
         step()
-    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    counts = []
     for _ in range(20):
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         step()
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+        counts.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    return ",".join(map(str, counts))
 before = faults()
 applied = threads.keep_freed_memory()
 print(before, faults(), applied, threads.keep_freed_memory())
@@ -74,7 +78,10 @@ print(before, faults(), applied, threads.keep_freed_memory())
     before, after, applied, again = p.stdout.split()
     if applied != "True":
         pytest.skip("no glibc mallopt here")
-    if int(before) < 20 * 20:  # 10,240 pages a step with 4 KB pages, at least 20 with huge pages
-        pytest.skip(f"this process's allocator keeps freed memory already ({before} faults in 20 steps): "
+    before, after = ([int(n) for n in counts.split(",")] for counts in (before, after))
+    faulting = lambda counts: sum(n >= 20 for n in counts)  # 10,240 pages a step with 4 KB pages, 20 with huge
+    if faulting(before) < 15:
+        pytest.skip(f"this process's allocator keeps freed memory already (faults per step: {before}): "
                     "MALLOC_* settings or a preloaded allocator")
-    assert int(after) < 20 and again == "True"
+    assert faulting(after) <= 5, f"faults per step with freed memory kept: {after} (before: {before})"
+    assert again == "True"
