@@ -456,12 +456,28 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
             (falling, "The learning rate falling along a cosine to the end (lr_schedule=cosine) against the constant "
                       "rate of the same training otherwise", ["cosine", "constant"])):
         if pairs:
-            md += [*([""] if md[-1] else []), f"{title} (mean +- 95 % interval):", "",
-                   *table(["dataset", "data", "model", "engine", "seeds", *columns],
+            better = {i: better_than(r, b) for i, (r, b) in enumerate(pairs)}
+            md += [*([""] if md[-1] else []), f"{title} (mean +- 95 % interval; the issue's test of a lever: "
+                   "it narrows the seed-to-seed interval without lowering the mean):", "",
+                   *table(["dataset", "data", "model", "engine", "seeds", *columns, "narrower, not lower"],
                           [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"],
                             score_cell(r["mean"], r["ci95"], r["seeds"]),
-                            "" if b is None else score_cell(b["mean"], b["ci95"], b["seeds"])] for r, b in pairs])]
+                            "" if b is None else score_cell(b["mean"], b["ci95"], b["seeds"]),
+                            "" if better[i] is None else yes(better[i])] for i, (r, b) in enumerate(pairs)])]
+            judged = [pairs[i][0] for i, v in better.items() if v is not None]
+            held = [pairs[i][0] for i, v in better.items() if v]
+            if judged:
+                md += ["", f"- {columns[0]}: narrower and not lower in {len(held)} of the {len(judged)} rows of 2 or "
+                       "more seeds" + (f" ({'; '.join(r['model'] + ', ' + r['engine'] for r in held)})" if held else "")]
     return md, checks
+
+
+def better_than(r: dict, b: dict | None) -> bool | None:
+    """Whether the lever's row ``r`` narrows the 95 % interval of ``b`` (the same training without it) without
+    lowering its mean; None where either has under 2 seeds, so no interval to compare."""
+    if b is None or r["seeds"] < 2 or b["seeds"] < 2:
+        return None
+    return r["ci95"] < b["ci95"] and r["mean"] >= b["mean"]
 
 
 CSV_COLUMNS = ["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",

@@ -639,7 +639,8 @@ def test_the_weights_moving_average_is_evaluated_by_rollout_and_reported_as_its_
 def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formula(tmp_path):
     """``against_protocol``: each stream-exact arm against recompute's mean, 95 % interval (Student's t) and standard
     error over seeds, the SE condition only where the protocol's mean beats the data's level by more than its SE;
-    the weights' moving average beside the last weights; the training's cost per 1,000 steps averaged."""
+    the weights' moving average beside the last weights, judged narrower and not lower (or not); the training's cost
+    per 1,000 steps averaged."""
     config = dataclasses.asdict(train_config.TrainConfig())
     runs = []
     arms = {"recompute": [40.0, 42.0, 38.0, 44.0, 36.0], "stream (exact, window 21)": [39.0, 41.0, 38.0, 40.0, 37.0],
@@ -672,9 +673,24 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
             "5 seeds against the protocol's 5, hopper-medium-replay: 5 seeds against the protocol's 5)") in md
     assert "- primal+dt, stream (exact, window 10): does not meet it (fails on hopper-medium-replay;" in md
     # the last weights of the same 3 runs (40, 42, 38: t = 4.303), not of all 5
-    assert "| hopper-medium | replica | primal+dt | recompute, EMA 0.999 | 3 | 41.0 +- 1.2 | 40.0 +- 5.0 |" in md
-    assert "| hopper-medium | replica | primal+dt | recompute, lr cosine to 0.1 | 5 | 42.0 +- 0.9 | 40.0 +- 3.9 |" in md
+    assert "| hopper-medium | replica | primal+dt | recompute, EMA 0.999 | 3 | 41.0 +- 1.2 | 40.0 +- 5.0 | yes |" in md
+    assert "| hopper-medium | replica | primal+dt | recompute, lr cosine to 0.1 | 5 | 42.0 +- 0.9 | 40.0 +- 3.9 | yes |" in md
+    assert "- moving average: narrower and not lower in 2 of the 2 rows of 2 or more seeds" in md
     assert all(r["s_per_1k"] == pytest.approx(100.0 + (r["seeds"] - 1) / 2) for r in res["rows"]["target3600"])
     assert "| 102.0 |" in md
     again = report.report([str(tmp_path / "rep" / "runs.json")], tmp_path / "again")  # the cost survives runs.json
     assert [r["s_per_1k"] for r in again["rows"]["target3600"]] == [r["s_per_1k"] for r in res["rows"]["target3600"]]
+
+
+@pytest.mark.parametrize("lever, base, verdict", [
+    ((41.0, 1.0, 3), (40.0, 5.0, 3), True),  # narrower, higher
+    ((40.0, 1.0, 3), (40.0, 5.0, 3), True),  # narrower, same mean
+    ((39.9, 1.0, 3), (40.0, 5.0, 3), False),  # narrower but lower
+    ((45.0, 6.0, 3), (40.0, 5.0, 3), False),  # higher but wider
+    ((45.0, 0.0, 1), (40.0, 5.0, 3), None),  # one seed: no interval to compare
+    ((45.0, 1.0, 3), None, None),  # nothing to compare with
+])
+def test_a_lever_is_judged_by_its_interval_and_its_mean(lever, base, verdict):
+    """The issue's test of the moving average and of a falling rate: narrower interval and a mean not lower."""
+    row = lambda m, ci, n: {"mean": m, "ci95": ci, "seeds": n}  # noqa: E731
+    assert report.better_than(row(*lever), base and row(*base)) is verdict
