@@ -136,6 +136,7 @@ def run(argv: list[str]) -> list[dict]:
     for path in paths:
         with errors.setup_errors(KeyError):
             ck = dt_checkpoint.load(path)
+            ck.weights(cfg.weights)  # a run that kept no moving average: one line, before any data is read
             data = dt_checkpoint.training_data(ck, cfg.data_source or None, verbose=False)
             if not len(ck.data.held_out):
                 raise ValueError(f"{path}: its run held no episode out (val_fraction=0), so there is nothing unseen "

@@ -84,6 +84,8 @@ def test_the_command_pairs_each_training_with_recompute_on_the_same_seed(runs, t
     assert "Command: `python -m eval.heldout " in md and "Machine: " in md
 
 
-def test_a_run_that_held_nothing_out_is_one_clear_line(hopper_file, tmp_path, tiny_train, run_cli, one_line_error):
-    s = train(tiny_train.args(hopper_file, tmp_path, "steps=1", "val_fraction=0", *tiny_train.QUIET))
+def test_a_run_without_held_out_episodes_or_average_is_one_clear_line(hopper_file, tmp_path, tiny_train, run_cli,
+                                                                     one_line_error):
+    s = train(tiny_train.args(hopper_file, tmp_path, "steps=1", "val_fraction=0", "ema_decay=0", *tiny_train.QUIET))
     one_line_error(run_cli("eval.heldout", s["run_dir"]), "held no episode out", "val_fraction > 0")
+    one_line_error(run_cli("eval.heldout", s["run_dir"], "weights=ema"), "holds no moving average", "weights=model")
