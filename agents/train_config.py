@@ -120,6 +120,12 @@ class TrainConfig(RunOptions):
     stream_window: int = 0
     """stream-exact training (0: off): window every layer to this many tokens and count only the steps
     the stream engine predicts identically (docs/evaluation.md, stream-exact training); needs softmax/primal layers"""
+    stream_counts: Literal["protocol", "tail"] = "protocol"
+    """which steps a stream_window run's loss counts: protocol (a segment starts its first exact step's worth of
+    steps before the step drawn, or at its episode's first, and counts the K - that many from the drawn one: the
+    steps a segment of the papers' protocol drawn there counts, each seen exactly) | tail (the first tables': each
+    segment drawn as the protocol's counts the steps from its first exact one, or all of it at an episode's
+    first step, so the first steps of every episode are counted up to K times less often)"""
     from_start: bool = False
     """train on episode prefixes: every segment starts at its episode's first step, so each prediction sees its
     whole episode so far, as the stream engine does: the stream is then the trained policy for any layout
@@ -224,7 +230,10 @@ _DESCRIPTION = ("Train a Decision Transformer (dt | primal+dt | primalformer-dt 
 
 def from_dict(d: dict) -> TrainConfig:
     """A config back from a checkpoint's dict, each value checked against its field; an option this release
-    does not have is an error (no release wrote one it has since dropped)."""
+    does not have is an error (no release wrote one it has since dropped). A stream_window run from before
+    ``stream_counts`` counted segment tails, and resumes so."""
+    if isinstance(d, dict) and d.get("stream_window") and "stream_counts" not in d:
+        d = {**d, "stream_counts": "tail"}
     return presets.apply_preset(TrainConfig(), d, where="checkpoint config")
 
 

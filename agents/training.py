@@ -74,7 +74,7 @@ class Run:
     compile: str = "eager"
     """``compile=`` resolved for the device"""
     exact_from: int | None = None
-    """stream-exact runs (``stream_window``): the first segment step the loss counts"""
+    """stream-exact runs counting segment tails (``stream_counts=tail``): the first segment step the loss counts"""
     ema: torch.optim.swa_utils.AveragedModel | None = None
     """the moving average of the weights (``ema_decay``), updated after every step; None: ema_decay=0"""
     step: int = 0
@@ -144,18 +144,22 @@ def _prepare(built: Built, d: Dist | None, path: Path | None) -> Run:
         train_eps, held_out = hold_out(cfg, data, ck)
     trained = data.subset(train_eps) if len(held_out) else data  # statistics of the training episodes only
     # returns-to-go are divided by reward_scale, in the sampler as in the checkpoint and the agent
+    # stream-exact (stream_window): the first segment step whose reach the segment holds, which the loss counts
+    # from (stream_counts=tail) or which each segment starts before its drawn step (protocol: envs.sampler)
+    first_exact = stream_training.first_exact_step(model.cfg) if cfg.stream_window else 0
+    lead = first_exact if cfg.stream_counts == "protocol" else 0
     sampler = envs.SegmentSampler(trained, cfg.K, cfg.batch_size // d.world, cfg.reward_scale, cfg.max_timestep,
                                   cfg.seed + 1000 * d.rank, device, from_start=cfg.from_start,
-                                  top_fraction=cfg.data_top_fraction)
+                                  top_fraction=cfg.data_top_fraction, lead=lead)
     targets = tuple(float(t) for t in (cfg.eval.targets or spec.targets))
     info = DataInfo(env=cfg.env, state_mean=trained.state_mean, state_std=trained.state_std,
                     reward_scale=cfg.reward_scale, targets=targets, gym_id=getattr(data, "gym_id", spec.gym_id),
                     source=data.source, fingerprint=data.fingerprint, held_out=tuple(held_out.tolist()))
     if cfg.whole_episodes:  # lanes of consecutive chunks, each carrying its episode's recurrent state
         sampler = stream_training.Carry(model, envs.EpisodeChunks.of(sampler, trained.starts, trained.lengths), device)
-    exact_from = stream_training.first_exact_step(model.cfg) if cfg.stream_window else None
+    exact_from = first_exact if cfg.stream_window and not lead else None
     validation = Validation(data.subset(held_out), info, cfg.K, cfg.max_timestep, cfg.seed, device, exact_from,
-                            cfg.from_start, cfg.whole_episodes) if len(held_out) and d.main else None
+                            cfg.from_start, cfg.whole_episodes, lead) if len(held_out) and d.main else None
     ema = moving_average(model, cfg.ema_decay)
     run = Run(cfg, built, data, info, sampler, model, opt, sched, path.parent if path else None, device, d,
               validation, mode, exact_from, ema)
@@ -346,6 +350,8 @@ def take_step(run: Run, stepper: steps.Stepper, logging: bool) -> tuple[tuple, i
 def next_batch(run: Run) -> tuple[Batch, int]:
     """The sampler's next batch, gathered on the device, and its real steps (counted on the host: no read-back)."""
     idx, mask = run.sampler.indices()
+    if getattr(run.sampler, "lead", 0):  # the mask is the steps counted; the context before them is real too
+        return run.sampler.batch(idx, mask), int((idx < run.sampler.num_steps).sum())
     batch = run.sampler.batch(idx)
     if run.exact_from is not None:
         batch = stream_training.stream_exact_batch(batch, run.exact_from)
@@ -464,14 +470,15 @@ class Validation:
     """Validation without a simulator: the masked action MSE on whole episodes the model never trains on,
     cheap and deterministic where a rollout is slow and noisy; it tells over-fitting from under-fitting.
     The segments are fixed once per run (every K-step segment starting in a held-out episode, or a seeded
-    sample of ``MAX_SEGMENTS``), so the curve moves only when the model does. ``exact_from`` and
-    ``from_start``: the steps counted and the segments, as stream-exact runs train."""
+    sample of ``MAX_SEGMENTS``), so the curve moves only when the model does. ``exact_from``, ``lead`` and
+    ``from_start``: the steps counted and the segments, as stream-exact runs train (with ``lead``, the steps
+    counted are those a standard run of K - lead steps counts: the two curves compare)."""
 
     def __init__(self, held_out: envs.Trajectories, info: DataInfo, K: int, max_timestep: int, seed: int,
                  device: torch.device, exact_from: int | None = None, from_start: bool = False,
-                 whole_episodes: bool = False):
+                 whole_episodes: bool = False, lead: int = 0):
         sampler = envs.SegmentSampler(held_out, K, 1, info.reward_scale, max_timestep, seed=None, device=device,
-                                      stats=(info.state_mean, info.state_std))
+                                      stats=(info.state_mean, info.state_std), lead=lead)
         self.whole_episodes = whole_episodes
         if whole_episodes:  # every held-out episode, chunk after chunk, as the run trains
             first = held_out.starts

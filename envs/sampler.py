@@ -3,7 +3,13 @@
 The reference picks a trajectory with probability proportional to its length, then a start uniformly
 inside it: the same as picking one of the N dataset steps uniformly, which is one ``integers`` draw and
 gathers over the flat arrays of ``Trajectories``, no Python loop. A segment running past its episode's
-end is right-padded (real tokens first) and masked.
+end is right-padded (real tokens first) and masked. Step t of an episode is then counted from min(t + 1, K)
+of its starts: the first steps of an episode are counted less often than the rest.
+
+``lead`` (stream-exact training, ``agents.stream_training``) keeps those counts while giving every counted
+step more context: a segment starts ``lead`` steps before its drawn step (or at its episode's first step,
+if that is later) and counts the K - lead steps from the drawn one, so its counted steps are those of a
+(K - lead)-step segment drawn at the same step, each seeing ``lead`` steps further back.
 """
 
 from __future__ import annotations
@@ -66,11 +72,14 @@ class SegmentSampler:
     def __init__(self, ds: Trajectories, K: int = 20, batch_size: int = 64, reward_scale: float = 1.0,
                  max_timestep: int = 1000, seed: int | np.random.Generator | None = 0,
                  device: str | torch.device = "cpu", stats: tuple[np.ndarray, np.ndarray] | None = None,
-                 from_start: bool = False, top_fraction: float = 1.0):
+                 from_start: bool = False, top_fraction: float = 1.0, lead: int = 0):
         if K < 1 or batch_size < 1:
             raise ValueError(f"K and batch_size must be >= 1, got K={K}, batch_size={batch_size}")
         if not reward_scale > 0:
             raise ValueError(f"reward_scale must be > 0 (returns-to-go are divided by it), got {reward_scale}")
+        if isinstance(lead, bool) or not isinstance(lead, (int, np.integer)) or not 0 <= lead < K:
+            raise ValueError(f"lead must be an integer from 0 to K - 1 = {K - 1} (steps of context a segment starts "
+                             f"before its drawn step), got {lead!r}")
         if not 0 < top_fraction <= 1:
             raise ValueError(f"top_fraction must be in (0, 1] (the share of episodes, by return, segments are drawn "
                              f"from), got {top_fraction}")
@@ -100,11 +109,15 @@ class SegmentSampler:
         self._first = None if kept.all() else np.flatnonzero(np.repeat(kept, ds.lengths))
         self._starts = ds.starts[self.episodes] if from_start else None
         self._offsets = np.arange(self.K, dtype=np.int64)
+        self.lead = int(lead)
+        """steps of context before each drawn step (module docstring; 0: segments start at their drawn steps)"""
+        self._episode_start = np.arange(ds.num_steps, dtype=np.int64) - ds.timesteps  # [N] first row of the step's episode
 
     def indices(self, batch_size: int | None = None, first: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Row indices [B,K] into the padded tables (n = padding) and the mask [B,K], on the host, of segments
-        starting at random steps (``from_start``: at the first step of episodes drawn uniformly), or at the
-        dataset steps ``first`` [B]."""
+        """Row indices [B,K] into the padded tables (n = padding) and the mask [B,K] of the steps a loss counts
+        (the real ones; with ``lead``, the K - lead from each drawn step), on the host, of segments drawn at
+        random steps (``from_start``: at the first step of episodes drawn uniformly), or at the dataset steps
+        ``first`` [B]."""
         if first is None and self._starts is not None:
             first = self._starts[self.rng.integers(0, len(self._starts), size=batch_size or self.batch_size)]
         elif first is None and self._first is not None:
@@ -112,20 +125,25 @@ class SegmentSampler:
         elif first is None:
             first = self.rng.integers(0, self.num_steps, size=batch_size or self.batch_size)
         first = np.asarray(first, dtype=np.int64)
-        idx = first[:, None] + self._offsets[None, :]
-        mask = idx < np.take(self._end, first)[:, None]
+        start = np.maximum(first - self.lead, self._episode_start[first]) if self.lead else first
+        idx = start[:, None] + self._offsets[None, :]
+        mask = idx < np.take(self._end, start)[:, None]
         idx[~mask] = self.num_steps
+        if self.lead:  # count the K - lead steps from the drawn one: the context before it is not counted
+            drawn = (first - start)[:, None]
+            mask &= (self._offsets >= drawn) & (self._offsets < drawn + self.K - self.lead)
         return idx, mask
 
     def sample(self, batch_size: int | None = None) -> Batch:
-        return self.batch(self.indices(batch_size)[0])
+        return self.batch(*self.indices(batch_size))
 
     def segments(self, first: np.ndarray) -> Batch:
-        """The batch of segments starting at the given dataset steps (a fixed evaluation set)."""
-        return self.batch(self.indices(first=first)[0])
+        """The batch of segments drawn at the given dataset steps (a fixed evaluation set)."""
+        return self.batch(*self.indices(first=first))
 
-    def batch(self, idx: np.ndarray) -> Batch:
-        """The segments at row indices ``idx`` [B,K] (``indices``), gathered on the device."""
+    def batch(self, idx: np.ndarray, counted: np.ndarray | None = None) -> Batch:
+        """The segments at row indices ``idx`` [B,K] (``indices``), gathered on the device; with ``lead``, the
+        steps ``counted`` (``indices``' mask) are the batch's ``loss_mask``."""
         b, k = idx.shape
         i = torch.from_numpy(idx)
         if self.device.type == "cuda":  # pinned, so the copy runs behind the host: the loop never waits on the GPU
@@ -133,9 +151,12 @@ class SegmentSampler:
         i = i.to(self.device, non_blocking=True)
         flat = i.reshape(-1)
         rows = lambda t: t.index_select(0, flat).reshape(b, k, -1)
+        loss_mask = None
+        if self.lead and counted is not None:
+            loss_mask = torch.from_numpy(np.asarray(counted, bool)).to(self.device, non_blocking=True)
         return Batch(states=rows(self._states), actions=rows(self._actions), rewards=rows(self._rewards),
                      rtg=rows(self._rtg), timesteps=rows(self._timesteps).reshape(b, k), mask=i < self.num_steps,
-                     trailing=True)
+                     loss_mask=loss_mask, trailing=True)
 
     def state_dict(self) -> dict:
         """RNG state, so a resumed training run draws the same batches as an uninterrupted one."""

@@ -48,7 +48,7 @@ def heldout_errors(ck, data, engine: str = "exact", weights: str = "model") -> d
     "steps", "engine", "exact", "policy": the engine as ``eval.report`` names it}."""
     from agents.agent import RecomputeStep
     from agents.decision_transformer import DTStep, StepState
-    from eval.report import engine_label, schedule_label
+    from eval.report import engine_label, training_label
 
     eps = np.asarray(ck.data.held_out, np.int64)
     if not len(eps):
@@ -76,7 +76,7 @@ def heldout_errors(ck, data, engine: str = "exact", weights: str = "model") -> d
         state = StepState.of(after)._replace(prev_action=taken.to(action.dtype))
         reward = torch.from_numpy(data.rewards[rows].astype(np.float32))
     f = ck.fidelity(engine)
-    policy = engine_label(f) + " (not trained)" * (engine == "recompute" and not f.exact) + schedule_label(ck.config)
+    policy = engine_label(f) + " (not trained)" * (engine == "recompute" and not f.exact) + training_label(ck.config)
     return {"engine": engine, "exact": f.exact, "policy": policy, "weights": weights,
             "episodes": len(eps), "steps": int(lengths.sum()), "action_mse": float(sse.sum() / counted.sum()),
             "by_timestep": {n: float(s / c) if c else None for n, s, c in zip(band_names(), sse, counted)}}

@@ -136,14 +136,22 @@ def engine_label(f) -> str:
 
 COSINE = ", lr cosine to "
 """what an engine label holds when the run's learning rate fell to the end (``lr_schedule=cosine``)"""
+TAILS = ", segment tails"
+"""what an engine label holds when a stream_window run counted its segments' tails (``stream_counts=tail``, the
+first tables' training: an episode's first steps counted less often than the papers' protocol counts them)"""
 
 
-def schedule_label(config: dict) -> str:
-    """``, lr cosine to 0.1`` for a run whose rate fell along a cosine (``lr_schedule``), else nothing: a training of
-    its own, set beside the constant rate's rows (``against_protocol``) rather than averaged with them."""
-    if config.get("lr_schedule") != "cosine":
-        return ""
-    return f"{COSINE}{config.get('lr_min', 0.1):g}"
+def training_label(config: dict) -> str:
+    """What sets a run's training apart from its engine's usual one, as a suffix of its engine label: ``, segment
+    tails`` for a stream_window run that counted them (``stream_counts``; a config from before the option:
+    ``train_config.from_dict``), ``, lr cosine to 0.1`` for a rate that fell along a cosine (``lr_schedule``).
+    Each is a training of its own, set beside the protocol's rows (``against_protocol``), not averaged with them."""
+    label = ""
+    if config.get("stream_window") and config.get("stream_counts", "tail") == "tail":
+        label += TAILS
+    if config.get("lr_schedule") == "cosine":
+        label += f"{COSINE}{config.get('lr_min', 0.1):g}"
+    return label
 
 
 def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
@@ -176,7 +184,7 @@ def rollout_runs(run: Run) -> tuple[list[Run], list[str]]:
         except (OSError, ValueError, KeyError, TypeError) as err:
             notes.append(f"{p}: not a rollout report eval.report reads ({err}), left out")
             continue
-        label = engine_label(fidelity(engine, run.config)) + schedule_label(run.config)
+        label = engine_label(fidelity(engine, run.config)) + training_label(run.config)
         if rep.get("weights") == "ema":  # the same training's other policy (ema_decay): a row of its own
             label += f", EMA {run.config.get('ema_decay', 0):g}"
         if label == run.engine:
@@ -224,10 +232,14 @@ def archived_runs(path: Path) -> list[Run]:
                 raise ValueError(f"final scores {list(final)} are not per target")
             optional = {k: None if rec[k] is None else float(rec[k]) for k in ("val_mse", "data_level")}
             optional["s_per_1k"] = None if rec.get("s_per_1k") is None else float(rec["s_per_1k"])  # (added later)
+            config = dataclasses.asdict(train_config.from_dict(rec["config"]))
+            engine = str(rec["engine"])
+            if TAILS in training_label(config) and TAILS not in engine:  # archived before runs were told apart so
+                engine = engine.replace(f"window {config['stream_window']})", f"window {config['stream_window']}){TAILS}", 1)
             out.append(Run(Path(str(rec["path"])), str(rec["env"]), str(rec["model"]), int(rec["seed"]),
-                           int(rec["steps"]), dataclasses.asdict(train_config.from_dict(rec["config"])), final,
+                           int(rec["steps"]), config, final,
                            {str(t): [(int(s), float(v)) for s, v in pts] for t, pts in rec["curves"].items()},
-                           str(rec["data"]), engine=str(rec["engine"]), **optional))
+                           str(rec["data"]), engine=engine, **optional))
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise ValueError(f"{path}: run {i} cannot be read ({type(err).__name__}: {err}); this file is made by "
                              "eval.report: make it again from the run directories") from None
@@ -262,7 +274,7 @@ def load_run(d: Path) -> Run:
     return Run(d, summary["env"], summary["model"], int(summary["seed"]), int(summary["steps"]), config,
                summary["final"], curves, sources.label(str(summary.get("data_source") or "")),
                None if val is None else float(val),
-               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f) + schedule_label(config),
+               data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f) + training_label(config),
                float(cost) if presets.fits(cost, float) and math.isfinite(cost) and cost >= 0 else None)
 
 

@@ -2,6 +2,8 @@
 simulator reproduces ``model.forward`` over the whole episode, and the loss mask keeps exactly the
 segment steps whose predictions equal the whole-episode (= streamed) ones."""
 
+import dataclasses
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -101,3 +103,60 @@ def test_stream_exact_config_refuses_layers_without_a_window():
         stream_exact_config(cfg, 9)
     with pytest.raises(ValueError, match="window must be an integer"):
         stream_exact_config(cfg, 0)
+
+
+# -- which steps the loss counts (stream_counts): the protocol's, each with its whole reach ---------------------
+def test_lead_segments_predict_their_counted_steps_as_the_whole_episode_does(tiny_dt, hopper_file):
+    """Segments the sampler draws with ``lead`` = the first exact step, at every step of real Hopper episodes: each
+    counted prediction equals the forward over its whole episode (what the stream computes, test above), and the
+    counted steps are those of a standard (K - lead)-step segment drawn there."""
+    from envs import SegmentSampler
+    from envs.d4rl import read_d4rl
+
+    m = windowed_model(tiny_dt)
+    lead = first_exact_step(m)
+    K = lead + 3
+    ds = read_d4rl(hopper_file, "hopper-medium", "Hopper-v4", verbose=False)
+    T = int(ds.lengths.max())
+    whole = SegmentSampler(ds, K=T, batch_size=1, seed=None, reward_scale=1000.0, max_timestep=1000)
+    led = SegmentSampler(ds, K=K, batch_size=1, seed=None, reward_scale=1000.0, max_timestep=1000, lead=lead)
+    first = np.arange(ds.num_steps)
+    idx, counted = led.indices(first=first)
+    assert counted.sum() == SegmentSampler(ds, K=K - lead, batch_size=1, seed=None).indices(first=first)[1].sum()
+    with torch.no_grad():
+        full, _ = m(whole.segments(ds.starts))  # each episode from its first step
+        seg, _ = m(led.segments(first))
+    row_of = {int(r): (e, int(r - s)) for e, s in enumerate(ds.starts) for r in range(s, s + ds.lengths[e])}
+    checked = 0
+    for i, j in zip(*np.nonzero(counted)):
+        e, t = row_of[int(idx[i, j])]
+        torch.testing.assert_close(seg[i, j], full[e, t], atol=1e-5, rtol=0)
+        checked += 1
+    assert checked == counted.sum() > 0
+    context = (idx < ds.num_steps) & ~counted  # the steps before the drawn one: seen, not counted, and not exact
+    i, j = next((i, j) for i, j in zip(*np.nonzero(context)) if ds.timesteps[idx[i, 0]] > 0 and j == 0)
+    e, t = row_of[int(idx[i, j])]
+    assert not torch.allclose(seg[i, j], full[e, t], atol=1e-5, rtol=0)
+
+
+def test_a_stream_window_run_counts_the_protocols_steps_and_validates_as_the_protocol(hopper_file, tmp_path):
+    from agents import train_config, training
+
+    base = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=3", "model.s=8",
+            "batch_size=8", "threads=1", "tensorboard=false", "eval.every=0", "eval.final_episodes=0",
+            "val_fraction=0.2", f"data_source=d4rl:{hopper_file}"]
+    run = training.prepare(train_config.build([*base, "stream_window=4", "K=8", f"out={tmp_path / 'w'}"]))
+    lead = first_exact_step(run.model)
+    assert run.cfg.stream_counts == "protocol" and run.sampler.lead == lead > 0 and run.exact_from is None
+    batch, real = training.next_batch(run)
+    assert batch.loss_mask is not None and (batch.loss_mask.sum(1) <= 8 - lead).all() and real > batch.loss_mask.sum()
+    standard = training.prepare(train_config.build([*base, f"K={8 - lead}", f"out={tmp_path / 's'}"]))
+    assert run.validation.counted == standard.validation.counted  # the same held-out steps: the curves compare
+    tail = training.prepare(train_config.build([*base, "stream_window=4", "K=8", "stream_counts=tail",
+                                                f"out={tmp_path / 't'}"]))
+    assert tail.sampler.lead == 0 and tail.exact_from == lead
+    assert tail.validation.counted < run.validation.counted  # tails leave an episode's first steps out
+    # a checkpoint's config from before the option counted tails, and resumes so
+    old = {k: v for k, v in dataclasses.asdict(run.cfg).items() if k != "stream_counts"}
+    assert train_config.from_dict(old).stream_counts == "tail"
+    assert train_config.from_dict({**old, "stream_window": 0}).stream_counts == "protocol"

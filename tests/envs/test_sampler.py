@@ -225,3 +225,46 @@ def test_top_fraction_keeps_statistics_and_every_draw_of_the_unfiltered_sampler(
 def test_a_top_fraction_outside_0_1_is_refused(tiny, bad):
     with pytest.raises(ValueError, match=r"top_fraction must be in \(0, 1\]"):
         SegmentSampler(tiny, top_fraction=bad)
+
+
+# -- lead (stream-exact training): context before the drawn step, the protocol's steps counted -----------------
+@pytest.mark.parametrize("lead,counted", [(6, 5), (20, 20)])
+def test_lead_counts_the_steps_a_shorter_segment_drawn_there_counts(lead, counted):
+    """Drawn at every step of a real replica, a segment of K = lead + counted steps with ``lead`` counts exactly the
+    rows a segment of ``counted`` steps drawn at the same step holds (so an episode's first steps are counted as
+    often as the papers' protocol counts them), and its context before them is its own episode's, ``lead`` steps
+    back where the episode has them."""
+    ds = read_d4rl(REPLICAS / "hopper_medium_replay-replica.hdf5", "hopper-medium-replay", "Hopper-v4", verbose=False)
+    first = np.arange(ds.num_steps)
+    led = SegmentSampler(ds, K=lead + counted, batch_size=1, seed=None, lead=lead)
+    idx, mask = led.indices(first=first)
+    short, short_mask = SegmentSampler(ds, K=counted, batch_size=1, seed=None).indices(first=first)
+    rows_counted = np.where(mask, idx, -1)
+    for i in (0, 1, lead - 1, lead, lead + 3, ds.starts[1] + 2, ds.num_steps - 1, *range(0, ds.num_steps, 997)):
+        assert sorted(rows_counted[i][mask[i]]) == sorted(short[i][short_mask[i]]), i
+    assert mask.sum() == short_mask.sum()
+    np.testing.assert_array_equal(np.bincount(idx[mask], minlength=ds.num_steps),
+                                  np.bincount(short[short_mask], minlength=ds.num_steps))  # the same count per step
+    t = ds.timesteps[first]
+    start = idx[:, 0]
+    np.testing.assert_array_equal(first - start, np.minimum(t, lead))  # lead steps back, never before the episode
+    np.testing.assert_array_equal(ds.timesteps[start], np.maximum(t - lead, 0))
+    real = idx < ds.num_steps
+    assert (real >= mask).all() and (real.sum(1) > mask.sum(1)).any()  # context is real and not counted
+
+
+def test_lead_batches_carry_the_counted_steps_as_their_loss_mask(tiny):
+    s = SegmentSampler(tiny, K=3, batch_size=8, seed=0, lead=1)
+    idx, mask = s.indices(first=np.array([0, 1, 2, 3, 4]))
+    np.testing.assert_array_equal(idx[:, 0], [0, 0, 1, 3, 3])  # one step back, never into the episode before
+    np.testing.assert_array_equal(mask, [[1, 1, 0], [0, 1, 1], [0, 1, 0], [1, 1, 0], [0, 1, 0]])
+    b = s.segments(np.array([0, 1, 2, 3, 4]))
+    np.testing.assert_array_equal(b.loss_mask.numpy(), mask)
+    np.testing.assert_array_equal(b.mask.numpy(), idx < tiny.num_steps)
+    assert SegmentSampler(tiny, K=3, batch_size=8, seed=0).sample().loss_mask is None  # no lead: the real steps
+
+
+@pytest.mark.parametrize("bad", [-1, 3, 2.5, True])
+def test_a_lead_outside_0_to_K_minus_1_is_refused(tiny, bad):
+    with pytest.raises(ValueError, match="lead must be an integer from 0 to K - 1 = 2"):
+        SegmentSampler(tiny, K=3, lead=bad)

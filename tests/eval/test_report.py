@@ -694,3 +694,34 @@ def test_a_lever_is_judged_by_its_interval_and_its_mean(lever, base, verdict):
     """The issue's test of the moving average and of a falling rate: narrower interval and a mean not lower."""
     row = lambda m, ci, n: {"mean": m, "ci95": ci, "seeds": n}  # noqa: E731
     assert report.better_than(row(*lever), base and row(*base)) is verdict
+
+
+def test_a_stream_window_run_that_counted_segment_tails_is_a_training_of_its_own():
+    """Before ``stream_counts`` a stream_window run counted its segments' tails (an episode's first steps rarely):
+    its rows say so, apart from the protocol-counting runs of the same window, whatever else the training changed."""
+    old = {"stream_window": 21}  # a config written before the option
+    assert report.training_label(old) == report.training_label({**old, "stream_counts": "tail"}) == ", segment tails"
+    assert report.training_label({**old, "stream_counts": "protocol"}) == ""
+    assert report.training_label({"stream_window": 0}) == report.training_label({}) == ""
+    both = {**old, "lr_schedule": "cosine", "lr_min": 0.2}
+    assert report.training_label(both) == ", segment tails, lr cosine to 0.2"
+    cfg = dataclasses.asdict(train_config.TrainConfig(stream_window=21))
+    assert report.training_label(cfg) == ""  # what a run now writes
+
+
+def test_a_runs_json_from_before_stream_counts_names_its_tail_counting_runs(tmp_path):
+    """An archive written before the label existed: its stream_window runs counted tails, and now say so (their
+    moving average too), while a protocol-counting run of the same window is a row of its own."""
+    old = {k: v for k, v in dataclasses.asdict(train_config.TrainConfig(stream_window=21, K=40)).items()
+           if k != "stream_counts"}
+    new = dataclasses.asdict(train_config.TrainConfig(stream_window=21, K=40))
+    runs = [report.Run(tmp_path / f"{c}{seed}", "hopper-medium-replay", "dt", seed, 7000, cfg,
+                       {"target3600": {"normalized_mean": 40.0 + seed, "episodes": 50}}, {}, "replica", 0.1, 16.6,
+                       engine) for seed in (0, 1) for c, cfg, engine in (
+                           ("old", old, "stream (exact, window 21)"), ("ema", old, "stream (exact, window 21), EMA 0.999"),
+                           ("new", new, "stream (exact, window 21)"))]
+    (tmp_path / "runs.json").write_text(report.archive(runs))
+    rows = report.report([str(tmp_path / "runs.json")], tmp_path / "rep")["rows"]["target3600"]
+    assert sorted((r["model"], r["engine"], r["seeds"]) for r in rows) == [
+        ("dt", "stream (exact, window 21)", 2), ("dt", "stream (exact, window 21), segment tails", 2),
+        ("dt", "stream (exact, window 21), segment tails, EMA 0.999", 2)]
