@@ -6,10 +6,11 @@
 # For each dataset and seed, in that order (so an early stop leaves whole seeds, not half a grid):
 #   (a) standard training (K-step segments, the papers' protocol), its final evaluation by recompute;
 #   (b) the same checkpoint evaluated by the stream engine (eval.rollout), a policy training never optimised;
-#   (c) stream-exact training (stream_window=W: every layer windowed, the loss on exact steps), its final
-#       evaluation by the stream engine, which is then exact; a window written W:K trains on K-step segments
-#       (a wide window reaches past K = 20: the state token of 3 layers of W tokens sees 3 (W - 1) back, so
-#       W = 21 needs K >= 21 and K = 40 leaves the standard 20 counted steps per segment);
+#   (c) stream-exact training (stream_window=W: every layer windowed, the loss on the steps the standard run
+#       counts, each seen exactly: stream_counts), its final evaluation by the stream engine, which is then exact;
+#       a window written W:K trains on K-step segments (a wide window reaches past K = 20: the state token of 3
+#       layers of W tokens sees 3 (W - 1) back, so W = 21 needs K >= 21 and K = 40 counts the standard 20 steps
+#       per segment);
 #   (d) for FIDELITY_PREFIX_MODELS, training on episode prefixes (from_start=true, K = max_timestep), by the
 #       stream engine, which is then exact with no window;
 #   (f) for FIDELITY_WHOLE_MODELS, training on whole episodes in K-step chunks carrying the stream's state

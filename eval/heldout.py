@@ -108,19 +108,26 @@ def per_checkpoint(records: list[dict]) -> list[str]:
 
 def against_recompute(records: list[dict]) -> list[str]:
     """Per training and engine: the mean error over its checkpoints and, paired with recompute's checkpoints of the
-    same dataset, model and seed (so the same held-out episodes), the mean difference from theirs: the seeds'
-    held-out episodes differ more than the trainings do, so only paired differences compare trainings."""
+    same dataset, model and seed (so the same held-out episodes), the mean difference from theirs, overall and in
+    each timestep band: the seeds' held-out episodes differ more than the trainings do, so only paired differences
+    compare trainings, and the bands say where in an episode a training fits worse."""
     key = lambda r: (r["env"], r["model"], r["policy"], r["weights"])  # noqa: E731
     same = lambda r: (r["env"], r["model"], r["seed"], r["weights"], tuple(r["held_out"]))  # noqa: E731
-    protocol = {same(r): r["action_mse"] for r in records if r["policy"] == "recompute"}
+    protocol = {same(r): r for r in records if r["policy"] == "recompute"}
+    bands = band_names()
     rows = []
     for k in dict.fromkeys(map(key, records)):
         mine = [r for r in records if key(r) == k]
-        diffs = [r["action_mse"] - protocol[same(r)] for r in mine if same(r) in protocol]
+        pairs = [(r, protocol[same(r)]) for r in mine if same(r) in protocol and k[2] != "recompute"]
+        diff = lambda a, b: None if a is None or b is None else a - b  # noqa: E731
+        by_band = [[d for r, p in pairs if (d := diff(r["by_timestep"].get(b), p["by_timestep"].get(b))) is not None]
+                   for b in bands]
         rows.append([*k, len(mine), f"{np.mean([r['action_mse'] for r in mine]):.4f}",
-                     "" if k[2] == "recompute" or not diffs else f"{np.mean(diffs):+.4f} ({len(diffs)})"])
+                     "" if not pairs else f"{np.mean([r['action_mse'] - p['action_mse'] for r, p in pairs]):+.4f} "
+                                          f"({len(pairs)})",
+                     *("" if not ds else f"{np.mean(ds):+.4f}" for ds in by_band)])
     return table(["dataset", "model", "engine", "weights", "checkpoints", "action MSE",
-                  "minus recompute's, same seeds (pairs)"], rows)
+                  "minus recompute's, same seeds (pairs)", *(f"t {b}, minus recompute's" for b in bands)], rows)
 
 
 def run(argv: list[str]) -> list[dict]:

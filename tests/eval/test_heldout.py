@@ -77,8 +77,11 @@ def test_the_command_pairs_each_training_with_recompute_on_the_same_seed(runs, t
     assert "| checkpoint | model | seed | engine | weights | episodes | steps | action MSE | t 0-19 |" in md
     diff = recs[1]["action_mse"] - recs[0]["action_mse"]
     model = recs[0]["model"]
+    bands = [(recs[1]["by_timestep"][b], recs[0]["by_timestep"][b]) for b in heldout.band_names()]
+    by_band = " | ".join("" if a is None or b is None else f"{a - b:+.4f}" for a, b in bands)
     assert (f"| hopper-medium | {model} | stream (exact, whole episodes) | model | 1 | {recs[1]['action_mse']:.4f} | "
-            f"{diff:+.4f} (1) |") in md
+            f"{diff:+.4f} (1) | {by_band} |") in md
+    assert any(a is not None for a, _ in bands) and "| t 0-19, minus recompute's |" in md
     assert f"| hopper-medium | {model} | recompute | model | 1 | {recs[0]['action_mse']:.4f} |  |" in md
     assert md.split("\n\n| checkpoint", 1)[1] in p.stdout  # what it wrote is what it printed
     assert "Command: `python -m eval.heldout " in md and "Machine: " in md
