@@ -79,6 +79,23 @@ def first_exact_step(cfg_or_model) -> int:
     return cfg_or_model.tokens.first_exact_step(receptive_field(cfg_or_model))
 
 
+def counting_line(cfg, model) -> str:
+    """What a stream_window run's loss counts, as it starts ('' for other runs): the window, its reach, and which
+    steps of a segment are counted (``TrainConfig.stream_counts``)."""
+    if not cfg.stream_window:
+        return ""
+    reach, first = receptive_field(model), first_exact_step(model)
+    line = (f"stream-exact: every layer windowed to {cfg.stream_window} tokens, so a step's prediction reaches "
+            f"{reach} tokens back; ")
+    if cfg.stream_counts == "protocol":
+        return line + (f"each {cfg.K}-step segment starts {first} steps before its drawn step (or at its episode's "
+                       f"first) and counts the {cfg.K - first} from it, the steps a standard run of K={cfg.K - first} "
+                       "counts (stream_counts=protocol)")
+    return line + (f"each {cfg.K}-step segment counts its last {cfg.K - first} steps (from its first exact one), or "
+                   "all of it at an episode's first step, so an episode's first steps are counted less often than the papers' "
+                   "protocol counts them (stream_counts=tail)")
+
+
 def stream_exact_batch(batch: Batch, first: int) -> Batch:
     """``batch`` whose ``loss_mask`` counts the real steps from ``first`` on, or all of a segment starting its
     episode."""

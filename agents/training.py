@@ -651,7 +651,8 @@ def announcement(run: Run) -> str:
         + (f", {run.dist.world} processes (DDP)" if run.dist.world > 1 else ""),
         f"eval targets {list(run.info.targets)} by engine={cfg.eval.engine}; run directory {run.out}"
         + (f"; resuming at step {run.step}" if run.step else ""),
-        *filter(None, [stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).note("this run"),
+        *filter(None, [stream_training.counting_line(cfg, run.model),
+                       stream_training.fidelity(cfg.eval.engine, dataclasses.asdict(cfg)).note("this run"),
                        bf16_gpu_note(cfg.amp, run.device, run.model.layer_names)]),
     ])
 

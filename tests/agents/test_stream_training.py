@@ -148,13 +148,16 @@ def test_a_stream_window_run_counts_the_protocols_steps_and_validates_as_the_pro
     run = training.prepare(train_config.build([*base, "stream_window=4", "K=8", f"out={tmp_path / 'w'}"]))
     lead = first_exact_step(run.model)
     assert run.cfg.stream_counts == "protocol" and run.sampler.lead == lead > 0 and run.exact_from is None
+    assert (f"each 8-step segment starts {lead} steps before its drawn step (or at its episode's first) and counts "
+            f"the {8 - lead} from it, the steps a standard run of K={8 - lead} counts") in training.announcement(run)
     batch, real = training.next_batch(run)
     assert batch.loss_mask is not None and (batch.loss_mask.sum(1) <= 8 - lead).all() and real > batch.loss_mask.sum()
     standard = training.prepare(train_config.build([*base, f"K={8 - lead}", f"out={tmp_path / 's'}"]))
     assert run.validation.counted == standard.validation.counted  # the same held-out steps: the curves compare
     tail = training.prepare(train_config.build([*base, "stream_window=4", "K=8", "stream_counts=tail",
                                                 f"out={tmp_path / 't'}"]))
-    assert tail.sampler.lead == 0 and tail.exact_from == lead
+    assert tail.sampler.lead == 0 and tail.exact_from == lead and "(stream_counts=tail)" in training.announcement(tail)
+    assert "stream-exact" not in training.announcement(standard)
     assert tail.validation.counted < run.validation.counted  # tails leave an episode's first steps out
     # a checkpoint's config from before the option counted tails, and resumes so
     old = {k: v for k, v in dataclasses.asdict(run.cfg).items() if k != "stream_counts"}
