@@ -80,6 +80,7 @@ class Run:
     data_level: float | None = None
     engine: str = "recompute"  # ``engine_label`` of what measured ``final``
     s_per_1k: float | None = None  # seconds per 1,000 optimisation steps of its training (summary.json); None: unknown
+    wall_s: float | None = None  # the training's wall time, evaluations included (``wall_seconds``); None: unknown
 
 
 @dataclass
@@ -231,7 +232,8 @@ def archived_runs(path: Path) -> list[Run]:
             if not final or not all(t.startswith("target") and finite_number(t.removeprefix("target")) for t in final):
                 raise ValueError(f"final scores {list(final)} are not per target")
             optional = {k: None if rec[k] is None else float(rec[k]) for k in ("val_mse", "data_level")}
-            optional["s_per_1k"] = None if rec.get("s_per_1k") is None else float(rec["s_per_1k"])  # (added later)
+            for k in ("s_per_1k", "wall_s"):  # (added later)
+                optional[k] = None if rec.get(k) is None else float(rec[k])
             config = dataclasses.asdict(train_config.from_dict(rec["config"]))
             engine = str(rec["engine"])
             if TAILS in training_label(config) and TAILS not in engine:  # archived before runs were told apart so
@@ -244,6 +246,29 @@ def archived_runs(path: Path) -> list[Run]:
             raise ValueError(f"{path}: run {i} cannot be read ({type(err).__name__}: {err}); this file is made by "
                              "eval.report: make it again from the run directories") from None
     return out
+
+
+def wall_seconds(run_dir: Path) -> float | None:
+    """A run's wall time, its evaluations during and after training included: for each process that trained it (a
+    resumed run has several), from the second its TensorBoard writer was created (in the event file's name,
+    ``events.out.tfevents.<second>.<host>.<pid>.<n>``) to the last write of that process's event files, summed.
+    None without event files (tensorboard=false). Each run's machine and load are its own, as for its step cost."""
+    spans: list[list] = []  # [host and pid, first second, last write]
+    files = []
+    for p in run_dir.glob("events.out.tfevents.*"):
+        f = p.name.split(".")
+        if len(f) >= 7 and f[3].isdigit():
+            try:
+                files.append((int(f[3]), tuple(f[4:-1]), p.stat().st_mtime))
+            except OSError:  # gone meanwhile
+                continue
+    for start, who, end in sorted(files):
+        same = next((s for s in spans if s[0] == who and start <= s[2] + 1), None)  # a process's later file
+        if same is None:
+            spans.append([who, start, end])
+        else:
+            same[2] = max(same[2], end)
+    return sum(max(end - start, 0.0) for _, start, end in spans) if spans else None
 
 
 def load_run(d: Path) -> Run:
@@ -275,7 +300,7 @@ def load_run(d: Path) -> Run:
                summary["final"], curves, sources.label(str(summary.get("data_source") or "")),
                None if val is None else float(val),
                data_level(summary["env"], str(summary.get("data_source") or "")), engine_label(f) + training_label(config),
-               float(cost) if presets.fits(cost, float) and math.isfinite(cost) and cost >= 0 else None)
+               float(cost) if presets.fits(cost, float) and math.isfinite(cost) and cost >= 0 else None, wall_seconds(d))
 
 
 def group_runs(runs: list[Run]) -> tuple[list[Group], list[str]]:
@@ -343,6 +368,7 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
         v = stats([r.val_mse for r in runs if r.val_mse is not None and math.isfinite(r.val_mse)])
         levels = [r.data_level for r in g.runs if r.data_level is not None]
         costs = [r.s_per_1k for r in g.runs if r.s_per_1k is not None]
+        walls = [r.wall_s for r in g.runs if r.wall_s is not None]
         rows.append({"dataset": g.env, "data": g.data, "model": g.model, "engine": g.engine, "seeds": s["n"],
                      "steps": _joined(r.steps for r in g.runs),
                      "episodes": _joined(r.final[target].get("episodes", "?") for r in runs),
@@ -352,7 +378,8 @@ def score_rows(groups: list[Group], target: str) -> list[dict]:
                      "paper": paper_scores(g.env).get(g.model.split(" (")[0]),
                      "data_level": statistics.fmean(levels) if levels else None,
                      "val_mse": v["mean"], "val_mse_std": v["std"], "val_mse_ci95": v["ci95"], "val_seeds": v["n"],
-                     "s_per_1k": statistics.fmean(costs) if costs else None,
+                     "s_per_1k": statistics.median(costs) if costs else None,
+                     "min_per_run": statistics.median(walls) / 60 if walls else None,
                      "runs": [str(r.path) for r in g.runs],
                      "per_run": {str(r.path): v for r, v in zip(runs, vals) if math.isfinite(v)}})
     return rows
@@ -387,14 +414,17 @@ def markdown(rows: list[dict], target: str) -> str:
         "mean normalized return of the episodes trained on.", "",
         "engine: what measured the final score; stream (not trained) is a policy training never optimised "
         "(docs/evaluation.md, stream-exact training).", "",
-        "s / 1k steps: the training's seconds per 1,000 optimisation steps, mean over its runs (summary.json's "
-        "s_per_1k_steps; each run's machine and load are its own).", "",
+        "s / 1k steps: the training's seconds per 1,000 optimisation steps, median over its runs (summary.json's "
+        "s_per_1k_steps). min / run: the training's wall time, its evaluations included, median over its runs "
+        "(TensorBoard's event files: eval.report.wall_seconds). Each run's machine and load are its own, and a run "
+        "whose process was paused counts the pause: the median keeps one such run from moving the cell.", "",
         *table(["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "final", "best", "data episodes",
-                "paper", "val action MSE", "s / 1k steps"],
+                "paper", "val action MSE", "s / 1k steps", "min / run"],
                [[r["dataset"], r["data"], r["model"], r["engine"], r["seeds"], r["steps"],
                  f"{r['episodes']} / {r['eval_episodes']}", score_cell(r["mean"], r["ci95"], r["seeds"]),
                  "" if r["best"] is None else score_cell(r["best"], r["best_ci95"], r["seeds"]),
-                 _fmt(r["data_level"]), paper_cell(r), val_cell(r), _fmt(r["s_per_1k"])] for r in rows])])
+                 _fmt(r["data_level"]), paper_cell(r), val_cell(r), _fmt(r["s_per_1k"]), _fmt(r["min_per_run"])]
+                for r in rows])])
 
 
 def same_runs(base: dict | None, of: dict) -> dict | None:
@@ -494,7 +524,7 @@ def better_than(r: dict, b: dict | None) -> bool | None:
 
 CSV_COLUMNS = ["dataset", "data", "model", "engine", "seeds", "steps", "episodes", "eval_episodes", "mean", "std", "ci95",
                "best", "best_std", "best_ci95", "data_level", "paper", "val_mse", "val_mse_std", "val_mse_ci95", "val_seeds",
-               "s_per_1k"]
+               "s_per_1k", "min_per_run"]
 
 
 def _band(runs: list[Run], target: str):

@@ -132,7 +132,7 @@ def test_runs_without_validation_leave_the_cell_blank_or_are_counted_out(runs, t
     assert part["seeds"] == 2 and part["val_seeds"] == 1 and mixed.exists()
     assert part["val_mse"] == summaries[("primal+dt", 1)]["validation"]["action_mse"]
     md = Path(res["markdown"]).read_text()
-    assert "| D4RL | dt | stream (not trained) | 2 | 6 |" in md and re.search(r"\|  \| [\d.]+ \|$", next(x for x in md.splitlines() if "| dt | stream (not trained) | 2 |" in x))
+    assert "| D4RL | dt | stream (not trained) | 2 | 6 |" in md and re.search(r"\|  \| [\d.]+ \|  \|$", next(x for x in md.splitlines() if "| dt | stream (not trained) | 2 |" in x))
     assert f"| {part['val_mse']:.3g} (1 of 2 seeds) |" in md
     with (tmp_path / "rep" / "scores-target3600.csv").open() as f:
         csv_rows = {r["model"]: r for r in csv.DictReader(f)}
@@ -725,3 +725,40 @@ def test_a_runs_json_from_before_stream_counts_names_its_tail_counting_runs(tmp_
     assert sorted((r["model"], r["engine"], r["seeds"]) for r in rows) == [
         ("dt", "stream (exact, window 21)", 2), ("dt", "stream (exact, window 21), segment tails", 2),
         ("dt", "stream (exact, window 21), segment tails, EMA 0.999", 2)]
+
+
+def test_a_runs_wall_time_counts_each_process_that_trained_it_and_not_the_gap_between(hopper_file, tmp_path):
+    """``min / run``: a run trained, stopped, and resumed after a pause is timed over its two processes' event files
+    (creation second to last write), without the pause; the table shows it, runs.json keeps it."""
+    import time
+
+    t0 = time.time()
+    first = tiny_run(hopper_file, tmp_path / "runs", "steps=3", "tensorboard=true")
+    t1 = time.time()
+    shutil.copytree(first["run_dir"], tmp_path / "after-first")  # (copy2: the files' times kept)
+    first_wall = report.wall_seconds(tmp_path / "after-first")
+    time.sleep(3)
+    t2 = time.time()
+    done = train([f"resume={first['run_dir']}", "steps=6", "progress=false"])
+    t3 = time.time()
+    wall = report.wall_seconds(Path(done["run_dir"]))
+    assert 0 < first_wall < wall <= (t1 - t0) + (t3 - t2) + 2  # both processes (whole seconds at a writer's start)
+    assert wall < t3 - t0 - 2  # the pause is not counted
+    assert report.wall_seconds(tmp_path) is None  # no event files: unknown, not zero
+    res = report.report([str(tmp_path / "runs")], tmp_path / "rep")
+    (row,) = res["rows"]["target3600"]
+    assert row["min_per_run"] == pytest.approx(wall / 60)
+    assert f"| {row['min_per_run']:.1f} |" in (tmp_path / "rep" / "scores.md").read_text()
+    again = report.report([str(tmp_path / "rep" / "runs.json")], tmp_path / "again")
+    assert again["rows"]["target3600"][0]["min_per_run"] == pytest.approx(wall / 60)
+
+
+def test_the_cost_cells_are_medians_so_one_paused_run_does_not_move_them(tmp_path):
+    config = dataclasses.asdict(train_config.TrainConfig())
+    runs = [report.Run(tmp_path / f"seed{seed}", "hopper-medium", "dt", seed, 7000, config,
+                       {"target3600": {"normalized_mean": 40.0, "episodes": 50}}, {}, "replica", 0.1, 36.1, "recompute",
+                       s_per_1k=cost, wall_s=wall) for seed, (cost, wall) in enumerate(((100.0, 900.0), (110.0, 960.0),
+                                                                                        (990.0, 7000.0)))]
+    (tmp_path / "runs.json").write_text(report.archive(runs))
+    (row,) = report.report([str(tmp_path / "runs.json")], tmp_path / "rep")["rows"]["target3600"]
+    assert row["s_per_1k"] == 110.0 and row["min_per_run"] == 16.0
