@@ -223,6 +223,9 @@ def build_model(cfg: TrainConfig, state_dim: int, act_dim: int) -> DecisionTrans
             raise ValueError(f"from_start=true trains on whole episodes from their first step: it needs K >= "
                              f"max_timestep (K={cfg.K}, max_timestep={cfg.max_timestep}; e.g. K={cfg.max_timestep}) "
                              "and no stream_window (the two are alternative ways to an exact stream)")
+        if cfg.stream_counts == "tail" and not cfg.stream_window:
+            raise ValueError("stream_counts=tail says which steps a windowed run counts: give it with stream_window=W "
+                             "(or leave it out)")
         if cfg.stream_window:
             mc = stream_training.stream_exact_config(mc, cfg.stream_window)
             need = stream_training.first_exact_step(mc) + 1

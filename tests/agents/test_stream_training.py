@@ -141,6 +141,7 @@ def test_lead_segments_predict_their_counted_steps_as_the_whole_episode_does(tin
 
 def test_a_stream_window_run_counts_the_protocols_steps_and_validates_as_the_protocol(hopper_file, tmp_path):
     from agents import train_config, training
+    from primal_dt.run.errors import SetupError
 
     base = ["preset=smoke", "progress=false", "model.d_model=32", "model.n_heads=2", "model.n_layers=3", "model.s=8",
             "batch_size=8", "threads=1", "tensorboard=false", "eval.every=0", "eval.final_episodes=0",
@@ -159,6 +160,8 @@ def test_a_stream_window_run_counts_the_protocols_steps_and_validates_as_the_pro
     assert tail.sampler.lead == 0 and tail.exact_from == lead and "(stream_counts=tail)" in training.announcement(tail)
     assert "stream-exact" not in training.announcement(standard)
     assert tail.validation.counted < run.validation.counted  # tails leave an episode's first steps out
+    with pytest.raises(SetupError, match="stream_counts=tail says which steps a windowed run counts"):
+        training.prepare(train_config.build([*base, "stream_counts=tail", f"out={tmp_path / 'x'}"]))
     # a checkpoint's config from before the option counted tails, and resumes so
     old = {k: v for k, v in dataclasses.asdict(run.cfg).items() if k != "stream_counts"}
     assert train_config.from_dict(old).stream_counts == "tail"
