@@ -70,8 +70,9 @@ class Ours:
     options in ``stepper``."""
 
     def __init__(self, layout: str, size: dict, K: int, mode: str = "eager", device: str = "cpu", window: int = 0,
-                 whole: bool = False, **stepper):
-        cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, name=layout, dropout=0.1, **size)
+                 whole: bool = False, impl: str = "auto", **stepper):
+        cfg = DTConfig(state_dim=STATE_DIM, act_dim=ACT_DIM, K=K, name=layout, dropout=0.1, **size,
+                       attention_options=() if impl == "auto" else (f"softmax.impl={impl}",))
         self.first = None
         if window:  # stream-exact training (agents.stream_training): every layer windowed, the loss masked to exact steps
             cfg = stream_exact_config(cfg, window)
@@ -140,6 +141,11 @@ def makers(size: dict, args, device: torch.device) -> dict:
                 Ours, lay, size, args.K, mode, device, autocast=PRECISIONS[amp], backend=args.backend) for lay in OURS}
         if not args.no_hf:
             out[HF + ("" if amp == "off" else f"[{amp}]")] = partial(HuggingFace, size, args.K, device, PRECISIONS[amp])
+    for amp in args.amp:  # the softmax layers' other implementations, in each precision
+        for impl in (i for i in args.attention_impl if i != "auto"):
+            tags = ",".join(t for t in (impl, amp) if t != "off")
+            out |= {f"ours:{lay}[{tags}]": partial(Ours, lay, size, args.K, device=device, impl=impl,
+                                                   autocast=PRECISIONS[amp]) for lay in OURS}
     for amp in args.amp:  # the ways to an exact stream, in each precision
         bf16 = "" if amp == "off" else f",{amp}"
         for w, k in window_arms(args):  # stream-exact training: every layer windowed, the loss on exact steps only
@@ -170,10 +176,12 @@ def window_arms(args) -> list[tuple[int, int]]:
 
 
 def base_of(key: str) -> str:
-    """The step a form's ratio is against: a way to an exact stream (``w=``, ``whole``) against its layout's
-    standard step in the same precision, a precision or compiled form against the layout's eager float32 step."""
+    """The step a form's ratio is against: a way to an exact stream (``w=``, ``whole``) or another softmax
+    implementation (``sdpa``, ``materialized``) against its layout's standard step in the same precision, a precision
+    or compiled form against the layout's eager float32 step."""
     layout, tags = key[: key.index("[")], key[key.index("[") + 1: -1].split(",")
-    return f"{layout}[bf16]" if tags[0].startswith(("w=", "whole")) and "bf16" in tags else layout
+    same_precision = tags[0].startswith(("w=", "whole", "sdpa", "materialized"))
+    return f"{layout}[bf16]" if same_precision and "bf16" in tags else layout
 
 
 def set_up(name: str, size: dict, args, device: torch.device, deadline: float, skipped: list[str]) -> dict:
@@ -272,6 +280,10 @@ class TrainBenchConfig(timing.Outputs):
     """also time whole-episode training (``whole_episodes=true`` of ``primal_dt.train``: each batch a K-step chunk
     run through the stream's recurrent form from the state the one before left) of each model beside its standard
     step"""
+    attention_impl: tuple[Literal["auto", "sdpa", "materialized"], ...] = ("auto",)
+    """the softmax layers' implementation (``model.attention_options=softmax.impl=...`` of ``primal_dt.train``):
+    each other than auto (the default: the T x T scores on a CPU for short sequences, SDPA elsewhere) is timed
+    beside the default step of each model, in each precision, e.g. ``--attention_impl auto sdpa``"""
     act_calls: int = 0
     """also time the stream agent's act (primal+dt at the first size, batch 1 and 100) on the device, at most this
     many calls per batch size (0: do not)"""

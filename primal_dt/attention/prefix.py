@@ -3,8 +3,10 @@
 Causal Primal-Attention's running means, flowformer's flows and kerformer's SE squeeze all need, at each t,
 the sum of x_j over the real j <= t (or the last ``window`` positions) and their count. A recurrent form
 passes ``total``, the sum before the chunk (its state), and reads the next state at the chunk's end.
-Windowed sums subtract two cumulative sums, so they accumulate in float64 (exact to float32 precision on long
-sequences); unwindowed sums accumulate in the input's dtype.
+Windowed sums of up to ``BANDED_MAX`` positions are one product with the banded 0/1 matrix of the window, in
+float32 (float64 for float64 input): no subtraction, so no cancellation, and on a CPU several times faster than the alternative for the
+Decision Transformer's 60 to 120 tokens. Longer ones subtract two cumulative sums, which accumulate in float64
+(exact to float32 precision on long sequences). Unwindowed sums accumulate in the input's dtype.
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ from __future__ import annotations
 import torch
 
 from .base import zero_padding
+
+
+BANDED_MAX = 512
+"""the longest sequence (positions) whose windowed sums are a product with the window's banded matrix"""
 
 
 def prefix_sums(x: torch.Tensor, mask: torch.Tensor | None = None, window: int | None = None,
@@ -22,6 +28,13 @@ def prefix_sums(x: torch.Tensor, mask: torch.Tensor | None = None, window: int |
     if window is None or window >= T:
         s = torch.cumsum(zero_padding(x, mask), dim=1)
         return s if total is None else s + total.unsqueeze(1)
+    if T <= BANDED_MAX:
+        i = torch.arange(T, device=x.device)
+        acc = torch.promote_types(x.dtype, torch.float32)  # float32 sums (float64 ones for float64 input)
+        band = ((i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < window)).to(acc)  # [T, T]: t sums its window
+        with torch.autocast(x.device.type, enabled=False):  # whatever the caller's autocast
+            s = torch.matmul(band, zero_padding(x, mask).to(acc).reshape(x.shape[0], T, -1))
+        return s.reshape(x.shape).to(x.dtype)
     c = torch.cumsum(zero_padding(x, mask).double(), dim=1)
     return torch.cat([c[:, :window], c[:, window:] - c[:, :-window]], dim=1).to(x.dtype)
 

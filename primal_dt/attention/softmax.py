@@ -4,8 +4,12 @@ softmax(q k^T / sqrt(d)) v per head, with padding, causal and sliding-window mas
 with every windowed mechanism): position t sees t - window < j <= t; padding inside the window is invisible
 but occupies its slot. A padding query attends to itself only (no row is empty); its output is zeroed.
 
-``impl="sdpa"`` (default) uses the fused kernel (flash-style on CPU: O(T) memory); ``impl="materialized"``
-forms the T x T scores, the canonical attention the papers compared against (same outputs, O(T^2) memory).
+``impl="sdpa"`` uses the fused kernel (flash-style on CPU: O(T) memory); ``impl="materialized"`` forms the
+T x T scores, the canonical attention the papers compared against (same outputs, O(T^2) memory). ``impl="auto"``
+(default) materializes on a CPU while the scores of a call fit ``MATERIALIZE_MAX`` elements, and uses SDPA
+elsewhere: the CPU flash kernel is built for long sequences, and on the Decision Transformer's short ones
+(60 to 120 tokens) a training step through it is slower than through the plain matmuls (measured:
+``python -m eval.bench.train --attention_impl sdpa auto``).
 
 Recurrent form (``SoftmaxRecurrent``): a key/value ring over the layer's window, else over the bounded window
 the caller passes (an unwindowed cache would grow with the sequence).
@@ -19,6 +23,11 @@ import torch.nn.functional as F
 
 from .base import ProjectedAttention, Recurrent, StateSpec, check_int, check_window, static, stream_in_pieces
 from .registry import register
+
+
+MATERIALIZE_MAX = 2 ** 26
+"""``impl="auto"`` on a CPU: the most score elements (batch x heads x queries x keys) a call materializes
+(256 MiB in float32) before it uses SDPA's O(T)-memory kernel instead"""
 
 
 def ring_attention(q, K, V, allowed):
@@ -36,17 +45,18 @@ class SoftmaxAttention(ProjectedAttention):
     supports_window = True
 
     def __init__(self, d_model: int, n_heads: int, causal: bool = False, window: int | None = None,
-                 dropout: float = 0.0, bias: bool = True, impl: str = "sdpa"):
+                 dropout: float = 0.0, bias: bool = True, impl: str = "auto"):
         super().__init__(d_model, n_heads, causal, bias)
-        if impl not in ("sdpa", "materialized"):
-            raise ValueError(f"impl must be 'sdpa' or 'materialized', got {impl!r}")
+        if impl not in ("auto", "sdpa", "materialized"):
+            raise ValueError(f"impl must be 'auto', 'sdpa' or 'materialized', got {impl!r}")
         self.impl = impl
         self.window = check_window(window)
         self.dropout = float(dropout)
 
     def _attend(self, q, k, v, allowed: torch.Tensor | None, is_causal: bool = False):
         p = self.dropout if self.training else 0.0
-        if self.impl == "sdpa":
+        if self.impl == "sdpa" or self.impl == "auto" and not (
+                q.device.type == "cpu" and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MATERIALIZE_MAX):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=is_causal)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
         if is_causal:

@@ -133,3 +133,20 @@ def test_a_device_or_form_this_machine_lacks_is_one_line(args, fragment, capsys)
     assert exit_.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(fragment), err
+
+
+def test_the_softmax_implementations_are_timed_beside_the_default_step():
+    """--attention_impl times each model with its softmax layers forced to SDPA (or the T x T form) beside the default
+    (impl=auto), in each precision, the ratio against the default step of the same precision."""
+    from eval.bench.train import SIZES, Ours
+    from primal_dt.attention.softmax import SoftmaxAttention
+
+    res = main(["--sizes", "tiny", "--batch", "2", "--K", "4", "--rounds", "1", "--steps", "1", "--warmup", "0",
+                "--no-hf", "--attention_impl", "auto", "sdpa", "--amp", "off", "bf16"])
+    (r,) = res["results"]
+    assert {"ours:dt[sdpa]", "ours:primal+dt[sdpa,bf16]"} <= set(r["models"]) and "ours:dt[auto]" not in r["models"]
+    assert "dt[sdpa] / dt (time)" in r["ratios"] and "primal+dt[sdpa,bf16] / primal+dt[bf16] (time)" in r["ratios"]
+    impls = lambda runner: {m.impl for m in runner.model.modules() if isinstance(m, SoftmaxAttention)}  # noqa: E731
+    assert impls(Ours("dt", SIZES["tiny"], 4, impl="sdpa")) == {"sdpa"}
+    assert impls(Ours("dt", SIZES["tiny"], 4)) == {"auto"}
+    assert impls(Ours("primal+dt", SIZES["tiny"], 4, impl="materialized", window=3)) == {"materialized"}
