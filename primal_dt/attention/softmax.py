@@ -8,8 +8,8 @@ but occupies its slot. A padding query attends to itself only (no row is empty);
 T x T scores, the canonical attention the papers compared against (same outputs, O(T^2) memory). ``impl="auto"``
 (default) materializes on a CPU while the scores of a call fit ``MATERIALIZE_MAX`` elements, and uses SDPA
 elsewhere: the CPU flash kernel is built for long sequences, and on the Decision Transformer's short ones
-(60 to 120 tokens) a training step through it is slower than through the plain matmuls (measured:
-``python -m eval.bench.train --attention_impl sdpa auto``).
+(60 to 120 tokens) a bf16 training step through it is slower than through the plain matmuls, a float32 one no
+faster (measured: ``python -m eval.bench.train --attention_impl auto sdpa --amp off bf16``).
 
 Recurrent form (``SoftmaxRecurrent``): a key/value ring over the layer's window, else over the bounded window
 the caller passes (an unwindowed cache would grow with the sequence).
