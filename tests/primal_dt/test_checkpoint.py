@@ -105,16 +105,19 @@ def test_a_temporary_is_removed_only_when_its_writer_is_gone(tmp_path, killed_ch
         unrelated = run / ".notes.txt.tmp"
         unrelated.write_bytes(b"x")
 
+        in_fsync = threading.Event()
+
         def stalled_fsync(fd):  # this process's own writer, stalled in another thread
+            in_fsync.set()
             stall.wait(60)
             real_fsync(fd)
 
         os.fsync = stalled_fsync
         writer = threading.Thread(target=checkpoint.write_atomic, args=(run / "summary.json", "{}", "summary"))
         writer.start()
-        deadline = time.time() + 30
-        while not list(run.glob(".summary.json.*.tmp")) and time.time() < deadline:
-            time.sleep(0.01)
+        # in its fsync, the writer holds its temporary's lock (seen between creating and locking it, a cleaner may
+        # take a temporary: the writer then makes another, by design)
+        assert in_fsync.wait(30)
         (mine,) = run.glob(".summary.json.*.tmp")
         assert checkpoint.remove_stale_temps(run) == [dead]
         assert checkpoint.remove_stale_temps(run, names=("best.pt",)) == []
