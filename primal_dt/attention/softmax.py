@@ -6,10 +6,11 @@ but occupies its slot. A padding query attends to itself only (no row is empty);
 
 ``impl="sdpa"`` uses the fused kernel (flash-style on CPU: O(T) memory); ``impl="materialized"`` forms the
 T x T scores, the canonical attention the papers compared against (same outputs, O(T^2) memory). ``impl="auto"``
-(default) materializes on a CPU while the scores of a call fit ``MATERIALIZE_MAX`` elements, and uses SDPA
-elsewhere: the CPU flash kernel is built for long sequences, and on the Decision Transformer's short ones
-(60 to 120 tokens) a bf16 training step through it is slower than through the plain matmuls, a float32 one no
-faster (measured: ``python -m eval.bench.train --attention_impl auto sdpa --amp off bf16``).
+(default) materializes bf16 and float16 scores on a CPU while a call's fit ``MATERIALIZE_MAX`` elements, and uses
+SDPA elsewhere: on the Decision Transformer's short sequences (60 to 120 tokens) a bf16 training step through the
+CPU flash kernel is slower than through the plain matmuls, with one thread or two, while a float32 one is as fast
+with one thread and faster with two (measured: ``python -m eval.bench.train --attention_impl auto sdpa --amp off
+bf16``, with ``--threads 1`` and ``0``).
 
 Recurrent form (``SoftmaxRecurrent``): a key/value ring over the layer's window, else over the bounded window
 the caller passes (an unwindowed cache would grow with the sequence).
@@ -26,8 +27,9 @@ from .registry import register
 
 
 MATERIALIZE_MAX = 2 ** 26
-"""``impl="auto"`` on a CPU: the most score elements (batch x heads x queries x keys) a call materializes
-(256 MiB in float32) before it uses SDPA's O(T)-memory kernel instead"""
+"""``impl="auto"`` on a CPU: the most bf16 or float16 score elements (batch x heads x queries x keys) a call
+materializes (128 MiB in bf16) before it uses SDPA's O(T)-memory kernel instead"""
+LOW_PRECISION = (torch.bfloat16, torch.float16)
 
 
 def ring_attention(q, K, V, allowed):
@@ -55,8 +57,9 @@ class SoftmaxAttention(ProjectedAttention):
 
     def _attend(self, q, k, v, allowed: torch.Tensor | None, is_causal: bool = False):
         p = self.dropout if self.training else 0.0
-        if self.impl == "sdpa" or self.impl == "auto" and not (
-                q.device.type == "cpu" and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MATERIALIZE_MAX):
+        if self.impl == "sdpa" or self.impl == "auto" and not (q.device.type == "cpu" and q.dtype in LOW_PRECISION
+                                                             and q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
+                                                             <= MATERIALIZE_MAX):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=is_causal)
         scores = q @ k.transpose(-1, -2) / math.sqrt(self.d_head)
         if is_causal:
