@@ -100,15 +100,17 @@ class DecisionTransformer(nn.Module):
         x = self.drop(self.embed(batch))
         tmask = self.tokens.token_mask(batch.mask)
         trailing = trailing_padding(batch.mask) if batch.trailing is None else batch.trailing
-        if batch.state is None:
-            h, auxes = self.stack(x, None if trailing else tmask)
+        predicting = slice(self.tokens.predictor, None, self.tokens.per_step)  # the tokens an action is read from
+        if batch.state is None:  # (the top block runs only on the predicting tokens: Stack.forward's rows)
+            h, auxes = self.stack(x, None if trailing else tmask, rows=predicting)
         else:  # the stream's own computation, over the chunk: what the stream engine runs, K steps at a time
             h, state, auxes = self.chunk_form().forward_aux(x, batch.state, None if trailing else tmask)
+            h = h[:, predicting]
         if tmask is not None:
             for aux in auxes:
                 if aux and "mask" in aux:
                     aux["mask"] = tmask
-        pred = self.predict_action(h[:, self.tokens.predictor::self.tokens.per_step])  # predicting tokens
+        pred = self.predict_action(h)
         return (pred, auxes) if batch.state is None else (pred, auxes, state)
 
     def chunk_form(self):

@@ -44,11 +44,18 @@ class Block(nn.Module):
                                  nn.Linear(hidden, d_model), nn.Dropout(dropout))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x, mask=None):
+    def forward(self, x, mask=None, rows=None):
+        """x [B, T, D] -> (y, aux). ``rows`` (a slice or index of positions): y only at those positions, [B, n, D].
+        The attention still reads every position; what follows it is token-wise, so it runs only where the caller
+        reads it (``Stack.forward``'s top block)."""
         if self.norm == "pre":
             a, aux = self.attn(self.ln1(x), mask)
+            if rows is not None:
+                x, a = x[:, rows], a[:, rows]
             return self._residuals(x, a), aux
         a, aux = self.attn(x, mask)
+        if rows is not None:
+            x, a = x[:, rows], a[:, rows]
         x = self.ln1(x + self.drop(a))
         return self.ln2(x + self.mlp(x)), aux
 
@@ -78,11 +85,15 @@ class Stack(nn.Module):
                                     for s in self.specs)
         self.ln_f = nn.LayerNorm(d_model)
 
-    def forward(self, x, mask=None):
-        """x [B, T, D] -> (y [B, T, D], list of per-layer aux dicts)."""
-        auxes = []
-        for b in self.blocks:
-            x, aux = b(x, mask)
+    def forward(self, x, mask=None, rows=None):
+        """x [B, T, D] -> (y [B, T, D], list of per-layer aux dicts). ``rows`` (a slice or index of positions): y
+        only there, [B, n, D], the same values. Every lower block's output feeds the next attention at every
+        position, but the top block's is read only where the caller reads it, so its residual and MLP (the largest
+        token-wise cost of a block) and the final norm run only there: a Decision Transformer reads one token in
+        three."""
+        auxes, top = [], len(self.blocks) - 1
+        for i, b in enumerate(self.blocks):
+            x, aux = b(x, mask, rows if i == top else None)
             auxes.append(aux)
         return self.ln_f(x), auxes
 

@@ -106,6 +106,24 @@ def test_trailing_padding_fast_path_equals_the_masked_stack(layout):
                                torch.as_tensor(ksvd_regularizer(ref_auxes, 1.0)), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_loss_gradients_equal_those_of_the_full_stack(layout):
+    """The top block runs only on the predicting tokens (``Stack.forward``'s rows): the loss and every gradient
+    are those of the whole stack's output read at the predicting tokens, in training mode (dropout off)."""
+    m = tiny(layout).train()
+    b = batch(lengths=[K, 4, 2, 1])
+    loss, _ = dt_loss(m, b, eta=0.5)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    h, auxes = m.stack(m.embed(b), m.tokens.token_mask(b.mask))
+    ref = action_mse(m.predict_action(h[:, 1::3]), b.actions, b.mask) + ksvd_regularizer(auxes, 0.5)
+    ref.backward()
+    torch.testing.assert_close(loss, ref, atol=1e-6, rtol=1e-5)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(grads[n], p.grad, atol=1e-6, rtol=1e-4, msg=lambda msg: f"{n}: {msg}")
+
+
 def test_other_padding_takes_the_masked_path():
     m = tiny("primal+dt")
     b = batch(B=2)

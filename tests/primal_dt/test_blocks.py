@@ -123,6 +123,38 @@ def test_stack_padding_invariance(model):
     assert len(auxes) == 3 and ("Lambda" in auxes[-1]) == (model != "trans")
 
 
+@pytest.mark.parametrize("model", ["trans", "primal+trans", "primalformer"])
+@pytest.mark.parametrize("norm", ["pre", "post"])
+@pytest.mark.parametrize("rows", [slice(1, None, 3), torch.tensor([0, 4, 5, 8])])
+def test_rows_are_the_full_outputs_there_with_the_same_gradients(model, norm, rows):
+    """``rows``: the top block's residual and MLP only where they are read. Outputs at those rows, the
+    regulariser's aux and every gradient equal the full forward's (dropout off: it draws per row)."""
+    s = make(model, norm=norm)
+    for mod in s.modules():
+        if isinstance(mod, torch.nn.Dropout):
+            mod.p = 0.0
+    s.train()
+    x = torch.randn(2, 9, D)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 7:] = False
+
+    def run(**kw):
+        s.zero_grad()
+        xi = x.clone().requires_grad_()
+        y, auxes = s(xi, mask, **kw)
+        y = y if kw else y[:, rows]
+        (y.pow(2).sum() + ksvd_regularizer(auxes, 0.05)).backward()
+        return y.detach(), xi.grad, [p.grad.clone() for p in s.parameters()]
+
+    y, gx, grads = run(rows=rows)
+    ref_y, ref_gx, ref_grads = run()
+    assert y.shape == (2, len(range(9)[rows]) if isinstance(rows, slice) else len(rows), D)
+    torch.testing.assert_close(y, ref_y, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gx, ref_gx, atol=1e-5, rtol=1e-5)
+    for g, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(g, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_stack_gradients_reach_every_layer():
     s = make("primal+trans")
     s.train()
