@@ -487,8 +487,13 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
             failed = [c["dataset"] for c in mine if not c["passes"]]
             sets = ", ".join(f"{c['dataset']}: {c['seeds']} seed{'s' * (c['seeds'] > 1)} against the protocol's "
                              f"{c['protocol_seeds']}" for c in mine)  # a verdict on few seeds reads as what it is
-            md.append(f"- {model}, {arm}: " + (f"meets the criterion on every dataset compared ({sets})" if not failed
-                                               else f"does not meet it (fails on {', '.join(failed)}; compared on {sets})"))
+            # the datasets the criterion also needs: the protocol has an interval there, the arm has no row yet
+            missing = [f"{d} (the protocol's {p['seeds']} seeds)" for (d, data, m), p in proto.items()
+                       if m == model and data == mine[0]["data"] and d not in {c["dataset"] for c in mine}]
+            md.append(f"- {model}, {arm}: " + (
+                f"does not meet it (fails on {', '.join(failed)}; compared on {sets})" if failed else
+                f"passes every dataset compared ({sets}), not yet run on {', '.join(missing)}: undecided" if missing
+                else f"meets the criterion on every dataset compared ({sets})"))
         md.append("")
     elif any(r["engine"].startswith("stream (exact") and EMA not in r["engine"] for r in rows):
         md += ["No stream-exact arm is compared yet: the papers' protocol (recompute) of its dataset and model needs "

@@ -672,6 +672,14 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
     assert ("- primal+dt, stream (exact, window 21): meets the criterion on every dataset compared (hopper-medium: "
             "5 seeds against the protocol's 5, hopper-medium-replay: 5 seeds against the protocol's 5)") in md
     assert "- primal+dt, stream (exact, window 10): does not meet it (fails on hopper-medium-replay;" in md
+    # an arm that passes replay but has no hopper-medium runs, where the protocol has an interval: undecided
+    only_replay = [r for r in runs if not (r.env == "hopper-medium" and r.engine == "stream (exact, window 21)")]
+    (tmp_path / "replay-only").mkdir()
+    (tmp_path / "replay-only" / "runs.json").write_text(report.archive(only_replay))
+    report.report([str(tmp_path / "replay-only" / "runs.json")], tmp_path / "rep-replay")
+    assert ("- primal+dt, stream (exact, window 21): passes every dataset compared (hopper-medium-replay: 5 seeds "
+            "against the protocol's 5), not yet run on hopper-medium (the protocol's 5 seeds): undecided"
+            ) in (tmp_path / "rep-replay" / "scores.md").read_text()
     # the last weights of the same 3 runs (40, 42, 38: t = 4.303), not of all 5
     assert "| hopper-medium | replica | primal+dt | recompute, EMA 0.999 | 3 | 41.0 +- 1.2 | 40.0 +- 5.0 | yes |" in md
     assert "| hopper-medium | replica | primal+dt | recompute, lr cosine to 0.1 | 5 | 42.0 +- 0.9 | 40.0 +- 3.9 | yes |" in md
