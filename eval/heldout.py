@@ -10,11 +10,18 @@ two trainings' figures count different predictions; this one counts, for every t
 deployed engine makes, so arms compare on fit where rollouts compare on the closed loop. Held-out episodes depend
 on the run's seed: compare runs of the same seed. The error is also split by timestep, where the engines differ
 (recompute sees the last K steps, the stream the whole episode so far).
+
+``target=R`` also measures how far the policy follows its return conditioning: the same walk is run conditioned
+on the return R (a rollout's target) instead of each episode's own, and the mean squared change of the predicted
+actions is reported, overall and by timestep band. A Decision Transformer acts better than its data only by
+following a high target; one whose actions barely change with it late in an episode clones the data's average
+behaviour there, whatever its fit.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -42,10 +49,12 @@ def exact_engine(ck) -> str:
 
 
 @torch.inference_mode()
-def heldout_errors(ck, data, engine: str = "exact", weights: str = "model") -> dict:
+def heldout_errors(ck, data, engine: str = "exact", weights: str = "model", target: float | None = None) -> dict:
     """The squared action error of ``engine`` over every episode ``ck``'s run held out of ``data`` (its training
     data), teacher-forced: {"action_mse" (mean over every action value), "by_timestep" {band: mean}, "episodes",
-    "steps", "engine", "exact", "policy": the engine as ``eval.report`` names it}."""
+    "steps", "engine", "exact", "policy": the engine as ``eval.report`` names it}; with ``target``, also
+    "target_response" {"target", "overall", "by_timestep"}: the mean squared change of the predicted actions when
+    the same walk is conditioned on the return ``target`` instead of each episode's own (module docstring)."""
     from agents.agent import RecomputeStep
     from agents.decision_transformer import DTStep, StepState
     from eval.report import engine_label, training_label
@@ -61,8 +70,9 @@ def heldout_errors(ck, data, engine: str = "exact", weights: str = "model") -> d
     starts, lengths = data.starts[eps], data.lengths[eps]
     returns = torch.tensor([float(data.rewards[s:s + n].sum()) for s, n in zip(starts, lengths)])
     state = step.init(len(eps))
+    steered = None if target is None else step.init(len(eps))  # the same walk conditioned on ``target``
     reward = torch.zeros(len(eps))
-    sse, counted = np.zeros(len(BANDS)), np.zeros(len(BANDS))
+    sse, counted, moved = np.zeros(len(BANDS)), np.zeros(len(BANDS)), np.zeros(len(BANDS))
     for t in range(int(lengths.max())):
         rows = np.minimum(starts + t, starts + lengths - 1)  # an ended episode repeats its last step, not counted
         obs = torch.from_numpy(np.ascontiguousarray(data.observations[rows], dtype=np.float32))
@@ -74,12 +84,21 @@ def heldout_errors(ck, data, engine: str = "exact", weights: str = "model") -> d
         counted[band] += int(live.sum()) * taken.shape[1]
         # the dataset's action is the next step's a_{t-1}, not the prediction
         state = StepState.of(after)._replace(prev_action=taken.to(action.dtype))
+        if steered is not None:
+            other, *after = step(obs, reward, None, torch.full_like(returns, target), *steered.flat())
+            moved[band] += float(((other.float() - action.float()) ** 2)[live].sum(dtype=torch.float64))
+            steered = StepState.of(after)._replace(prev_action=taken.to(other.dtype))
         reward = torch.from_numpy(data.rewards[rows].astype(np.float32))
     f = ck.fidelity(engine)
     policy = engine_label(f) + " (not trained)" * (engine == "recompute" and not f.exact) + training_label(ck.config)
-    return {"engine": engine, "exact": f.exact, "policy": policy, "weights": weights,
-            "episodes": len(eps), "steps": int(lengths.sum()), "action_mse": float(sse.sum() / counted.sum()),
-            "by_timestep": {n: float(s / c) if c else None for n, s, c in zip(band_names(), sse, counted)}}
+    by_band = lambda sums: {n: float(s / c) if c else None for n, s, c in zip(band_names(), sums, counted)}  # noqa: E731
+    out = {"engine": engine, "exact": f.exact, "policy": policy, "weights": weights,
+           "episodes": len(eps), "steps": int(lengths.sum()), "action_mse": float(sse.sum() / counted.sum()),
+           "by_timestep": by_band(sse)}
+    if target is not None:
+        out["target_response"] = {"target": float(target), "overall": float(moved.sum() / counted.sum()),
+                                  "by_timestep": by_band(moved)}
+    return out
 
 
 @dataclass
@@ -91,6 +110,9 @@ class HeldoutConfig:
     else recompute) | stream | recompute"""
     weights: Literal["model", "ema"] = "model"
     """model: the last training step's weights | ema: their moving average (ema_decay)"""
+    target: float = 0.0
+    """also walk each checkpoint conditioned on this return (raw, as eval.rollout's targets, e.g. 3600) and report
+    how far its actions move from those conditioned on each episode's own return (0: not measured)"""
     data_source: str = ""
     """where the training data is read ('' : where each run read it, its own data_source)"""
     out: str = ""
@@ -130,6 +152,26 @@ def against_recompute(records: list[dict]) -> list[str]:
                   "minus recompute's, same seeds (pairs)", *(f"t {b}, minus recompute's" for b in bands)], rows)
 
 
+def target_response(records: list[dict]) -> list[str]:
+    """Per training and engine: the mean, over its checkpoints, of how far the predicted actions move when the walk
+    is conditioned on the target instead of each episode's own return, overall and in each timestep band."""
+    records = [r for r in records if "target_response" in r]
+    if not records:
+        return []
+    key = lambda r: (r["env"], r["model"], r["policy"], r["weights"])  # noqa: E731
+    bands, rows = band_names(), []
+    for k in dict.fromkeys(map(key, records)):
+        mine = [r["target_response"] for r in records if key(r) == k]
+        per_band = [[v for m in mine if (v := m["by_timestep"].get(b)) is not None] for b in bands]
+        rows.append([*k, len(mine), f"{np.mean([m['overall'] for m in mine]):.4f}",
+                     *("" if not vs else f"{np.mean(vs):.4f}" for vs in per_band)])
+    target = records[0]["target_response"]["target"]
+    return [f"Response to the return target {target:g}: the mean squared change of the predicted actions when the "
+            "walk is conditioned on it instead of each episode's own return (teacher-forced, as above)", "",
+            *table(["dataset", "model", "engine", "weights", "checkpoints", "response",
+                    *(f"t {b}" for b in bands)], rows)]
+
+
 def run(argv: list[str]) -> list[dict]:
     """What ``python -m eval.heldout`` does; bad input is a ``SetupError`` before any checkpoint is walked."""
     from agents import dt_checkpoint
@@ -137,6 +179,8 @@ def run(argv: list[str]) -> list[dict]:
     cfg = cli.parse(HeldoutConfig, argv, prog="python -m eval.heldout", description=__doc__.split("\n\n")[0])
     with errors.setup_errors(KeyError):
         options.check_output_dir(cfg.out or None)
+        if not math.isfinite(cfg.target):
+            raise ValueError(f"target={cfg.target}: give a finite return to condition on, e.g. target=3600 (0: none)")
         paths = [dt_checkpoint.resolve(c) for c in cfg.checkpoints]
     runtime.set_threads(1)  # a step of a few rows: one thread is the fastest
     records = []
@@ -148,7 +192,7 @@ def run(argv: list[str]) -> list[dict]:
             if not len(ck.data.held_out):
                 raise ValueError(f"{path}: its run held no episode out (val_fraction=0), so there is nothing unseen "
                                  "to predict; train with val_fraction > 0")
-        r = heldout_errors(ck, data, cfg.engine, cfg.weights)
+        r = heldout_errors(ck, data, cfg.engine, cfg.weights, cfg.target or None)
         records.append({"checkpoint": str(path), "env": ck.data.env, "model": ck.model_config.name,
                         "seed": ck.config.get("seed"), **r, "held_out": list(ck.data.held_out)})
         print(f"{path}: {r['policy']}, action MSE {r['action_mse']:.4f} over {r['steps']} held-out steps", flush=True)
@@ -156,6 +200,8 @@ def run(argv: list[str]) -> list[dict]:
     head = ["# Held-out action error, teacher-forced, by engine", "", f"Command: `{m['command']}`", "",
             f"Machine: {m['cpu']}, torch {m['torch']}, {m['date']}.", ""]
     md = [*per_checkpoint(records), "", *against_recompute(records)]
+    if cfg.target:
+        md += ["", *target_response(records)]
     print("\n".join(md))
     if cfg.out:
         out = Path(cfg.out)

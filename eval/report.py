@@ -482,17 +482,22 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
                         f"{_fmt(c['protocol_mean'])} +- {_fmt(c['protocol_ci95'])} (SE {_fmt(c['protocol_se'])}, "
                         f"{c['protocol_seeds']})", yes(c["inside"]), "yes" if c["separates"] else "no",
                         yes(c["near"]) if c["separates"] else "", yes(c["passes"])] for c in checks]), ""]
+        protocol_rows = {(r["dataset"], r["data"], r["model"]): r for r in rows if r["engine"] == "recompute"}
+        arms = {(r["dataset"], r["data"], r["model"], r["engine"]) for r in rows}
         for (arm, model) in dict.fromkeys((c["arm"], c["model"]) for c in checks):
             mine = [c for c in checks if (c["arm"], c["model"]) == (arm, model)]
             failed = [c["dataset"] for c in mine if not c["passes"]]
             sets = ", ".join(f"{c['dataset']}: {c['seeds']} seed{'s' * (c['seeds'] > 1)} against the protocol's "
                              f"{c['protocol_seeds']}" for c in mine)  # a verdict on few seeds reads as what it is
-            # the datasets the criterion also needs: the protocol has an interval there, the arm has no row yet
-            missing = [f"{d} (the protocol's {p['seeds']} seeds)" for (d, data, m), p in proto.items()
-                       if m == model and data == mine[0]["data"] and d not in {c["dataset"] for c in mine}]
+            # the other datasets of the table where the model was trained by the protocol: the criterion needs them
+            compared = {c["dataset"] for c in mine}
+            missing = [f"{d}, where the arm has no run yet" if (d, data, model, arm) not in arms else
+                       f"{d}, where the protocol has {p['seeds']} seed{'s' * (p['seeds'] > 1)} (an interval needs 2)"
+                       for (d, data, m), p in protocol_rows.items()
+                       if m == model and data == mine[0]["data"] and d not in compared]
             md.append(f"- {model}, {arm}: " + (
                 f"does not meet it (fails on {', '.join(failed)}; compared on {sets})" if failed else
-                f"passes every dataset compared ({sets}), not yet run on {', '.join(missing)}: undecided" if missing
+                f"passes every dataset compared ({sets}), not compared on {'; '.join(missing)}: undecided" if missing
                 else f"meets the criterion on every dataset compared ({sets})"))
         md.append("")
     elif any(r["engine"].startswith("stream (exact") and EMA not in r["engine"] for r in rows):

@@ -64,6 +64,41 @@ def test_recompute_errs_as_the_models_forward_over_the_last_K_steps(runs):
     assert other["policy"] == "stream (not trained)" and not other["exact"] and other["action_mse"] != rec["action_mse"]
 
 
+def test_the_response_to_a_target_is_how_far_the_forward_moves_when_conditioned_on_it(runs):
+    """``target``: the walk again, conditioned on that return (R_t = (target - rewards so far) / reward_scale, as a
+    rollout's stream computes it); the mean squared change of the predicted actions against the model's forward
+    over the last K steps conditioned both ways, overall and by band."""
+    ck = dt_checkpoint.load(runs["standard"]["run_dir"])
+    data = dt_checkpoint.training_data(ck, verbose=False)
+    target = 3600.0
+    rec = heldout.heldout_errors(ck, data, target=target)
+    plain = heldout.heldout_errors(ck, data)
+    assert rec["action_mse"] == plain["action_mse"] and "target_response" not in plain  # the error is unchanged
+    model, K, info = ck.build_model(), ck.model_config.K, ck.data
+    held = data.subset(np.asarray(info.held_out))
+    sampler = envs.SegmentSampler(held, K, 1, info.reward_scale, ck.config["max_timestep"], seed=None,
+                                  stats=(info.state_mean, info.state_std))
+    moved, bands = [], {n: [] for n in heldout.band_names()}
+    for start, n in zip(held.starts, held.lengths):
+        before = np.concatenate([[0.0], np.cumsum(held.rewards[start:start + n])[:-1]])  # rewards before each step
+        for t in range(n):
+            first = max(0, t - K + 1)
+            idx = start + first + np.arange(K)
+            idx[idx > start + t] = held.num_steps
+            b = sampler.batch(idx[None])
+            rtg = torch.zeros_like(b.rtg)
+            rtg[0, :t - first + 1, 0] = torch.from_numpy((target - before[first:t + 1]) / info.reward_scale)
+            with torch.no_grad():
+                own, steered = model(b)[0][0, t - first], model(b._replace(rtg=rtg))[0][0, t - first]
+            d = ((steered - own) ** 2).tolist()
+            moved += d
+            bands[heldout.band_names()[np.searchsorted(heldout.BANDS, t, side="right") - 1]] += d
+    got = rec["target_response"]
+    assert got["target"] == target and got["overall"] == pytest.approx(np.mean(moved), rel=1e-4) and got["overall"] > 0
+    for name, ds in bands.items():
+        assert got["by_timestep"][name] == (pytest.approx(np.mean(ds), rel=1e-4) if ds else None)
+
+
 def test_the_command_pairs_each_training_with_recompute_on_the_same_seed(runs, tmp_path, run_cli):
     """The tables name each checkpoint's policy as eval.report does, and set each training against recompute's
     checkpoint of the same model and seed (the same held-out episodes): its mean error minus recompute's."""
@@ -85,6 +120,17 @@ def test_the_command_pairs_each_training_with_recompute_on_the_same_seed(runs, t
     assert f"| hopper-medium | {model} | recompute | model | 1 | {recs[0]['action_mse']:.4f} |  |" in md
     assert md.split("\n\n| checkpoint", 1)[1] in p.stdout  # what it wrote is what it printed
     assert "Command: `python -m eval.heldout " in md and "Machine: " in md
+    assert "Response to the return target" not in md  # measured only when asked for
+
+    p = run_cli("eval.heldout", *dirs, "target=3600", f"out={tmp_path / 'steered'}")
+    assert p.returncode == 0, p.stderr[-2000:]
+    recs = json.loads((tmp_path / "steered" / "heldout.json").read_text())
+    md = (tmp_path / "steered" / "heldout.md").read_text()
+    assert "Response to the return target 3600: the mean squared change of the predicted actions" in md
+    for r in recs:
+        resp = r["target_response"]
+        cells = " | ".join("" if v is None else f"{v:.4f}" for v in resp["by_timestep"].values())
+        assert (f"| hopper-medium | {model} | {r['policy']} | model | 1 | {resp['overall']:.4f} | {cells} |") in md
 
 
 def test_a_run_without_held_out_episodes_or_average_is_one_clear_line(hopper_file, tmp_path, tiny_train, run_cli,
@@ -92,3 +138,4 @@ def test_a_run_without_held_out_episodes_or_average_is_one_clear_line(hopper_fil
     s = train(tiny_train.args(hopper_file, tmp_path, "steps=1", "val_fraction=0", "ema_decay=0", *tiny_train.QUIET))
     one_line_error(run_cli("eval.heldout", s["run_dir"]), "held no episode out", "val_fraction > 0")
     one_line_error(run_cli("eval.heldout", s["run_dir"], "weights=ema"), "holds no moving average", "weights=model")
+    one_line_error(run_cli("eval.heldout", s["run_dir"], "target=nan"), "target=nan", "give a finite return")

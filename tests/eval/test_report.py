@@ -678,8 +678,16 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
     (tmp_path / "replay-only" / "runs.json").write_text(report.archive(only_replay))
     report.report([str(tmp_path / "replay-only" / "runs.json")], tmp_path / "rep-replay")
     assert ("- primal+dt, stream (exact, window 21): passes every dataset compared (hopper-medium-replay: 5 seeds "
-            "against the protocol's 5), not yet run on hopper-medium (the protocol's 5 seeds): undecided"
+            "against the protocol's 5), not compared on hopper-medium, where the arm has no run yet: undecided"
             ) in (tmp_path / "rep-replay" / "scores.md").read_text()
+    # nor when the arm ran there but the protocol has one seed there: no interval to compare with
+    one_protocol_seed = [r for r in runs if not (r.env == "hopper-medium" and r.engine == "recompute" and r.seed)]
+    (tmp_path / "one-seed").mkdir()
+    (tmp_path / "one-seed" / "runs.json").write_text(report.archive(one_protocol_seed))
+    report.report([str(tmp_path / "one-seed" / "runs.json")], tmp_path / "rep-one")
+    assert ("- primal+dt, stream (exact, window 21): passes every dataset compared (hopper-medium-replay: 5 seeds "
+            "against the protocol's 5), not compared on hopper-medium, where the protocol has 1 seed (an interval "
+            "needs 2): undecided") in (tmp_path / "rep-one" / "scores.md").read_text()
     # the last weights of the same 3 runs (40, 42, 38: t = 4.303), not of all 5
     assert "| hopper-medium | replica | primal+dt | recompute, EMA 0.999 | 3 | 41.0 +- 1.2 | 40.0 +- 5.0 | yes |" in md
     assert "| hopper-medium | replica | primal+dt | recompute, lr cosine to 0.1 | 5 | 42.0 +- 0.9 | 40.0 +- 3.9 | yes |" in md
