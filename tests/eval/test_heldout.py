@@ -23,6 +23,22 @@ def runs(hopper_file, tmp_path_factory, tiny_train):
             for name, extra in (("standard", ()), ("whole", ("whole_episodes=true", "eval.engine=stream")))}
 
 
+def last_k_segments(ck, data):
+    """Every step t of the episodes ``ck``'s run held out, as the segment recompute shows the model there: the last
+    K steps ending at t (fewer at an episode's start), padding after t. Yields (model, held-out data, the episode's
+    first row, t, the segment's first step, the batch)."""
+    model, K, info = ck.build_model(), ck.model_config.K, ck.data
+    held = data.subset(np.asarray(info.held_out))
+    sampler = envs.SegmentSampler(held, K, 1, info.reward_scale, ck.config["max_timestep"], seed=None,
+                                  stats=(info.state_mean, info.state_std))
+    for start, n in zip(held.starts, held.lengths):
+        for t in range(n):
+            first = max(0, t - K + 1)
+            idx = start + first + np.arange(K)
+            idx[idx > start + t] = held.num_steps  # padding after step t
+            yield model, held, start, t, first, sampler.batch(idx[None])
+
+
 def test_the_stream_of_a_whole_episode_run_errs_as_its_trainers_validation_measured(runs):
     """The trainer validates a whole-episode run chunk after chunk through the recurrent forms; the tool walks the
     same held-out episodes step by step through the stream engine: two code paths, one number."""
@@ -40,21 +56,13 @@ def test_recompute_errs_as_the_models_forward_over_the_last_K_steps(runs):
     data = dt_checkpoint.training_data(ck, verbose=False)
     rec = heldout.heldout_errors(ck, data)
     assert rec["engine"] == "recompute" and rec["exact"]
-    model, K, info = ck.build_model(), ck.model_config.K, ck.data
-    held = data.subset(np.asarray(info.held_out))
-    sampler = envs.SegmentSampler(held, K, 1, info.reward_scale, ck.config["max_timestep"], seed=None,
-                                  stats=(info.state_mean, info.state_std))
     errors, bands = [], {n: [] for n in heldout.band_names()}
-    for start, n in zip(held.starts, held.lengths):
-        for t in range(n):
-            first = max(0, t - K + 1)
-            idx = start + first + np.arange(K)
-            idx[idx > start + t] = held.num_steps  # padding after step t
-            with torch.no_grad():
-                pred, _ = model(sampler.batch(idx[None]))
-            err = ((pred[0, t - first] - torch.from_numpy(held.actions[start + t])) ** 2).tolist()
-            errors += err
-            bands[heldout.band_names()[np.searchsorted(heldout.BANDS, t, side="right") - 1]] += err
+    for model, held, start, t, first, b in last_k_segments(ck, data):
+        with torch.no_grad():
+            pred, _ = model(b)
+        err = ((pred[0, t - first] - torch.from_numpy(held.actions[start + t])) ** 2).tolist()
+        errors += err
+        bands[heldout.band_names()[np.searchsorted(heldout.BANDS, t, side="right") - 1]] += err
     assert rec["steps"] == int(held.lengths.sum())
     assert rec["action_mse"] == pytest.approx(np.mean(errors), rel=1e-5)
     for name, errs in bands.items():
@@ -74,25 +82,16 @@ def test_the_response_to_a_target_is_how_far_the_forward_moves_when_conditioned_
     rec = heldout.heldout_errors(ck, data, target=target)
     plain = heldout.heldout_errors(ck, data)
     assert rec["action_mse"] == plain["action_mse"] and "target_response" not in plain  # the error is unchanged
-    model, K, info = ck.build_model(), ck.model_config.K, ck.data
-    held = data.subset(np.asarray(info.held_out))
-    sampler = envs.SegmentSampler(held, K, 1, info.reward_scale, ck.config["max_timestep"], seed=None,
-                                  stats=(info.state_mean, info.state_std))
     moved, bands = [], {n: [] for n in heldout.band_names()}
-    for start, n in zip(held.starts, held.lengths):
-        before = np.concatenate([[0.0], np.cumsum(held.rewards[start:start + n])[:-1]])  # rewards before each step
-        for t in range(n):
-            first = max(0, t - K + 1)
-            idx = start + first + np.arange(K)
-            idx[idx > start + t] = held.num_steps
-            b = sampler.batch(idx[None])
-            rtg = torch.zeros_like(b.rtg)
-            rtg[0, :t - first + 1, 0] = torch.from_numpy((target - before[first:t + 1]) / info.reward_scale)
-            with torch.no_grad():
-                own, steered = model(b)[0][0, t - first], model(b._replace(rtg=rtg))[0][0, t - first]
-            d = ((steered - own) ** 2).tolist()
-            moved += d
-            bands[heldout.band_names()[np.searchsorted(heldout.BANDS, t, side="right") - 1]] += d
+    for model, held, start, t, first, b in last_k_segments(ck, data):
+        before = np.concatenate([[0.0], np.cumsum(held.rewards[start:start + t])])  # the rewards before each step
+        rtg = torch.zeros_like(b.rtg)
+        rtg[0, :t - first + 1, 0] = torch.from_numpy((target - before[first:t + 1]) / ck.data.reward_scale)
+        with torch.no_grad():
+            own, steered = model(b)[0][0, t - first], model(b._replace(rtg=rtg))[0][0, t - first]
+        d = ((steered - own) ** 2).tolist()
+        moved += d
+        bands[heldout.band_names()[np.searchsorted(heldout.BANDS, t, side="right") - 1]] += d
     got = rec["target_response"]
     assert got["target"] == target and got["overall"] == pytest.approx(np.mean(moved), rel=1e-4) and got["overall"] > 0
     for name, ds in bands.items():
