@@ -48,14 +48,11 @@ class Block(nn.Module):
         """x [B, T, D] -> (y, aux). ``rows`` (a slice or index of positions): y only at those positions, [B, n, D].
         The attention still reads every position; what follows it is token-wise, so it runs only where the caller
         reads it (``Stack.forward``'s top block)."""
-        if self.norm == "pre":
-            a, aux = self.attn(self.ln1(x), mask)
-            if rows is not None:
-                x, a = x[:, rows], a[:, rows]
-            return self._residuals(x, a), aux
-        a, aux = self.attn(x, mask)
+        a, aux = self.attn(self.ln1(x) if self.norm == "pre" else x, mask)
         if rows is not None:
             x, a = x[:, rows], a[:, rows]
+        if self.norm == "pre":
+            return self._residuals(x, a), aux
         x = self.ln1(x + self.drop(a))
         return self.ln2(x + self.mlp(x)), aux
 
