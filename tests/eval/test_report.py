@@ -665,10 +665,16 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
         assert c["protocol_mean"] == pytest.approx(mean) and c["protocol_ci95"] == pytest.approx(ci, rel=1e-3)
         assert c["protocol_se"] == pytest.approx(se) and c["separates"] is (env == "hopper-medium-replay")
         assert c["passes"] is (abs(m - mean) <= ci and (env == "hopper-medium" or m >= mean - se))
+        # Welch's standard error of the difference of the two means, from both arms' seeds
+        assert c["difference"] == pytest.approx(m - mean)
+        assert c["difference_se"] == pytest.approx(math.sqrt(se ** 2 + statistics.variance(arms[arm]) / 5))
     assert got[("hopper-medium-replay", "stream (exact, window 21)")]["passes"]
     assert not got[("hopper-medium-replay", "stream (exact, window 10)")]["passes"]  # 3 below, SE 1.4
     assert got[("hopper-medium", "stream (exact, window 10)")]["passes"]  # that dataset does not separate policies
     md = (tmp_path / "rep" / "scores.md").read_text()
+    # window 10: 37.0 against 40.0, SEs 0.71 and 1.41 -> -3.0 (1.6)
+    assert ("| hopper-medium-replay | replica | primal+dt | stream (exact, window 10) | 5 | 37.0 | 40.0 +- 3.9 (SE 1.4, 5) "
+            "| -3.0 (1.6) | yes | yes | **no** | **no** |") in md
     assert ("- primal+dt, stream (exact, window 21): meets the criterion on every dataset compared (hopper-medium: "
             "5 seeds against the protocol's 5, hopper-medium-replay: 5 seeds against the protocol's 5)") in md
     assert "- primal+dt, stream (exact, window 10): does not meet it (fails on hopper-medium-replay;" in md
@@ -688,6 +694,14 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
     assert ("- primal+dt, stream (exact, window 21): passes every dataset compared (hopper-medium-replay: 5 seeds "
             "against the protocol's 5), not compared on hopper-medium, where the protocol has 1 seed (an interval "
             "needs 2): undecided") in (tmp_path / "rep-one" / "scores.md").read_text()
+    # an arm of one seed: its difference has no standard error
+    single = [r for r in runs if r.env == "hopper-medium-replay" and (r.engine == "recompute" or (
+        r.engine == "stream (exact, window 21)" and r.seed == 0))]
+    (tmp_path / "single").mkdir()
+    (tmp_path / "single" / "runs.json").write_text(report.archive(single))
+    one = report.report([str(tmp_path / "single" / "runs.json")], tmp_path / "rep-single")
+    assert math.isnan(one["decisions"]["target3600"][0]["difference_se"])
+    assert "| 39.0 | 40.0 +- 3.9 (SE 1.4, 5) | -1.0 | yes |" in (tmp_path / "rep-single" / "scores.md").read_text()
     # the last weights of the same 3 runs (40, 42, 38: t = 4.303), not of all 5
     assert "| hopper-medium | replica | primal+dt | recompute, EMA 0.999 | 3 | 41.0 +- 1.2 | 40.0 +- 5.0 | yes |" in md
     assert "| hopper-medium | replica | primal+dt | recompute, lr cosine to 0.1 | 5 | 42.0 +- 0.9 | 40.0 +- 3.9 | yes |" in md
