@@ -440,6 +440,34 @@ EMA = ", EMA "
 """what an engine label holds when the row scores the weights' moving average (``rollout_runs``)"""
 
 
+def verdicts(rows: list[dict], checks: list[dict]) -> list[dict]:
+    """Each stream-exact arm's verdict over the datasets it was compared on (``checks``, ``against_protocol``):
+    ``fails`` where it fails one, ``meets`` where it passes every dataset on which its model's protocol was
+    trained, else ``undecided`` (a dataset where the arm has no run yet, or where the protocol has one seed: no
+    interval). ``line`` says so, naming the seeds; the recipes' default training follows the ``meets`` ones
+    (tests/eval/test_default_training.py)."""
+    protocol_rows = {(r["dataset"], r["data"], r["model"]): r for r in rows if r["engine"] == "recompute"}
+    arms = {(r["dataset"], r["data"], r["model"], r["engine"]) for r in rows}
+    out = []
+    for (arm, model) in dict.fromkeys((c["arm"], c["model"]) for c in checks):
+        mine = [c for c in checks if (c["arm"], c["model"]) == (arm, model)]
+        failed = [c["dataset"] for c in mine if not c["passes"]]
+        sets = ", ".join(f"{c['dataset']}: {c['seeds']} seed{'s' * (c['seeds'] > 1)} against the protocol's "
+                         f"{c['protocol_seeds']}" for c in mine)  # a verdict on few seeds reads as what it is
+        # the other datasets of the table where the model was trained by the protocol: the criterion needs them
+        compared = {c["dataset"] for c in mine}
+        missing = [f"{d}, where the arm has no run yet" if (d, data, model, arm) not in arms else
+                   f"{d}, where the protocol has {p['seeds']} seed{'s' * (p['seeds'] > 1)} (an interval needs 2)"
+                   for (d, data, m), p in protocol_rows.items()
+                   if m == model and data == mine[0]["data"] and d not in compared]
+        verdict, line = (("fails", f"does not meet it (fails on {', '.join(failed)}; compared on {sets})") if failed
+                         else ("undecided", f"passes every dataset compared ({sets}), not compared on "
+                                            f"{'; '.join(missing)}: undecided") if missing
+                         else ("meets", f"meets the criterion on every dataset compared ({sets})"))
+        out.append({"model": model, "data": mine[0]["data"], "arm": arm, "verdict": verdict, "line": line})
+    return out
+
+
 def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dict]]:
     """The measured decision between trainings (docs/evaluation.md, "Which training is the default"), as Markdown
     and as records: each stream-exact arm's mean against the papers' protocol (``recompute``, at least 2 seeds) of
@@ -493,23 +521,7 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
                                                      f" ({_fmt(c['difference_se'])})"),
                         yes(c["inside"]), "yes" if c["separates"] else "no",
                         yes(c["near"]) if c["separates"] else "", yes(c["passes"])] for c in checks]), ""]
-        protocol_rows = {(r["dataset"], r["data"], r["model"]): r for r in rows if r["engine"] == "recompute"}
-        arms = {(r["dataset"], r["data"], r["model"], r["engine"]) for r in rows}
-        for (arm, model) in dict.fromkeys((c["arm"], c["model"]) for c in checks):
-            mine = [c for c in checks if (c["arm"], c["model"]) == (arm, model)]
-            failed = [c["dataset"] for c in mine if not c["passes"]]
-            sets = ", ".join(f"{c['dataset']}: {c['seeds']} seed{'s' * (c['seeds'] > 1)} against the protocol's "
-                             f"{c['protocol_seeds']}" for c in mine)  # a verdict on few seeds reads as what it is
-            # the other datasets of the table where the model was trained by the protocol: the criterion needs them
-            compared = {c["dataset"] for c in mine}
-            missing = [f"{d}, where the arm has no run yet" if (d, data, model, arm) not in arms else
-                       f"{d}, where the protocol has {p['seeds']} seed{'s' * (p['seeds'] > 1)} (an interval needs 2)"
-                       for (d, data, m), p in protocol_rows.items()
-                       if m == model and data == mine[0]["data"] and d not in compared]
-            md.append(f"- {model}, {arm}: " + (
-                f"does not meet it (fails on {', '.join(failed)}; compared on {sets})" if failed else
-                f"passes every dataset compared ({sets}), not compared on {'; '.join(missing)}: undecided" if missing
-                else f"meets the criterion on every dataset compared ({sets})"))
+        md += [f"- {v['model']}, {v['arm']}: {v['line']}" for v in verdicts(rows, checks)]
         md.append("")
     elif any(r["engine"].startswith("stream (exact") and EMA not in r["engine"] for r in rows):
         md += ["No stream-exact arm is compared yet: the papers' protocol (recompute) of its dataset and model needs "
@@ -715,10 +727,11 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     md += [f"- note: {cell(n)}" for n in notes]
     md += [f"- left out (unfinished, no summary.json): {d}" for d in unfinished]
     md += [f"- left out (unreadable): {e}" for e in skipped]
-    decisions = {}
+    decisions, verdict = {}, {}
     for t in targets:
         md += ["", markdown(rows[t], t)]
         section, decisions[t] = against_protocol(rows[t], t)
+        verdict[t] = verdicts(rows[t], decisions[t])
         md += ["", *section] if section else []
         text = io.StringIO(newline="")
         w = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -734,7 +747,8 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     return {"markdown": out / "scores.md", "csv": [out / f"scores-{t}.csv" for t in targets], "curves": curves,
             "archive": out / "runs.json",
             "bars": bars, "groups": len(groups), "runs": len(runs), "unfinished": [str(d) for d in unfinished],
-            "skipped": skipped, "notes": notes, "rows": rows, "decisions": decisions}
+            "skipped": skipped, "notes": notes, "rows": rows, "decisions": decisions,
+            "verdicts": verdict}
 
 
 @dataclass
