@@ -646,7 +646,8 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
     arms = {"recompute": [40.0, 42.0, 38.0, 44.0, 36.0], "stream (exact, window 21)": [39.0, 41.0, 38.0, 40.0, 37.0],
             "stream (exact, window 10)": [37.0, 38.0, 36.0, 39.0, 35.0],
             "recompute, EMA 0.999": [41.0, 41.5, 40.5],  # 3 of the 5 runs' averages evaluated
-            "recompute, lr cosine to 0.1": [42.0, 43.0, 41.0, 42.0, 42.0]}
+            "recompute, lr cosine to 0.1": [42.0, 43.0, 41.0, 42.0, 42.0],
+            "stream (exact, whole episodes)": [50.0, 52.0, 49.0, 51.0, 48.0]}  # above the protocol's interval
     for env, level in (("hopper-medium-replay", 16.6), ("hopper-medium", 39.5)):
         for engine, scores in arms.items():
             for seed, score in enumerate(scores):
@@ -659,15 +660,19 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
     mean, se = statistics.fmean(proto), statistics.stdev(proto) / math.sqrt(5)
     ci = 2.776 * statistics.stdev(proto) / math.sqrt(5)
     got = {(c["dataset"], c["arm"]): c for c in res["decisions"]["target3600"]}
-    assert set(got) == {(e, a) for e in ("hopper-medium-replay", "hopper-medium") for a in list(arms)[1:3]}
+    assert set(got) == {(e, a) for e in ("hopper-medium-replay", "hopper-medium") for a in [*list(arms)[1:3], list(arms)[5]]}
     for (env, arm), c in got.items():
         m = statistics.fmean(arms[arm])
         assert c["protocol_mean"] == pytest.approx(mean) and c["protocol_ci95"] == pytest.approx(ci, rel=1e-3)
         assert c["protocol_se"] == pytest.approx(se) and c["separates"] is (env == "hopper-medium-replay")
-        assert c["passes"] is (abs(m - mean) <= ci and (env == "hopper-medium" or m >= mean - se))
+        # inside the interval or above it (no cost), and within one SE below where the dataset separates policies
+        assert c["passes"] is (m >= mean - ci and (env == "hopper-medium" or m >= mean - se))
+        assert c["above"] is (m > mean + ci)
         # Welch's standard error of the difference of the two means, from both arms' seeds
         assert c["difference"] == pytest.approx(m - mean)
         assert c["difference_se"] == pytest.approx(math.sqrt(se ** 2 + statistics.variance(arms[arm]) / 5))
+    assert got[("hopper-medium-replay", "stream (exact, whole episodes)")]["above"]
+    assert got[("hopper-medium-replay", "stream (exact, whole episodes)")]["passes"]
     assert got[("hopper-medium-replay", "stream (exact, window 21)")]["passes"]
     assert not got[("hopper-medium-replay", "stream (exact, window 10)")]["passes"]  # 3 below, SE 1.4
     assert got[("hopper-medium", "stream (exact, window 10)")]["passes"]  # that dataset does not separate policies
@@ -675,6 +680,8 @@ def test_the_default_trainings_criterion_is_computed_from_the_table_by_its_formu
     # window 10: 37.0 against 40.0, SEs 0.71 and 1.41 -> -3.0 (1.6)
     assert ("| hopper-medium-replay | replica | primal+dt | stream (exact, window 10) | 5 | 37.0 | 40.0 +- 3.9 (SE 1.4, 5) "
             "| -3.0 (1.6) | yes | yes | **no** | **no** |") in md
+    assert ("| hopper-medium-replay | replica | primal+dt | stream (exact, whole episodes) | 5 | 50.0 | 40.0 +- 3.9 (SE 1.4, "
+            "5) | +10.0 (1.6) | above | yes | yes | yes |") in md
     assert ("- primal+dt, stream (exact, window 21): meets the criterion on every dataset compared (hopper-medium: "
             "5 seeds against the protocol's 5, hopper-medium-replay: 5 seeds against the protocol's 5)") in md
     assert "- primal+dt, stream (exact, window 10): does not meet it (fails on hopper-medium-replay;" in md
