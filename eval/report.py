@@ -468,16 +468,17 @@ def verdicts(rows: list[dict], checks: list[dict]) -> list[dict]:
     return out
 
 
-def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dict]]:
+def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dict], list[dict]]:
     """The measured decision between trainings (docs/evaluation.md, "Which training is the default"), as Markdown
     and as records: each stream-exact arm's mean against the papers' protocol (``recompute``, at least 2 seeds) of
     the same dataset, data and model. The arm passes a dataset when its mean lies inside the protocol's 95 %
     interval or above it (an arm that beats the protocol beyond its interval has shown that exactness costs
-    nothing: the interval guards against a cost, so only its lower end is a bound; ``above`` records it) and, where the protocol's policies beat their data (its mean lies above the data episodes' level by
-    more than its standard error: the dataset separates policies), is not below the protocol's mean by more than
-    that standard error; it meets the criterion when it passes every dataset it was compared on. The weights' moving average
-    (``EMA``) is set against the same training's last weights, and a rate falling to the end (``COSINE``) against the
-    constant rate of the same training otherwise: their means and intervals."""
+    nothing: the interval guards against a cost, so only its lower end is a bound; ``above`` records it) and, where
+    the protocol's policies beat their data (its mean lies above the data episodes' level by more than its standard
+    error: the dataset separates policies), is not below the protocol's mean by more than that standard error; it
+    meets the criterion when it passes every dataset it was compared on (``verdicts``, the third thing returned).
+    The weights' moving average (``EMA``) is set against the same training's last weights, and a rate falling to
+    the end (``COSINE``) against the constant rate of the same training otherwise: their means and intervals."""
     proto = {(r["dataset"], r["data"], r["model"]): r for r in rows if r["engine"] == "recompute" and r["seeds"] > 1}
     checks = []
     for r in rows:
@@ -503,13 +504,15 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
                 for r in rows if EMA in r["engine"]]
     falling = [(r, raw.get((r["dataset"], r["data"], r["model"], re.sub(f"{COSINE}[^,]*", "", r["engine"])))) for r in rows
                if COSINE in r["engine"]]
+    decided = verdicts(rows, checks)
     if not checks and not averaged and not falling:
-        return [], []
+        return [], [], decided
     yes = lambda b: "yes" if b else "**no**"  # noqa: E731
     md = [f"### Stream-exact training against the papers' protocol, target {target.removeprefix('target')}", ""]
     if checks:
         md += ["A stream-exact arm passes a dataset when its mean lies inside the protocol's (recompute's) 95 % "
-               "interval, or above it (`above`: better than the protocol beyond its interval, so no cost), and, where the protocol's policies beat their data (its mean lies above the data episodes' "
+               "interval, or above it (`above`: better than the protocol beyond its interval, so no cost), and, "
+               "where the protocol's policies beat their data (its mean lies above the data episodes' "
                "level by more than its standard error over seeds: the dataset separates policies), is not below "
                "the protocol's mean by more than that standard error. difference: the arm's mean minus the "
                "protocol's, with the standard error of that difference over both arms' seeds (none for an arm of one "
@@ -524,7 +527,7 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
                                                      f" ({_fmt(c['difference_se'])})"),
                         "above" if c["above"] else yes(c["inside"]), "yes" if c["separates"] else "no",
                         yes(c["near"]) if c["separates"] else "", yes(c["passes"])] for c in checks]), ""]
-        md += [f"- {v['model']}, {v['arm']}: {v['line']}" for v in verdicts(rows, checks)]
+        md += [f"- {v['model']}, {v['arm']}: {v['line']}" for v in decided]
         md.append("")
     elif any(r["engine"].startswith("stream (exact") and EMA not in r["engine"] for r in rows):
         md += ["No stream-exact arm is compared yet: the papers' protocol (recompute) of its dataset and model needs "
@@ -547,7 +550,7 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
             if judged:
                 md += ["", f"- {columns[0]}: narrower and not lower in {len(held)} of the {len(judged)} rows of 2 or "
                        "more seeds" + (f" ({'; '.join(r['model'] + ', ' + r['engine'] for r in held)})" if held else "")]
-    return md, checks
+    return md, checks, decided
 
 
 def better_than(r: dict, b: dict | None) -> bool | None:
@@ -733,8 +736,7 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     decisions, verdict = {}, {}
     for t in targets:
         md += ["", markdown(rows[t], t)]
-        section, decisions[t] = against_protocol(rows[t], t)
-        verdict[t] = verdicts(rows[t], decisions[t])
+        section, decisions[t], verdict[t] = against_protocol(rows[t], t)
         md += ["", *section] if section else []
         text = io.StringIO(newline="")
         w = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
