@@ -105,7 +105,10 @@ def cpu_recipe_command(built: Built) -> str:
     """The command of the run ``built`` describes with ``recipe=cpu``: its command line's options kept, except
     those the recipe sets."""
     values = train_config.flat(dataclasses.asdict(built.cfg))
-    laid = train_config.flat({k: v for k, v in train_config.load_recipe("cpu").items() if k not in presets.META_KEYS})
+    recipe = train_config.load_recipe("cpu")
+    laid = train_config.flat({k: v for k, v in recipe.items() if k not in (*presets.META_KEYS, "models")})
+    if not built.cfg.model.layers:  # the model's own training in the recipe, if it has one
+        laid |= train_config.flat(recipe.get("models", {}).get(built.cfg.model.name, {}))
     given = {k: values[k] for k, where in built.provenance.items()
              if where == "command line" and k in values and k not in laid} | {"recipe": "cpu"}
 

@@ -196,14 +196,21 @@ def build(argv: list[str]) -> Built:
     first = cli.peek(TrainConfig, argv, SHORTHANDS, PROG)
     name = first.preset or (first.env if first.env in presets.list_presets(GROUP) else "")
     layers = [(f"preset {name}", presets.load_preset(GROUP, name))] if name else []  # unknown: error with suggestions
-    if first.recipe != "preset":
-        layers.append((f"recipe {first.recipe}", load_recipe(first.recipe)))
+    recipe = load_recipe(first.recipe) if first.recipe != "preset" else {}
+    if recipe:
+        layers.append((f"recipe {first.recipe}", {k: v for k, v in recipe.items() if k != "models"}))
     source = "; ".join(f"{where}: {values.get('source', '(no source line)')}" for where, values in layers) \
         or "(no preset: dataclass defaults)"
     cfg, prov = TrainConfig(), dict.fromkeys(flat(dataclasses.asdict(TrainConfig())), "default")
     for where, values in layers:
         cfg = presets.apply_preset(cfg, values, where=where)
         prov.update(dict.fromkeys(flat({k: v for k, v in values.items() if k not in presets.META_KEYS}), where))
+    given = cli.given(TrainConfig, argv, SHORTHANDS)
+    name = first.model.name if "model.name" in given else cfg.model.name
+    if not ("model.layers" in given or cfg.model.layers) and name in recipe.get("models", {}):
+        where = f"recipe {first.recipe} for {name}"  # the model's own training in this recipe (its "models" section)
+        cfg = presets.apply_preset(cfg, recipe["models"][name], where=where)
+        prov.update(dict.fromkeys(flat(recipe["models"][name]), where))
     cfg = cli.parse(TrainConfig, argv, default=cfg, prog=PROG, description=_DESCRIPTION, shorthands=SHORTHANDS)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
@@ -217,8 +224,24 @@ def build(argv: list[str]) -> Built:
 
 
 def load_recipe(name: str) -> dict:
-    """A recipe: options laid over whichever preset a run starts from (configs/dt/recipes/<name>.yaml)."""
-    return presets.load_preset(f"{GROUP}/recipes", name)
+    """A recipe: options laid over whichever preset a run starts from (configs/dt/recipes/<name>.yaml), and, in its
+    ``models`` section, options for one model only (model name: options), laid over those when a run trains that
+    model by its name (not a ``model.layers`` layout): where a measurement chose a model's training of its own."""
+    recipe = presets.load_preset(f"{GROUP}/recipes", name)
+    models = recipe.get("models", {})
+    path = f"configs/{GROUP}/recipes/{name}.yaml"
+    if not isinstance(models, dict) or not all(isinstance(v, dict) for v in models.values()):
+        raise ValueError(f"{path}: models must map a model's name to a mapping of its options, got {models!r:.80}")
+    for model, options in models.items():
+        try:
+            ModelConfig(name=str(model)).check()
+        except ValueError as err:
+            raise ValueError(f"{path}: models.{model} is not a model this package builds: {err}") from None
+        if "name" in options.get("model", {}) or "layers" in options.get("model", {}):
+            raise ValueError(f"{path}: models.{model} sets the model it is for (model.name or model.layers); its "
+                             "options are that model's training")
+        presets.apply_preset(TrainConfig(), options, where=f"{path}: models.{model}")  # each option checked by name
+    return recipe
 
 
 PROG = "python -m primal_dt.train"

@@ -51,10 +51,15 @@ WHOLE_MODELS=${FIDELITY_WHOLE_MODELS-$MODELS}
 read -ra OPTIONS <<< "${FIDELITY_OPTIONS:-}"
 RECIPE=(recipe=${FIDELITY_RECIPE:-cpu} "${OPTIONS[@]}")
 SEGMENTS=()
+# the papers' protocol for (a) and (f) and K = 20 for (c), whatever a recipe's models section trains a model as
+PROTOCOL=(K=20 stream_window=0)
+WINDOW_K=(K=20)
 if [ "${FIDELITY_REHEARSAL:-0}" = 1 ]; then
     RECIPE=("${OPTIONS[@]}" steps=12 warmup_steps=2 eval.every=6 eval.episodes=1 eval.max_steps=15 eval.num_envs=2
             checkpoint_every=6 model.d_model=32 model.n_heads=2 model.s=8 model.n_layers=2)
     SEGMENTS=(K=5 batch_size=8)
+    PROTOCOL=(stream_window=0)
+    WINDOW_K=()
     PREFIX_K=15
     PREFIX_BATCH=4
     ROLLOUT=(max_steps=15 num_envs=2)
@@ -84,7 +89,7 @@ sweep() {  # sweep ROOT ENV SEED MODELS OPTIONS...
 for env in $ENVS; do
     for seed in $SEEDS; do
         echo "== $(date +%T) $env seed $seed: (a) standard training, by recompute"
-        sweep "$OUT/standard" "$env" "$seed" "$MODELS" "${SEGMENTS[@]}" eval.engine=recompute
+        sweep "$OUT/standard" "$env" "$seed" "$MODELS" "${SEGMENTS[@]}" "${PROTOCOL[@]}" eval.engine=recompute
         ema "$OUT/standard" "$env" "$seed" recompute
         for run in "$OUT/standard/$env"/*/*-seed"$seed"; do
             [ -e "$run/summary.json" ] && [ ! -e "$run/rollout-stream.json" ] || continue
@@ -93,7 +98,7 @@ for env in $ENVS; do
                 threads="$THREADS" progress=false || { echo "error: eval.rollout of $run failed (above)" >&2; failed=1; }
         done
         for spec in $WINDOWS; do
-            w=${spec%%:*} k=()
+            w=${spec%%:*} k=("${WINDOW_K[@]}")
             [ "$spec" != "$w" ] && [ "${FIDELITY_REHEARSAL:-0}" != 1 ] && k=(K="${spec#*:}")
             echo "== $(date +%T) $env seed $seed: (c) stream-exact training, window $w ${k[*]}, by stream"
             sweep "$OUT/window$w" "$env" "$seed" "$MODELS" "${SEGMENTS[@]}" "${k[@]}" stream_window="$w" eval.engine=stream
@@ -107,7 +112,7 @@ for env in $ENVS; do
         fi
         if [ -n "$WHOLE_MODELS" ]; then
             echo "== $(date +%T) $env seed $seed: (f) whole episodes in chunks ($WHOLE_MODELS), by stream"
-            sweep "$OUT/whole" "$env" "$seed" "$WHOLE_MODELS" "${SEGMENTS[@]}" whole_episodes=true eval.engine=stream
+            sweep "$OUT/whole" "$env" "$seed" "$WHOLE_MODELS" "${SEGMENTS[@]}" "${PROTOCOL[@]}" whole_episodes=true eval.engine=stream
             ema "$OUT/whole" "$env" "$seed" stream
         fi
     done

@@ -86,6 +86,59 @@ def test_the_cpu_recipe_lays_its_values_over_every_task_and_the_task_keeps_the_r
     assert "[recipe cpu]" in train_config.describe(cpu)
 
 
+@pytest.fixture
+def recipe_with(tmp_path, monkeypatch):
+    """A copy of configs/ whose CPU recipe gets ``text`` appended (a real file the real loader reads)."""
+    import shutil
+
+    def make(text: str) -> Path:
+        root = tmp_path / "configs"
+        if not root.exists():
+            shutil.copytree(presets.CONFIG_ROOT, root)
+        path = root / "dt" / "recipes" / "cpu.yaml"
+        path.write_text((presets.CONFIG_ROOT / "dt" / "recipes" / "cpu.yaml").read_text() + text)
+        monkeypatch.setattr(presets, "CONFIG_ROOT", root)
+        return path
+    return make
+
+
+def test_a_recipes_models_section_trains_that_model_its_own_way_and_the_command_line_still_wins(recipe_with):
+    """``models: {dt: {...}}`` in a recipe is laid over the recipe for a run of that model by its name, whichever set
+    the name (command line or preset), named in the provenance; other models, a ``model.layers`` layout and the
+    command line's values are not touched."""
+    recipe_with("models:\n  dt:\n    K: 40\n    stream_window: 21\n    eval:\n      engine: stream\n")
+    dt = build(["env=hopper-medium", "recipe=cpu", "model=dt"])
+    assert (dt.cfg.K, dt.cfg.stream_window, dt.cfg.eval.engine, dt.cfg.batch_size) == (40, 21, "stream", 64)
+    assert dt.provenance["K"] == dt.provenance["eval.engine"] == "recipe cpu for dt"
+    assert dt.provenance["batch_size"] == "recipe cpu" and "[recipe cpu for dt]" in train_config.describe(dt)
+    check(dt.cfg)
+    other = build(["env=hopper-medium", "recipe=cpu", "model=primal+dt"]).cfg
+    assert (other.K, other.stream_window, other.eval.engine) == (20, 0, "recompute")
+    back = build(["env=hopper-medium", "recipe=cpu", "model=dt", "K=20", "stream_window=0", "eval.engine=recompute"])
+    assert (back.cfg.K, back.cfg.stream_window, back.cfg.eval.engine) == (20, 0, "recompute")
+    assert back.provenance["K"] == "command line"
+    layout = build(["env=hopper-medium", "recipe=cpu", "model=dt", "model.layers=softmax,softmax,softmax"]).cfg
+    assert (layout.K, layout.stream_window) == (20, 0)
+    assert build(["env=hopper-medium", "model=dt"]).cfg.stream_window == 0  # the paper's preset keeps the protocol
+    recipe_with("models:\n  primal+dt:\n    steps: 123\n")  # the preset names the model: no model= needed
+    assert build(["env=hopper-medium", "recipe=cpu"]).cfg.steps == 123
+    assert build(["env=hopper-medium", "recipe=cpu", "model=dt"]).cfg.steps == 7000
+
+
+@pytest.mark.parametrize("text, says", [
+    ("models:\n  dtt:\n    K: 40\n", "models.dtt is not a model this package builds: unknown model 'dtt'. Did you mean"),
+    ("models:\n  dt:\n    KK: 40\n", "models.dt: unknown option 'KK'. Did you mean"),
+    ("models:\n  dt:\n    model:\n      name: primal+dt\n", "models.dt sets the model it is for"),
+    ("models:\n  dt: 40\n", "models must map a model's name to a mapping of its options"),
+    ("models: [dt]\n", "models must map a model's name to a mapping of its options"),
+])
+def test_a_bad_models_section_is_one_error_naming_the_file_and_the_entry(recipe_with, text, says):
+    recipe_with(text)
+    with pytest.raises(ValueError) as err:
+        build(["env=hopper-medium", "recipe=cpu", "model=primal+dt"])
+    assert "configs/dt/recipes/cpu.yaml" in str(err.value) and says in str(err.value)
+
+
 @pytest.mark.parametrize("native, device, want", [(True, "cpu", "bf16"), (True, "auto", "bf16"), (False, "cpu", "off"),
                                                    (False, "auto", "off"), (True, "cuda", "off"), (True, "cuda:1", "off")])
 def test_amp_auto_is_bf16_on_a_cpu_computing_it_natively_resolved_when_configured(monkeypatch, native, device, want):
