@@ -122,9 +122,10 @@ def test_a_recipes_models_section_trains_that_model_its_own_way_and_the_command_
     assert build(["env=hopper-medium", "model=dt"]).cfg.stream_window == 0  # the paper's preset keeps the protocol
     # the CPU recipe's command offered to a long run leaves the model's own training to the recipe too
     from agents import time_projection
-    offered = time_projection.cpu_recipe_command(build(["env=hopper-medium", "model=dt", "K=30", "seed=2"]))
-    assert "recipe=cpu" in offered and "seed=2" in offered and "K=30" not in offered
-    assert "K=30" in time_projection.cpu_recipe_command(build(["env=hopper-medium", "model=primal+dt", "K=30"]))
+    offered = time_projection.cpu_recipe_command(build(["env=hopper-medium", "model=dt", "stream_window=10", "seed=2"]))
+    assert "recipe=cpu" in offered and "seed=2" in offered and "stream_window" not in offered
+    assert "stream_window=10" in time_projection.cpu_recipe_command(
+        build(["env=hopper-medium", "model=primal+dt", "stream_window=10"]))  # the recipe sets it for dt only
     recipe_with("models:\n  primal+dt:\n    steps: 123\n")  # the preset names the model: no model= needed
     assert build(["env=hopper-medium", "recipe=cpu"]).cfg.steps == 123
     assert build(["env=hopper-medium", "recipe=cpu", "model=dt"]).cfg.steps == 7000
