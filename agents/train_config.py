@@ -206,11 +206,11 @@ def build(argv: list[str]) -> Built:
         cfg = presets.apply_preset(cfg, values, where=where)
         prov.update(dict.fromkeys(flat({k: v for k, v in values.items() if k not in presets.META_KEYS}), where))
     given = cli.given(TrainConfig, argv, SHORTHANDS)
-    name = first.model.name if "model.name" in given else cfg.model.name
-    if not ("model.layers" in given or cfg.model.layers) and name in recipe.get("models", {}):
-        where = f"recipe {first.recipe} for {name}"  # the model's own training in this recipe (its "models" section)
-        cfg = presets.apply_preset(cfg, recipe["models"][name], where=where)
-        prov.update(dict.fromkeys(flat(recipe["models"][name]), where))
+    model = first.model.name if "model.name" in given else cfg.model.name
+    if not ("model.layers" in given or cfg.model.layers) and model in recipe.get("models", {}):
+        where = f"recipe {first.recipe} for {model}"  # the model's own training in this recipe (its "models" section)
+        cfg = presets.apply_preset(cfg, recipe["models"][model], where=where)
+        prov.update(dict.fromkeys(flat(recipe["models"][model]), where))
     cfg = cli.parse(TrainConfig, argv, default=cfg, prog=PROG, description=_DESCRIPTION, shorthands=SHORTHANDS)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)

@@ -109,6 +109,7 @@ def test_a_recipes_models_section_trains_that_model_its_own_way_and_the_command_
     recipe_with("models:\n  dt:\n    K: 40\n    stream_window: 21\n    eval:\n      engine: stream\n")
     dt = build(["env=hopper-medium", "recipe=cpu", "model=dt"])
     assert (dt.cfg.K, dt.cfg.stream_window, dt.cfg.eval.engine, dt.cfg.batch_size) == (40, 21, "stream", 64)
+    assert dt.cfg.preset == "hopper-medium" and dt.cfg.model.name == "dt"
     assert dt.provenance["K"] == dt.provenance["eval.engine"] == "recipe cpu for dt"
     assert dt.provenance["batch_size"] == "recipe cpu" and "[recipe cpu for dt]" in train_config.describe(dt)
     check(dt.cfg)
