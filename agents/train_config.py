@@ -39,7 +39,7 @@ class RolloutOptions:
     """cap on episode length (0: the env's limit, 1000)"""
     engine: Engine = "recompute"
     """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step
-    (the default for a run trained with whole_episodes=true, whose policy it is)"""
+    (the default for a run trained with whole_episodes=true, whose policy it is, and the CPU recipe's for dt)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
