@@ -107,8 +107,7 @@ def cpu_recipe_command(built: Built) -> str:
     values = train_config.flat(dataclasses.asdict(built.cfg))
     recipe = train_config.load_recipe("cpu")
     laid = train_config.flat({k: v for k, v in recipe.items() if k not in (*presets.META_KEYS, "models")})
-    if not built.cfg.model.layers:  # the model's own training in the recipe, if it has one
-        laid |= train_config.flat(recipe.get("models", {}).get(built.cfg.model.name, {}))
+    laid |= train_config.flat(train_config.model_section(recipe, built.cfg.model.name, bool(built.cfg.model.layers)))
     given = {k: values[k] for k, where in built.provenance.items()
              if where == "command line" and k in values and k not in laid} | {"recipe": "cpu"}
 

@@ -207,10 +207,11 @@ def build(argv: list[str]) -> Built:
         prov.update(dict.fromkeys(flat({k: v for k, v in values.items() if k not in presets.META_KEYS}), where))
     given = cli.given(TrainConfig, argv, SHORTHANDS)
     model = first.model.name if "model.name" in given else cfg.model.name
-    if not ("model.layers" in given or cfg.model.layers) and model in recipe.get("models", {}):
-        where = f"recipe {first.recipe} for {model}"  # the model's own training in this recipe (its "models" section)
-        cfg = presets.apply_preset(cfg, recipe["models"][model], where=where)
-        prov.update(dict.fromkeys(flat(recipe["models"][model]), where))
+    own = model_section(recipe, model, "model.layers" in given or bool(cfg.model.layers))
+    if own:
+        where = f"recipe {first.recipe} for {model}"
+        cfg = presets.apply_preset(cfg, own, where=where)
+        prov.update(dict.fromkeys(flat(own), where))
     cfg = cli.parse(TrainConfig, argv, default=cfg, prog=PROG, description=_DESCRIPTION, shorthands=SHORTHANDS)
     if name:
         cfg = dataclasses.replace(cfg, preset=name)
@@ -221,6 +222,12 @@ def build(argv: list[str]) -> Built:
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, engine="stream"))
         prov["eval.engine"] = "whole_episodes=true"
     return Built(cfg, source, prov)
+
+
+def model_section(recipe: dict, model: str, layout: bool) -> dict:
+    """A model's own training in ``recipe`` (its ``models`` section), laid over the recipe for a run of that model by
+    name; none for a ``model.layers`` layout (``layout``), which is no named model's measured training."""
+    return {} if layout else recipe.get("models", {}).get(model, {})
 
 
 def load_recipe(name: str) -> dict:
