@@ -184,6 +184,16 @@ class Fidelity:
                 "(from_start=true K=1000)")
 
 
+def trained_for_stream(config: dict) -> str:
+    """The option that trained a run (its saved ``config``) for the stream, as ``name=value`` ('' : none, a run of
+    K-step segments). Such a run is evaluated by the stream unless told otherwise: its stream is the trained policy,
+    one step per simulator step, where recompute re-runs K steps each step (and for whole_episodes is not the
+    policy at all)."""
+    f = fidelity("stream", config)
+    return ("whole_episodes=true" if f.whole_episodes else f"stream_window={f.stream_window}" if f.stream_window
+            else "from_start=true" if f.from_start else "")
+
+
 def fidelity(engine: str, config: dict) -> Fidelity:
     """``engine``'s ``Fidelity`` for a checkpoint's saved run ``config`` (none: trained on segments)."""
     w = config.get("stream_window") or 0

@@ -15,6 +15,7 @@ import tyro
 
 from envs import sources
 
+from agents import stream_training
 from agents.model_config import ModelConfig
 from primal_dt.run import cli, presets, runtime
 from primal_dt.run.options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, RunOptions, check_numbers, check_size
@@ -39,7 +40,7 @@ class RolloutOptions:
     """cap on episode length (0: the env's limit, 1000)"""
     engine: Engine = "recompute"
     """recompute: re-run the last K steps each step (the papers' protocol) | stream: recurrent state, O(1) per step
-    (the default for a run trained with whole_episodes=true, whose policy it is, and the CPU recipe's for dt)"""
+    (the default for a run trained for it, with stream_window, from_start or whole_episodes: its trained policy)"""
     asynchronous: bool = False
     """one subprocess per simulator (AsyncVectorEnv) instead of SyncVectorEnv"""
     lanes: int = 0
@@ -218,9 +219,11 @@ def build(argv: list[str]) -> Built:
     if cfg.amp == "auto":  # resolved here, once: a sweep, a resume and the checkpoint see what the run trains in
         cfg = dataclasses.replace(cfg, amp="bf16" if runtime.native_bf16(cfg.device) else "off")
     prov.update(dict.fromkeys(cli.given(TrainConfig, argv, SHORTHANDS), "command line"))
-    if cfg.whole_episodes and prov.get("eval.engine") == "default":  # recompute is not such a run's policy
+    streams = stream_training.trained_for_stream(
+        {"stream_window": cfg.stream_window, "from_start": cfg.from_start, "whole_episodes": cfg.whole_episodes})
+    if streams and prov.get("eval.engine") == "default":  # the stream is exact for such a run, and O(1) per step
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, engine="stream"))
-        prov["eval.engine"] = "whole_episodes=true"
+        prov["eval.engine"] = streams
     return Built(cfg, source, prov)
 
 

@@ -44,8 +44,11 @@ def band_names() -> list[str]:
 
 
 def exact_engine(ck) -> str:
-    """The engine whose actions are the policy ``ck`` was trained as, the stream where both are."""
-    return "stream" if ck.fidelity("stream").exact else "recompute"
+    """The engine whose actions are the policy ``ck`` was trained as, the stream where both are (what the trainer's
+    evaluation and eval.rollout take by default)."""
+    from agents.stream_training import trained_for_stream
+
+    return "stream" if trained_for_stream(ck.config) else "recompute"
 
 
 @torch.inference_mode()

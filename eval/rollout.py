@@ -176,7 +176,7 @@ def check(cfg: RolloutConfig) -> None:
 def run(argv: list[str]) -> dict:
     """What ``python -m eval.rollout`` does; bad input is a ``SetupError`` before any simulation."""
     import envs
-    from agents import dt_checkpoint
+    from agents import dt_checkpoint, stream_training
     from primal_dt.run.cli import given, parse
 
     cfg = parse(RolloutConfig, argv, prog=PROG, description=DESCRIPTION, shorthands=SHORTHANDS)
@@ -189,10 +189,11 @@ def run(argv: list[str]) -> dict:
         if cfg.check_data or cfg.data_source:
             dt_checkpoint.training_data(ck, cfg.data_source or None)
         model = ck.build_model(runtime.pick_device(cfg.device), weights=cfg.weights)
-    if "engine" not in given(RolloutConfig, argv, SHORTHANDS) and not ck.fidelity(cfg.engine).exact:
-        cfg = dataclasses.replace(cfg, engine="stream")  # a whole-episode run: the stream is its policy
-        print(f"engine=stream: checkpoint {path} is trained on whole episodes, which the stream computes exactly "
-              "(engine=recompute to compare)")
+    streams = stream_training.trained_for_stream(ck.config)
+    if "engine" not in given(RolloutConfig, argv, SHORTHANDS) and streams:  # its policy, at O(1) per step
+        cfg = dataclasses.replace(cfg, engine="stream")
+        print(f"engine=stream: checkpoint {path} is trained for the stream ({streams}), which computes its policy "
+              "exactly, one step per simulator step (engine=recompute to compare)")
     runtime.set_threads(cfg.threads or inference_threads(cfg.engine, cfg.num_envs))  # 0: chosen for the batch
     targets = cfg.targets or ck.data.eval_targets
     name = path.parent / f"rollout-{cfg.engine}{'-ema' * (cfg.weights == 'ema')}.json"

@@ -87,6 +87,27 @@ def test_a_checkpoint_trained_on_episode_prefixes_streams_its_recompute_policy_i
     assert play(stream, recompute, T=40) <= 1e-5  # every step of both rows within K (row 0 restarts at 20)
 
 
+@pytest.mark.parametrize("config, streams", [
+    ({}, ""), ({"stream_window": 0}, ""), ({"stream_window": 21}, "stream_window=21"),
+    ({"from_start": True}, "from_start=true"), ({"whole_episodes": True}, "whole_episodes=true"),
+    ({"stream_window": True}, ""),  # a bool is no window (a damaged config is not a stream-trained run)
+])
+def test_a_run_trained_for_the_stream_is_evaluated_by_it_unless_told_otherwise(config, streams, tmp_path):
+    """``trained_for_stream`` names the option that made a run's stream its policy; the trainer's evaluation takes
+    the stream then (listing that option as what set eval.engine), recompute otherwise, and a given engine wins."""
+    from agents import train_config
+    from agents.stream_training import trained_for_stream
+
+    assert trained_for_stream(config) == streams
+    argv = [f"{k}={str(v).lower()}" for k, v in config.items() if not isinstance(v, bool) or k != "stream_window"]
+    argv += ["K=1000"] * bool(config.get("from_start"))
+    built = train_config.build(["env=hopper-medium", *argv])
+    assert (built.cfg.eval.engine, built.provenance["eval.engine"]) == (
+        ("stream", streams) if streams else ("recompute", "default"))
+    told = train_config.build(["env=hopper-medium", *argv, "eval.engine=recompute"])
+    assert told.cfg.eval.engine == "recompute"
+
+
 def test_a_checkpoint_trained_on_segments_streams_another_policy_and_says_so(trained):
     with pytest.warns(StreamNotTrainedWarning, match="stream_window=W") as caught:
         stream = load_agent(trained["segments"], engine="stream", runtime="torch")

@@ -236,14 +236,23 @@ def test_resume_refuses_another_env_or_model(hopper_file, tmp_path, tiny_train):
         run([f"resume={tmp_path / 'missing'}"])
 
 
-def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_path, tiny_train):
+def test_stream_exact_training_counts_only_stream_exact_steps(hopper_file, tmp_path, tiny_train, capsys):
     """stream_window windows every layer, masks the loss to the steps the stream engine predicts
-    identically, and its checkpoint streams exactly what a forward pass over the episode gives."""
+    identically, and its checkpoint streams exactly what a forward pass over the episode gives; the trainer and
+    eval.rollout evaluate it by that stream unless told otherwise."""
     from agents import load_agent
     from agents.stream_training import first_exact_step, receptive_field
+    from eval import rollout
 
-    s = run(tiny_train.args(hopper_file, tmp_path, "steps=3", "stream_window=4", "eval.engine=stream", "eval.every=0",
+    s = run(tiny_train.args(hopper_file, tmp_path, "steps=3", "stream_window=4", "eval.every=0",
                  "eval.final_episodes=1", "eval.max_steps=12", "eval.num_envs=2"))
+    assert s["engine"] == "stream"  # no engine given: the stream it trained for
+    common = [f"checkpoint={s['run_dir']}", "episodes=1", "max_steps=5", "num_envs=1", "progress=false"]
+    capsys.readouterr()
+    report = rollout.main(common)
+    assert (report["engine"], report["exact"], report["stream_window"]) == ("stream", True, 4)
+    assert "is trained for the stream (stream_window=4)" in capsys.readouterr().out
+    assert rollout.main([*common, "engine=recompute"])["engine"] == "recompute"  # told: exact too
     model = dt_checkpoint.load(s["run_dir"]).build_model()
     assert model.cfg.options()["softmax"]["window"] == 4 and model.cfg.options()["primal"]["window"] == 4
     reach = receptive_field(model.cfg)

@@ -118,6 +118,11 @@ def test_a_recipes_models_section_trains_that_model_its_own_way_and_the_command_
     back = build(["env=hopper-medium", "recipe=cpu", "model=dt", "K=20", "stream_window=0", "eval.engine=recompute"])
     assert (back.cfg.K, back.cfg.stream_window, back.cfg.eval.engine) == (20, 0, "recompute")
     assert back.provenance["K"] == "command line"
+    recipe_with("models:\n  dt:\n    K: 40\n    stream_window: 21\n")  # no engine: stream_window's default
+    dt = build(["env=hopper-medium", "recipe=cpu", "model=dt"])
+    assert dt.cfg.eval.engine == "stream" and dt.provenance["eval.engine"] == "stream_window=21"
+    back = build(["env=hopper-medium", "recipe=cpu", "model=dt", "K=20", "stream_window=0"])  # the protocol, whole
+    assert (back.cfg.stream_window, back.cfg.eval.engine, back.provenance["eval.engine"]) == (0, "recompute", "default")
     layout = build(["env=hopper-medium", "recipe=cpu", "model=dt", "model.layers=softmax,softmax,softmax"]).cfg
     assert (layout.K, layout.stream_window) == (20, 0)
     assert build(["env=hopper-medium", "model=dt"]).cfg.stream_window == 0  # the paper's preset keeps the protocol
