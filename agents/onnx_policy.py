@@ -260,8 +260,8 @@ def stream_note(what: str) -> str:
             "episode so far) are not the policy training optimised, and scores measured with it are not that "
             "policy's. For an exact exported policy, export a checkpoint trained for the stream: python -m "
             "primal_dt.train ... whole_episodes=true (whole episodes in chunks carrying the stream's state), "
-            "stream_window=W (every layer windowed, e.g. stream_window=10) or from_start=true K=1000 (episode "
-            "prefixes)")
+            "stream_window=W (every layer windowed, e.g. stream_window=21 K=40, as far back as recompute sees) or "
+            "from_start=true K=1000 (episode prefixes)")
 
 
 class GraphPolicy(Policy):

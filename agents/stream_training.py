@@ -180,8 +180,8 @@ class Fidelity:
         return (f"note: {what} is trained on K-step segments (stream_window=0), so engine=stream (every layer over the whole "
                 "episode so far) is not the policy training optimises, and its scores are not that policy's; "
                 "engine=recompute is (the papers' protocol), and a run trained with whole_episodes=true streams "
-                "exactly, as does one trained with stream_window=W (e.g. stream_window=10) or on episode prefixes "
-                "(from_start=true K=1000)")
+                "exactly, as does one trained with stream_window=W (e.g. stream_window=21 K=40, as far back as "
+                "recompute sees) or on episode prefixes (from_start=true K=1000)")
 
 
 def trained_for_stream(config: dict) -> str:
