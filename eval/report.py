@@ -468,7 +468,7 @@ def verdicts(rows: list[dict], checks: list[dict]) -> list[dict]:
     return out
 
 
-def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dict], list[dict]]:
+def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dict], list[dict], list[dict]]:
     """The measured decision between trainings (docs/evaluation.md, "Which training is the default"), as Markdown
     and as records: each stream-exact arm's mean against the papers' protocol (``recompute``, at least 2 seeds) of
     the same dataset, data and model. The arm passes a dataset when its mean lies inside the protocol's 95 %
@@ -478,7 +478,10 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
     error: the dataset separates policies), is not below the protocol's mean by more than that standard error; it
     meets the criterion when it passes every dataset it was compared on (``verdicts``, the third thing returned).
     The weights' moving average (``EMA``) is set against the same training's last weights, and a rate falling to
-    the end (``COSINE``) against the constant rate of the same training otherwise: their means and intervals."""
+    the end (``COSINE``) against the constant rate of the same training otherwise: their means and intervals, and
+    as records (the fourth thing returned): lever ("moving average" | "cosine"), dataset, data, model, engine (the
+    lever's row, which names the training it is set against) and helps (it narrows the interval without lowering the mean;
+    None under 2 seeds either side)."""
     proto = {(r["dataset"], r["data"], r["model"]): r for r in rows if r["engine"] == "recompute" and r["seeds"] > 1}
     checks = []
     for r in rows:
@@ -505,8 +508,11 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
     falling = [(r, raw.get((r["dataset"], r["data"], r["model"], re.sub(f"{COSINE}[^,]*", "", r["engine"])))) for r in rows
                if COSINE in r["engine"]]
     decided = verdicts(rows, checks)
+    levers = [{"lever": lever, "dataset": r["dataset"], "data": r["data"], "model": r["model"], "engine": r["engine"],
+               "helps": better_than(r, b)}
+              for lever, pairs in (("moving average", averaged), ("cosine", falling)) for r, b in pairs]
     if not checks and not averaged and not falling:
-        return [], [], decided
+        return [], [], decided, levers
     yes = lambda b: "yes" if b else "**no**"  # noqa: E731
     md = [f"### Stream-exact training against the papers' protocol, target {target.removeprefix('target')}", ""]
     if checks:
@@ -532,12 +538,13 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
     elif any(r["engine"].startswith("stream (exact") and EMA not in r["engine"] for r in rows):
         md += ["No stream-exact arm is compared yet: the papers' protocol (recompute) of its dataset and model needs "
                "at least 2 seeds for an interval.", ""]
-    for pairs, title, columns in (
-            (averaged, "The weights' moving average against the last weights of the same runs", ["moving average", "last weights"]),
-            (falling, "The learning rate falling along a cosine to the end (lr_schedule=cosine) against the constant "
-                      "rate of the same training otherwise", ["cosine", "constant"])):
-        if pairs:
-            better = {i: better_than(r, b) for i, (r, b) in enumerate(pairs)}
+    for lever, pairs, title, columns in (
+            ("moving average", averaged, "The weights' moving average against the last weights of the same runs",
+             ["moving average", "last weights"]),
+            ("cosine", falling, "The learning rate falling along a cosine to the end (lr_schedule=cosine) against the "
+                                "constant rate of the same training otherwise", ["cosine", "constant"])):
+        if pairs:  # (the records' verdicts, in the pairs' order)
+            better = dict(enumerate(x["helps"] for x in levers if x["lever"] == lever))
             md += [*([""] if md[-1] else []), f"{title} (mean +- 95 % interval; the issue's test of a lever: "
                    "it narrows the seed-to-seed interval without lowering the mean):", "",
                    *table(["dataset", "data", "model", "engine", "seeds", *columns, "narrower, not lower"],
@@ -550,7 +557,7 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
             if judged:
                 md += ["", f"- {columns[0]}: narrower and not lower in {len(held)} of the {len(judged)} rows of 2 or "
                        "more seeds" + (f" ({'; '.join(r['model'] + ', ' + r['engine'] for r in held)})" if held else "")]
-    return md, checks, decided
+    return md, checks, decided, levers
 
 
 def better_than(r: dict, b: dict | None) -> bool | None:
@@ -733,10 +740,10 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
     md += [f"- note: {cell(n)}" for n in notes]
     md += [f"- left out (unfinished, no summary.json): {d}" for d in unfinished]
     md += [f"- left out (unreadable): {e}" for e in skipped]
-    decisions, verdict = {}, {}
+    decisions, verdict, levers = {}, {}, {}
     for t in targets:
         md += ["", markdown(rows[t], t)]
-        section, decisions[t], verdict[t] = against_protocol(rows[t], t)
+        section, decisions[t], verdict[t], levers[t] = against_protocol(rows[t], t)
         md += ["", *section] if section else []
         text = io.StringIO(newline="")
         w = csv.DictWriter(text, fieldnames=CSV_COLUMNS, extrasaction="ignore")
@@ -753,7 +760,7 @@ def report(patterns: list[str], out: str | Path = "report") -> dict:
             "archive": out / "runs.json",
             "bars": bars, "groups": len(groups), "runs": len(runs), "unfinished": [str(d) for d in unfinished],
             "skipped": skipped, "notes": notes, "rows": rows, "decisions": decisions,
-            "verdicts": verdict}
+            "verdicts": verdict, "levers": levers}
 
 
 @dataclass

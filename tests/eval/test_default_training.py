@@ -66,3 +66,25 @@ def test_the_docs_decision_paragraph_says_what_the_verdicts_say(table):
     for model in {v["model"] for v in verdicts}:
         if all(v["verdict"] == "fails" for v in verdicts if v["model"] == model):
             assert f"every arm of {model}" in paragraph, f"every arm of {model} fails: the paragraph should say so"
+
+
+def test_the_cpu_recipe_takes_a_lever_only_where_its_table_shows_it_helps(table):
+    """Item 5's levers against a final policy that is a lottery: the weights' moving average (every checkpoint keeps
+    one; evaluations score the last weights unless ``weights=ema``) and a rate falling along a cosine. The CPU
+    recipe takes one for a model only where, on every dataset where the lever was measured on the model's own recipe
+    training, it narrows the seed-to-seed interval without lowering the mean (``eval.report``'s ``levers``)."""
+    levers = table["levers"][DECIDES]
+    assert {x["lever"] for x in levers} == {"moving average", "cosine"}
+    for model in sorted({x["model"] for x in levers}):
+        trained, _ = recipe_arm("hopper-medium-replay", model)
+        cfg = train_config.build(["env=hopper-medium-replay", "recipe=cpu", f"model={model}"]).cfg
+        base = trained.split(report.COSINE)[0]  # the recipe's training as its rows name it, without the rate
+        base = "recompute" if base == "stream (not trained)" else base
+        for lever, row, takes in (("cosine", base + report.COSINE, cfg.lr_schedule == "cosine"),
+                                  ("moving average", base + report.EMA, False)):
+            judged = [x["helps"] for x in levers if x["lever"] == lever and x["model"] == model
+                      and x["engine"].startswith(row) and report.EMA not in x["engine"].removeprefix(row)
+                      and x["helps"] is not None]
+            assert takes == (bool(judged) and all(judged)), \
+                f"{model}'s recipe training ({base}): the {lever} narrows without lowering on {sum(judged)} of the " \
+                f"{len(judged)} datasets where it was measured; the recipe {'takes' if takes else 'does not take'} it"
