@@ -480,8 +480,8 @@ def against_protocol(rows: list[dict], target: str) -> tuple[list[str], list[dic
     The weights' moving average (``EMA``) is set against the same training's last weights, and a rate falling to
     the end (``COSINE``) against the constant rate of the same training otherwise: their means and intervals, and
     as records (the fourth thing returned): lever ("moving average" | "cosine"), dataset, data, model, engine (the
-    lever's row, which names the training it is set against) and helps (it narrows the interval without lowering the mean;
-    None under 2 seeds either side)."""
+    lever's row, which names the training it is set against) and helps (it narrows the interval without lowering
+    the mean; None under 2 seeds either side)."""
     proto = {(r["dataset"], r["data"], r["model"]): r for r in rows if r["engine"] == "recompute" and r["seeds"] > 1}
     checks = []
     for r in rows:
